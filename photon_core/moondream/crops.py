@@ -1,0 +1,81 @@
+"""Overlap-crop tiling of an image, and stitching the per-crop features back together.
+
+A crop is `crop_size` (378) pixels = `grid` (27) patches. Neighbouring local crops overlap by
+`overlap_margin` (4) patches on each side, so each crop contributes a central window of
+(27 - 2*4) * 14 = 266 pixels. The image is resized so that a (rows, cols) grid of windows plus
+one margin on each outer edge covers it exactly; crop (i, j) starts at (i*266, j*266).
+Crop 0 is the global view: the whole image resized to 378 x 378.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+def select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:
+    """How many (rows, cols) of `window`-sized tiles cover height x width, at most max_crops.
+
+    Rules (same as the reference): an image no larger than one window in either direction
+    gets (1, 1). Otherwise start from the minimum tiles that cover each side; if that is
+    already over budget, shrink both proportionally. Else aim for the tiling whose tiles are
+    square-ish (rows ~ sqrt(max_crops * h / w)), at least the minimum, and if that overshoots
+    the budget cut the larger count down to fit.
+    """
+    if height <= window or width <= window:
+        return (1, 1)
+    min_h, min_w = math.ceil(height / window), math.ceil(width / window)
+    if min_h * min_w > max_crops:
+        ratio = math.sqrt(max_crops / (min_h * min_w))
+        return (max(1, math.floor(min_h * ratio)), max(1, math.floor(min_w * ratio)))
+    rows = max(math.floor(math.sqrt(max_crops * height / width)), min_h)
+    cols = max(math.floor(math.sqrt(max_crops * width / height)), min_w)
+    if rows * cols > max_crops:
+        if cols > rows:
+            cols = math.floor(max_crops / rows)
+        else:
+            rows = math.floor(max_crops / cols)
+    return (max(1, rows), max(1, cols))
+
+
+def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    return np.asarray(Image.fromarray(image).resize((width, height), Image.Resampling.LANCZOS))
+
+
+def overlap_crops(image: np.ndarray, crop_size: int, patch: int, margin: int,
+                  max_crops: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """HxWx3 uint8 -> (crops [1 + rows*cols, crop, crop, 3] uint8, (rows, cols))."""
+    h, w = image.shape[:2]
+    margin_px = margin * patch
+    window = crop_size - 2 * margin_px
+    rows, cols = select_tiling(h - 2 * margin_px, w - 2 * margin_px, window, max_crops)
+    crops = np.zeros((1 + rows * cols, crop_size, crop_size, 3), dtype=np.uint8)
+    crops[0] = _resize(image, crop_size, crop_size)
+    big = _resize(image, rows * window + 2 * margin_px, cols * window + 2 * margin_px)
+    for i in range(rows):
+        for j in range(cols):
+            tile = big[i * window:i * window + crop_size, j * window:j * window + crop_size]
+            crops[1 + i * cols + j, :tile.shape[0], :tile.shape[1]] = tile
+    return crops, (rows, cols)
+
+
+def stitch_features(local: torch.Tensor, tiling: tuple[int, int], margin: int) -> torch.Tensor:
+    """[rows*cols, g, g, C] per-crop patch features -> one [H, W, C] feature map.
+
+    Each crop keeps only its central window, except that crops on the outer border also keep
+    the margin on their outer side, so H = (g - 2m) * rows + 2m (likewise W).
+    """
+    rows, cols = tiling
+    n, g, _, c = local.shape
+    step = g - 2 * margin
+    out = local.new_zeros(step * rows + 2 * margin, step * cols + 2 * margin, c)
+    for k in range(n):
+        i, j = divmod(k, cols)
+        y0 = 0 if i == 0 else margin
+        y1 = g if i == rows - 1 else g - margin
+        x0 = 0 if j == 0 else margin
+        x1 = g if j == cols - 1 else g - margin
+        out[i * step + y0:i * step + y1, j * step + x0:j * step + x1] = local[k, y0:y1, x0:x1]
+    return out

@@ -1,0 +1,156 @@
+"""The Moondream 2 engine (reference path): load, encode an image once, run tasks on it."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..task import Task, TaskResult
+from . import hub, text, vision
+from .config import MoondreamConfig
+from .crops import overlap_crops
+from .image_input import MAX_SIDE, to_rgb_array
+from .kv_cache import KVCache
+from .layers import Weights
+from .run import TaskRun, _sync
+from .tokenizer import Tokenizer
+from .weights import load_safetensors, random_weights
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def parse_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
+    return DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image after the vision encoder AND the text decoder's pass over its prefix.
+
+    kv: the k/v of [BOS, 729 image tokens] for every layer, [n_layers, 2, 1, Hkv, 730, D].
+    Read-only: every task copies it into its own cache, so one handle serves many tasks.
+    """
+    kv: torch.Tensor
+    width: int
+    height: int
+    tiling: tuple[int, int]
+    encode_ms: float
+    model_id: str
+
+
+class MoondreamModel:
+    def __init__(self, config: MoondreamConfig, weights: Weights, tokenizer: Tokenizer,
+                 model_id: str = "moondream2", max_image_side: int = MAX_SIDE):
+        self.config, self.weights, self.tokenizer = config, weights, tokenizer
+        self.model_id = model_id
+        self.max_image_side = max_image_side
+        self.prefix_len = config.prefix_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights.dtype
+
+    # -- images ---------------------------------------------------------------------------
+    def encode_image(self, image) -> EncodedImage:
+        """numpy HxWx3 uint8 RGB | PIL image | path -> EncodedImage (vision + prefix prefill)."""
+        if isinstance(image, EncodedImage):
+            return image
+        t0 = time.perf_counter()
+        array = to_rgb_array(image, self.max_image_side)
+        v, w = self.config.vision, self.weights
+        crops, tiling = overlap_crops(array, v.crop_size, v.enc_patch_size, v.overlap_margin,
+                                      v.max_crops)
+        with torch.inference_mode():
+            features = vision.encoder(w, v, vision.normalize(crops, w.device, w.dtype))
+            tokens = vision.project(w, v, features, tiling)
+            bos = text.embed(w, torch.tensor([self.config.tokenizer.bos_id], device=w.device))
+            prefix = torch.cat([bos, tokens], dim=0)[None]
+            t = self.config.text
+            cache = KVCache(t.n_layers, t.n_kv_heads, prefix.shape[1], t.head_dim, w.device,
+                            w.dtype)
+            text.decoder(w, t, prefix, 0, cache, self.prefix_len)
+        _sync(w.device)
+        return EncodedImage(kv=cache.data, width=array.shape[1], height=array.shape[0],
+                            tiling=tiling, encode_ms=(time.perf_counter() - t0) * 1e3,
+                            model_id=self.model_id)
+
+    # -- tasks ----------------------------------------------------------------------------
+    def start(self, enc, task: Task, stream: Callable[[str], None] | None = None) -> TaskRun:
+        """Prefill the task's prompt after the shared image prefix; step() the returned run."""
+        enc = self.encode_image(enc)
+        if enc.kv.shape[0] != self.config.text.n_layers or enc.kv.dtype != self.dtype:
+            raise ValueError("this EncodedImage was made by a different model")
+        return TaskRun(self, enc, task, stream)
+
+    def step_batch(self, runs: list[TaskRun]) -> list[bool]:
+        """One step of every run (the reference path steps them one after another)."""
+        return [r.step() for r in runs]
+
+    def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
+            should_stop: Callable[[], str | None] | None = None) -> TaskResult:
+        """Run a task to the end. should_stop() is asked before every decode step; a
+        non-None answer (e.g. "cancelled", "deadline") ends the task with that reason."""
+        r = self.start(enc, task, stream)
+        while not r.finished:
+            reason = should_stop() if should_stop is not None else None
+            if reason:
+                r.cancel(reason)
+                break
+            r.step()
+        return r.result()
+
+    # -- conveniences returning the standard dicts ---------------------------------------
+    def detect(self, image, object: str, max_objects: int = 50) -> dict:
+        return self.run(image, Task("detect", object=object, max_objects=max_objects)).output
+
+    def point(self, image, object: str, max_objects: int = 50) -> dict:
+        return self.run(image, Task("point", object=object, max_objects=max_objects)).output
+
+    def query(self, image, question: str, stream: Callable[[str], None] | None = None,
+              **sampling) -> dict:
+        return self.run(image, Task("query", question=question, **sampling), stream).output
+
+    def caption(self, image, length: str = "normal",
+                stream: Callable[[str], None] | None = None, **sampling) -> dict:
+        return self.run(image, Task("caption", caption_length=length, **sampling), stream).output
+
+
+def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str | None = None,
+               progress: bool = True) -> MoondreamModel:
+    """Load Moondream 2 from a local folder or a Hugging Face repo id (safetensors only)."""
+    torch_dtype = parse_dtype(dtype)
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    files = hub.resolve(path_or_id, revision)
+    config_dict = json.loads(files["config"].read_text()) if files["config"] else {}
+    config = MoondreamConfig.from_dict(config_dict)
+    weights = load_safetensors(files["weights"], config, device, torch_dtype, progress)
+    tokenizer = Tokenizer(files["tokenizer"], config.tokenizer)
+    model_id = str(path_or_id) + (f"@{revision}" if revision else "")
+    return MoondreamModel(config, weights, tokenizer, model_id)
+
+
+def build_random_model(config: MoondreamConfig | None = None, device="cpu", dtype="fp32",
+                       seed: int = 0, tokenizer: Tokenizer | None = None,
+                       eos_bias: float = 0.0) -> MoondreamModel:
+    """A model with random weights built directly in memory (benchmarks, tests)."""
+    from .test_model import build_test_tokenizer
+
+    config = config or MoondreamConfig()
+    weights = random_weights(config, torch.device(device), parse_dtype(dtype), seed, eos_bias)
+    if tokenizer is None:
+        tokenizer = Tokenizer(build_test_tokenizer(), config.tokenizer)
+    return MoondreamModel(config, weights, tokenizer, model_id=f"random-moondream2-seed{seed}")
