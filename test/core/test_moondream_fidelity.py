@@ -1,0 +1,113 @@
+"""Fidelity against the reference implementation (vikhyat/moondream, moondream/torch/).
+
+Runs only when PHOTON_MOONDREAM_REF points at a checkout of that repository (outside this
+repo). Both implementations load the same tiny random checkpoint written by
+`make_test_model`; the reference runs in fp32 (its crops are cast to bf16 by default; the
+test feeds it fp32 crops made by its own overlap_crop_image) with our tokenizer.json in place
+of the Hub tokenizer it would download.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+REF = os.environ.get("PHOTON_MOONDREAM_REF")
+pytestmark = pytest.mark.skipif(not REF, reason="set PHOTON_MOONDREAM_REF to a reference checkout")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from photon_core.moondream import load_model
+    from photon_core.moondream.test_model import make_test_model
+
+    sys.path.insert(0, REF)
+    import json
+
+    from tokenizers import Tokenizer
+    from moondream.torch import moondream as ref_md
+    from moondream.torch.config import MoondreamConfig as RefConfig
+    from moondream.torch.image_crops import overlap_crop_image
+    from moondream.torch.weights import load_weights_into_model
+
+    path = make_test_model(tmp_path_factory.mktemp("tiny"), seed=3)
+    ours = load_model(str(path), progress=False)
+
+    class LocalTokenizer:
+        @staticmethod
+        def from_pretrained(name):
+            return Tokenizer.from_file(str(path / "tokenizer.json"))
+
+    def prepare_crops_fp32(image, config, device):
+        out = overlap_crop_image(np.array(image.convert("RGB")), max_crops=config.max_crops,
+                                 overlap_margin=config.overlap_margin)
+        crops = torch.from_numpy(out["crops"]).permute(0, 3, 1, 2).float()
+        return ((crops / 255.0 - 0.5) / 0.5).to(device), out["tiling"]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ref_md, "Tokenizer", LocalTokenizer)
+    mp.setattr(ref_md, "prepare_crops", prepare_crops_fp32)
+    cfg = RefConfig.from_dict(json.loads((path / "config.json").read_text()))
+    ref = ref_md.MoondreamModel(cfg, dtype=torch.float32)
+    load_weights_into_model(str(path / "model.safetensors"), ref)
+    ref.eval()
+    yield ours, ref
+    mp.undo()
+
+
+def _images():
+    rng = np.random.default_rng(7)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((120, 160), (480, 640), (300, 90))]
+
+
+def test_image_tokens_and_prompt_logits_match(pair):
+    from photon_core.moondream import text, vision
+    from photon_core.moondream.crops import overlap_crops
+    from photon_core.task import Task
+
+    ours, ref = pair
+    for img in _images():
+        v = ours.config.vision
+        crops, tiling = overlap_crops(np.asarray(img), v.crop_size, v.enc_patch_size,
+                                      v.overlap_margin, v.max_crops)
+        with torch.inference_mode():
+            feats = vision.encoder(ours.weights, v, vision.normalize(crops, "cpu", torch.float32))
+            mine = vision.project(ours.weights, v, feats, tiling)
+            theirs = ref._run_vision_encoder(img)
+        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+
+        enc = ours.encode_image(img)
+        run = ours.start(enc, Task("detect", object="person"))
+        with torch.inference_mode():
+            my_logits = text.lm_head(ours.weights, run.hidden[0, 0])
+            ref_enc = ref.encode_image(img)
+            ref.load_encoded_image(ref_enc)
+            prompt = torch.tensor([ours.tokenizer.prompt("detect", "person")])
+            ref_logits, _, _, _ = ref._prefill_prompt(prompt, ref_enc.pos, 0, 0)
+        torch.testing.assert_close(my_logits, ref_logits[0], atol=1e-3, rtol=1e-3)
+
+
+def test_greedy_outputs_identical(pair):
+    from photon_core.task import Task
+
+    ours, ref = pair
+    for img in _images():
+        enc = ours.encode_image(img)
+        ref_enc = ref.encode_image(img)   # (passing settings with an image trips the reference)
+        for skill, obj in (("detect", "person"), ("point", "cup"), ("detect", "car")):
+            mine = ours.run(enc, Task(skill, object=obj, max_objects=12)).output
+            theirs = getattr(ref, skill)(ref_enc, obj, settings={"max_objects": 12})
+            key = "objects" if skill == "detect" else "points"
+            assert len(mine[key]) == len(theirs[key]), (skill, obj)
+            for a, b in zip(mine[key], theirs[key]):
+                assert a == pytest.approx(b, abs=1e-6)
+        settings = {"temperature": 0, "max_tokens": 24}
+        mine = ours.run(enc, Task("query", question="What is it?", max_tokens=24)).output
+        assert mine["answer"] == ref.query(ref_enc, "What is it?", settings=settings)["answer"]
+        mine = ours.run(enc, Task("caption", caption_length="short", max_tokens=24)).output
+        assert mine["caption"] == ref.caption(ref_enc, "short", settings=settings)["caption"]
