@@ -1,0 +1,238 @@
+"""What work costs: vision encode per crop, prefill per token, one decode step per batch
+size, and how many decode steps a task will take. Calibrated at start-up by timing the
+engine (`CostModel.calibrate`), or built from numbers; corrected online from what the
+scheduler observes."""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from photon_core.task import Task
+
+from .engine import count_prompt_tokens, step_batch
+
+
+def image_shape(image: Any) -> tuple[int, int] | None:
+    """(height, width) of a numpy array, PIL image or anything with .shape; else None."""
+    shape = getattr(image, "shape", None)
+    if shape is not None and len(shape) >= 2:
+        return int(shape[0]), int(shape[1])
+    size = getattr(image, "size", None)
+    if isinstance(size, tuple) and len(size) == 2:
+        return int(size[1]), int(size[0])
+    return None
+
+
+def moondream_crops(shape: tuple[int, int] | None, crop: int = 378, max_crops: int = 12) -> int:
+    """Crops the Moondream 2 vision encoder sees: one global crop, plus local crops tiling
+    the image when it is bigger than one crop (capped). An estimate: only the scale matters."""
+    if shape is None:
+        return 1
+    h, w = shape
+    if max(h, w) <= crop:
+        return 1
+    return 1 + min(max_crops, math.ceil(h / crop) * math.ceil(w / crop))
+
+
+@dataclass
+class CostModel:
+    """Milliseconds. decode_step_ms maps batch size -> one step of that many runs."""
+
+    encode_base_ms: float = 5.0
+    encode_per_crop_ms: float = 10.0
+    prefill_base_ms: float = 2.0
+    prefill_per_token_ms: float = 0.1
+    decode_step_ms: dict[int, float] = field(default_factory=lambda: {1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0})
+    crops: Callable[[tuple[int, int] | None], int] = moondream_crops
+    ema: float = 0.1                 # online correction rate (0 disables)
+    # online correction factors (actual / predicted)
+    f_encode: float = 1.0
+    f_prefill: float = 1.0
+    f_step: float = 1.0
+
+    def __post_init__(self):
+        self.decode_step_ms = {int(k): float(v) for k, v in sorted(self.decode_step_ms.items())}
+        if not self.decode_step_ms:
+            raise ValueError("decode_step_ms needs at least one batch size")
+
+    # -- predictions --------------------------------------------------------------
+    def encode_ms(self, image: Any = None, shape: tuple[int, int] | None = None) -> float:
+        n = self.crops(shape if shape is not None else image_shape(image))
+        return self.f_encode * (self.encode_base_ms + self.encode_per_crop_ms * n)
+
+    def prefill_ms(self, tokens: int) -> float:
+        return self.f_prefill * (self.prefill_base_ms + self.prefill_per_token_ms * tokens)
+
+    def _step_base(self, batch: int) -> float:
+        pts = self.decode_step_ms
+        if batch in pts:
+            return pts[batch]
+        ks = list(pts)
+        if len(ks) == 1:
+            return pts[ks[0]]
+        if batch < ks[0]:
+            return pts[ks[0]]
+        lo, hi = (ks[-2], ks[-1]) if batch > ks[-1] else next(
+            (a, b) for a, b in zip(ks, ks[1:]) if a < batch < b)
+        return pts[lo] + (pts[hi] - pts[lo]) * (batch - lo) / (hi - lo)
+
+    def step_ms(self, batch: int) -> float:
+        return self.f_step * self._step_base(max(1, batch))
+
+    # -- online correction ----------------------------------------------------------
+    def _upd(self, name: str, predicted_base: float, actual: float) -> None:
+        if self.ema <= 0 or predicted_base <= 0 or actual <= 0:
+            return
+        r = min(5.0, max(0.2, actual / predicted_base))
+        setattr(self, name, (1 - self.ema) * getattr(self, name) + self.ema * r)
+
+    def observe_encode(self, image: Any, ms: float) -> None:
+        n = self.crops(image_shape(image))
+        self._upd("f_encode", self.encode_base_ms + self.encode_per_crop_ms * n, ms)
+
+    def observe_prefill(self, tokens: int, ms: float) -> None:
+        self._upd("f_prefill", self.prefill_base_ms + self.prefill_per_token_ms * tokens, ms)
+
+    def observe_step(self, batch: int, ms: float) -> None:
+        self._upd("f_step", self._step_base(batch), ms)
+
+    def scaled(self, k: float) -> "CostModel":
+        """Every cost times k (the simulator sets load levels this way)."""
+        return CostModel(self.encode_base_ms * k, self.encode_per_crop_ms * k,
+                         self.prefill_base_ms * k, self.prefill_per_token_ms * k,
+                         {b: v * k for b, v in self.decode_step_ms.items()}, self.crops, self.ema)
+
+    def as_dict(self) -> dict:
+        return {"encode_base_ms": self.encode_base_ms, "encode_per_crop_ms": self.encode_per_crop_ms,
+                "prefill_base_ms": self.prefill_base_ms, "prefill_per_token_ms": self.prefill_per_token_ms,
+                "decode_step_ms": dict(self.decode_step_ms)}
+
+    # -- calibration -----------------------------------------------------------------
+    @classmethod
+    def calibrate(cls, engine: Any, clock: Any = None, *,
+                  image_sizes: tuple[tuple[int, int], ...] = ((378, 378), (756, 756)),
+                  batch_sizes: tuple[int, ...] = (1, 2, 4, 8), steps: int = 3, repeats: int = 2,
+                  make_image: Callable[[int, int], Any] | None = None, **kw) -> "CostModel":
+        """Time the engine: encode at two image sizes (-> base + per crop), prefill of a short
+        and a long prompt (-> base + per token), one decode step at each batch size."""
+        from .clock import MonotonicClock
+        clock = clock or MonotonicClock()
+        if make_image is None:
+            import numpy as np
+            rng = np.random.default_rng(0)
+
+            def make_image(h, w):
+                return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+        def timed(fn, *a):
+            t0 = clock.now()
+            out = fn(*a)
+            return out, (clock.now() - t0) * 1e3
+
+        imgs = {s: make_image(*s) for s in image_sizes}
+        encs, enc_pts = {}, []
+        engine.encode_image(imgs[image_sizes[0]])                       # warm-up
+        for s, img in imgs.items():
+            ts = []
+            for _ in range(max(1, repeats)):
+                encs[s], ms = timed(engine.encode_image, img)
+                ts.append(ms)
+            n = getattr(encs[s], "n_crops", None) or moondream_crops(s)
+            enc_pts.append((int(n), statistics.median(ts)))
+        base, per = _fit(enc_pts)
+        enc = encs[image_sizes[0]]
+
+        short = Task("query", question="Why?", max_tokens=8)
+        long_ = Task("query", question="Describe " + "the scene in front of the robot, " * 8,
+                     max_tokens=8)
+        pre_pts = []
+        for t in (short, long_, short, long_):
+            run, ms = timed(engine.start, enc, t)
+            run.cancel("cancelled")
+            pre_pts.append((count_prompt_tokens(engine, t), ms))
+        p_base, p_per = _fit(pre_pts[2:] if repeats > 1 else pre_pts)
+
+        steps_ms: dict[int, float] = {}
+        probe = Task("query", question="Describe the image in detail.", max_tokens=steps + 8)
+        for b in batch_sizes:
+            runs = [engine.start(enc, probe) for _ in range(b)]
+            step_batch(engine, runs)                                    # warm-up step
+            ts = []
+            for _ in range(steps):
+                alive, ms = timed(step_batch, engine, runs)
+                if not all(alive):
+                    break
+                ts.append(ms)
+            for r in runs:
+                r.cancel("cancelled")
+            if ts:
+                steps_ms[b] = statistics.median(ts)
+        if not steps_ms:
+            raise RuntimeError("calibration: every probe run finished before a decode step was timed")
+        # a bigger batch never costs less per step than a smaller one
+        best = 0.0
+        for b in sorted(steps_ms):
+            best = steps_ms[b] = max(steps_ms[b], best)
+        return cls(encode_base_ms=base, encode_per_crop_ms=per, prefill_base_ms=p_base,
+                   prefill_per_token_ms=p_per, decode_step_ms=steps_ms, **kw)
+
+
+def _fit(pts: list[tuple[float, float]]) -> tuple[float, float]:
+    """Line through (x, y) points -> (intercept, slope), both >= 0."""
+    xs = [p[0] for p in pts]
+    ys = [p[1] for p in pts]
+    if len(set(xs)) < 2:
+        x, y = max(xs[0], 1), statistics.median(ys)
+        return 0.0, y / x
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, slope)
+    return max(0.0, my - slope * mx), slope
+
+
+# Decode steps a task takes with no history yet.
+PRIOR_STEPS = {"detect": 10.0, "point": 6.0, "query": 16.0,
+               "caption": {"short": 24.0, "normal": 60.0, "long": 150.0}}
+
+
+@dataclass
+class TokenEstimator:
+    """Decode steps per task, learned online per (stream, task name) — scenes change slowly,
+    so the last frames of a stream predict the next — with the task name and then the skill
+    as fall-backs. `conservative` adds k mean absolute deviations (admission uses it)."""
+
+    alpha: float = 0.25
+    k: float = 2.0
+    stats: dict = field(default_factory=dict)     # key -> [mean, dev, n]
+
+    def prior(self, task: Task) -> float:
+        p = PRIOR_STEPS.get(task.skill, 16.0)
+        if isinstance(p, dict):
+            p = p.get(task.caption_length, 60.0)
+        return min(float(task.max_tokens), p)
+
+    def _get(self, key, name, task):
+        for k in (key, ("*", name)):
+            s = self.stats.get(k)
+            if s is not None:
+                return s
+        p = self.prior(task)
+        return [p, 0.5 * p, 0]
+
+    def estimate(self, key: tuple, task: Task, conservative: bool = True) -> float:
+        mean, dev, _ = self._get(key, key[-1], task)
+        est = mean + (self.k * dev + 1.0 if conservative else 0.0)
+        return max(1.0, min(float(task.max_tokens), est))
+
+    def observe(self, key: tuple, task: Task, steps: int) -> None:
+        for k in (key, ("*", key[-1])):
+            s = self.stats.get(k)
+            if s is None:
+                self.stats[k] = [float(steps), max(1.0, 0.25 * steps), 1]
+                continue
+            d = steps - s[0]
+            s[0] += self.alpha * d
+            s[1] += self.alpha * (abs(d) - s[1])
+            s[2] += 1

@@ -1,0 +1,365 @@
+"""The scheduler loop: latest frame wins, EDF, admission control, batched decode.
+
+One `step()`:
+  1. cancel started runs past their deadline whose task says on_miss="cancel" (DEADLINE);
+     skip waiting requests that cannot make their deadline even alone (SKIPPED);
+  2. start waiting requests in queue order (on-demand first, then EDF) while the batch has
+     room and admission control says they, and everything running, will still make their
+     deadlines; a frame is encoded once, by the first of its tasks to start;
+     an on-demand request that does not fit yet holds back new periodic work, and starts
+     anyway (preempting periodic runs) once its own slack runs short;
+  3. one decode step for up to max_batch started runs (on-demand first, then EDF; the rest
+     are preempted for this step) through engine.step_batch; finished runs are published,
+     and older frames of the same (stream, task) still running are superseded.
+Every request ends in exactly one Outcome, delivered to its callback.
+Single-threaded; `ThreadedScheduler` wraps it for live use. `fifo.py` runs this same loop
+with the baseline policy (arrival order, no superseding, no admission, no cancelling).
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from photon_core.task import TaskError
+
+from . import admission
+from .clock import Clock, MonotonicClock
+from .cost_model import CostModel, TokenEstimator
+from .edf_queue import EDF, FIFO, RequestQueue
+from .engine import count_prompt_tokens, step_batch
+from .latest_frame import LatestFrameTable
+from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
+                      TaskRequest, TaskSpec)
+
+log = logging.getLogger("photon_core.scheduler")
+MAX_BATCH_LIMIT = 8
+
+
+@dataclass
+class Policy:
+    name: str = "edf"
+    order: str = EDF               # queue and batch order: EDF or FIFO
+    supersede: bool = True         # latest frame wins for periodic requests
+    admission: bool = True         # skip work the cost model says would miss
+    cancel_on_miss: bool = True    # honour on_miss="cancel" of started runs
+    preempt: bool = True           # on-demand runs take batch slots from periodic runs
+    max_batch: int = 4
+    max_extra: int = 2             # started on-demand runs allowed beyond max_batch
+    safety: float = 1.15           # admission multiplies predicted costs by this
+    margin_s: float = 0.0          # ... and wants this much spare time before a deadline
+    preempt_slack: float = 2.0     # on-demand starts regardless once its slack < this x its duration
+
+    def __post_init__(self):
+        if not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
+            raise ValueError(f"max_batch must be in 1..{MAX_BATCH_LIMIT}")
+
+
+EDF_POLICY = Policy()
+
+
+class Scheduler:
+    def __init__(self, engine: Any, cost_model: CostModel | None = None, *,
+                 clock: Clock | None = None, policy: Policy | None = None,
+                 max_batch: int | None = None, tokens: TokenEstimator | None = None,
+                 on_result: Callable[[Outcome], None] | None = None):
+        self.engine = engine
+        self.clock = clock or MonotonicClock()
+        self.policy = policy or Policy()
+        if max_batch is not None:
+            self.policy = Policy(**{**self.policy.__dict__, "max_batch": max_batch})
+        self.cost = cost_model or CostModel()
+        self.tokens = tokens or TokenEstimator()
+        self.on_result = on_result
+        self.queue = RequestQueue(self.policy.order)
+        self.latest = LatestFrameTable()
+        self.live: list[TaskRequest] = []
+        self.frames: dict[tuple, Frame] = {}
+        self._seq = 0
+        self.counts: Counter = Counter()
+        self.per_stream: dict[str, Counter] = defaultdict(Counter)
+        self.batch_sizes: Counter = Counter()
+
+    # -- submitting ------------------------------------------------------------------
+    def submit_frame(self, stream: str, stamp: Any, image: Any,
+                     tasks: Iterable[TaskSpec | tuple], kind: str = PERIODIC,
+                     on_result: Callable[[Outcome], None] | None = None,
+                     capture_time: float | None = None) -> list[int]:
+        """Queue `tasks` on one frame. `tasks`: TaskSpec or (name, Task, deadline_s[, on_miss]).
+        Deadlines count from capture_time (scheduler clock; default now). A frame already
+        known (same stream and stamp, tasks still open) is shared, encoding included.
+        Returns the request ids; each ends in exactly one Outcome to `on_result`."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}")
+        now = self.clock.now()
+        fkey = (stream, stamp)
+        frame = self.frames.get(fkey)
+        if frame is None:
+            frame = Frame(stream, stamp, image, now if capture_time is None else capture_time)
+        ids = []
+        for t in tasks:
+            spec = TaskSpec.of(t)
+            self._seq += 1
+            req = TaskRequest(frame, spec, kind, now, on_result, seq=self._seq)
+            frame.refs += 1
+            self.frames[fkey] = frame
+            ids.append(req.id)
+            self.counts["submitted"] += 1
+            self.per_stream[stream]["submitted"] += 1
+            try:
+                spec.task.validate()
+            except TaskError as e:
+                self._end(req, Status.ERROR, error=f"invalid task: {e}")
+                continue
+            if kind == PERIODIC and self.policy.supersede:
+                out = self.latest.offer(req)
+                for old in out:
+                    self._end(old, Status.SUPERSEDED)
+                if req in out:
+                    continue
+            self.queue.add(req)
+        return ids
+
+    def cancel(self, request_id: int | None = None, *, stream: str | None = None,
+               reason: str = "cancelled") -> int:
+        """Cancel one request (by id) or every open request of a stream, or everything when
+        both are None. Waiting ones end CANCELLED at once; running ones are stopped between
+        steps (their partial TaskResult goes with the outcome). Returns how many ended."""
+        n = 0
+        for r in list(self.queue) + list(self.live):
+            if r.ended or (request_id is not None and r.id != request_id) or \
+                    (stream is not None and r.stream != stream):
+                continue
+            res = self._cancel_run(r, "cancelled") if r.started else None
+            self._end(r, Status.CANCELLED, res, error=reason if reason != "cancelled" else "")
+            n += 1
+        return n
+
+    # -- the loop --------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.queue) or bool(self.live)
+
+    def step(self) -> bool:
+        """One iteration (expire, admit/start, one decode step). False if idle."""
+        if not self.has_work():
+            return False
+        self._expire()
+        self._admit()
+        if self.live:
+            self._decode()
+        return True
+
+    def run_until_idle(self, max_steps: int | None = None) -> None:
+        n = 0
+        while self.step():
+            n += 1
+            if max_steps is not None and n >= max_steps:
+                break
+
+    # -- internals -------------------------------------------------------------------
+    def _rank(self, r: TaskRequest) -> tuple:
+        if self.policy.order == FIFO:
+            return (r.seq,)
+        on_demand_first = (r.kind != ON_DEMAND) if self.policy.preempt else 0
+        return (on_demand_first, r.deadline, r.seq)
+
+    def _start_ms(self, r: TaskRequest) -> float:
+        enc = 0.0 if r.frame.encoded else self.cost.encode_ms(r.frame.image)
+        return enc + self.cost.prefill_ms(count_prompt_tokens(self.engine, r.spec.task))
+
+    def _load(self, r: TaskRequest, now: float) -> admission.Load:
+        est = self.tokens.estimate(r.key, r.spec.task, conservative=True)
+        return admission.Load(max(1.0, est - r.steps), r.deadline, self._rank(r),
+                              check=now <= r.deadline)
+
+    def _cancel_run(self, r: TaskRequest, reason: str):
+        try:
+            r.run.cancel(reason)
+            return r.run.result()
+        except Exception as e:  # noqa: BLE001
+            log.warning("cancel of request %s failed: %r", r.id, e)
+            return None
+
+    def _expire(self) -> None:
+        now = self.clock.now()
+        if self.policy.cancel_on_miss:
+            for r in list(self.live):
+                if now > r.deadline and r.spec.on_miss == ON_MISS_CANCEL:
+                    self._end(r, Status.DEADLINE, self._cancel_run(r, "deadline"))
+        if self.policy.admission:
+            for r in self.queue:
+                steps = self.tokens.estimate(r.key, r.spec.task, conservative=False)
+                if admission.hopeless(now, self._start_ms(r), steps, r.deadline, self.cost.step_ms):
+                    self._end(r, Status.SKIPPED)
+
+    def _admit(self) -> None:
+        p = self.policy
+        if not p.admission:                       # baseline: start in order while there is room
+            for r in self.queue.ordered():
+                if len(self.live) >= p.max_batch:
+                    return
+                self._start(r)
+            return
+        hold_periodic = False
+        step_fn = lambda b: self.cost.step_ms(b) * p.safety  # noqa: E731
+        for r in self.queue.ordered():
+            if r.ended:
+                continue
+            n_live = len(self.live)
+            if r.kind != ON_DEMAND and (hold_periodic or n_live >= p.max_batch):
+                break
+            now = self.clock.now()
+            start_ms = self._start_ms(r)
+            if admission.hopeless(now, start_ms, self.tokens.estimate(r.key, r.spec.task, False),
+                                  r.deadline, self.cost.step_ms):
+                self._end(r, Status.SKIPPED)
+                continue
+            cand = self._load(r, now)
+            live = [self._load(x, now) for x in self.live]
+            ok = n_live < p.max_batch and admission.fits(
+                now, start_ms * p.safety, cand, live, p.max_batch, step_fn, p.margin_s)
+            if ok:
+                self._start(r)
+                continue
+            if not self.live:                     # nothing else running: it alone would miss
+                self._end(r, Status.SKIPPED)
+                continue
+            if r.kind == ON_DEMAND and p.preempt:
+                solo = (start_ms + cand.remaining * self.cost.step_ms(p.max_batch)) * p.safety / 1e3
+                if now + p.preempt_slack * solo >= r.deadline and n_live < p.max_batch + p.max_extra:
+                    self.counts["preempting_starts"] += 1
+                    self._start(r)
+                else:
+                    hold_periodic = True          # let running work drain for it
+            # a periodic request that does not fit waits (a newer frame, a freed slot or
+            # its own hopelessness will settle it)
+
+    def _start(self, r: TaskRequest) -> None:
+        frame = r.frame
+        t_start = self.clock.now()
+        try:
+            if not frame.encoded:
+                enc = self.engine.encode_image(frame.image)
+                frame.encode_ms = (self.clock.now() - t_start) * 1e3
+                frame.enc = enc
+                self.cost.observe_encode(frame.image, frame.encode_ms)
+                self.counts["encodes"] += 1
+            t0 = self.clock.now()
+            run = self.engine.start(frame.enc, r.spec.task)
+            r.prefill_ms = (self.clock.now() - t0) * 1e3
+            self.cost.observe_prefill(count_prompt_tokens(self.engine, r.spec.task), r.prefill_ms)
+        except Exception as e:  # noqa: BLE001 - reported as the request's outcome
+            log.warning("start of request %s failed: %r", r.id, e)
+            r.start_time = t_start
+            self._end(r, Status.ERROR, error=f"{type(e).__name__}: {e}")
+            return
+        r.run, r.start_time, r.engine_ms = run, t_start, r.prefill_ms
+        self.queue.remove(r)
+        self.latest.take(r)
+        self.queue.note_started(r, t_start)
+        self.live.append(r)
+        self.counts["admitted"] += 1
+
+    def _decode(self) -> None:
+        ranked = sorted(self.live, key=self._rank)
+        batch, rest = ranked[:self.policy.max_batch], ranked[self.policy.max_batch:]
+        for r in rest:
+            r.preempted_steps += 1
+            self.counts["preempted_steps"] += 1
+        t0 = self.clock.now()
+        try:
+            alive = step_batch(self.engine, [r.run for r in batch])
+        except Exception as e:  # noqa: BLE001
+            log.warning("decode step failed: %r", e)
+            for r in batch:
+                self._end(r, Status.ERROR, self._cancel_run(r, "cancelled"),
+                          error=f"{type(e).__name__}: {e}")
+            return
+        ms = (self.clock.now() - t0) * 1e3
+        self.cost.observe_step(len(batch), ms)
+        self.counts["steps"] += 1
+        self.batch_sizes[len(batch)] += 1
+        for r, a in zip(batch, alive):
+            r.steps += 1
+            r.engine_ms += ms
+            if not a:
+                self._finish(r)
+
+    def _finish(self, r: TaskRequest) -> None:
+        try:
+            res = r.run.result()
+        except Exception as e:  # noqa: BLE001
+            self._end(r, Status.ERROR, error=f"{type(e).__name__}: {e}")
+            return
+        if res is not None and res.finish_reason in ("stop", "length"):
+            self.tokens.observe(r.key, r.spec.task, max(1, int(res.tokens or r.steps)))
+        if self.policy.supersede and r.kind == PERIODIC and self.latest.is_stale(r):
+            self._end(r, Status.SUPERSEDED, res)
+            return
+        self._end(r, Status.DONE, res)
+        if self.policy.supersede and r.kind == PERIODIC:
+            for x in list(self.live):             # results of a key only move forward
+                if x.key == r.key and x.kind == PERIODIC and not x.frame.stamp > r.frame.stamp:
+                    self._end(x, Status.SUPERSEDED, self._cancel_run(x, "cancelled"))
+
+    def _end(self, r: TaskRequest, status: Status, result=None, error: str = "") -> None:
+        if r.ended:
+            raise RuntimeError(f"request {r.id} ended twice")
+        r.ended = True
+        now = self.clock.now()
+        self.queue.remove(r)
+        self.latest.take(r)
+        if r in self.live:
+            self.live.remove(r)
+        f = r.frame
+        f.refs -= 1
+        if f.refs <= 0:                           # last task of the frame: free the encoding
+            f.enc = None
+            if self.frames.get((f.stream, f.stamp)) is f:
+                del self.frames[(f.stream, f.stamp)]
+        missed = (status is Status.DEADLINE) or (status is Status.DONE and now > r.deadline)
+        if status is Status.DONE:
+            self.latest.publish(r)
+            self.per_stream[r.stream]["processed"] += 1
+        self.counts[status.value] += 1
+        if missed:
+            self.counts["deadline_misses"] += 1
+        if status is Status.DONE and missed:
+            self.counts["late"] += 1
+        decode_ms = r.engine_ms - r.prefill_ms
+        out = Outcome(
+            request_id=r.id, stream=r.stream, stamp=f.stamp, task_name=r.spec.name, kind=r.kind,
+            status=status, result=result, error=error, capture_time=f.capture_time,
+            submit_time=r.submit_time, start_time=r.start_time, end_time=now, deadline=r.deadline,
+            queue_ms=((r.start_time if r.start_time is not None else now) - r.submit_time) * 1e3,
+            engine_ms=r.engine_ms,
+            timings={"encode_ms": f.encode_ms if r.started else 0.0, "prefill_ms": r.prefill_ms,
+                     "decode_ms": decode_ms, "preempted_steps": float(r.preempted_steps)},
+            steps=r.steps, missed_deadline=missed)
+        for cb in (r.on_result, self.on_result):
+            if cb is None:
+                continue
+            try:
+                cb(out)
+            except Exception:  # noqa: BLE001 - a broken callback must not stop the loop
+                self.counts["callback_errors"] += 1
+                log.exception("on_result callback failed")
+
+    # -- diagnostics -----------------------------------------------------------------
+    def metrics(self) -> dict:
+        c = self.counts
+        return {
+            "submitted": c["submitted"], "admitted": c["admitted"], "done": c["done"],
+            "late": c["late"], "superseded": c["superseded"], "skipped": c["skipped"],
+            "cancelled": c["cancelled"], "deadline_cancelled": c["deadline"],
+            "deadline_misses": c["deadline_misses"], "errors": c["error"],
+            "callback_errors": c["callback_errors"], "preempted_steps": c["preempted_steps"],
+            "preempting_starts": c["preempting_starts"], "encodes": c["encodes"],
+            "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
+            "waiting": len(self.queue), "running": len(self.live),
+            "per_stream": {s: {"submitted": v["submitted"], "processed": v["processed"]}
+                           for s, v in sorted(self.per_stream.items())},
+            "cost_factors": {"encode": self.cost.f_encode, "prefill": self.cost.f_prefill,
+                             "step": self.cost.f_step},
+        }

@@ -1,0 +1,439 @@
+"""A deterministic simulator that drives the real Scheduler (and the FIFO baseline, the
+same loop with another policy) on a virtual clock.
+
+- `SimEngine` implements the engine protocol; encode, prefill and each decode step advance
+  the virtual clock by what a "true" CostModel says (with seeded jitter). How many decode
+  steps a task takes is part of the frame (`SimImage.steps`), so both policies face exactly
+  the same work.
+- `TraceSpec`/`make_trace`: cameras at a frame rate, each frame asking a mix of periodic
+  tasks; scenes change slowly (object counts hold for ~2 s, with flicker); on-demand
+  queries arrive at random on the latest frame of a random camera.
+- Load: the engine's speed is set so the offered work is `load` x its capacity, capacity
+  counted optimistically (every decode step in a full batch of max_batch), so the real
+  overload is at least the nominal one.
+- `simulate` -> `SimResult` with the metrics; `table`/`plot` format them.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from photon_core.task import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Task, TaskResult
+
+from .clock import VirtualClock
+from .cost_model import CostModel
+from .fifo import fifo_policy
+from .request import ON_DEMAND, ON_MISS_CANCEL, ON_MISS_FINISH, PERIODIC, Outcome, Status, TaskSpec
+from .scheduler import Policy, Scheduler
+
+# What the engine "really" costs in the simulator, before scaling to a load level
+# (GPU fast-path-like numbers for Moondream 2; only the ratios matter after scaling).
+TRUE_COST = CostModel(encode_base_ms=1.0, encode_per_crop_ms=1.5, prefill_base_ms=1.5,
+                      prefill_per_token_ms=0.02, decode_step_ms={1: 3.0, 2: 3.2, 4: 3.6, 8: 4.6},
+                      ema=0.0)
+IMAGE_SHAPE = (378, 672)          # 3 crops
+
+
+# ---------------------------------------------------------------- the simulated engine
+@dataclass(frozen=True)
+class SimImage:
+    shape: tuple[int, int]
+    steps: tuple[tuple[str, int], ...] = ()    # task target -> decode steps it will take
+
+    def steps_for(self, task: Task) -> int:
+        for k, v in self.steps:
+            if k == task.target:
+                return max(1, min(v, task.max_tokens))
+        return task.max_tokens
+
+
+@dataclass
+class SimEnc:
+    image: SimImage
+    n_crops: int
+
+
+class SimRun:
+    def __init__(self, engine: "SimEngine", enc: SimEnc, task: Task):
+        self.engine, self.task = engine, task
+        self.total = enc.image.steps_for(task)
+        self.steps = 0
+        self.finished = False
+        self.reason = ""
+        engine.open_runs.add(self)
+
+    def _close(self, reason: str) -> None:
+        self.finished, self.reason = True, reason
+        self.engine.open_runs.discard(self)
+
+    def step(self) -> bool:
+        return self.engine.step_batch([self])[0]
+
+    def cancel(self, reason: str) -> None:
+        if not self.finished:
+            self._close(reason)
+
+    def result(self) -> TaskResult:
+        if not self.finished:
+            raise RuntimeError("result() of a run still going")
+        return TaskResult(self.task, {"sim_steps": self.steps}, self.reason, tokens=self.steps)
+
+
+class SimEngine:
+    """Engine protocol on a virtual clock."""
+
+    def __init__(self, clock: VirtualClock, cost: CostModel, jitter: float = 0.05, seed: int = 0):
+        self.clock, self.cost, self.jitter = clock, cost, jitter
+        self.rng = random.Random(seed)
+        self.open_runs: set[SimRun] = set()
+        self.calls = {"encode": 0, "start": 0, "step_batch": 0}
+
+    def _spend(self, ms: float) -> None:
+        j = math.exp(self.rng.gauss(0.0, self.jitter)) if self.jitter else 1.0
+        self.clock.advance(ms * j / 1e3)
+
+    def count_prompt_tokens(self, task: Task) -> int:
+        text = task.target if task.skill != "caption" else ""
+        return 8 + (len(text) + 3) // 4
+
+    def encode_image(self, image: SimImage) -> SimEnc:
+        self.calls["encode"] += 1
+        self._spend(self.cost.encode_ms(shape=image.shape))
+        return SimEnc(image, self.cost.crops(image.shape))
+
+    def start(self, enc: SimEnc, task: Task) -> SimRun:
+        self.calls["start"] += 1
+        self._spend(self.cost.prefill_ms(self.count_prompt_tokens(task)))
+        return SimRun(self, enc, task)
+
+    def step_batch(self, runs: list[SimRun]) -> list[bool]:
+        if not runs:
+            return []
+        if len(runs) > 8:
+            raise RuntimeError(f"batch of {len(runs)} > 8")
+        for r in runs:
+            if r.finished:
+                raise RuntimeError("stepping a finished or cancelled run")
+        self.calls["step_batch"] += 1
+        self._spend(self.cost.step_ms(len(runs)))
+        out = []
+        for r in runs:
+            r.steps += 1
+            if r.steps >= r.total:
+                r._close(FINISH_STOP if r.total < r.task.max_tokens else FINISH_LENGTH)
+            out.append(not r.finished)
+        return out
+
+
+# ---------------------------------------------------------------- traces
+@dataclass(frozen=True)
+class PeriodicTask:
+    name: str
+    task: Task
+    objects: float = 0.0          # mean objects in the scene (detect/point)
+    per_object: int = 0           # decode steps per object; steps = per_object * n + 1
+    fixed_steps: tuple[int, int] = (0, 0)   # query: steps uniform in this range
+    on_miss: str = ON_MISS_CANCEL
+
+    def mean_steps(self) -> float:
+        if self.per_object:
+            return self.per_object * self.objects + 1
+        return sum(self.fixed_steps) / 2
+
+
+# The mix: a camera with k tasks runs the first k. Fewer tasks per camera with more cameras
+# keeps the number of (stream, task) keys at 8 for every trace.
+TASK_MIX = (
+    PeriodicTask("person", Task("detect", object="person"), objects=1.5, per_object=3),
+    PeriodicTask("path_clear", Task("query", question="Is the path ahead clear? Answer yes or no.",
+                                    max_tokens=8), fixed_steps=(2, 3), on_miss=ON_MISS_FINISH),
+    PeriodicTask("handle", Task("point", object="door handle"), objects=1.0, per_object=2),
+    PeriodicTask("obstacle", Task("detect", object="obstacle"), objects=2.0, per_object=3),
+    PeriodicTask("cup", Task("detect", object="cup"), objects=1.0, per_object=3),
+    PeriodicTask("button", Task("point", object="elevator button"), objects=0.5, per_object=2),
+    PeriodicTask("door_open", Task("query", question="Is the door open?", max_tokens=8),
+                 fixed_steps=(2, 3), on_miss=ON_MISS_FINISH),
+    PeriodicTask("chair", Task("detect", object="chair"), objects=1.5, per_object=3),
+)
+ON_DEMAND_TASK = PeriodicTask("ask", Task("query", question="What is on the table?", max_tokens=48),
+                              fixed_steps=(10, 30), on_miss=ON_MISS_FINISH)
+ON_DEMAND_DEADLINE_S = 1.0
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    cameras: int = 1
+    fps: float = 30.0
+    load: float = 1.0                 # offered work / capacity
+    duration_s: float = 10.0
+    tasks_per_camera: int | None = None   # default 8 // cameras
+    deadline_periods: float = 2.0     # periodic deadline, in frame periods after capture
+    on_demand_rate: float = 0.5       # queries per second, all cameras together
+    scene_hold_s: float = 2.0         # mean time an object count holds
+    flicker: float = 0.1              # per-frame chance the count is off by one
+    image_shape: tuple[int, int] = IMAGE_SHAPE
+    max_batch: int = 4
+    jitter: float = 0.05
+    seed: int = 0
+
+    @property
+    def period(self) -> float:
+        return 1.0 / self.fps
+
+    @property
+    def tasks(self) -> tuple[PeriodicTask, ...]:
+        k = self.tasks_per_camera or max(1, 8 // self.cameras)
+        return TASK_MIX[:k]
+
+    @property
+    def label(self) -> str:
+        return f"{self.cameras}cam@{self.fps:g}fps x{self.load:g}"
+
+
+@dataclass
+class Event:
+    t: float
+    stream: str
+    stamp: float
+    image: SimImage
+    kind: str
+    tasks: list[TaskSpec]
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    l, k, p = math.exp(-lam), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= l:
+            return k
+        k += 1
+
+
+def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
+    rng = random.Random(spec.seed)
+    P = spec.period
+    events: list[Event] = []
+    last_frame: dict[str, list[tuple[float, SimImage]]] = {}
+    for c in range(spec.cameras):
+        stream = f"cam{c}"
+        phase = rng.uniform(0, P)
+        scene = {pt.name: (0.0, 0) for pt in spec.tasks}     # name -> (valid until, count)
+        frames = last_frame.setdefault(stream, [])
+        k = 0
+        while (t := phase + k * P) < spec.duration_s:
+            steps = []
+            for pt in spec.tasks:
+                if pt.per_object:
+                    until, n = scene[pt.name]
+                    if t >= until:
+                        n = _poisson(rng, pt.objects)
+                        scene[pt.name] = (t + rng.expovariate(1 / spec.scene_hold_s), n)
+                    if rng.random() < spec.flicker:
+                        n = max(0, n + rng.choice((-1, 1)))
+                    steps.append((pt.task.target, pt.per_object * n + 1))
+                else:
+                    steps.append((pt.task.target, rng.randint(*pt.fixed_steps)))
+            img = SimImage(spec.image_shape, tuple(steps))
+            specs = [TaskSpec(pt.name, pt.task, spec.deadline_periods * P, pt.on_miss) for pt in spec.tasks]
+            events.append(Event(t0 + t, stream, round(t, 9), img, PERIODIC, specs))
+            frames.append((t, img))
+            k += 1
+    # on-demand questions, on the latest frame of a random camera
+    t = rng.expovariate(spec.on_demand_rate) if spec.on_demand_rate > 0 else spec.duration_s
+    od = ON_DEMAND_TASK
+    while t < spec.duration_s:
+        stream = f"cam{rng.randrange(spec.cameras)}"
+        prior = [f for f in last_frame[stream] if f[0] <= t]
+        if prior:
+            ft, img = prior[-1]
+            steps = dict(img.steps)
+            steps[od.task.target] = rng.randint(*od.fixed_steps)
+            img2 = SimImage(img.shape, tuple(steps.items()))
+            events.append(Event(t0 + t, stream, round(ft, 9), img2, ON_DEMAND,
+                                [TaskSpec(od.name, od.task, ON_DEMAND_DEADLINE_S, od.on_miss)]))
+        t += rng.expovariate(spec.on_demand_rate)
+    events.sort(key=lambda e: (e.t, e.stream, e.kind))
+    return events
+
+
+def offered_ms_per_s(spec: TraceSpec, cost: CostModel) -> float:
+    """Engine milliseconds of work per second offered by the trace, every decode step
+    counted at full-batch efficiency (the optimistic capacity)."""
+    b = spec.max_batch
+    tok_ms = cost.step_ms(b) / b
+    per_frame = cost.encode_ms(shape=spec.image_shape) + sum(
+        cost.prefill_ms(8 + (len(pt.task.target) + 3) // 4) + pt.mean_steps() * tok_ms
+        for pt in spec.tasks)
+    od = ON_DEMAND_TASK
+    on_demand = spec.on_demand_rate * (cost.prefill_ms(8 + (len(od.task.target) + 3) // 4)
+                                       + od.mean_steps() * tok_ms)
+    return spec.cameras * spec.fps * per_frame + on_demand
+
+
+# ---------------------------------------------------------------- running + metrics
+@dataclass
+class SimResult:
+    spec: TraceSpec
+    policy: str
+    outcomes: list[Outcome]
+    scale: float
+    sched_metrics: dict
+    engine_open_runs: int
+    frames_left: int
+    metrics: dict = field(default_factory=dict)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    i = min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))
+    return xs[i]
+
+
+def compute_metrics(outcomes: list[Outcome], spec: TraceSpec) -> dict:
+    P = spec.period
+    per = [o for o in outcomes if o.kind == PERIODIC]
+    od = [o for o in outcomes if o.kind == ON_DEMAND]
+    admitted = [o for o in outcomes if o.start_time is not None and o.status is not Status.ERROR]
+    # superseded while running is not a miss: it was replaced by a fresher answer
+    judged = [o for o in admitted if o.status is not Status.SUPERSEDED]
+    misses = [o for o in judged if o.missed_deadline]
+    done = [o for o in per if o.status is Status.DONE]
+    ages = [o.age_s for o in done]
+    # freshness invariant: results of a (stream, task) never go back in time
+    newest: dict[tuple, float] = {}
+    stale = 0
+    for o in sorted((o for o in per if o.status is Status.DONE), key=lambda o: o.end_time):
+        k = (o.stream, o.task_name)
+        if k in newest and not o.stamp > newest[k]:
+            stale += 1
+        newest[k] = max(newest.get(k, o.stamp), o.stamp)
+    on_time = [o for o in outcomes if o.status is Status.DONE and not o.missed_deadline]
+    od_ok = [o for o in od if o.status is Status.DONE and not o.missed_deadline]
+    count = lambda st: sum(o.status is st for o in per)  # noqa: E731
+    return {
+        "requests": len(per), "on_demand": len(od), "admitted": len(admitted),
+        "miss_rate": len(misses) / len(judged) if judged else 0.0,
+        "misses": len(misses),
+        "answered": len(done) / len(per) if per else float("nan"),
+        "age_p50": _pct(ages, 50) / P, "age_p99": _pct(ages, 99) / P,
+        "age_max": (max(ages) / P) if ages else float("nan"),
+        "goodput": len(on_time) / spec.duration_s,
+        "on_demand_ok": len(od_ok) / len(od) if od else float("nan"),
+        "on_demand_p99_ms": _pct([o.end_time - o.submit_time for o in od if o.status is Status.DONE], 99) * 1e3,
+        "superseded": count(Status.SUPERSEDED), "skipped": count(Status.SKIPPED),
+        "deadline_cancelled": count(Status.DEADLINE), "errors": sum(o.status is Status.ERROR for o in outcomes),
+        "stale": stale,
+    }
+
+
+def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel = TRUE_COST,
+             calibrate: bool = True) -> SimResult:
+    clock = VirtualClock()
+    scale = spec.load * 1000.0 / offered_ms_per_s(spec, base_cost)
+    truth = base_cost.scaled(scale)
+    truth.ema = 0.0
+    engine = SimEngine(clock, truth, jitter=spec.jitter, seed=spec.seed + 1)
+    if calibrate:
+        cost = CostModel.calibrate(engine, clock, make_image=lambda h, w: SimImage((h, w)),
+                                   batch_sizes=tuple(b for b in (1, 2, 4, 8) if b <= max(spec.max_batch, 2)))
+    else:
+        cost = truth.scaled(1.0)
+    if isinstance(policy, str):
+        pol = fifo_policy(spec.max_batch) if policy == "fifo" else Policy(name=policy, max_batch=spec.max_batch)
+    else:
+        pol = policy
+    outcomes: list[Outcome] = []
+    sched = Scheduler(engine, cost, clock=clock, policy=pol, on_result=outcomes.append)
+    t0 = clock.now()
+    events = make_trace(spec, t0)
+    i = 0
+    while i < len(events) or sched.has_work():
+        now = clock.now()
+        while i < len(events) and events[i].t <= now:
+            e = events[i]
+            sched.submit_frame(e.stream, e.stamp, e.image, e.tasks, kind=e.kind, capture_time=e.t)
+            i += 1
+        if sched.has_work():
+            sched.step()
+        elif i < len(events):
+            clock.advance_to(events[i].t)
+    for o in outcomes:                       # report times relative to the trace start
+        for a in ("capture_time", "submit_time", "end_time", "deadline"):
+            setattr(o, a, getattr(o, a) - t0)
+        if o.start_time is not None:
+            o.start_time -= t0
+    res = SimResult(spec, pol.name, outcomes, scale, sched.metrics(), len(engine.open_runs),
+                    len(sched.frames))
+    res.metrics = compute_metrics(outcomes, spec)
+    return res
+
+
+# ---------------------------------------------------------------- reporting
+GRID_CAMERAS = (1, 2, 4)
+GRID_FPS = (15.0, 30.0)
+GRID_LOADS = (0.5, 1.0, 2.0)
+
+
+def run_grid(duration_s: float = 20.0, seed: int = 0, policies=("edf", "fifo"),
+             cameras=GRID_CAMERAS, fps=GRID_FPS, loads=GRID_LOADS) -> list[SimResult]:
+    out = []
+    for c in cameras:
+        for f in fps:
+            for ld in loads:
+                spec = TraceSpec(cameras=c, fps=f, load=ld, duration_s=duration_s, seed=seed)
+                for p in policies:
+                    out.append(simulate(spec, p))
+    return out
+
+
+def table(results: list[SimResult]) -> str:
+    hdr = ("| trace | load | policy | miss % (admitted) | answered % | age p50 | age p99 | age max "
+           "| goodput /s | on-demand on time % | superseded | skipped | stale |")
+    lines = [hdr, "|" + "---|" * hdr.count("|")[:-1] if False else "|" + "|".join(["---"] * (hdr.count("|") - 1)) + "|"]
+    for r in results:
+        m, s = r.metrics, r.spec
+        lines.append(
+            f"| {s.cameras} cam @ {s.fps:g} fps | {s.load:g}x | {r.policy} | {100 * m['miss_rate']:.2f} "
+            f"| {100 * m['answered']:.1f} | {m['age_p50']:.2f} | {m['age_p99']:.2f} | {m['age_max']:.1f} "
+            f"| {m['goodput']:.1f} | {100 * m['on_demand_ok']:.0f} | {m['superseded']} | {m['skipped']} "
+            f"| {m['stale']} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[SimResult], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = sorted({r.spec.label for r in results}, key=lambda l: next(
+        (r.spec.cameras, r.spec.fps, r.spec.load) for r in results if r.spec.label == l))
+    pols = sorted({r.policy for r in results})
+    get = {(r.spec.label, r.policy): r.metrics for r in results}
+    panels = [("miss_rate", "deadline misses among admitted (%)", 100, False),
+              ("answered", "periodic requests answered (%)", 100, False),
+              ("age_p99", "p99 frame age at result (frame periods)", 1, True),
+              ("goodput", "goodput (on-time results / s)", 1, False)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 12), sharex=True)
+    x = range(len(labels))
+    w = 0.8 / len(pols)
+    for ax, (key, title, mul, log) in zip(axes, panels):
+        for j, p in enumerate(pols):
+            ys = [get.get((l, p), {}).get(key, float("nan")) * mul for l in labels]
+            ax.bar([i + j * w for i in x], ys, w, label=p)
+        if key == "age_p99":
+            ax.axhline(2.0, color="k", ls="--", lw=0.8, label="target 2 periods")
+        if key == "miss_rate":
+            ax.axhline(1.0, color="k", ls="--", lw=0.8, label="target 1%")
+        ax.set_title(title, fontsize=10)
+        if log:
+            ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    axes[-1].set_xticks([i + w * (len(pols) - 1) / 2 for i in x])
+    axes[-1].set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,115 @@
+"""Live use: the scheduler loop on its own thread.
+
+`submit_frame` may be called from any thread (ROS callbacks); outcomes are delivered from
+the scheduler thread through the callbacks. Nothing is ever dropped silently: every
+submitted task request ends in exactly one Outcome, including those submitted after
+`stop()` (CANCELLED, error "scheduler stopped") and those still open when it stops.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Iterable
+
+from .request import PERIODIC, Frame, Outcome, Status, TaskRequest, TaskSpec
+from .scheduler import Scheduler
+
+log = logging.getLogger("photon_core.scheduler")
+
+
+class ThreadedScheduler:
+    def __init__(self, scheduler: Scheduler, idle_wait_s: float = 0.05, name: str = "photon-scheduler"):
+        self.sched = scheduler
+        self.idle_wait_s = idle_wait_s
+        self._cv = threading.Condition()
+        self._inbox: list[tuple] = []
+        self._stopping = False
+        self._drain = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    # -- any thread ------------------------------------------------------------------
+    def submit_frame(self, stream: str, stamp: Any, image: Any, tasks: Iterable[TaskSpec | tuple],
+                     kind: str = PERIODIC, on_result: Callable[[Outcome], None] | None = None,
+                     capture_time: float | None = None) -> None:
+        tasks = [TaskSpec.of(t) for t in tasks]
+        if capture_time is None:
+            capture_time = self.sched.clock.now()
+        with self._cv:
+            if not self._stopping:
+                self._inbox.append((stream, stamp, image, tasks, kind, on_result, capture_time))
+                self._cv.notify()
+                return
+        self._reject(stream, stamp, tasks, kind, on_result, capture_time)
+
+    def cancel(self, request_id: int | None = None, *, stream: str | None = None) -> None:
+        with self._cv:
+            self._inbox.append(("__cancel__", request_id, stream))
+            self._cv.notify()
+
+    def metrics(self) -> dict:
+        with self._cv:
+            return self.sched.metrics()
+
+    def stop(self, drain: bool = False, timeout: float | None = 10.0) -> None:
+        """Stop the thread. drain=True finishes the open work first (new submissions are
+        refused meanwhile); otherwise open work is cancelled (CANCELLED outcomes)."""
+        with self._cv:
+            self._stopping, self._drain = True, drain
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- scheduler thread ----------------------------------------------------------------
+    def _reject(self, stream, stamp, tasks, kind, on_result, capture_time):
+        """Outcome for a submission the stopped scheduler will never see."""
+        if threading.current_thread() is not self._thread:
+            self._thread.join()               # the loop's own clean-up comes first
+        now = self.sched.clock.now()
+        for spec in tasks:
+            frame = Frame(stream, stamp, None, capture_time, refs=1)
+            r = TaskRequest(frame, spec, kind, now, on_result)
+            self.sched._end(r, Status.CANCELLED, error="scheduler stopped")
+
+    def _take_inbox(self) -> None:
+        with self._cv:
+            items, self._inbox = self._inbox, []
+        for it in items:
+            if it[0] == "__cancel__":
+                self.sched.cancel(it[1], stream=it[2])
+                continue
+            stream, stamp, image, tasks, kind, on_result, cap = it
+            try:
+                self.sched.submit_frame(stream, stamp, image, tasks, kind, on_result, cap)
+            except Exception as e:  # noqa: BLE001 - bad arguments still get an outcome
+                log.warning("submit failed: %r", e)
+                now = self.sched.clock.now()
+                for spec in tasks:
+                    frame = Frame(stream, stamp, None, cap, refs=1)
+                    self.sched._end(TaskRequest(frame, spec, PERIODIC if kind not in ("periodic", "on_demand") else kind,
+                                                now, on_result), Status.ERROR, error=f"submit failed: {e}")
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                self._take_inbox()
+                with self._cv:
+                    stopping, drain = self._stopping, self._drain
+                    if not stopping and not self._inbox and not self.sched.has_work():
+                        self._cv.wait(self.idle_wait_s)
+                        continue
+                if stopping and (not drain or not self.sched.has_work()):
+                    break
+                self.sched.step()
+        except BaseException as e:  # noqa: BLE001 - make sure nothing is left without an outcome
+            self._error = e
+            log.exception("scheduler thread failed")
+        finally:
+            with self._cv:
+                self._stopping = True
+            self._take_inbox()
+            self.sched.cancel(reason="scheduler stopped")
