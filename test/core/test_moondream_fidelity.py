@@ -111,3 +111,14 @@ def test_greedy_outputs_identical(pair):
         assert mine["answer"] == ref.query(ref_enc, "What is it?", settings=settings)["answer"]
         mine = ours.run(enc, Task("caption", caption_length="short", max_tokens=24)).output
         assert mine["caption"] == ref.caption(ref_enc, "short", settings=settings)["caption"]
+
+
+def test_tiling_matches_reference_everywhere():
+    sys.path.insert(0, REF)
+    from moondream.torch.image_crops import select_tiling as ref_select_tiling
+
+    from photon_core.moondream.crops import select_tiling
+
+    for h in range(1, 4000, 97):
+        for w in range(1, 4000, 89):
+            assert select_tiling(h, w, 266, 12) == ref_select_tiling(h, w, 266, 12), (h, w)
