@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from photon_core.task import Task
 
-from .engine import count_prompt_tokens, step_batch
+from .engine import count_prompt_tokens, encoded_crops, step_batch
 
 
 def image_shape(image: Any) -> tuple[int, int] | None:
@@ -51,6 +51,7 @@ class CostModel:
     f_encode: float = 1.0
     f_prefill: float = 1.0
     f_step: float = 1.0
+    encode_seen: dict = field(default_factory=dict)   # image shape -> observed encode ms (EMA)
 
     def __post_init__(self):
         self.decode_step_ms = {int(k): float(v) for k, v in sorted(self.decode_step_ms.items())}
@@ -59,8 +60,11 @@ class CostModel:
 
     # -- predictions --------------------------------------------------------------
     def encode_ms(self, image: Any = None, shape: tuple[int, int] | None = None) -> float:
-        n = self.crops(shape if shape is not None else image_shape(image))
-        return self.f_encode * (self.encode_base_ms + self.encode_per_crop_ms * n)
+        shape = shape if shape is not None else image_shape(image)
+        seen = self.encode_seen.get(shape)
+        if seen is not None:                  # cameras keep their size: what it last cost
+            return seen
+        return self.f_encode * (self.encode_base_ms + self.encode_per_crop_ms * self.crops(shape))
 
     def prefill_ms(self, tokens: int) -> float:
         return self.f_prefill * (self.prefill_base_ms + self.prefill_per_token_ms * tokens)
@@ -89,8 +93,12 @@ class CostModel:
         setattr(self, name, (1 - self.ema) * getattr(self, name) + self.ema * r)
 
     def observe_encode(self, image: Any, ms: float) -> None:
-        n = self.crops(image_shape(image))
+        shape = image_shape(image)
+        n = self.crops(shape)
         self._upd("f_encode", self.encode_base_ms + self.encode_per_crop_ms * n, ms)
+        if self.ema > 0 and shape is not None and ms > 0:
+            old = self.encode_seen.get(shape)
+            self.encode_seen[shape] = ms if old is None else old + max(self.ema, 0.25) * (ms - old)
 
     def observe_prefill(self, tokens: int, ms: float) -> None:
         self._upd("f_prefill", self.prefill_base_ms + self.prefill_per_token_ms * tokens, ms)
@@ -139,7 +147,7 @@ class CostModel:
             for _ in range(max(1, repeats)):
                 encs[s], ms = timed(engine.encode_image, img)
                 ts.append(ms)
-            n = getattr(encs[s], "n_crops", None) or moondream_crops(s)
+            n = encoded_crops(encs[s]) or moondream_crops(s)
             enc_pts.append((int(n), statistics.median(ts)))
         base, per = _fit(enc_pts)
         enc = encs[image_sizes[0]]
@@ -157,18 +165,16 @@ class CostModel:
         steps_ms: dict[int, float] = {}
         probe = Task("query", question="Describe the image in detail.", max_tokens=steps + 8)
         for b in batch_sizes:
-            runs = [engine.start(enc, probe) for _ in range(b)]
-            step_batch(engine, runs)                                    # warm-up step
-            ts = []
-            for _ in range(steps):
-                alive, ms = timed(step_batch, engine, runs)
-                if not all(alive):
-                    break
-                ts.append(ms)
-            for r in runs:
+            pool, ts = [], []
+            for i in range(steps + 1):                 # the first step is a warm-up
+                pool += [engine.start(enc, probe) for _ in range(b - len(pool))]
+                alive, ms = timed(step_batch, engine, pool)
+                if i:
+                    ts.append(ms)
+                pool = [r for r, a in zip(pool, alive) if a]   # finished ones are replaced
+            for r in pool:
                 r.cancel("cancelled")
-            if ts:
-                steps_ms[b] = statistics.median(ts)
+            steps_ms[b] = statistics.median(ts)
         if not steps_ms:
             raise RuntimeError("calibration: every probe run finished before a decode step was timed")
         # a bigger batch never costs less per step than a smaller one

@@ -58,6 +58,10 @@ def count_prompt_tokens(engine: Any, task: Task) -> int:
     """Prompt tokens a task prefills (after the image prefix). Uses the engine's own count
     when it offers one, else a rough estimate (the cost model only needs the scale)."""
     fn = getattr(engine, "count_prompt_tokens", None)
+    if fn is None:                        # the Moondream engines: the tokenizer builds the prompt
+        prompt = getattr(getattr(engine, "tokenizer", None), "prompt", None)
+        if prompt is not None:
+            fn = lambda t: len(prompt(t.skill, t.target))  # noqa: E731
     if fn is not None:
         try:
             return int(fn(task))
@@ -65,3 +69,14 @@ def count_prompt_tokens(engine: Any, task: Task) -> int:
             pass
     text = task.target if task.skill != "caption" else ""
     return 8 + (len(text) + 3) // 4
+
+
+def encoded_crops(enc: Any) -> int | None:
+    """Crops an EncodedImage was made of, when it says (n_crops, or tiling + 1 global)."""
+    n = getattr(enc, "n_crops", None)
+    if n is not None:
+        return int(n)
+    tiling = getattr(enc, "tiling", None)
+    if tiling is not None and len(tiling) == 2:
+        return 1 + int(tiling[0]) * int(tiling[1])
+    return None

@@ -77,6 +77,7 @@ class Scheduler:
         self.live: list[TaskRequest] = []
         self.frames: dict[tuple, Frame] = {}
         self._seq = 0
+        self._prompt_cache: dict[tuple, int] = {}
         self.counts: Counter = Counter()
         self.per_stream: dict[str, Counter] = defaultdict(Counter)
         self.batch_sizes: Counter = Counter()
@@ -164,9 +165,18 @@ class Scheduler:
         on_demand_first = (r.kind != ON_DEMAND) if self.policy.preempt else 0
         return (on_demand_first, r.deadline, r.seq)
 
+    def _prompt_tokens(self, task) -> int:
+        k = (task.skill, task.target)
+        n = self._prompt_cache.get(k)
+        if n is None:
+            if len(self._prompt_cache) > 4096:
+                self._prompt_cache.clear()
+            n = self._prompt_cache[k] = count_prompt_tokens(self.engine, task)
+        return n
+
     def _start_ms(self, r: TaskRequest) -> float:
         enc = 0.0 if r.frame.encoded else self.cost.encode_ms(r.frame.image)
-        return enc + self.cost.prefill_ms(count_prompt_tokens(self.engine, r.spec.task))
+        return enc + self.cost.prefill_ms(self._prompt_tokens(r.spec.task))
 
     def _load(self, r: TaskRequest, now: float) -> admission.Load:
         est = self.tokens.estimate(r.key, r.spec.task, conservative=True)
@@ -248,7 +258,7 @@ class Scheduler:
             t0 = self.clock.now()
             run = self.engine.start(frame.enc, r.spec.task)
             r.prefill_ms = (self.clock.now() - t0) * 1e3
-            self.cost.observe_prefill(count_prompt_tokens(self.engine, r.spec.task), r.prefill_ms)
+            self.cost.observe_prefill(self._prompt_tokens(r.spec.task), r.prefill_ms)
         except Exception as e:  # noqa: BLE001 - reported as the request's outcome
             log.warning("start of request %s failed: %r", r.id, e)
             r.start_time = t_start
