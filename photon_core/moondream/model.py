@@ -87,12 +87,14 @@ class MoondreamModel:
                             model_id=self.model_id)
 
     # -- tasks ----------------------------------------------------------------------------
-    def start(self, enc, task: Task, stream: Callable[[str], None] | None = None) -> TaskRun:
-        """Prefill the task's prompt after the shared image prefix; step() the returned run."""
+    def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
+              ignore_eos: bool = False) -> TaskRun:
+        """Prefill the task's prompt after the shared image prefix; step() the returned run.
+        ignore_eos (tests, benchmarks) makes it run to max_tokens / max_objects."""
         enc = self.encode_image(enc)
         if enc.kv.shape[0] != self.config.text.n_layers or enc.kv.dtype != self.dtype:
             raise ValueError("this EncodedImage was made by a different model")
-        return TaskRun(self, enc, task, stream)
+        return TaskRun(self, enc, task, stream, ignore_eos)
 
     def step_batch(self, runs: list[TaskRun]) -> list[bool]:
         """One step of every run (the reference path steps them one after another)."""

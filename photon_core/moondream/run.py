@@ -31,8 +31,10 @@ def _sync(device: torch.device) -> None:
 
 
 class TaskRun:
-    def __init__(self, model, enc, task: Task, stream: Callable[[str], None] | None = None):
+    def __init__(self, model, enc, task: Task, stream: Callable[[str], None] | None = None,
+                 ignore_eos: bool = False):
         task.validate()
+        self.ignore_eos = ignore_eos   # test/benchmark hook: run to max_tokens/max_objects
         self.model, self.enc, self.task, self.stream = model, enc, task, stream
         cfg, w = model.config, model.weights
         self.is_text = task.skill in ("query", "caption")
@@ -141,7 +143,7 @@ class TaskRun:
 
     def _check_end(self) -> None:
         """After a token was picked: eos ends the task; so do exhausted budgets."""
-        if self.next_token == self.model.config.tokenizer.eos_id:
+        if self.next_token == self.model.config.tokenizer.eos_id and not self.ignore_eos:
             self._finish(FINISH_STOP)
         elif not self.is_text and len(self.objects) >= self.task.max_objects:
             self._finish(FINISH_LENGTH)
