@@ -42,11 +42,16 @@ def resolve(path_or_id: str, revision: str | None = None) -> dict[str, Path | No
 
 def _from_hub(repo_id: str, revision: str | None) -> dict[str, Path | None]:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     def get(repo, name, required=True, rev=revision):
         try:
             return Path(hf_hub_download(repo, name, revision=rev))
+        except LocalEntryNotFoundError as e:   # offline (or no network) and not cached
+            raise CheckpointNotFound(
+                f"cannot get {name} of Hugging Face repo {repo}@{rev or 'main'}: not in the "
+                f"local cache and the Hub cannot be reached (HF_HUB_OFFLINE="
+                f"{os.environ.get('HF_HUB_OFFLINE', 'unset')}): {e}") from None
         except EntryNotFoundError:
             if required:
                 raise CheckpointNotFound(f"{repo}@{rev or 'main'} has no {name}") from None
