@@ -307,6 +307,10 @@ class Scheduler:
         if self.policy.supersede and r.kind == PERIODIC and self.latest.is_stale(r):
             self._end(r, Status.SUPERSEDED, res)
             return
+        if (self.policy.cancel_on_miss and r.spec.on_miss == ON_MISS_CANCEL
+                and self.clock.now() > r.deadline):
+            self._end(r, Status.DEADLINE, res)    # finished, but in the step that crossed it
+            return
         self._end(r, Status.DONE, res)
         if self.policy.supersede and r.kind == PERIODIC:
             for x in list(self.live):             # results of a key only move forward
