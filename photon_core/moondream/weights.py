@@ -181,8 +181,7 @@ def random_weights(cfg: MoondreamConfig, device="cpu", dtype=torch.float32, seed
             t = randn(*shape, std=0.5)
         else:
             t = randn(*shape, std=shape[-1] ** -0.5)
-        w[name] = t
-    w["text.lm_head.bias"][cfg.tokenizer.eos_id] += eos_bias
-    for name in w:
-        w[name] = w[name].to(dtype).contiguous()
+        if name == "text.lm_head.bias":
+            t[cfg.tokenizer.eos_id] += eos_bias
+        w[name] = t.to(dtype).contiguous()   # cast one by one: no full fp32 copy at 2B params
     return w
