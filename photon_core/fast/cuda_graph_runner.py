@@ -1,0 +1,87 @@
+"""Runs the decode-step pieces for one batch bucket: CUDA graphs on the GPU, eager on the CPU.
+
+Pieces (decode_step.py): "lm" (greedy lm head), "lm_sample" (temperature/top-p rows),
+"coord", "size" (region heads) and "forward" (GPU-resident feedback + decoder + state update).
+A step launches only the pieces its rows need. At warm-up every (piece, bucket) is captured
+once for buckets 1, 2, 4, 8 (all graphs share one memory pool; pieces talk only through the
+preallocated StepState, so replaying them in any order is safe). Replays allocate nothing and
+never synchronize with the host. On the CPU (CI) the same runner calls the pieces eagerly,
+so the pipeline logic above it is identical.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import decode_step as ds
+
+BUCKETS = (1, 2, 4, 8)
+PIECES = ("lm", "lm_sample", "coord", "size", "forward")
+
+
+def buckets_for(rows: int) -> tuple[int, ...]:
+    out = [b for b in BUCKETS if b < rows]
+    return tuple(out + [rows])
+
+
+class CudaGraphRunner:
+    def __init__(self, state: ds.StepState, rows: int, use_graphs: bool):
+        self.state = state
+        self.buckets = buckets_for(rows)
+        self.use_graphs = use_graphs
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        eager_lm_sample = ds.lm_sample if use_graphs else ds.lm_sample_eager
+        self.fns: dict[str, Callable] = {
+            "lm": ds.lm_greedy, "lm_sample": eager_lm_sample, "coord": ds.coord,
+            "size": ds.size, "forward": ds.forward}
+        self.capture_ms = 0.0
+
+    def bucket(self, n_rows: int) -> int:
+        for b in self.buckets:
+            if b >= n_rows:
+                return b
+        raise ValueError(f"{n_rows} rows exceed the largest bucket {self.buckets[-1]}")
+
+    def capture(self) -> None:
+        """Warm up and capture every (piece, bucket). The state is saved and restored around
+        it and all rows are inactive (their k/v writes land on not-yet-valid positions), so
+        capturing disturbs no row already in use."""
+        if not self.use_graphs or self.graphs:
+            return
+        import time
+        t0 = time.perf_counter()
+        st = self.state
+        saved = {n: getattr(st, n).clone() for n in
+                 ("hidden", "pos", "phase", "first", "active", "out")}
+        st.active.zero_()   # inactive rows: capture runs do not advance anything
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(2):
+                for b in self.buckets:
+                    for name in PIECES:
+                        self.fns[name](st, b)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.pool = torch.cuda.graph_pool_handle()
+        with torch.inference_mode():
+            for b in self.buckets:
+                for name in PIECES:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=self.pool):
+                        self.fns[name](st, b)
+                    self.graphs[(name, b)] = g
+        torch.cuda.synchronize()
+        for n, t in saved.items():
+            getattr(st, n).copy_(t)
+        torch.cuda.synchronize()
+        self.capture_ms = (time.perf_counter() - t0) * 1e3
+
+    def run(self, name: str, bucket: int) -> None:
+        g = self.graphs.get((name, bucket))
+        if g is not None:
+            g.replay()
+        else:
+            self.fns[name](self.state, bucket)

@@ -1,0 +1,194 @@
+"""The batched decode step of the fast path, as graph-capturable pieces over GPU-resident state.
+
+Every row (batch slot) keeps on the device: its last hidden state, its next position, its
+phase (0 text, 1 x, 2 y, 3 size), whether it is a detect row, whether its next text pick is
+its first (no answer-marker mask), its sampling settings, and whether it takes part in the
+current step (`active`). One step of a row is
+
+    sample:  values from the current hidden state (the heads its phase needs)
+             text -> token (lm head; answer marker masked after the first pick)
+             x    -> continue/stop token (lm head) + coordinate (coord head)
+             y    -> coordinate (coord head);  size -> (w, h) (size head)
+    forward: embed the value just sampled (token / coordinate / size, chosen by phase, ON THE
+             GPU: GPU-resident feedback), run the decoder at the row's position, store the new
+             hidden state, advance position and phase (active rows only).
+
+The sampled values land in `out` [rows, 4] int64 (token, coord bin, width bin, height bin),
+which the pipelined decoder stages to the host. The host never feeds a value back.
+
+The math mirrors photon_core.moondream (text.decoder, region, sampling) exactly; only the
+batching (per-row positions and a key mask over the static cache) differs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..moondream import region as mdregion
+from ..moondream.rope import apply_rope, rope_angles
+from .static_kv_cache import StaticKVCache
+
+PHASE_TEXT, PHASE_X, PHASE_Y, PHASE_SIZE = 0, 1, 2, 3
+OUT_TOKEN, OUT_COORD, OUT_W, OUT_H = 0, 1, 2, 3
+
+
+class StepState:
+    """Preallocated device state for `rows` batch slots (written only by start() and steps)."""
+
+    def __init__(self, model, rows: int, kv: StaticKVCache):
+        cfg, w = model.config, model.weights
+        dev, dt = w.device, w.dtype
+        self.rows, self.kv = rows, kv
+        self.cfg, self.w = cfg, w
+        self.hidden = torch.zeros(rows, cfg.text.dim, device=dev, dtype=dt)
+        self.pos = torch.zeros(rows, device=dev, dtype=torch.long)
+        self.phase = torch.zeros(rows, device=dev, dtype=torch.long)
+        self.is_detect = torch.zeros(rows, device=dev, dtype=torch.bool)
+        self.first = torch.zeros(rows, device=dev, dtype=torch.bool)
+        self.active = torch.zeros(rows, device=dev, dtype=torch.bool)
+        self.temperature = torch.zeros(rows, device=dev, dtype=torch.float32)
+        self.top_p = torch.ones(rows, device=dev, dtype=torch.float32)
+        self.out = torch.zeros(rows, 4, device=dev, dtype=torch.long)
+        self.row_ids = torch.arange(rows, device=dev)
+        self.key_ids = torch.arange(kv.capacity, device=dev)
+        cb = cfg.region.coord_out_dim
+        sb = cfg.region.size_out_dim // 2
+        # value tables: the exact floats the reference feeds back (python double -> dtype)
+        self.coord_table = torch.tensor([mdregion.bin_to_coordinate(i, cb) for i in range(cb)],
+                                        dtype=torch.float64).to(device=dev, dtype=dt)
+        self.size_table = torch.tensor([mdregion.bin_to_size(i, sb) for i in range(sb)],
+                                       dtype=torch.float64).to(device=dev, dtype=dt)
+        self.generators: list = [None] * rows      # eager (CPU) seeded sampling, per row
+
+    def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, is_detect: bool,
+                temperature: float, top_p: float, generator=None) -> None:
+        """Called by start() after the prefill (device fills, no host sync)."""
+        self.hidden[row].copy_(hidden)
+        self.pos[row:row + 1].fill_(pos)
+        self.phase[row:row + 1].fill_(phase)
+        self.is_detect[row:row + 1].fill_(is_detect)
+        self.first[row:row + 1].fill_(True)
+        self.temperature[row:row + 1].fill_(temperature)
+        self.top_p[row:row + 1].fill_(top_p)
+        self.generators[row] = generator
+
+
+# -- sample pieces ----------------------------------------------------------------------
+def _lm_logits(st: StepState, b: int) -> torch.Tensor:
+    w, tk = st.w, st.cfg.tokenizer
+    logits = w.linear(w.layer_norm(st.hidden[:b], "text.post_ln"), "text.lm_head")
+    # text rows after their first pick never pick the answer marker again (reference _pick)
+    mask = (st.phase[:b] == PHASE_TEXT) & ~st.first[:b]
+    col = logits[:, tk.answer_id]
+    logits[:, tk.answer_id] = torch.where(mask, torch.full_like(col, float("-inf")), col)
+    return logits
+
+
+def lm_greedy(st: StepState, b: int) -> None:
+    st.out[:b, OUT_TOKEN] = _lm_logits(st, b).argmax(dim=-1)
+
+
+def lm_sample(st: StepState, b: int) -> None:
+    """Temperature / top-p rows sample, the others take the argmax (graph-capturable)."""
+    logits = _lm_logits(st, b)
+    greedy = logits.argmax(dim=-1)
+    temp = st.temperature[:b]
+    probs = torch.softmax(logits.float() / temp.clamp_min(1e-6)[:, None], dim=-1)
+    sp, order = torch.sort(probs, dim=-1, descending=True)
+    before = torch.cumsum(sp, dim=-1) - sp
+    top_p = st.top_p[:b, None]
+    keep = (before <= top_p) | (top_p >= 1.0)
+    sp = sp * keep
+    sp = sp / sp.sum(dim=-1, keepdim=True)
+    probs = torch.zeros_like(probs).scatter(-1, order, sp)
+    drawn = torch.multinomial(probs, 1).squeeze(-1)
+    st.out[:b, OUT_TOKEN] = torch.where(temp > 0, drawn, greedy)
+
+
+def lm_sample_eager(st: StepState, b: int) -> None:
+    """CPU path: each sampling row draws with its own seeded generator, exactly like the
+    reference (photon_core.moondream.sampling.sample on that row's logits)."""
+    from ..moondream.sampling import sample
+
+    logits = _lm_logits(st, b)
+    toks = logits.argmax(dim=-1)
+    temps = st.temperature[:b].tolist()
+    tops = st.top_p[:b].tolist()
+    for i in range(b):
+        if temps[i] > 0:
+            toks[i] = sample(logits[i], temps[i], tops[i], st.generators[i])
+    st.out[:b, OUT_TOKEN] = toks
+
+
+def coord(st: StepState, b: int) -> None:
+    logits = st.w.mlp(st.hidden[:b], "region.coord_decoder")
+    st.out[:b, OUT_COORD] = logits.argmax(dim=-1)
+
+
+def size(st: StepState, b: int) -> None:
+    logits = st.w.mlp(st.hidden[:b], "region.size_decoder").view(b, 2, -1)
+    st.out[:b, OUT_W:OUT_H + 1] = logits.argmax(dim=-1)
+
+
+# -- forward piece ----------------------------------------------------------------------
+def _fourier(v: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    f = 2 * math.pi * v @ freqs          # same association as region.fourier
+    return torch.cat([f.cos(), f.sin()], dim=-1)
+
+
+def feedback_embedding(st: StepState, b: int) -> torch.Tensor:
+    """The next input embedding of each row, from what this step sampled (on the GPU)."""
+    w = st.w
+    out = st.out[:b]
+    tok = F.embedding(out[:, OUT_TOKEN], w["text.wte"])
+    c = st.coord_table[out[:, OUT_COORD]][:, None]
+    c_emb = w.linear(_fourier(c, w["region.coord_features"]), "region.coord_encoder")
+    s = st.size_table[out[:, OUT_W:OUT_H + 1]]
+    s_emb = w.linear(_fourier(s, w["region.size_features"]), "region.size_encoder")
+    phase = st.phase[:b, None]
+    return torch.where(phase == PHASE_TEXT, tok,
+                       torch.where(phase == PHASE_SIZE, s_emb, c_emb))
+
+
+def decoder_step(st: StepState, x: torch.Tensor, b: int, attn_len: int) -> torch.Tensor:
+    """x [b, dim] at positions st.pos[:b] through all blocks; k/v into the static cache."""
+    w, cfg, kv = st.w, st.cfg.text, st.kv
+    hd, nh, nkv, dim = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.dim
+    pos = st.pos[:b]
+    cos, sin = rope_angles(pos, cfg.rot_dim)
+    cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+    rows = st.row_ids[:b]
+    pos_w = pos.clamp(max=kv.capacity - 1)
+    mask = (st.key_ids[None, :attn_len] <= pos[:, None])[:, None, None, :]
+    for i in range(cfg.n_layers):
+        p = f"text.blocks.{i}"
+        h = w.layer_norm(x, p + ".ln")
+        q, k, v = w.linear(h, p + ".attn.qkv").split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = apply_rope(q.view(b, nh, 1, hd), cos, sin)
+        k = apply_rope(k.view(b, nkv, 1, hd), cos, sin)
+        kv.write_step(i, rows, pos_w, k[:, :, 0], v.view(b, nkv, hd))
+        keys, values = kv.keys_values(i, b, attn_len)
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                           enable_gqa=nh != nkv)
+        a = w.linear(a.reshape(b, dim), p + ".attn.proj")
+        x = x + a + w.mlp(h, p + ".mlp")
+    return x
+
+
+def forward(st: StepState, b: int, attn_len: int | None = None) -> None:
+    """Feed the sampled values back and advance every active row by one position."""
+    attn_len = attn_len or st.kv.capacity
+    x = feedback_embedding(st, b)
+    hidden = decoder_step(st, x, b, attn_len)
+    act = st.active[:b]
+    st.hidden[:b] = torch.where(act[:, None], hidden, st.hidden[:b])
+    st.pos[:b] += act.long()
+    ph = st.phase[:b]
+    nxt = torch.where(ph == PHASE_X, PHASE_Y,
+                      torch.where(ph == PHASE_Y,
+                                  torch.where(st.is_detect[:b], PHASE_SIZE, PHASE_X),
+                                  torch.where(ph == PHASE_SIZE, PHASE_X, ph)))
+    st.phase[:b] = torch.where(act, nxt, ph)
+    st.first[:b] &= ~act

@@ -1,0 +1,187 @@
+"""FastEngine: the GPU fast path behind the same engine API as the reference model.
+
+    from photon_core.moondream import load_model
+    from photon_core.fast import FastEngine
+    engine = FastEngine(load_model(path, device="cuda", dtype="bf16"))   # warms up + captures
+    enc = engine.encode_image(frame)
+    res = engine.run(enc, Task("detect", object="person"))
+    runs = [engine.start(enc, t) for t in tasks]          # scheduler style
+    while any(engine.step_batch(runs)): ...
+    engine.metrics()   # GPU idle per step, step times, host launch/commit times, graphs
+
+encode_image is the reference model's (vision + image-prefix prefill). start() prefills the
+prompt into a free row of the static KV cache. step_batch() runs one pipelined step over the
+given runs (pipelined_decoder.py). On the CPU the identical pipeline runs without graphs.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from ..task import Task, TaskResult
+from .cuda_graph_runner import CudaGraphRunner
+from .decode_step import StepState
+from .detokenizer_thread import DetokenizerThread
+from .fast_run import FastRun
+from .gpu_idle import GpuIdleMeter
+from .pingpong_slots import PingPongSlots
+from .pipelined_decoder import PipelinedDecoder
+from .static_kv_cache import StaticKVCache
+from .zombie_refcount import RowRefcount
+
+DEFAULT_GPU_KV_CAPACITY = 1024
+
+
+class FastEngine:
+    def __init__(self, model, max_batch: int = 8, kv_capacity: int | None = None,
+                 use_graphs: bool | None = None, pipelined: bool = True,
+                 detok_thread: bool = True, warmup: bool = True):
+        self.model = model
+        cfg = model.config.text
+        dev = model.device
+        self.cuda = dev.type == "cuda"
+        if kv_capacity is None:
+            kv_capacity = min(cfg.max_context, DEFAULT_GPU_KV_CAPACITY) if self.cuda \
+                else cfg.max_context
+        self.kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, max_batch, kv_capacity,
+                                cfg.head_dim, dev, model.dtype)
+        self.state = StepState(model, max_batch, self.kv)
+        self.use_graphs = self.cuda if use_graphs is None else use_graphs
+        self.runner = CudaGraphRunner(self.state, max_batch, self.use_graphs)
+        self.slots = PingPongSlots(max_batch, dev)
+        self.rows = RowRefcount(max_batch)
+        self.idle = GpuIdleMeter(dev)
+        self.detok = DetokenizerThread(threaded=detok_thread)
+        self.stream = torch.cuda.Stream(device=dev) if self.cuda else None
+        self.decoder = PipelinedDecoder(self.state, self.runner, self.slots, self.rows,
+                                        self.idle, pipelined=pipelined)
+        if warmup and self.use_graphs:
+            self.warmup()
+
+    # -- engine API ---------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.model.model_id + "+fast"
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    @property
+    def pipelined(self) -> bool:
+        return self.decoder.pipelined
+
+    @pipelined.setter
+    def pipelined(self, value: bool) -> None:
+        self.decoder.drain()
+        self.decoder.pipelined = value
+
+    def warmup(self) -> None:
+        """Capture the decode-step graphs for every batch bucket (GPU only)."""
+        with self._compute_stream_ctx():
+            self.runner.capture()
+
+    def encode_image(self, image):
+        enc = self.model.encode_image(image)
+        return enc
+
+    def count_prompt_tokens(self, task: Task) -> int:
+        return len(self.model.tokenizer.prompt(task.skill, task.target))
+
+    def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
+              ignore_eos: bool = False) -> FastRun:
+        enc = self.encode_image(enc)
+        if enc.kv.shape[0] != self.model.config.text.n_layers or enc.kv.dtype != self.model.dtype:
+            raise ValueError("this EncodedImage was made by a different model")
+        return FastRun(self, enc, task, stream, ignore_eos)
+
+    def step_batch(self, runs) -> list[bool]:
+        with self._compute_stream_ctx(), torch.inference_mode():
+            return self.decoder.step_batch(list(runs))
+
+    def drain(self) -> None:
+        """Commit every launched step (zombies included); frees their rows."""
+        with self._compute_stream_ctx(), torch.inference_mode():
+            self.decoder.drain()
+
+    def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
+            should_stop: Callable[[], str | None] | None = None,
+            ignore_eos: bool = False) -> TaskResult:
+        r = self.start(enc, task, stream, ignore_eos)
+        while not r.finished:
+            reason = should_stop() if should_stop is not None else None
+            if reason:
+                r.cancel(reason)
+                break
+            self.step_batch([r])
+        self.drain()
+        return r.result()
+
+    def run_batch(self, enc_tasks, ignore_eos: bool = False) -> list[TaskResult]:
+        """Start every (enc, task) and decode them together until all finish."""
+        runs = [self.start(e, t, ignore_eos=ignore_eos) for e, t in enc_tasks]
+        while any(self.step_batch(runs)):
+            pass
+        self.drain()
+        return [r.result() for r in runs]
+
+    def detect(self, image, object: str, max_objects: int = 50) -> dict:
+        return self.run(image, Task("detect", object=object, max_objects=max_objects)).output
+
+    def point(self, image, object: str, max_objects: int = 50) -> dict:
+        return self.run(image, Task("point", object=object, max_objects=max_objects)).output
+
+    def query(self, image, question: str, stream=None, **sampling) -> dict:
+        return self.run(image, Task("query", question=question, **sampling), stream).output
+
+    def caption(self, image, length: str = "normal", stream=None, **sampling) -> dict:
+        return self.run(image, Task("caption", caption_length=length, **sampling),
+                        stream).output
+
+    def metrics(self) -> dict:
+        d = self.idle.summary()
+        lm, cm = self.decoder.host_launch_ms, self.decoder.host_commit_ms
+        d["host_launch_ms_mean"] = sum(lm) / len(lm) if lm else None
+        d["host_commit_ms_mean"] = sum(cm) / len(cm) if cm else None
+        d["graphs"] = len(self.runner.graphs)
+        d["graph_capture_ms"] = self.runner.capture_ms
+        d["kv_capacity"] = self.kv.capacity
+        d["pipelined"] = self.decoder.pipelined
+        return d
+
+    def reset_metrics(self) -> None:
+        self.idle.reset()
+        self.decoder.host_launch_ms.clear()
+        self.decoder.host_commit_ms.clear()
+
+    def close(self) -> None:
+        self.drain()
+        self.detok.close()
+
+    # -- internals used by FastRun ------------------------------------------------------
+    def _compute_stream_ctx(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None \
+            else contextlib.nullcontext()
+
+    def _acquire_row(self, run) -> int:
+        row = self.rows.acquire(run)
+        if row is None:          # rows held by zombies of launched steps: commit them
+            self.drain()
+            row = self.rows.acquire(run)
+        if row is None:
+            raise RuntimeError(f"all {self.rows.refs.__len__()} fast-path batch slots are "
+                               "busy; finish or cancel a run first")
+        return row
+
+    def _started(self, run) -> None:
+        self.decoder.break_chain()
+
+    def _run_finished(self, run) -> None:
+        if run.row is not None:
+            self.rows.finished(run.row)
