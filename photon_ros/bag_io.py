@@ -103,6 +103,125 @@ def stamp_ns(header: Any) -> int:
 
 
 # -- reading ---------------------------------------------------------------------------
+@dataclass
+class _Conn:
+    id: int
+    topic: str
+    msgtype: str
+    msgcount: int = 0
+
+
+class McapSalvageReader:
+    """Sequential reader for an .mcap file without a valid summary/footer: what a recorder
+    that died (or a copy that was cut short) leaves behind. Reads records in file order and
+    stops with ReaderError-like `BagError` at the first damaged or missing byte; every
+    message before that point is yielded. Chunks may be uncompressed, zstd or lz4."""
+
+    MAGIC = b"\x89MCAP0\r\n"
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.connections: list[_Conn] = []
+        self.damage: str | None = None
+        self.message_count = 0
+        self.start_time = 0
+
+    def open(self) -> None:
+        by_id: dict[int, _Conn] = {}
+        first = None
+        try:
+            for cid, t, _raw in self._records(by_id, want=None):
+                by_id[cid].msgcount += 1
+                self.message_count += 1
+                first = t if first is None else min(first, t)
+        except BagError as e:
+            self.damage = str(e)
+        self.connections = list(by_id.values())
+        self.start_time = first or 0
+
+    def close(self) -> None:
+        pass
+
+    def messages(self, connections=None):
+        ids = None if connections is None else {c.id for c in connections}
+        by_id: dict[int, _Conn] = {}
+        for cid, t, raw in self._records(by_id, want=ids):
+            yield by_id[cid], t, raw
+
+    def _records(self, by_id: dict, want):
+        import struct
+
+        from rosbags.rosbag2.storage_mcap import decompress
+
+        schemas: dict[int, str] = {}
+        with open(self.path, "rb") as f:
+            if f.read(8) != self.MAGIC:
+                raise BagError("not an MCAP file (bad magic)")
+
+            def take(bio, n: int, where: str) -> bytes:
+                b = bio.read(n)
+                if len(b) != n:
+                    raise BagError(f"file ends inside {where} (truncated)")
+                return b
+
+            def string(bio, where):
+                (n,) = struct.unpack("<I", take(bio, 4, where))
+                return take(bio, n, where).decode()
+
+            def records(bio, top: bool):
+                while True:
+                    op = bio.read(1)
+                    if not op:
+                        if top:
+                            raise BagError("file ends without a footer (truncated)")
+                        return
+                    (size,) = struct.unpack("<Q", take(bio, 8, "a record header"))
+                    if size > (1 << 40):
+                        raise BagError(f"record length {size} is implausible (corrupt)")
+                    yield op[0], take(bio, size, f"a record (op 0x{op[0]:02x})")
+
+            import io
+
+            def handle(op, body):
+                rec = io.BytesIO(body)
+                if op == 0x03:
+                    (sid,) = struct.unpack("<H", take(rec, 2, "schema"))
+                    schemas[sid] = string(rec, "schema")
+                elif op == 0x04:
+                    cid, sid = struct.unpack("<HH", take(rec, 4, "channel"))
+                    topic = string(rec, "channel")
+                    if cid not in by_id:
+                        by_id[cid] = _Conn(cid, topic, schemas.get(sid, "__schemaless__"))
+                elif op == 0x05:
+                    cid, _seq, log_time, _pub = struct.unpack("<HIQQ", take(rec, 22, "message"))
+                    if cid not in by_id:
+                        raise BagError(f"message on unknown channel {cid} (corrupt)")
+                    if want is None or cid in want:
+                        return [(cid, log_time, body[22:])]
+                return []
+
+            for op, body in records(f, top=True):
+                if op == 0x02:                       # footer: the file is complete after all
+                    return
+                if op == 0x06:
+                    rec = io.BytesIO(body)
+                    _s, _e, usize, crc = struct.unpack("<QQQI", take(rec, 28, "chunk"))
+                    comp = string(rec, "chunk")
+                    (csize,) = struct.unpack("<Q", take(rec, 8, "chunk"))
+                    try:
+                        data = decompress(take(rec, csize, "chunk"), comp, usize, crc)
+                    except BagError:
+                        raise
+                    except Exception as e:  # noqa: BLE001
+                        raise BagError(f"damaged chunk: {e}") from e
+                    out = []
+                    for op2, body2 in records(io.BytesIO(data), top=False):
+                        out += handle(op2, body2)
+                    yield from sorted(out, key=lambda x: x[1])
+                else:
+                    yield from handle(op, body)
+
+
 @dataclass(frozen=True)
 class BagMessage:
     topic: str
@@ -120,6 +239,7 @@ class BagReader:
         self._reader = None
         self.read = 0            # messages yielded so far
         self.last_time_ns: int | None = None
+        self.warning: str | None = None   # set when the bag is damaged but partly readable
 
     def __enter__(self) -> "BagReader":
         self.open()
@@ -138,14 +258,38 @@ class BagReader:
             if len(files) == 1:          # a bag folder whose recorder died before metadata
                 self.path = files[0]
             else:
-                raise BagError(f"bag folder {str(self.path)!r} has no metadata.yaml "
-                               f"({len(files)} storage files found); pass the .mcap/.db3 file")
+                raise BagError(f"bag folder {str(self.path)!r} has no metadata.yaml and "
+                               f"{len(files)} storage files; pass one .mcap/.db3 file")
         try:
             self._reader = Reader(self.path)
             self._reader.open()
         except Exception as e:  # noqa: BLE001 - rosbags raises many kinds; one clear error
             self._reader = None
-            raise BagError(f"cannot open bag {str(self.path)!r}: {type(e).__name__}: {e}") from e
+            why = f"{type(e).__name__}: {e}"
+            mcap = self._mcap_file()
+            if mcap is not None:                 # no valid footer/index: read what is there
+                salvage = McapSalvageReader(mcap)
+                try:
+                    salvage.open()
+                except BagError as e2:
+                    raise BagError(f"cannot open bag {str(self.path)!r}: {why}; "
+                                   f"sequential read failed too: {e2}") from e
+                if salvage.message_count:
+                    self._reader = salvage
+                    self.warning = (f"bag {str(self.path)!r} is damaged ({why}); reading it "
+                                    f"sequentially: {salvage.message_count} messages readable"
+                                    + (f", then: {salvage.damage}" if salvage.damage else ""))
+                    return
+            raise BagError(f"cannot open bag {str(self.path)!r}: {why}") from e
+
+    def _mcap_file(self) -> Path | None:
+        if self.path.is_file() and self.path.suffix == ".mcap":
+            return self.path
+        if self.path.is_dir():
+            files = sorted(self.path.glob("*.mcap"))
+            if len(files) == 1:
+                return files[0]
+        return None
 
     def close(self) -> None:
         if self._reader is not None:
@@ -163,6 +307,10 @@ class BagReader:
     @property
     def message_count(self) -> int:
         return int(self._reader.message_count)
+
+    @property
+    def salvaged(self) -> bool:
+        return isinstance(self._reader, McapSalvageReader)
 
     def topic_count(self, topics: Iterable[str]) -> int:
         want = set(topics)
