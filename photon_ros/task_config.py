@@ -52,6 +52,10 @@ NODE_DEFAULTS: dict[str, Any] = {
     "max_question_chars": 1024,
     "max_pixels": 40_000_000,
     "camera_topic": "",            # single-camera override of the first camera's topic
+    # test/benchmark hooks (off by default): text tasks run to max_tokens; every decode
+    # step takes at least this long (simulates a slower engine on small test models)
+    "debug_ignore_eos": False,
+    "debug_step_delay_ms": 0.0,
 }
 CAMERA_KEYS = ("topic", "type", "qos_reliable", "qos_depth", "tasks")
 TASK_KEYS = ("skill", "object", "question", "caption_length", "every_n", "hz", "deadline_ms",
@@ -119,6 +123,8 @@ class PerceptionConfig:
     default_max_tokens: int = 64
     max_question_chars: int = 1024
     max_pixels: int = 40_000_000
+    debug_ignore_eos: bool = False
+    debug_step_delay_ms: float = 0.0
     extra: dict = field(default_factory=dict, compare=False)   # unrecognised keys (warned)
 
     def camera(self, name: str) -> CameraConfig:
@@ -330,7 +336,8 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
             tasks=tuple(tasks)))
     extra = {k: v for k, v in p.items()
              if k not in NODE_DEFAULTS and k != "cameras" and k not in names
-             and k not in ("use_sim_time", "auto_activate", "params_file", "config")}
+             and k not in ("use_sim_time", "auto_activate", "params_file", "config",
+                           "start_type_description_service", "qos_overrides")}
     return replace(defaults, cameras=tuple(cameras), extra=extra)
 
 
