@@ -210,7 +210,7 @@ class TokenEstimator:
     as fall-backs. `conservative` adds k mean absolute deviations (admission uses it)."""
 
     alpha: float = 0.25
-    k: float = 2.0
+    k: float = 1.5
     stats: dict = field(default_factory=dict)     # key -> [mean, dev, n]
 
     def prior(self, task: Task) -> float:
@@ -231,6 +231,13 @@ class TokenEstimator:
         mean, dev, _ = self._get(key, key[-1], task)
         est = mean + (self.k * dev + 1.0 if conservative else 0.0)
         return max(1.0, min(float(task.max_tokens), est))
+
+    def observe_overrun(self, key: tuple, task: Task, steps: int) -> None:
+        """A run was stopped (deadline) after `steps` without finishing: it needed more.
+        Learn at least that much, so admission stops trusting the old estimate."""
+        mean, dev, _ = self._get(key, key[-1], task)
+        if steps + 1 > mean:
+            self.observe(key, task, max(steps + 1, int(math.ceil(mean + self.k * dev + 1))))
 
     def observe(self, key: tuple, task: Task, steps: int) -> None:
         for k in (key, ("*", key[-1])):

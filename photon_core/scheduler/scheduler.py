@@ -6,8 +6,9 @@ One `step()`:
   2. start waiting requests in queue order (on-demand first, then EDF) while the batch has
      room and admission control says they, and everything running, will still make their
      deadlines; a frame is encoded once, by the first of its tasks to start;
-     an on-demand request that does not fit yet holds back new periodic work, and starts
-     anyway (preempting periodic runs) once its own slack runs short;
+     an on-demand request that does not fit yet waits while it has plenty of slack, then
+     holds back new periodic work (slack < 2 x preempt_slack x its duration), and starts
+     anyway, preempting periodic runs, once slack < preempt_slack x its duration;
   3. one decode step for up to max_batch started runs (on-demand first, then EDF; the rest
      are preempted for this step) through engine.step_batch; finished runs are published,
      and older frames of the same (stream, task) still running are superseded.
@@ -47,7 +48,7 @@ class Policy:
     preempt: bool = True           # on-demand runs take batch slots from periodic runs
     max_batch: int = 4
     max_extra: int = 2             # started on-demand runs allowed beyond max_batch
-    safety: float = 1.15           # admission multiplies predicted costs by this
+    safety: float = 1.10           # admission multiplies predicted costs by this
     margin_s: float = 0.0          # ... and wants this much spare time before a deadline
     preempt_slack: float = 2.0     # on-demand starts regardless once its slack < this x its duration
 
@@ -196,6 +197,7 @@ class Scheduler:
         if self.policy.cancel_on_miss:
             for r in list(self.live):
                 if now > r.deadline and r.spec.on_miss == ON_MISS_CANCEL:
+                    self.tokens.observe_overrun(r.key, r.spec.task, r.steps)
                     self._end(r, Status.DEADLINE, self._cancel_run(r, "deadline"))
         if self.policy.admission:
             for r in self.queue:
@@ -240,8 +242,9 @@ class Scheduler:
                 if now + p.preempt_slack * solo >= r.deadline and n_live < p.max_batch + p.max_extra:
                     self.counts["preempting_starts"] += 1
                     self._start(r)
-                else:
-                    hold_periodic = True          # let running work drain for it
+                elif now + 2 * p.preempt_slack * solo >= r.deadline:
+                    hold_periodic = True          # slack getting short: let running work drain
+                # else: plenty of slack, periodic work goes on; it will fit in a gap
             # a periodic request that does not fit waits (a newer frame, a freed slot or
             # its own hopelessness will settle it)
 

@@ -235,6 +235,8 @@ def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
                     steps.append((pt.task.target, pt.per_object * n + 1))
                 else:
                     steps.append((pt.task.target, rng.randint(*pt.fixed_steps)))
+            od = ON_DEMAND_TASK              # what the answer to an on-demand question costs
+            steps.append((od.task.target, rng.randint(*od.fixed_steps)))
             img = SimImage(spec.image_shape, tuple(steps))
             specs = [TaskSpec(pt.name, pt.task, spec.deadline_periods * P, pt.on_miss) for pt in spec.tasks]
             events.append(Event(t0 + t, stream, round(t, 9), img, PERIODIC, specs))
@@ -248,10 +250,7 @@ def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
         prior = [f for f in last_frame[stream] if f[0] <= t]
         if prior:
             ft, img = prior[-1]
-            steps = dict(img.steps)
-            steps[od.task.target] = rng.randint(*od.fixed_steps)
-            img2 = SimImage(img.shape, tuple(steps.items()))
-            events.append(Event(t0 + t, stream, round(ft, 9), img2, ON_DEMAND,
+            events.append(Event(t0 + t, stream, round(ft, 9), img, ON_DEMAND,
                                 [TaskSpec(od.name, od.task, ON_DEMAND_DEADLINE_S, od.on_miss)]))
         t += rng.expovariate(spec.on_demand_rate)
     events.sort(key=lambda e: (e.t, e.stream, e.kind))
@@ -331,7 +330,8 @@ def compute_metrics(outcomes: list[Outcome], spec: TraceSpec) -> dict:
 
 
 def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel = TRUE_COST,
-             calibrate: bool = True) -> SimResult:
+             calibrate: bool = True, **sched_kw) -> SimResult:
+    """Run one trace through a Scheduler (sched_kw: e.g. tokens=TokenEstimator(k=1))."""
     clock = VirtualClock()
     scale = spec.load * 1000.0 / offered_ms_per_s(spec, base_cost)
     truth = base_cost.scaled(scale)
@@ -347,7 +347,7 @@ def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel
     else:
         pol = policy
     outcomes: list[Outcome] = []
-    sched = Scheduler(engine, cost, clock=clock, policy=pol, on_result=outcomes.append)
+    sched = Scheduler(engine, cost, clock=clock, policy=pol, on_result=outcomes.append, **sched_kw)
     t0 = clock.now()
     events = make_trace(spec, t0)
     i = 0
