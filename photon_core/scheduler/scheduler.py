@@ -60,6 +60,13 @@ class Policy:
 EDF_POLICY = Policy()
 
 
+def _finished_early(run: Any) -> bool:
+    v = getattr(run, "finished", None)
+    if v is None:
+        v = getattr(run, "done", False)
+    return bool(v() if callable(v) else v)
+
+
 class Scheduler:
     def __init__(self, engine: Any, cost_model: CostModel | None = None, *,
                  clock: Clock | None = None, policy: Policy | None = None,
@@ -273,6 +280,8 @@ class Scheduler:
         self.queue.note_started(r, t_start)
         self.live.append(r)
         self.counts["admitted"] += 1
+        if _finished_early(run):                  # e.g. detect that ends at the prompt
+            self._finish(r)
 
     def _decode(self) -> None:
         ranked = sorted(self.live, key=self._rank)
