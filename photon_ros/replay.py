@@ -12,12 +12,14 @@ offline (default): every frame, every due task, run to the end through
   time. Timing fields hold what was measured (engine_ms, queue_ms, latency_ms = wall time
   of the frame's processing); `--zero-timing` writes them as 0, making the whole output bag
   byte-for-byte reproducible on CPU.
-realtime: frames arrive at their recorded timing (scaled by --rate) and the deadline
-  scheduler (photon_core.scheduler, calibrated cost model, latest-frame-wins, admission,
-  on_miss) decides what runs, exactly as in the node. Engine time is real; idle time between
-  frames is skipped, so a replay never waits for nothing. Each result is logged at its frame's
-  recorded time + its latency. Drops (superseded, skipped, deadline-cancelled, errors) are
-  counted.
+realtime: frames arrive at their recorded timing and the deadline scheduler
+  (photon_core.scheduler: calibrated cost model, latest frame wins, admission, on_miss)
+  decides what runs, as in the node (same HookedEngine, calibration, task specs, publishing
+  rules). The scheduler's clock is the recording's timeline driven by the wall clock: engine
+  work takes its real time (x --rate: with --rate 4 frames arrive 4x faster, i.e. the engine
+  looks 4x slower), idle time until the next frame is skipped. Each result is logged at its
+  frame's recorded time + its latency (recording timeline). Drops (superseded, skipped,
+  deadline-cancelled, engine errors, stale frames) are counted.
 
 Both modes write a summary: `replay_summary.json` inside the output bag folder and one
 diagnostic_msgs/DiagnosticArray on /photon/replay/summary at the end of the bag.
@@ -46,14 +48,14 @@ MODES = ("offline", "realtime")
 EXIT_BAG_DAMAGED = 3
 
 
-def result_topic(camera: str, task_name: str) -> str:
-    """Where the node publishes a task's results (the node's own naming when it offers one)."""
-    try:
-        from photon_ros import topics as _topics  # type: ignore[attr-defined]
+RESULT_KIND = {"detect": "detections", "point": "points", "query": "answer", "caption": "answer"}
 
-        return _topics.result_topic(camera, task_name)
-    except (ImportError, AttributeError):
-        return f"/photon/{camera}/{task_name}"
+
+def result_topic(camera: str, skill: str, namespace: str = "") -> str:
+    """The node's topic for a result: `<camera>/detections|points|answer`, relative to the
+    node namespace (every task of a camera shares its skill's topic; TaskInfo says which)."""
+    ns = "/" + namespace.strip("/") if namespace.strip("/") else ""
+    return f"{ns}/{camera}/{RESULT_KIND[skill]}"
 
 
 @dataclass
@@ -76,6 +78,8 @@ class ReplayStats:
     latency_ms: dict = field(default_factory=lambda: defaultdict(list))   # "camera/task" -> [ms]
     drops: Counter = field(default_factory=Counter)           # reason -> count
     scheduler: dict = field(default_factory=dict)
+    clock_jumps: int = 0
+    late: int = 0                    # realtime: results published after their deadline
     error: str | None = None
     warning: str | None = None
     wall_s: float = 0.0
@@ -98,7 +102,9 @@ class ReplayStats:
                 "per_task": dict(sorted(self.per_task.items())), "latency_ms": lat,
                 "latency_ms_all": {"n": len(allv), "p50": pct(allv, 50), "p99": pct(allv, 99)},
                 "dropped": self.dropped, "drops": dict(sorted(self.drops.items())),
-                "scheduler": self.scheduler, "rate": self.rate, "error": self.error,
+                "scheduler": self.scheduler, "clock_jumps_back": self.clock_jumps,
+                "late_results": self.late,
+                "rate": self.rate, "error": self.error,
                 "warning": self.warning, "wall_s": round(self.wall_s, 3)}
 
 
@@ -156,8 +162,9 @@ def _stamp_s(header) -> float:
 class _ResultSink:
     """Writes result messages, keeps the stats, zeroes timing when asked."""
 
-    def __init__(self, writer: BagWriter, stats: ReplayStats, zero_timing: bool):
-        self.w, self.stats, self.zero = writer, stats, zero_timing
+    def __init__(self, writer: BagWriter, stats: ReplayStats, zero_timing: bool,
+                 namespace: str = ""):
+        self.w, self.stats, self.zero, self.ns = writer, stats, zero_timing, namespace
 
     def write(self, camera: str, msg: Any, log_time_ns: int) -> None:
         key = f"{camera}/{msg.task.name}"
@@ -165,8 +172,39 @@ class _ResultSink:
         self.stats.latency_ms[key].append(float(msg.timing.latency_ms))
         if self.zero:
             msg.timing.engine_ms = msg.timing.queue_ms = msg.timing.latency_ms = 0.0
-        self.w.write(result_topic(camera, msg.task.name), msg, log_time_ns)
+        self.w.write(result_topic(camera, msg.task.skill, self.ns), msg, log_time_ns)
         self.stats.results += 1
+
+
+class _FrameIndex:
+    """Per-camera frame numbering as the node does it: a stamp that jumps back by more than
+    JUMP_BACK_S (bag loop) restarts the camera (index 0, cadence reset, new epoch); a stamp
+    not newer than the last one is a stale frame and is dropped."""
+
+    def __init__(self, pipeline, stats: ReplayStats):
+        from .pipeline import JUMP_BACK_S
+
+        self.jump = JUMP_BACK_S
+        self.pipeline, self.stats = pipeline, stats
+        self.last: dict[str, float] = {}
+        self.index: Counter = Counter()
+        self.epoch: Counter = Counter()
+
+    def next(self, camera: str, stamp_s: float) -> tuple[int, int] | None:
+        """-> (frame index, epoch), or None for a stale frame."""
+        last = self.last.get(camera)
+        if last is not None and stamp_s < last - self.jump:
+            self.epoch[camera] += 1
+            self.index[camera] = 0
+            self.pipeline.cadence.reset(camera)
+            self.stats.clock_jumps += 1
+        elif last is not None and stamp_s <= last:
+            self.stats.drops["stale_frames"] += 1
+            return None
+        self.last[camera] = stamp_s
+        i = self.index[camera]
+        self.index[camera] += 1
+        return i, self.epoch[camera]
 
 
 # -- offline ---------------------------------------------------------------------------
@@ -176,7 +214,7 @@ def _offline(reader: BagReader, cams: list[CameraInput], pipeline, sink: _Result
     from .image_conversion import ImageConversionError
 
     by_topic = {c.topic: c for c in cams}
-    index: Counter = Counter()
+    frames = _FrameIndex(pipeline, stats)
     for m in reader.messages(list(by_topic)):
         if max_frames is not None and stats.frames >= max_frames:
             break
@@ -191,37 +229,41 @@ def _offline(reader: BagReader, cams: list[CameraInput], pipeline, sink: _Result
             rgb = _to_rgb(img_msg, m.msgtype, max_pixels)
         except ImageConversionError as e:
             stats.drops[f"image_{e.reason}"] += 1
-            index[cam.name] += 1
+            continue
+        stamp_ns = img_msg.header.stamp.sec * 1_000_000_000 + img_msg.header.stamp.nanosec
+        nxt = frames.next(cam.name, stamp_ns / 1e9)
+        if nxt is None:
             continue
         t0 = time.perf_counter()
         try:
-            out = pipeline.process_frame(cam.name, img_msg.header, rgb, index[cam.name])
+            out = pipeline.process_frame(cam.name, img_msg.header, rgb, nxt[0])
         except Exception as e:  # noqa: BLE001 - counted, reported, replay goes on
             stats.drops["engine_error"] += 1
-            stats.warning = f"engine error on {cam.name} frame {index[cam.name]}: {type(e).__name__}: {e}"
-            index[cam.name] += 1
+            stats.warning = f"engine error on {cam.name} frame {nxt[0]}: {type(e).__name__}: {e}"
             continue
         elapsed_ms = (time.perf_counter() - t0) * 1e3
-        index[cam.name] += 1
         if out:
             stats.frames_processed += 1
         for msg in out:
-            # the synchronous path publishes a frame's results together, once it is done
-            msg.timing.latency_ms = elapsed_ms
+            # the synchronous path publishes a frame's results together once it is done:
+            # stamp -> recorded arrival, plus the processing time
+            msg.timing.latency_ms = (m.log_time_ns - stamp_ns) / 1e6 + elapsed_ms
             sink.write(cam.name, msg, m.log_time_ns)
 
 
 # -- realtime --------------------------------------------------------------------------
 class SkipIdleClock:
-    """Wall time that jumps over idle gaps: engine work takes the time it really takes,
-    waiting for the next recorded frame takes none."""
+    """The recording's timeline, driven by the wall clock: engine work takes the time it
+    really takes (times `scale`: with scale 4 the engine looks 4x slower, i.e. the frames
+    arrive 4x faster), waiting for the next recorded frame takes none."""
 
-    def __init__(self):
+    def __init__(self, scale: float = 1.0):
         self._t0 = time.perf_counter()
         self._skipped = 0.0
+        self.scale = float(scale)
 
     def now(self) -> float:
-        return time.perf_counter() - self._t0 + self._skipped
+        return (time.perf_counter() - self._t0) * self.scale + self._skipped
 
     def skip_to(self, t: float) -> None:
         now = self.now()
@@ -239,29 +281,39 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
 
     from .image_conversion import ImageConversionError
 
-    clock = SkipIdleClock()
-    cost = CostModel.calibrate(model, clock) if calibrate else CostModel()
+    from .engine_adapter import HookedEngine
+
+    clock = SkipIdleClock(rate)
+    engine = HookedEngine(model, getattr(config, "debug_ignore_eos", False),
+                          getattr(config, "debug_step_delay_ms", 0.0))
+    sizes = tuple(b for b in (1, 2, 4, 8) if b <= config.max_batch) or (1,)
+    cost = CostModel.calibrate(engine, clock, batch_sizes=sizes) if calibrate else CostModel()
     by_topic = {c.topic: c for c in cams}
-    frames: dict[tuple[str, float], tuple] = {}     # (camera, stamp) -> header, w, h, log_ns
+    index = _FrameIndex(pipeline, stats)
+    frames: dict[tuple, tuple] = {}     # (camera, key) -> header, w, h, log_ns, arrival
     status_names = {Status.SUPERSEDED: "superseded", Status.SKIPPED: "skipped",
                     Status.DEADLINE: "deadline", Status.ERROR: "engine_error",
                     Status.CANCELLED: "cancelled"}
 
     def on_result(o) -> None:
-        header, w, h, log_ns, arrival = frames[(o.stream, o.stamp)]
-        if o.status is Status.DONE and o.result is not None:
-            latency_ms = (o.end_time - arrival) * 1e3
+        header, w, h, log_ns, arrival, stamp_ns = frames[(o.stream, o.stamp)]
+        partial = (o.status is Status.DEADLINE and o.result is not None
+                   and o.result.task.skill in ("query", "caption"))
+        if (o.status is Status.DONE or partial) and o.result is not None:
+            # as the node: published when done (a cut-short answer at its deadline too);
+            # the result's bag time is its frame's recorded arrival + the time it took
+            t_ns = log_ns + int((o.end_time - arrival) * 1e9)
             enc = float(o.timings.get("encode_ms", 0.0))
             msg = pipeline.message_for(o.stream, o.task_name, o.result, header, w, h,
                                        engine_ms=o.engine_ms + enc, queue_ms=o.queue_ms,
-                                       latency_ms=latency_ms)
-            sink.write(o.stream, msg, log_ns + int(latency_ms * 1e6 * rate))
-        else:
+                                       latency_ms=(t_ns - stamp_ns) / 1e6)
+            sink.write(o.stream, msg, t_ns)
+        if o.status is not Status.DONE:
             stats.drops[status_names.get(o.status, str(o.status))] += 1
+        if o.missed_deadline and o.status is Status.DONE:
+            stats.late += 1
 
-    sched = Scheduler(model, cost, clock=clock, policy=Policy(max_batch=config.max_batch),
-                      on_result=on_result)
-    index: Counter = Counter()
+    sched = Scheduler(engine, cost, clock=clock, max_batch=config.max_batch, on_result=on_result)
     it = reader.messages(list(by_topic))
     t_first: int | None = None
     clock_origin = clock.now()
@@ -276,7 +328,7 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
         stats.frames += 1
         if t_first is None:
             t_first = m.log_time_ns
-        return m, clock_origin + (m.log_time_ns - t_first) / 1e9 / rate
+        return m, clock_origin + (m.log_time_ns - t_first) / 1e9
 
     def submit(m, arrival: float) -> None:
         cam = by_topic[m.topic]
@@ -285,23 +337,25 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
         if copy_images is not None:
             copy_images.write_raw(m.topic, m.msgtype, m.raw, m.log_time_ns)
         img_msg = deserialize(m.raw, m.msgtype)
-        i = index[cam.name]
-        index[cam.name] += 1
         try:
             rgb = _to_rgb(img_msg, m.msgtype, max_pixels)
         except ImageConversionError as e:
             stats.drops[f"image_{e.reason}"] += 1
             return
-        stamp = _stamp_s(img_msg.header)
-        due = pipeline.due_tasks(cam.name, i, stamp)
+        stamp_ns = img_msg.header.stamp.sec * 1_000_000_000 + img_msg.header.stamp.nanosec
+        nxt = index.next(cam.name, stamp_ns / 1e9)
+        if nxt is None:
+            return
+        i, epoch = nxt
+        due = pipeline.due_tasks(cam.name, i, stamp_ns / 1e9)
         if not due:
             return
         stats.frames_processed += 1
         h, w = rgb.shape[:2]
-        frames[(cam.name, stamp)] = (img_msg.header, w, h, m.log_time_ns, arrival)
-        specs = [TaskSpec(t.name, t.to_task(), max(t.deadline_ms, 1e-3) / 1e3, t.on_miss)
-                 for t in due]
-        sched.submit_frame(cam.name, stamp, rgb, specs, capture_time=arrival)
+        key = (epoch, stamp_ns / 1e9)
+        frames[(cam.name, key)] = (img_msg.header, w, h, m.log_time_ns, arrival, stamp_ns)
+        specs = [TaskSpec(t.name, t.to_task(), t.deadline_ms / 1e3, t.on_miss) for t in due]
+        sched.submit_frame(cam.name, key, rgb, specs, capture_time=arrival)
 
     pending = next_frame()
     while pending is not None or sched.has_work():
@@ -337,7 +391,8 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
            camera_topics: dict[str, str] | None = None, rate: float = 1.0,
            zero_timing: bool = False, storage: str = "mcap", overwrite: bool = False,
            progress: bool = False, max_frames: int | None = None, with_images: bool = False,
-           calibrate: bool = True, log: Callable[[str], None] | None = None) -> ReplayStats:
+           calibrate: bool = True, namespace: str = "",
+           log: Callable[[str], None] | None = None) -> ReplayStats:
     """Replay `in_bag` through `config` + `model` into `out_bag`; returns the stats.
     A damaged input bag ends the replay early with stats.error set (results kept)."""
     from .pipeline import PerceptionPipeline
@@ -359,7 +414,7 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
         if max_frames is not None:
             total = min(total, max_frames)
         with BagWriter(out_bag, storage=storage, overwrite=overwrite) as writer:
-            sink = _ResultSink(writer, stats, zero_timing)
+            sink = _ResultSink(writer, stats, zero_timing, namespace)
             bar = _progress(total, progress, f"replay {mode}")
             try:
                 if mode == "offline":
@@ -424,9 +479,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--camera", action="append", default=[], metavar="NAME=TOPIC",
                    help="read camera NAME from TOPIC instead of its configured topic")
     p.add_argument("--rate", type=float, default=1.0,
-                   help="realtime: playback speed factor (>1 = frames arrive faster)")
+                   help="realtime: playback speed factor (>1: frames arrive faster, i.e. the "
+                        "engine looks that much slower; latencies are on the recording's timeline)")
     p.add_argument("--zero-timing", action="store_true",
                    help="write timing fields as 0 (byte-for-byte reproducible offline output)")
+    p.add_argument("--namespace", default="", help="the node's namespace (result topics "
+                   "are <namespace>/<camera>/detections|points|answer)")
     p.add_argument("--storage", choices=["mcap", "sqlite3"], default="mcap")
     p.add_argument("--with-images", action="store_true", help="copy the camera topics too")
     p.add_argument("--max-frames", type=int, default=None)
@@ -455,7 +513,8 @@ def main(args) -> int:
     stats = replay(args.bag, args.out, config, model, mode=args.mode, camera_topics=cams,
                    rate=args.rate, zero_timing=args.zero_timing, storage=args.storage,
                    overwrite=args.overwrite, progress=not args.no_progress and sys.stderr.isatty(),
-                   max_frames=args.max_frames, with_images=args.with_images)
+                   max_frames=args.max_frames, with_images=args.with_images,
+                   namespace=args.namespace)
     print_summary(stats)
     if stats.error:
         print(f"photon replay: error: {stats.error}; the {stats.results} results written "
