@@ -437,3 +437,27 @@ def plot(results: list[SimResult], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def check_targets(results: list[SimResult]) -> list[tuple[str, bool, str]]:
+    """The issue's targets, checked on the EDF rows (FIFO rows are the contrast)."""
+    out = []
+    over = [r for r in results if r.policy == "edf" and r.spec.load >= 2.0]
+    light = [r for r in results if r.policy == "edf" and r.spec.load <= 0.5]
+    if over:
+        w = max(over, key=lambda r: r.metrics["miss_rate"])
+        out.append(("2x: <= 1% deadline misses among admitted work",
+                    w.metrics["miss_rate"] <= 0.01, f"worst {100 * w.metrics['miss_rate']:.2f}% ({w.spec.label})"))
+        st = sum(r.metrics["stale"] for r in over)
+        out.append(("2x: no result for a frame older than an answered newer one", st == 0,
+                    f"{st} stale results"))
+        w = max(over, key=lambda r: r.metrics["age_p99"])
+        out.append(("2x: p99 frame age at result <= 2 frame periods", w.metrics["age_p99"] <= 2.0,
+                    f"worst {w.metrics['age_p99']:.2f} periods ({w.spec.label})"))
+    if light:
+        w = min(light, key=lambda r: r.metrics["answered"])
+        out.append(("0.5x: every frame answered", w.metrics["answered"] == 1.0,
+                    f"lowest {100 * w.metrics['answered']:.2f}% ({w.spec.label})"))
+        n = sum(r.metrics["misses"] for r in light)
+        out.append(("0.5x: no deadline misses", n == 0, f"{n} misses"))
+    return out
