@@ -88,6 +88,8 @@ def build_result(result: TaskResult, header, camera: str, task_name: str, model_
                  width: int, height: int, timing: ResultTiming | None = None):
     """The message for any skill: DetectionArray, PointArray or Answer."""
     skill = result.task.skill
+    if timing is None:
+        timing = ResultTiming(engine_ms=result.engine_ms)
     if skill == "detect":
         return build_detections(result, header, camera, task_name, model_id, width, height, timing)
     if skill == "point":

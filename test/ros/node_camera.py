@@ -88,6 +88,7 @@ def main() -> int:
     ap.add_argument("--height", type=int, default=48)
     ap.add_argument("--encoding", default="rgb8")
     ap.add_argument("--reliable", action="store_true")
+    ap.add_argument("--wait", type=float, default=20.0, help="seconds to wait for a subscriber")
     args = ap.parse_args()
 
     rclpy.init()
@@ -97,7 +98,7 @@ def main() -> int:
                      else ReliabilityPolicy.BEST_EFFORT)
     msg_type = CompressedImage if args.type == "compressed" else Image
     pub = node.create_publisher(msg_type, args.topic, qos)
-    end = time.monotonic() + 20
+    end = time.monotonic() + args.wait
     while pub.get_subscription_count() == 0 and time.monotonic() < end:
         time.sleep(0.05)
     print(f"subscribers {pub.get_subscription_count()}", flush=True)
