@@ -82,8 +82,11 @@ def run_demo(out=DEFAULT_OUT, model: str | None = None, params=None, seconds: fl
     m, tiny = load_demo_model(model or config.model or None, out, device, dtype, say)
     if tiny:
         say("")
+        import textwrap
+
         say("!" * 78)
-        say(TINY_NOTE)
+        for line in textwrap.wrap(TINY_NOTE, 76):
+            say("! " + line)
         say("!" * 78)
         say("")
     say(f"model: {m.model_id}{' (tiny random test model)' if tiny else ''}")

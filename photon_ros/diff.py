@@ -277,7 +277,8 @@ def write_report(out_dir, cmp: dict, base: dict, new: dict, base_info: dict, new
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {"markdown": str(out / "report.md"), "json": str(out / "summary.json")}
-    plots = _plots(out, base, new)
+    same = Path(base_info["bag"]).resolve() == Path(new_info["bag"]).resolve()
+    plots = _plots(out, base, {} if same else new)
     files.update(plots)
     md = ["# photon diff report", "", f"- BASE: `{base_info['bag']}`", f"- NEW: `{new_info['bag']}`",
           f"- result: **{'PASS' if cmp['passed'] else 'FAIL'}**", ""]
