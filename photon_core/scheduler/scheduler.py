@@ -143,6 +143,8 @@ class Scheduler:
             res = self._cancel_run(r, "cancelled") if r.started else None
             self._end(r, Status.CANCELLED, res, error=reason if reason != "cancelled" else "")
             n += 1
+        if n and not self.live:
+            self._drain_engine()
         return n
 
     # -- the loop --------------------------------------------------------------------
@@ -157,7 +159,18 @@ class Scheduler:
         self._admit()
         if self.live:
             self._decode()
+        if not self.live:
+            self._drain_engine()
         return True
+
+    def _drain_engine(self) -> None:
+        """Nothing running: let a pipelined engine commit its in-flight steps (frees rows)."""
+        drain = getattr(self.engine, "drain", None)
+        if drain is not None:
+            try:
+                drain()
+            except Exception as e:  # noqa: BLE001
+                log.warning("engine.drain failed: %r", e)
 
     def run_until_idle(self, max_steps: int | None = None) -> None:
         n = 0

@@ -21,7 +21,8 @@ class ThreadedScheduler:
     def __init__(self, scheduler: Scheduler, idle_wait_s: float = 0.05, name: str = "photon-scheduler"):
         self.sched = scheduler
         self.idle_wait_s = idle_wait_s
-        self._cv = threading.Condition()
+        self._cv = threading.Condition()        # guards the inbox and the stop flags
+        self._state = threading.RLock()         # guards the scheduler (held while it steps)
         self._inbox: list[tuple] = []
         self._stopping = False
         self._drain = False
@@ -49,8 +50,13 @@ class ThreadedScheduler:
             self._cv.notify()
 
     def metrics(self) -> dict:
-        with self._cv:
+        with self._state:
             return self.sched.metrics()
+
+    @property
+    def error(self) -> BaseException | None:
+        """What killed the scheduler thread, if something did (open work was cancelled)."""
+        return self._error
 
     def stop(self, drain: bool = False, timeout: float | None = 10.0) -> None:
         """Stop the thread. drain=True finishes the open work first (new submissions are
@@ -70,10 +76,12 @@ class ThreadedScheduler:
         if threading.current_thread() is not self._thread:
             self._thread.join()               # the loop's own clean-up comes first
         now = self.sched.clock.now()
-        for spec in tasks:
-            frame = Frame(stream, stamp, None, capture_time, refs=1)
-            r = TaskRequest(frame, spec, kind, now, on_result)
-            self.sched._end(r, Status.CANCELLED, error="scheduler stopped")
+        with self._state:
+            for spec in tasks:
+                frame = Frame(stream, stamp, None, capture_time, refs=1)
+                r = TaskRequest(frame, spec, kind, now, on_result)
+                self.sched.counts["submitted"] += 1
+                self.sched._end(r, Status.CANCELLED, error="scheduler stopped")
 
     def _take_inbox(self) -> None:
         with self._cv:
@@ -89,6 +97,7 @@ class ThreadedScheduler:
                 log.warning("submit failed: %r", e)
                 now = self.sched.clock.now()
                 for spec in tasks:
+                    self.sched.counts["submitted"] += 1
                     frame = Frame(stream, stamp, None, cap, refs=1)
                     self.sched._end(TaskRequest(frame, spec, PERIODIC if kind not in ("periodic", "on_demand") else kind,
                                                 now, on_result), Status.ERROR, error=f"submit failed: {e}")
@@ -96,7 +105,8 @@ class ThreadedScheduler:
     def _loop(self) -> None:
         try:
             while True:
-                self._take_inbox()
+                with self._state:
+                    self._take_inbox()
                 with self._cv:
                     stopping, drain = self._stopping, self._drain
                     if not stopping and not self._inbox and not self.sched.has_work():
@@ -104,12 +114,14 @@ class ThreadedScheduler:
                         continue
                 if stopping and (not drain or not self.sched.has_work()):
                     break
-                self.sched.step()
+                with self._state:
+                    self.sched.step()
         except BaseException as e:  # noqa: BLE001 - make sure nothing is left without an outcome
             self._error = e
             log.exception("scheduler thread failed")
         finally:
             with self._cv:
                 self._stopping = True
-            self._take_inbox()
-            self.sched.cancel(reason="scheduler stopped")
+            with self._state:
+                self._take_inbox()
+                self.sched.cancel(reason="scheduler stopped")

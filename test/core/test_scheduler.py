@@ -316,3 +316,34 @@ def test_threaded_drain_finishes_open_work():
         ts.submit_frame(f"cam{c}", 0, img(person=3), [("det", DET, 5.0)], on_result=outs.append)
     ts.stop(drain=True)
     assert len(outs) == 4 and all(o.status is Status.DONE for o in outs)
+
+
+def test_threaded_callbacks_may_call_back_in():
+    """A callback (on the scheduler thread) may read metrics and submit more work."""
+    from photon_core.scheduler.clock import MonotonicClock
+    eng = SimEngine(VirtualClock(), COST.scaled(1.0), jitter=0.0)
+    outs, seen = [], []
+    ts = ThreadedScheduler(Scheduler(eng, COST.scaled(1.0), clock=MonotonicClock()))
+
+    def cb(o):
+        outs.append(o)
+        seen.append(ts.metrics()["submitted"])
+        if o.stamp < 3:
+            ts.submit_frame("cam", o.stamp + 1, img(person=2), [("det", DET, 5.0)], on_result=cb)
+    ts.submit_frame("cam", 0, img(person=2), [("det", DET, 5.0)], on_result=cb)
+    import time as _t
+    t_end = _t.monotonic() + 10
+    while len(outs) < 4 and _t.monotonic() < t_end:
+        _t.sleep(0.01)
+    ts.stop()
+    assert [o.stamp for o in outs] == [0, 1, 2, 3] and all(o.ok for o in outs)
+    assert seen == [1, 2, 3, 4] and ts.error is None
+
+
+def test_scheduler_drains_a_pipelined_engine_when_idle():
+    s, eng, _, outs = make()
+    drains = []
+    eng.drain = lambda: drains.append(1)
+    s.submit_frame("cam", 0, img(person=2), [("det", DET, 1.0)])
+    s.run_until_idle()
+    assert outs[0].ok and drains
