@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from photon_core.task import Task
 
-from .engine import count_prompt_tokens, encoded_crops, step_batch
+from .engine import count_prompt_tokens, encoded_crops, engine_capacity, step_batch
 
 
 def image_shape(image: Any) -> tuple[int, int] | None:
@@ -160,9 +160,13 @@ class CostModel:
             run, ms = timed(engine.start, enc, t)
             run.cancel("cancelled")
             pre_pts.append((count_prompt_tokens(engine, t), ms))
+        if hasattr(engine, "drain"):
+            engine.drain()
         p_base, p_per = _fit(pre_pts[2:] if repeats > 1 else pre_pts)
 
         steps_ms: dict[int, float] = {}
+        cap = engine_capacity(engine)
+        batch_sizes = tuple(b for b in batch_sizes if cap is None or b <= cap) or (1,)
         probe = Task("query", question="Describe the image in detail.", max_tokens=steps + 8)
         for b in batch_sizes:
             pool, ts = [], []
@@ -174,6 +178,8 @@ class CostModel:
                 pool = [r for r, a in zip(pool, alive) if a]   # finished ones are replaced
             for r in pool:
                 r.cancel("cancelled")
+            if hasattr(engine, "drain"):                # a pipelined engine frees rows on commit
+                engine.drain()
             steps_ms[b] = statistics.median(ts)
         if not steps_ms:
             raise RuntimeError("calibration: every probe run finished before a decode step was timed")

@@ -80,3 +80,16 @@ def encoded_crops(enc: Any) -> int | None:
     if tiling is not None and len(tiling) == 2:
         return 1 + int(tiling[0]) * int(tiling[1])
     return None
+
+
+def engine_capacity(engine: Any) -> int | None:
+    """Most runs the engine can hold open at once, when it says: `max_runs` / `max_batch`
+    (int), or the fast path's row table. None: unlimited as far as we know."""
+    for attr in ("max_runs", "max_batch"):
+        v = getattr(engine, attr, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    owner = getattr(getattr(engine, "rows", None), "owner", None)
+    if isinstance(owner, list) and owner:
+        return len(owner)
+    return None

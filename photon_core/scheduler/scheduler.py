@@ -29,7 +29,7 @@ from . import admission
 from .clock import Clock, MonotonicClock
 from .cost_model import CostModel, TokenEstimator
 from .edf_queue import EDF, FIFO, RequestQueue
-from .engine import count_prompt_tokens, step_batch
+from .engine import count_prompt_tokens, engine_capacity, step_batch
 from .latest_frame import LatestFrameTable
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
                       TaskRequest, TaskSpec)
@@ -77,6 +77,12 @@ class Scheduler:
         self.policy = policy or Policy()
         if max_batch is not None:
             self.policy = Policy(**{**self.policy.__dict__, "max_batch": max_batch})
+        cap = engine_capacity(engine)
+        if cap is not None and self.policy.max_batch + self.policy.max_extra > cap:
+            # never open more runs than the engine has slots for (the fast path's KV rows)
+            mb = min(self.policy.max_batch, cap)
+            self.policy = Policy(**{**self.policy.__dict__, "max_batch": mb,
+                                    "max_extra": max(0, cap - mb)})
         self.cost = cost_model or CostModel()
         self.tokens = tokens or TokenEstimator()
         self.on_result = on_result

@@ -100,3 +100,33 @@ def test_threaded_scheduler_with_the_engine(fast_model, cost, frames):
     assert {o.status for o in outs} <= {Status.DONE, Status.SUPERSEDED}
     latest = {o.stream: o.stamp for o in outs if o.ok}
     assert latest == {"a": 2.0, "b": 2.0}
+
+
+@pytest.fixture(scope="module")
+def fast_engine(fast_model):
+    fast = pytest.importorskip("photon_core.fast")
+    return fast.FastEngine(fast_model, max_batch=4, warmup=False)
+
+
+def test_scheduler_drives_the_fast_path_engine(fast_engine, fast_model, frames):
+    """The fast path (on the CPU: same pipeline, no graphs) behind the same protocol; its
+    4 KV rows cap the scheduler (max_batch 4, no extra on-demand rows)."""
+    cost = CostModel.calibrate(fast_engine, image_sizes=((96, 128), (300, 500)),
+                               batch_sizes=(1, 2, 4, 8), steps=2, repeats=1)
+    assert set(cost.decode_step_ms) == {1, 2, 4}
+    outs = []
+    s = Scheduler(fast_engine, cost, on_result=outs.append, max_batch=8)
+    assert s.policy.max_batch == 4 and s.policy.max_extra == 0
+    for k in range(3):
+        for stream in ("a", "b"):
+            s.submit_frame(stream, float(k), frames[(stream, k)],
+                           [("person", DET, 60.0), ("cup", PNT, 60.0, "finish"),
+                            ("ask", ASK, 60.0, "finish")])
+    s.run_until_idle()
+    done = [o for o in outs if o.status is Status.DONE]
+    assert len(outs) == 18 and len(done) == 6 and all(o.stamp == 2.0 for o in done)
+    for o in done:                                        # same answers as the reference path
+        task = {"person": DET, "cup": PNT, "ask": ASK}[o.task_name]
+        ref = fast_model.run(fast_model.encode_image(frames[(o.stream, 2)]), task)
+        assert o.result.output == ref.output
+    assert fast_engine.rows.free_rows() == [0, 1, 2, 3]   # every row back
