@@ -177,7 +177,7 @@ class PerceptionNode(LifecycleNode):
         self._cams_lock = threading.RLock()
         self._node_counts: collections.Counter = collections.Counter()
         self._log_last: dict[tuple, list] = {}
-        self._services: list = []
+        self._own_services: list = []
         self._action = None
         self._warned_types: set = set()
         self._img_group = MutuallyExclusiveCallbackGroup()
@@ -224,7 +224,22 @@ class PerceptionNode(LifecycleNode):
             self._file_declared.append(name)
         if path:
             self.get_logger().info(f"configuration from {path}")
-        return config_from_params(self._current_params())
+        cfg = config_from_params(self._current_params())
+        # Every key of every configured camera and task becomes a parameter (0 / "" = the
+        # node default), so `ros2 param set front.people.every_n 3` works for keys the YAML
+        # left out.
+        unset = {"every_n": 1, "hz": 0.0, "deadline_ms": 0.0, "on_miss": "", "max_objects": 0,
+                 "max_tokens": 0, "object": "", "question": "", "caption_length": "normal"}
+        for cam in cfg.cameras:
+            keys = {f"{cam.name}.type": cam.type, f"{cam.name}.qos_reliable": cam.qos_reliable,
+                    f"{cam.name}.qos_depth": cam.qos_depth}
+            for t in cam.tasks:
+                keys.update({f"{cam.name}.{t.name}.{k}": v for k, v in unset.items()})
+            for name, value in keys.items():
+                if not self.has_parameter(name):
+                    self.declare_parameter(name, value, ParameterDescriptor(dynamic_typing=True))
+                    self._file_declared.append(name)
+        return cfg
 
     def _validate_params(self, params) -> SetParametersResult:
         if self._cfg is None:
@@ -306,7 +321,7 @@ class PerceptionNode(LifecycleNode):
                                     f"{type(e).__name__}: {e}")
             self._stop_engine()
             return TransitionCallbackReturn.FAILURE
-        self._services = [
+        self._own_services = [
             self.create_service(Query, "~/query", self._on_query, callback_group=self._srv_group),
             self.create_service(SetTasks, "~/set_tasks", self._on_set_tasks,
                                 callback_group=self._srv_group)]
@@ -373,9 +388,9 @@ class PerceptionNode(LifecycleNode):
                 st.pubs.clear()
                 st.latest = None
                 st.recent.clear()
-        for srv in self._services:
+        for srv in self._own_services:
             self.destroy_service(srv)
-        self._services = []
+        self._own_services = []
         if self._action is not None:
             self._action.destroy()
             self._action = None
