@@ -54,5 +54,5 @@ def test_launch_file_starts_a_working_node(tmp_path_factory, tmp_path):
         if cam is not None:
             stop(cam)
         col.close()
-        loop.call_soon_threadsafe(ls.shutdown)
+        ls.shutdown()                     # thread-safe: ends the launch loop
         runner.join(30)
