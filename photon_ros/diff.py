@@ -356,7 +356,9 @@ def _plots(out: Path, base: dict, new: dict) -> dict[str, str]:
 
 
 def run_diff(base_bag, new_bag, th: Thresholds | None = None, report_dir=None,
-             out=sys.stdout) -> dict:
+             out: Any = "stdout") -> dict:
+    """Compare, print the summary to `out` ("stdout", a file, or None for silence), write
+    the report when report_dir is given; returns the comparison dict."""
     th = th or Thresholds()
     base, base_info = load_results(base_bag)
     new, new_info = load_results(new_bag)
@@ -366,7 +368,7 @@ def run_diff(base_bag, new_bag, th: Thresholds | None = None, report_dir=None,
         cmp["report"] = write_report(report_dir, cmp, base, new, base_info, new_info, lines)
         lines.append(f"report: {cmp['report']['markdown']}")
     if out is not None:
-        print("\n".join(lines), file=out)
+        print("\n".join(lines), file=sys.stdout if out == "stdout" else out)
     return cmp
 
 

@@ -454,7 +454,8 @@ def load_model_for(spec: str, device: str = "cpu", dtype: str = "fp32"):
     return load_model(spec, device=device, dtype=dtype, progress=sys.stderr.isatty())
 
 
-def print_summary(stats: ReplayStats, out=sys.stdout) -> None:
+def print_summary(stats: ReplayStats, out=None) -> None:
+    out = out or sys.stdout
     j = stats.to_json()
     print(f"replay ({j['mode']}): {j['frames']} frames, {j['results']} results, "
           f"{j['dropped']} dropped, {j['wall_s']:.1f} s; model {j['model_id']}", file=out)

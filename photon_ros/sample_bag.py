@@ -27,6 +27,10 @@ def render(i: int, fps: float, width: int = 640, height: int = 480, camera: int 
     import cv2
 
     t = i / fps
+
+    def px(v: float) -> int:          # sizes scale with the width, at least one pixel
+        return max(1, int(v * s))
+
     img = np.empty((height, width, 3), np.uint8)
     horizon = int(height * 0.45)
     sky = np.linspace(200, 140, horizon)[:, None]
@@ -45,19 +49,19 @@ def render(i: int, fps: float, width: int = 640, height: int = 480, camera: int 
     cv2.rectangle(img, (cx + int(25 * s), cy - int(30 * s)), (cx + int(115 * s), cy), (170, 25, 25), -1)
     cv2.rectangle(img, (cx + int(35 * s), cy - int(24 * s)), (cx + int(105 * s), cy - int(4 * s)), (150, 200, 230), -1)
     for wx in (cx + int(30 * s), cx + cw - int(30 * s)):
-        cv2.circle(img, (wx, cy + ch), int(16 * s), (20, 20, 20), -1)
+        cv2.circle(img, (wx, cy + ch), px(16), (20, 20, 20), -1)
     # person: walks right to left on the sidewalk
-    px = int(width - ((t * 70 * s) % (width + 40 * s)))
+    px_ = int(width - ((t * 70 * s) % (width + 40 * s)))
     py = int(height * 0.42)
-    cv2.circle(img, (px, py), int(12 * s), (230, 190, 160), -1)
-    cv2.rectangle(img, (px - int(12 * s), py + int(12 * s)), (px + int(12 * s), py + int(60 * s)), (40, 120, 40), -1)
+    cv2.circle(img, (px_, py), px(12), (230, 190, 160), -1)
+    cv2.rectangle(img, (px_ - int(12 * s), py + int(12 * s)), (px_ + int(12 * s), py + int(60 * s)), (40, 120, 40), -1)
     leg = int(10 * s * math.sin(t * 6))
-    cv2.line(img, (px, py + int(60 * s)), (px - leg, py + int(95 * s)), (30, 30, 90), int(6 * s))
-    cv2.line(img, (px, py + int(60 * s)), (px + leg, py + int(95 * s)), (30, 30, 90), int(6 * s))
+    cv2.line(img, (px_, py + int(60 * s)), (px_ - leg, py + int(95 * s)), (30, 30, 90), px(6))
+    cv2.line(img, (px_, py + int(60 * s)), (px_ + leg, py + int(95 * s)), (30, 30, 90), px(6))
     # ball: bounces
     bx = int(width * 0.25 + width * 0.2 * math.sin(t * 1.3))
     by = int(height * 0.85 - abs(math.sin(t * 3.0)) * height * 0.25)
-    cv2.circle(img, (bx, by), int(18 * s), (30, 60, 220), -1)
+    cv2.circle(img, (bx, by), px(18), (30, 60, 220), -1)
     return img
 
 
