@@ -175,6 +175,78 @@ def e2e(engine_or_model, frame, task, iters, fast=True):
     return {"ms": tot, "encode_ms": enc, "decode_part_ms": tot - enc, "steps": xs[0][2]}
 
 
+def attention_variants(model, kv):
+    from photon_core.fast import decode_step as ds
+    res = {}
+    for variant in ("sdpa", "matmul"):
+        ds.ATTENTION = variant
+        eng = FastEngine(model, max_batch=1, kv_capacity=kv)
+        res[variant] = graph_step_ms(eng, 1)
+        eng.close()
+        del eng
+        torch.cuda.empty_cache()
+    ds.ATTENTION = "matmul"
+    return res
+
+
+def profile_step(engine):
+    from torch.profiler import ProfilerActivity, profile
+    from photon_core.fast import decode_step as ds
+    st = engine.state
+    st.active.zero_()
+    with torch.inference_mode():
+        for _ in range(3):
+            ds.lm_greedy(st, 1)
+            ds.forward(st, 1)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            ds.lm_greedy(st, 1)
+            ds.forward(st, 1)
+            torch.cuda.synchronize()
+    agg = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            agg[ev.name] = agg.get(ev.name, 0.0) + ev.device_time_total
+    top = sorted(agg.items(), key=lambda kv: -kv[1])[:14]
+    total = sum(agg.values())
+    return [("TOTAL kernel time", total), ("kernel launches", float(sum(
+        1 for ev in prof.events() if ev.device_type.name == "CUDA")))] + top
+
+
+def encode_breakdown(model, frame):
+    from photon_core.moondream import text, vision
+    from photon_core.moondream.crops import overlap_crops
+    from photon_core.moondream.image_input import to_rgb_array
+    from photon_core.moondream.kv_cache import KVCache
+    v, w, t = model.config.vision, model.weights, model.config.text
+    xs = {"crops_cpu": [], "vision_encoder": [], "projection": [], "prefix_prefill": []}
+    for _ in range(4):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        arr = to_rgb_array(frame, model.max_image_side)
+        crops, tiling = overlap_crops(arr, v.crop_size, v.enc_patch_size, v.overlap_margin,
+                                      v.max_crops)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            feats = vision.encoder(w, v, vision.normalize(crops, w.device, w.dtype))
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            toks = vision.project(w, v, feats, tiling)
+            torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            bos = text.embed(w, torch.tensor([model.config.tokenizer.bos_id], device=w.device))
+            prefix = torch.cat([bos, toks], dim=0)[None]
+            cache = KVCache(t.n_layers, t.n_kv_heads, prefix.shape[1], t.head_dim, w.device,
+                            w.dtype)
+            text.decoder(w, t, prefix, 0, cache, model.prefix_len)
+            torch.cuda.synchronize()
+            t4 = time.perf_counter()
+        for k, a, b in (("crops_cpu", t0, t1), ("vision_encoder", t1, t2),
+                        ("projection", t2, t3), ("prefix_prefill", t3, t4)):
+            xs[k].append((b - a) * 1e3)
+    return {k: round(statistics.median(x[1:]), 2) for k, x in xs.items()}
+
+
 def gpu_correctness():
     cfg = tiny_config(fast=True)
     m = build_random_model(cfg, device="cuda", dtype="fp32", seed=0,
@@ -236,6 +308,24 @@ def main():
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
     enc = engine.encode_image(frame)
 
+    try:
+        out["attention_variants_b1"] = attention_variants(model, args.kv)
+        say(f"graph replay b=1 by attention variant (ms): {out['attention_variants_b1']}")
+    except Exception as e:  # noqa: BLE001
+        say(f"attention variants failed: {e!r}")
+    try:
+        out["profile_b1"] = profile_step(engine)
+        say("top kernels of one eager forward+lm step at b=1 (CUDA us):")
+        for k, v in out["profile_b1"]:
+            say(f"  {v:9.1f}  {k[:110]}")
+    except Exception as e:  # noqa: BLE001
+        say(f"profile failed: {e!r}")
+    try:
+        out["encode_breakdown"] = encode_breakdown(model, frame)
+        say(f"encode breakdown ms: {out['encode_breakdown']}")
+    except Exception as e:  # noqa: BLE001
+        say(f"encode breakdown failed: {e!r}")
+
     say("\n## Decode step (bf16, query rows)\n")
     say("| batch | floor ms | graph replay ms | x floor | pipelined wall ms/step | GPU ms/step "
         "| GPU idle ms/step (mean / p90) | blocking wall ms/step | blocking GPU idle ms | "
@@ -269,24 +359,33 @@ def main():
     say("\n## 640x480 frame, encode + skill (forced lengths), median of "
         f"{args.iters}\n")
     say("| task | steps | reference eager ms | blocking ms | pipelined ms | pipelined / blocking "
-        "| encode ms | GPU idle ms/step pipelined |")
-    say("|---|---|---|---|---|---|---|---|")
+        "| encode ms | prefill+decode ms blocking / pipelined | GPU idle ms/step pipelined |")
+    say("|---|---|---|---|---|---|---|---|---|")
     tasks = {"encode + detect(5)": Task("detect", object="person", max_objects=5),
              "encode + point(5)": Task("point", object="person", max_objects=5),
              "encode + query(32 tokens)": Task("query", question=QUESTION, max_tokens=32)}
     e2e_rows = {}
     for name, task in tasks.items():
         ref = e2e(model, frame, task, max(2, args.iters // 2), fast=False)
-        engine.pipelined = False
-        blk = e2e(engine, frame, task, args.iters)
-        engine.pipelined = True
-        engine.reset_metrics()
-        pip = e2e(engine, frame, task, args.iters)
-        idle = engine.metrics()["gpu_idle_per_step"].get("mean_ms")
+        blk_runs, pip_runs, idles = [], [], {}
+        for i in range(args.iters):          # interleaved: drift hits both modes alike
+            for mode in (False, True):
+                engine.pipelined = mode
+                engine.reset_metrics()
+                (pip_runs if mode else blk_runs).append(e2e(engine, frame, task, 1))
+                idles.setdefault(mode, []).append(
+                    engine.metrics()["gpu_idle_per_step"].get("mean_ms") or float("nan"))
+        med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+        blk = {k: med(blk_runs, k) for k in ("ms", "encode_ms", "decode_part_ms")}
+        pip = {k: med(pip_runs, k) for k in ("ms", "encode_ms", "decode_part_ms")}
+        pip["steps"] = pip_runs[0]["steps"]
+        idle = statistics.median(idles[True])
         e2e_rows[name] = {"reference": ref, "blocking": blk, "pipelined": pip,
-                          "gpu_idle_mean_ms": idle}
+                          "gpu_idle_mean_ms_pipelined": idle,
+                          "gpu_idle_mean_ms_blocking": statistics.median(idles[False])}
         say(f"| {name} | {pip['steps']} | {ref['ms']:.1f} | {blk['ms']:.1f} | {pip['ms']:.1f} | "
-            f"{pip['ms'] / blk['ms']:.3f} | {pip['encode_ms']:.1f} | {idle:.4f} |")
+            f"{pip['ms'] / blk['ms']:.3f} | {pip['encode_ms']:.1f} | "
+            f"{blk['decode_part_ms']:.1f} / {pip['decode_part_ms']:.1f} | {idle:.4f} |")
     out["e2e"] = e2e_rows
     out["metrics"] = engine.metrics()
     engine.close()

@@ -31,6 +31,7 @@ from ..moondream.rope import apply_rope, rope_angles
 from .static_kv_cache import StaticKVCache
 
 PHASE_TEXT, PHASE_X, PHASE_Y, PHASE_SIZE = 0, 1, 2, 3
+ATTENTION = "matmul"      # or "sdpa" (kept for the benchmark's comparison)
 OUT_TOKEN, OUT_COORD, OUT_W, OUT_H = 0, 1, 2, 3
 
 
@@ -152,6 +153,24 @@ def feedback_embedding(st: StepState, b: int) -> torch.Tensor:
                        torch.where(phase == PHASE_SIZE, s_emb, c_emb))
 
 
+def attend(q, keys, values, mask_add, gqa: bool) -> torch.Tensor:
+    """One query per row against the static cache: scores = q.K^T * scale + additive mask
+    (one baddbmm), fp32 softmax, probs.V (one bmm). For a single query, SDPA with a mask picks
+    a kernel that walks each head's keys serially (measured ~2x slower per step on the H200,
+    docs/benchmarks.md); ATTENTION = "sdpa" keeps it for comparison."""
+    b, nh, _, hd = q.shape
+    if gqa or ATTENTION == "sdpa":
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask_add > -1,
+                                              enable_gqa=gqa)
+    length = keys.shape[2]
+    k3 = keys.reshape(b * nh, length, hd)
+    v3 = values.reshape(b * nh, length, hd)
+    scores = torch.baddbmm(mask_add, q.reshape(b * nh, 1, hd), k3.transpose(1, 2),
+                           alpha=hd ** -0.5)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    return torch.bmm(probs, v3).view(b, nh, 1, hd)
+
+
 def decoder_step(st: StepState, x: torch.Tensor, b: int, attn_len: int) -> torch.Tensor:
     """x [b, dim] at positions st.pos[:b] through all blocks; k/v into the static cache."""
     w, cfg, kv = st.w, st.cfg.text, st.kv
@@ -161,17 +180,23 @@ def decoder_step(st: StepState, x: torch.Tensor, b: int, attn_len: int) -> torch
     cos, sin = cos[:, None, None, :], sin[:, None, None, :]
     rows = st.row_ids[:b]
     pos_w = pos.clamp(max=kv.capacity - 1)
-    mask = (st.key_ids[None, :attn_len] <= pos[:, None])[:, None, None, :]
+    visible = st.key_ids[None, :attn_len] <= pos[:, None]                   # [b, L]
+    mask_add = torch.zeros(b, attn_len, device=x.device, dtype=x.dtype).masked_fill(
+        ~visible, float("-inf"))
+    mask_add = mask_add[:, None, :].expand(b, nh, attn_len).reshape(b * nh, 1, attn_len)
+    if nh != nkv or ATTENTION == "sdpa":
+        mask_add = mask_add.view(b, nh, 1, attn_len)
     for i in range(cfg.n_layers):
         p = f"text.blocks.{i}"
         h = w.layer_norm(x, p + ".ln")
-        q, k, v = w.linear(h, p + ".attn.qkv").split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = apply_rope(q.view(b, nh, 1, hd), cos, sin)
-        k = apply_rope(k.view(b, nkv, 1, hd), cos, sin)
+        qkv = w.linear(h, p + ".attn.qkv")
+        # rotate q and k in one pass (elementwise: the same values as rotating each)
+        qk = apply_rope(qkv[:, :(nh + nkv) * hd].view(b, nh + nkv, 1, hd), cos, sin)
+        q, k = qk[:, :nh], qk[:, nh:]
+        v = qkv[:, (nh + nkv) * hd:]
         kv.write_step(i, rows, pos_w, k[:, :, 0], v.view(b, nkv, hd))
         keys, values = kv.keys_values(i, b, attn_len)
-        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                           enable_gqa=nh != nkv)
+        a = attend(q, keys, values, mask_add, nh != nkv)
         a = w.linear(a.reshape(b, dim), p + ".attn.proj")
         x = x + a + w.mlp(h, p + ".mlp")
     return x

@@ -1,0 +1,140 @@
+"""Pipeline mechanics of photon_core.fast on the CPU: commit order, ping-pong slot reuse,
+zombie refcounts, the engine protocol the scheduler uses."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from photon_core.fast import FastEngine
+from photon_core.fast.pingpong_slots import PingPongSlots
+from photon_core.fast.zombie_refcount import RowRefcount
+from photon_core.moondream.model import build_random_model
+from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
+from photon_core.task import Task
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_random_model(tiny_config(fast=True), eos_bias=TEST_EOS_BIAS["fast"], seed=0)
+
+
+@pytest.fixture(scope="module")
+def enc(model):
+    return model.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3),
+                                                                dtype=np.uint8))
+
+
+def _events(fe):
+    return [(kind, step) for kind, step, _ in fe.decoder.log]
+
+
+def test_pipelined_launches_next_step_before_committing_previous(model, enc):
+    fe = FastEngine(model, max_batch=2)
+    fe.decoder.record = True
+    r = fe.start(enc, Task("query", question="What?", max_tokens=5), ignore_eos=True)
+    while r.step():
+        pass
+    fe.drain()
+    ev = _events(fe)
+    assert ev[:5] == [("launch", 0), ("launch", 1), ("commit", 0), ("launch", 2), ("commit", 1)]
+    commits = [s for k, s in ev if k == "commit"]
+    assert commits == sorted(commits) == list(range(len(commits)))   # in order, each once
+    # step t+1 is always launched before step t is committed
+    for t in commits[:-1]:
+        assert ev.index(("launch", t + 1)) < ev.index(("commit", t))
+    assert r.result().tokens == 5 and len(commits) == 6              # one zombie step
+    fe.close()
+
+
+def test_blocking_commits_each_step_before_the_next(model, enc):
+    fe = FastEngine(model, max_batch=2, pipelined=False)
+    fe.decoder.record = True
+    fe.run(enc, Task("query", question="What?", max_tokens=4), ignore_eos=True)
+    ev = _events(fe)
+    assert ev == [(k, s) for s in range(4) for k in ("launch", "commit")]
+    fe.close()
+
+
+def test_slots_alternate_and_refuse_reuse_while_in_flight():
+    slots = PingPongSlots(2, torch.device("cpu"))
+    a = slots.slot_for(0)
+    a.step = 0
+    assert slots.slot_for(1).index != a.index
+    with pytest.raises(RuntimeError):
+        slots.slot_for(2)
+    slots.release(a)
+    assert slots.slot_for(2) is a
+
+
+def test_refcount_releases_zombie_row_only_after_its_last_step():
+    class Run:
+        finished = False
+        row = None
+    rows = RowRefcount(2)
+    r = Run()
+    row = rows.acquire(r)
+    r.row = row
+    rows.hold(row)
+    rows.hold(row)           # two launched steps
+    r.finished = True
+    rows.finished(row)
+    assert rows.owner[row] is r
+    rows.drop(row)
+    assert rows.owner[row] is r
+    rows.drop(row)
+    assert rows.owner[row] is None and rows.released == [row] and r.row is None
+
+
+def test_finished_row_is_reused_after_zombie_commit(model, enc):
+    fe = FastEngine(model, max_batch=2)
+    a = fe.start(enc, Task("query", question="What?", max_tokens=2), ignore_eos=True)
+    b = fe.start(enc, Task("query", question="Why?", max_tokens=8), ignore_eos=True)
+    assert (a.row, b.row) == (0, 1)
+    while not a.finished:
+        fe.step_batch([a, b])
+    assert fe.rows.owner[0] is a           # a zombie step of a is still launched
+    fe.step_batch([a, b])
+    assert fe.rows.owner[0] is None and fe.rows.released == [0]
+    c = fe.start(enc, Task("detect", object="person", max_objects=2))
+    assert c.row == 0
+    runs = [b, c]
+    while any(fe.step_batch(runs)):
+        pass
+    fe.drain()
+    assert c.result().output == model.run(enc, c.task).output
+    fe.close()
+
+
+def test_start_drains_when_all_rows_are_held_by_zombies(model, enc):
+    fe = FastEngine(model, max_batch=1)
+    a = fe.start(enc, Task("query", question="What?", max_tokens=2), ignore_eos=True)
+    while a.step():
+        pass
+    assert fe.rows.owner[0] is a and fe.decoder.in_flight
+    b = fe.start(enc, Task("point", object="cup", max_objects=1))
+    assert b.row == 0 and not fe.decoder.in_flight
+    fe.close()
+
+
+def test_engine_protocol_and_scheduler_step_batch(model, enc):
+    from photon_core.scheduler.engine import EngineLike, TaskRunLike, step_batch
+    fe = FastEngine(model, max_batch=4)
+    assert isinstance(fe, EngineLike)
+    runs = [fe.start(enc, Task("query", question="What?", max_tokens=3)),
+            fe.start(enc, Task("detect", object="cup", max_objects=2))]
+    assert all(isinstance(r, TaskRunLike) for r in runs)
+    while any(step_batch(fe, runs)):
+        pass
+    fe.drain()
+    for r in runs:
+        assert r.result().output == model.run(enc, r.task).output
+    assert fe.metrics()["pipelined"] is True
+    fe.close()
+
+
+def test_gpu_idle_metric_is_empty_on_cpu(model, enc):
+    fe = FastEngine(model, max_batch=1)
+    fe.run(enc, Task("query", question="What?", max_tokens=3))
+    assert fe.metrics()["gpu_idle_per_step"] == {}
+    fe.close()
