@@ -51,7 +51,7 @@ def select_topics(topics: dict[str, str], wanted: list[str] | None, all_topics: 
 
 def play(bag, topics: list[str] | None = None, rate: float = 1.0, clock_hz: float = DEFAULT_CLOCK_HZ,
          wait_subscribers: float = 0.0, loop: int = 1, all_topics: bool = False,
-         remap: dict[str, str] | None = None, progress: bool = False,
+         remap: dict[str, str] | None = None, progress: bool = False, settle_s: float = 0.5,
          context=None, log: Callable[[str], None] | None = None) -> dict:
     """Publish the bag; returns counts. Creates its own rclpy context unless given one."""
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
@@ -91,6 +91,8 @@ def play(bag, topics: list[str] | None = None, rate: float = 1.0, clock_hz: floa
             if missing:
                 log(f"photon play: no subscriber on {', '.join(missing)} after "
                     f"{wait_subscribers:.0f} s; publishing anyway")
+            else:
+                time.sleep(settle_s)   # let the subscriber's side of discovery finish too
         Clock = rclpy_type(CLOCK)
         Time = rclpy_type("builtin_interfaces/msg/Time")
 
