@@ -17,6 +17,7 @@ class Load:
     deadline: float          # absolute, seconds
     rank: tuple              # smaller steps first when the batch is full
     check: bool = True       # False: already late / not ours to protect
+    margin: float = 0.0      # seconds it should finish ahead of its deadline
 
 
 def project(t0: float, loads: list[Load], max_batch: int,
@@ -44,7 +45,7 @@ def fits(now: float, start_ms: float, candidate: Load, live: list[Load], max_bat
     decodes) keep the candidate and every checked live run within its deadline?"""
     loads = live + [candidate]
     fin = project(now + start_ms / 1e3, loads, max_batch, step_ms)
-    return all(f + margin_s <= l.deadline for f, l in zip(fin, loads) if l.check)
+    return all(f + margin_s + l.margin <= l.deadline for f, l in zip(fin, loads) if l.check)
 
 
 def hopeless(now: float, start_ms: float, steps: float, deadline: float,

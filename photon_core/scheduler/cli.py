@@ -12,6 +12,9 @@ def register(sub) -> None:
     p.add_argument("--cameras", default="1,2,4")
     p.add_argument("--fps", default="15,30")
     p.add_argument("--loads", default="0.5,1,2")
+    p.add_argument("--policies", default="edf,fifo")
+    p.add_argument("--slowdown", type=float, default=1.0,
+                   help="engine this much slower than calibrated (drift after start-up)")
     p.add_argument("--png", default=None, help="write the plot here")
     p.add_argument("--json", default=None, help="write the metrics here")
     p.set_defaults(func=run)
@@ -24,7 +27,8 @@ def run(args) -> int:
     res = run_grid(duration_s=args.duration, seed=args.seed,
                    cameras=tuple(int(x) for x in args.cameras.split(",")),
                    fps=tuple(float(x) for x in args.fps.split(",")),
-                   loads=tuple(float(x) for x in args.loads.split(",")))
+                   loads=tuple(float(x) for x in args.loads.split(",")),
+                   policies=tuple(args.policies.split(",")), slowdown=args.slowdown)
     print(table(res))
     print()
     ok_all = True

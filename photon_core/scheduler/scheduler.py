@@ -50,6 +50,7 @@ class Policy:
     max_extra: int = 2             # started on-demand runs allowed beyond max_batch
     safety: float = 1.10           # admission multiplies predicted costs by this
     margin_s: float = 0.0          # ... and wants this much spare time before a deadline
+    margin_frac: float = 0.05      # ... plus this fraction of each request's deadline_s
     preempt_slack: float = 2.0     # on-demand starts regardless once its slack < this x its duration
 
     def __post_init__(self):
@@ -208,7 +209,8 @@ class Scheduler:
     def _load(self, r: TaskRequest, now: float) -> admission.Load:
         est = self.tokens.estimate(r.key, r.spec.task, conservative=True)
         return admission.Load(max(1.0, est - r.steps), r.deadline, self._rank(r),
-                              check=now <= r.deadline)
+                              check=now <= r.deadline,
+                              margin=self.policy.margin_frac * r.spec.deadline_s)
 
     def _cancel_run(self, r: TaskRequest, reason: str):
         try:

@@ -176,6 +176,7 @@ class TraceSpec:
     image_shape: tuple[int, int] = IMAGE_SHAPE
     max_batch: int = 4
     jitter: float = 0.05
+    slowdown: float = 1.0             # engine this much slower after calibration (drift)
     seed: int = 0
 
     @property
@@ -342,6 +343,9 @@ def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel
                                    batch_sizes=tuple(b for b in (1, 2, 4, 8) if b <= max(spec.max_batch, 2)))
     else:
         cost = truth.scaled(1.0)
+    if spec.slowdown != 1.0:                 # the engine drifts after start-up calibration
+        engine.cost = truth.scaled(spec.slowdown)
+        engine.cost.ema = 0.0
     if isinstance(policy, str):
         pol = fifo_policy(spec.max_batch) if policy == "fifo" else Policy(name=policy, max_batch=spec.max_batch)
     else:
@@ -379,12 +383,12 @@ GRID_LOADS = (0.5, 1.0, 2.0)
 
 
 def run_grid(duration_s: float = 20.0, seed: int = 0, policies=("edf", "fifo"),
-             cameras=GRID_CAMERAS, fps=GRID_FPS, loads=GRID_LOADS) -> list[SimResult]:
+             cameras=GRID_CAMERAS, fps=GRID_FPS, loads=GRID_LOADS, **spec_kw) -> list[SimResult]:
     out = []
     for c in cameras:
         for f in fps:
             for ld in loads:
-                spec = TraceSpec(cameras=c, fps=f, load=ld, duration_s=duration_s, seed=seed)
+                spec = TraceSpec(cameras=c, fps=f, load=ld, duration_s=duration_s, seed=seed, **spec_kw)
                 for p in policies:
                     out.append(simulate(spec, p))
     return out
