@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = "out/demo"
-TINY_NOTE = ("TINY RANDOM TEST MODEL: no Moondream 2 weights were given, so the results below "
+TINY_NOTE = ("TINY RANDOM TEST MODEL: no usable Moondream 2 weights, so the results below "
              "come from random weights. Their boxes, points and captions are MEANINGLESS; only "
              "the plumbing (bag -> pipeline -> result bag -> report) is real. Pass "
              "--model /path/to/moondream2 or --model vikhyatk/moondream2 for real results.")
