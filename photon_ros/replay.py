@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -277,7 +275,7 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
               calibrate: bool = True) -> None:
     from photon_core.scheduler.cost_model import CostModel
     from photon_core.scheduler.request import Status, TaskSpec
-    from photon_core.scheduler.scheduler import Policy, Scheduler
+    from photon_core.scheduler.scheduler import Scheduler
 
     from .image_conversion import ImageConversionError
 

@@ -47,14 +47,16 @@ def render(i: int, fps: float, width: int = 640, height: int = 480, camera: int 
     cy = int(height * 0.6)
     cv2.rectangle(img, (cx, cy), (cx + cw, cy + ch), (200, 30, 30), -1)
     cv2.rectangle(img, (cx + int(25 * s), cy - int(30 * s)), (cx + int(115 * s), cy), (170, 25, 25), -1)
-    cv2.rectangle(img, (cx + int(35 * s), cy - int(24 * s)), (cx + int(105 * s), cy - int(4 * s)), (150, 200, 230), -1)
+    cv2.rectangle(img, (cx + int(35 * s), cy - int(24 * s)), (cx + int(105 * s), cy - int(4 * s)),
+                  (150, 200, 230), -1)
     for wx in (cx + int(30 * s), cx + cw - int(30 * s)):
         cv2.circle(img, (wx, cy + ch), px(16), (20, 20, 20), -1)
     # person: walks right to left on the sidewalk
     px_ = int(width - ((t * 70 * s) % (width + 40 * s)))
     py = int(height * 0.42)
     cv2.circle(img, (px_, py), px(12), (230, 190, 160), -1)
-    cv2.rectangle(img, (px_ - int(12 * s), py + int(12 * s)), (px_ + int(12 * s), py + int(60 * s)), (40, 120, 40), -1)
+    cv2.rectangle(img, (px_ - int(12 * s), py + int(12 * s)), (px_ + int(12 * s), py + int(60 * s)),
+                  (40, 120, 40), -1)
     leg = int(10 * s * math.sin(t * 6))
     cv2.line(img, (px_, py + int(60 * s)), (px_ - leg, py + int(95 * s)), (30, 30, 90), px(6))
     cv2.line(img, (px_, py + int(60 * s)), (px_ + leg, py + int(95 * s)), (30, 30, 90), px(6))
