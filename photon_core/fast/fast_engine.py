@@ -26,6 +26,7 @@ from .decode_step import StepState
 from .detokenizer_thread import DetokenizerThread
 from .fast_run import FastRun
 from .gpu_idle import GpuIdleMeter
+from .graphed_prefill import GraphedPrefill
 from .pingpong_slots import PingPongSlots
 from .pipelined_decoder import PipelinedDecoder
 from .static_kv_cache import StaticKVCache
@@ -37,7 +38,8 @@ DEFAULT_GPU_KV_CAPACITY = 1024
 class FastEngine:
     def __init__(self, model, max_batch: int = 8, kv_capacity: int | None = None,
                  use_graphs: bool | None = None, pipelined: bool = True,
-                 detok_thread: bool = True, warmup: bool = True):
+                 detok_thread: bool = True, warmup: bool = True,
+                 graphed_prefill: bool = True):
         self.model = model
         cfg = model.config.text
         dev = model.device
@@ -50,6 +52,7 @@ class FastEngine:
         self.state = StepState(model, max_batch, self.kv)
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         self.runner = CudaGraphRunner(self.state, max_batch, self.use_graphs)
+        self.prefill = GraphedPrefill(self.state, self.use_graphs) if graphed_prefill else None
         self.slots = PingPongSlots(max_batch, dev)
         self.rows = RowRefcount(max_batch)
         self.idle = GpuIdleMeter(dev)
@@ -86,6 +89,8 @@ class FastEngine:
         """Capture the decode-step graphs for every batch bucket (GPU only)."""
         with self._compute_stream_ctx():
             self.runner.capture()
+            if self.prefill is not None:
+                self.prefill.capture()
 
     def encode_image(self, image):
         enc = self.model.encode_image(image)
@@ -149,7 +154,7 @@ class FastEngine:
         lm, cm = self.decoder.host_launch_ms, self.decoder.host_commit_ms
         d["host_launch_ms_mean"] = sum(lm) / len(lm) if lm else None
         d["host_commit_ms_mean"] = sum(cm) / len(cm) if cm else None
-        d["graphs"] = len(self.runner.graphs)
+        d["graphs"] = len(self.runner.graphs) + (len(self.prefill.graphs) if self.prefill else 0)
         d["graph_capture_ms"] = self.runner.capture_ms
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined

@@ -90,10 +90,13 @@ class FastRun:
         with engine._compute_stream_ctx(), torch.inference_mode():
             cache = engine.kv.row_cache(self.row)
             cache.load_prefix(enc.kv)
-            ids = torch.tensor([prompt], device=w.device)
-            hidden = text.decoder(w, cfg.text, text.embed(w, ids), prefix, cache,
-                                  model.prefix_len)
-            engine.state.set_row(self.row, hidden[0, -1], self.pos, self.phase,
+            if engine.prefill is not None and engine.prefill.bucket(len(prompt)):
+                last = engine.prefill.run(self.row, prefix, prompt)     # graphed_prefill.py
+            else:                                                        # the reference's
+                ids = torch.tensor([prompt], device=w.device)
+                last = text.decoder(w, cfg.text, text.embed(w, ids), prefix, cache,
+                                    model.prefix_len)[0, -1]
+            engine.state.set_row(self.row, last, self.pos, self.phase,
                                  self.is_detect, task.temperature if self.is_text else 0.0,
                                  task.top_p if self.is_text else 1.0, generator)
 

@@ -117,3 +117,16 @@ def test_cancel_mid_flight(model, encs):
     assert res.output["points"] == ref[:len(res.output["points"])]
     b.cancel()
     fe.close()
+
+
+@pytest.mark.parametrize("graphed_prefill", [True, False])
+def test_prefill_paths_match_reference(model, encs, graphed_prefill):
+    """Short prompts use graphed_prefill.py (padded to a bucket); prompts longer than the
+    largest bucket, or graphed_prefill=False, use the reference's eager prefill."""
+    fe = FastEngine(model, max_batch=2, graphed_prefill=graphed_prefill)
+    long_q = "What color is the cup on the white table next to the window? " * 10
+    assert len(model.tokenizer.encode(long_q)) > 128
+    for t in (Task("query", question=long_q, max_tokens=6), Task("point", object="cup", max_objects=3),
+              Task("query", question="What is it?", max_tokens=6)):
+        assert same(model.run(encs[0], t), fe.run(encs[0], t, ignore_eos=False)), t
+    fe.close()
