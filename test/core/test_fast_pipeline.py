@@ -138,3 +138,16 @@ def test_gpu_idle_metric_is_empty_on_cpu(model, enc):
     fe.run(enc, Task("query", question="What?", max_tokens=3))
     assert fe.metrics()["gpu_idle_per_step"] == {}
     fe.close()
+
+
+def test_fast_rope_equals_reference_rope():
+    from photon_core.fast.decode_step import rope, rope_tables
+    from photon_core.moondream.rope import apply_rope, rope_angles
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 1, 64, generator=g)
+    pos = torch.tensor([0, 731, 2047])
+    perm = torch.tensor(list(range(16, 32)) + list(range(16)) + list(range(32, 64)))
+    c, s = rope_tables(pos, 32, 64)
+    cos, sin = rope_angles(pos, 32)
+    ref = apply_rope(x, cos[:, None, None, :], sin[:, None, None, :])
+    torch.testing.assert_close(rope(x, c, s, perm), ref, rtol=1e-6, atol=1e-6)
