@@ -36,7 +36,8 @@ from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import (ConditionReachedException, ExternalShutdownException,
+                             MultiThreadedExecutor, ShutdownException, TimeoutException)
 from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import State, TransitionCallbackReturn
 from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy,
@@ -180,7 +181,7 @@ class PerceptionNode(LifecycleNode):
         self._own_services: list = []
         self._action = None
         self._warned_types: set = set()
-        self._img_group = MutuallyExclusiveCallbackGroup()
+        self._img_group = self.image_group = MutuallyExclusiveCallbackGroup()
         self._srv_group = ReentrantCallbackGroup()
         self._diag_group = MutuallyExclusiveCallbackGroup()
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
@@ -843,6 +844,37 @@ class PerceptionNode(LifecycleNode):
         self._diag_pub.publish(arr)
 
 
+class InlineGroupExecutor(MultiThreadedExecutor):
+    """A MultiThreadedExecutor that runs the callbacks of one callback group on the spinning
+    thread itself instead of handing them to the pool. The node's image callbacks are short
+    (convert, submit) and per frame; the pool hand-off cost ~2 ms per 640x480 frame (measured,
+    see docs/benchmarks.md). Services, the action and timers still run in the pool, so a
+    service waiting for its result never holds up images."""
+
+    def __init__(self, inline_group, num_threads: int = 4, **kw):
+        super().__init__(num_threads, **kw)
+        self.inline_group = inline_group
+
+    def _spin_once_impl(self, timeout_sec=None, wait_condition=lambda: False) -> None:
+        try:
+            handler, entity, node = self.wait_for_ready_callbacks(timeout_sec, None, wait_condition)
+        except (ExternalShutdownException, ShutdownException, TimeoutException,
+                ConditionReachedException):
+            return
+        if getattr(entity, "callback_group", None) is self.inline_group:
+            handler()
+            exc = handler.exception()
+            if exc is not None:
+                raise exc
+            return
+        self._executor.submit(handler)
+        self._futures.append(handler)
+        for future in self._futures[:]:
+            if future.done():
+                self._futures.remove(future)
+                future.result()
+
+
 def annotate(image: np.ndarray, msg) -> np.ndarray:
     """A copy of `image` (RGB) with the boxes/points of `msg` drawn on it (cv2)."""
     import cv2
@@ -864,7 +896,7 @@ def annotate(image: np.ndarray, msg) -> np.ndarray:
 def main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
     node = PerceptionNode()
-    executor = MultiThreadedExecutor(num_threads=4)
+    executor = InlineGroupExecutor(node.image_group, num_threads=4)
     executor.add_node(node)
     try:
         if node.get_parameter("auto_activate").value:
