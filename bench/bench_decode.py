@@ -359,8 +359,9 @@ def main():
     say("\n## 640x480 frame, encode + skill (forced lengths), median of "
         f"{args.iters}\n")
     say("| task | steps | reference eager ms | blocking ms | pipelined ms | pipelined / blocking "
-        "| encode ms | prefill+decode ms blocking / pipelined | GPU idle ms/step pipelined |")
-    say("|---|---|---|---|---|---|---|---|---|")
+        "| encode ms | prefill+decode ms blocking / pipelined | task alone on a fixed encoding, "
+        "ms blocking / pipelined (ratio) | GPU idle ms/step pipelined |")
+    say("|---|---|---|---|---|---|---|---|---|---|")
     tasks = {"encode + detect(5)": Task("detect", object="person", max_objects=5),
              "encode + point(5)": Task("point", object="person", max_objects=5),
              "encode + query(32 tokens)": Task("query", question=QUESTION, max_tokens=32)}
@@ -375,17 +376,30 @@ def main():
                 (pip_runs if mode else blk_runs).append(e2e(engine, frame, task, 1))
                 idles.setdefault(mode, []).append(
                     engine.metrics()["gpu_idle_per_step"].get("mean_ms") or float("nan"))
+        enc_fixed = engine.encode_image(frame)
+        t_only = {False: [], True: []}
+        for i in range(3 * args.iters):      # the task alone on a fixed encoding
+            for mode in (False, True):
+                engine.pipelined = mode
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                engine.run(enc_fixed, task, ignore_eos=True)
+                torch.cuda.synchronize()
+                t_only[mode].append((time.perf_counter() - t0) * 1e3)
         med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
         blk = {k: med(blk_runs, k) for k in ("ms", "encode_ms", "decode_part_ms")}
         pip = {k: med(pip_runs, k) for k in ("ms", "encode_ms", "decode_part_ms")}
         pip["steps"] = pip_runs[0]["steps"]
         idle = statistics.median(idles[True])
+        tb, tp = statistics.median(t_only[False]), statistics.median(t_only[True])
         e2e_rows[name] = {"reference": ref, "blocking": blk, "pipelined": pip,
+                          "task_only_blocking_ms": tb, "task_only_pipelined_ms": tp,
                           "gpu_idle_mean_ms_pipelined": idle,
                           "gpu_idle_mean_ms_blocking": statistics.median(idles[False])}
         say(f"| {name} | {pip['steps']} | {ref['ms']:.1f} | {blk['ms']:.1f} | {pip['ms']:.1f} | "
             f"{pip['ms'] / blk['ms']:.3f} | {pip['encode_ms']:.1f} | "
-            f"{blk['decode_part_ms']:.1f} / {pip['decode_part_ms']:.1f} | {idle:.4f} |")
+            f"{blk['decode_part_ms']:.1f} / {pip['decode_part_ms']:.1f} | "
+            f"{tb:.2f} / {tp:.2f} ({tp / tb:.3f}) | {idle:.4f} |")
     out["e2e"] = e2e_rows
     out["metrics"] = engine.metrics()
     engine.close()

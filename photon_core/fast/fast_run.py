@@ -67,6 +67,8 @@ class FastRun:
             self.text_done.set()
         self.timings = {"encode_ms": enc.encode_ms, "prefill_ms": 0.0, "decode_ms": 0.0}
         self.launched = 0          # steps launched that include this run
+        self.final_launched = False  # the step whose commit surely ends the run is launched
+        self._objects_launched = 0
         self.committed = 0         # of which committed
         self.row: int | None = None
         self.pos = prefix + len(prompt)   # reference position after `steps` steps
@@ -157,6 +159,15 @@ class FastRun:
         elif ph != PHASE_TEXT:
             self.phase = NEXT_PHASE[ph]
         self.launched += 1
+        # Known last step: its commit ends the run whatever it holds, so launching another
+        # step of this run would only make a zombie.
+        if ph == PHASE_TEXT:
+            self.final_launched = self.launched >= self.task.max_tokens
+        else:
+            if ph == PHASE_X:
+                self.final_launched = self._objects_launched >= self.task.max_objects
+            if (ph == PHASE_SIZE) or (ph == PHASE_Y and not self.is_detect):
+                self._objects_launched += 1
         return ph
 
     def commit(self, phase: int, out: list[int]) -> None:

@@ -52,7 +52,7 @@ class PipelinedDecoder:
 
     # -- the loop -----------------------------------------------------------------------
     def step_batch(self, runs) -> list[bool]:
-        live = [r for r in runs if not r.finished]
+        live = [r for r in runs if not r.finished and not r.final_launched]
         if live:
             self.launch(live)
         if self.in_flight and (not self.pipelined or len(self.in_flight) > 1 or not live):
