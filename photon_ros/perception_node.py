@@ -343,12 +343,13 @@ class PerceptionNode(LifecycleNode):
         from photon_ros.engine_adapter import HookedEngine
 
         t0 = time.monotonic()
-        self._model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=False)
-        self._engine = HookedEngine(self._model, cfg.debug_ignore_eos, cfg.debug_step_delay_ms)
+        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=False)
+        engine = HookedEngine(model, cfg.debug_ignore_eos, cfg.debug_step_delay_ms)
         sizes = tuple(b for b in (1, 2, 4, 8) if b <= cfg.max_batch) or (1,)
-        cost = CostModel.calibrate(self._engine, batch_sizes=sizes)
-        self._sched = ThreadedScheduler(Scheduler(self._engine, cost, max_batch=cfg.max_batch))
-        self.pipeline = PerceptionPipeline(cfg, self._model)
+        cost = CostModel.calibrate(engine, batch_sizes=sizes)
+        self._sched = ThreadedScheduler(Scheduler(engine, cost, max_batch=cfg.max_batch))
+        self.pipeline = PerceptionPipeline(cfg, model)
+        self._model, self._engine = model, engine
         self._node_counts["model_loads"] += 1
         self.get_logger().info(f"model loaded and calibrated in {time.monotonic() - t0:.1f} s")
 

@@ -79,7 +79,7 @@ def test_lifecycle_transitions_free_and_reload_the_model(tmp_path_factory, tmp_p
         assert state() == State.PRIMARY_STATE_INACTIVE
         assert transition(Transition.TRANSITION_ACTIVATE)
         assert state() == State.PRIMARY_STATE_ACTIVE
-        d = node_diag(lambda v: v["model_loaded"] == "true")
+        d = node_diag(lambda v: v["model_loaded"] == "true" and v.get("model_loads") == "1")
         assert d["model_loaded"] == "true" and d["model_loads"] == "1", d
 
         cam = spawn_camera("--topic", "/lc/image", "--fps", "5", "--stamp0", "now")
@@ -96,7 +96,7 @@ def test_lifecycle_transitions_free_and_reload_the_model(tmp_path_factory, tmp_p
         assert col.node.count_subscribers("/lc/image") == 0  # subscription dropped
 
         assert transition(Transition.TRANSITION_ACTIVATE)
-        d = node_diag(lambda v: v["model_loads"] == "2")
+        d = node_diag(lambda v: v.get("model_loads") == "2" and v["model_loaded"] == "true")
         assert d["model_loads"] == "2" and d["model_loaded"] == "true", d
         assert wait_for(lambda: len(col.msgs("/cam/detections")) >= n + 2, timeout=30)
 
