@@ -24,6 +24,7 @@ CONFIG = {
     "default_deadline_ms": 5000.0,
     "debug_ignore_eos": True,         # text runs to max_tokens: long enough to cancel
     "debug_step_delay_ms": 4.0,
+    "annotate": True,                 # <camera>/annotated, drawn only while subscribed
     "cameras": ["front", "back", "comp", "rel"],
     "front": {"topic": "/pt/front/image", "tasks": ["people", "cups", "scene"],
               "people": {"skill": "detect", "object": "person", "max_objects": 3},
@@ -362,3 +363,17 @@ def test_incompatible_qos_is_reported(env):
     assert "incompatible QoS" in status.message
     # a reliable publisher is served
     run_camera(col, "/rel/detections", 2, "--topic", "/pt/rel/image", "--fps", "5", "--reliable")
+
+
+def test_annotated_image_only_while_subscribed(env):
+    from sensor_msgs.msg import Image
+
+    col = env["col"]
+    assert col.node.count_publishers("/back/annotated") == 1
+    col.listen(Image, "/back/annotated")
+    assert wait_for(lambda: col.node.count_subscribers("/back/annotated") >= 1, timeout=10)
+    run_camera(col, "/back/annotated", 2, "--topic", "/pt/back/image", "--fps", "5",
+               "--frame-id", "back_optical")
+    img = col.msgs("/back/annotated")[-1]
+    assert (img.width, img.height, img.encoding) == (W, H, "rgb8")
+    assert img.header.frame_id == "back_optical" and len(img.data) == W * H * 3
