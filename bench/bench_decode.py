@@ -185,7 +185,7 @@ def attention_variants(model, kv):
         eng.close()
         del eng
         torch.cuda.empty_cache()
-    ds.ATTENTION = "matmul"
+    ds.ATTENTION = "auto"
     return res
 
 

@@ -130,3 +130,15 @@ def test_prefill_paths_match_reference(model, encs, graphed_prefill):
               Task("query", question="What is it?", max_tokens=6)):
         assert same(model.run(encs[0], t), fe.run(encs[0], t, ignore_eos=False)), t
     fe.close()
+
+
+def test_sdpa_attention_variant_matches_reference(model, encs, monkeypatch):
+    """The GPU's attention form (masked SDPA), run on the CPU."""
+    from photon_core.fast import decode_step
+    monkeypatch.setattr(decode_step, "ATTENTION", "sdpa")
+    fe = FastEngine(model, max_batch=2)
+    group = [(encs[0], Task("detect", object="person", max_objects=2)),
+             (encs[1], Task("query", question="What is it?", max_tokens=4))]
+    for (e, t), r in zip(group, fe.run_batch(group)):
+        assert same(model.run(e, t), r)
+    fe.close()
