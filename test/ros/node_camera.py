@@ -88,6 +88,8 @@ def main() -> int:
     ap.add_argument("--height", type=int, default=48)
     ap.add_argument("--encoding", default="rgb8")
     ap.add_argument("--reliable", action="store_true")
+    ap.add_argument("--clock-offset", type=float, default=None,
+                    help="also publish /clock = frame stamp + this (simulated time)")
     ap.add_argument("--wait", type=float, default=20.0, help="seconds to wait for a subscriber")
     args = ap.parse_args()
 
@@ -98,6 +100,10 @@ def main() -> int:
                      else ReliabilityPolicy.BEST_EFFORT)
     msg_type = CompressedImage if args.type == "compressed" else Image
     pub = node.create_publisher(msg_type, args.topic, qos)
+    clock_pub = None
+    if args.clock_offset is not None:
+        from rosgraph_msgs.msg import Clock
+        clock_pub = node.create_publisher(Clock, "/clock", 10)
     end = time.monotonic() + args.wait
     while pub.get_subscription_count() == 0 and time.monotonic() < end:
         time.sleep(0.05)
@@ -111,6 +117,11 @@ def main() -> int:
             k = i % args.loop_len if args.pattern == "loop" else i
             stamp = stamp0 + k * period
             rgb = make_rgb(args.height, args.width, i)
+            if clock_pub is not None:
+                t = stamp + args.clock_offset
+                c = Clock()
+                c.clock.sec, c.clock.nanosec = int(t), int(round((t - int(t)) * 1e9)) % 1_000_000_000
+                clock_pub.publish(c)
             if args.pattern == "bad":
                 if args.type == "compressed":
                     bad = jpeg_msg(rgb, stamp, args.frame_id)
