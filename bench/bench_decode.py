@@ -307,6 +307,24 @@ def main():
     out["decoder_weight_GB"] = wbytes / 1e9
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
     enc = engine.encode_image(frame)
+    ref_enc = model.encode_image(frame)
+    out["encode_graphed_equals_reference"] = bool(torch.equal(enc.kv, ref_enc.kv))
+    del ref_enc
+
+    def enc_ms(fn):
+        xs = []
+        for _ in range(args.iters + 1):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn(frame)
+            torch.cuda.synchronize()
+            xs.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(xs[1:])
+    out["encode_ms"] = {"reference": enc_ms(model.encode_image),
+                        "graphed": enc_ms(engine.encode_image)}
+    say(f"encode_image 640x480: reference {out['encode_ms']['reference']:.1f} ms, graphed "
+        f"{out['encode_ms']['graphed']:.1f} ms, k/v bitwise equal: "
+        f"{out['encode_graphed_equals_reference']}")
 
     try:
         out["attention_variants_b1"] = attention_variants(model, args.kv)

@@ -26,6 +26,7 @@ from .decode_step import StepState
 from .detokenizer_thread import DetokenizerThread
 from .fast_run import FastRun
 from .gpu_idle import GpuIdleMeter
+from .graphed_encoder import GraphedEncoder
 from .graphed_prefill import GraphedPrefill
 from .pingpong_slots import PingPongSlots
 from .pipelined_decoder import PipelinedDecoder
@@ -39,7 +40,7 @@ class FastEngine:
     def __init__(self, model, max_batch: int = 8, kv_capacity: int | None = None,
                  use_graphs: bool | None = None, pipelined: bool = True,
                  detok_thread: bool = True, warmup: bool = True,
-                 graphed_prefill: bool = True):
+                 graphed_prefill: bool = True, graphed_encoder: bool | None = None):
         self.model = model
         cfg = model.config.text
         dev = model.device
@@ -53,6 +54,10 @@ class FastEngine:
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         self.runner = CudaGraphRunner(self.state, max_batch, self.use_graphs)
         self.prefill = GraphedPrefill(self.state, self.use_graphs) if graphed_prefill else None
+        # default: graphs for the encoder where graphs are used; the CPU keeps the reference's
+        if graphed_encoder is None:
+            graphed_encoder = self.use_graphs
+        self.encoder = GraphedEncoder(model, self.use_graphs) if graphed_encoder else None
         self.slots = PingPongSlots(max_batch, dev)
         self.rows = RowRefcount(max_batch)
         self.idle = GpuIdleMeter(dev)
@@ -93,8 +98,12 @@ class FastEngine:
                 self.prefill.capture()
 
     def encode_image(self, image):
-        enc = self.model.encode_image(image)
-        return enc
+        """-> EncodedImage: graphed_encoder.py on the GPU (the reference's functions in one
+        graph per tiling, same result), else the reference model's encode_image."""
+        if self.encoder is not None:
+            with self._compute_stream_ctx():
+                return self.encoder.encode(image)
+        return self.model.encode_image(image)
 
     def count_prompt_tokens(self, task: Task) -> int:
         return len(self.model.tokenizer.prompt(task.skill, task.target))

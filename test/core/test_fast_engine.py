@@ -142,3 +142,16 @@ def test_sdpa_attention_variant_matches_reference(model, encs, monkeypatch):
     for (e, t), r in zip(group, fe.run_batch(group)):
         assert same(model.run(e, t), r)
     fe.close()
+
+
+def test_graphed_encoder_body_equals_reference_encode(model):
+    """graphed_encoder.py's body (eager on the CPU) gives the reference's EncodedImage."""
+    fe = FastEngine(model, max_batch=1, graphed_encoder=True)
+    rng = np.random.default_rng(3)
+    for h, w in ((120, 160), (90, 200), (120, 160)):
+        img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        ref, got = model.encode_image(img), fe.encode_image(img)
+        assert torch.equal(ref.kv, got.kv) and ref.tiling == got.tiling
+        assert (ref.width, ref.height) == (got.width, got.height)
+    assert len(fe.encoder.entries) >= 1          # one per tiling/crop count
+    fe.close()
