@@ -8,22 +8,22 @@ model loaded, scheduler started, topics/services/action created; deactivate: all
 dropped and the model freed; cleanup/shutdown) that configures and activates itself unless
 `auto_activate:=false`. See docs/architecture.md, "Perception node", for topics and parameters.
 
-Threads: ROS callbacks (MultiThreadedExecutor) only convert images and submit work; the
-engine runs on the scheduler's thread (photon_core.scheduler.ThreadedScheduler), which also
-delivers results (publishing from it is safe in rclpy). Services and the action wait for
-their outcome on their own executor threads (reentrant group).
+Threads: image callbacks run on the spinning thread (InlineGroupExecutor) and only convert
+the image and submit work; the engine runs on the scheduler's thread
+(photon_core.scheduler.ThreadedScheduler), which also delivers results (publishing from it
+is safe in rclpy). Services and the action wait for their outcome on pool threads
+(reentrant group), never holding up images.
 """
 from __future__ import annotations
 
 import collections
 import gc
 import math
-import os
 import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
