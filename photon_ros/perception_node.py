@@ -854,9 +854,13 @@ class InlineGroupExecutor(MultiThreadedExecutor):
 
     def __init__(self, inline_group, num_threads: int = 4, **kw):
         super().__init__(num_threads, **kw)
-        self.inline_group = inline_group
+        # relies on MultiThreadedExecutor internals (rclpy Jazzy/Kilted); elsewhere: plain pool
+        self.inline_group = inline_group if (hasattr(self, "_executor") and
+                                             hasattr(self, "_futures")) else None
 
     def _spin_once_impl(self, timeout_sec=None, wait_condition=lambda: False) -> None:
+        if self.inline_group is None:
+            return super()._spin_once_impl(timeout_sec, wait_condition)
         try:
             handler, entity, node = self.wait_for_ready_callbacks(timeout_sec, None, wait_condition)
         except (ExternalShutdownException, ShutdownException, TimeoutException,
@@ -897,7 +901,7 @@ def annotate(image: np.ndarray, msg) -> np.ndarray:
 def main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
     node = PerceptionNode()
-    executor = InlineGroupExecutor(node.image_group, num_threads=4)
+    executor = InlineGroupExecutor(node.image_group, num_threads=6)
     executor.add_node(node)
     try:
         if node.get_parameter("auto_activate").value:
