@@ -12,4 +12,26 @@ def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision=None
     return _load(path_or_id, device=device, dtype=dtype, revision=revision, **kw)
 
 
-__all__ = ["Task", "TaskError", "TaskResult", "load_model"]
+ENGINES = ("auto", "reference", "fast")
+
+
+def load_engine(path_or_id: str, device: str = "cpu", dtype="fp32", revision=None,
+                engine: str = "auto", max_batch: int = 8, **kw):
+    """Load a model and wrap it in the engine that serves it.
+
+    engine: "reference" (eager PyTorch, any device), "fast" (photon_core.fast.FastEngine:
+    static KV cache, CUDA graphs, pipelined decoding; on the CPU the same pipeline runs
+    without graphs) or "auto" (fast on CUDA, reference elsewhere). Both expose the same API
+    (encode_image, start, step_batch, run, model_id), so callers need not care which.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    model = load_model(path_or_id, device=device, dtype=dtype, revision=revision, **kw)
+    if engine == "reference" or (engine == "auto" and model.device.type != "cuda"):
+        return model
+    from .fast import FastEngine
+
+    return FastEngine(model, max_batch=max_batch)
+
+
+__all__ = ["ENGINES", "Task", "TaskError", "TaskResult", "load_engine", "load_model"]
