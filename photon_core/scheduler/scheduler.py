@@ -12,7 +12,8 @@ One `step()`:
   3. one decode step for up to max_batch started runs (on-demand first, then EDF; the rest
      are preempted for this step) through engine.step_batch; finished runs are published,
      and older frames of the same (stream, task) still running are superseded.
-Every request ends in exactly one Outcome, delivered to its callback.
+Every request ends in exactly one Outcome, delivered to its callback (a callback may call
+back in: submit_frame, cancel, metrics).
 Single-threaded; `ThreadedScheduler` wraps it for live use. `fifo.py` runs this same loop
 with the baseline policy (arrival order, no superseding, no admission, no cancelling).
 """
@@ -128,13 +129,18 @@ class Scheduler:
             except TaskError as e:
                 self._end(req, Status.ERROR, error=f"invalid task: {e}")
                 continue
-            if kind == PERIODIC and self.policy.supersede:
-                out = self.latest.offer(req)
-                for old in out:
-                    self._end(old, Status.SUPERSEDED)
-                if req in out:
-                    continue
-            self.queue.add(req)
+            try:
+                if kind == PERIODIC and self.policy.supersede:
+                    out = self.latest.offer(req)      # may compare stamps: may raise
+                    for old in out:
+                        if not old.ended:
+                            self._end(old, Status.SUPERSEDED)
+                    if req in out:
+                        continue
+                self.queue.add(req)
+            except Exception as e:  # noqa: BLE001 - this task's outcome, not the others'
+                if not req.ended:
+                    self._end(req, Status.ERROR, error=f"submit failed: {type(e).__name__}: {e}")
         return ids
 
     def cancel(self, request_id: int | None = None, *, stream: str | None = None,
@@ -224,11 +230,15 @@ class Scheduler:
         now = self.clock.now()
         if self.policy.cancel_on_miss:
             for r in list(self.live):
+                if r.ended:                       # a callback may have ended it meanwhile
+                    continue
                 if now > r.deadline and r.spec.on_miss == ON_MISS_CANCEL:
                     self.tokens.observe_overrun(r.key, r.spec.task, r.steps)
                     self._end(r, Status.DEADLINE, self._cancel_run(r, "deadline"))
         if self.policy.admission:
             for r in self.queue:
+                if r.ended:
+                    continue
                 steps = self.tokens.estimate(r.key, r.spec.task, conservative=False)
                 if admission.hopeless(now, self._start_ms(r), steps, r.deadline, self.cost.step_ms):
                     self._end(r, Status.SKIPPED)
@@ -301,7 +311,7 @@ class Scheduler:
         self.queue.note_started(r, t_start)
         self.live.append(r)
         self.counts["admitted"] += 1
-        if _finished_early(run):                  # e.g. detect that ends at the prompt
+        if _finished_early(run) and not r.ended:  # e.g. detect that ends at the prompt
             self._finish(r)
 
     def _decode(self) -> None:
@@ -316,6 +326,8 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001
             log.warning("decode step failed: %r", e)
             for r in batch:
+                if r.ended:
+                    continue
                 self._end(r, Status.ERROR, self._cancel_run(r, "cancelled"),
                           error=f"{type(e).__name__}: {e}")
             return
@@ -324,6 +336,8 @@ class Scheduler:
         self.counts["steps"] += 1
         self.batch_sizes[len(batch)] += 1
         for r, a in zip(batch, alive):
+            if r.ended:                           # a callback of an earlier one ended it
+                continue
             r.steps += 1
             r.engine_ms += ms
             if not a:
@@ -347,6 +361,8 @@ class Scheduler:
         self._end(r, Status.DONE, res)
         if self.policy.supersede and r.kind == PERIODIC:
             for x in list(self.live):             # results of a key only move forward
+                if x.ended:
+                    continue
                 if x.key == r.key and x.kind == PERIODIC and not x.frame.stamp > r.frame.stamp:
                     self._end(x, Status.SUPERSEDED, self._cancel_run(x, "cancelled"))
 

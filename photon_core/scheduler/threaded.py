@@ -1,9 +1,11 @@
 """Live use: the scheduler loop on its own thread.
 
-`submit_frame` may be called from any thread (ROS callbacks); outcomes are delivered from
-the scheduler thread through the callbacks. Nothing is ever dropped silently: every
-submitted task request ends in exactly one Outcome, including those submitted after
-`stop()` (CANCELLED, error "scheduler stopped") and those still open when it stops.
+`submit_frame` may be called from any thread (ROS callbacks) and never waits for the
+engine; outcomes are delivered from the scheduler thread through the callbacks. Nothing is
+ever dropped silently: every submitted task request ends in exactly one Outcome, including
+those submitted after `stop()` (CANCELLED, error "scheduler stopped": delivered by the
+scheduler thread while it still runs, e.g. during a drain, else in the submitting thread)
+and those still open when it stops.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class ThreadedScheduler:
         self._state = threading.RLock()         # guards the scheduler (held while it steps)
         self._inbox: list[tuple] = []
         self._stopping = False
+        self._closed = False                    # the loop has finished with the inbox for good
         self._drain = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -37,12 +40,15 @@ class ThreadedScheduler:
         tasks = [TaskSpec.of(t) for t in tasks]
         if capture_time is None:
             capture_time = self.sched.clock.now()
+        item = (stream, stamp, image, tasks, kind, on_result, capture_time)
         with self._cv:
-            if not self._stopping:
-                self._inbox.append((stream, stamp, image, tasks, kind, on_result, capture_time))
+            if not self._closed:
+                # stopping: still queued, the loop answers it "scheduler stopped" at once
+                # (a caller never waits for a drain or a long engine step to end)
+                self._inbox.append(("__reject__", item) if self._stopping else item)
                 self._cv.notify()
                 return
-        self._reject(stream, stamp, tasks, kind, on_result, capture_time)
+        self._reject(*item)
 
     def cancel(self, request_id: int | None = None, *, stream: str | None = None) -> None:
         with self._cv:
@@ -64,19 +70,18 @@ class ThreadedScheduler:
         with self._cv:
             self._stopping, self._drain = True, drain
             self._cv.notify()
-        self._thread.join(timeout)
+        if threading.current_thread() is not self._thread:   # stop() from a callback: no join
+            self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
     # -- scheduler thread ----------------------------------------------------------------
-    def _reject(self, stream, stamp, tasks, kind, on_result, capture_time):
-        """Outcome for a submission the stopped scheduler will never see."""
-        if threading.current_thread() is not self._thread:
-            self._thread.join()               # the loop's own clean-up comes first
-        now = self.sched.clock.now()
+    def _reject(self, stream, stamp, image, tasks, kind, on_result, capture_time):
+        """Outcome for a submission the stopped scheduler will never run."""
         with self._state:
+            now = self.sched.clock.now()
             for spec in tasks:
                 frame = Frame(stream, stamp, None, capture_time, refs=1)
                 r = TaskRequest(frame, spec, kind, now, on_result)
@@ -89,6 +94,9 @@ class ThreadedScheduler:
         for it in items:
             if it[0] == "__cancel__":
                 self.sched.cancel(it[1], stream=it[2])
+                continue
+            if it[0] == "__reject__":
+                self._reject(*it[1])
                 continue
             stream, stamp, image, tasks, kind, on_result, cap = it
             try:
@@ -125,3 +133,6 @@ class ThreadedScheduler:
             with self._state:
                 self._take_inbox()
                 self.sched.cancel(reason="scheduler stopped")
+                with self._cv:                # later submissions are rejected by the caller
+                    self._closed = True
+                self._take_inbox()            # what came in meanwhile (rejections)

@@ -347,3 +347,114 @@ def test_scheduler_drains_a_pipelined_engine_when_idle():
     s.submit_frame("cam", 0, img(person=2), [("det", DET, 1.0)])
     s.run_until_idle()
     assert outs[0].ok and drains
+
+
+# -- review regressions ------------------------------------------------------------------
+class _WallSim(SimEngine):
+    """Wall-clock engine: sleeps `slow` x the simulated cost instead of advancing time."""
+    slow = 1.0
+
+    def _spend(self, ms):
+        import time as _t
+        _t.sleep(ms / 1e3 * self.slow)
+
+
+def test_threaded_submit_during_drain_is_answered_without_waiting():
+    """A submission while stop(drain=True) runs is refused at once (CANCELLED from the
+    scheduler thread), not after the drain: the submitting thread is a ROS callback."""
+    import time as _t
+
+    from photon_core.scheduler.clock import MonotonicClock
+    eng = _WallSim(VirtualClock(), COST.scaled(1.0), jitter=0.0)
+    eng.slow = 5.0                      # 60 steps x ~10 ms: the drain takes ~0.7 s
+    outs, got_late = [], threading.Event()
+
+    def cb(o):
+        outs.append(o)
+        if o.stream == "late":
+            got_late.set()
+    ts = ThreadedScheduler(Scheduler(eng, COST.scaled(1.0), clock=MonotonicClock()))
+    for c in range(4):
+        ts.submit_frame(f"cam{c}", 0, img(person=60), [("det", DET, 60.0)], on_result=cb)
+    _t.sleep(0.1)
+    stopper = threading.Thread(target=ts.stop, kwargs={"drain": True, "timeout": 30})
+    stopper.start()
+    _t.sleep(0.05)
+    t0 = _t.monotonic()
+    ts.submit_frame("late", 0, img(person=1), [("det", DET, 5.0)], on_result=cb)
+    assert _t.monotonic() - t0 < 0.1            # the caller did not wait for the drain
+    assert got_late.wait(0.3)                    # ... and was answered within a step or two
+    late = [o for o in outs if o.stream == "late"]
+    assert late[0].status is Status.CANCELLED and late[0].error == "scheduler stopped"
+    assert ts.alive                              # still draining meanwhile
+    stopper.join()
+    assert not ts.alive and len(outs) == 5
+    assert sorted(str(o.status) for o in outs) == ["cancelled"] + ["done"] * 4
+
+
+def test_threaded_stop_from_a_callback_and_racing_submitters():
+    """stop() may be called from a callback; submitters racing with stop() (and callbacks
+    that raise) still get exactly one outcome per task request."""
+    import time as _t
+
+    from photon_core.scheduler.clock import MonotonicClock
+    eng = _WallSim(VirtualClock(), COST.scaled(1.0), jitter=0.0)
+    eng.slow = 0.2
+    outs, lock = [], threading.Lock()
+    ts = None
+
+    def cb(o):
+        with lock:
+            outs.append(o)
+            n = len(outs)
+        if n == 20:
+            ts.stop()                   # from the scheduler thread
+        if n % 7 == 0:
+            raise RuntimeError("broken callback")
+    ts = ThreadedScheduler(Scheduler(eng, COST.scaled(1.0), clock=MonotonicClock()))
+    submitted = [0] * 4
+
+    def producer(c):
+        for k in range(200):
+            ts.submit_frame(f"cam{c}", k, img(person=2), [("det", DET, 0.5), ("pt", PNT, 0.5)],
+                            on_result=cb)
+            submitted[c] += 2
+            _t.sleep(0.0005)
+    th = [threading.Thread(target=producer, args=(c,)) for c in range(4)]
+    [t.start() for t in th]
+    [t.join() for t in th]
+    ts.stop()
+    assert not ts.alive and ts.error is None
+    ids = [o.request_id for o in outs]
+    assert len(ids) == sum(submitted) == 1600 and len(set(ids)) == len(ids)
+    assert any(o.error == "scheduler stopped" for o in outs)
+    assert ts.metrics()["callback_errors"] == len(outs) // 7
+    assert not eng.open_runs
+
+
+def test_callbacks_may_cancel_reentrantly():
+    """A callback on the plain Scheduler that cancels other work must not end a request
+    twice (it raised 'ended twice' from the decode loop)."""
+    s, eng, clock, outs = make()
+
+    def cb(o):
+        if o.stream == "a":
+            s.cancel()
+    s.submit_frame("a", 0, img(person=4), [("d", DET, 1.0)], on_result=cb)
+    s.submit_frame("b", 0, img(person=4), [("d", DET, 1.0)], on_result=cb)
+    s.run_until_idle()
+    st = {o.stream: o.status for o in outs}
+    assert len(outs) == 2 and st == {"a": Status.DONE, "b": Status.CANCELLED}
+    assert not eng.open_runs and not s.has_work()
+
+
+def test_submit_failure_of_one_task_does_not_duplicate_the_others():
+    """A task whose submission raises (here: stamps that do not compare) ends ERROR; the
+    frame's other tasks are queued normally and each gets exactly one outcome."""
+    s, eng, clock, outs = make()
+    s.submit_frame("cam", 1, img(person=2), [("a", DET, 1.0)])
+    s.submit_frame("cam", "x", img(person=2, cup=2), [("b", PNT, 1.0), ("a", DET, 1.0)])
+    s.run_until_idle()
+    got = sorted((o.stamp, o.task_name, str(o.status)) for o in outs if o.stamp == "x")
+    assert got == [("x", "a", "error"), ("x", "b", "done")]
+    assert len(outs) == 3 and s.metrics()["submitted"] == 3
