@@ -8,10 +8,11 @@ with `--camera NAME=TOPIC`.
 
 offline (default): every frame, every due task, run to the end through
   `PerceptionPipeline.process_frame` (the node's synchronous path). Deterministic: the same
-  bag in gives the same results out; each result is logged at its source frame's recorded
-  time. Timing fields hold what was measured (engine_ms, queue_ms, latency_ms = wall time
-  of the frame's processing); `--zero-timing` writes them as 0, making the whole output bag
-  byte-for-byte reproducible on CPU.
+  bag in gives the same output bag, byte for byte on CPU; each result is logged at its
+  source frame's recorded time. For that the wall-clock timing fields (engine_ms, queue_ms,
+  latency_ms) are written as 0 by default; the measured latencies still go to the printed
+  summary. `--measured-timing` writes the measurements into the results instead (then the
+  bag differs run to run in those three fields only).
 realtime: frames arrive at their recorded timing and the deadline scheduler
   (photon_core.scheduler: calibrated cost model, latest frame wins, admission, on_miss)
   decides what runs, as in the node (same HookedEngine, calibration, task specs, publishing
@@ -19,7 +20,8 @@ realtime: frames arrive at their recorded timing and the deadline scheduler
   work takes its real time (x --rate: with --rate 4 frames arrive 4x faster, i.e. the engine
   looks 4x slower), idle time until the next frame is skipped. Each result is logged at its
   frame's recorded time + its latency (recording timeline). Drops (superseded, skipped,
-  deadline-cancelled, engine errors, stale frames) are counted.
+  deadline-cancelled, engine errors, stale frames) are counted. Timing fields are measured
+  (`--zero-timing` writes them as 0).
 
 Both modes write a summary: `replay_summary.json` inside the output bag folder and one
 diagnostic_msgs/DiagnosticArray on /photon/replay/summary at the end of the bag.
@@ -82,6 +84,7 @@ class ReplayStats:
     warning: str | None = None
     wall_s: float = 0.0
     rate: float = 1.0
+    timing_zeroed: bool = False      # the result messages' timing fields were written as 0
 
     @property
     def dropped(self) -> int:
@@ -102,7 +105,7 @@ class ReplayStats:
                 "dropped": self.dropped, "drops": dict(sorted(self.drops.items())),
                 "scheduler": self.scheduler, "clock_jumps_back": self.clock_jumps,
                 "late_results": self.late,
-                "rate": self.rate, "error": self.error,
+                "rate": self.rate, "timing_zeroed": self.timing_zeroed, "error": self.error,
                 "warning": self.warning, "wall_s": round(self.wall_s, 3)}
 
 
@@ -387,21 +390,26 @@ def _summary_msg(stats: ReplayStats):
 
 def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: str | None = None,
            camera_topics: dict[str, str] | None = None, rate: float = 1.0,
-           zero_timing: bool = False, storage: str = "mcap", overwrite: bool = False,
+           zero_timing: bool | None = None, storage: str = "mcap", overwrite: bool = False,
            progress: bool = False, max_frames: int | None = None, with_images: bool = False,
            calibrate: bool = True, namespace: str = "",
            log: Callable[[str], None] | None = None) -> ReplayStats:
     """Replay `in_bag` through `config` + `model` into `out_bag`; returns the stats.
-    A damaged input bag ends the replay early with stats.error set (results kept)."""
+    A damaged input bag ends the replay early with stats.error set (results kept).
+    zero_timing: write the timing fields as 0; None (default) = offline yes (byte-for-byte
+    reproducible output), realtime no."""
     from .pipeline import PerceptionPipeline
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if rate <= 0:
         raise ValueError("rate must be > 0")
+    if zero_timing is None:
+        zero_timing = mode == "offline"
     log = log or (lambda s: print(s, file=sys.stderr))
     pipeline = PerceptionPipeline(config, model, model_id=model_id)
-    stats = ReplayStats(mode, str(in_bag), str(out_bag), model_id=pipeline.model_id, rate=rate)
+    stats = ReplayStats(mode, str(in_bag), str(out_bag), model_id=pipeline.model_id, rate=rate,
+                        timing_zeroed=bool(zero_timing))
     t0 = time.perf_counter()
     with BagReader(in_bag) as reader:
         if reader.warning:
@@ -440,7 +448,7 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
     sj = stats.to_json()
     if zero_timing:      # the sidecar must be reproducible too
         sj.pop("wall_s")
-        sj["latency_ms"] = sj["latency_ms_all"] = "zeroed (--zero-timing)"
+        sj["latency_ms"] = sj["latency_ms_all"] = "not recorded (timing fields zeroed)"
         sj["scheduler"] = {}
     Path(out_bag, SUMMARY_SIDECAR).write_text(json.dumps(sj, indent=1, default=str) + "\n")
     return stats
@@ -464,6 +472,10 @@ def print_summary(stats: ReplayStats, out=None) -> None:
     if j["drops"]:
         print("  drops: " + ", ".join(f"{k} {v}" for k, v in j["drops"].items()), file=out)
     print(f"  result bag: {j['out_bag']}", file=out)
+    if j["timing_zeroed"]:
+        print("  (timing fields in the result bag written as 0 for byte-for-byte reproducible "
+              "output; latencies above are this run's measurements; --measured-timing "
+              "records them in the bag)", file=out)
 
 
 # -- command line ----------------------------------------------------------------------
@@ -480,8 +492,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=1.0,
                    help="realtime: playback speed factor (>1: frames arrive faster, i.e. the "
                         "engine looks that much slower; latencies are on the recording's timeline)")
-    p.add_argument("--zero-timing", action="store_true",
-                   help="write timing fields as 0 (byte-for-byte reproducible offline output)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--zero-timing", dest="timing", action="store_const", const="zero",
+                   help="write the timing fields as 0 (the offline default: byte-for-byte "
+                        "reproducible output)")
+    g.add_argument("--measured-timing", dest="timing", action="store_const", const="measured",
+                   help="write the measured timing (the realtime default); offline output "
+                        "then differs run to run in engine_ms/queue_ms/latency_ms")
     p.add_argument("--namespace", default="", help="the node's namespace (result topics "
                    "are <namespace>/<camera>/detections|points|answer)")
     p.add_argument("--storage", choices=["mcap", "sqlite3"], default="mcap")
@@ -510,7 +527,8 @@ def main(args) -> int:
         cams[k] = v
     model = load_model_for(spec, config.device, config.dtype)
     stats = replay(args.bag, args.out, config, model, mode=args.mode, camera_topics=cams,
-                   rate=args.rate, zero_timing=args.zero_timing, storage=args.storage,
+                   rate=args.rate, zero_timing={"zero": True, "measured": False}.get(args.timing),
+                   storage=args.storage,
                    overwrite=args.overwrite, progress=not args.no_progress and sys.stderr.isatty(),
                    max_frames=args.max_frames, with_images=args.with_images,
                    namespace=args.namespace)
