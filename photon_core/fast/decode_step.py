@@ -32,6 +32,10 @@ from .static_kv_cache import StaticKVCache
 
 PHASE_TEXT, PHASE_X, PHASE_Y, PHASE_SIZE = 0, 1, 2, 3
 ATTENTION = "auto"        # "sdpa" | "matmul" | "auto" (SDPA on CUDA, matmul on the CPU)
+# "auto": the fused Triton decoder + lm head (fused_step.py) on CUDA for bf16/fp16 models when
+# triton imports; the torch step elsewhere (the CPU, and fp32, where outputs must equal the
+# reference path's bit for bit). "on" / "off" force it (the bench compares both).
+FUSED = "auto"
 OUT_TOKEN, OUT_COORD, OUT_W, OUT_H = 0, 1, 2, 3
 
 
@@ -65,6 +69,10 @@ class StepState:
         self.size_table = torch.tensor([mdregion.bin_to_size(i, sb) for i in range(sb)],
                                        dtype=torch.float64).to(device=dev, dtype=dt)
         self.generators: list = [None] * rows      # eager (CPU) seeded sampling, per row
+        self.fused = None
+        if use_fused(dev, dt):
+            from .fused_step import FusedDecoder
+            self.fused = FusedDecoder(model, rows, kv)
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, is_detect: bool,
                 temperature: float, top_p: float, generator=None) -> None:
@@ -79,10 +87,23 @@ class StepState:
         self.generators[row] = generator
 
 
+def use_fused(device, dtype) -> bool:
+    if FUSED == "off":
+        return False
+    from .kernels import HAVE_TRITON
+    if FUSED == "on":
+        return HAVE_TRITON
+    return (HAVE_TRITON and torch.device(device).type == "cuda"
+            and dtype in (torch.bfloat16, torch.float16))
+
+
 # -- sample pieces ----------------------------------------------------------------------
 def _lm_logits(st: StepState, b: int) -> torch.Tensor:
     w, tk = st.w, st.cfg.tokenizer
-    logits = w.linear(w.layer_norm(st.hidden[:b], "text.post_ln"), "text.lm_head")
+    if st.fused is not None:
+        logits = st.fused.lm_logits(st.hidden[:b], b)
+    else:
+        logits = w.linear(w.layer_norm(st.hidden[:b], "text.post_ln"), "text.lm_head")
     # text rows after their first pick never pick the answer marker again (reference _pick)
     mask = (st.phase[:b] == PHASE_TEXT) & ~st.first[:b]
     col = logits[:, tk.answer_id]
@@ -234,7 +255,10 @@ def forward(st: StepState, b: int, attn_len: int | None = None) -> None:
     """Feed the sampled values back and advance every active row by one position."""
     attn_len = attn_len or st.kv.capacity
     x = feedback_embedding(st, b)
-    hidden = decoder_step(st, x, b, attn_len)
+    if st.fused is not None:
+        hidden = st.fused.decoder(x, st.pos[:b], b).to(st.hidden.dtype)
+    else:
+        hidden = decoder_step(st, x, b, attn_len)
     act = st.active[:b]
     st.hidden[:b] = torch.where(act[:, None], hidden, st.hidden[:b])
     st.pos[:b] += act.long()

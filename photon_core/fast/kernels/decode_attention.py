@@ -1,0 +1,135 @@
+"""One decode step of attention per (row, head) over the static KV cache, split over the
+sequence (flash-decoding), with the partial rotary embedding and the cache write fused in.
+
+attend_partial, grid (rows, n_heads, n_splits): q, k, v of the row's new token come from the
+fused projection output (qkv [rows, >= (nh + 2 nkv) hd]); q and k get the partial rotary
+embedding at the row's position (fp32 math with the table's cos/sin, rounded to the cache
+dtype, like rope.apply_rope), the new k/v are written at the row's clamped position
+pw = min(pos, capacity - 1) by the split that holds pw, and each split computes the
+softmax partials (max, sum, weighted v) over its chunk of keys j <= pw: keys j < pw from the
+cache, key pw from registers (so no program reads what another one writes).
+combine, grid (rows, n_heads): merges the splits and writes the head's output (cache dtype)
+into out[row, head * hd : (head + 1) * hd].
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_table,
+                           kc_ptr, vc_ptr, s_row, s_head, s_pos, capacity,
+                           m_ptr, l_ptr, acc_ptr, scale,
+                           NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
+                           HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr):
+    row = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    kvh = h // (NH // NKV)
+    pos = tl.load(pos_ptr + row)
+    pw = tl.minimum(pos, capacity - 1)
+    ti = tl.minimum(pos, n_table - 1)
+    d = tl.arange(0, HD)
+    rot = d < 2 * HALF
+    partner = tl.where(d < HALF, d + HALF, tl.where(rot, d - HALF, d))
+    fi = tl.where(rot, d % HALF, 0)
+    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
+    s = tl.load(sin_ptr + ti * HALF + fi)
+    s = tl.where(d < HALF, -s, tl.where(rot, s, 0.0))
+    base = qkv_ptr + row * stride_qkv
+    q_off = h * HD
+    k_off = NH * HD + kvh * HD
+    v_off = (NH + NKV) * HD + kvh * HD
+    q = tl.load(base + q_off + d).to(tl.float32) * c \
+        + tl.load(base + q_off + partner).to(tl.float32) * s
+    k_new = tl.load(base + k_off + d).to(tl.float32) * c \
+        + tl.load(base + k_off + partner).to(tl.float32) * s
+    v_new = tl.load(base + v_off + d)
+    q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)
+    k_new = k_new.to(kc_ptr.dtype.element_ty)
+    start = sp * CHUNK
+    cache_off = row * s_row + kvh * s_head
+    if (pw >= start) & (pw < start + CHUNK) & (h % (NH // NKV) == 0):
+        tl.store(kc_ptr + cache_off + pw * s_pos + d, k_new)
+        tl.store(vc_ptr + cache_off + pw * s_pos + d, v_new.to(vc_ptr.dtype.element_ty))
+    j = start + tl.arange(0, CHUNK)
+    in_cache = j < pw
+    kt = tl.load(kc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=in_cache[:, None],
+                 other=0.0).to(tl.float32)
+    sc = tl.sum(kt * q[None, :], axis=1) * scale
+    sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
+    cur = j == pw
+    sc = tl.where(cur, sc_new, sc)
+    valid = j <= pw
+    sc = tl.where(valid, sc, float("-inf"))
+    m = tl.max(sc, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.where(valid, tl.exp(sc - m_safe), 0.0)
+    l = tl.sum(p, axis=0)
+    vt = tl.load(vc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=in_cache[:, None],
+                 other=0.0).to(tl.float32)
+    p_cur = tl.sum(tl.where(cur, p, 0.0), axis=0)
+    acc = tl.sum(p[:, None] * vt, axis=0) + p_cur * v_new.to(tl.float32)
+    idx = (row * NH + h) * NSPLIT + sp
+    tl.store(m_ptr + idx, m)
+    tl.store(l_ptr + idx, l)
+    tl.store(acc_ptr + idx * HD + d, acc)
+
+
+@triton.jit
+def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out,
+                    NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+                    SPLIT_P2: tl.constexpr):
+    row = tl.program_id(0)
+    h = tl.program_id(1)
+    sidx = tl.arange(0, SPLIT_P2)
+    sok = sidx < NSPLIT
+    base = (row * NH + h) * NSPLIT
+    m = tl.load(m_ptr + base + sidx, mask=sok, other=float("-inf"))
+    l = tl.load(l_ptr + base + sidx, mask=sok, other=0.0)
+    mx = tl.max(m, axis=0)
+    wt = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
+    d = tl.arange(0, HD)
+    acc = tl.load(acc_ptr + (base + sidx[:, None]) * HD + d[None, :], mask=sok[:, None],
+                  other=0.0)
+    o = tl.sum(acc * wt[:, None], axis=0) / tl.sum(l * wt, axis=0)
+    tl.store(out_ptr + row * stride_out + h * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
+class AttentionScratch:
+    """fp32 split partials for `rows` rows (preallocated: graph-capturable)."""
+
+    def __init__(self, rows: int, n_heads: int, head_dim: int, capacity: int, chunk: int,
+                 device):
+        self.chunk = chunk
+        self.n_split = triton.cdiv(capacity, chunk)
+        self.m = torch.empty(rows * n_heads * self.n_split, device=device, dtype=torch.float32)
+        self.l = torch.empty_like(self.m)
+        self.acc = torch.empty(rows * n_heads * self.n_split * head_dim, device=device,
+                               dtype=torch.float32)
+
+
+def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor,
+                     scratch: AttentionScratch, n_heads: int, n_kv_heads: int,
+                     head_dim: int) -> torch.Tensor:
+    """qkv [b, >= (nh+2nkv)hd]; pos [b] long; cos/sin [n_table, rot/2] fp32 (rope_angles of
+    0..n_table-1); kc/vc [rows >= b, nkv, capacity, hd] views of one layer of the static
+    cache (unit stride on hd); out [b, >= nh*hd]."""
+    b = qkv.shape[0]
+    capacity = kc.shape[2]
+    half = cos.shape[1]
+    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and qkv.stride(1) == 1
+    assert capacity <= scratch.n_split * scratch.chunk
+    _attend_partial_kernel[(b, n_heads, scratch.n_split)](
+        qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0), kc.stride(1),
+        kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc, head_dim ** -0.5,
+        NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=scratch.chunk,
+        NSPLIT=scratch.n_split, num_warps=4)
+    _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
+                                  NH=n_heads, HD=head_dim, NSPLIT=scratch.n_split,
+                                  SPLIT_P2=triton.next_power_of_2(scratch.n_split),
+                                  num_warps=2)
+    return out

@@ -1,0 +1,149 @@
+"""Weight GEMV / skinny GEMM for decode: y[b, n] = sum_k x[b, k] * W[n, k] (+ bias), b <= 16.
+
+Weights are [N, K] row-major (the torch Linear layout). Each program owns BLOCK_N output
+rows and streams its K range (K / SPLIT_K) in [BLOCK_N, BLOCK_K] tiles; the activations are
+tiny and stay in L2. Two inner-product forms: `dot` (tl.dot on [16, BLOCK_K] x [BLOCK_K,
+BLOCK_N], tensor cores, any b <= 16) and `fma` (b == 1: elementwise multiply into a
+[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end).
+
+Epilogues (EPI):
+  EPI_STORE    y = (acc + bias) in y's dtype
+  EPI_QKV_GELU the fused [qkv | fc1] projection of a parallel block: columns n < n_split
+               store acc + bias; columns n >= n_split store gelu_tanh(acc + bias) (the sum
+               rounded to y's dtype first, like a Linear followed by GELU) at column n + gap
+  EPI_RESIDUAL y (fp32 residual stream) += acc + bias (bias from split 0 only); SPLIT_K > 1
+               adds with fp32 atomics, so the sum order varies between runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 64
+    block_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    dot: bool = True
+
+    def fits(self, b: int, n: int, k: int, epi: int) -> bool:
+        if k % (self.block_k * self.split_k):
+            return False
+        if self.split_k > 1 and epi != EPI_RESIDUAL:
+            return False
+        if not self.dot and b != 1:
+            return False
+        if self.dot and (self.block_n < 16 or self.block_k < 16):
+            return False
+        return True
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
+                 EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_b = tl.arange(0, BLOCK_B)
+    n_ok = offs_n < N
+    b_ok = offs_b < B
+    k_len = K // SPLIT_K
+    k_start = pid_k * k_len
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    x_rows = x_ptr + offs_b[:, None] * stride_xb
+    if DOT:
+        acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    else:
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for kk in range(k_start, k_start + k_len, BLOCK_K):
+        offs_k = kk + tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
+        if DOT:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        else:
+            acc2 += w.to(tl.float32) * x.to(tl.float32)
+    if not DOT:
+        acc = tl.sum(acc2, axis=1)[None, :]
+    mask = b_ok[:, None] & n_ok[None, :]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        if EPI == 2:
+            bias = bias * (pid_k == 0).to(tl.float32)
+        acc += bias[None, :]
+    if EPI == 2:
+        ptrs = y_ptr + offs_b[:, None] * stride_yb + offs_n[None, :]
+        if SPLIT_K == 1:
+            tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + acc, mask=mask)
+        else:
+            tl.atomic_add(ptrs, acc, mask=mask)
+    else:
+        col = offs_n[None, :]
+        val = acc
+        if EPI == 1:
+            t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+            u = 0.7978845608028654 * (t + 0.044715 * t * t * t)
+            g = t / (1.0 + tl.exp(-2.0 * u))          # 0.5 t (1 + tanh u) = t sigmoid(2u)
+            hi = col >= n_split
+            val = tl.where(hi, g, t)
+            col = col + tl.where(hi, gap, 0)
+        tl.store(y_ptr + offs_b[:, None] * stride_yb + col, val.to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+# hard picks by measurement on the H200 (bench/bench_kernels.py); keyed by (n, k, epi)
+DEFAULT = GemvConfig()
+TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {}
+CANDIDATES = [
+    GemvConfig(64, 128, 1, 4, 3, True), GemvConfig(32, 256, 1, 4, 3, True),
+    GemvConfig(128, 128, 1, 8, 3, True), GemvConfig(64, 256, 1, 8, 4, True),
+    GemvConfig(32, 128, 2, 4, 3, True), GemvConfig(32, 256, 4, 4, 3, True),
+    GemvConfig(16, 256, 2, 4, 3, True), GemvConfig(64, 128, 4, 4, 4, True),
+    GemvConfig(16, 512, 1, 4, 3, False), GemvConfig(32, 256, 1, 4, 3, False),
+    GemvConfig(8, 512, 4, 4, 3, False), GemvConfig(16, 256, 4, 4, 3, False),
+]
+
+
+def pick(b: int, n: int, k: int, epi: int) -> GemvConfig:
+    cfg = TABLE.get((n, k, epi, b == 1))
+    if cfg is not None and cfg.fits(b, n, k, epi):
+        return cfg
+    for c in (DEFAULT, *CANDIDATES):
+        if c.fits(b, n, k, epi):
+            return c
+    for bk in (128, 64, 32, 16):
+        c = GemvConfig(64, bk)
+        if c.fits(b, n, k, epi):
+            return c
+    raise ValueError(f"no GEMV config fits n={n} k={k}")
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
+         epi: int = EPI_STORE, n_split: int = 0, gap: int = 0,
+         cfg: GemvConfig | None = None) -> torch.Tensor:
+    """x [b, K] (row stride free, unit column stride), w [N, K] contiguous, y [b, *] with
+    unit column stride (fp32 for EPI_RESIDUAL)."""
+    b, k = x.shape
+    n = w.shape[0]
+    assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
+    assert b <= 16
+    cfg = cfg or pick(b, n, k, epi)
+    assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
+    block_b = 16 if cfg.dot else 1
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k, x.stride(0),
+                       y.stride(0), n_split, gap, EPI=epi, HAS_BIAS=bias is not None,
+                       SPLIT_K=cfg.split_k, BLOCK_B=block_b, BLOCK_N=cfg.block_n,
+                       BLOCK_K=cfg.block_k, DOT=cfg.dot, num_warps=cfg.num_warps,
+                       num_stages=cfg.num_stages)
+    return y

@@ -1,0 +1,179 @@
+"""The fused decode-step Triton kernels (photon_core/fast/kernels) against the reference math,
+on the CPU in the Triton interpreter (TRITON_INTERPRET=1), fp32, small shapes. Skipped when
+triton is not installed."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from photon_core.fast.kernels import gemv as G  # noqa: E402
+from photon_core.fast.kernels.decode_attention import (AttentionScratch,  # noqa: E402
+                                                       decode_attention)
+from photon_core.fast.kernels.layernorm import layer_norm  # noqa: E402
+from photon_core.moondream.rope import apply_rope, rope_angles  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
+                                os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests")
+
+CFGS = [G.GemvConfig(16, 32, 1, 4, 1, True), G.GemvConfig(32, 64, 2, 4, 1, True),
+        G.GemvConfig(8, 64, 1, 4, 1, False), G.GemvConfig(16, 32, 4, 4, 1, False)]
+
+
+def _close(a, b, tol=1e-4):
+    assert a.shape == b.shape
+    err = (a.float() - b.float()).abs().max().item()
+    assert err <= tol * (1 + b.float().abs().max().item()), err
+
+
+@pytest.mark.parametrize("b", [1, 3])
+@pytest.mark.parametrize("cfg", CFGS, ids=str)
+def test_gemv_epilogues(b, cfg):
+    g = torch.Generator().manual_seed(0)
+    n, k = 40, 128
+    x = torch.randn(b, k, generator=g)
+    w = torch.randn(n, k, generator=g) / 8
+    bias = torch.randn(n, generator=g)
+    if cfg.fits(b, n, k, G.EPI_STORE):
+        y = torch.zeros(b, n)
+        G.gemv(x, w, bias, y, G.EPI_STORE, cfg=cfg)
+        _close(y, F.linear(x, w, bias))
+    if cfg.fits(b, n, k, G.EPI_QKV_GELU):
+        split, gap = 24, 5
+        y = torch.full((b, n + gap), 7.0)
+        G.gemv(x, w, bias, y, G.EPI_QKV_GELU, n_split=split, gap=gap, cfg=cfg)
+        ref = F.linear(x, w, bias)
+        _close(y[:, :split], ref[:, :split])
+        assert (y[:, split:split + gap] == 7.0).all()          # the gap is left alone
+        _close(y[:, split + gap:], F.gelu(ref[:, split:], approximate="tanh"))
+    if cfg.fits(b, n, k, G.EPI_RESIDUAL):
+        x0 = torch.randn(b, n, generator=g)
+        y = x0.clone()
+        G.gemv(x, w, bias, y, G.EPI_RESIDUAL, cfg=cfg)
+        _close(y, x0 + F.linear(x, w, bias))
+
+
+def test_gemv_strided_input_and_pick():
+    g = torch.Generator().manual_seed(1)
+    buf = torch.randn(2, 300, generator=g)
+    x = buf[:, 44:44 + 256]                         # a column range of a wider buffer
+    w = torch.randn(48, 256, generator=g)
+    y = torch.zeros(2, 48)
+    G.gemv(x, w, None, y)
+    _close(y, F.linear(x, w))
+
+
+def test_layernorm():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 96, generator=g) * 3 + 1
+    w, bb = torch.randn(96, generator=g), torch.randn(96, generator=g)
+    y = torch.empty(3, 96)
+    layer_norm(x, w, bb, y)
+    _close(y, F.layer_norm(x, (96,), w, bb, eps=1e-5))
+
+
+@pytest.mark.parametrize("nh,nkv", [(2, 2), (4, 2)])
+def test_decode_attention(nh, nkv):
+    g = torch.Generator().manual_seed(3)
+    hd, cap, rows, rot = 64, 80, 4, 32
+    b = 3
+    pos = torch.tensor([0, 37, 95])                 # 95 >= capacity: written at cap - 1
+    data = torch.randn(2, rows, nkv, cap, hd, generator=g)
+    qkv = torch.randn(b, (nh + 2 * nkv) * hd + 7, generator=g)
+    out = torch.full((b, nh * hd + 3), 5.0)
+    cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
+    scratch = AttentionScratch(rows, nh, hd, cap, 32, "cpu")
+    kc, vc = data[0].clone(), data[1].clone()
+    decode_attention(qkv, pos, cos, sin, kc, vc, out[:, 3:], scratch, nh, nkv, hd)
+    for r in range(b):
+        p = int(pos[r])
+        pw = min(p, cap - 1)
+        ca, sa = rope_angles(torch.tensor([min(p, cap)]), rot)
+        q = apply_rope(qkv[r, :nh * hd].view(1, nh, 1, hd), ca, sa)
+        k = apply_rope(qkv[r, nh * hd:(nh + nkv) * hd].view(1, nkv, 1, hd), ca, sa)
+        v = qkv[r, (nh + nkv) * hd:(nh + 2 * nkv) * hd].view(nkv, hd)
+        keys, vals = data[0, r].clone(), data[1, r].clone()
+        keys[:, pw], vals[:, pw] = k[0, :, 0], v
+        _close(kc[r, :, pw], keys[:, pw])
+        _close(vc[r, :, pw], vals[:, pw])
+        untouched = torch.ones(cap, dtype=torch.bool)
+        untouched[pw] = False
+        assert torch.equal(kc[r][:, untouched], data[0, r][:, untouched])
+        rep = nh // nkv
+        kk = keys[:, :pw + 1].repeat_interleave(rep, 0)
+        vv = vals[:, :pw + 1].repeat_interleave(rep, 0)
+        att = torch.softmax(torch.einsum("hd,hld->hl", q[0, :, 0], kk) / math.sqrt(hd), -1)
+        ref = torch.einsum("hl,hld->hd", att, vv)
+        _close(out[r, 3:].view(nh, hd), ref)
+        assert (out[r, :3] == 5.0).all()
+    assert torch.equal(kc[3], data[0, 3])             # a row outside the bucket is untouched
+
+
+def test_fused_decoder_matches_torch_step():
+    """The fused decoder (fused_step.py) vs decode_step.decoder_step on the tiny fp32 model:
+    same hidden states and the same k/v written, rows at different positions."""
+    from photon_core.fast import decode_step as ds
+    from photon_core.fast.fused_step import FusedDecoder
+    from photon_core.fast.static_kv_cache import StaticKVCache
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import tiny_config
+
+    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
+    cfg = m.config.text
+    rows, cap = 2, 64
+    kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, cap, cfg.head_dim, "cpu",
+                       torch.float32)
+    kv.data.normal_(generator=torch.Generator().manual_seed(4))
+    kv2 = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, cap, cfg.head_dim, "cpu",
+                        torch.float32)
+    kv2.data.copy_(kv.data)
+    st = ds.StepState(m, rows, kv)
+    st.pos.copy_(torch.tensor([5, 40]))
+    x = torch.randn(rows, cfg.dim, generator=torch.Generator().manual_seed(5))
+    ref = ds.decoder_step(st, x.clone(), rows, cap)
+    fd = FusedDecoder(m, rows, kv2, attn_chunk=32)
+    got = fd.decoder(x.clone(), st.pos, rows)
+    _close(got, ref, 2e-4)
+    _close(kv2.data, kv.data, 2e-4)
+    logits = fd.lm_logits(got.to(torch.float32), rows)
+    _close(logits, m.weights.linear(m.weights.layer_norm(ref, "text.post_ln"),
+                                    "text.lm_head"), 2e-4)
+
+
+def test_fast_engine_with_fused_kernels_matches_reference():
+    """FastEngine with the fused decoder forced on (interpreted kernels, fp32 tiny model):
+    detect and query at batch 2 give the reference path's outputs."""
+    import numpy as np
+
+    from photon_core.fast import FastEngine
+    from photon_core.fast import decode_step as ds
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
+    from photon_core.task import Task
+
+    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0,
+                           eos_bias=TEST_EOS_BIAS["fast"])
+    ds.FUSED = "on"
+    try:
+        fe = FastEngine(m, max_batch=2)
+    finally:
+        ds.FUSED = "auto"
+    assert fe.state.fused is not None
+    enc = m.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3),
+                                                           dtype=np.uint8))
+    tasks = [Task("detect", object="person", max_objects=2),
+             Task("query", question="What is it?", max_tokens=6)]
+    for r, t in zip(fe.run_batch([(enc, t) for t in tasks]), tasks):
+        ref = m.run(enc, t)
+        assert (r.output, r.tokens, r.finish_reason) == (ref.output, ref.tokens,
+                                                         ref.finish_reason)
+    fe.close()
