@@ -57,9 +57,14 @@ class Result:
 
 
 def to_result(msgtype: str, m: Any, log_time_ns: int) -> Result:
+    t = m.timing
+    # Offline replay writes all-zero timing (byte-for-byte reproducible bags): that is "not
+    # recorded" (NaN, shown as "-"), not a 0 ms latency that would mask a regression.
+    recorded = any((t.engine_ms, t.queue_ms, t.latency_ms))
+    nan = math.nan
     base = dict(camera=m.camera, task=m.task.name, skill=m.task.skill, stamp_ns=stamp_ns(m.header),
-                log_time_ns=log_time_ns, latency_ms=float(m.timing.latency_ms),
-                engine_ms=float(m.timing.engine_ms), model_id=m.model_id)
+                log_time_ns=log_time_ns, latency_ms=float(t.latency_ms) if recorded else nan,
+                engine_ms=float(t.engine_ms) if recorded else nan, model_id=m.model_id)
     if msgtype.endswith("/DetectionArray"):
         b = np.array([[d.bbox.center_x - d.bbox.size_x / 2, d.bbox.center_y - d.bbox.size_y / 2,
                        d.bbox.center_x + d.bbox.size_x / 2, d.bbox.center_y + d.bbox.size_y / 2]

@@ -167,6 +167,18 @@ def test_latency_regression_is_opt_in(base, tmp_path):
     assert not cmp["passed"] and "latency p50 40.0 ms vs 20.0 ms" in " ".join(cmp["failures"])
 
 
+def test_zeroed_timing_reads_as_not_recorded(base, tmp_path):
+    # Offline replay zeroes timing by default: diff must not read that as a 0 ms latency.
+    msgs = _frames()
+    for _, m in msgs:
+        m.timing = Timing()
+    zeroed = _write(tmp_path / "zeroed", msgs)
+    cmp = run_diff(base, zeroed, Thresholds(max_latency_increase=0.2), out=None)
+    assert cmp["passed"]
+    assert math.isnan(cmp["overall"]["latency_ms_new"]["p50"])
+    assert cmp["overall"]["latency_ms_base"]["p50"] == pytest.approx(20.0)
+
+
 def test_unreadable_inputs(tmp_path, capsys, base):
     assert photon(_args(tmp_path / "nope", base)) == 2
     assert "does not exist" in capsys.readouterr().err
