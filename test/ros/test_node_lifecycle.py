@@ -30,7 +30,7 @@ def test_lifecycle_transitions_free_and_reload_the_model(tmp_path_factory, tmp_p
 
     model = tiny_model_dir(tmp_path_factory.getbasetemp())
     cfg = write_config(tmp_path / "lc.yaml", {
-        "cameras": ["cam"], "cam": {"topic": "/lc/image", "tasks": ["people"],
+        "default_deadline_ms": 5000.0, "cameras": ["cam"], "cam": {"topic": "/lc/image", "tasks": ["people"],
                                     "people": {"skill": "detect", "object": "person",
                                                "max_objects": 2}}})
     node = spawn_node("-p", "model:=/nonexistent/moondream", "-p", f"params_file:={cfg}",
@@ -83,7 +83,7 @@ def test_lifecycle_transitions_free_and_reload_the_model(tmp_path_factory, tmp_p
         assert d["model_loaded"] == "true" and d["model_loads"] == "1", d
 
         cam = spawn_camera("--topic", "/lc/image", "--fps", "5", "--stamp0", "now")
-        assert wait_for(lambda: len(col.msgs("/cam/detections")) >= 2, timeout=30)
+        assert wait_for(lambda: len(col.msgs("/cam/detections")) >= 2, timeout=60)
 
         assert transition(Transition.TRANSITION_DEACTIVATE)
         assert state() == State.PRIMARY_STATE_INACTIVE
@@ -105,6 +105,11 @@ def test_lifecycle_transitions_free_and_reload_the_model(tmp_path_factory, tmp_p
         assert state() == State.PRIMARY_STATE_UNCONFIGURED
         assert transition(Transition.TRANSITION_UNCONFIGURED_SHUTDOWN)
         assert state() == State.PRIMARY_STATE_FINALIZED
+    except AssertionError as e:
+        cam_out = stop(cam) if cam is not None else ""
+        diag = [diag_values(a, "lc_node: camera cam") for a in col.msgs("/diagnostics")[-1:]]
+        raise AssertionError(f"{e}\nlast camera diagnostics: {diag}\ncamera said:\n{cam_out}"
+                             f"\nnode said:\n{stop(node)[-4000:]}") from None
     finally:
         if cam is not None:
             stop(cam)
