@@ -105,12 +105,18 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
 DEFAULT = GemvConfig()
 TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {}
 CANDIDATES = [
+    # split_k 1 (every shape)
     GemvConfig(64, 128, 1, 4, 3, True), GemvConfig(32, 256, 1, 4, 3, True),
-    GemvConfig(128, 128, 1, 8, 3, True), GemvConfig(64, 256, 1, 8, 4, True),
+    GemvConfig(128, 128, 1, 8, 3, True), GemvConfig(64, 256, 1, 8, 3, True),
+    GemvConfig(16, 256, 1, 4, 4, True), GemvConfig(32, 128, 1, 4, 4, True),
+    GemvConfig(16, 512, 1, 4, 3, False), GemvConfig(32, 256, 1, 4, 3, False),
+    GemvConfig(8, 512, 1, 4, 3, False),
+    # split-K (the residual GEMV, N = 2048)
     GemvConfig(32, 128, 2, 4, 3, True), GemvConfig(32, 256, 4, 4, 3, True),
     GemvConfig(16, 256, 2, 4, 3, True), GemvConfig(64, 128, 4, 4, 4, True),
-    GemvConfig(16, 512, 1, 4, 3, False), GemvConfig(32, 256, 1, 4, 3, False),
+    GemvConfig(16, 256, 8, 4, 3, True),
     GemvConfig(8, 512, 4, 4, 3, False), GemvConfig(16, 256, 4, 4, 3, False),
+    GemvConfig(8, 512, 2, 4, 3, False),
 ]
 
 
