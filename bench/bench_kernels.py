@@ -86,6 +86,39 @@ SHAPES = {  # name: (n, k, epi, cuBLAS split of the previous step)
 }
 
 
+def _compile_job(job):
+    n, k, epi, b, cfg = job
+    try:
+        x = torch.zeros(b, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.zeros(n, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.zeros(n, device="cuda", dtype=torch.float32 if epi == G.EPI_RESIDUAL
+                           else torch.bfloat16)
+        y = torch.zeros(b, n + 2048, device="cuda", dtype=torch.float32
+                        if epi == G.EPI_RESIDUAL else torch.bfloat16)
+        G.gemv(x, w, bias, y[:, :n] if epi == G.EPI_RESIDUAL else y, epi, n_split=6144,
+               gap=2048, cfg=cfg)
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return repr(e)[:200]
+
+
+def precompile(workers=12):
+    """Compile every candidate in parallel processes (Triton's disk cache is shared), so the
+    sweep in this process only loads binaries."""
+    import multiprocessing as mp
+    jobs = []
+    for n, k, epi in SHAPES.values():
+        for cfg in G.CANDIDATES:
+            for b in (1, 2):
+                if cfg.fits(b, n, k, epi) and (b == 1 or cfg.dot):
+                    jobs.append((n, k, epi, b, cfg))
+                    break
+    with mp.get_context("spawn").Pool(workers) as pool:
+        errs = [e for e in pool.map(_compile_job, jobs, chunksize=1) if e]
+    return len(jobs), errs
+
+
 def sweep(bw):
     dev, dt = "cuda", torch.bfloat16
     res = {}
@@ -270,6 +303,9 @@ def main():
         say("|---|---|---|---|---|---|---|---|")
         t0 = time.perf_counter()
         try:
+            n_jobs, errs = precompile()
+            say(f"precompiled {n_jobs} GEMV variants in {time.perf_counter() - t0:.0f} s, "
+                f"errors: {errs[:3]}")
             OUT["sweep"] = sweep(bw)
         except Exception:  # noqa: BLE001
             say("sweep failed: " + traceback.format_exc())
