@@ -302,7 +302,10 @@ def main():
     engine = FastEngine(model, max_batch=8, kv_capacity=args.kv)
     out["warmup_capture_ms"] = (time.perf_counter() - t0) * 1e3
     out["graphs"] = len(engine.runner.graphs)
-    say(f"FastEngine build + capture of {out['graphs']} graphs: {out['warmup_capture_ms']:.0f} ms")
+    out["fused_step"] = engine.state.fused is not None
+    say(f"FastEngine build + capture of {out['graphs']} graphs: {out['warmup_capture_ms']:.0f} ms"
+        f"; fused Triton step (decode_step.FUSED={__import__('photon_core.fast.decode_step', fromlist=['x']).FUSED}): "
+        f"{out['fused_step']}")
     wbytes = decoder_weight_bytes(model)
     out["decoder_weight_GB"] = wbytes / 1e9
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)

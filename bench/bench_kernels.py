@@ -224,15 +224,15 @@ def attention_alone(model, kv_cap):
     fd = FusedDecoder(model, 8, kv)
     fd.u.normal_()
     out = {}
-    for chunk in (32, 64, 128):
+    for chunk, fuse in ((64, False), (128, False), (128, True), (256, True)):
         sc = AttentionScratch(8, cfg.n_heads, cfg.head_dim, kv_cap, chunk, "cuda")
         for b in (1, 8):
             pos = torch.full((b,), 785, device="cuda", dtype=torch.long)
             t = graph_ms(lambda: [decode_attention(
                 fd.u[:b], pos, fd.cos, fd.sin, kv.data[i, 0], kv.data[i, 1],
-                fd.u[:b, fd.n_qkv:], sc, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+                fd.u[:b, fd.n_qkv:], sc, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, fuse)
                 for i in range(cfg.n_layers)]) / cfg.n_layers * 1e3
-            out[f"chunk{chunk}_b{b}"] = t
+            out[f"chunk{chunk}_{'fusedcombine' if fuse else 'combinekernel'}_b{b}"] = t
     del fd, kv
     torch.cuda.empty_cache()
     return out
@@ -265,6 +265,30 @@ def correctness(prev, fused, model, frame):
     def rel(a, b):
         ok = torch.isfinite(a) & torch.isfinite(b)
         return ((a[ok] - b[ok]).abs().max() / a[ok].abs().max()).item()
+    # fp32 truth for the same step: the reference decoder (text.decoder) with the bf16 weights
+    # upcast, over the row's cache (prefill k/v) upcast, at the row's position
+    try:
+        from photon_core.moondream import text
+        from photon_core.moondream.kv_cache import KVCache
+        from photon_core.moondream.layers import Weights
+        w32 = Weights({k: v.float() for k, v in model.weights.items()})
+        tc = model.config.text
+        p0 = int(prev.state.pos[0]) - 1          # the position the step just wrote
+        cache = KVCache(tc.n_layers, tc.n_kv_heads, prev.kv.capacity, tc.head_dim, prev.kv.data.device,
+                        torch.float32)
+        cache.data.copy_(prev.kv.data[:, :, 0:1].float())
+        x32 = w32["text.wte"][tok][None, None]
+        with torch.inference_mode():
+            h32 = text.decoder(w32, tc, x32, p0, cache, model.prefix_len)[0, 0]
+            l32 = text.lm_head(w32, h32[None])[0]
+        for name, h, lg in (("previous", hp[0], lp2[0]), ("fused", hf[0], lf2[0])):
+            res[f"vs_fp32_{name}"] = {"hidden_rel_max": rel(h32, h),
+                                      "hidden_rel_rms": ((h - h32).norm() / h32.norm()).item(),
+                                      "logits_rel_max": rel(l32, lg),
+                                      "argmax_equal": bool(l32.argmax() == lg.argmax())}
+        del w32, cache
+    except Exception:  # noqa: BLE001
+        res["vs_fp32_error"] = traceback.format_exc()[-600:]
     res["logits_prefill_rel"] = rel(lp, lf)
     res["hidden_after_step_rel"] = rel(hp, hf)
     res["logits_after_step_rel"] = rel(lp2, lf2)

@@ -81,8 +81,9 @@ def test_layernorm():
     _close(y, F.layer_norm(x, (96,), w, bb, eps=1e-5))
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused_combine", "combine_kernel"])
 @pytest.mark.parametrize("nh,nkv", [(2, 2), (4, 2)])
-def test_decode_attention(nh, nkv):
+def test_decode_attention(nh, nkv, fuse):
     g = torch.Generator().manual_seed(3)
     hd, cap, rows, rot = 64, 80, 4, 32
     b = 3
@@ -93,7 +94,8 @@ def test_decode_attention(nh, nkv):
     cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
     scratch = AttentionScratch(rows, nh, hd, cap, 32, "cpu")
     kc, vc = data[0].clone(), data[1].clone()
-    decode_attention(qkv, pos, cos, sin, kc, vc, out[:, 3:], scratch, nh, nkv, hd)
+    decode_attention(qkv, pos, cos, sin, kc, vc, out[:, 3:], scratch, nh, nkv, hd, fuse)
+    assert (scratch.count == 0).all()                 # counters reset for the next launch
     for r in range(b):
         p = int(pos[r])
         pw = min(p, cap - 1)

@@ -8,8 +8,11 @@ dtype, like rope.apply_rope), the new k/v are written at the row's clamped posit
 pw = min(pos, capacity - 1) by the split that holds pw, and each split computes the
 softmax partials (max, sum, weighted v) over its chunk of keys j <= pw: keys j < pw from the
 cache, key pw from registers (so no program reads what another one writes).
-combine, grid (rows, n_heads): merges the splits and writes the head's output (cache dtype)
-into out[row, head * hd : (head + 1) * hd].
+combine: merges the splits and writes the head's output (cache dtype) into
+out[row, head * hd : (head + 1) * hd]. Default (FUSE_COMBINE): inside attend_partial, by the
+last split program of each (row, head) to finish (an acq_rel atomic counter per (row, head),
+reset by that program; the partials are read through L2), which saves one launch per layer;
+else a second kernel, grid (rows, n_heads).
 """
 from __future__ import annotations
 
@@ -18,12 +21,34 @@ import triton
 import triton.language as tl
 
 
+FUSE_COMBINE = True
+
+
+@triton.jit
+def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h,
+           NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+           SPLIT_P2: tl.constexpr):
+    sidx = tl.arange(0, SPLIT_P2)
+    sok = sidx < NSPLIT
+    base = (row * NH + h) * NSPLIT
+    m = tl.load(m_ptr + base + sidx, mask=sok, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(l_ptr + base + sidx, mask=sok, other=0.0, cache_modifier=".cg")
+    mx = tl.max(m, axis=0)
+    wt = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
+    d = tl.arange(0, HD)
+    acc = tl.load(acc_ptr + (base + sidx[:, None]) * HD + d[None, :], mask=sok[:, None],
+                  other=0.0, cache_modifier=".cg")
+    o = tl.sum(acc * wt[:, None], axis=0) / tl.sum(l * wt, axis=0)
+    tl.store(out_ptr + row * stride_out + h * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
 @triton.jit
 def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_table,
                            kc_ptr, vc_ptr, s_row, s_head, s_pos, capacity,
-                           m_ptr, l_ptr, acc_ptr, scale,
+                           m_ptr, l_ptr, acc_ptr, scale, cnt_ptr, out_ptr, stride_out,
                            NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
-                           HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr):
+                           HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
+                           SPLIT_P2: tl.constexpr, COMBINE: tl.constexpr):
     row = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
@@ -76,26 +101,20 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
     tl.store(m_ptr + idx, m)
     tl.store(l_ptr + idx, l)
     tl.store(acc_ptr + idx * HD + d, acc)
+    if COMBINE:
+        done = tl.atomic_add(cnt_ptr + row * NH + h, 1, sem="acq_rel")
+        if done == NSPLIT - 1:           # the last split of this (row, head) merges
+            _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
+                   SPLIT_P2)
+            tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
 
 
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out,
                     NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                     SPLIT_P2: tl.constexpr):
-    row = tl.program_id(0)
-    h = tl.program_id(1)
-    sidx = tl.arange(0, SPLIT_P2)
-    sok = sidx < NSPLIT
-    base = (row * NH + h) * NSPLIT
-    m = tl.load(m_ptr + base + sidx, mask=sok, other=float("-inf"))
-    l = tl.load(l_ptr + base + sidx, mask=sok, other=0.0)
-    mx = tl.max(m, axis=0)
-    wt = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
-    d = tl.arange(0, HD)
-    acc = tl.load(acc_ptr + (base + sidx[:, None]) * HD + d[None, :], mask=sok[:, None],
-                  other=0.0)
-    o = tl.sum(acc * wt[:, None], axis=0) / tl.sum(l * wt, axis=0)
-    tl.store(out_ptr + row * stride_out + h * HD + d, o.to(out_ptr.dtype.element_ty))
+    _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, tl.program_id(0), tl.program_id(1),
+           NH, HD, NSPLIT, SPLIT_P2)
 
 
 class AttentionScratch:
@@ -109,12 +128,13 @@ class AttentionScratch:
         self.l = torch.empty_like(self.m)
         self.acc = torch.empty(rows * n_heads * self.n_split * head_dim, device=device,
                                dtype=torch.float32)
+        self.count = torch.zeros(rows * n_heads, device=device, dtype=torch.int32)
 
 
 def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor,
                      scratch: AttentionScratch, n_heads: int, n_kv_heads: int,
-                     head_dim: int) -> torch.Tensor:
+                     head_dim: int, fuse_combine: bool | None = None) -> torch.Tensor:
     """qkv [b, >= (nh+2nkv)hd]; pos [b] long; cos/sin [n_table, rot/2] fp32 (rope_angles of
     0..n_table-1); kc/vc [rows >= b, nkv, capacity, hd] views of one layer of the static
     cache (unit stride on hd); out [b, >= nh*hd]."""
@@ -123,13 +143,16 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     half = cos.shape[1]
     assert kc.stride() == vc.stride() and kc.stride(3) == 1 and qkv.stride(1) == 1
     assert capacity <= scratch.n_split * scratch.chunk
+    fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
+    p2 = triton.next_power_of_2(scratch.n_split)
     _attend_partial_kernel[(b, n_heads, scratch.n_split)](
         qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0), kc.stride(1),
         kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc, head_dim ** -0.5,
+        scratch.count, out, out.stride(0),
         NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=scratch.chunk,
-        NSPLIT=scratch.n_split, num_warps=4)
-    _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
-                                  NH=n_heads, HD=head_dim, NSPLIT=scratch.n_split,
-                                  SPLIT_P2=triton.next_power_of_2(scratch.n_split),
-                                  num_warps=2)
+        NSPLIT=scratch.n_split, SPLIT_P2=p2, COMBINE=fuse, num_warps=4)
+    if not fuse:
+        _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
+                                      NH=n_heads, HD=head_dim, NSPLIT=scratch.n_split,
+                                      SPLIT_P2=p2, num_warps=2)
     return out

@@ -101,22 +101,36 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                  mask=mask)
 
 
-# hard picks by measurement on the H200 (bench/bench_kernels.py); keyed by (n, k, epi)
+# hard picks by measurement on the H200 (bench/bench_kernels.py sweep, 2026-11-29), keyed by
+# (n, k, epi, batch == 1); us per call at b=1 / b=8 vs the cuBLAS ops of the previous step:
+#   [qkv|fc1]+gelu 14336x2048: 17.7 / 18.1 (78 % of copy bandwidth) vs 23.8 / 24.0
+#   [proj|fc2]+res 2048x10240: 13.1 / 14.9 (76 / 66 %) vs 23.5 / 23.8
+#   lm_head 51200x2048:        54.7 / 55.5 (91 / 89 %) vs 57.4 / 57.9
 DEFAULT = GemvConfig()
-TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {}
+TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {
+    (14336, 2048, EPI_QKV_GELU, True): GemvConfig(64, 128, 1, 4, 3, True),
+    (14336, 2048, EPI_QKV_GELU, False): GemvConfig(64, 128, 1, 4, 3, True),
+    (2048, 10240, EPI_RESIDUAL, True): GemvConfig(8, 512, 4, 4, 3, False),
+    (2048, 10240, EPI_RESIDUAL, False): GemvConfig(32, 256, 4, 4, 3, True),
+    (51200, 2048, EPI_STORE, True): GemvConfig(32, 256, 1, 4, 3, True),
+    (51200, 2048, EPI_STORE, False): GemvConfig(32, 256, 1, 4, 3, True),
+}
 CANDIDATES = [
     # split_k 1 (every shape)
     GemvConfig(64, 128, 1, 4, 3, True), GemvConfig(32, 256, 1, 4, 3, True),
     GemvConfig(128, 128, 1, 8, 3, True), GemvConfig(64, 256, 1, 8, 3, True),
     GemvConfig(16, 256, 1, 4, 4, True), GemvConfig(32, 128, 1, 4, 4, True),
     GemvConfig(16, 512, 1, 4, 3, False), GemvConfig(32, 256, 1, 4, 3, False),
-    GemvConfig(8, 512, 1, 4, 3, False),
+    GemvConfig(8, 512, 1, 4, 3, False), GemvConfig(64, 128, 1, 4, 4, True),
+    GemvConfig(64, 64, 1, 4, 5, True), GemvConfig(32, 512, 1, 4, 3, False),
     # split-K (the residual GEMV, N = 2048)
     GemvConfig(32, 128, 2, 4, 3, True), GemvConfig(32, 256, 4, 4, 3, True),
     GemvConfig(16, 256, 2, 4, 3, True), GemvConfig(64, 128, 4, 4, 4, True),
     GemvConfig(16, 256, 8, 4, 3, True),
     GemvConfig(8, 512, 4, 4, 3, False), GemvConfig(16, 256, 4, 4, 3, False),
-    GemvConfig(8, 512, 2, 4, 3, False),
+    GemvConfig(8, 512, 2, 4, 3, False), GemvConfig(8, 256, 8, 4, 3, False),
+    GemvConfig(4, 512, 8, 2, 3, False), GemvConfig(16, 512, 4, 4, 3, False),
+    GemvConfig(32, 128, 4, 4, 4, True), GemvConfig(64, 256, 4, 8, 3, True),
 ]
 
 
