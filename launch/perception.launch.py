@@ -4,7 +4,7 @@
     ros2 launch photon_ros perception.launch.py model:=/models/md2 camera_topic:=/cam/image_raw
 
 Arguments: model, params_file (default: config/perception.yaml of the installed package),
-device, dtype, namespace, use_sim_time, camera_topic (replaces the first camera's topic in a
+device, dtype, engine, namespace, use_sim_time, camera_topic (replaces the first camera's topic in a
 single-camera setup), auto_activate, log_level. The node reads the same YAML both as its
 ROS parameters file and through its `params_file` parameter.
 """
@@ -27,6 +27,8 @@ def generate_launch_description() -> LaunchDescription:
                               description="ROS 2 parameters file with cameras and tasks"),
         DeclareLaunchArgument("device", default_value="cpu", description="cpu | cuda | cuda:N"),
         DeclareLaunchArgument("dtype", default_value="fp32", description="fp32 | bf16 | fp16"),
+        DeclareLaunchArgument("engine", default_value="auto",
+                              description="auto (fast path on CUDA) | reference | fast"),
         DeclareLaunchArgument("namespace", default_value="", description="node namespace"),
         DeclareLaunchArgument("use_sim_time", default_value="false"),
         DeclareLaunchArgument("camera_topic", default_value="",
@@ -49,6 +51,7 @@ def generate_launch_description() -> LaunchDescription:
                 "model": LaunchConfiguration("model"),
                 "device": LaunchConfiguration("device"),
                 "dtype": LaunchConfiguration("dtype"),
+                "engine": LaunchConfiguration("engine"),
                 "camera_topic": ParameterValue(LaunchConfiguration("camera_topic"), value_type=str),
                 "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
                 "auto_activate": ParameterValue(LaunchConfiguration("auto_activate"),

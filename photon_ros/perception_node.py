@@ -295,7 +295,7 @@ class PerceptionNode(LifecycleNode):
         with self._cams_lock:
             self._cams = {c.name: CameraState(c.name) for c in cfg.cameras}
         self.get_logger().info(
-            f"configured: model {cfg.model!r} on {cfg.device}/{cfg.dtype}, cameras "
+            f"configured: model {cfg.model!r} on {cfg.device}/{cfg.dtype} ({cfg.engine} engine), cameras "
             + ", ".join(f"{c.name} <- {c.topic} ({len(c.tasks)} tasks)" for c in cfg.cameras))
         return TransitionCallbackReturn.SUCCESS
 
@@ -337,13 +337,14 @@ class PerceptionNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def _start_engine(self, cfg: PerceptionConfig) -> None:
-        from photon_core import load_model
+        from photon_core import load_engine
         from photon_core.scheduler import CostModel, Scheduler, ThreadedScheduler
 
         from photon_ros.engine_adapter import HookedEngine
 
         t0 = time.monotonic()
-        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=False)
+        model = load_engine(cfg.model, device=cfg.device, dtype=cfg.dtype, engine=cfg.engine,
+                            max_batch=cfg.max_batch, progress=False)
         engine = HookedEngine(model, cfg.debug_ignore_eos, cfg.debug_step_delay_ms)
         sizes = tuple(b for b in (1, 2, 4, 8) if b <= cfg.max_batch) or (1,)
         cost = CostModel.calibrate(engine, batch_sizes=sizes)

@@ -454,10 +454,11 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
     return stats
 
 
-def load_model_for(spec: str, device: str = "cpu", dtype: str = "fp32"):
-    from photon_core import load_model
+def load_model_for(spec: str, device: str = "cpu", dtype: str = "fp32", engine: str = "auto"):
+    from photon_core import load_engine
 
-    return load_model(spec, device=device, dtype=dtype, progress=sys.stderr.isatty())
+    return load_engine(spec, device=device, dtype=dtype, engine=engine,
+                       progress=sys.stderr.isatty())
 
 
 def print_summary(stats: ReplayStats, out=None) -> None:
@@ -487,6 +488,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model folder or hub id (default: the params file's)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--engine", default=None, choices=["auto", "reference", "fast"],
+                   help="default: the params file's (auto = GPU fast path on CUDA)")
     p.add_argument("--camera", action="append", default=[], metavar="NAME=TOPIC",
                    help="read camera NAME from TOPIC instead of its configured topic")
     p.add_argument("--rate", type=float, default=1.0,
@@ -514,8 +517,8 @@ def main(args) -> int:
     from .task_config import load_config
 
     config = load_config(args.params)
-    if args.device or args.dtype:
-        config = replace(config, device=args.device or config.device, dtype=args.dtype or config.dtype)
+    config = replace(config, device=args.device or config.device,
+                     dtype=args.dtype or config.dtype, engine=args.engine or config.engine)
     spec = args.model or config.model
     if not spec:
         raise ValueError("no model: pass --model PATH_OR_ID or set `model` in the params file")
@@ -525,7 +528,7 @@ def main(args) -> int:
             raise ValueError(f"--camera wants NAME=TOPIC, got {c!r}")
         k, v = c.split("=", 1)
         cams[k] = v
-    model = load_model_for(spec, config.device, config.dtype)
+    model = load_model_for(spec, config.device, config.dtype, config.engine)
     stats = replay(args.bag, args.out, config, model, mode=args.mode, camera_topics=cams,
                    rate=args.rate, zero_timing={"zero": True, "measured": False}.get(args.timing),
                    storage=args.storage,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from photon_core import ENGINES
 from photon_core.task import CAPTION_LENGTHS, SKILLS, Task, TaskError
 
 CAMERA_TYPES = ("image", "compressed")
@@ -41,6 +42,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "model": "",
     "device": "cpu",
     "dtype": "fp32",
+    "engine": "auto",              # auto (fast path on CUDA) | reference | fast
     "max_batch": 4,
     "annotate": False,
     "publish_vision_msgs": False,
@@ -113,6 +115,7 @@ class PerceptionConfig:
     model: str = ""
     device: str = "cpu"
     dtype: str = "fp32"
+    engine: str = "auto"
     max_batch: int = 4
     annotate: bool = False
     publish_vision_msgs: bool = False
@@ -286,6 +289,8 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
             kw[key] = _as_str(v, key)
     if kw.get("default_on_miss", "cancel") not in ON_MISS:
         raise ConfigError(f"default_on_miss must be one of {', '.join(ON_MISS)}")
+    if kw.get("engine", "auto") not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {kw['engine']!r}")
     if not 1 <= kw.get("max_batch", 4) <= 8:
         raise ConfigError(f"max_batch must be in 1..8, got {kw['max_batch']}")
     if kw.get("default_deadline_ms", 1.0) <= 0 or kw.get("on_demand_deadline_ms", 1.0) <= 0:

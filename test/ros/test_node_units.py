@@ -185,6 +185,7 @@ def test_defaults_fill_zeros_and_overrides_apply():
     ({"cameras": ["cam1"], "cam1": {"topic": "/a", "type": "video"}}, "type"),
     ({"cameras": ["cam1"], "cam1": {"topic": ""}}, "topic is empty"),
     ({"max_batch": 99}, "max_batch"),
+    ({"engine": "turbo"}, "engine must be one of auto, reference, fast"),
 ])
 def test_invalid_configs_name_the_problem(params, match):
     with pytest.raises(ConfigError, match=match):
