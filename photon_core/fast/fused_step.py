@@ -1,4 +1,4 @@
-"""The decoder part of a decode step with fused Triton kernels (kernels/): 4 launches per
+"""The decoder part of a decode step with fused Triton kernels (kernels/): 5 launches per
 block instead of ~23, and a GEMV that streams the weights at (near) copy bandwidth.
 
 Per block (Phi parallel block, h = x + attn(LN(x)) + mlp(LN(x))), over the bucket's rows:
@@ -6,9 +6,9 @@ Per block (Phi parallel block, h = x + attn(LN(x)) + mlp(LN(x))), over the bucke
   2. gemv W1:     u[:, qkv] = h Wqkv^T + bqkv ;  u[:, g] = gelu_tanh(h Wfc1^T + bfc1)
                   (W1 = [Wqkv; Wfc1], one weight stream)
   3. attention:   rotary on q/k, k/v written into the static cache at the row's position,
-                  split-sequence softmax partials over keys <= position; the last split of
-                  each (row, head) merges them: u[:, a] = attention output
-  4. gemv W2:     x += [a | g] [Wproj | Wfc2]^T + (bproj + bfc2)   (W2 = [Wproj, Wfc2])
+                  split-sequence softmax partials over keys <= position
+  4. combine:     u[:, a] = attention output (the splits merged)
+  5. gemv W2:     x += [a | g] [Wproj | Wfc2]^T + (bproj + bfc2)   (W2 = [Wproj, Wfc2])
 The u buffer is laid out [qkv | a | g] so that [a | g] is one contiguous K range.
 
 Numerics differ from the reference path by the fp32 residual stream (the reference rounds x
