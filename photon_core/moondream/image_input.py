@@ -1,9 +1,10 @@
 """Turning what callers pass (numpy RGB, PIL image, file path) into an HxWx3 uint8 array.
 
 Bad inputs raise ImageError (a ValueError) that says what is wrong. Images larger than
-MAX_SIDE on their long side are shrunk first (cheap integer decimation, then a Lanczos resize),
-so a 16k x 16k frame costs a few milliseconds and no big allocation; the tiling could not use
-more than ~3.3k pixels per side anyway (12 crops of 266 px).
+MAX_SIDE on their long side are shrunk first (integer decimation, then a Lanczos resize), so a
+16k x 16k frame costs a couple of seconds on a CPU, not a crash; the tiling could not use more
+than ~3.3k pixels per side anyway (12 crops of 266 px). Such images therefore differ slightly
+from the reference, which resizes the full-size image directly; up to MAX_SIDE they are the same.
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ Decoding (from the decoder's last hidden state, before post_ln):
   coordinate = argmax(coord_decoder MLP) / 1024 bins, i.e. in [0, 1)
   size = 2 ** (bin / 1023 * 10 - 10) per dimension, bins from the size_decoder's 2 x 1024
   logits: a log scale from 1/1024 to 1 of the image side.
+Both are computed in float32 torch arithmetic, as the reference does, so the values (and the
+boxes made from them) are the reference's to the last bit, not just within 1e-8.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def size_logits(w: Weights, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def bin_to_coordinate(index: int, bins: int) -> float:
-    return index / bins
+    return float(torch.tensor(index) / bins)   # int64 / int: float32 true division
 
 
 def coordinate_to_bin(coord: float, bins: int) -> int:
@@ -55,7 +57,8 @@ def coordinate_to_bin(coord: float, bins: int) -> int:
 
 
 def bin_to_size(index: int, bins: int = 1024) -> float:
-    return 2.0 ** (index / (bins - 1) * 10.0 - 10.0)
+    exponent = torch.tensor(index, dtype=torch.float32) / (bins - 1) * 10.0 - 10.0
+    return float(torch.pow(2.0, exponent))
 
 
 def size_to_bin(size: float, bins: int = 1024) -> int:

@@ -2,7 +2,11 @@
 
 top-p keeps the smallest set of most likely tokens whose probability mass reaches top_p: a
 token is dropped when the mass of the tokens strictly more likely than it already exceeds
-top_p. The kept probabilities are renormalized and one token is drawn.
+top_p. The kept probabilities are renormalized and one token is drawn. As in the reference,
+the filter runs at every temperature > 0, top_p = 1 included (float cumulative sums can pass 1
+and drop the far tail), so the same global RNG state draws the same token. Unlike the
+reference, softmax and filter run in float32 whatever the model dtype (it uses the logits'
+dtype, bf16 for bf16 models).
 """
 from __future__ import annotations
 
@@ -22,7 +26,5 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
     """logits [vocab] -> token id."""
     if temperature == 0:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        probs = top_p_filter(probs, top_p)
+    probs = top_p_filter(torch.softmax(logits.float() / temperature, dim=-1), top_p)
     return int(torch.multinomial(probs, 1, generator=generator))

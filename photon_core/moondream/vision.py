@@ -20,9 +20,12 @@ from .layers import Weights
 
 
 def normalize(crops: np.ndarray, device, dtype) -> torch.Tensor:
-    """uint8 [N, H, W, 3] -> [N, 3, H, W], pixels mapped to (x/255 - 0.5) / 0.5 in [-1, 1]."""
-    x = torch.from_numpy(crops).to(device).permute(0, 3, 1, 2).float()
-    return ((x / 255.0 - 0.5) / 0.5).to(dtype)
+    """uint8 [N, H, W, 3] -> [N, 3, H, W], pixels mapped to (x/255 - 0.5) / 0.5 in [-1, 1].
+
+    Each of the three operations rounds to `dtype`, in that order, as the reference does:
+    in bf16 this differs from computing in fp32 and rounding once."""
+    x = torch.from_numpy(crops).to(device).permute(0, 3, 1, 2).to(dtype)
+    return x.div(255.0).sub(0.5).div(0.5)
 
 
 def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:

@@ -59,10 +59,9 @@ def pair(tmp_path_factory):
     mp.undo()
 
 
-def _images():
+def _images(sizes=((120, 160), (480, 640), (300, 90))):
     rng = np.random.default_rng(7)
-    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-            for h, w in ((120, 160), (480, 640), (300, 90))]
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
 
 
 def test_image_tokens_and_prompt_logits_match(pair):
@@ -96,21 +95,66 @@ def test_greedy_outputs_identical(pair):
     from photon_core.task import Task
 
     ours, ref = pair
-    for img in _images():
+    sizes = ((120, 160), (480, 640), (300, 90), (20, 20), (1080, 1920), (640, 360))
+    for img in _images(sizes):
         enc = ours.encode_image(img)
         ref_enc = ref.encode_image(img)   # (passing settings with an image trips the reference)
-        for skill, obj in (("detect", "person"), ("point", "cup"), ("detect", "car")):
-            mine = ours.run(enc, Task(skill, object=obj, max_objects=12)).output
-            theirs = getattr(ref, skill)(ref_enc, obj, settings={"max_objects": 12})
-            key = "objects" if skill == "detect" else "points"
-            assert len(mine[key]) == len(theirs[key]), (skill, obj)
-            for a, b in zip(mine[key], theirs[key]):
-                assert a == pytest.approx(b, abs=1e-6)
+        for skill, obj, limit in (("detect", "person", 12), ("point", "cup", 12),
+                                  ("detect", "car", 1), ("point", "dog", 3)):
+            mine = ours.run(enc, Task(skill, object=obj, max_objects=limit)).output
+            theirs = getattr(ref, skill)(ref_enc, obj, settings={"max_objects": limit})
+            assert mine == theirs, (img.size, skill, obj)     # the same floats, bit for bit
         settings = {"temperature": 0, "max_tokens": 24}
-        mine = ours.run(enc, Task("query", question="What is it?", max_tokens=24)).output
-        assert mine["answer"] == ref.query(ref_enc, "What is it?", settings=settings)["answer"]
-        mine = ours.run(enc, Task("caption", caption_length="short", max_tokens=24)).output
-        assert mine["caption"] == ref.caption(ref_enc, "short", settings=settings)["caption"]
+        for question in ("What is it?", "Wie viele Äpfel? 猫"):
+            mine = ours.run(enc, Task("query", question=question, max_tokens=24)).output
+            assert mine["answer"] == ref.query(ref_enc, question, settings=settings)["answer"]
+        for length in ("short", "normal", "long"):
+            mine = ours.run(enc, Task("caption", caption_length=length, max_tokens=24)).output
+            assert mine["caption"] == ref.caption(ref_enc, length, settings=settings)["caption"]
+
+
+def test_bf16_vision_is_bit_exact_with_the_reference(pair):
+    """The reference in its own bf16 mode (its prepare_crops, bf16 pixel arithmetic): image
+    tokens identical, prompt logits within bf16 tolerance."""
+    import json
+
+    from photon_core.moondream import load_model, text, vision
+    from photon_core.moondream.crops import overlap_crops
+    from photon_core.task import Task
+
+    sys.path.insert(0, REF)
+    from moondream.torch import moondream as ref_md
+    from moondream.torch import vision as ref_vision
+    from moondream.torch.config import MoondreamConfig as RefConfig
+    from moondream.torch.weights import load_weights_into_model
+
+    path = pair[0].model_id
+    ours = load_model(path, dtype="bf16", progress=False)
+    cfg = RefConfig.from_dict(json.loads(open(f"{path}/config.json").read()))
+    ref = ref_md.MoondreamModel(cfg, dtype=torch.bfloat16)
+    load_weights_into_model(f"{path}/model.safetensors", ref)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ref_md, "prepare_crops", ref_vision.prepare_crops)   # the unpatched bf16 one
+    try:
+        for img in _images(((480, 640), (90, 300))):
+            enc = ours.encode_image(img)
+            v = ours.config.vision
+            with torch.inference_mode():
+                crops, tiling = overlap_crops(np.asarray(img), v.crop_size, v.enc_patch_size,
+                                              v.overlap_margin, v.max_crops)
+                feats = vision.encoder(ours.weights, v, vision.normalize(crops, "cpu",
+                                                                         torch.bfloat16))
+                assert torch.equal(vision.project(ours.weights, v, feats, tiling),
+                                   ref._run_vision_encoder(img))
+                ref_enc = ref.encode_image(img)
+                ref.load_encoded_image(ref_enc)
+                prompt = torch.tensor([ours.tokenizer.prompt("detect", "person")])
+                ref_logits, _, _, _ = ref._prefill_prompt(prompt, ref_enc.pos, 0, 0)
+                run = ours.start(enc, Task("detect", object="person"))
+                mine = text.lm_head(ours.weights, run.hidden[0, 0])
+            torch.testing.assert_close(mine.float(), ref_logits[0].float(), atol=0.1, rtol=0.05)
+    finally:
+        mp.undo()
 
 
 def test_tiling_matches_reference_everywhere():

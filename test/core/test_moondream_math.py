@@ -61,6 +61,57 @@ def test_size_bins_round_trip():
     assert region.bin_to_size(1023) == 1.0 and region.bin_to_size(0) == 2 ** -10
 
 
+def test_sizes_are_float32_values_like_the_reference():
+    """The reference computes 2 ** (bin / 1023 * 10 - 10) in float32 torch arithmetic on the
+    argmax; a float64 formula differs in the last bits for 1022 of the 1024 bins, so boxes
+    were not bit-identical to the reference's."""
+    for b in range(1024):
+        expected = torch.pow(2.0, (torch.tensor(b).float() / 1023.0) * 10.0 - 10.0).item()
+        assert region.bin_to_size(b) == expected, b
+    for b in range(1024):
+        assert region.bin_to_coordinate(b, 1024) == (torch.tensor(b) / 1024).item()
+
+
+def test_decoded_box_is_center_plus_minus_half_float32_size(fast_model, image):
+    from photon_core.task import Task
+
+    w = fast_model.weights
+    run = fast_model.start(image, Task("detect", object="person", max_objects=1),
+                           ignore_eos=True)
+    with torch.inference_mode():
+        x = region.coordinate_logits(w, run.hidden).argmax().item() / 1024
+        run.step()
+        y = region.coordinate_logits(w, run.hidden).argmax().item() / 1024
+        run.step()
+        bins = region.size_logits(w, run.hidden).argmax(-1)
+        run.step()
+    sw, sh = (torch.pow(2.0, (b.float() / 1023.0) * 10.0 - 10.0).item() for b in bins)
+    assert run.result().output["objects"] == [{"x_min": x - sw / 2, "y_min": y - sh / 2,
+                                               "x_max": x + sw / 2, "y_max": y + sh / 2}]
+
+
+def test_pixel_normalization_rounds_like_the_reference_in_each_dtype():
+    """uint8 -> dtype, then /255, -0.5, /0.5 each rounded to dtype (the reference's order).
+    Computing in fp32 and rounding once gave different bf16 values for many pixel values."""
+    from photon_core.moondream.vision import normalize
+
+    px = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1).repeat(3, axis=3)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        expected = torch.from_numpy(px).permute(0, 3, 1, 2).to(dtype).div(255.0).sub(0.5).div(0.5)
+        got = normalize(px, "cpu", dtype)
+        assert got.dtype == dtype and torch.equal(got, expected), dtype
+
+
+def test_top_p_filter_runs_at_top_p_one_like_the_reference(monkeypatch):
+    from photon_core.moondream import sampling
+
+    calls = []
+    real = sampling.top_p_filter
+    monkeypatch.setattr(sampling, "top_p_filter", lambda p, t: calls.append(t) or real(p, t))
+    sampling.sample(torch.tensor([0.1, 2.0, 1.9]), 1.0, 1.0, torch.Generator().manual_seed(0))
+    assert calls == [1.0]
+
+
 def test_coordinate_bins_round_trip():
     for b in range(1024):
         assert region.coordinate_to_bin(region.bin_to_coordinate(b, 1024), 1024) == b
