@@ -13,8 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("rclpy")
 pytest.importorskip("torch")
 
-from node_helpers import (Collector, spawn_node, stamp_of, stop, tiny_model_dir,  # noqa: E402
-                          wait_for, write_config)
+from node_helpers import (Collector, diag_values, spawn_node, stamp_of, stop,  # noqa: E402
+                          tiny_model_dir, wait_for, write_config)
 
 from photon_ros.bag_io import BagError, deserialize, read_all  # noqa: E402
 from photon_ros.play import play, select_topics  # noqa: E402
@@ -55,6 +55,7 @@ def test_unknown_type_is_a_clear_error(tmp_path):
 
 
 def test_play_to_node_over_dds(tmp_path_factory):
+    from diagnostic_msgs.msg import DiagnosticArray
     from rosgraph_msgs.msg import Clock
 
     from photon_ros.msg import Answer, DetectionArray
@@ -71,6 +72,7 @@ def test_play_to_node_over_dds(tmp_path_factory):
         col.listen(DetectionArray, "/front/detections")
         col.listen(Answer, "/front/answer")
         col.listen(Clock, "/clock")
+        col.listen(DiagnosticArray, "/diagnostics")
         # play waits for the node's camera subscription (it appears once the model is loaded)
         stats = {}
         th = threading.Thread(target=lambda: stats.update(play(bag, wait_subscribers=90)))
@@ -78,10 +80,24 @@ def test_play_to_node_over_dds(tmp_path_factory):
         th.join(150)
         assert not th.is_alive(), "play did not finish"
         assert stats["published"] == 10 and stats["error"] is None and stats["clock"] >= 10
-        assert wait_for(lambda: len(col.msgs("/front/detections")) >= 8, timeout=30), \
-            f"only {len(col.msgs('/front/detections'))} results"
-        wait_for(lambda: len(col.msgs("/front/answer")) >= 3, timeout=10)
+        # Every played frame reaches the node, and every task it submitted is accounted for:
+        # published, or dropped by the deadline scheduler (a slow, loaded machine makes the
+        # newest frame supersede queued ones - that is the policy, not a loss).
+        def accounted():
+            diags = col.msgs("/diagnostics")
+            d = diag_values(diags[-1], "camera front") if diags else None
+            if not d or d["frames_in"] != "10":
+                return False
+            ended = sum(int(d[k]) for k in ("results_published", "superseded", "skipped",
+                                             "deadline_misses", "cancelled", "errors"))
+            return ended == int(d["tasks_submitted"]) and int(d["results_published"]) >= 3
+        assert wait_for(accounted, timeout=45), diag_values(col.msgs("/diagnostics")[-1],
+                                                             "camera front")
+        d = diag_values(col.msgs("/diagnostics")[-1], "camera front")
+        assert wait_for(lambda: len(col.msgs("/front/detections")) +
+                        len(col.msgs("/front/answer")) >= int(d["results_published"]), timeout=10)
         dets = col.msgs("/front/detections")
+        assert len(dets) >= 2, f"only {len(dets)} detection results"
         assert {stamp_of(d) for d in dets} <= src           # results carry the bag's headers
         assert all(d.camera == "front" and d.task.name == "people" and d.image_width == 160
                    for d in dets)
