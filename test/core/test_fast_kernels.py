@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# The interpreter must be chosen before triton compiles anything. Only on a machine without
+# a GPU: on a GPU this would switch every Triton kernel of the test process (the CUDA tests'
+# too) to the interpreter; there the kernels are checked by bench/bench_kernels.py.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import math  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 pytest.importorskip("triton")
