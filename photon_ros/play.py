@@ -19,18 +19,9 @@ import time
 from typing import Callable
 
 from .bag_io import CAMERA_TYPES, CLOCK, BagError, BagReader
+from .progress import progress_bar
 
 DEFAULT_CLOCK_HZ = 50.0
-
-
-def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, unit="msg", file=sys.stderr, dynamic_ncols=True)
 
 
 def select_topics(topics: dict[str, str], wanted: list[str] | None, all_topics: bool) -> dict[str, str]:
@@ -102,7 +93,7 @@ def play(bag, topics: list[str] | None = None, rate: float = 1.0, clock_hz: floa
                                                    nanosec=t_ns % 1_000_000_000)))
                 stats["clock"] += 1
 
-        bar = _progress(total * loop, progress, "play")
+        bar = progress_bar(total * loop, progress, "play", "msg")
         try:
             for _ in range(loop):
                 with BagReader(bag) as r:

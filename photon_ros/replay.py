@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from .bag_io import (COMPRESSED_IMAGE, IMAGE, BagError, BagReader, BagWriter, canonical_cdr,
                      deserialize, msgtype_of, serialize)
+from .progress import progress_bar
 
 SUMMARY_TOPIC = "/photon/replay/summary"
 SUMMARY_SIDECAR = "replay_summary.json"
@@ -138,14 +139,20 @@ def find_cameras(config, bag_topics: dict[str, str], overrides: dict[str, str] |
     return cams
 
 
-def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return None
+def _read_frame(m, copy_images, max_pixels: int, stats):
+    """One camera message -> (image msg, RGB array, stamp ns), or None (counted as a drop)
+    when it cannot be converted. Copies the raw message into the output bag when asked."""
+    from .image_conversion import ImageConversionError
+
+    if copy_images is not None:
+        copy_images.write_raw(m.topic, m.msgtype, m.raw, m.log_time_ns)
+    img_msg = deserialize(m.raw, m.msgtype)
     try:
-        from tqdm import tqdm
-    except ImportError:
+        rgb = _to_rgb(img_msg, m.msgtype, max_pixels)
+    except ImageConversionError as e:
+        stats.drops[f"image_{e.reason}"] += 1
         return None
-    return tqdm(total=total, desc=desc, unit="frame", file=sys.stderr, dynamic_ncols=True)
+    return img_msg, rgb, img_msg.header.stamp.sec * 1_000_000_000 + img_msg.header.stamp.nanosec
 
 
 def _to_rgb(msg, msgtype: str, max_pixels: int):
@@ -212,8 +219,6 @@ class _FrameIndex:
 def _offline(reader: BagReader, cams: list[CameraInput], pipeline, sink: _ResultSink,
              stats: ReplayStats, max_pixels: int, bar, max_frames: int | None,
              copy_images: BagWriter | None) -> None:
-    from .image_conversion import ImageConversionError
-
     by_topic = {c.topic: c for c in cams}
     frames = _FrameIndex(pipeline, stats)
     for m in reader.messages(list(by_topic)):
@@ -223,15 +228,10 @@ def _offline(reader: BagReader, cams: list[CameraInput], pipeline, sink: _Result
         stats.frames += 1
         if bar is not None:
             bar.update(1)
-        if copy_images is not None:
-            copy_images.write_raw(m.topic, m.msgtype, m.raw, m.log_time_ns)
-        img_msg = deserialize(m.raw, m.msgtype)
-        try:
-            rgb = _to_rgb(img_msg, m.msgtype, max_pixels)
-        except ImageConversionError as e:
-            stats.drops[f"image_{e.reason}"] += 1
+        frame = _read_frame(m, copy_images, max_pixels, stats)
+        if frame is None:
             continue
-        stamp_ns = img_msg.header.stamp.sec * 1_000_000_000 + img_msg.header.stamp.nanosec
+        img_msg, rgb, stamp_ns = frame
         nxt = frames.next(cam.name, stamp_ns / 1e9)
         if nxt is None:
             continue
@@ -279,8 +279,6 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
     from photon_core.scheduler.cost_model import CostModel
     from photon_core.scheduler.request import Status, TaskSpec
     from photon_core.scheduler.scheduler import Scheduler
-
-    from .image_conversion import ImageConversionError
 
     from .engine_adapter import HookedEngine
 
@@ -335,15 +333,10 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
         cam = by_topic[m.topic]
         if bar is not None:
             bar.update(1)
-        if copy_images is not None:
-            copy_images.write_raw(m.topic, m.msgtype, m.raw, m.log_time_ns)
-        img_msg = deserialize(m.raw, m.msgtype)
-        try:
-            rgb = _to_rgb(img_msg, m.msgtype, max_pixels)
-        except ImageConversionError as e:
-            stats.drops[f"image_{e.reason}"] += 1
+        frame = _read_frame(m, copy_images, max_pixels, stats)
+        if frame is None:
             return
-        stamp_ns = img_msg.header.stamp.sec * 1_000_000_000 + img_msg.header.stamp.nanosec
+        img_msg, rgb, stamp_ns = frame
         nxt = index.next(cam.name, stamp_ns / 1e9)
         if nxt is None:
             return
@@ -421,7 +414,7 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
             total = min(total, max_frames)
         with BagWriter(out_bag, storage=storage, overwrite=overwrite) as writer:
             sink = _ResultSink(writer, stats, zero_timing, namespace)
-            bar = _progress(total, progress, f"replay {mode}")
+            bar = progress_bar(total, progress, f"replay {mode}", "frame")
             try:
                 if mode == "offline":
                     _offline(reader, cams, pipeline, sink, stats, config.max_pixels, bar,

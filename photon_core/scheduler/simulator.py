@@ -18,9 +18,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
-from photon_core.task import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Task, TaskResult
+from photon_core.task import FINISH_LENGTH, FINISH_STOP, Task, TaskResult
 
 from .clock import VirtualClock
 from .cost_model import CostModel
