@@ -57,9 +57,7 @@ class StepState:
         self.top_p = torch.ones(rows, device=dev, dtype=torch.float32)
         self.out = torch.zeros(rows, 4, device=dev, dtype=torch.long)
         self.row_ids = torch.arange(rows, device=dev)
-        hd, half = cfg.text.head_dim, cfg.text.rot_dim // 2
-        self.rope_perm = torch.tensor(list(range(half, 2 * half)) + list(range(half))
-                                      + list(range(2 * half, hd)), device=dev)
+        self.rope_perm = rope_perms(cfg.text.rot_dim, cfg.text.head_dim, dev)
         self.key_ids = torch.arange(kv.capacity, device=dev)
         cb = cfg.region.coord_out_dim
         sb = cfg.region.size_out_dim // 2
@@ -177,24 +175,38 @@ def feedback_embedding(st: StepState, b: int) -> torch.Tensor:
                        torch.where(phase == PHASE_SIZE, s_emb, c_emb))
 
 
+def rope_perms(rot_dim: int, head_dim: int, device=None) -> torch.Tensor:
+    """[2, head_dim] source channels for rope(): output channel c (rotated pair j = c // 2,
+    written interleaved like rope.apply_rope) is x[perm[0, c]] * C[c] + x[perm[1, c]] * S[c]:
+    even c: re_j * cos_j + im_j * (-sin_j);  odd c: im_j * cos_j + re_j * sin_j
+    (re_j = x[j], im_j = x[rot/2 + j]); pass-through channels: x[c] * 1 + x[c] * 0."""
+    half = rot_dim // 2
+    a = [c // 2 if c % 2 == 0 else half + c // 2 for c in range(rot_dim)]
+    b = [half + c // 2 if c % 2 == 0 else c // 2 for c in range(rot_dim)]
+    rest = list(range(rot_dim, head_dim))
+    return torch.tensor([a + rest, b + rest], device=device)
+
+
 def rope_tables(pos: torch.Tensor, rot_dim: int, head_dim: int):
-    """Full-width fp32 tables for rope(): C = [cos, cos, 1..], S = [-sin, sin, 0..]
-    ([b, 1, 1, head_dim]), built once per step from rope.rope_angles."""
+    """Full-width fp32 tables for rope(): C = [cos_0, cos_0, cos_1, cos_1, .., 1..],
+    S = [-sin_0, sin_0, -sin_1, sin_1, .., 0..] ([b, 1, 1, head_dim]), built once per step
+    from rope.rope_angles."""
     cos, sin = rope_angles(pos, rot_dim)                      # [b, rot/2]
     b, half = cos.shape
     one = torch.ones(b, head_dim - 2 * half, device=pos.device)
     zero = torch.zeros_like(one)
-    c = torch.cat([cos, cos, one], dim=-1)
-    s = torch.cat([-sin, sin, zero], dim=-1)
+    c = torch.cat([torch.stack([cos, cos], dim=-1).flatten(-2), one], dim=-1)
+    s = torch.cat([torch.stack([-sin, sin], dim=-1).flatten(-2), zero], dim=-1)
     return c[:, None, None, :], s[:, None, None, :]
 
 
 def rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """rope.apply_rope in 5 kernels instead of ~11: x*C + swap(x)*S in fp32, where swap
-    exchanges the real and imaginary halves of the rotated part (perm). Same math:
+    """rope.apply_rope (same output channel order: rotated pairs interleaved) in a few
+    kernels: x[perm[0]]*C + x[perm[1]]*S in fp32 (rope_perms, rope_tables). Same math:
     re*cos + im*(-sin), im*cos + re*sin; the pass-through channels get x*1 + x*0."""
     xf = x.float()
-    return torch.addcmul(xf * c, xf.index_select(-1, perm), s).to(x.dtype)
+    return torch.addcmul(xf.index_select(-1, perm[0]) * c, xf.index_select(-1, perm[1]),
+                         s).to(x.dtype)
 
 
 def use_sdpa(device: torch.device) -> bool:

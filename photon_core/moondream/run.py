@@ -44,7 +44,7 @@ class TaskRun:
             raise TaskError(f"prompt is {len(prompt)} tokens; with the {prefix}-token image "
                             f"prefix it does not fit the {cfg.text.max_context}-token context")
         budget = task.max_tokens if self.is_text else (3 if task.skill == "detect" else 2) * task.max_objects
-        capacity = min(cfg.text.max_context, prefix + len(prompt) + budget)
+        self.capacity = min(cfg.text.max_context, prefix + len(prompt) + budget)
         self.generator = None
         if task.seed is not None and self.is_text:
             self.generator = torch.Generator(device=w.device).manual_seed(task.seed)
@@ -59,7 +59,9 @@ class TaskRun:
 
         t0 = time.perf_counter()
         with torch.inference_mode():
-            self.cache = KVCache(cfg.text.n_layers, cfg.text.n_kv_heads, capacity,
+            # storage for the whole context: attention always spans max_context positions
+            # (text.py), so decode steps read a view instead of a padded copy
+            self.cache = KVCache(cfg.text.n_layers, cfg.text.n_kv_heads, cfg.text.max_context,
                                  cfg.text.head_dim, w.device, w.dtype)
             self.cache.load_prefix(enc.kv)
             ids = torch.tensor([prompt], device=w.device)
@@ -147,7 +149,7 @@ class TaskRun:
             self._finish(FINISH_STOP)
         elif not self.is_text and len(self.objects) >= self.task.max_objects:
             self._finish(FINISH_LENGTH)
-        elif self.pos >= self.cache.capacity:
+        elif self.pos >= self.capacity:
             self._finish(FINISH_LENGTH)
 
     def _text_step(self) -> None:

@@ -5,6 +5,15 @@ Attention uses a fused qkv projection (with bias), partial rotary embeddings and
 
 Mask: position i may attend to j when j <= i (causal), or when both lie in the image prefix
 (i, j < prefix_len = 730: BOS + 729 image tokens see each other bidirectionally).
+
+Attention extent: like the public reference implementation, every attention call (the image
+prefix, a prompt prefill, a single decode step) runs scaled_dot_product_attention over the
+WHOLE context span (max_context key positions) with a boolean mask, not over the positions
+in use. The masked keys contribute exact zeros, so the math is the same, but the CPU SDPA
+kernel blocks its work by the key length, so in bf16 the rounding (and occasionally a greedy
+pick) depends on it; using the same extent and mask shapes keeps us bit-exact with the
+reference. A cache whose storage is shorter than the span (the image-prefix cache, a fast-path
+row) is read zero-padded to the span.
 """
 from __future__ import annotations
 
@@ -17,14 +26,13 @@ from .layers import Weights
 from .rope import apply_rope, rope_angles
 
 
-def attention_mask(start: int, length: int, prefix_len: int, device) -> torch.Tensor | None:
-    """Boolean [length, start+length] mask for queries at start..start+length-1, or None when
-    every query may see every key (a single decode step, or a block inside the prefix)."""
-    end = start + length
-    if end <= prefix_len or length == 1:
-        return None
-    q = torch.arange(start, end, device=device)[:, None]
-    k = torch.arange(end, device=device)[None, :]
+def attention_mask(start: int, length: int, prefix_len: int, device,
+                   span: int | None = None) -> torch.Tensor:
+    """Boolean [length, span] mask for queries at start..start+length-1 over key positions
+    [0, span) (default span: start + length)."""
+    span = start + length if span is None else span
+    q = torch.arange(start, start + length, device=device)[:, None]
+    k = torch.arange(span, device=device)[None, :]
     return (k <= q) | ((q < prefix_len) & (k < prefix_len))
 
 
@@ -40,7 +48,10 @@ def decoder(w: Weights, cfg: TextConfig, x: torch.Tensor, start: int, cache: KVC
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     positions = torch.arange(start, start + length, device=x.device)
     cos, sin = rope_angles(positions, cfg.rot_dim)
-    mask = attention_mask(start, length, prefix_len, x.device)
+    span = cfg.max_context
+    mask = attention_mask(start, length, prefix_len, x.device, span)
+    # the shapes the reference passes to SDPA: [1, 1, span] (one decode step), else [1, 1, T, span]
+    mask = mask[None] if length == 1 else mask[None, None]
     for i in range(cfg.n_layers):
         p = f"text.blocks.{i}"
         h = w.layer_norm(x, p + ".ln")
@@ -48,7 +59,7 @@ def decoder(w: Weights, cfg: TextConfig, x: torch.Tensor, start: int, cache: KVC
         q = apply_rope(q.view(1, length, nh, hd).transpose(1, 2), cos, sin)
         k = apply_rope(k.view(1, length, nkv, hd).transpose(1, 2), cos, sin)
         v = v.view(1, length, nkv, hd).transpose(1, 2)
-        k, v = cache.write(i, start, k, v)
+        k, v = cache.write(i, start, k, v, span)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nh != nkv)
         a = w.linear(a.transpose(1, 2).reshape(1, length, dim), p + ".attn.proj")
         x = x + a + w.mlp(h, p + ".mlp")

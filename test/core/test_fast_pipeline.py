@@ -144,12 +144,12 @@ def test_gpu_idle_metric_is_empty_on_cpu(model, enc):
 
 
 def test_fast_rope_equals_reference_rope():
-    from photon_core.fast.decode_step import rope, rope_tables
+    from photon_core.fast.decode_step import rope, rope_perms, rope_tables
     from photon_core.moondream.rope import apply_rope, rope_angles
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 4, 1, 64, generator=g)
     pos = torch.tensor([0, 731, 2047])
-    perm = torch.tensor(list(range(16, 32)) + list(range(16)) + list(range(32, 64)))
+    perm = rope_perms(32, 64)       # the rotated pairs come out interleaved, like apply_rope
     c, s = rope_tables(pos, 32, 64)
     cos, sin = rope_angles(pos, 32)
     ref = apply_rope(x, cos[:, None, None, :], sin[:, None, None, :])

@@ -4,7 +4,8 @@ Runs only when PHOTON_MOONDREAM_REF points at a checkout of that repository (out
 repo). Both implementations load the same tiny random checkpoint written by
 `make_test_model`; the reference runs in fp32 (its crops are cast to bf16 by default; the
 test feeds it fp32 crops made by its own overlap_crop_image) with our tokenizer.json in place
-of the Hub tokenizer it would download.
+of the Hub tokenizer it would download. The bf16 tests load both in bf16 (the reference in its
+own bf16 mode) and require bit-identical image k/v, prompt logits and greedy outputs.
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def test_image_tokens_and_prompt_logits_match(pair):
             ref.load_encoded_image(ref_enc)
             prompt = torch.tensor([ours.tokenizer.prompt("detect", "person")])
             ref_logits, _, _, _ = ref._prefill_prompt(prompt, ref_enc.pos, 0, 0)
-        torch.testing.assert_close(my_logits, ref_logits[0], atol=1e-3, rtol=1e-3)
+        assert torch.equal(my_logits, ref_logits[0])     # bit for bit (same attention extent)
 
 
 def test_greedy_outputs_identical(pair):
@@ -113,18 +114,17 @@ def test_greedy_outputs_identical(pair):
             assert mine["caption"] == ref.caption(ref_enc, length, settings=settings)["caption"]
 
 
-def test_bf16_vision_is_bit_exact_with_the_reference(pair):
-    """The reference in its own bf16 mode (its prepare_crops, bf16 pixel arithmetic): image
-    tokens identical, prompt logits within bf16 tolerance."""
+@pytest.fixture(scope="module")
+def bf16_pair(pair):
+    """Ours and the reference in bf16 on the same checkpoint. Tests using it put the
+    reference in its own bf16 mode with _ref_bf16_crops (its unpatched prepare_crops: bf16
+    pixel arithmetic)."""
     import json
 
-    from photon_core.moondream import load_model, text, vision
-    from photon_core.moondream.crops import overlap_crops
-    from photon_core.task import Task
+    from photon_core.moondream import load_model
 
     sys.path.insert(0, REF)
     from moondream.torch import moondream as ref_md
-    from moondream.torch import vision as ref_vision
     from moondream.torch.config import MoondreamConfig as RefConfig
     from moondream.torch.weights import load_weights_into_model
 
@@ -133,28 +133,68 @@ def test_bf16_vision_is_bit_exact_with_the_reference(pair):
     cfg = RefConfig.from_dict(json.loads(open(f"{path}/config.json").read()))
     ref = ref_md.MoondreamModel(cfg, dtype=torch.bfloat16)
     load_weights_into_model(f"{path}/model.safetensors", ref)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(ref_md, "prepare_crops", ref_vision.prepare_crops)   # the unpatched bf16 one
-    try:
-        for img in _images(((480, 640), (90, 300))):
-            enc = ours.encode_image(img)
-            v = ours.config.vision
-            with torch.inference_mode():
-                crops, tiling = overlap_crops(np.asarray(img), v.crop_size, v.enc_patch_size,
-                                              v.overlap_margin, v.max_crops)
-                feats = vision.encoder(ours.weights, v, vision.normalize(crops, "cpu",
-                                                                         torch.bfloat16))
-                assert torch.equal(vision.project(ours.weights, v, feats, tiling),
-                                   ref._run_vision_encoder(img))
-                ref_enc = ref.encode_image(img)
-                ref.load_encoded_image(ref_enc)
-                prompt = torch.tensor([ours.tokenizer.prompt("detect", "person")])
-                ref_logits, _, _, _ = ref._prefill_prompt(prompt, ref_enc.pos, 0, 0)
-                run = ours.start(enc, Task("detect", object="person"))
-                mine = text.lm_head(ours.weights, run.hidden[0, 0])
-            torch.testing.assert_close(mine.float(), ref_logits[0].float(), atol=0.1, rtol=0.05)
-    finally:
-        mp.undo()
+    ref.eval()
+    return ours, ref
+
+
+def _ref_bf16_crops(monkeypatch):
+    from moondream.torch import moondream as ref_md
+    from moondream.torch import vision as ref_vision
+    monkeypatch.setattr(ref_md, "prepare_crops", ref_vision.prepare_crops)   # the bf16 one
+
+
+def test_bf16_vision_and_logits_are_bit_exact_with_the_reference(bf16_pair, monkeypatch):
+    """bf16: image tokens, the image prefix k/v (the same rotary channel order) and the
+    prompt logits identical to the reference's, bit for bit."""
+    from photon_core.moondream import text, vision
+    from photon_core.moondream.crops import overlap_crops
+    from photon_core.task import Task
+
+    ours, ref = bf16_pair
+    _ref_bf16_crops(monkeypatch)
+    for img in _images(((480, 640), (90, 300), (120, 160))):
+        enc = ours.encode_image(img)
+        v = ours.config.vision
+        with torch.inference_mode():
+            crops, tiling = overlap_crops(np.asarray(img), v.crop_size, v.enc_patch_size,
+                                          v.overlap_margin, v.max_crops)
+            feats = vision.encoder(ours.weights, v, vision.normalize(crops, "cpu",
+                                                                     torch.bfloat16))
+            assert torch.equal(vision.project(ours.weights, v, feats, tiling),
+                               ref._run_vision_encoder(img))
+            ref_enc = ref.encode_image(img)
+            for i, (k, val) in enumerate(ref_enc.caches):
+                assert torch.equal(enc.kv[i, 0], k) and torch.equal(enc.kv[i, 1], val), i
+            ref.load_encoded_image(ref_enc)
+            prompt = torch.tensor([ours.tokenizer.prompt("detect", "person")])
+            ref_logits, _, _, _ = ref._prefill_prompt(prompt, ref_enc.pos, 0, 0)
+            run = ours.start(enc, Task("detect", object="person"))
+            mine = text.lm_head(ours.weights, run.hidden[0, 0])
+        assert torch.equal(mine, ref_logits[0])
+
+
+def test_bf16_greedy_outputs_identical(bf16_pair, monkeypatch):
+    """bf16 on the CPU: greedy detect/point/query/caption identical to the reference's (this
+    needs the reference's rotary channel order and attention extent: rope.py, text.py)."""
+    from photon_core.task import Task
+
+    ours, ref = bf16_pair
+    _ref_bf16_crops(monkeypatch)
+    for img in _images(((120, 160), (480, 640), (90, 300), (1080, 1920))):
+        enc = ours.encode_image(img)
+        ref_enc = ref.encode_image(img)
+        for skill, obj, limit in (("detect", "person", 12), ("point", "cup", 12),
+                                  ("detect", "car", 1), ("point", "dog", 3)):
+            mine = ours.run(enc, Task(skill, object=obj, max_objects=limit)).output
+            theirs = getattr(ref, skill)(ref_enc, obj, settings={"max_objects": limit})
+            assert mine == theirs, (img.size, skill, obj)     # the same floats, bit for bit
+        settings = {"temperature": 0, "max_tokens": 24}
+        for question in ("What is it?", "Wie viele Äpfel? 猫"):
+            mine = ours.run(enc, Task("query", question=question, max_tokens=24)).output
+            assert mine["answer"] == ref.query(ref_enc, question, settings=settings)["answer"]
+        for length in ("short", "normal"):
+            mine = ours.run(enc, Task("caption", caption_length=length, max_tokens=24)).output
+            assert mine["caption"] == ref.caption(ref_enc, length, settings=settings)["caption"]
 
 
 def test_tiling_matches_reference_everywhere():

@@ -4,7 +4,7 @@ sequence (flash-decoding), with the partial rotary embedding and the cache write
 attend_partial, grid (rows, n_heads, n_splits): q, k, v of the row's new token come from the
 fused projection output (qkv [rows, >= (nh + 2 nkv) hd]); q and k get the partial rotary
 embedding at the row's position (fp32 math with the table's cos/sin, rounded to the cache
-dtype, like rope.apply_rope), the new k/v are written at the row's clamped position
+dtype, rotated pairs written interleaved, like rope.apply_rope), the new k/v are written at the row's clamped position
 pw = min(pos, capacity - 1) by the split that holds pw, and each split computes the
 softmax partials (max, sum, weighted v) over its chunk of keys j <= pw: keys j < pw from the
 cache, key pw from registers (so no program reads what another one writes).
@@ -67,20 +67,25 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
                  other=0.0)
     vt = tl.load(vc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=in_cache[:, None],
                  other=0.0)
+    # rotated channels are written interleaved (rope.apply_rope's order): output d < 2*HALF
+    # holds pair j = d // 2 (re_j = x[j], im_j = x[HALF + j]); even d: re_j cos - im_j sin,
+    # odd d: im_j cos + re_j sin. src_c is the channel multiplied by cos, src_s by +-sin.
     rot = d < 2 * HALF
-    partner = tl.where(d < HALF, d + HALF, tl.where(rot, d - HALF, d))
-    fi = tl.where(rot, d % HALF, 0)
+    even = (d % 2) == 0
+    fi = tl.where(rot, d // 2, 0)
+    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
+    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
     c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
     s = tl.load(sin_ptr + ti * HALF + fi)
-    s = tl.where(d < HALF, -s, tl.where(rot, s, 0.0))
+    s = tl.where(rot, tl.where(even, -s, s), 0.0)
     base = qkv_ptr + row * stride_qkv
     q_off = h * HD
     k_off = NH * HD + kvh * HD
     v_off = (NH + NKV) * HD + kvh * HD
-    q = tl.load(base + q_off + d).to(tl.float32) * c \
-        + tl.load(base + q_off + partner).to(tl.float32) * s
-    k_new = tl.load(base + k_off + d).to(tl.float32) * c \
-        + tl.load(base + k_off + partner).to(tl.float32) * s
+    q = tl.load(base + q_off + src_c).to(tl.float32) * c \
+        + tl.load(base + q_off + src_s).to(tl.float32) * s
+    k_new = tl.load(base + k_off + src_c).to(tl.float32) * c \
+        + tl.load(base + k_off + src_s).to(tl.float32) * s
     v_new = tl.load(base + v_off + d)
     q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)
     k_new = k_new.to(kc_ptr.dtype.element_ty)
