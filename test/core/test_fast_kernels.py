@@ -67,6 +67,48 @@ def test_gemv_epilogues(b, cfg):
         _close(y, x0 + F.linear(x, w, bias))
 
 
+@pytest.mark.parametrize("tile", [G.LN_TILE, 256], ids=["ln_tile_default", "ln_tile_small"])
+@pytest.mark.parametrize("b", [1, 3])
+@pytest.mark.parametrize("cfg", CFGS, ids=str)
+def test_gemv_layernorm_folded(b, cfg, tile, monkeypatch):
+    """gemv(..., ln=(gamma, beta)) == F.linear(F.layer_norm(x), ...) for every epilogue; the
+    split-K configs (residual epilogue) need the statistics of the whole row in every split;
+    the small LN tile makes the statistics pass merge several chunks."""
+    monkeypatch.setattr(G, "LN_TILE", tile)
+    g = torch.Generator().manual_seed(6)
+    n, k = 40, 256
+    buf = torch.randn(b, k + 9, generator=g) * 3 + 5     # mean far from 0
+    buf[:, 4] += 40.0                                    # an outlier channel
+    x = buf[:, 4:4 + k]                                  # row stride != K
+    w = torch.randn(n, k, generator=g) / 8
+    bias = torch.randn(n, generator=g)
+    gamma, beta = torch.randn(k, generator=g), torch.randn(k, generator=g)
+    h = F.layer_norm(x, (k,), gamma, beta, eps=1e-5)
+    ref = F.linear(h, w, bias)
+    ran = 0
+    if cfg.fits(b, n, k, G.EPI_STORE):
+        y = torch.zeros(b, n)
+        G.gemv(x, w, bias, y, G.EPI_STORE, cfg=cfg, ln=(gamma, beta))
+        _close(y, ref)
+        ran += 1
+    if cfg.fits(b, n, k, G.EPI_QKV_GELU):
+        split, gap = 24, 5
+        y = torch.full((b, n + gap), 7.0)
+        G.gemv(x, w, bias, y, G.EPI_QKV_GELU, n_split=split, gap=gap, cfg=cfg,
+               ln=(gamma, beta))
+        _close(y[:, :split], ref[:, :split])
+        assert (y[:, split:split + gap] == 7.0).all()
+        _close(y[:, split + gap:], F.gelu(ref[:, split:], approximate="tanh"))
+        ran += 1
+    if cfg.fits(b, n, k, G.EPI_RESIDUAL):
+        x0 = torch.randn(b, n, generator=g)
+        y = x0.clone()
+        G.gemv(x, w, bias, y, G.EPI_RESIDUAL, cfg=cfg, ln=(gamma, beta))
+        _close(y, x0 + ref)
+        ran += 1
+    assert ran or (not cfg.dot and b != 1)           # the FMA form is b == 1 only
+
+
 def test_gemv_strided_input_and_pick():
     g = torch.Generator().manual_seed(1)
     buf = torch.randn(2, 300, generator=g)
@@ -125,9 +167,11 @@ def test_decode_attention(nh, nkv, fuse):
     assert torch.equal(kc[3], data[0, 3])             # a row outside the bucket is untouched
 
 
-def test_fused_decoder_matches_torch_step():
+@pytest.mark.parametrize("fold_ln", [True, False], ids=["ln_folded", "ln_kernel"])
+def test_fused_decoder_matches_torch_step(fold_ln):
     """The fused decoder (fused_step.py) vs decode_step.decoder_step on the tiny fp32 model:
-    same hidden states and the same k/v written, rows at different positions."""
+    same hidden states and the same k/v written, rows at different positions; LayerNorm
+    folded into the GEMVs (default) or as its own kernel."""
     from photon_core.fast import decode_step as ds
     from photon_core.fast.fused_step import FusedDecoder
     from photon_core.fast.static_kv_cache import StaticKVCache
@@ -147,7 +191,8 @@ def test_fused_decoder_matches_torch_step():
     st.pos.copy_(torch.tensor([5, 40]))
     x = torch.randn(rows, cfg.dim, generator=torch.Generator().manual_seed(5))
     ref = ds.decoder_step(st, x.clone(), rows, cap)
-    fd = FusedDecoder(m, rows, kv2, attn_chunk=32)
+    fd = FusedDecoder(m, rows, kv2, attn_chunk=32, fold_ln=fold_ln)
+    assert fd.fold_ln == fold_ln
     got = fd.decoder(x.clone(), st.pos, rows)
     _close(got, ref, 2e-4)
     _close(kv2.data, kv.data, 2e-4)
