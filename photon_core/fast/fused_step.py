@@ -3,8 +3,9 @@ block instead of ~23, and a GEMV that streams the weights at (near) copy bandwid
 
 Per block (Phi parallel block, h = x + attn(LN(x)) + mlp(LN(x))), over the bucket's rows:
   1. layernorm:   h = LN(x)                       (x: the fp32 residual stream)
-                  folded into step 2 by default (FOLD_LN): every GEMV program computes the
-                  row statistics of x itself and normalizes x on the fly while streaming K
+                  or folded into step 2 (FOLD_LN, off by default: measured slower on the
+                  H200): every GEMV program computes the row statistics of x itself and
+                  normalizes x on the fly while streaming K
   2. gemv W1:     u[:, qkv] = h Wqkv^T + bqkv ;  u[:, g] = gelu_tanh(h Wfc1^T + bfc1)
                   (W1 = [Wqkv; Wfc1], one weight stream)
   3. attention:   rotary on q/k, k/v written into the static cache at the row's position,
@@ -31,10 +32,11 @@ from .kernels.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
 from .kernels.layernorm import layer_norm
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
-# LayerNorm folded into the GEMV that consumes it (per-block LN and the lm head's post_ln);
-# False: the separate layernorm kernel (the previous path, for comparison). The default can be
-# set with PHOTON_FOLD_LN=0/1; read when a FusedDecoder is built.
-FOLD_LN = os.environ.get("PHOTON_FOLD_LN", "1") != "0"
+# LayerNorm folded into the GEMV that consumes it (per-block LN and the lm head's post_ln).
+# Off by default: on the H200 the folded GEMV made the batch-1 step 1.50 ms vs 1.09 ms with
+# the separate layernorm kernel (docs/benchmarks.md). PHOTON_FOLD_LN=1 turns it on; read when
+# a FusedDecoder is built.
+FOLD_LN = os.environ.get("PHOTON_FOLD_LN", "0") == "1"
 
 
 class FusedDecoder:
