@@ -87,3 +87,17 @@ class TaskResult:
     tokens: int = 0                 # decode steps spent
     engine_ms: float = 0.0          # time inside the engine for this task (encode share included)
     timings: dict[str, float] = field(default_factory=dict)  # e.g. encode_ms, prefill_ms, decode_ms
+
+
+OUTPUT_KEYS = {"detect": "objects", "point": "points", "query": "answer", "caption": "caption"}
+
+
+def build_result(task: Task, objects: list[dict], text: str, finish_reason: str, steps: int,
+                 timings: dict[str, float]) -> TaskResult:
+    """The standard output dict of a finished run (objects for detect/point, text for
+    query/caption); engine_ms = encode + prefill + decode. Shared by every engine."""
+    key = OUTPUT_KEYS[task.skill]
+    output = {key: list(objects) if task.skill in ("detect", "point") else text}
+    return TaskResult(task=task, output=output, finish_reason=finish_reason, tokens=steps,
+                      timings=dict(timings),
+                      engine_ms=timings["encode_ms"] + timings["prefill_ms"] + timings["decode_ms"])

@@ -25,7 +25,7 @@ import torch
 
 from ..moondream import region, text
 from ..moondream.streaming import TextStreamer
-from ..task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult
+from ..task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
 from .decode_step import OUT_COORD, OUT_H, OUT_TOKEN, OUT_W, PHASE_SIZE, PHASE_TEXT, PHASE_X, PHASE_Y
 
 NEXT_PHASE = {PHASE_X: PHASE_Y, PHASE_SIZE: PHASE_X}
@@ -124,19 +124,8 @@ class FastRun:
             raise RuntimeError("result() before the task finished; step() it or cancel() it")
         if not self.text_done.wait(timeout):
             raise TimeoutError("the detokenizer thread did not finish this run's text")
-        skill = self.task.skill
-        if skill == "detect":
-            output = {"objects": list(self.objects)}
-        elif skill == "point":
-            output = {"points": list(self.objects)}
-        elif skill == "query":
-            output = {"answer": self.streamer.text}
-        else:
-            output = {"caption": self.streamer.text}
-        t = self.timings
-        return TaskResult(task=self.task, output=output, finish_reason=self.finish_reason,
-                          tokens=self.steps, timings=dict(t),
-                          engine_ms=t["encode_ms"] + t["prefill_ms"] + t["decode_ms"])
+        return build_result(self.task, self.objects, self.streamer.text, self.finish_reason,
+                            self.steps, self.timings)
 
     # -- used by the pipelined decoder ----------------------------------------------------
     def heads(self) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..task import (FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult)
+from ..task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
 from . import region, text
 from .kv_cache import KVCache
 from .sampling import sample
@@ -105,18 +105,8 @@ class TaskRun:
     def result(self) -> TaskResult:
         if not self.finished:
             raise RuntimeError("result() before the task finished; step() it or cancel() it")
-        if self.task.skill == "detect":
-            output = {"objects": list(self.objects)}
-        elif self.task.skill == "point":
-            output = {"points": list(self.objects)}
-        elif self.task.skill == "query":
-            output = {"answer": self.streamer.text}
-        else:
-            output = {"caption": self.streamer.text}
-        t = self.timings
-        return TaskResult(task=self.task, output=output, finish_reason=self.finish_reason,
-                          tokens=self.steps, timings=dict(t),
-                          engine_ms=t["encode_ms"] + t["prefill_ms"] + t["decode_ms"])
+        return build_result(self.task, self.objects, self.streamer.text, self.finish_reason,
+                            self.steps, self.timings)
 
     # -- mechanics ----------------------------------------------------------------------
     def _pick(self, logits: torch.Tensor, first: bool = False) -> int:
