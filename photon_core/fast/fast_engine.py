@@ -71,7 +71,8 @@ class FastEngine:
     # -- engine API ---------------------------------------------------------------------
     @property
     def model_id(self) -> str:
-        return self.model.model_id + "+fast"
+        # the model's identity, not the engine's: results are the same model's either way
+        return self.model.model_id
 
     @property
     def config(self):

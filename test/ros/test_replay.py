@@ -100,11 +100,7 @@ def test_offline_is_deterministic(env, tmp_path, capsys):
                  str(tmp_path / "fast" / "out"), "--no-progress", "--engine", "fast"])
     fast_results = _results(tmp_path / "fast" / "out")
     assert rc == 0 and len(fast_results) == 19
-    for f, r in zip(fast_results, _results(a)):
-        mf, mr = deserialize(f.raw, f.msgtype), deserialize(r.raw, r.msgtype)
-        assert mf.model_id.startswith(mr.model_id)
-        mf.model_id = mr.model_id
-        assert (f.topic, str(mf)) == (r.topic, str(mr))
+    assert [(r.topic, r.raw) for r in fast_results] == [(r.topic, r.raw) for r in _results(a)]
     rc = photon(["replay", str(env["bag"]), "--params", str(env["params"]), "--out",
                  str(tmp_path / "timed"), "--no-progress", "--measured-timing"])
     assert rc == 0
