@@ -47,11 +47,13 @@ def generate_launch_description() -> LaunchDescription:
         parameters=[
             params_file,
             {
-                "params_file": params_file,
-                "model": LaunchConfiguration("model"),
-                "device": LaunchConfiguration("device"),
-                "dtype": LaunchConfiguration("dtype"),
-                "engine": LaunchConfiguration("engine"),
+                # value_type=str: launch_ros YAML-parses plain substitutions (a model folder
+                # named "2024" would arrive as an integer and fail configure)
+                "params_file": ParameterValue(params_file, value_type=str),
+                "model": ParameterValue(LaunchConfiguration("model"), value_type=str),
+                "device": ParameterValue(LaunchConfiguration("device"), value_type=str),
+                "dtype": ParameterValue(LaunchConfiguration("dtype"), value_type=str),
+                "engine": ParameterValue(LaunchConfiguration("engine"), value_type=str),
                 "camera_topic": ParameterValue(LaunchConfiguration("camera_topic"), value_type=str),
                 "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
                 "auto_activate": ParameterValue(LaunchConfiguration("auto_activate"),

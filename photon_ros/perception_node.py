@@ -202,6 +202,20 @@ class PerceptionNode(LifecycleNode):
         else:
             entry[1] += 1
 
+    def callback_failed(self, exc: BaseException) -> None:
+        """An exception escaped a callback (the executor's on_error): log it, count it, keep
+        serving."""
+        import traceback
+
+        self._node_counts["callback_errors"] += 1
+        self._node_counts[f"callback_error.{type(exc).__name__}"] += 1
+        key = ("node", "callback", type(exc).__name__)
+        entry = self._log_last.setdefault(key, [0.0, 0])
+        if time.monotonic() - entry[0] >= LOG_EVERY_S:
+            entry[0] = time.monotonic()
+            self.get_logger().error("a callback failed (the node keeps serving):\n" + "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
+
     # -- configuration -------------------------------------------------------------------------------
     def _params_file(self) -> str:
         path = (self.get_parameter("params_file").value or self.get_parameter("config").value or "")
@@ -507,9 +521,10 @@ class PerceptionNode(LifecycleNode):
                     self._on_incompatible_qos(cam.name, None)
 
     def _on_image(self, camera: str, msg) -> None:
+        # local references: a lifecycle transition on a pool thread may drop them meanwhile
         st = self._cams.get(camera)
-        cfg = self._cfg
-        if st is None or cfg is None or not self._active or self._sched is None:
+        cfg, sched, pipeline = self._cfg, self._sched, self.pipeline
+        if st is None or cfg is None or not self._active or sched is None or pipeline is None:
             return
         arrival = time.monotonic()
         stats = st.stats
@@ -535,7 +550,7 @@ class PerceptionNode(LifecycleNode):
             if st.last_stamp is not None and stamp_s < st.last_stamp - JUMP_BACK_S:
                 st.epoch += 1
                 st.frame_index = 0
-                self.pipeline.cadence.reset(camera)
+                pipeline.cadence.reset(camera)
                 stats.count("clock_jumps_back")
                 stats.reset_window()
                 self._warn_throttled(
@@ -552,7 +567,7 @@ class PerceptionNode(LifecycleNode):
             key = (st.epoch, stamp_s)
             st.latest = LatestFrame(msg.header, rgb, key, arrival)
             try:
-                due = self.pipeline.due_tasks(camera, index, stamp_s)
+                due = pipeline.due_tasks(camera, index, stamp_s)
             except ValueError:
                 return
             if due and "annotated" in st.pubs:
@@ -566,9 +581,9 @@ class PerceptionNode(LifecycleNode):
         h, w = rgb.shape[:2]
         specs = [SchedSpec(t.name, t.to_task(), t.deadline_ms / 1e3, t.on_miss) for t in due]
         stats.count("tasks_submitted", len(specs))
-        self._sched.submit_frame(camera, key, rgb, specs, kind=PERIODIC,
-                                 on_result=partial(self._on_outcome, camera, msg.header, key, w, h),
-                                 capture_time=arrival)
+        sched.submit_frame(camera, key, rgb, specs, kind=PERIODIC,
+                           on_result=partial(self._on_outcome, camera, msg.header, key, w, h),
+                           capture_time=arrival)
 
     def _now_s(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
@@ -629,8 +644,8 @@ class PerceptionNode(LifecycleNode):
     def _on_demand(self, camera: str, d: dict, deadline_ms: float, stream=None, cancelled=None):
         """Validate and submit an on-demand task against the latest frame of `camera`.
         Returns (task_config, frame, event, box) or raises ValueError with the reason."""
-        cfg = self._cfg
-        if not self._active or self._sched is None or cfg is None:
+        cfg, sched, engine = self._cfg, self._sched, self._engine
+        if not self._active or sched is None or engine is None or cfg is None:
             raise ValueError("the node is not active")
         st = self._cams.get(camera)
         if st is None:
@@ -652,11 +667,16 @@ class PerceptionNode(LifecycleNode):
             box["outcome"] = outcome
             done.set()
         if stream is not None or cancelled is not None:
-            self._engine.hook(task, stream=stream, cancelled=cancelled)
+            engine.hook(task, stream=stream, cancelled=cancelled)
         self._node_counts["on_demand_requests"] += 1
-        self._sched.submit_frame(camera, frame.key + ("on_demand", time.monotonic()), frame.image,
-                                 [SchedSpec("on_demand", task, deadline_ms / 1e3, "cancel")],
-                                 kind=ON_DEMAND, on_result=on_result, capture_time=time.monotonic())
+        # The frame's own key: while periodic tasks of this frame are open in the scheduler,
+        # the request shares their frame and its image encoding. Deadlines count from the
+        # frame's capture time there, so the frame's age is added: this deadline still counts
+        # from the request.
+        age_s = max(0.0, time.monotonic() - frame.arrival)
+        sched.submit_frame(camera, frame.key, frame.image,
+                           [SchedSpec("on_demand", task, deadline_ms / 1e3 + age_s, "cancel")],
+                           kind=ON_DEMAND, on_result=on_result, capture_time=frame.arrival)
         return tc, task, frame, done, box, deadline_ms
 
     def _invalid_request(self, what: str, reason: str) -> None:
@@ -851,13 +871,23 @@ class InlineGroupExecutor(MultiThreadedExecutor):
     thread itself instead of handing them to the pool. The node's image callbacks are short
     (convert, submit) and per frame; the pool hand-off cost ~2 ms per 640x480 frame (measured,
     see docs/benchmarks.md). Services, the action and timers still run in the pool, so a
-    service waiting for its result never holds up images."""
+    service waiting for its result never holds up images.
 
-    def __init__(self, inline_group, num_threads: int = 4, **kw):
+    An exception escaping a callback is handed to `on_error` (logged and counted by the node)
+    instead of ending spin(): one bad request or parameter update must not stop the node.
+    Without `on_error` it propagates, as in rclpy's executors."""
+
+    def __init__(self, inline_group, num_threads: int = 4, on_error=None, **kw):
         super().__init__(num_threads, **kw)
         # relies on MultiThreadedExecutor internals (rclpy Jazzy/Kilted); elsewhere: plain pool
         self.inline_group = inline_group if (hasattr(self, "_executor") and
                                              hasattr(self, "_futures")) else None
+        self.on_error = on_error
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.on_error is None or isinstance(exc, (ExternalShutdownException, ShutdownException)):
+            raise exc
+        self.on_error(exc)
 
     def _spin_once_impl(self, timeout_sec=None, wait_condition=lambda: False) -> None:
         if self.inline_group is None:
@@ -871,14 +901,16 @@ class InlineGroupExecutor(MultiThreadedExecutor):
             handler()
             exc = handler.exception()
             if exc is not None:
-                raise exc
+                self._failed(exc)
             return
         self._executor.submit(handler)
         self._futures.append(handler)
         for future in self._futures[:]:
             if future.done():
                 self._futures.remove(future)
-                future.result()
+                exc = future.exception()
+                if exc is not None:
+                    self._failed(exc)
 
 
 def annotate(image: np.ndarray, msg) -> np.ndarray:
@@ -902,7 +934,7 @@ def annotate(image: np.ndarray, msg) -> np.ndarray:
 def main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
     node = PerceptionNode()
-    executor = InlineGroupExecutor(node.image_group, num_threads=6)
+    executor = InlineGroupExecutor(node.image_group, num_threads=6, on_error=node.callback_failed)
     executor.add_node(node)
     try:
         if node.get_parameter("auto_activate").value:

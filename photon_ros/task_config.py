@@ -192,6 +192,24 @@ def _check_name(name: Any, what: str) -> str:
     return name
 
 
+def _check_topic(topic: str, where: str) -> None:
+    """A topic name rclpy will accept (else the subscription fails only at activate or, for
+    a parameter update, inside the parameter service)."""
+    try:
+        from rclpy.exceptions import InvalidTopicNameException
+        from rclpy.validate_topic_name import validate_topic_name
+    except ImportError:                          # offline tools without rclpy: a cheap check
+        if not re.match(r"^[~/A-Za-z_{][A-Za-z0-9_/{}~]*$", topic) or "//" in topic \
+                or (topic.endswith("/") and topic != "/"):
+            raise ConfigError(f"{where}: {topic!r} is not a valid ROS topic name") from None
+        return
+    try:
+        validate_topic_name(topic)
+    except InvalidTopicNameException as e:
+        reason = str(e).splitlines()[0].replace("Invalid topic name: ", "").rstrip(":")
+        raise ConfigError(f"{where}: {topic!r} is not a valid ROS topic name ({reason})") from None
+
+
 def _check_unique(names: list[str], what: str) -> None:
     seen = set()
     for n in names:
@@ -313,10 +331,13 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
                               f"({name}.topic, {name}.tasks, ...)")
         where = f"camera {name!r}"
         topic = _as_str(c.get("topic", ""), f"{where}.topic").strip()
+        topic_param = f"{where}.topic"
         if i == 0 and p.get("camera_topic"):
             topic = _as_str(p["camera_topic"], "camera_topic").strip()
+            topic_param = "camera_topic"
         if not topic:
             raise ConfigError(f"{where}: topic is empty")
+        _check_topic(topic, topic_param)
         ctype = _as_str(c.get("type", "image"), f"{where}.type")
         if ctype not in CAMERA_TYPES:
             raise ConfigError(f"{where}: type must be one of {', '.join(CAMERA_TYPES)}, got {ctype!r}")

@@ -282,6 +282,10 @@ def test_set_tasks_and_parameter_updates_are_validated(env):
     assert not res.results[0].successful and "segment" in res.results[0].reason
     res = col.call(setp, SetParameters.Request(parameters=[param("front.people.every_n", -2)]))
     assert not res.results[0].successful and "every_n" in res.results[0].reason
+    # an invalid topic name is refused with the reason (it used to be accepted, and the
+    # resubscription raised inside the parameter service: the node process died)
+    res = col.call(setp, SetParameters.Request(parameters=[param("rel.topic", "bad topic")]))
+    assert not res.results[0].successful and "not a valid ROS topic name" in res.results[0].reason
     res = col.call(setp, SetParameters.Request(parameters=[param("front.people.object", "dog")]))
     assert res.results[0].successful, res.results[0].reason
     col.clear("/front/detections")

@@ -1,0 +1,133 @@
+"""Review regressions: the node keeps serving through invalid topic names, callback
+exceptions and lifecycle transitions racing the image callback; on-demand requests share the
+frame (and its encoding) of the periodic tasks. In-process, no DDS traffic needed."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+rclpy = pytest.importorskip("rclpy")
+
+from sensor_msgs.msg import Image  # noqa: E402
+
+from photon_ros import perception_node as pn  # noqa: E402
+from photon_ros.pipeline import PerceptionPipeline  # noqa: E402
+from photon_ros.task_config import ConfigError, config_from_params  # noqa: E402
+
+PARAMS = {"cameras": ["front"],
+          "front": {"topic": "/rb/front/image", "tasks": ["people"],
+                    "people": {"skill": "detect", "object": "person"}}}
+
+
+@pytest.fixture
+def ctx():
+    c = rclpy.Context()
+    rclpy.init(context=c)
+    yield c
+    rclpy.try_shutdown(context=c)
+
+
+@pytest.mark.parametrize("topic", ["bad topic", "/cam/1image", "/cam/"])
+def test_invalid_topic_names_are_config_errors(topic):
+    with pytest.raises(ConfigError, match="not a valid ROS topic name"):
+        config_from_params({**PARAMS, "front": {**PARAMS["front"], "topic": topic}})
+    with pytest.raises(ConfigError, match="camera_topic.*not a valid ROS topic name"):
+        config_from_params({**PARAMS, "camera_topic": topic})
+
+
+def test_executor_reports_callback_exceptions_and_keeps_spinning(ctx):
+    from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+
+    node = rclpy.create_node("rb_executor", context=ctx)
+    inline = MutuallyExclusiveCallbackGroup()
+    errors, calls = [], {"pool": 0, "inline": 0}
+
+    def boom(where):
+        calls[where] += 1
+        raise RuntimeError(where)
+    t1 = node.create_timer(0.01, lambda: boom("pool"))
+    t2 = node.create_timer(0.01, lambda: boom("inline"), callback_group=inline)
+    ex = pn.InlineGroupExecutor(inline, num_threads=2, context=ctx, on_error=errors.append)
+    ex.add_node(node)
+    try:
+        end = time.monotonic() + 5
+        while time.monotonic() < end and not (calls["pool"] >= 3 and calls["inline"] >= 3):
+            ex.spin_once(timeout_sec=0.05)          # raised before: the node's spin ended
+    finally:
+        node.destroy_timer(t1)
+        node.destroy_timer(t2)
+        ex.shutdown()
+        node.destroy_node()
+    assert calls["pool"] >= 3 and calls["inline"] >= 3
+    assert {str(e) for e in errors} == {"pool", "inline"}
+
+
+class FakeScheduler:
+    def __init__(self):
+        self.submitted = []
+
+    def submit_frame(self, stream, stamp, image, tasks, kind="periodic", on_result=None,
+                     capture_time=None):
+        self.submitted.append(dict(stream=stream, stamp=stamp, tasks=list(tasks), kind=kind,
+                                   capture_time=capture_time))
+
+
+def active_node(ctx):
+    node = pn.PerceptionNode("rb_node", context=ctx)
+    cfg = config_from_params(PARAMS)
+    node._cfg = cfg
+    node.pipeline = PerceptionPipeline(cfg, None, model_id="")
+    node._cams = {"front": pn.CameraState("front")}
+    node._sched, node._engine, node._active = FakeScheduler(), object(), True
+    return node
+
+
+def rgb8(stamp_s: float) -> Image:
+    msg = Image(height=4, width=6, encoding="rgb8", step=18)
+    msg.data = np.zeros(4 * 18, np.uint8).tobytes()
+    msg.header.stamp.sec, msg.header.stamp.nanosec = int(stamp_s), int((stamp_s % 1) * 1e9)
+    msg.header.frame_id = "cam"
+    return msg
+
+
+def test_image_callback_survives_a_concurrent_deactivate(ctx, monkeypatch):
+    node = active_node(ctx)
+    sched = node._sched
+    real = pn.image_to_rgb
+
+    def convert_while_deactivating(msg, max_pixels):
+        node._sched, node.pipeline = None, None       # deactivate + cleanup on a pool thread
+        return real(msg, max_pixels)
+    monkeypatch.setattr(pn, "image_to_rgb", convert_while_deactivating)
+    try:
+        node._on_image("front", rgb8(10.0))           # AttributeError on None before
+        assert len(sched.submitted) == 1              # went to the scheduler it started with
+    finally:
+        node.destroy_node()
+
+
+def test_on_demand_request_shares_the_periodic_frame(ctx):
+    node = active_node(ctx)
+    sched = node._sched
+    try:
+        node._on_image("front", rgb8(10.0))
+        periodic = sched.submitted[-1]
+        st = node._cams["front"]
+        st.latest.arrival -= 0.25                     # the frame arrived 250 ms ago
+        t0 = time.monotonic()
+        node._on_demand("front", {"skill": "caption"}, 1000.0)
+        od = sched.submitted[-1]
+        assert od["kind"] == "on_demand"
+        # same frame key as the periodic tasks: the scheduler shares frame and encoding
+        assert (od["stream"], od["stamp"]) == (periodic["stream"], periodic["stamp"])
+        assert od["capture_time"] == st.latest.arrival
+        # ... while the deadline still counts from the request
+        deadline = od["capture_time"] + od["tasks"][0].deadline_s
+        assert t0 + 1.0 - 0.01 <= deadline <= time.monotonic() + 1.0 + 0.01
+    finally:
+        node.destroy_node()
