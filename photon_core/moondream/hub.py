@@ -2,8 +2,10 @@
 
 Only model.safetensors, tokenizer.json and (optional) config.json are fetched, through
 huggingface_hub, which honours HF_HUB_OFFLINE (then only the local cache is used). Nothing
-executable is ever loaded. If a Hub repo has no tokenizer.json, Moondream 2's tokenizer repo
-(moondream/starmie-v1) provides it.
+executable is ever loaded. From the Hub, the tokenizer always comes from Moondream 2's
+tokenizer repo (moondream/starmie-v1), as in the reference implementation: the prompt
+templates (special ids 0-9) belong to that tokenizer, while a model repo may still carry an
+older tokenizer.json from before it. A local folder brings its own tokenizer.json.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 WEIGHTS = "model.safetensors"
 TOKENIZER = "tokenizer.json"
 CONFIG = "config.json"
-FALLBACK_TOKENIZER_REPO = "moondream/starmie-v1"
+TOKENIZER_REPO = "moondream/starmie-v1"
 
 
 class CheckpointNotFound(ValueError):
@@ -48,6 +50,8 @@ def _from_hub(repo_id: str, revision: str | None) -> dict[str, Path | None]:
         try:
             return Path(hf_hub_download(repo, name, revision=rev))
         except LocalEntryNotFoundError as e:   # offline (or no network) and not cached
+            if not required:                   # optional (config.json): defaults apply
+                return None
             raise CheckpointNotFound(
                 f"cannot get {name} of Hugging Face repo {repo}@{rev or 'main'}: not in the "
                 f"local cache and the Hub cannot be reached (HF_HUB_OFFLINE="
@@ -64,8 +68,5 @@ def _from_hub(repo_id: str, revision: str | None) -> dict[str, Path | None]:
             raise CheckpointNotFound(f"cannot get {name} from Hugging Face repo {repo}"
                                      f"@{rev or 'main'}{hint}: {type(e).__name__}: {e}") from None
 
-    files = {"weights": get(repo_id, WEIGHTS), "config": get(repo_id, CONFIG, required=False),
-             "tokenizer": get(repo_id, TOKENIZER, required=False)}
-    if files["tokenizer"] is None:
-        files["tokenizer"] = get(FALLBACK_TOKENIZER_REPO, TOKENIZER, rev=None)
-    return files
+    return {"weights": get(repo_id, WEIGHTS), "config": get(repo_id, CONFIG, required=False),
+            "tokenizer": get(TOKENIZER_REPO, TOKENIZER, rev=None)}
