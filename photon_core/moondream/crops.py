@@ -9,6 +9,7 @@ Crop 0 is the global view: the whole image resized to 378 x 378.
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -44,6 +45,19 @@ def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(Image.fromarray(image).resize((width, height), Image.Resampling.LANCZOS))
 
 
+_resize_pool: ThreadPoolExecutor | None = None
+
+
+def _resize_in_background(image: np.ndarray, height: int, width: int) -> Future:
+    """PIL releases the GIL while resampling: the global view's resize runs on a helper
+    thread while the caller resizes the big image (same pixels; ~5 ms less per 640x480
+    frame, measured on 2 cores)."""
+    global _resize_pool
+    if _resize_pool is None:
+        _resize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="photon-resize")
+    return _resize_pool.submit(_resize, image, height, width)
+
+
 def overlap_crops(image: np.ndarray, crop_size: int, patch: int, margin: int,
                   max_crops: int) -> tuple[np.ndarray, tuple[int, int]]:
     """HxWx3 uint8 -> (crops [1 + rows*cols, crop, crop, 3] uint8, (rows, cols))."""
@@ -52,8 +66,9 @@ def overlap_crops(image: np.ndarray, crop_size: int, patch: int, margin: int,
     window = crop_size - 2 * margin_px
     rows, cols = select_tiling(h - 2 * margin_px, w - 2 * margin_px, window, max_crops)
     crops = np.zeros((1 + rows * cols, crop_size, crop_size, 3), dtype=np.uint8)
-    crops[0] = _resize(image, crop_size, crop_size)
+    global_view = _resize_in_background(image, crop_size, crop_size)
     big = _resize(image, rows * window + 2 * margin_px, cols * window + 2 * margin_px)
+    crops[0] = global_view.result()
     for i in range(rows):
         for j in range(cols):
             tile = big[i * window:i * window + crop_size, j * window:j * window + crop_size]
