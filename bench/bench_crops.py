@@ -1,0 +1,61 @@
+"""CPU cost of the overlap crops of one frame (the part of encode_image before the GPU):
+the current overlap_crops (global-view resize on a helper thread) vs the same two PIL
+resizes one after the other, same run, same frames. Prints a markdown table.
+
+    python bench/bench_crops.py [--iters 30]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from concurrent.futures import Future  # noqa: E402
+
+from photon_core.moondream import crops as crops_mod  # noqa: E402
+from photon_core.moondream.crops import overlap_crops  # noqa: E402
+
+
+def serial_crops(image):
+    """overlap_crops with the global-view resize done inline (the previous behaviour)."""
+    saved = crops_mod._resize_in_background
+
+    def inline(img, h, w):
+        f = Future()
+        f.set_result(crops_mod._resize(img, h, w))
+        return f
+    crops_mod._resize_in_background = inline
+    try:
+        return crops_mod.overlap_crops(image, 378, 14, 4, 12)[0]
+    finally:
+        crops_mod._resize_in_background = saved
+
+
+def ms(fn, frame, iters):
+    for _ in range(3):
+        fn(frame)
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn(frame)
+    return (time.perf_counter() - t) / iters * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=30)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"cores: {os.cpu_count()}\n\n| frame | serial ms | overlap_crops ms | ratio | identical |\n|---|---|---|---|---|")
+    for h, w in ((480, 640), (720, 1280), (1080, 1920)):
+        frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        a, b = ms(serial_crops, frame, args.iters), ms(lambda f: overlap_crops(f, 378, 14, 4, 12), frame, args.iters)
+        same = np.array_equal(serial_crops(frame), overlap_crops(frame, 378, 14, 4, 12)[0])
+        print(f"| {w}x{h} | {a:.1f} | {b:.1f} | {b / a:.2f} | {same} |")
+
+
+if __name__ == "__main__":
+    main()
