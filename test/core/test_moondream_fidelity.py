@@ -92,26 +92,31 @@ def test_image_tokens_and_prompt_logits_match(pair):
         assert torch.equal(my_logits, ref_logits[0])     # bit for bit (same attention extent)
 
 
-def test_greedy_outputs_identical(pair):
+def _assert_same_greedy(ours, ref, img, caption_lengths) -> None:
+    """Greedy detect/point/query/caption of ours and the reference on one image: identical."""
     from photon_core.task import Task
 
+    enc = ours.encode_image(img)
+    ref_enc = ref.encode_image(img)   # (passing settings with an image trips the reference)
+    for skill, obj, limit in (("detect", "person", 12), ("point", "cup", 12),
+                              ("detect", "car", 1), ("point", "dog", 3)):
+        mine = ours.run(enc, Task(skill, object=obj, max_objects=limit)).output
+        theirs = getattr(ref, skill)(ref_enc, obj, settings={"max_objects": limit})
+        assert mine == theirs, (img.size, skill, obj)     # the same floats, bit for bit
+    settings = {"temperature": 0, "max_tokens": 24}
+    for question in ("What is it?", "Wie viele Äpfel? 猫"):
+        mine = ours.run(enc, Task("query", question=question, max_tokens=24)).output
+        assert mine["answer"] == ref.query(ref_enc, question, settings=settings)["answer"]
+    for length in caption_lengths:
+        mine = ours.run(enc, Task("caption", caption_length=length, max_tokens=24)).output
+        assert mine["caption"] == ref.caption(ref_enc, length, settings=settings)["caption"]
+
+
+def test_greedy_outputs_identical(pair):
     ours, ref = pair
     sizes = ((120, 160), (480, 640), (300, 90), (20, 20), (1080, 1920), (640, 360))
     for img in _images(sizes):
-        enc = ours.encode_image(img)
-        ref_enc = ref.encode_image(img)   # (passing settings with an image trips the reference)
-        for skill, obj, limit in (("detect", "person", 12), ("point", "cup", 12),
-                                  ("detect", "car", 1), ("point", "dog", 3)):
-            mine = ours.run(enc, Task(skill, object=obj, max_objects=limit)).output
-            theirs = getattr(ref, skill)(ref_enc, obj, settings={"max_objects": limit})
-            assert mine == theirs, (img.size, skill, obj)     # the same floats, bit for bit
-        settings = {"temperature": 0, "max_tokens": 24}
-        for question in ("What is it?", "Wie viele Äpfel? 猫"):
-            mine = ours.run(enc, Task("query", question=question, max_tokens=24)).output
-            assert mine["answer"] == ref.query(ref_enc, question, settings=settings)["answer"]
-        for length in ("short", "normal", "long"):
-            mine = ours.run(enc, Task("caption", caption_length=length, max_tokens=24)).output
-            assert mine["caption"] == ref.caption(ref_enc, length, settings=settings)["caption"]
+        _assert_same_greedy(ours, ref, img, ("short", "normal", "long"))
 
 
 @pytest.fixture(scope="module")
@@ -176,25 +181,10 @@ def test_bf16_vision_and_logits_are_bit_exact_with_the_reference(bf16_pair, monk
 def test_bf16_greedy_outputs_identical(bf16_pair, monkeypatch):
     """bf16 on the CPU: greedy detect/point/query/caption identical to the reference's (this
     needs the reference's rotary channel order and attention extent: rope.py, text.py)."""
-    from photon_core.task import Task
-
     ours, ref = bf16_pair
     _ref_bf16_crops(monkeypatch)
     for img in _images(((120, 160), (480, 640), (90, 300), (1080, 1920))):
-        enc = ours.encode_image(img)
-        ref_enc = ref.encode_image(img)
-        for skill, obj, limit in (("detect", "person", 12), ("point", "cup", 12),
-                                  ("detect", "car", 1), ("point", "dog", 3)):
-            mine = ours.run(enc, Task(skill, object=obj, max_objects=limit)).output
-            theirs = getattr(ref, skill)(ref_enc, obj, settings={"max_objects": limit})
-            assert mine == theirs, (img.size, skill, obj)     # the same floats, bit for bit
-        settings = {"temperature": 0, "max_tokens": 24}
-        for question in ("What is it?", "Wie viele Äpfel? 猫"):
-            mine = ours.run(enc, Task("query", question=question, max_tokens=24)).output
-            assert mine["answer"] == ref.query(ref_enc, question, settings=settings)["answer"]
-        for length in ("short", "normal"):
-            mine = ours.run(enc, Task("caption", caption_length=length, max_tokens=24)).output
-            assert mine["caption"] == ref.caption(ref_enc, length, settings=settings)["caption"]
+        _assert_same_greedy(ours, ref, img, ("short", "normal"))
 
 
 def test_tiling_matches_reference_everywhere():
