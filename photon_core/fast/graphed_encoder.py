@@ -18,8 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from ..moondream import text, vision
-from ..moondream.crops import overlap_crops
-from ..moondream.image_input import to_rgb_array
 from ..moondream.kv_cache import KVCache
 from ..moondream.model import EncodedImage
 
@@ -82,12 +80,9 @@ class GraphedEncoder:
             return image
         m = self.model
         t0 = time.perf_counter()
-        array = to_rgb_array(image, m.max_image_side)
-        v, w = m.config.vision, m.weights
-        crops, tiling = overlap_crops(array, v.crop_size, v.enc_patch_size, v.overlap_margin,
-                                      v.max_crops)
+        array, x, tiling = m.image_crops(image)
+        w = m.weights
         with torch.inference_mode():
-            x = vision.normalize(crops, w.device, w.dtype)
             e = self._entry(x, tiling)
             e.crops.copy_(x)
             if e.graph is not None:

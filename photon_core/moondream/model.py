@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..task import Task, TaskResult
@@ -63,17 +64,26 @@ class MoondreamModel:
         return self.weights.dtype
 
     # -- images ---------------------------------------------------------------------------
-    def encode_image(self, image) -> EncodedImage:
-        """numpy HxWx3 uint8 RGB | PIL image | path -> EncodedImage (vision + prefix prefill)."""
-        if isinstance(image, EncodedImage):
-            return image
-        t0 = time.perf_counter()
+    def image_crops(self, image) -> tuple[np.ndarray, torch.Tensor, tuple[int, int]]:
+        """image -> (the RGB array, normalized crops [N, 3, crop, crop] on the model's device,
+        tiling): everything of encode_image before the vision encoder (shared with the fast
+        path's graphed encoder)."""
         array = to_rgb_array(image, self.max_image_side)
         v, w = self.config.vision, self.weights
         crops, tiling = overlap_crops(array, v.crop_size, v.enc_patch_size, v.overlap_margin,
                                       v.max_crops)
         with torch.inference_mode():
-            features = vision.encoder(w, v, vision.normalize(crops, w.device, w.dtype))
+            return array, vision.normalize(crops, w.device, w.dtype), tiling
+
+    def encode_image(self, image) -> EncodedImage:
+        """numpy HxWx3 uint8 RGB | PIL image | path -> EncodedImage (vision + prefix prefill)."""
+        if isinstance(image, EncodedImage):
+            return image
+        t0 = time.perf_counter()
+        array, x, tiling = self.image_crops(image)
+        v, w = self.config.vision, self.weights
+        with torch.inference_mode():
+            features = vision.encoder(w, v, x)
             tokens = vision.project(w, v, features, tiling)
             bos = text.embed(w, torch.tensor([self.config.tokenizer.bos_id], device=w.device))
             prefix = torch.cat([bos, tokens], dim=0)[None]
