@@ -70,7 +70,8 @@ class StepState:
         self.fused = None
         if use_fused(dev, dt):
             from .fused_step import FusedDecoder
-            self.fused = FusedDecoder(model, rows, kv)
+            self.fused = FusedDecoder(model, rows, kv, coord_table=self.coord_table,
+                                      size_table=self.size_table)
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, is_detect: bool,
                 temperature: float, top_p: float, generator=None) -> None:
@@ -110,6 +111,10 @@ def _lm_logits(st: StepState, b: int) -> torch.Tensor:
 
 
 def lm_greedy(st: StepState, b: int) -> None:
+    if st.fused is not None:
+        st.fused.lm_greedy(st.hidden[:b], st.out, st.phase, st.first,
+                           st.cfg.tokenizer.answer_id, b)
+        return
     st.out[:b, OUT_TOKEN] = _lm_logits(st, b).argmax(dim=-1)
 
 
@@ -146,11 +151,17 @@ def lm_sample_eager(st: StepState, b: int) -> None:
 
 
 def coord(st: StepState, b: int) -> None:
+    if st.fused is not None:
+        st.fused.region_head("coord", st.hidden[:b], st.out, OUT_COORD, 1, b)
+        return
     logits = st.w.mlp(st.hidden[:b], "region.coord_decoder")
     st.out[:b, OUT_COORD] = logits.argmax(dim=-1)
 
 
 def size(st: StepState, b: int) -> None:
+    if st.fused is not None:
+        st.fused.region_head("size", st.hidden[:b], st.out, OUT_W, 2, b)
+        return
     logits = st.w.mlp(st.hidden[:b], "region.size_decoder").view(b, 2, -1)
     st.out[:b, OUT_W:OUT_H + 1] = logits.argmax(dim=-1)
 
@@ -266,11 +277,13 @@ def decoder_step(st: StepState, x: torch.Tensor, b: int, attn_len: int) -> torch
 def forward(st: StepState, b: int, attn_len: int | None = None) -> None:
     """Feed the sampled values back and advance every active row by one position."""
     attn_len = attn_len or st.kv.capacity
+    if st.fused is not None:       # the same, in fused kernels (fused_step.py)
+        st.fused.feed(st.out, st.phase, b)
+        st.fused.decoder(None, st.pos[:b], b)
+        st.fused.advance(st, b)
+        return
     x = feedback_embedding(st, b)
-    if st.fused is not None:
-        hidden = st.fused.decoder(x, st.pos[:b], b).to(st.hidden.dtype)
-    else:
-        hidden = decoder_step(st, x, b, attn_len)
+    hidden = decoder_step(st, x, b, attn_len)
     act = st.active[:b]
     st.hidden[:b] = torch.where(act[:, None], hidden, st.hidden[:b])
     st.pos[:b] += act.long()

@@ -15,6 +15,11 @@ Per block (Phi parallel block, h = x + attn(LN(x)) + mlp(LN(x))), over the bucke
 The u buffer is laid out [qkv | a | g] so that [a | g] is one contiguous K range.
 The lm head's post_ln is folded into its GEMV the same way.
 
+Around the blocks, the step's glue is one launch each instead of ~40 small torch kernels:
+feed() (the sampled token / coordinate / size -> next input embedding, by phase),
+advance() (hidden, position, phase of the active rows), lm_greedy() (lm head GEMV + masked
+argmax) and region_head() (the coord / size MLP as two GEMVs + argmax).
+
 Numerics differ from the reference path by the fp32 residual stream (the reference rounds x
 to the model dtype after every block) and the summation order; the GPU bench diffs the
 outputs against the cuBLAS step. The weights W1 / W2 are copies (the reference path keeps
@@ -28,8 +33,11 @@ import torch
 
 from ..moondream.rope import rope_angles
 from .kernels.decode_attention import AttentionScratch, decode_attention
+from .kernels.feedback_embedding import FeedbackWeights, feedback_embedding
 from .kernels.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
 from .kernels.layernorm import layer_norm
+from .kernels.masked_argmax import masked_argmax
+from .kernels.row_advance import row_advance
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
 # LayerNorm folded into the GEMV that consumes it (per-block LN and the lm head's post_ln).
@@ -41,7 +49,8 @@ FOLD_LN = os.environ.get("PHOTON_FOLD_LN", "0") == "1"
 
 class FusedDecoder:
     def __init__(self, model, rows: int, kv, attn_chunk: int = ATTN_CHUNK,
-                 fold_ln: bool | None = None):
+                 fold_ln: bool | None = None, coord_table: torch.Tensor | None = None,
+                 size_table: torch.Tensor | None = None):
         cfg, w = model.config.text, model.weights
         dev, dt = w.device, w.dtype
         self.cfg, self.kv, self.rows = cfg, kv, rows
@@ -69,14 +78,28 @@ class FusedDecoder:
         self.u = torch.zeros(rows, self.n_qkv + nh * hd + cfg.ff_dim, device=dev, dtype=dt)
         self.logits = torch.zeros(rows, cfg.vocab_size, device=dev, dtype=dt)
         self.scratch = AttentionScratch(rows, nh, hd, kv.capacity, attn_chunk, dev)
+        # step glue (feedback in, state advance out, greedy picks) and the region heads
+        self.feedback = (FeedbackWeights(w, coord_table, size_table)
+                         if coord_table is not None else None)
+        self.heads = {}
+        for name in ("coord", "size"):
+            p = f"region.{name}_decoder"
+            self.heads[name] = (w[p + ".fc1.weight"].contiguous(), w[p + ".fc1.bias"],
+                                w[p + ".fc2.weight"].contiguous(), w[p + ".fc2.bias"])
+        ff = max(t[0].shape[0] for t in self.heads.values())
+        n_out = max(t[2].shape[0] for t in self.heads.values())
+        self.head_h = torch.zeros(rows, ff, device=dev, dtype=dt)
+        self.head_out = torch.zeros(rows, n_out, device=dev, dtype=dt)
 
-    def decoder(self, x_in: torch.Tensor, pos: torch.Tensor, b: int) -> torch.Tensor:
-        """x_in [b, dim] (model dtype) at positions pos [b] through all blocks (k/v into the
-        static cache); returns the fp32 residual stream [b, dim] (a view of a buffer)."""
+    def decoder(self, x_in: torch.Tensor | None, pos: torch.Tensor, b: int) -> torch.Tensor:
+        """x_in [b, dim] (model dtype; None: already in self.x, e.g. from feed()) at
+        positions pos [b] through all blocks (k/v into the static cache); returns the fp32
+        residual stream [b, dim] (a view of a buffer)."""
         cfg = self.cfg
         hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         x, h, u = self.x[:b], self.h[:b], self.u[:b]
-        x.copy_(x_in)
+        if x_in is not None:
+            x.copy_(x_in)
         a_off = self.n_qkv
         for i in range(cfg.n_layers):
             if self.fold_ln:
@@ -100,3 +123,31 @@ class FusedDecoder:
         h = self.h[:b]
         layer_norm(hidden, *self.post_ln, h)
         return gemv(h, self.lm_w, self.lm_b, self.logits[:b], EPI_STORE)
+
+    # -- step glue: one launch each (kernels/feedback_embedding.py, row_advance.py,
+    #    masked_argmax.py) instead of ~40 small torch kernels per step
+    def feed(self, out: torch.Tensor, phase: torch.Tensor, b: int) -> None:
+        """GPU-resident feedback: each row's next input embedding into the residual x."""
+        feedback_embedding(self.feedback, out[:b], phase[:b], self.x[:b])
+
+    def advance(self, st, b: int) -> None:
+        """hidden / pos / phase / first of the active rows, from the decoder output in x."""
+        row_advance(self.x[:b], st.hidden[:b], st.active[:b], st.pos[:b], st.phase[:b],
+                    st.is_detect[:b], st.first[:b])
+
+    def lm_greedy(self, hidden: torch.Tensor, out: torch.Tensor, phase: torch.Tensor,
+                  first: torch.Tensor, answer_id: int, b: int) -> None:
+        """out[:, 0] = argmax of the lm logits, the answer marker masked after the first
+        text pick (decode_step._lm_logits' rule)."""
+        masked_argmax(self.lm_logits(hidden, b), out, 0, mask_col=answer_id,
+                      phase=phase[:b], first=first[:b])
+
+    def region_head(self, name: str, hidden: torch.Tensor, out: torch.Tensor, col0: int,
+                    segments: int, b: int) -> None:
+        """coord (1 segment) or size (2: width, height) head: fc2(gelu(fc1(hidden))) as two
+        GEMVs, then the argmax of each segment into out[:, col0:]."""
+        w1, b1, w2, b2 = self.heads[name]
+        g, y = self.head_h[:b, :w1.shape[0]], self.head_out[:b, :w2.shape[0]]
+        gemv(hidden, w1, b1, g, EPI_QKV_GELU, n_split=0, gap=0)
+        gemv(g, w2, b2, y, EPI_STORE)
+        masked_argmax(y, out, col0, segments=segments)

@@ -229,3 +229,103 @@ def test_fast_engine_with_fused_kernels_matches_reference():
         assert (r.output, r.tokens, r.finish_reason) == (ref.output, ref.tokens,
                                                          ref.finish_reason)
     fe.close()
+
+
+def _tiny_state(rows=4):
+    from photon_core.fast import decode_step as ds
+    from photon_core.fast.fused_step import FusedDecoder
+    from photon_core.fast.static_kv_cache import StaticKVCache
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import tiny_config
+
+    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
+    cfg = m.config.text
+    kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, 64, cfg.head_dim, "cpu",
+                       torch.float32)
+    st = ds.StepState(m, rows, kv)
+    fd = FusedDecoder(m, rows, kv, attn_chunk=32, coord_table=st.coord_table,
+                      size_table=st.size_table)
+    return m, st, fd
+
+
+def test_feedback_embedding_kernel_matches_torch():
+    """One row per phase (text, x, y, size) plus an extreme bin: the kernel's embedding equals
+    decode_step.feedback_embedding's (fp32; only the summation order differs)."""
+    from photon_core.fast import decode_step as ds
+
+    m, st, fd = _tiny_state(rows=5)
+    cb, sb = st.coord_table.numel(), st.size_table.numel()
+    st.phase.copy_(torch.tensor([0, 1, 2, 3, 3]))
+    st.out.copy_(torch.tensor([[7, 3, 1, 2], [9, 0, 5, 6], [1, cb - 1, 0, 0],
+                               [2, 4, sb - 1, 0], [3, 5, 17, sb // 2]]))
+    ref = ds.feedback_embedding(st, 5)
+    fd.x.fill_(float("nan"))
+    fd.feed(st.out, st.phase, 5)
+    _close(fd.x[:5], ref, 1e-5)
+    assert torch.equal(fd.x[0], m.weights["text.wte"][7])      # a text row is a plain lookup
+
+
+def test_row_advance_kernel_matches_torch():
+    """Active rows take the new hidden state, pos + 1, the next phase and first = False;
+    inactive rows keep everything (every phase, detect and point rows)."""
+    from photon_core.fast.kernels.row_advance import row_advance
+
+    _, st, fd = _tiny_state(rows=8)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, st.hidden.shape[1], generator=g)
+    st.hidden.normal_(generator=g)
+    st.pos.copy_(torch.arange(8) + 10)
+    st.phase.copy_(torch.tensor([0, 1, 2, 2, 3, 0, 1, 2]))
+    st.is_detect.copy_(torch.tensor([0, 1, 1, 0, 1, 0, 1, 1], dtype=torch.bool))
+    st.first.copy_(torch.tensor([1, 1, 0, 0, 1, 1, 0, 1], dtype=torch.bool))
+    st.active.copy_(torch.tensor([1, 1, 1, 1, 1, 0, 0, 0], dtype=torch.bool))
+    before = {n: getattr(st, n).clone() for n in ("hidden", "pos", "phase", "first")}
+    row_advance(x, st.hidden, st.active, st.pos, st.phase, st.is_detect, st.first)
+    act = st.active
+    assert torch.equal(st.hidden[act], x[act]) and torch.equal(st.hidden[~act],
+                                                                before["hidden"][~act])
+    assert st.pos.tolist() == [11, 12, 13, 14, 15, 15, 16, 17]
+    assert st.phase.tolist() == [0, 2, 3, 1, 1, 0, 1, 2]
+    assert st.first.tolist() == [False] * 5 + [True, False, True]
+
+
+@pytest.mark.parametrize("block", [16, 4096])
+def test_masked_argmax_kernel(block):
+    """First maximum on ties (torch.argmax's rule), segments, and the answer-marker mask only
+    for text rows past their first pick."""
+    from photon_core.fast.kernels.masked_argmax import masked_argmax
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 100, generator=g)
+    x[0, 30] = x[0, 70] = 50.0                      # tie: first index wins
+    x[1:, 42] = 60.0                                # the "answer marker" is each row's max
+    out = torch.full((4, 4), -1, dtype=torch.long)
+    phase = torch.tensor([0, 0, 0, 1])
+    first = torch.tensor([0, 0, 1, 0], dtype=torch.bool)
+    masked_argmax(x, out, 0, mask_col=42, phase=phase, first=first, block=block)
+    masked = x.clone()
+    masked[:2, 42] = float("-inf")                  # text rows 0, 1 after their first pick
+    assert out[:, 0].tolist() == masked.argmax(-1).tolist()
+    assert out[0, 0] == 30 and out[2, 0] == 42 and out[3, 0] == 42 and out[1, 0] != 42
+    masked_argmax(x, out, 2, segments=2, block=block)
+    assert out[:, 2:].tolist() == x.view(4, 2, 50).argmax(-1).tolist()
+    assert (out[:, 1] == -1).all()
+
+
+def test_region_heads_fused_match_torch():
+    """The fused coord / size heads (two GEMVs + argmax) pick what decode_step's torch heads
+    pick (fp32 tiny model, random hidden states)."""
+    from photon_core.fast import decode_step as ds
+
+    _, st, fd = _tiny_state(rows=3)
+    st.hidden.normal_(generator=torch.Generator().manual_seed(3))
+    fused, st.fused = st.fused, None
+    ds.coord(st, 3)
+    ds.size(st, 3)
+    ref = st.out.clone()
+    st.fused = fd
+    st.out.zero_()
+    ds.coord(st, 3)
+    ds.size(st, 3)
+    assert torch.equal(st.out[:, 1:], ref[:, 1:])
+    st.fused = fused

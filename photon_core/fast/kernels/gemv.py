@@ -148,6 +148,13 @@ TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {
     (2048, 10240, EPI_RESIDUAL, False): GemvConfig(32, 256, 4, 4, 3, True),
     (51200, 2048, EPI_STORE, True): GemvConfig(32, 256, 1, 4, 3, True),
     (51200, 2048, EPI_STORE, False): GemvConfig(32, 256, 1, 4, 3, True),
+    # region heads (detect/point): not swept yet; picked for >= 64 programs per GEMV
+    (8192, 2048, EPI_QKV_GELU, True): GemvConfig(32, 256, 1, 4, 3, True),
+    (8192, 2048, EPI_QKV_GELU, False): GemvConfig(32, 256, 1, 4, 3, True),
+    (1024, 8192, EPI_STORE, True): GemvConfig(8, 512, 1, 4, 3, False),
+    (1024, 8192, EPI_STORE, False): GemvConfig(16, 256, 1, 4, 3, True),
+    (2048, 8192, EPI_STORE, True): GemvConfig(8, 512, 1, 4, 3, False),
+    (2048, 8192, EPI_STORE, False): GemvConfig(16, 256, 1, 4, 3, True),
 }
 CANDIDATES = [
     # split_k 1 (every shape)
