@@ -1,0 +1,150 @@
+"""PIL's LANCZOS resize of 8-bit images in torch, bit-identical to `Image.resize`.
+
+Pillow (libImaging/Resample.c) resizes in two separable passes, one per axis (order: see
+below), each rounding to uint8 (the intermediate image is uint8). A pass computes, for
+every output position, a small filter over consecutive input positions:
+
+* coefficients, in C doubles: scale = in/out, filterscale = max(scale, 1),
+  support = 3 * filterscale; output xx is centred at (xx + 0.5) * scale and reads inputs
+  xmin .. xmin + n - 1 (xmin = int(center - support + 0.5) clipped to 0, the end likewise
+  clipped to the image); tap x weighs lanczos((x + xmin - center + 0.5) / filterscale),
+  lanczos(t) = sinc(t) * sinc(t / 3) on [-3, 3); the taps are divided by their sum.
+* fixed point: each weight becomes the int32 round(w * 2^22) (halves away from zero, via
+  C's truncating cast), and an output is acc = 2^21 + sum(pixel * weight) in int32,
+  stored as clamp(acc >> 22, 0, 255), i.e. rounded to nearest.
+
+The coefficient tables are computed here exactly as the C does (the same IEEE double
+operations in the same order, libm's sin through `math.sin`, sums accumulated left to
+right) once per (input size, output size) and cached; the passes are integer tensor ops
+on the image's device. Products and sums are int32 as in the C, so even an overflow would
+wrap alike; none occurs: it needs sum|w| >= 2.006 (255 * sum|w| * 2^22 + 2^21 >= 2^31), and
+sum|w| is at most 1.571 over all (in, out) sizes 1..159.
+
+Resize along an axis whose size is unchanged is skipped, as Pillow skips it. (When the
+horizontal pass goes first Pillow runs it only over the rows the vertical pass reads; the
+other rows are never read, so resampling them all here changes nothing.)
+
+Pass order. The passes do not commute (each rounds to uint8), and Pillow's order depends
+on its version: before 12.2 always horizontal first; 12.2 and 12.x do a tall image
+(H > 100 W) that shrinks vertically vertical first; from 13.0 vertical goes first whenever
+the height shrinks by more than twice as many pixels as the width does. `_vertical_first`
+follows the installed Pillow (the tests compare against it, so a new rule would show).
+
+Matches PIL for modes L (C = 1) and RGB (C = 3): every band is filtered on its own.
+(PIL premultiplies alpha for RGBA/LA, which this does not do.)
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import PIL
+import torch
+
+PRECISION_BITS = 22     # 32 - 8 - 2: 8 bits of result, 2 bits of headroom for overshoot
+SUPPORT = 3.0           # Lanczos-3
+
+
+def _sinc(x: float) -> float:
+    if x == 0.0:
+        return 1.0
+    x = x * math.pi
+    return math.sin(x) / x
+
+
+def _lanczos(x: float) -> float:
+    if -3.0 <= x < 3.0:
+        return _sinc(x) * _sinc(x / 3)
+    return 0.0
+
+
+@lru_cache(maxsize=64)
+def coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first input index [out], int32 fixed-point weights [out, ksize]) of one pass,
+    as Pillow's precompute_coeffs + normalize_coeffs_8bpc for the box (0, in_size).
+    Taps past an output's window have weight 0."""
+    scale = in_size / out_size                      # (double)(in1 - in0) / outSize
+    filterscale = max(scale, 1.0)
+    support = SUPPORT * filterscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    inv_filterscale = 1.0 / filterscale
+    first = np.zeros(out_size, dtype=np.int64)
+    weights = np.zeros((out_size, ksize), dtype=np.int32)
+    one = 1 << PRECISION_BITS
+    for xx in range(out_size):
+        center = (xx + 0.5) * scale                 # in0 = 0
+        xmin = max(int(center - support + 0.5), 0)  # int() truncates toward 0, like C
+        n = min(int(center + support + 0.5), in_size) - xmin
+        k = [_lanczos((x + xmin - center + 0.5) * inv_filterscale) for x in range(n)]
+        ww = 0.0
+        for w in k:                                 # left to right (not sum(): compensated)
+            ww += w
+        if ww != 0.0:
+            k = [w / ww for w in k]
+        first[xx] = xmin
+        weights[xx, :n] = [int(-0.5 + w * one) if w < 0 else int(0.5 + w * one) for w in k]
+    return first, weights
+
+
+@lru_cache(maxsize=64)
+def _device_tables(in_size: int, out_size: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input index [out * ksize] (clamped into the image; clamped taps weigh 0) and
+    weights [out, ksize] int32, on `device`."""
+    first, weights = coefficients(in_size, out_size)
+    index = np.minimum(first[:, None] + np.arange(weights.shape[1]), in_size - 1)
+    return (torch.from_numpy(index.reshape(-1)).to(device),
+            torch.from_numpy(weights).to(device))
+
+
+def _pass(x: torch.Tensor, dim: int, out_size: int) -> torch.Tensor:
+    """Resample the uint8 [H, W, C] image along dim (0: rows, 1: columns) to out_size."""
+    index, weights = _device_tables(x.shape[dim], out_size, x.device)
+    ksize = weights.shape[1]
+    taps = x.index_select(dim, index)               # uint8, the tap axis right after dim
+    shape = list(x.shape)
+    shape[dim:dim + 1] = [out_size, ksize]
+    taps = taps.view(shape).to(torch.int32)
+    w_shape = [1] * len(shape)
+    w_shape[dim:dim + 2] = [out_size, ksize]
+    acc = (taps * weights.view(w_shape)).sum(dim=dim + 1, dtype=torch.int32)
+    acc += 1 << (PRECISION_BITS - 1)
+    return (acc >> PRECISION_BITS).clamp_(0, 255).to(torch.uint8)
+
+
+def _pillow_version() -> tuple[int, int]:
+    major, minor = PIL.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _vertical_first(h: int, w: int, height: int, width: int,
+                    version: tuple[int, int] | None = None) -> bool:
+    """Whether Pillow `version` (default: the installed one) resizes [h, w] -> [height,
+    width] with the vertical pass first."""
+    version = version or _pillow_version()
+    if version >= (13, 0):      # Resample.c ImagingResampleInner: horizontal_first
+        return h - height > 0 and h - height > (w - width) * 2
+    if version >= (12, 2):      # Image.resize: "Resize tall images vertically first"
+        return h > w * 100 and height < h
+    return False
+
+
+def resize_lanczos(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """uint8 [H, W, C] -> uint8 [height, width, C], on image's device; the same pixels as
+    np.asarray(Image.fromarray(image).resize((width, height), Image.Resampling.LANCZOS))."""
+    if image.dtype != torch.uint8 or image.dim() != 3:
+        raise ValueError(f"expected a uint8 [H, W, C] tensor, got {image.dtype} "
+                         f"{tuple(image.shape)}")
+    if height < 1 or width < 1:
+        raise ValueError("height and width must be > 0")
+    x = image
+    passes = [(1, width), (0, height)]              # (dim, size): horizontal, vertical
+    if _vertical_first(x.shape[0], x.shape[1], height, width):
+        passes.reverse()
+    for dim, size in passes:
+        if size != x.shape[dim]:
+            x = _pass(x, dim, size)
+    if x is image:
+        x = x.clone()
+    return x
