@@ -5,6 +5,9 @@ A crop is `crop_size` (378) pixels = `grid` (27) patches. Neighbouring local cro
 (27 - 2*4) * 14 = 266 pixels. The image is resized so that a (rows, cols) grid of windows plus
 one margin on each outer edge covers it exactly; crop (i, j) starts at (i*266, j*266).
 Crop 0 is the global view: the whole image resized to 378 x 378.
+
+Both resizes are PIL's LANCZOS: overlap_crops runs PIL on the CPU, overlap_crops_tensor
+runs the bit-identical torch version (lanczos_resize) on the tensor's device.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 from PIL import Image
+
+from .lanczos_resize import resize_lanczos
 
 
 def select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:
@@ -58,22 +63,52 @@ def _resize_in_background(image: np.ndarray, height: int, width: int) -> Future:
     return _resize_pool.submit(_resize, image, height, width)
 
 
-def overlap_crops(image: np.ndarray, crop_size: int, patch: int, margin: int,
-                  max_crops: int) -> tuple[np.ndarray, tuple[int, int]]:
-    """HxWx3 uint8 -> (crops [1 + rows*cols, crop, crop, 3] uint8, (rows, cols))."""
-    h, w = image.shape[:2]
+def crops_layout(height: int, width: int, crop_size: int, patch: int, margin: int,
+                 max_crops: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Tiling (rows, cols) of a height x width image, and the (height, width) the image is
+    resized to before the local crops are cut from it."""
     margin_px = margin * patch
     window = crop_size - 2 * margin_px
-    rows, cols = select_tiling(h - 2 * margin_px, w - 2 * margin_px, window, max_crops)
-    crops = np.zeros((1 + rows * cols, crop_size, crop_size, 3), dtype=np.uint8)
-    global_view = _resize_in_background(image, crop_size, crop_size)
-    big = _resize(image, rows * window + 2 * margin_px, cols * window + 2 * margin_px)
-    crops[0] = global_view.result()
+    rows, cols = select_tiling(height - 2 * margin_px, width - 2 * margin_px, window,
+                               max_crops)
+    return (rows, cols), (rows * window + 2 * margin_px, cols * window + 2 * margin_px)
+
+
+def _fill_crops(crops, global_view, big, tiling: tuple[int, int], window: int):
+    """crops[0] = the global view, crops[1 + i*cols + j] = the crop of `big` at
+    (i*window, j*window). Indexing only: numpy arrays and torch tensors alike."""
+    rows, cols = tiling
+    crop_size = crops.shape[1]
+    crops[0] = global_view
     for i in range(rows):
         for j in range(cols):
             tile = big[i * window:i * window + crop_size, j * window:j * window + crop_size]
             crops[1 + i * cols + j, :tile.shape[0], :tile.shape[1]] = tile
-    return crops, (rows, cols)
+    return crops
+
+
+def overlap_crops(image: np.ndarray, crop_size: int, patch: int, margin: int,
+                  max_crops: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """HxWx3 uint8 -> (crops [1 + rows*cols, crop, crop, 3] uint8, (rows, cols)), with PIL."""
+    tiling, (big_h, big_w) = crops_layout(*image.shape[:2], crop_size, patch, margin,
+                                          max_crops)
+    crops = np.zeros((1 + tiling[0] * tiling[1], crop_size, crop_size, 3), dtype=np.uint8)
+    global_view = _resize_in_background(image, crop_size, crop_size)
+    big = _resize(image, big_h, big_w)
+    _fill_crops(crops, global_view.result(), big, tiling, crop_size - 2 * margin * patch)
+    return crops, tiling
+
+
+def overlap_crops_tensor(image: torch.Tensor, crop_size: int, patch: int, margin: int,
+                         max_crops: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    """overlap_crops on a uint8 [H, W, 3] tensor, on its device (lanczos_resize: the same
+    pixels as PIL) -> (crops [1 + rows*cols, crop, crop, 3] uint8 tensor, (rows, cols))."""
+    tiling, (big_h, big_w) = crops_layout(image.shape[0], image.shape[1], crop_size, patch,
+                                          margin, max_crops)
+    crops = image.new_zeros((1 + tiling[0] * tiling[1], crop_size, crop_size, 3))
+    _fill_crops(crops, resize_lanczos(image, crop_size, crop_size),
+                resize_lanczos(image, big_h, big_w), tiling, crop_size - 2 * margin * patch)
+    return crops, tiling
 
 
 def stitch_features(local: torch.Tensor, tiling: tuple[int, int], margin: int) -> torch.Tensor:

@@ -19,12 +19,15 @@ from .crops import stitch_features
 from .layers import Weights
 
 
-def normalize(crops: np.ndarray, device, dtype) -> torch.Tensor:
-    """uint8 [N, H, W, 3] -> [N, 3, H, W], pixels mapped to (x/255 - 0.5) / 0.5 in [-1, 1].
+def normalize(crops: np.ndarray | torch.Tensor, device, dtype) -> torch.Tensor:
+    """uint8 [N, H, W, 3] (numpy or tensor) -> [N, 3, H, W] on device, pixels mapped to
+    (x/255 - 0.5) / 0.5 in [-1, 1].
 
     Each of the three operations rounds to `dtype`, in that order, as the reference does:
     in bf16 this differs from computing in fp32 and rounding once."""
-    x = torch.from_numpy(crops).to(device).permute(0, 3, 1, 2).to(dtype)
+    if isinstance(crops, np.ndarray):
+        crops = torch.from_numpy(crops)
+    x = crops.to(device).permute(0, 3, 1, 2).to(dtype)
     return x.div(255.0).sub(0.5).div(0.5)
 
 
