@@ -105,10 +105,10 @@ def _pass(x: torch.Tensor, dim: int, out_size: int) -> torch.Tensor:
     taps = x.index_select(dim, index)               # uint8, the tap axis right after dim
     shape = list(x.shape)
     shape[dim:dim + 1] = [out_size, ksize]
-    taps = taps.view(shape).to(torch.int32)
     w_shape = [1] * len(shape)
     w_shape[dim:dim + 2] = [out_size, ksize]
-    acc = (taps * weights.view(w_shape)).sum(dim=dim + 1, dtype=torch.int32)
+    # uint8 * int32 promotes to int32 inside the one kernel
+    acc = (taps.view(shape) * weights.view(w_shape)).sum(dim=dim + 1, dtype=torch.int32)
     acc += 1 << (PRECISION_BITS - 1)
     return (acc >> PRECISION_BITS).clamp_(0, 255).to(torch.uint8)
 
