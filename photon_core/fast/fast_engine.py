@@ -16,6 +16,7 @@ given runs (pipelined_decoder.py). On the CPU the identical pipeline runs withou
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Callable
 
 import torch
@@ -34,6 +35,35 @@ from .static_kv_cache import StaticKVCache
 from .zombie_refcount import RowRefcount
 
 DEFAULT_GPU_KV_CAPACITY = 1024
+
+# Live engines of this process: a new engine's capture stream must differ from their streams.
+_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _own_stream(device, taken: list) -> torch.cuda.Stream:
+    """A stream that is none of `taken`. torch.cuda.Stream() hands out the streams of a fixed
+    pool (32 per device and priority) round robin, so a fresh one can be one already in use;
+    draw again (at most one turn of the pool) until it differs."""
+    s = torch.cuda.Stream(device=device)
+    for _ in range(64):
+        if not any(s == t for t in taken):
+            break
+        s = torch.cuda.Stream(device=device)
+    return s
+
+
+@contextlib.contextmanager
+def _default_capture_stream(stream):
+    """torch.cuda.graph(g) without `stream=` captures on torch.cuda.graph.default_capture_stream
+    (one stream for the whole process); make it `stream` inside the block. torch allows one
+    capture at a time per process, so swapping the class default around a capture is safe."""
+    cls = torch.cuda.graph
+    saved = cls.default_capture_stream
+    cls.default_capture_stream = stream
+    try:
+        yield
+    finally:
+        cls.default_capture_stream = saved
 
 
 class FastEngine:
@@ -63,6 +93,15 @@ class FastEngine:
         self.idle = GpuIdleMeter(dev)
         self.detok = DetokenizerThread(threaded=detok_thread)
         self.stream = torch.cuda.Stream(device=dev) if self.cuda else None
+        # Every graph of this engine (decode pieces, prompt prefill, encoder) is captured on a
+        # stream of its own, shared with no other engine: see _capture_ctx.
+        self.capture_stream = None
+        if self.use_graphs:
+            taken = [torch.cuda.graph.default_capture_stream, self.stream]
+            for e in list(_ENGINES):
+                taken += [e.stream, e.capture_stream]
+            self.capture_stream = _own_stream(dev, [t for t in taken if t is not None])
+        _ENGINES.add(self)
         self.decoder = PipelinedDecoder(self.state, self.runner, self.slots, self.rows,
                                         self.idle, pipelined=pipelined)
         if warmup and self.use_graphs:
@@ -93,7 +132,7 @@ class FastEngine:
 
     def warmup(self) -> None:
         """Capture the decode-step graphs for every batch bucket (GPU only)."""
-        with self._compute_stream_ctx():
+        with self._compute_stream_ctx(), self._capture_ctx():
             self.runner.capture()
             if self.prefill is not None:
                 self.prefill.capture()
@@ -102,7 +141,7 @@ class FastEngine:
         """-> EncodedImage: graphed_encoder.py on the GPU (the reference's functions in one
         graph per tiling, same result), else the reference model's encode_image."""
         if self.encoder is not None:
-            with self._compute_stream_ctx():
+            with self._compute_stream_ctx(), self._capture_ctx():   # captures a new tiling
                 return self.encoder.encode(image)
         return self.model.encode_image(image)
 
@@ -183,6 +222,23 @@ class FastEngine:
     def _compute_stream_ctx(self):
         return torch.cuda.stream(self.stream) if self.stream is not None \
             else contextlib.nullcontext()
+
+    def _capture_ctx(self):
+        """Graphs captured inside use this engine's own capture stream.
+
+        PyTorch keys the cuBLAS workspace by (handle, stream), and a captured GEMM keeps the
+        raw workspace address of its CAPTURE stream. Captured on torch.cuda.graph's one
+        process-wide default stream, the graphs of every engine in the process would share one
+        workspace: two engines replaying graphs at the same time on their own compute streams
+        (bench_kernels.py: prev.start(); fused.start(), no sync between) corrupt each other's
+        GEMMs - measured on the H200: prefill hidden states off by ~6 (|h| <= 22) in both
+        engines, lm logits rel 0.2, none of it with a sync between the starts, with
+        CUBLAS_WORKSPACE_CONFIG=:0:0, or with per-engine capture streams. Freeing one graph can
+        also free that workspace under the other graphs captured on the same stream
+        (pytorch/pytorch#193402), e.g. an old engine dropped after a new one was built."""
+        if self.capture_stream is None:
+            return contextlib.nullcontext()
+        return _default_capture_stream(self.capture_stream)
 
     def _acquire_row(self, run) -> int:
         row = self.rows.acquire(run)
