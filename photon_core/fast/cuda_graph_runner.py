@@ -37,6 +37,7 @@ class CudaGraphRunner:
             "lm": ds.lm_greedy, "lm_sample": eager_lm_sample, "coord": ds.coord,
             "size": ds.size, "forward": ds.forward}
         self.capture_ms = 0.0
+        self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
     def bucket(self, n_rows: int) -> int:
         for b in self.buckets:
@@ -70,7 +71,7 @@ class CudaGraphRunner:
             for b in self.buckets:
                 for name in PIECES:
                     g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=self.pool):
+                    with torch.cuda.graph(g, pool=self.pool, stream=self.capture_stream):
                         self.fns[name](st, b)
                     self.graphs[(name, b)] = g
         torch.cuda.synchronize()

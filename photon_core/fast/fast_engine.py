@@ -52,20 +52,6 @@ def _own_stream(device, taken: list) -> torch.cuda.Stream:
     return s
 
 
-@contextlib.contextmanager
-def _default_capture_stream(stream):
-    """torch.cuda.graph(g) without `stream=` captures on torch.cuda.graph.default_capture_stream
-    (one stream for the whole process); make it `stream` inside the block. torch allows one
-    capture at a time per process, so swapping the class default around a capture is safe."""
-    cls = torch.cuda.graph
-    saved = cls.default_capture_stream
-    cls.default_capture_stream = stream
-    try:
-        yield
-    finally:
-        cls.default_capture_stream = saved
-
-
 class FastEngine:
     def __init__(self, model, max_batch: int = 8, kv_capacity: int | None = None,
                  use_graphs: bool | None = None, pipelined: bool = True,
@@ -94,13 +80,23 @@ class FastEngine:
         self.detok = DetokenizerThread(threaded=detok_thread)
         self.stream = torch.cuda.Stream(device=dev) if self.cuda else None
         # Every graph of this engine (decode pieces, prompt prefill, encoder) is captured on a
-        # stream of its own, shared with no other engine: see _capture_ctx.
+        # stream of its own, shared with no other engine. PyTorch keys the cuBLAS workspace by
+        # (handle, stream) and a captured GEMM keeps the raw workspace address of its CAPTURE
+        # stream: captured on torch.cuda.graph's one process-wide default stream, the graphs
+        # of every engine would share one workspace, and two engines replaying at the same
+        # time on their own compute streams corrupt each other's GEMMs (measured on the H200:
+        # bench_kernels' back-to-back prefills in two engines, hidden states off by ~6 with
+        # |h| <= 22). Freeing one graph can also free that workspace under other graphs
+        # captured on the same stream (pytorch/pytorch#193402).
         self.capture_stream = None
         if self.use_graphs:
             taken = [torch.cuda.graph.default_capture_stream, self.stream]
             for e in list(_ENGINES):
                 taken += [e.stream, e.capture_stream]
             self.capture_stream = _own_stream(dev, [t for t in taken if t is not None])
+            for part in (self.runner, self.prefill, self.encoder):
+                if part is not None:
+                    part.capture_stream = self.capture_stream
         _ENGINES.add(self)
         self.decoder = PipelinedDecoder(self.state, self.runner, self.slots, self.rows,
                                         self.idle, pipelined=pipelined)
@@ -132,7 +128,7 @@ class FastEngine:
 
     def warmup(self) -> None:
         """Capture the decode-step graphs for every batch bucket (GPU only)."""
-        with self._compute_stream_ctx(), self._capture_ctx():
+        with self._compute_stream_ctx():
             self.runner.capture()
             if self.prefill is not None:
                 self.prefill.capture()
@@ -141,7 +137,7 @@ class FastEngine:
         """-> EncodedImage: graphed_encoder.py on the GPU (the reference's functions in one
         graph per tiling, same result), else the reference model's encode_image."""
         if self.encoder is not None:
-            with self._compute_stream_ctx(), self._capture_ctx():   # captures a new tiling
+            with self._compute_stream_ctx():
                 return self.encoder.encode(image)
         return self.model.encode_image(image)
 
@@ -222,23 +218,6 @@ class FastEngine:
     def _compute_stream_ctx(self):
         return torch.cuda.stream(self.stream) if self.stream is not None \
             else contextlib.nullcontext()
-
-    def _capture_ctx(self):
-        """Graphs captured inside use this engine's own capture stream.
-
-        PyTorch keys the cuBLAS workspace by (handle, stream), and a captured GEMM keeps the
-        raw workspace address of its CAPTURE stream. Captured on torch.cuda.graph's one
-        process-wide default stream, the graphs of every engine in the process would share one
-        workspace: two engines replaying graphs at the same time on their own compute streams
-        (bench_kernels.py: prev.start(); fused.start(), no sync between) corrupt each other's
-        GEMMs - measured on the H200: prefill hidden states off by ~6 (|h| <= 22) in both
-        engines, lm logits rel 0.2, none of it with a sync between the starts, with
-        CUBLAS_WORKSPACE_CONFIG=:0:0, or with per-engine capture streams. Freeing one graph can
-        also free that workspace under the other graphs captured on the same stream
-        (pytorch/pytorch#193402), e.g. an old engine dropped after a new one was built."""
-        if self.capture_stream is None:
-            return contextlib.nullcontext()
-        return _default_capture_stream(self.capture_stream)
 
     def _acquire_row(self, run) -> int:
         row = self.rows.acquire(run)

@@ -37,6 +37,7 @@ class GraphedEncoder:
         w = model.weights
         self.bos = torch.tensor([model.config.tokenizer.bos_id], device=w.device)
         self.capture_ms = 0.0
+        self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
     def _body(self, e: _Entry, tiling) -> None:
         m = self.model
@@ -67,7 +68,7 @@ class GraphedEncoder:
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, stream=self.capture_stream):
                 self._body(e, tiling)
             torch.cuda.synchronize()
             e.graph = g

@@ -36,6 +36,7 @@ class GraphedPrefill:
         self.meta = torch.zeros(3 + tmax, dtype=torch.long, device=dev)
         self.hidden_out = torch.zeros(st.cfg.text.dim, device=dev, dtype=st.hidden.dtype)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
     def bucket(self, length: int) -> int | None:
         for b in self.buckets:
@@ -96,7 +97,7 @@ class GraphedPrefill:
         with torch.inference_mode():
             for T in self.buckets:
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+                with torch.cuda.graph(g, pool=pool, stream=self.capture_stream):
                     self._run(T)
                 self.graphs[T] = g
         torch.cuda.synchronize()

@@ -7,7 +7,7 @@ stream), so all those graphs baked in ONE workspace address. The bench starts a 
 engine back to back (each engine's own compute stream, no sync between): the two graphed
 prefills ran at the same time and corrupted each other's GEMMs (both engines' hidden states
 wrong, not only the fused one's). The fix captures each engine's graphs on a stream of its own
-(FastEngine._capture_ctx).
+(FastEngine.capture_stream, passed as torch.cuda.graph(stream=...) by every capture).
 
   - CPU: the fake-CUDA test checks that mechanism (fails when the engines share a capture
     stream); the bench's sequence on the tiny fp32 model (interpreted Triton kernels) checks
