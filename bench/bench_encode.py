@@ -1,0 +1,237 @@
+"""Where the 640x480 encode goes, on the GPU, real Moondream 2 shapes, random bf16 weights.
+
+All in one run (ratios against same-run baselines):
+  - overlap crops: PIL on the CPU vs the torch Lanczos on the GPU (bitwise compared);
+  - vision encoder (9 crops), projection, image-prefix prefill (730 tokens): eager and as
+    CUDA graphs, each timed alone with CUDA events;
+  - the graphed encoder's replay alone, and encode_image end to end: reference path, fast
+    path with CPU crops, fast path with GPU crops;
+  - the top kernels of one eager vision encoder and one eager prefix prefill (profiler);
+  - SDPA backends at the vision attention shape [9, 16, 729, 72] and the vision GEMMs'
+    TFLOP/s (what a faster encoder could use).
+
+Usage: PYTHONPATH=. python3 bench/bench_encode.py [--iters 10]
+Writes $OUT/bench_encode.json and $OUT/bench_encode.md when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from photon_core.fast import FastEngine  # noqa: E402
+from photon_core.moondream import text, vision  # noqa: E402
+from photon_core.moondream.config import MoondreamConfig  # noqa: E402
+from photon_core.moondream.kv_cache import KVCache  # noqa: E402
+from photon_core.moondream.model import build_random_model  # noqa: E402
+
+LINES: list[str] = []
+
+
+def say(s=""):
+    print(s, flush=True)
+    LINES.append(s)
+
+
+def cuda_ms(fn, iters=10, warmup=2):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def wall_ms(fn, iters=10, warmup=2):
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def graphed(fn):
+    """Capture fn() in a CUDA graph (after a warm-up on a side stream); returns replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def top_kernels(fn, n=8):
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in evs)
+    launches = sum(e.count for e in evs)
+    evs.sort(key=lambda e: -e.self_device_time_total)
+    return {"total_us": round(total, 1), "launches": launches,
+            "top": [(e.key[:70], round(e.self_device_time_total, 1), e.count)
+                    for e in evs[:n]]}
+
+
+def section(out, name, fn):
+    try:
+        out[name] = fn()
+    except Exception as e:  # noqa: BLE001
+        out[name] = {"error": repr(e), "tb": traceback.format_exc()[-1500:]}
+    say(f"{name}: {out[name]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    it = args.iters
+    out: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+                 "date": time.strftime("%Y-%m-%d")}
+    say(f"# bench_encode  {out['gpu']}  torch {out['torch']}")
+    m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    v, w, t = m.config.vision, m.weights, m.config.text
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+
+    def crops():
+        from photon_core.moondream import crops as C
+        from photon_core.moondream.image_input import to_rgb_array
+        arr = to_rgb_array(frame, m.max_image_side)
+        args_ = (v.crop_size, v.enc_patch_size, v.overlap_margin, v.max_crops)
+        res = {"cpu_pil_ms": wall_ms(lambda: C.overlap_crops(arr, *args_), it)}
+        if hasattr(C, "overlap_crops_tensor"):
+            dev_fn = lambda: C.overlap_crops_tensor(  # noqa: E731
+                torch.from_numpy(arr).to("cuda", non_blocking=False), *args_)
+            res["gpu_torch_ms"] = wall_ms(dev_fn, it)
+            a, _ = C.overlap_crops(arr, *args_)
+            b, _ = dev_fn()
+            res["identical"] = bool(np.array_equal(a, b.cpu().numpy()))
+            res["cpu_over_gpu"] = round(res["cpu_pil_ms"] / res["gpu_torch_ms"], 2)
+        return res
+    section(out, "crops", crops)
+
+    with torch.inference_mode():
+        arr, x, tiling = m.image_crops(frame)
+        feats = vision.encoder(w, v, x)
+        toks = vision.project(w, v, feats, tiling)
+        bos = text.embed(w, torch.tensor([m.config.tokenizer.bos_id], device="cuda"))
+        prefix = torch.cat([bos, toks], dim=0)[None]
+        cache = KVCache(t.n_layers, t.n_kv_heads, prefix.shape[1], t.head_dim, w.device,
+                        w.dtype)
+
+        def run_prefill():
+            cache.length = 0
+            text.decoder(w, t, prefix, 0, cache, m.prefix_len)
+
+        def parts():
+            res = {}
+            res["vision_eager_ms"] = cuda_ms(lambda: vision.encoder(w, v, x), it)
+            res["vision_graph_ms"] = cuda_ms(graphed(lambda: vision.encoder(w, v, x)), it)
+            res["projection_eager_ms"] = cuda_ms(lambda: vision.project(w, v, feats, tiling), it)
+            res["prefix_prefill_eager_ms"] = cuda_ms(run_prefill, it)
+            res["prefix_prefill_graph_ms"] = cuda_ms(graphed(run_prefill), it)
+            n_tok = x.shape[0] * feats.shape[1]
+            vis_params = sum(p.numel() for n, p in w.items() if n.startswith("vision.blocks"))
+            res["vision_gemm_tflop"] = round(2 * n_tok * vis_params / 1e12, 2)
+            dec_params = sum(p.numel() for n, p in w.items() if n.startswith("text.blocks"))
+            res["prefill_gemm_tflop"] = round(2 * prefix.shape[1] * dec_params / 1e12, 2)
+            return res
+        section(out, "parts", parts)
+        section(out, "profile_vision_eager", lambda: top_kernels(lambda: vision.encoder(w, v, x)))
+        section(out, "profile_prefill_eager", lambda: top_kernels(run_prefill))
+
+        def sdpa():
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            q, k, vv = (torch.randn(9, 16, 729, 72, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(3))
+            res = {}
+            for be in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+                try:
+                    with sdpa_kernel(getattr(SDPBackend, be)):
+                        res[be] = round(cuda_ms(lambda: F.scaled_dot_product_attention(
+                            q, k, vv), it) * 27, 2)     # x 27 layers
+                except Exception as e:  # noqa: BLE001
+                    res[be] = repr(e)[:80]
+            res["default"] = round(cuda_ms(lambda: F.scaled_dot_product_attention(q, k, vv),
+                                           it) * 27, 2)
+            res["note"] = "ms for 27 layers"
+            return res
+        section(out, "sdpa_vision_shape", sdpa)
+
+        def gemms():
+            res = {}
+            a = torch.randn(x.shape[0] * 729, 1152, device="cuda", dtype=torch.bfloat16)
+            for name in ("qkv", "proj", "fc1", "fc2"):
+                key = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1",
+                       "fc2": "mlp.fc2"}[name]
+                wt = w[f"vision.blocks.0.{key}.weight"]
+                inp = a if wt.shape[1] == 1152 else torch.randn(a.shape[0], wt.shape[1],
+                                                               device="cuda",
+                                                               dtype=torch.bfloat16)
+                ms = cuda_ms(lambda: F.linear(inp, wt, w[f"vision.blocks.0.{key}.bias"]), it)
+                res[name] = {"ms": round(ms, 4),
+                             "tflops": round(2 * inp.shape[0] * wt.numel() / ms / 1e9, 1)}
+            return res
+        section(out, "vision_gemms", gemms)
+
+    def e2e():
+        fe = FastEngine(m, max_batch=4)
+        enc = fe.encode_image(frame)
+        entry = next(iter(fe.encoder.entries.values()))
+        res = {"graphed_encoder_replay_ms": cuda_ms(entry.graph.replay, it)}
+        res["encode_reference_ms"] = wall_ms(lambda: m.encode_image(frame), it)
+        import photon_core.moondream.model as MM
+        saved = MM.CROPS_ON_DEVICE
+        try:
+            for label, val in (("cpu", False), ("gpu", True)):
+                MM.CROPS_ON_DEVICE = val
+                res[f"encode_fast_{label}_crops_ms"] = wall_ms(lambda: fe.encode_image(frame),
+                                                               it)
+                res[f"kv_equal_{label}"] = bool(torch.equal(fe.encode_image(frame).kv,
+                                                            enc.kv))
+        finally:
+            MM.CROPS_ON_DEVICE = saved
+        res["encode_fast_default_ms"] = wall_ms(lambda: fe.encode_image(frame), it)
+        fe.close()
+        return res
+    section(out, "encode_image", e2e)
+
+    od = os.environ.get("OUT")
+    if od:
+        Path(od).mkdir(parents=True, exist_ok=True)
+        (Path(od) / "bench_encode.json").write_text(json.dumps(out, indent=1, default=str))
+        (Path(od) / "bench_encode.md").write_text("\n".join(LINES) + "\n")
+
+
+if __name__ == "__main__":
+    main()
