@@ -13,6 +13,12 @@ Padding tokens sit after the real ones, so causality keeps them out of every rea
 result; their k/v land on positions that decode steps overwrite before anyone reads them.
 Prompts longer than the largest bucket use the eager reference prefill. On the CPU the same
 code runs eagerly (tests compare it with the reference).
+
+With the fused decode step (fused_step.py, the default on CUDA in bf16/fp16), buckets of up to
+FUSED_MAX_T (16) tokens run the projections with its kernels over the T token rows: LayerNorm
+kernel, one GEMV over [Wqkv; Wfc1] (+ GELU), the attention below in torch, one GEMV over
+[Wproj, Wfc2] into an fp32 residual stream - the weights are streamed once per layer at GEMV
+speed instead of cuBLAS's small-M GEMMs and ~10 more launches per layer.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import torch.nn.functional as F
 from ..moondream.rope import apply_rope, rope_angles
 
 BUCKETS = (8, 16, 32, 64, 128)
+FUSED_MAX_T = 16     # rows the fused GEMV takes in one pass (kernels/gemv.py: b <= 16)
 
 
 class GraphedPrefill:
@@ -36,6 +43,12 @@ class GraphedPrefill:
         self.meta = torch.zeros(3 + tmax, dtype=torch.long, device=dev)
         self.hidden_out = torch.zeros(st.cfg.text.dim, device=dev, dtype=st.hidden.dtype)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.fused = st.fused                # None: the torch projections for every bucket
+        if self.fused is not None:
+            n = min(tmax, FUSED_MAX_T)
+            self.fx = torch.zeros(n, st.cfg.text.dim, device=dev, dtype=torch.float32)
+            self.fh = torch.zeros(n, st.cfg.text.dim, device=dev, dtype=st.hidden.dtype)
+            self.fu = torch.zeros(n, self.fused.u.shape[1], device=dev, dtype=st.hidden.dtype)
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
     def bucket(self, length: int) -> int | None:
@@ -51,6 +64,12 @@ class GraphedPrefill:
         row, start, length = self.meta[0:1], self.meta[1:2], self.meta[2:3]
         ids = self.meta[3:3 + T]
         x = F.embedding(ids, w["text.wte"])[None]                       # [1, T, dim]
+        fd = self.fused if T <= FUSED_MAX_T else None
+        if fd is not None:
+            from .kernels.gemv import EPI_QKV_GELU, EPI_RESIDUAL, gemv
+            from .kernels.layernorm import layer_norm
+            fx, fh, fu = self.fx[:T], self.fh[:T], self.fu[:T]
+            fx.copy_(x[0])
         pos = start + st.key_ids[:T]
         cos, sin = rope_angles(pos, cfg.rot_dim)
         pos_w = pos.clamp(max=kv.capacity - 1)
@@ -59,8 +78,13 @@ class GraphedPrefill:
         rep = nh // nkv
         for i in range(cfg.n_layers):
             p = f"text.blocks.{i}"
-            h = w.layer_norm(x, p + ".ln")
-            qkv = w.linear(h, p + ".attn.qkv")
+            if fd is not None:
+                layer_norm(fx, *fd.ln[i], fh)
+                gemv(fh, fd.w1[i], fd.b1[i], fu, EPI_QKV_GELU, n_split=fd.n_qkv, gap=nh * hd)
+                qkv = fu[None, :, :fd.n_qkv]
+            else:
+                h = w.layer_norm(x, p + ".ln")
+                qkv = w.linear(h, p + ".attn.qkv")
             qk = apply_rope(qkv[..., :(nh + nkv) * hd].view(1, T, nh + nkv, hd).transpose(1, 2),
                             cos, sin)
             q, k = qk[:, :nh], qk[:, nh:]
@@ -74,9 +98,14 @@ class GraphedPrefill:
                 values = values.repeat_interleave(rep, dim=1)
             scores = torch.matmul(q, keys.transpose(-1, -2)).float() * hd ** -0.5 + mask_add
             a = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+            if fd is not None:
+                fu[:, fd.n_qkv:fd.n_qkv + dim].copy_(a[0].transpose(0, 1).reshape(T, dim))
+                gemv(fu[:, fd.n_qkv:], fd.w2[i], fd.b2[i], fx, EPI_RESIDUAL)
+                continue
             a = w.linear(a.transpose(1, 2).reshape(1, T, dim), p + ".attn.proj")
             x = x + a + w.mlp(h, p + ".mlp")
-        self.hidden_out.copy_(x[0].index_select(0, length - 1)[0])
+        last = fx if fd is not None else x[0]
+        self.hidden_out.copy_(last.index_select(0, length - 1)[0])
 
     def capture(self) -> None:
         """Capture every bucket (at engine warm-up, before any row is in use: the capture

@@ -329,3 +329,40 @@ def test_region_heads_fused_match_torch():
     ds.size(st, 3)
     assert torch.equal(st.out[:, 1:], ref[:, 1:])
     st.fused = fused
+
+
+@pytest.mark.parametrize("length", [5, 12, 20])
+def test_fused_prompt_prefill_matches_torch_prefill(length):
+    """graphed_prefill.py with the fused kernels (buckets <= FUSED_MAX_T; 20 tokens takes the
+    torch bucket of 32) vs the torch prefill over the same cache contents: the last hidden
+    state and the k/v written (fp32 tiny model, interpreted kernels)."""
+    from photon_core.fast import decode_step as ds
+    from photon_core.fast.graphed_prefill import GraphedPrefill
+    from photon_core.fast.static_kv_cache import StaticKVCache
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import tiny_config
+
+    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
+    cfg = m.config.text
+    out = {}
+    for mode in ("off", "on"):
+        kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, 2, 64, cfg.head_dim, "cpu",
+                           torch.float32)
+        kv.data.normal_(generator=torch.Generator().manual_seed(6))   # an "image prefix"
+        ds.FUSED = mode
+        try:
+            st = ds.StepState(m, 2, kv)
+        finally:
+            ds.FUSED = "auto"
+        pf = GraphedPrefill(st, use_graphs=False)
+        assert (pf.fused is not None) == (mode == "on")
+        prompt = torch.randint(0, cfg.vocab_size, (length,),
+                               generator=torch.Generator().manual_seed(7)).tolist()
+        with torch.inference_mode():
+            h = pf.run(1, 30, prompt).clone()
+        out[mode] = (h, kv.data.clone())
+    (h0, kv0), (h1, kv1) = out["off"], out["on"]
+    _close(h1, h0, 2e-5)
+    _close(kv1, kv0, 2e-5)
+    if length > 16:
+        assert torch.equal(h1, h0)           # the torch bucket: the same code, bit for bit

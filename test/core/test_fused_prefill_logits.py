@@ -136,7 +136,10 @@ def test_bench_sequence_fused_and_torch_logits_agree_after_prefill():
         return ((a[ok] - b[ok]).abs().max() / a[ok].abs().max()).item()
 
     with torch.inference_mode():
-        assert torch.equal(prev.state.hidden[0], fused.state.hidden[0])
+        # the fused engine prefills with its own kernels (graphed_prefill.py, FUSED_MAX_T):
+        # fp32 rounding apart; the lm heads are then compared on the SAME hidden state
+        assert rel(prev.state.hidden[:1], fused.state.hidden[:1]) < 1e-5
+        fused.state.hidden[0] = prev.state.hidden[0]
         lp = ds._lm_logits(prev.state, 1).float().clone()
         lf = ds._lm_logits(fused.state, 1).float().clone()
         assert rel(lp, lf) < 1e-5
