@@ -269,6 +269,35 @@ def prompt_prefill_ms(engine, model):
     return res
 
 
+def deterministic_check(engine, model, enc, kv):
+    """FastEngine(deterministic=True) vs the default engine: graph replay ms at batch 1 and 8,
+    and whether two identical query runs (prefill + 24 steps) leave the same bits (final
+    hidden state and the row's k/v) in each engine."""
+    det = FastEngine(model, max_batch=8, kv_capacity=kv, deterministic=True)
+    res = {}
+    for name, e in (("default", engine), ("deterministic", det)):
+        e.pipelined = True
+        states = []
+        for _ in range(3):
+            r = e.start(enc, Task("query", question=QUESTION, max_tokens=64), ignore_eos=True)
+            for _ in range(24):
+                e.step_batch([r])
+            torch.cuda.synchronize()
+            states.append((e.state.hidden[r.row].clone(),
+                           e.kv.data[:, :, r.row, :, :r.pos].clone()))
+            r.cancel()
+            e.drain()
+        same = all(torch.equal(h, states[0][0]) and torch.equal(k, states[0][1])
+                   for h, k in states[1:])
+        res[name] = {"graph_ms_b1": round(graph_step_ms(e, 1), 4),
+                     "graph_ms_b8": round(graph_step_ms(e, 8), 4),
+                     "three_runs_bitwise_equal": same}
+    res["det/default_b1"] = round(res["deterministic"]["graph_ms_b1"] /
+                                  res["default"]["graph_ms_b1"], 3)
+    det.close()
+    return res
+
+
 def gpu_correctness():
     cfg = tiny_config(fast=True)
     m = build_random_model(cfg, device="cuda", dtype="fp32", seed=0,
@@ -450,6 +479,11 @@ def main():
             f"{tb:.2f} / {tp:.2f} ({tp / tb:.3f}) | {idle:.4f} |")
     out["e2e"] = e2e_rows
     out["metrics"] = engine.metrics()
+    try:
+        out["deterministic"] = deterministic_check(engine, model, enc, args.kv)
+        say(f"\ndeterministic engine vs default (same run): {out['deterministic']}")
+    except Exception as e:  # noqa: BLE001
+        say(f"deterministic check failed: {e!r}")
     engine.close()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_decode.json").write_text(json.dumps(out, indent=1,

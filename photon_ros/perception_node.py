@@ -358,7 +358,8 @@ class PerceptionNode(LifecycleNode):
 
         t0 = time.monotonic()
         model = load_engine(cfg.model, device=cfg.device, dtype=cfg.dtype, engine=cfg.engine,
-                            max_batch=cfg.max_batch, progress=False)
+                            max_batch=cfg.max_batch, deterministic=cfg.deterministic,
+                            progress=False)
         engine = HookedEngine(model, cfg.debug_ignore_eos, cfg.debug_step_delay_ms)
         sizes = tuple(b for b in (1, 2, 4, 8) if b <= cfg.max_batch) or (1,)
         cost = CostModel.calibrate(engine, batch_sizes=sizes)

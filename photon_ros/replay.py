@@ -447,11 +447,12 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
     return stats
 
 
-def load_model_for(spec: str, device: str = "cpu", dtype: str = "fp32", engine: str = "auto"):
+def load_model_for(spec: str, device: str = "cpu", dtype: str = "fp32", engine: str = "auto",
+                   deterministic: bool = False):
     from photon_core import load_engine
 
     return load_engine(spec, device=device, dtype=dtype, engine=engine,
-                       progress=sys.stderr.isatty())
+                       deterministic=deterministic, progress=sys.stderr.isatty())
 
 
 def print_summary(stats: ReplayStats, out=None) -> None:
@@ -521,7 +522,10 @@ def main(args) -> int:
             raise ValueError(f"--camera wants NAME=TOPIC, got {c!r}")
         k, v = c.split("=", 1)
         cams[k] = v
-    model = load_model_for(spec, config.device, config.dtype, config.engine)
+    # offline output is meant to repeat byte for byte: on the GPU fast path that needs the
+    # deterministic GEMVs (no split-K atomics); realtime follows the params file
+    model = load_model_for(spec, config.device, config.dtype, config.engine,
+                           deterministic=args.mode == "offline" or config.deterministic)
     stats = replay(args.bag, args.out, config, model, mode=args.mode, camera_topics=cams,
                    rate=args.rate, zero_timing={"zero": True, "measured": False}.get(args.timing),
                    storage=args.storage,

@@ -43,6 +43,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "device": "cpu",
     "dtype": "fp32",
     "engine": "auto",              # auto (fast path on CUDA) | reference | fast
+    "deterministic": False,        # fast path: same bits every run (no split-K atomics)
     "max_batch": 4,
     "annotate": False,
     "publish_vision_msgs": False,
@@ -116,6 +117,7 @@ class PerceptionConfig:
     device: str = "cpu"
     dtype: str = "fp32"
     engine: str = "auto"
+    deterministic: bool = False
     max_batch: int = 4
     annotate: bool = False
     publish_vision_msgs: bool = False

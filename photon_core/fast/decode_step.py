@@ -42,7 +42,7 @@ OUT_TOKEN, OUT_COORD, OUT_W, OUT_H = 0, 1, 2, 3
 class StepState:
     """Preallocated device state for `rows` batch slots (written only by start() and steps)."""
 
-    def __init__(self, model, rows: int, kv: StaticKVCache):
+    def __init__(self, model, rows: int, kv: StaticKVCache, deterministic: bool = False):
         cfg, w = model.config, model.weights
         dev, dt = w.device, w.dtype
         self.rows, self.kv = rows, kv
@@ -71,7 +71,7 @@ class StepState:
         if use_fused(dev, dt):
             from .fused_step import FusedDecoder
             self.fused = FusedDecoder(model, rows, kv, coord_table=self.coord_table,
-                                      size_table=self.size_table)
+                                      size_table=self.size_table, deterministic=deterministic)
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, is_detect: bool,
                 temperature: float, top_p: float, generator=None) -> None:

@@ -56,7 +56,8 @@ class FastEngine:
     def __init__(self, model, max_batch: int = 8, kv_capacity: int | None = None,
                  use_graphs: bool | None = None, pipelined: bool = True,
                  detok_thread: bool = True, warmup: bool = True,
-                 graphed_prefill: bool = True, graphed_encoder: bool | None = None):
+                 graphed_prefill: bool = True, graphed_encoder: bool | None = None,
+                 deterministic: bool = False):
         self.model = model
         cfg = model.config.text
         dev = model.device
@@ -66,7 +67,10 @@ class FastEngine:
                 else cfg.max_context
         self.kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, max_batch, kv_capacity,
                                 cfg.head_dim, dev, model.dtype)
-        self.state = StepState(model, max_batch, self.kv)
+        # deterministic: the same inputs give the same bits on every run (no split-K atomics
+        # in the fused GEMVs; a few % slower per step, docs/benchmarks.md)
+        self.deterministic = deterministic
+        self.state = StepState(model, max_batch, self.kv, deterministic=deterministic)
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         self.runner = CudaGraphRunner(self.state, max_batch, self.use_graphs)
         self.prefill = GraphedPrefill(self.state, self.use_graphs) if graphed_prefill else None
@@ -203,6 +207,7 @@ class FastEngine:
         d["graph_capture_ms"] = self.runner.capture_ms
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined
+        d["deterministic"] = self.deterministic
         return d
 
     def reset_metrics(self) -> None:

@@ -50,11 +50,13 @@ FOLD_LN = os.environ.get("PHOTON_FOLD_LN", "0") == "1"
 class FusedDecoder:
     def __init__(self, model, rows: int, kv, attn_chunk: int = ATTN_CHUNK,
                  fold_ln: bool | None = None, coord_table: torch.Tensor | None = None,
-                 size_table: torch.Tensor | None = None):
+                 size_table: torch.Tensor | None = None, deterministic: bool = False):
         cfg, w = model.config.text, model.weights
         dev, dt = w.device, w.dtype
         self.cfg, self.kv, self.rows = cfg, kv, rows
         self.fold_ln = FOLD_LN if fold_ln is None else fold_ln
+        # no split-K GEMV (its fp32 atomics add in a varying order): bitwise repeatable steps
+        self.deterministic = deterministic
         hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         self.n_qkv = (nh + 2 * nkv) * hd
         self.w1, self.b1, self.w2, self.b2, self.ln = [], [], [], [], []
@@ -112,7 +114,8 @@ class FusedDecoder:
             kc, vc = self.kv.data[i, 0], self.kv.data[i, 1]
             decode_attention(u, pos, self.cos, self.sin, kc, vc, u[:, a_off:], self.scratch,
                              nh, nkv, hd)
-            gemv(u[:, a_off:], self.w2[i], self.b2[i], x, EPI_RESIDUAL)
+            gemv(u[:, a_off:], self.w2[i], self.b2[i], x, EPI_RESIDUAL,
+                 deterministic=self.deterministic)
         return x
 
     def lm_logits(self, hidden: torch.Tensor, b: int) -> torch.Tensor:

@@ -100,7 +100,8 @@ class GraphedPrefill:
             a = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
             if fd is not None:
                 fu[:, fd.n_qkv:fd.n_qkv + dim].copy_(a[0].transpose(0, 1).reshape(T, dim))
-                gemv(fu[:, fd.n_qkv:], fd.w2[i], fd.b2[i], fx, EPI_RESIDUAL)
+                gemv(fu[:, fd.n_qkv:], fd.w2[i], fd.b2[i], fx, EPI_RESIDUAL,
+                     deterministic=fd.deterministic)
                 continue
             a = w.linear(a.transpose(1, 2).reshape(1, T, dim), p + ".attn.proj")
             x = x + a + w.mlp(h, p + ".mlp")

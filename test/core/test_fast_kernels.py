@@ -366,3 +366,56 @@ def test_fused_prompt_prefill_matches_torch_prefill(length):
     _close(kv1, kv0, 2e-5)
     if length > 16:
         assert torch.equal(h1, h0)           # the torch bucket: the same code, bit for bit
+
+
+def test_deterministic_gemv_pick_never_splits_k():
+    """deterministic=True: no config with split-K (fp32 atomics add in a varying order) for
+    any shape of the step, also where the tuned table splits; the default still splits the
+    residual GEMV at the real shape."""
+    shapes = [(14336, 2048, G.EPI_QKV_GELU), (2048, 10240, G.EPI_RESIDUAL),
+              (51200, 2048, G.EPI_STORE), (64, 256, G.EPI_RESIDUAL), (40, 128, G.EPI_RESIDUAL)]
+    for b in (1, 3, 8):
+        for n, k, epi in shapes:
+            assert G.pick(b, n, k, epi, deterministic=True).split_k == 1
+    assert G.pick(1, 2048, 10240, G.EPI_RESIDUAL).split_k > 1
+
+
+def test_fast_engine_deterministic_flag_reaches_the_fused_gemvs(monkeypatch):
+    """FastEngine(deterministic=True) with the fused step: every GEMV call of a detect run
+    (decoder, prompt prefill) is made with deterministic=True, and the outputs still equal
+    the reference path's (fp32 tiny model, interpreted kernels)."""
+    import numpy as np
+
+    from photon_core.fast import FastEngine
+    from photon_core.fast import decode_step as ds
+    from photon_core.fast import fused_step, graphed_prefill  # noqa: F401
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
+    from photon_core.task import Task
+
+    seen = []
+    real = G.gemv
+
+    def spy(*a, **k):
+        epi = a[4] if len(a) > 4 else k.get("epi", G.EPI_STORE)
+        if epi == G.EPI_RESIDUAL:
+            seen.append(k.get("deterministic", False))
+        return real(*a, **k)
+    monkeypatch.setattr(fused_step, "gemv", spy)
+    monkeypatch.setattr(G, "gemv", spy)
+    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0,
+                           eos_bias=TEST_EOS_BIAS["fast"])
+    ds.FUSED = "on"
+    try:
+        fe = FastEngine(m, max_batch=2, deterministic=True)
+    finally:
+        ds.FUSED = "auto"
+    assert fe.state.fused.deterministic and fe.metrics()["deterministic"]
+    enc = m.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3),
+                                                           dtype=np.uint8))
+    t = Task("detect", object="person", max_objects=2)
+    r = fe.run(enc, t)
+    ref = m.run(enc, t)
+    assert (r.output, r.tokens, r.finish_reason) == (ref.output, ref.tokens, ref.finish_reason)
+    assert seen and all(seen)
+    fe.close()

@@ -335,3 +335,12 @@ def test_process_frame_is_deterministic(tmp_path_factory):
     assert [strip(f) for f in runs[0]] == [strip(f) for f in runs[1]]
     with pytest.raises(ValueError, match="HxWx3"):
         p.process_frame("front", _header(), img[:, :, 0], 0)
+
+
+def test_deterministic_parameter():
+    """`deterministic` (fast path without split-K atomics) parses as a bool, defaults off,
+    and a non-bool value is refused with its name."""
+    assert config_from_params({}).deterministic is False
+    assert config_from_params({"deterministic": True}).deterministic is True
+    with pytest.raises(ConfigError, match="deterministic"):
+        config_from_params({"deterministic": "sometimes"})
