@@ -55,6 +55,8 @@ class StepState:
         self.active = torch.zeros(rows, device=dev, dtype=torch.bool)
         self.temperature = torch.zeros(rows, device=dev, dtype=torch.float32)
         self.top_p = torch.ones(rows, device=dev, dtype=torch.float32)
+        self.seed = torch.zeros(rows, device=dev, dtype=torch.long)    # sampling rows' seeds
+        self.drawn = torch.zeros(rows, device=dev, dtype=torch.long)
         self.out = torch.zeros(rows, 4, device=dev, dtype=torch.long)
         self.row_ids = torch.arange(rows, device=dev)
         self.rope_perm = rope_perms(cfg.text.rot_dim, cfg.text.head_dim, dev)
@@ -74,7 +76,7 @@ class StepState:
                                       size_table=self.size_table, deterministic=deterministic)
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, is_detect: bool,
-                temperature: float, top_p: float, generator=None) -> None:
+                temperature: float, top_p: float, generator=None, seed: int = 0) -> None:
         """Called by start() after the prefill (device fills, no host sync)."""
         self.hidden[row].copy_(hidden)
         self.pos[row:row + 1].fill_(pos)
@@ -83,6 +85,7 @@ class StepState:
         self.first[row:row + 1].fill_(True)
         self.temperature[row:row + 1].fill_(temperature)
         self.top_p[row:row + 1].fill_(top_p)
+        self.seed[row:row + 1].fill_(seed)
         self.generators[row] = generator
 
 
@@ -118,8 +121,14 @@ def lm_greedy(st: StepState, b: int) -> None:
     st.out[:b, OUT_TOKEN] = _lm_logits(st, b).argmax(dim=-1)
 
 
+def _have_triton() -> bool:
+    from .kernels import HAVE_TRITON
+    return HAVE_TRITON
+
+
 def lm_sample(st: StepState, b: int) -> None:
-    """Temperature / top-p rows sample, the others take the argmax (graph-capturable)."""
+    """Temperature / top-p rows sample, the others take the argmax (graph-capturable; the
+    GPU path's sampler: a row's draw depends only on its seed and position)."""
     logits = _lm_logits(st, b)
     greedy = logits.argmax(dim=-1)
     temp = st.temperature[:b]
@@ -131,7 +140,11 @@ def lm_sample(st: StepState, b: int) -> None:
     sp = sp * keep
     sp = sp / sp.sum(dim=-1, keepdim=True)
     probs = torch.zeros_like(probs).scatter(-1, order, sp)
-    drawn = torch.multinomial(probs, 1).squeeze(-1)
+    if _have_triton():     # seeded by the row's seed and position (kernels/seeded_sample.py)
+        from .kernels.seeded_sample import seeded_sample
+        drawn = seeded_sample(probs, st.seed[:b], st.pos[:b], st.drawn[:b])
+    else:                  # the process's CUDA generator: a task's seed is not honoured
+        drawn = torch.multinomial(probs, 1).squeeze(-1)
     st.out[:b, OUT_TOKEN] = torch.where(temp > 0, drawn, greedy)
 
 

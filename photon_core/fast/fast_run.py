@@ -17,6 +17,7 @@ Commit rules (phase at launch -> what the host does with the row's sampled value
 """
 from __future__ import annotations
 
+import random
 import threading
 import time
 from typing import Callable
@@ -100,7 +101,9 @@ class FastRun:
                                     model.prefix_len)[0, -1]
             engine.state.set_row(self.row, last, self.pos, self.phase,
                                  self.is_detect, task.temperature if self.is_text else 0.0,
-                                 task.top_p if self.is_text else 1.0, generator)
+                                 task.top_p if self.is_text else 1.0, generator,
+                                 seed=task.seed if task.seed is not None
+                                 else random.getrandbits(31))
 
     # -- public (TaskRunLike) -----------------------------------------------------------
     @property
