@@ -102,7 +102,7 @@ class FastRun:
             engine.state.set_row(self.row, last, self.pos, self.phase,
                                  self.is_detect, task.temperature if self.is_text else 0.0,
                                  task.top_p if self.is_text else 1.0, generator,
-                                 seed=task.seed if task.seed is not None
+                                 seed=task.seed % 2 ** 63 if task.seed is not None
                                  else random.getrandbits(31))
 
     # -- public (TaskRunLike) -----------------------------------------------------------
