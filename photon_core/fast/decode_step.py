@@ -22,6 +22,7 @@ batching (per-row positions and a key mask over the static cache) differs.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -121,9 +122,10 @@ def lm_greedy(st: StepState, b: int) -> None:
     st.out[:b, OUT_TOKEN] = _lm_logits(st, b).argmax(dim=-1)
 
 
-def _have_triton() -> bool:
+def _triton_on(t: torch.Tensor) -> bool:
+    """Triton kernels run on CUDA tensors (or anywhere under TRITON_INTERPRET=1, as in CI)."""
     from .kernels import HAVE_TRITON
-    return HAVE_TRITON
+    return HAVE_TRITON and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def lm_sample(st: StepState, b: int) -> None:
@@ -140,7 +142,7 @@ def lm_sample(st: StepState, b: int) -> None:
     sp = sp * keep
     sp = sp / sp.sum(dim=-1, keepdim=True)
     probs = torch.zeros_like(probs).scatter(-1, order, sp)
-    if _have_triton():     # seeded by the row's seed and position (kernels/seeded_sample.py)
+    if _triton_on(probs):  # seeded by the row's seed and position (kernels/seeded_sample.py)
         from .kernels.seeded_sample import seeded_sample
         drawn = seeded_sample(probs, st.seed[:b], st.pos[:b], st.drawn[:b])
     else:                  # the process's CUDA generator: a task's seed is not honoured
