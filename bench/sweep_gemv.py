@@ -1,0 +1,88 @@
+"""GEMV config sweep for the shapes bench_kernels.py does not sweep: the residual GEMV
+without split-K (deterministic=True) and the region heads (detect/point), real Moondream 2
+shapes, bf16, batch 1 and 8. Weight copies rotate so L2 never holds them; CUDA-graph timing
+(bench_kernels.graph_ms); every config's output diffed against fp32 torch. The split-K
+residual config in gemv.TABLE is timed in the same run as the baseline.
+
+Usage: PYTHONPATH=. python3 bench/sweep_gemv.py   (prints the best configs per shape/batch)
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_decode import copy_bandwidth  # noqa: E402
+from bench.bench_kernels import graph_ms  # noqa: E402
+
+from photon_core.fast.kernels import gemv as G  # noqa: E402
+
+C = G.GemvConfig
+FMA = [C(8, 512, 1, 4, 3, False), C(16, 512, 1, 4, 3, False), C(16, 256, 1, 4, 3, False),
+       C(16, 512, 1, 8, 3, False), C(32, 256, 1, 8, 3, False), C(16, 1024, 1, 8, 3, False),
+       C(8, 1024, 1, 4, 3, False), C(4, 1024, 1, 4, 3, False), C(8, 256, 1, 4, 4, False)]
+DOT = [C(16, 256, 1, 4, 3, True), C(32, 128, 1, 4, 4, True), C(16, 512, 1, 4, 3, True),
+       C(32, 256, 1, 4, 3, True), C(64, 128, 1, 4, 3, True), C(16, 128, 1, 4, 4, True)]
+SHAPES = {   # name: (n, k, epi)
+    "proj|fc2 +res": (2048, 10240, G.EPI_RESIDUAL),
+    "region fc1 +gelu": (8192, 2048, G.EPI_QKV_GELU),
+    "coord fc2": (1024, 8192, G.EPI_STORE),
+    "size fc2": (2048, 8192, G.EPI_STORE),
+}
+
+
+def main():
+    bw = copy_bandwidth()
+    out = {"copy_bw_TBps": bw / 1e12}
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    dev, dt = "cuda", torch.bfloat16
+    for name, (n, k, epi) in SHAPES.items():
+        wbytes = n * k * 2
+        copies = max(2, -(-400_000_000 // wbytes))
+        ws = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
+        bias = torch.randn(n, device=dev, dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
+        for b in (1, 8):
+            x = torch.randn(b, k, device=dev, dtype=dt)
+            ref = F.linear(x.float(), ws[0].float(), bias.float())
+            want = F.gelu(ref, approximate="tanh") if epi == G.EPI_QKV_GELU else ref
+            cands = [c for c in (FMA if b == 1 else []) + DOT if c.fits(b, n, k, epi)]
+            table = G.TABLE.get((n, k, epi, b == 1))
+            if table is not None and table not in cands:
+                cands.append(table)
+            rows = []
+            for cfg in cands:
+                y = torch.zeros(b, n, device=dev,
+                                dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
+                try:
+                    G.gemv(x, ws[0], bias, y, epi, cfg=cfg)
+                    torch.cuda.synchronize()
+                    err = ((y.float() - want).abs().max() / want.abs().max()).item()
+                    us = graph_ms(lambda: [G.gemv(x, w, bias, y, epi, cfg=cfg) for w in ws]
+                                  ) / copies * 1e3
+                    rows.append((us, str(cfg), err))
+                except Exception as e:  # noqa: BLE001
+                    rows.append((float("inf"), str(cfg), repr(e)[:100]))
+            rows.sort()
+            floor = wbytes / bw * 1e6
+            out[f"{name} b={b}"] = {"floor_us": floor, "table": str(table), "rows": rows}
+            print(f"\n{name} n={n} k={k} b={b}: floor {floor:.1f} us; TABLE {table}")
+            for us, c, err in rows[:6]:
+                print(f"  {us:7.2f} us ({floor / us * 100:4.0f}%)  {c}  err {err}")
+            if table is not None:
+                t = [r for r in rows if r[1] == str(table)]
+                print(f"  TABLE config: {t[0][0]:.2f} us" if t else "  TABLE config: n/a")
+        del ws
+        torch.cuda.empty_cache()
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "sweep_gemv.json").write_text(json.dumps(out, indent=1,
+                                                                         default=str))
+
+
+if __name__ == "__main__":
+    main()
