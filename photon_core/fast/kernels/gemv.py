@@ -148,13 +148,15 @@ TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {
     (2048, 10240, EPI_RESIDUAL, False): GemvConfig(32, 256, 4, 4, 3, True),
     (51200, 2048, EPI_STORE, True): GemvConfig(32, 256, 1, 4, 3, True),
     (51200, 2048, EPI_STORE, False): GemvConfig(32, 256, 1, 4, 3, True),
-    # region heads (detect/point): not swept yet; picked for >= 64 programs per GEMV
+    # region heads (detect/point), bench/sweep_gemv.py on the H200 (2026-11-29), us at b=1 / 8:
+    #   fc1 + gelu 8192x2048: 11.5 / 11.3 (69 %);  coord fc2 1024x8192: 12.6 / 16.5 (31 / 24 %)
+    #   size fc2 2048x8192: 13.9 / 17.2 (57 / 46 %)  (N too small for one pass without split-K)
     (8192, 2048, EPI_QKV_GELU, True): GemvConfig(32, 256, 1, 4, 3, True),
     (8192, 2048, EPI_QKV_GELU, False): GemvConfig(32, 256, 1, 4, 3, True),
-    (1024, 8192, EPI_STORE, True): GemvConfig(8, 512, 1, 4, 3, False),
-    (1024, 8192, EPI_STORE, False): GemvConfig(16, 256, 1, 4, 3, True),
-    (2048, 8192, EPI_STORE, True): GemvConfig(8, 512, 1, 4, 3, False),
-    (2048, 8192, EPI_STORE, False): GemvConfig(16, 256, 1, 4, 3, True),
+    (1024, 8192, EPI_STORE, True): GemvConfig(16, 1024, 1, 8, 3, False),
+    (1024, 8192, EPI_STORE, False): GemvConfig(16, 512, 1, 4, 3, True),
+    (2048, 8192, EPI_STORE, True): GemvConfig(4, 1024, 1, 4, 3, False),
+    (2048, 8192, EPI_STORE, False): GemvConfig(16, 512, 1, 4, 3, True),
 }
 CANDIDATES = [
     # split_k 1 (every shape)
@@ -176,10 +178,11 @@ CANDIDATES = [
 
 
 # split_k == 1 picks for deterministic=True (no fp32 atomics: the sum order is fixed, so the
-# same inputs give the same bits on every run); not swept yet, bench_decode times the cost
+# same inputs give the same bits on every run); bench/sweep_gemv.py on the H200: the residual
+# GEMV 16.4 us at b=1 / 21.2 us at b=8 vs 13.2 / 14.8 us with split-K
 TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
-    (2048, 10240, EPI_RESIDUAL, True): GemvConfig(8, 512, 1, 4, 3, False),
-    (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 256, 1, 4, 3, True),
+    (2048, 10240, EPI_RESIDUAL, True): GemvConfig(4, 1024, 1, 4, 3, False),
+    (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 512, 1, 4, 3, True),
 }
 
 
