@@ -2,12 +2,14 @@
 
 The reference encode (vision encoder over the crops, projection, then the 730-token image
 prefix through the text decoder) is launch-bound on the GPU: ~25 ms of the image-prefix
-prefill is kernel launches. Here the part after the CPU crops runs as one graph per tiling
+prefill is kernel launches. Here the part after the crops runs as one graph per tiling
 (the crop count and the stitching depend on it), captured the first time a tiling is seen
 (a 640x480 frame always gives (2, 4)). Inside the graph are exactly the reference's calls -
 vision.encoder, vision.project, text.embed, text.decoder into a static KVCache - so the
 result is the reference's, bit for bit; only the normalized crops are copied in and the
-prefix k/v copied out (each EncodedImage owns its k/v). The CPU crops (PIL) are unchanged.
+prefix k/v copied out (each EncodedImage owns its k/v). The crops themselves come from
+model.image_crops, outside the graph: on a CUDA model the torch LANCZOS crops on the GPU
+(model.CROPS_ON_DEVICE; the same pixels as PIL's), elsewhere PIL on the CPU.
 On the CPU the same body runs eagerly.
 """
 from __future__ import annotations
