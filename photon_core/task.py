@@ -39,7 +39,8 @@ class Task:
     max_objects: int = 50
     temperature: float = 0.0
     top_p: float = 1.0
-    seed: int | None = None         # sampling: same seed, same tokens (per path: CPU vs GPU differ)
+    seed: int | None = None         # sampling: same seed, same tokens (per path: CPU vs GPU differ;
+                                    # GPU bf16/fp16: with deterministic=True, kernels/seeded_sample.py)
 
     def validate(self, max_question_chars: int = 4096) -> "Task":
         if self.skill not in SKILLS:

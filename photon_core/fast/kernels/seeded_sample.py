@@ -8,8 +8,12 @@ could not be honoured on the GPU. Here row r draws
 
 (the exponential race: E_i / p_i are exponentials with rates p_i, the smallest wins with
 probability p_i / sum p, so the token follows p exactly). The uniforms are Triton's Philox
-(tl.rand) keyed by the row's seed, counted by position: the same seed, prompt and image give
-the same tokens on every run, independent of batch membership or of other rows. (Not the
+(tl.rand) keyed by the row's seed, counted by position: a row's uniforms do not depend on
+the batch or on the other rows, so the same seed, prompt and image give the same tokens
+whenever the probabilities are the same bits. On the fused bf16/fp16 step that takes
+deterministic=True (the default split-K GEMV adds with fp32 atomics, so the logits' last bits
+vary from run to run and a near-tie can go either way) and the same batch bucket (batch 1 and
+larger buckets use different GEMV forms, so their logits differ in the last bits). (Not the
 same tokens as the CPU path's torch.Generator for that seed: the two paths use different
 random streams.) Rows with p = 0 never win; p comes in already tempered and top-p filtered.
 """
