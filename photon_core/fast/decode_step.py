@@ -77,7 +77,8 @@ class StepState:
                                       size_table=self.size_table, deterministic=deterministic)
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, is_detect: bool,
-                temperature: float, top_p: float, generator=None, seed: int = 0) -> None:
+                temperature: float, top_p: float, generator=None,
+                seed: int | None = None) -> None:
         """Called by start() after the prefill (device fills, no host sync)."""
         self.hidden[row].copy_(hidden)
         self.pos[row:row + 1].fill_(pos)
@@ -86,7 +87,11 @@ class StepState:
         self.first[row:row + 1].fill_(True)
         self.temperature[row:row + 1].fill_(temperature)
         self.top_p[row:row + 1].fill_(top_p)
-        self.seed[row:row + 1].fill_(seed)
+        if seed is not None:
+            self.seed[row:row + 1].fill_(seed)
+        elif self.seed.is_cuda:      # unseeded: from the CUDA generator (torch.manual_seed
+            self.seed[row:row + 1].random_(0, 2 ** 31)    # repeats it), no host sync
+        # (on the CPU, sampling rows draw with their torch.Generator: the seed is unused)
         self.generators[row] = generator
 
 

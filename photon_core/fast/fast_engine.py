@@ -43,7 +43,7 @@ _ENGINES: weakref.WeakSet = weakref.WeakSet()
 def _own_stream(device, taken: list) -> torch.cuda.Stream:
     """A stream that is none of `taken`. torch.cuda.Stream() hands out the streams of a fixed
     pool (32 per device and priority) round robin, so a fresh one can be one already in use;
-    draw again (at most one turn of the pool) until it differs."""
+    draw again (at most two turns of the pool) until it differs."""
     s = torch.cuda.Stream(device=device)
     for _ in range(64):
         if not any(s == t for t in taken):

@@ -17,7 +17,6 @@ Commit rules (phase at launch -> what the host does with the row's sampled value
 """
 from __future__ import annotations
 
-import random
 import threading
 import time
 from typing import Callable
@@ -103,7 +102,7 @@ class FastRun:
                                  self.is_detect, task.temperature if self.is_text else 0.0,
                                  task.top_p if self.is_text else 1.0, generator,
                                  seed=task.seed % 2 ** 63 if task.seed is not None
-                                 else random.getrandbits(31))
+                                 else None)
 
     # -- public (TaskRunLike) -----------------------------------------------------------
     @property
