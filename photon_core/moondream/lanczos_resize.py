@@ -98,15 +98,33 @@ def _device_tables(in_size: int, out_size: int,
             torch.from_numpy(weights).to(device))
 
 
+# int32 products per chunk of output positions (256 MB): a 640x480 frame's passes fit in one
+# chunk; a 4096x4096 frame's would otherwise take ~1.6 GB at once (small GPUs)
+CHUNK_ELEMENTS = 1 << 26
+
+
 def _pass(x: torch.Tensor, dim: int, out_size: int) -> torch.Tensor:
     """Resample the uint8 [H, W, C] image along dim (0: rows, 1: columns) to out_size."""
     index, weights = _device_tables(x.shape[dim], out_size, x.device)
     ksize = weights.shape[1]
+    per_out = x.numel() // x.shape[dim] * ksize
+    step = max(1, CHUNK_ELEMENTS // per_out)
+    if step >= out_size:
+        return _pass_chunk(x, dim, index, weights)
+    return torch.cat([_pass_chunk(x, dim, index[o * ksize:(o + step) * ksize],
+                                  weights[o:o + step]) for o in range(0, out_size, step)],
+                     dim=dim)
+
+
+def _pass_chunk(x: torch.Tensor, dim: int, index: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+    """The output positions whose taps are `index` [n * ksize] with `weights` [n, ksize]."""
+    n, ksize = weights.shape
     taps = x.index_select(dim, index)               # uint8, the tap axis right after dim
     shape = list(x.shape)
-    shape[dim:dim + 1] = [out_size, ksize]
+    shape[dim:dim + 1] = [n, ksize]
     w_shape = [1] * len(shape)
-    w_shape[dim:dim + 2] = [out_size, ksize]
+    w_shape[dim:dim + 2] = [n, ksize]
     # uint8 * int32 promotes to int32 inside the one kernel
     acc = (taps.view(shape) * weights.view(w_shape)).sum(dim=dim + 1, dtype=torch.int32)
     acc += 1 << (PRECISION_BITS - 1)

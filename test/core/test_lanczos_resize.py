@@ -91,6 +91,19 @@ def test_matches_pil_random_sizes():
         assert_same(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), oh, ow)
 
 
+def test_chunked_passes_match_pil(monkeypatch):
+    """Large frames resample in chunks of output positions (bounded memory): forced tiny
+    chunks (1 and 7 positions) give PIL's pixels for up- and downscales."""
+    from photon_core.moondream import lanczos_resize as LR
+
+    rng = np.random.default_rng(11)
+    image = rng.integers(0, 256, (61, 83, 3), dtype=np.uint8)
+    for chunk in (1, 7 * 83 * 3 * 13):
+        monkeypatch.setattr(LR, "CHUNK_ELEMENTS", chunk)
+        for oh, ow in ((40, 29), (97, 130), (61, 50)):
+            assert_same(image, oh, ow)
+
+
 def test_single_channel_matches_pil_mode_l():
     for image in contents(33, 47, channels=1).values():
         assert_same(image, 20, 61)
