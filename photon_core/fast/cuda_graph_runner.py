@@ -57,7 +57,7 @@ class CudaGraphRunner:
         saved = {n: getattr(st, n).clone() for n in
                  ("hidden", "pos", "phase", "first", "active", "out")}
         st.active.zero_()   # inactive rows: capture runs do not advance anything
-        side = torch.cuda.Stream()
+        side = self.capture_stream or torch.cuda.Stream()   # warm-up
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(2):

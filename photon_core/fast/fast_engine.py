@@ -82,7 +82,12 @@ class FastEngine:
         self.rows = RowRefcount(max_batch)
         self.idle = GpuIdleMeter(dev)
         self.detok = DetokenizerThread(threaded=detok_thread)
-        self.stream = torch.cuda.Stream(device=dev) if self.cuda else None
+        others = [torch.cuda.graph.default_capture_stream] if self.cuda else []
+        for e in list(_ENGINES):
+            others += [e.stream, e.capture_stream]
+        others = [t for t in others if t is not None]
+        # the compute stream, like the capture stream below, differs from every live engine's
+        self.stream = _own_stream(dev, others) if self.cuda else None
         # Every graph of this engine (decode pieces, prompt prefill, encoder) is captured on a
         # stream of its own, shared with no other engine. PyTorch keys the cuBLAS workspace by
         # (handle, stream) and a captured GEMM keeps the raw workspace address of its CAPTURE
@@ -92,12 +97,12 @@ class FastEngine:
         # bench_kernels' back-to-back prefills in two engines, hidden states off by ~6 with
         # |h| <= 22). Freeing one graph can also free that workspace under other graphs
         # captured on the same stream (pytorch/pytorch#193402).
+        # The warm-up runs before each capture use this stream too, so after construction the
+        # engine draws no stream from torch's pool (32 per device, handed out round robin),
+        # which could otherwise wrap around onto another engine's capture stream.
         self.capture_stream = None
         if self.use_graphs:
-            taken = [torch.cuda.graph.default_capture_stream, self.stream]
-            for e in list(_ENGINES):
-                taken += [e.stream, e.capture_stream]
-            self.capture_stream = _own_stream(dev, [t for t in taken if t is not None])
+            self.capture_stream = _own_stream(dev, others + [self.stream])
             for part in (self.runner, self.prefill, self.encoder):
                 if part is not None:
                     part.capture_stream = self.capture_stream

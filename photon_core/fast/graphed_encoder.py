@@ -63,7 +63,7 @@ class GraphedEncoder:
         if self.use_graphs:
             t0 = time.perf_counter()
             e.crops.copy_(x)
-            side = torch.cuda.Stream()
+            side = self.capture_stream or torch.cuda.Stream()   # warm-up
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self._body(e, tiling)

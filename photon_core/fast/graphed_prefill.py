@@ -115,7 +115,7 @@ class GraphedPrefill:
             return
         self.meta.zero_()
         self.meta[2] = 1
-        side = torch.cuda.Stream()
+        side = self.capture_stream or torch.cuda.Stream()   # warm-up
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(2):
