@@ -1,0 +1,116 @@
+"""Live cameras on the GPU: the real deadline scheduler driving the real engine, fast path vs
+reference path in the same run (what the node does, without ROS).
+
+N cameras (default 2) publish 640x480 frames at F fps (default 10) for S seconds; every frame
+carries a detect("person", max 5 objects) task with a deadline (default 150 ms after capture,
+on_miss cancel). Frames go through photon_core.scheduler.ThreadedScheduler (latest frame wins,
+EDF, admission control with a cost model calibrated on that engine, batching up to 4).
+Random weights of the real Moondream 2 shapes, bf16; the same weights for both engines.
+
+Per engine: results delivered on time per second, how every frame's task ended (done on
+time / done late / superseded / skipped / cancelled at the deadline / error), frame age at
+delivery p50/p90/p99, mean decode batch.
+
+Usage: PYTHONPATH=. python3 bench/bench_live.py [--cams 2 --fps 10 --seconds 8 --deadline-ms 150]
+Writes $OUT/bench_live.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from photon_core.fast import FastEngine  # noqa: E402
+from photon_core.moondream.config import MoondreamConfig  # noqa: E402
+from photon_core.moondream.model import build_random_model  # noqa: E402
+from photon_core.scheduler import (CostModel, Scheduler, Status, TaskSpec,  # noqa: E402
+                                   ThreadedScheduler)
+from photon_core.task import Task  # noqa: E402
+
+
+def pct(xs, q):
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def run_live(engine, args, frames) -> dict:
+    t0 = time.perf_counter()
+    cost = CostModel.calibrate(engine)
+    calib_s = time.perf_counter() - t0
+    sched = ThreadedScheduler(Scheduler(engine, cost, max_batch=4))
+    outcomes, lock = [], threading.Lock()
+
+    def on_result(o):
+        with lock:
+            outcomes.append(o)
+    spec = TaskSpec("person", Task("detect", object="person", max_objects=5),
+                    args.deadline_ms / 1e3, "cancel")
+    period = 1.0 / args.fps
+    n_frames = int(args.seconds * args.fps)
+    clock = sched.sched.clock
+    start = clock.now() + 0.05
+    for i in range(n_frames):              # the cameras, interleaved on one feeder thread
+        for c in range(args.cams):
+            t = start + i * period + c * period / args.cams
+            while clock.now() < t:
+                time.sleep(min(0.002, max(0.0, t - clock.now())))
+            sched.submit_frame(f"cam{c}", (i, c), frames[(i + c) % len(frames)], [spec],
+                               on_result=on_result, capture_time=clock.now())
+    time.sleep(args.deadline_ms / 1e3 + 0.5)    # let the last frames finish or expire
+    sched.stop(drain=False)
+    m = sched.metrics()
+    with lock:
+        outs = list(outcomes)
+    status = Counter()
+    ages = []
+    for o in outs:
+        if o.status == Status.DONE:
+            status["done_late" if o.missed_deadline else "done_on_time"] += 1
+            ages.append(o.age_s * 1e3)
+        else:
+            status[str(o.status)] += 1
+    submitted = n_frames * args.cams
+    on_time = status["done_on_time"]
+    bs = m.get("batch_sizes", {})
+    steps = sum(bs.values()) if bs else 0
+    return {"calibrate_s": round(calib_s, 2), "frames": submitted, "outcomes": len(outs),
+            "status": dict(status), "on_time_per_s": round(on_time / args.seconds, 2),
+            "on_time_pct_of_frames": round(100 * on_time / submitted, 1),
+            "age_ms_p50": pct(ages, 50), "age_ms_p90": pct(ages, 90), "age_ms_p99": pct(ages, 99),
+            "mean_batch": round(sum(k * v for k, v in bs.items()) / steps, 2) if steps else None,
+            "scheduler": {k: m[k] for k in ("encodes", "decode_steps", "superseded", "skipped",
+                                            "deadline_cancelled", "errors")}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cams", type=int, default=2)
+    ap.add_argument("--fps", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--deadline-ms", type=float, default=150.0)
+    args = ap.parse_args()
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d"), "args": vars(args)}
+    model = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(4)]
+    fast = FastEngine(model, max_batch=8)
+    for name, engine in (("fast", fast), ("reference", model)):
+        out[name] = run_live(engine, args, frames)
+        print(f"{name}: {out[name]}", flush=True)
+    fast.close()
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_live.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
