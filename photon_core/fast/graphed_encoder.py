@@ -86,7 +86,9 @@ class GraphedEncoder:
         array, x, tiling = m.image_crops(image)
         w = m.weights
         with torch.inference_mode():
-            e = self._entry(x, tiling)
+            captured_before = self.capture_ms
+            e = self._entry(x, tiling)              # captures a graph for a new tiling
+            setup_ms = self.capture_ms - captured_before
             e.crops.copy_(x)
             if e.graph is not None:
                 e.graph.replay()
@@ -96,4 +98,5 @@ class GraphedEncoder:
         if w.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
         return EncodedImage(kv=kv, width=array.shape[1], height=array.shape[0], tiling=tiling,
-                            encode_ms=(time.perf_counter() - t0) * 1e3, model_id=m.model_id)
+                            encode_ms=(time.perf_counter() - t0) * 1e3, model_id=m.model_id,
+                            setup_ms=setup_ms)

@@ -50,6 +50,8 @@ class EncodedImage:
     tiling: tuple[int, int]
     encode_ms: float
     model_id: str
+    setup_ms: float = 0.0   # of encode_ms: one-time work of this call (the fast path's graph
+                            # capture for a new crop tiling); schedulers leave it out of costs
 
 
 class MoondreamModel:

@@ -98,7 +98,10 @@ class CostModel:
         self._upd("f_encode", self.encode_base_ms + self.encode_per_crop_ms * n, ms)
         if self.ema > 0 and shape is not None and ms > 0:
             old = self.encode_seen.get(shape)
-            self.encode_seen[shape] = ms if old is None else old + max(self.ema, 0.25) * (ms - old)
+            # cheaper than believed: take it at once (a skipped camera is only re-measured by a
+            # probe, so a slow outlier must not linger); dearer: a quarter of the way
+            self.encode_seen[shape] = ms if old is None or ms < old else \
+                old + max(self.ema, 0.25) * (ms - old)
 
     def observe_prefill(self, tokens: int, ms: float) -> None:
         self._upd("f_prefill", self.prefill_base_ms + self.prefill_per_token_ms * tokens, ms)
@@ -141,7 +144,8 @@ class CostModel:
 
         imgs = {s: make_image(*s) for s in image_sizes}
         encs, enc_pts = {}, []
-        engine.encode_image(imgs[image_sizes[0]])                       # warm-up
+        for img in imgs.values():       # warm-up: a new size may set things up once (the
+            engine.encode_image(img)    # fast path captures a graph per crop tiling)
         for s, img in imgs.items():
             ts = []
             for _ in range(max(1, repeats)):

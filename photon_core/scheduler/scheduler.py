@@ -28,7 +28,7 @@ from photon_core.task import TaskError
 
 from . import admission
 from .clock import Clock, MonotonicClock
-from .cost_model import CostModel, TokenEstimator
+from .cost_model import CostModel, TokenEstimator, image_shape
 from .edf_queue import EDF, FIFO, RequestQueue
 from .engine import count_prompt_tokens, engine_capacity, step_batch
 from .latest_frame import LatestFrameTable
@@ -53,6 +53,12 @@ class Policy:
     margin_s: float = 0.0          # ... and wants this much spare time before a deadline
     margin_frac: float = 0.05      # ... plus this fraction of each request's deadline_s
     preempt_slack: float = 2.0     # on-demand starts regardless once its slack < this x its duration
+    # The cost model learns an image size's encode cost only from encodes it lets run: an
+    # overestimate (a slow outlier) could skip that camera's frames for good. So when a
+    # request is about to be skipped, nothing runs, and its frame size's encode was last
+    # measured this long ago, the frame is encoded anyway (an encode probe: no task is
+    # started on a hopeless estimate) and the decision is made again. 0 disables.
+    probe_after_s: float = 2.0
 
     def __post_init__(self):
         if not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
@@ -95,6 +101,8 @@ class Scheduler:
         self._seq = 0
         self._prompt_cache: dict[tuple, int] = {}
         self.counts: Counter = Counter()
+        self._encode_seen_at: dict = {}               # image shape -> last encode measured
+        self._t0 = self.clock.now()
         self.per_stream: dict[str, Counter] = defaultdict(Counter)
         self.batch_sizes: Counter = Counter()
 
@@ -240,8 +248,9 @@ class Scheduler:
                 if r.ended:
                     continue
                 steps = self.tokens.estimate(r.key, r.spec.task, conservative=False)
-                if admission.hopeless(now, self._start_ms(r), steps, r.deadline, self.cost.step_ms):
-                    self._end(r, Status.SKIPPED)
+                if admission.hopeless(now, self._start_ms(r), steps, r.deadline,
+                                      self.cost.step_ms) and not self._probe_due(r, now):
+                    self._end(r, Status.SKIPPED)    # (a due probe is left to _admit)
 
     def _admit(self) -> None:
         p = self.policy
@@ -261,8 +270,11 @@ class Scheduler:
                 break
             now = self.clock.now()
             start_ms = self._start_ms(r)
-            if admission.hopeless(now, start_ms, self.tokens.estimate(r.key, r.spec.task, False),
-                                  r.deadline, self.cost.step_ms):
+            steps = self.tokens.estimate(r.key, r.spec.task, False)
+            if admission.hopeless(now, start_ms, steps, r.deadline, self.cost.step_ms) and \
+                    self._encode_probe(r, now):             # re-measured: decide again
+                now, start_ms = self.clock.now(), self._start_ms(r)
+            if admission.hopeless(now, start_ms, steps, r.deadline, self.cost.step_ms):
                 self._end(r, Status.SKIPPED)
                 continue
             cand = self._load(r, now)
@@ -273,6 +285,8 @@ class Scheduler:
                 self._start(r)
                 continue
             if not self.live:                     # nothing else running: it alone would miss
+                if self._encode_probe(r, now):    # re-measured: decide again next round
+                    continue
                 self._end(r, Status.SKIPPED)
                 continue
             if r.kind == ON_DEMAND and p.preempt:
@@ -286,16 +300,45 @@ class Scheduler:
             # a periodic request that does not fit waits (a newer frame, a freed slot or
             # its own hopelessness will settle it)
 
+    def _probe_due(self, r: TaskRequest, now: float) -> bool:
+        """An encode probe is due: frame not encoded, nothing running, and its size's encode
+        last measured probe_after_s ago (or never since the scheduler started)."""
+        p = self.policy.probe_after_s
+        return (p > 0 and not self.live and not r.frame.encoded
+                and now - self._encode_seen_at.get(image_shape(r.frame.image), self._t0) >= p)
+
+    def _encode_probe(self, r: TaskRequest, now: float) -> bool:
+        """Encode r's frame now to re-measure its cost (see Policy.probe_after_s); True if it
+        did. The encoding is kept: the frame's requests start without encoding again."""
+        if not self._probe_due(r, now):
+            return False
+        self.counts["probes"] += 1
+        try:
+            self._encode(r.frame)
+        except Exception as e:  # noqa: BLE001 - _start reports it if the request starts
+            log.warning("encode probe of a %s frame failed: %r", r.frame.stream, e)
+            self._encode_seen_at[image_shape(r.frame.image)] = self.clock.now()
+            return False
+        return True
+
+    def _encode(self, frame: Frame) -> None:
+        t0 = self.clock.now()
+        enc = self.engine.encode_image(frame.image)
+        frame.encode_ms = (self.clock.now() - t0) * 1e3
+        frame.enc = enc
+        # one-time setup inside this encode (the fast path captures a CUDA graph for a new
+        # crop tiling: ~0.3 s once) is not what the next frame will cost
+        setup = getattr(enc, "setup_ms", 0.0) or 0.0
+        self.cost.observe_encode(frame.image, max(frame.encode_ms - setup, 0.0))
+        self._encode_seen_at[image_shape(frame.image)] = self.clock.now()
+        self.counts["encodes"] += 1
+
     def _start(self, r: TaskRequest) -> None:
         frame = r.frame
         t_start = self.clock.now()
         try:
             if not frame.encoded:
-                enc = self.engine.encode_image(frame.image)
-                frame.encode_ms = (self.clock.now() - t_start) * 1e3
-                frame.enc = enc
-                self.cost.observe_encode(frame.image, frame.encode_ms)
-                self.counts["encodes"] += 1
+                self._encode(frame)
             t0 = self.clock.now()
             run = self.engine.start(frame.enc, r.spec.task)
             r.prefill_ms = (self.clock.now() - t0) * 1e3
@@ -418,7 +461,8 @@ class Scheduler:
             "cancelled": c["cancelled"], "deadline_cancelled": c["deadline"],
             "deadline_misses": c["deadline_misses"], "errors": c["error"],
             "callback_errors": c["callback_errors"], "preempted_steps": c["preempted_steps"],
-            "preempting_starts": c["preempting_starts"], "encodes": c["encodes"],
+            "preempting_starts": c["preempting_starts"], "probes": c["probes"],
+            "encodes": c["encodes"],
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
             "waiting": len(self.queue), "running": len(self.live),
             "per_stream": {s: {"submitted": v["submitted"], "processed": v["processed"]}

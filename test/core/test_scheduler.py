@@ -458,3 +458,76 @@ def test_submit_failure_of_one_task_does_not_duplicate_the_others():
     got = sorted((o.stamp, o.task_name, str(o.status)) for o in outs if o.stamp == "x")
     assert got == [("x", "a", "error"), ("x", "b", "done")]
     assert len(outs) == 3 and s.metrics()["submitted"] == 3
+
+
+class _SetupEngine(SimEngine):
+    """The first encode of each image size also pays a one-time setup (like the fast path's
+    graph capture for a new crop tiling) and reports it in setup_ms."""
+
+    def __init__(self, clock, cost, setup_ms=400.0):
+        super().__init__(clock, cost, jitter=0.0)
+        self.setup_ms, self.seen = setup_ms, set()
+
+    def encode_image(self, image):
+        first = image.shape not in self.seen
+        self.seen.add(image.shape)
+        if first:
+            self._spend(self.setup_ms)
+        enc = super().encode_image(image)
+        enc.setup_ms = self.setup_ms if first else 0.0
+        return enc
+
+
+def test_one_time_encode_setup_is_not_learned_as_cost():
+    """The first frame of a camera pays a 400 ms one-time setup: the cost model learns the
+    steady 10 ms, so the next frames (100 ms deadlines) are admitted, not skipped."""
+    clock = VirtualClock()
+    eng = _SetupEngine(clock, COST.scaled(1.0))
+    outs: list[Outcome] = []
+    s = Scheduler(eng, CostModel(0.0, 10.0, 1.0, 0.0, dict(COST.decode_step_ms), ema=0.1),
+                  clock=clock, on_result=outs.append)
+    for i in range(5):
+        s.submit_frame("cam", i, img(person=4), [("det", DET, 0.1)])
+        s.run_until_idle()
+        clock.advance(0.1)
+    assert s.cost.encode_seen[(300, 300)] == pytest.approx(10.0)
+    assert [o.status for o in outs[1:]] == [Status.DONE] * 4
+
+
+def test_calibrate_warms_up_every_image_size():
+    """calibrate() with an engine that sets up once per size: the fitted encode costs are the
+    steady ones (each size is encoded once untimed first)."""
+    clock = VirtualClock()
+    truth = CostModel(encode_base_ms=3.0, encode_per_crop_ms=2.0, prefill_base_ms=1.5,
+                      prefill_per_token_ms=0.05, decode_step_ms={1: 3.0, 2: 3.3, 4: 4.0, 8: 5.5})
+    eng = _SetupEngine(clock, truth)
+    cm = CostModel.calibrate(eng, clock, make_image=lambda h, w: SimImage((h, w)))
+    assert cm.encode_per_crop_ms == pytest.approx(2.0) and cm.encode_base_ms == pytest.approx(3.0)
+
+
+def test_encode_probe_recovers_from_an_overestimate():
+    """The scheduler believes a camera's frames cost 10 s to encode (really 10 ms), so every
+    frame (100 ms deadline) is skipped; after probe_after_s it encodes one frame anyway,
+    learns the real cost and answers the following frames. No task is started on the wrong
+    estimate, so nothing admitted misses its deadline; with probes off the camera stays
+    silent."""
+    for probe in (2.0, 0.0):
+        clock = VirtualClock()
+        eng = SimEngine(clock, COST.scaled(1.0), jitter=0.0)
+        outs: list[Outcome] = []
+        cm = CostModel(0.0, 10.0, 1.0, 0.0, dict(COST.decode_step_ms), ema=0.1)
+        cm.encode_seen[(300, 300)] = 10_000.0
+        s = Scheduler(eng, cm, clock=clock, policy=Policy(probe_after_s=probe),
+                      on_result=outs.append)
+        for i in range(40):                      # 4 s at 10 fps
+            s.submit_frame("cam", i, img(person=4), [("det", DET, 0.1)])
+            s.run_until_idle()
+            clock.advance(0.1)
+        done = [o for o in outs if o.status is Status.DONE]
+        m = s.metrics()
+        if probe:
+            assert m["probes"] >= 1 and len(done) >= 15
+            assert all(not o.missed_deadline for o in done)
+            assert all(o.status is Status.SKIPPED for o in outs[:19])   # before the probe
+        else:
+            assert m["probes"] == 0 and not done and m["encodes"] == 0
