@@ -87,7 +87,7 @@ def run_live(engine, args, frames) -> dict:
             "on_time_pct_of_frames": round(100 * on_time / submitted, 1),
             "age_ms_p50": pct(ages, 50), "age_ms_p90": pct(ages, 90), "age_ms_p99": pct(ages, 99),
             "mean_batch": round(sum(k * v for k, v in bs.items()) / steps, 2) if steps else None,
-            "scheduler": {k: m[k] for k in ("encodes", "decode_steps", "superseded", "skipped",
+            "scheduler": {k: m[k] for k in ("encodes", "probes", "decode_steps", "superseded", "skipped",
                                             "deadline_cancelled", "errors")}}
 
 
