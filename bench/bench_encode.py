@@ -30,33 +30,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_decode import LINES, cuda_ms, say  # noqa: E402
+from bench.bench_kernels import graph_ms  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.moondream import text, vision  # noqa: E402
 from photon_core.moondream.config import MoondreamConfig  # noqa: E402
 from photon_core.moondream.kv_cache import KVCache  # noqa: E402
 from photon_core.moondream.model import build_random_model  # noqa: E402
-
-LINES: list[str] = []
-
-
-def say(s=""):
-    print(s, flush=True)
-    LINES.append(s)
-
-
-def cuda_ms(fn, iters=10, warmup=2):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
 
 
 def wall_ms(fn, iters=10, warmup=2):
@@ -70,21 +50,6 @@ def wall_ms(fn, iters=10, warmup=2):
         torch.cuda.synchronize()
         ts.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(ts)
-
-
-def graphed(fn):
-    """Capture fn() in a CUDA graph (after a warm-up on a side stream); returns replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return g.replay
 
 
 def top_kernels(fn, n=8):
@@ -156,10 +121,10 @@ def main():
         def parts():
             res = {}
             res["vision_eager_ms"] = cuda_ms(lambda: vision.encoder(w, v, x), it)
-            res["vision_graph_ms"] = cuda_ms(graphed(lambda: vision.encoder(w, v, x)), it)
+            res["vision_graph_ms"] = graph_ms(lambda: vision.encoder(w, v, x), it)
             res["projection_eager_ms"] = cuda_ms(lambda: vision.project(w, v, feats, tiling), it)
             res["prefix_prefill_eager_ms"] = cuda_ms(run_prefill, it)
-            res["prefix_prefill_graph_ms"] = cuda_ms(graphed(run_prefill), it)
+            res["prefix_prefill_graph_ms"] = graph_ms(run_prefill, it)
             n_tok = x.shape[0] * feats.shape[1]
             vis_params = sum(p.numel() for n, p in w.items() if n.startswith("vision.blocks"))
             res["vision_gemm_tflop"] = round(2 * n_tok * vis_params / 1e12, 2)
