@@ -32,6 +32,7 @@ import os
 import torch
 
 from ..moondream.rope import rope_angles
+from .kernels import GEMV_MAX_ROWS
 from .kernels.decode_attention import AttentionScratch, decode_attention
 from .kernels.feedback_embedding import FeedbackWeights, feedback_embedding
 from .kernels.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
@@ -75,9 +76,12 @@ class FusedDecoder:
         n_table = kv.capacity + 1
         self.cos, self.sin = (t.contiguous() for t in rope_angles(
             torch.arange(n_table, device=dev), cfg.rot_dim))
-        self.x = torch.zeros(rows, cfg.dim, device=dev, dtype=torch.float32)
-        self.h = torch.zeros(rows, cfg.dim, device=dev, dtype=dt)
-        self.u = torch.zeros(rows, self.n_qkv + nh * hd + cfg.ff_dim, device=dev, dtype=dt)
+        # scratch of one pass through the blocks, for up to GEMV_MAX_ROWS rows: a decode
+        # step's bucket, or the tokens of a short prompt (graphed_prefill.py uses it too)
+        n = max(rows, GEMV_MAX_ROWS)
+        self.x = torch.zeros(n, cfg.dim, device=dev, dtype=torch.float32)
+        self.h = torch.zeros(n, cfg.dim, device=dev, dtype=dt)
+        self.u = torch.zeros(n, self.n_qkv + nh * hd + cfg.ff_dim, device=dev, dtype=dt)
         self.logits = torch.zeros(rows, cfg.vocab_size, device=dev, dtype=dt)
         self.scratch = AttentionScratch(rows, nh, hd, kv.capacity, attn_chunk, dev)
         # step glue (feedback in, state advance out, greedy picks) and the region heads

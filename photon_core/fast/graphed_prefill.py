@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from ..moondream.rope import apply_rope, rope_angles
+from .kernels import GEMV_MAX_ROWS
 
 BUCKETS = (8, 16, 32, 64, 128)
-FUSED_MAX_T = 16     # rows the fused GEMV takes in one pass (kernels/gemv.py: b <= 16)
+FUSED_MAX_T = GEMV_MAX_ROWS   # prompt tokens the fused GEMV takes in one pass
 
 
 class GraphedPrefill:
@@ -43,12 +44,9 @@ class GraphedPrefill:
         self.meta = torch.zeros(3 + tmax, dtype=torch.long, device=dev)
         self.hidden_out = torch.zeros(st.cfg.text.dim, device=dev, dtype=st.hidden.dtype)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.fused = st.fused                # None: the torch projections for every bucket
-        if self.fused is not None:
-            n = min(tmax, FUSED_MAX_T)
-            self.fx = torch.zeros(n, st.cfg.text.dim, device=dev, dtype=torch.float32)
-            self.fh = torch.zeros(n, st.cfg.text.dim, device=dev, dtype=st.hidden.dtype)
-            self.fu = torch.zeros(n, self.fused.u.shape[1], device=dev, dtype=st.hidden.dtype)
+        # None: the torch projections for every bucket; else the fused decoder's kernels and
+        # its scratch (x, h, u; free between decode steps, all on one stream)
+        self.fused = st.fused
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
     def bucket(self, length: int) -> int | None:
@@ -68,7 +66,7 @@ class GraphedPrefill:
         if fd is not None:
             from .kernels.gemv import EPI_QKV_GELU, EPI_RESIDUAL, gemv
             from .kernels.layernorm import layer_norm
-            fx, fh, fu = self.fx[:T], self.fh[:T], self.fu[:T]
+            fx, fh, fu = fd.x[:T], fd.h[:T], fd.u[:T]
             fx.copy_(x[0])
         pos = start + st.key_ids[:T]
         cos, sin = rope_angles(pos, cfg.rot_dim)

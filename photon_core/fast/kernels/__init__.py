@@ -8,6 +8,8 @@ path uses its torch step. Tests run the kernels on the CPU with TRITON_INTERPRET
 """
 from __future__ import annotations
 
+GEMV_MAX_ROWS = 16      # rows (batch rows or prompt tokens) one GEMV call takes (gemv.py)
+
 try:
     import triton  # noqa: F401
     import triton.language  # noqa: F401

@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import GEMV_MAX_ROWS
+
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL = 0, 1, 2
 
 
@@ -228,7 +230,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     b, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
-    assert b <= 16
+    assert b <= GEMV_MAX_ROWS
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
