@@ -15,6 +15,18 @@ COMMANDS = {
 }
 
 
+def parse_pairs(items, sep: str, option: str, form: str) -> dict[str, str]:
+    """Repeated `option` values "KEY<sep>VALUE" -> {KEY: VALUE}; a value without sep is a
+    ValueError naming the option and its form (e.g. "--camera wants NAME=TOPIC")."""
+    out = {}
+    for item in items:
+        if sep not in item:
+            raise ValueError(f"{option} wants {form}, got {item!r}")
+        k, v = item.split(sep, 1)
+        out[k] = v
+    return out
+
+
 def _runner(module_name: str):
     def run(args) -> int:
         return importlib.import_module(module_name).main(args)

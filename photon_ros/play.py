@@ -19,6 +19,7 @@ import time
 from typing import Callable
 
 from .bag_io import CAMERA_TYPES, CLOCK, BagError, BagReader
+from .cli import parse_pairs
 from .progress import progress_bar
 
 DEFAULT_CLOCK_HZ = 50.0
@@ -154,12 +155,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    remap = {}
-    for r in args.remap:
-        if ":=" not in r:
-            raise ValueError(f"--remap wants FROM:=TO, got {r!r}")
-        a, b = r.split(":=", 1)
-        remap[a] = b
+    remap = parse_pairs(args.remap, ":=", "--remap", "FROM:=TO")
     stats = play(args.bag, topics=args.topics, rate=args.rate, clock_hz=args.clock_hz,
                  wait_subscribers=args.wait_subscribers, loop=args.loop,
                  all_topics=args.all_topics, remap=remap,

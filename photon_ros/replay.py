@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from .bag_io import (COMPRESSED_IMAGE, IMAGE, BagError, BagReader, BagWriter, canonical_cdr,
                      deserialize, msgtype_of, serialize)
+from .cli import parse_pairs
 from .progress import progress_bar
 
 SUMMARY_TOPIC = "/photon/replay/summary"
@@ -516,12 +517,7 @@ def main(args) -> int:
     spec = args.model or config.model
     if not spec:
         raise ValueError("no model: pass --model PATH_OR_ID or set `model` in the params file")
-    cams = {}
-    for c in args.camera:
-        if "=" not in c:
-            raise ValueError(f"--camera wants NAME=TOPIC, got {c!r}")
-        k, v = c.split("=", 1)
-        cams[k] = v
+    cams = parse_pairs(args.camera, "=", "--camera", "NAME=TOPIC")
     # offline output is meant to repeat byte for byte: on the GPU fast path that needs the
     # deterministic GEMVs (no split-K atomics); realtime follows the params file
     model = load_model_for(spec, config.device, config.dtype, config.engine,
