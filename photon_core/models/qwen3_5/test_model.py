@@ -28,19 +28,28 @@ Answer in JSON: [{"bbox_2d": [10, 20, 300, 400], "label": "person"}] {"point_2d"
 # A ChatML template written for the tests (the real checkpoints bring their own): system /
 # user / assistant turns, images as <|vision_start|><|image_pad|><|vision_end|>, and the
 # generation prompt with an empty think block unless enable_thinking is true.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' -%}<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}<|im_end|>\n"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n"
-    "{%- if not enable_thinking | default(false) -%}<think>\n\n</think>\n\n{%- endif -%}"
-    "{%- endif -%}"
-)
+CHAT_TEMPLATE = """{%- for message in messages %}
+{{- '<|im_start|>' + message['role'] + '\\n' }}
+{%- if message['content'] is string %}
+{{- message['content'] }}
+{%- else %}
+{%- for part in message['content'] %}
+{%- if part['type'] == 'image' %}
+{{- '<|vision_start|><|image_pad|><|vision_end|>' }}
+{%- elif part['type'] == 'text' %}
+{{- part['text'] }}
+{%- endif %}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if not (enable_thinking | default(false)) %}
+{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- endif %}
+{%- endif %}
+"""
 
 
 def build_test_tokenizer(vocab_size: int = TEST_VOCAB_SIZE):
