@@ -31,8 +31,8 @@ def test_valid_answers_parse_exactly(items, fence):
         assert o == {"x_min": min(x0, x1) / 1000, "y_min": min(y0, y1) / 1000,
                      "x_max": max(x0, x1) / 1000, "y_max": max(y0, y1) / 1000}
     pts = parse_grounding(_answer(boxes, [l for _, l in items], fence), "point")
-    assert [(p["x"], p["y"]) for p in pts.objects] == pytest.approx(
-        [((b[0] + b[2]) / 2000, (b[1] + b[3]) / 2000) for b in boxes], abs=1e-12)
+    assert [v for p in pts.objects for v in (p["x"], p["y"])] == pytest.approx(
+        [v for b in boxes for v in ((b[0] + b[2]) / 2000, (b[1] + b[3]) / 2000)], abs=1e-12)
 
 
 @settings(max_examples=200, deadline=None)
