@@ -149,6 +149,9 @@ def _text(d: dict) -> TextConfig:
                              partial_rotary_factor=float(rope.get("partial_rotary_factor", 0.25)),
                              mrope_section=tuple(rope.get("mrope_section", (11, 11, 10))),
                              eos_token_id=eos))
+    if d.get("attn_output_gate", True) is not True:
+        raise ConfigError("text_config.attn_output_gate false is not supported (Qwen 3.5 gates "
+                          "its attention output)")
     if rope.get("rope_type", "default") != "default":
         raise ConfigError(f"text_config rope_type {rope.get('rope_type')!r} is not supported "
                           "(only 'default' M-RoPE)")
