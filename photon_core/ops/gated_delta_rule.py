@@ -106,3 +106,59 @@ def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chu
         s = s * cum[:, :, i, -1].exp()[..., None, None] + k_dec[:, :, i].transpose(-1, -2) @ v_new
     out = out.reshape(b, h, n * chunk, dv)[:, :, :t]
     return out.transpose(1, 2).to(v.dtype), s
+
+
+# -- Triton: the one-token step ----------------------------------------------------------------
+# grid (B, Hv, cdiv(Dv, BV)): each program owns a [Dk, BV] slice of one head's fp32 state and
+# does normalise q/k -> decay -> delta write -> read, all in registers; the state is updated in
+# place (each program reads and writes only its own slice).
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # the torch reference above needs no Triton
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
+                                 HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                                 DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr):
+        bi = tl.program_id(0)
+        h = tl.program_id(1)
+        vb = tl.program_id(2)
+        hk = h // (HV // HK)
+        dk = tl.arange(0, DK_P2)
+        kmask = dk < DK
+        dv = vb * BV + tl.arange(0, BV)
+        vmask = dv < DV
+        q = tl.load(q_ptr + (bi * HK + hk) * DK + dk, mask=kmask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + (bi * HK + hk) * DK + dk, mask=kmask, other=0.0).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        v = tl.load(v_ptr + (bi * HV + h) * DV + dv, mask=vmask, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + bi * HV + h).to(tl.float32)
+        beta = tl.load(b_ptr + bi * HV + h).to(tl.float32)
+        sp = s_ptr + (bi * HV + h) * DK * DV + dk[:, None] * DV + dv[None, :]
+        smask = kmask[:, None] & vmask[None, :]
+        s = tl.load(sp, mask=smask, other=0.0) * tl.exp(g)
+        pred = tl.sum(s * k[:, None], axis=0)
+        s = s + k[:, None] * ((v - pred) * beta)[None, :]
+        tl.store(sp, s, mask=smask)
+        o = tl.sum(s * q[:, None], axis=0)
+        tl.store(o_ptr + (bi * HV + h) * DV + dv, o.to(o_ptr.dtype.element_ty), mask=vmask)
+
+
+def gated_delta_step_triton(q, k, v, g, beta, state: torch.Tensor, block_v: int = 32) -> torch.Tensor:
+    """Same contract as gated_delta_step (state fp32 contiguous, updated in place)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    b, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    assert state.dtype == torch.float32 and state.is_contiguous()
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    out = torch.empty_like(v)
+    bv = min(block_v, triton.next_power_of_2(dv))
+    _gated_delta_step_kernel[(b, hv, triton.cdiv(dv, bv))](
+        q, k, v, g, beta, state, out, HK=hk, HV=hv, DK=dk, DV=dv,
+        DK_P2=triton.next_power_of_2(dk), BV=bv)
+    return out
