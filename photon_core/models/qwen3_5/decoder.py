@@ -1,0 +1,117 @@
+"""Qwen 3.5's hybrid text decoder (reference): one forward over T new tokens, continuing a
+HybridState. T > 1 is a prefill (chunked delta rule, conv over the sequence), T == 1 a decode
+step (recurrent delta-rule step, conv step); both read and update the same state.
+
+Layer i (pre-norm residual, zero-centred RMSNorm x * (1 + w)):
+  linear_attention (Gated DeltaNet):
+    qkv = conv1d_silu(in_proj_qkv(x)) -> q, k [Hk, Dk], v [Hv, Dv]
+    beta = sigmoid(in_proj_b(x)); g = -exp(A_log) * softplus(in_proj_a(x) + dt_bias)
+    o = gated_delta_rule(q, k, v, g, beta)    (fp32 state [Hv, Dk, Dv])
+    out_proj(rmsnorm_gated(o, z = in_proj_z(x)))
+  full_attention: q_proj -> (query, gate) per head; q_norm / k_norm per head; M-RoPE on the
+    first rot_dim dims; causal GQA over the k/v cache; o_proj(attn * sigmoid(gate))
+  mlp: down(silu(gate(x)) * up(x))
+Weights by Hugging Face name (model.language_model.*, lm_head.weight).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_step
+from ...ops.gated_delta_rule import gated_delta_chunked, gated_delta_step
+from ...ops.gqa_attention import gqa_attention
+from ...ops.mrope import apply_rope, mrope_cos_sin
+from ...ops.rmsnorm_gated import rmsnorm_gated
+from ...ops.rmsnorm_zero_centred import rmsnorm_zero_centred
+from .config import TextConfig
+from .state import HybridState
+
+L = "model.language_model."
+
+
+def embed(w: dict, ids: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, w[L + "embed_tokens.weight"])
+
+
+def mlp(w: dict, i: int, x: torch.Tensor) -> torch.Tensor:
+    p = f"{L}layers.{i}.mlp."
+    return F.linear(F.silu(F.linear(x, w[p + "gate_proj.weight"])) * F.linear(x, w[p + "up_proj.weight"]),
+                    w[p + "down_proj.weight"])
+
+
+def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridState) -> torch.Tensor:
+    """x [T, D] (normed) -> [T, D]; updates state.conv[i], state.recurrent[i]."""
+    p = f"{L}layers.{i}.linear_attn."
+    t = x.shape[0]
+    hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                      cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+    mixed = F.linear(x, w[p + "in_proj_qkv.weight"])                     # [T, conv_dim]
+    conv_w = w[p + "conv1d.weight"][:, 0]                                  # [conv_dim, K]
+    if t == 1:
+        mixed = causal_conv1d_step(mixed, conv_w, state.conv[i])          # [1, conv_dim]
+    else:
+        out, state.conv[i] = causal_conv1d_prefill(mixed.T[None], conv_w, state.conv[i])
+        mixed = out[0].T
+    q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
+    q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
+    beta = torch.sigmoid(F.linear(x, w[p + "in_proj_b.weight"]))
+    a = F.linear(x, w[p + "in_proj_a.weight"])
+    g = -w[p + "A_log"].float().exp() * F.softplus(a.float() + w[p + "dt_bias"])
+    if t == 1:
+        o = gated_delta_step(q, k, v, g, beta, state.recurrent[i])         # [1, Hv, Dv]
+    else:
+        o, state.recurrent[i] = gated_delta_chunked(q[None], k[None], v[None], g[None],
+                                                    beta[None], state.recurrent[i])
+        o = o[0]                                                           # [T, Hv, Dv]
+    z = F.linear(x, w[p + "in_proj_z.weight"]).reshape(t, hv, dv)
+    o = rmsnorm_gated(o, z, w[p + "norm.weight"], cfg.rms_norm_eps)
+    return F.linear(o.reshape(t, hv * dv), w[p + "out_proj.weight"])
+
+
+def attention(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, cos, sin,
+              state: HybridState) -> torch.Tensor:
+    """x [T, D] (normed) -> [T, D]; writes k/v at state.length .. + T."""
+    p = f"{L}layers.{i}.self_attn."
+    t, hq, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    qg = F.linear(x, w[p + "q_proj.weight"]).reshape(t, hq, 2 * d)
+    q, gate = qg[..., :d], qg[..., d:].reshape(t, hq * d)
+    q = rmsnorm_zero_centred(q, w[p + "q_norm.weight"], cfg.rms_norm_eps).transpose(0, 1)
+    k = F.linear(x, w[p + "k_proj.weight"]).reshape(t, hkv, d)
+    k = rmsnorm_zero_centred(k, w[p + "k_norm.weight"], cfg.rms_norm_eps).transpose(0, 1)
+    v = F.linear(x, w[p + "v_proj.weight"]).reshape(t, hkv, d).transpose(0, 1)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    start = state.length
+    if start + t > state.k[i].shape[1]:
+        raise ValueError(f"k/v cache full: {start} + {t} > {state.k[i].shape[1]} positions")
+    state.k[i][:, start:start + t] = k
+    state.v[i][:, start:start + t] = v
+    o = gqa_attention(q, state.k[i][:, :start + t], state.v[i][:, :start + t], start)
+    o = o.transpose(0, 1).reshape(t, hq * d) * torch.sigmoid(gate)
+    return F.linear(o, w[p + "o_proj.weight"])
+
+
+def text_positions(start: int, t: int, device) -> torch.Tensor:
+    """[3, T]: three equal rows start .. start+T-1 (text tokens)."""
+    return torch.arange(start, start + t, device=device)[None].expand(3, t)
+
+
+def forward(w: dict, cfg: TextConfig, x: torch.Tensor, positions: torch.Tensor,
+            state: HybridState) -> torch.Tensor:
+    """x [T, D] embeddings, positions [3, T] -> final-normed hidden [T, D]; advances state."""
+    cos, sin = mrope_cos_sin(positions, cfg.rot_dim, cfg.rope_theta, cfg.mrope_section, x.dtype)
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"{L}layers.{i}."
+        h = rmsnorm_zero_centred(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        if kind == "linear_attention":
+            x = x + deltanet(w, cfg, i, h, state)
+        else:
+            x = x + attention(w, cfg, i, h, cos, sin, state)
+        x = x + mlp(w, i, rmsnorm_zero_centred(x, w[p + "post_attention_layernorm.weight"],
+                                               cfg.rms_norm_eps))
+    state.length += x.shape[0]
+    return rmsnorm_zero_centred(x, w[L + "norm.weight"], cfg.rms_norm_eps)
+
+
+def logits(w: dict, hidden: torch.Tensor) -> torch.Tensor:
+    return F.linear(hidden, w["lm_head.weight"])

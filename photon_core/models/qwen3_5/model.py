@@ -1,0 +1,166 @@
+"""The Qwen 3.5 reference engine: load, encode a frame once (vision tower + the decoder's pass
+over the image prefix), run tasks on it (engine API of docs/architecture.md)."""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from . import checkpoint, decoder, vision
+from ._shared import Task, TaskResult, to_rgb_array
+from .config import Qwen35Config
+from .image_processor import ImageProcessorConfig, preprocess
+from .prompts import ChatPrompts
+from .run import TaskRun, _sync
+from .state import HybridState
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+MAX_CONTEXT = 8192   # per task (image prefix + prompt + answer); real models allow far more
+
+
+def parse_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
+    return DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """A frame after the vision tower AND the decoder's pass over the image prefix
+    (<|im_start|>user\\n<|vision_start|> image tokens <|vision_end|>). Read-only: tasks copy
+    `state` (k/v + DeltaNet states) on start."""
+    state: HybridState
+    prefix_text: str
+    width: int
+    height: int
+    grid: tuple[int, int, int]
+    encode_ms: float
+    model_id: str
+    setup_ms: float = 0.0
+
+
+def image_positions(start: int, gh: int, gw: int, device) -> torch.Tensor:
+    """M-RoPE positions [3, gh*gw] of the merged image tokens starting at text position start:
+    (start, start + row, start + col)."""
+    rows = torch.arange(gh, device=device)[:, None].expand(gh, gw).reshape(-1)
+    cols = torch.arange(gw, device=device)[None, :].expand(gh, gw).reshape(-1)
+    return torch.stack([torch.zeros_like(rows), rows, cols]) + start
+
+
+class Qwen35Model:
+    def __init__(self, config: Qwen35Config, weights: dict, prompts: ChatPrompts,
+                 image_config: ImageProcessorConfig, model_id: str = "qwen3.5",
+                 max_context: int = MAX_CONTEXT):
+        self.config, self.weights, self.prompts = config, weights, prompts
+        self.image_config, self.model_id, self.max_context = image_config, model_id, max_context
+        self.stats: Counter = Counter()   # grounding_parse_errors, grounding_skipped_entries
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights["lm_head.weight"].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights["lm_head.weight"].dtype
+
+    @property
+    def tokenizer(self) -> ChatPrompts:
+        return self.prompts
+
+    # -- images ---------------------------------------------------------------------------
+    def encode_image(self, image) -> EncodedImage:
+        if isinstance(image, EncodedImage):
+            return image
+        t0 = time.perf_counter()
+        array = to_rgb_array(image)
+        patches, grid = preprocess(array, self.image_config)
+        w, cfg = self.weights, self.config
+        m = cfg.vision.spatial_merge_size
+        gh, gw = grid[1] // m, grid[2] // m
+        with torch.inference_mode():
+            feats = vision.encode(w, cfg.vision, torch.from_numpy(patches).to(self.device), grid)
+            text, ids = self.prompts.image_prefix(gh * gw)
+            first = ids.index(cfg.image_token_id)
+            if ids[first:first + gh * gw] != [cfg.image_token_id] * (gh * gw):
+                raise ValueError("image tokens of the prefix are not contiguous")
+            x = decoder.embed(w, torch.tensor(ids, device=self.device))
+            x[first:first + gh * gw] = feats.to(x.dtype)
+            after = len(ids) - first - gh * gw
+            img_end = first + max(gh, gw)
+            pos = torch.cat([decoder.text_positions(0, first, self.device),
+                             image_positions(first, gh, gw, self.device),
+                             decoder.text_positions(img_end, after, self.device)], dim=1)
+            state = HybridState.empty(cfg.text, len(ids), self.device, self.dtype)
+            decoder.forward(w, cfg.text, x, pos, state)
+            state.rope_pos = img_end + after
+            state.tokens = ids
+        _sync(self.device)
+        return EncodedImage(state=state, prefix_text=text, width=array.shape[1],
+                            height=array.shape[0], grid=grid,
+                            encode_ms=(time.perf_counter() - t0) * 1e3, model_id=self.model_id)
+
+    # -- tasks ----------------------------------------------------------------------------
+    def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
+              ignore_eos: bool = False) -> TaskRun:
+        enc = self.encode_image(enc)
+        if enc.model_id != self.model_id:
+            raise ValueError("this EncodedImage was made by a different model")
+        return TaskRun(self, enc, task, stream, ignore_eos)
+
+    def step_batch(self, runs: list[TaskRun]) -> list[bool]:
+        return [r.step() for r in runs]
+
+    def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
+            should_stop: Callable[[], str | None] | None = None) -> TaskResult:
+        r = self.start(enc, task, stream)
+        while not r.finished:
+            reason = should_stop() if should_stop is not None else None
+            if reason:
+                r.cancel(reason)
+                break
+            r.step()
+        return r.result()
+
+    # -- conveniences ---------------------------------------------------------------------
+    def detect(self, image, object: str, max_objects: int = 50) -> dict:
+        return self.run(image, Task("detect", object=object, max_objects=max_objects)).output
+
+    def point(self, image, object: str, max_objects: int = 50) -> dict:
+        return self.run(image, Task("point", object=object, max_objects=max_objects)).output
+
+    def query(self, image, question: str, stream=None, **sampling) -> dict:
+        return self.run(image, Task("query", question=question, **sampling), stream).output
+
+    def caption(self, image, length: str = "normal", stream=None, **sampling) -> dict:
+        return self.run(image, Task("caption", caption_length=length, **sampling), stream).output
+
+
+def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str | None = None,
+               max_context: int = MAX_CONTEXT, **_ignored) -> Qwen35Model:
+    """Load a Qwen 3.5 checkpoint (local folder or Hugging Face id) as the reference engine."""
+    torch_dtype = parse_dtype(dtype)
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    files = checkpoint.resolve(path_or_id, revision)
+    config = checkpoint.load_config(files["config"])
+    weights, _extra = checkpoint.load_tensors(files["weights"], config, device, torch_dtype)
+    pre = None
+    if files["preprocessor"] is not None:
+        try:
+            pre = json.loads(files["preprocessor"].read_text())
+        except ValueError as e:
+            raise checkpoint.CheckpointError(f"{files['preprocessor']}: invalid JSON ({e})") from None
+    prompts = ChatPrompts(files["tokenizer"], files["template"], config.image_token_id,
+                          config.vision_end_token_id)
+    model_id = str(path_or_id) + (f"@{revision}" if revision else "")
+    return Qwen35Model(config, weights, prompts, ImageProcessorConfig.from_dict(pre), model_id,
+                       max_context)

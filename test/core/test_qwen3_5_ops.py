@@ -1,0 +1,99 @@
+"""The Qwen 3.5 ops: chunked delta rule == token-by-token scan == repeated one-token steps
+(with and without an initial state, GQA-style head sharing, lengths around the chunk size);
+conv prefill in pieces == conv steps == one prefill; M-RoPE selects rows as documented."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from photon_core.ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_step
+from photon_core.ops.gated_delta_rule import gated_delta_chunked, gated_delta_scan, gated_delta_step
+from photon_core.ops.mrope import mrope_cos_sin
+from photon_core.ops.rmsnorm_zero_centred import rmsnorm_zero_centred
+
+
+def _inputs(t, hk=2, hv=4, dk=8, dv=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(1, t, hk, dk, generator=g), torch.randn(1, t, hk, dk, generator=g)
+    v = torch.randn(1, t, hv, dv, generator=g)
+    decay = -F.softplus(torch.randn(1, t, hv, generator=g))        # log decay <= 0
+    beta = torch.sigmoid(torch.randn(1, t, hv, generator=g))
+    s0 = torch.randn(1, hv, dk, dv, generator=g)
+    return q, k, v, decay, beta, s0
+
+
+@pytest.mark.parametrize("t,chunk", [(1, 64), (7, 4), (16, 4), (70, 64), (33, 16)])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_chunked_equals_scan_equals_steps(t, chunk, with_state):
+    q, k, v, g, beta, s0 = _inputs(t)
+    init = s0 if with_state else None
+    o_scan, s_scan = gated_delta_scan(q, k, v, g, beta, init)
+    o_chunk, s_chunk = gated_delta_chunked(q, k, v, g, beta, init, chunk=chunk)
+    torch.testing.assert_close(o_chunk, o_scan, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s_chunk, s_scan, atol=1e-5, rtol=1e-5)
+    state = s0.clone() if with_state else torch.zeros_like(s0)
+    for i in range(t):
+        o = gated_delta_step(q[:, i], k[:, i], v[:, i], g[:, i], beta[:, i], state)
+        torch.testing.assert_close(o, o_scan[:, i], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, s_scan, atol=1e-5, rtol=1e-5)
+
+
+def test_delta_rule_writes_value_for_unit_beta_and_no_decay():
+    """beta = 1, g = 0, one token: S = k v^T (k unit), so reading with q = k gives v * Dk^-0.5."""
+    dk, dv = 4, 3
+    k = torch.tensor([[[1.0, 0, 0, 0]]])                         # [B, Hk, Dk]
+    v = torch.tensor([[[2.0, -1.0, 0.5]]])
+    s = torch.zeros(1, 1, dk, dv)
+    o = gated_delta_step(k, k, v, torch.zeros(1, 1), torch.ones(1, 1), s)
+    torch.testing.assert_close(o, v * dk ** -0.5)
+    torch.testing.assert_close(s[0, 0, 0], v[0, 0])
+
+
+def test_conv_prefill_in_pieces_equals_steps():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 5, 12, generator=g)
+    w = torch.randn(5, 4, generator=g)
+    full, state_full = causal_conv1d_prefill(x, w)
+    a, st = causal_conv1d_prefill(x[:, :, :5], w)
+    b, st = causal_conv1d_prefill(x[:, :, 5:9], w, st)
+    outs = [a, b]
+    for i in range(9, 12):
+        outs.append(causal_conv1d_step(x[:, :, i], w, st)[..., None])
+    torch.testing.assert_close(torch.cat(outs, -1), full)
+    torch.testing.assert_close(st, state_full)
+    # output 0 only sees input 0 (causal, zero history)
+    torch.testing.assert_close(full[:, :, 0], F.silu(x[:, :, 0] * w[:, -1]))
+
+
+def test_mrope_interleaving():
+    pos = torch.tensor([[5], [7], [9]])                 # t, h, w rows of one token
+    cos, sin = mrope_cos_sin(pos, rot_dim=16, theta=10000.0, sections=(4, 2, 2))
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+    rows = [0, 1, 2, 0, 1, 2, 0, 0]                      # h at 1, 4; w at 2, 5; rest t
+    ang = torch.tensor([float(pos[r, 0]) for r in rows]) * inv
+    torch.testing.assert_close(cos[0], torch.cat([ang, ang]).cos())
+    torch.testing.assert_close(sin[0], torch.cat([ang, ang]).sin())
+
+
+def test_zero_centred_rmsnorm():
+    x = torch.tensor([[3.0, 4.0]])
+    y = rmsnorm_zero_centred(x, torch.tensor([0.0, 1.0]), eps=0.0)
+    rms = (12.5) ** 0.5
+    torch.testing.assert_close(y, torch.tensor([[3 / rms, 8 / rms]]))
+
+
+@pytest.mark.parametrize("dk,dv,hk,hv", [(8, 6, 2, 4), (16, 32, 1, 2), (12, 40, 2, 2)])
+def test_triton_delta_step_matches_reference(dk, dv, hk, hv):
+    """Under TRITON_INTERPRET=1 (CPU) in fp32: several steps from a random state."""
+    pytest.importorskip("triton")
+    from photon_core.ops.gated_delta_rule import gated_delta_step_triton
+
+    q, k, v, g, beta, s0 = _inputs(5, hk=hk, hv=hv, dk=dk, dv=dv, seed=3)
+    s_ref, s_tri = s0.clone(), s0.clone()
+    for i in range(5):
+        o_ref = gated_delta_step(q[:, i], k[:, i], v[:, i], g[:, i], beta[:, i], s_ref)
+        o_tri = gated_delta_step_triton(q[:, i], k[:, i], v[:, i], g[:, i], beta[:, i], s_tri,
+                                        block_v=16)
+        torch.testing.assert_close(o_tri, o_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s_tri, s_ref, atol=1e-5, rtol=1e-5)
