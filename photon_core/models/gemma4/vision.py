@@ -52,7 +52,7 @@ def preprocess(rgb: np.ndarray, cfg: VisionCfg, max_soft_tokens: int = DEFAULT_S
     th, tw = target_size(h, w, p, cfg.pool, max_soft_tokens)
     if (th, tw) != (h, w):
         rgb = np.asarray(Image.fromarray(rgb).resize((tw, th), Image.BICUBIC))
-    x = torch.from_numpy(np.ascontiguousarray(rgb)).float() / 255.0          # [H, W, 3]
+    x = torch.from_numpy(np.array(rgb, dtype=np.uint8)).float() / 255.0    # [H, W, 3], a copy
     rows, cols = th // p, tw // p
     patches = x.view(rows, p, cols, p, 3).permute(0, 2, 1, 3, 4).reshape(rows * cols, p * p * 3)
     ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
