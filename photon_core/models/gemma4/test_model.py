@@ -160,3 +160,12 @@ def make_test_model(out_dir, seed: int = 0, text: dict | None = None,
         "bos_token_id": cfg.text.bos_id, "eos_token_id": list(cfg.text.eos_ids),
         "pad_token_id": cfg.text.pad_id}, indent=2))
     return out
+
+
+if __name__ == "__main__":      # python -m photon_core.models.gemma4.test_model DIR [SEED]
+    import sys
+
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: python -m photon_core.models.gemma4.test_model DIR [SEED]")
+    print(json.dumps({"written": str(make_test_model(sys.argv[1], int(sys.argv[2])
+                                                     if len(sys.argv) == 3 else 0))}))
