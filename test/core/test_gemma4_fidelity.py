@@ -132,3 +132,33 @@ def test_image_query_prefill_and_decode(ours, theirs):
     _, patches, positions, _ = ours.image_inputs(img)
     torch.testing.assert_close(patches, px["pixel_values"][0, :patches.shape[0]].float())
     assert torch.equal(positions, px["image_position_ids"][0, :patches.shape[0]].long())
+
+
+def test_bidirectional_image_variant_prefill(tmp_path):
+    """use_bidirectional_attention="vision": image tokens see each other both ways on the
+    sliding layers (within the window); global layers stay causal."""
+    path = make_test_model(tmp_path, seed=4, text={"use_bidirectional_attention": "vision",
+                                                   "sliding_window": 32})
+    ours, theirs = load_model(str(path), max_soft_tokens=SOFT_TOKENS), _hf(path)
+    img = np.random.default_rng(2).integers(0, 256, (24, 30, 3), dtype=np.uint8)
+    _, patches, positions, grid = ours.image_inputs(img)
+    emb = ours.image_embeddings(patches, positions, grid)
+    ids = ours.prefix_ids(emb.shape[0]) + ours.prompter.task_tail("caption", "short")
+    ids_t = torch.tensor([ids])
+    mm = (ids_t == ours.config.image_token_id).long()
+    from photon_core.models.gemma4 import text
+    from photon_core.models.gemma4.kv_cache import KVCache
+    with torch.no_grad():
+        hf_emb = theirs.model.get_image_features(patches[None], positions[None]).pooler_output[0]
+        full = theirs(input_ids=ids_t, pixel_values=patches[None], image_position_ids=positions[None],
+                      mm_token_type_ids=mm).logits[0]
+        causal = theirs(input_ids=ids_t, pixel_values=patches[None],
+                        image_position_ids=positions[None]).logits[0]
+        h = ours.forward_ids(torch.tensor(ids), 0, KVCache(ours.config.text, len(ids), "cpu",
+                                                           torch.float32), hf_emb)
+        mine = text.logits(ours.weights, ours.config.text, h)
+    assert (full - causal).abs().max() > 1e-2          # the variant does change the outputs
+    torch.testing.assert_close(mine, full, atol=ATOL, rtol=1e-4)
+    # and the engine's split (prefix encoded once, tail prefilled later) gives the same
+    run = ours.start(img, Task("caption", caption_length="short", max_tokens=2), record_logits=True)
+    torch.testing.assert_close(run.logits[0], full[-1], atol=ATOL_IMAGE, rtol=1e-4)
