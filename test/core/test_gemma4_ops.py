@@ -84,3 +84,17 @@ def test_proportional_rope_turns_only_its_share():
     still = [i for i in range(32) if i % 16 >= 4]
     torch.testing.assert_close(y[..., still], x[..., still])
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_triton_rmsnorm_kernel(dtype, tol, with_weight):
+    pytest.importorskip("triton")
+    from photon_core.ops.rmsnorm_scaled import rmsnorm_scaled_triton
+    g = torch.Generator().manual_seed(4)
+    x = (3 * torch.randn(2, 5, 48, generator=g)).to(dtype)
+    w = (1 + 0.3 * torch.randn(48, generator=g)).to(dtype) if with_weight else None
+    ref = rmsnorm_scaled(x.float(), None if w is None else w.float(), 1e-6)
+    out = rmsnorm_scaled_triton(x, w, 1e-6)
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
