@@ -70,7 +70,8 @@ class Gemma4Model:
         self.max_soft_tokens = max_soft_tokens
         self.max_context = min(max_context, config.text.max_positions)
         self.max_image_side = max_image_side
-        self.freqs = text.rope_freqs(config.text)
+        emb0 = weights["language_model.embed_tokens.weight"]
+        self.freqs = {k: f.to(emb0.device) for k, f in text.rope_freqs(config.text).items()}
         emb = weights["language_model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
 

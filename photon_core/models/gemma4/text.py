@@ -79,13 +79,17 @@ def _qkv(w, cfg: TextCfg, i: int, h: torch.Tensor, cos, sin, cache: KVCache, pos
     return q.transpose(0, 1)
 
 
-def attention(w, cfg: TextCfg, i: int, h: torch.Tensor, pos0: int, cache: KVCache, freqs,
+def rotary_tables(cfg: TextCfg, freqs, positions: torch.Tensor, dtype) -> dict:
+    """cos/sin [S, D] per layer type for these positions (computed once per forward)."""
+    return {ty: cos_sin(positions, f, dtype) for ty, f in freqs.items()}
+
+
+def attention(w, cfg: TextCfg, i: int, h: torch.Tensor, pos0: int, cache: KVCache, rot: dict,
               blocks: torch.Tensor | None = None) -> torch.Tensor:
     S = h.shape[0]
     ty = cfg.layer_types[i]
     positions = torch.arange(pos0, pos0 + S, device=h.device)
-    cos, sin = cos_sin(positions, freqs[ty], h.dtype)
-    q = _qkv(w, cfg, i, h, cos, sin, cache, pos0)
+    q = _qkv(w, cfg, i, h, *rot[ty], cache, pos0)
     src = cfg.kv_source(i)
     window = cfg.sliding_window if ty == SLIDING else None
     end = pos0 + S
@@ -110,11 +114,11 @@ def per_layer_residual(w, i: int, x: torch.Tensor, ple_i: torch.Tensor) -> torch
     return gelu_tanh_gate(g, ple_i) @ w[text_layer(i, "per_layer_projection.weight")].T
 
 
-def layer(w, cfg: TextCfg, i: int, x, ple, pos0: int, cache: KVCache, freqs, blocks=None):
+def layer(w, cfg: TextCfg, i: int, x, ple, pos0: int, cache: KVCache, rot: dict, blocks=None):
     def norm(t, name):
         return rmsnorm_scaled(t, w[text_layer(i, name + ".weight")], cfg.eps)
 
-    a = attention(w, cfg, i, norm(x, "input_layernorm"), pos0, cache, freqs, blocks)
+    a = attention(w, cfg, i, norm(x, "input_layernorm"), pos0, cache, rot, blocks)
     x = x + norm(a, "post_attention_layernorm")
     m = mlp(w, i, norm(x, "pre_feedforward_layernorm"))
     x = x + norm(m, "post_feedforward_layernorm")
@@ -126,8 +130,9 @@ def layer(w, cfg: TextCfg, i: int, x, ple, pos0: int, cache: KVCache, freqs, blo
 def decoder(w, cfg: TextCfg, x: torch.Tensor, ple, pos0: int, cache: KVCache, freqs,
             blocks: torch.Tensor | None = None) -> torch.Tensor:
     """x [S, hidden] at positions pos0.. -> final-normed hidden states [S, hidden]."""
+    rot = rotary_tables(cfg, freqs, torch.arange(pos0, pos0 + x.shape[0], device=x.device), x.dtype)
     for i in range(cfg.n_layers):
-        x = layer(w, cfg, i, x, ple, pos0, cache, freqs, blocks)
+        x = layer(w, cfg, i, x, ple, pos0, cache, rot, blocks)
     return rmsnorm_scaled(x, w["language_model.norm.weight"], cfg.eps)
 
 
