@@ -40,6 +40,24 @@ def test_family_contract():
     assert gemma4.SKILLS <= set(task_mod.SKILLS)
 
 
+def test_kv_sharing_layout(model, enc):
+    t = model.config.text
+    assert [t.kv_source(i) for i in range(t.n_layers)] == [0, 1, 2, 3, 3, 2]
+    assert enc.cache.k[4] is None and enc.cache.k[5] is None and enc.cache.k[3] is not None
+    assert "language_model.layers.4.self_attn.k_proj.weight" not in model.weights
+    assert enc.cache.k[2].shape[-1] == 2 * enc.cache.k[0].shape[-1]      # wider global heads
+
+
+def test_soft_token_budget_from_processor_config(ckpt, tmp_path):
+    folder = tmp_path / "budget"
+    shutil.copytree(ckpt, folder)
+    (folder / "processor_config.json").write_text(json.dumps(
+        {"image_processor": {"max_soft_tokens": 140}}))
+    assert load_model(str(folder)).max_soft_tokens == 140
+    with pytest.raises(ValueError, match="max_soft_tokens 100"):
+        load_model(str(folder), max_soft_tokens=100)
+
+
 def test_query_streams_the_answer(model, enc):
     deltas = []
     res = model.run(enc, Task("query", question="What color is the cup?", max_tokens=20),

@@ -191,7 +191,8 @@ class Gemma4Model:
         return self.run(image, Task("caption", caption_length=length, **sampling), stream).output
 
 
-HUB_PATTERNS = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+HUB_PATTERNS = ["config.json", "generation_config.json", "processor_config.json",
+                "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json",
                 "chat_template.jinja", "model.safetensors", "model.safetensors.index.json",
                 "model-*.safetensors"]
 
@@ -213,8 +214,23 @@ def resolve(path_or_id: str, revision: str | None = None) -> Path:
                                  f"Face Hub or its local cache: {type(e).__name__}: {e}") from None
 
 
+def soft_token_budget(folder: Path) -> int:
+    """max_soft_tokens of the checkpoint's image processor config, else the default (280)."""
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        f = folder / name
+        if f.is_file():
+            try:
+                d = json.loads(f.read_text())
+            except ValueError:
+                continue
+            for scope in (d, d.get("image_processor") or {}):
+                if isinstance(scope, dict) and isinstance(scope.get("max_soft_tokens"), int):
+                    return scope["max_soft_tokens"]
+    return vision.DEFAULT_SOFT_TOKENS
+
+
 def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str | None = None,
-               max_soft_tokens: int = vision.DEFAULT_SOFT_TOKENS,
+               max_soft_tokens: int | None = None,
                max_context: int = DEFAULT_MAX_CONTEXT, **_ignored) -> Gemma4Model:
     """Load a Gemma 4 image-text checkpoint (HF layout, safetensors only)."""
     torch_dtype = parse_dtype(dtype)
@@ -237,4 +253,7 @@ def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str
     prompter = Prompter(folder / "tokenizer.json", read_chat_template(folder), cfg.image_token_id,
                         cfg.text.bos_id, tuple(eos))
     model_id = str(path_or_id) + (f"@{revision}" if revision else "")
-    return Gemma4Model(cfg, weights, prompter, model_id, max_soft_tokens, max_context)
+    budget = max_soft_tokens or soft_token_budget(folder)
+    if budget not in vision.SOFT_TOKEN_BUDGETS:
+        raise ValueError(f"max_soft_tokens {budget} is not one of {vision.SOFT_TOKEN_BUDGETS}")
+    return Gemma4Model(cfg, weights, prompter, model_id, budget, max_context)

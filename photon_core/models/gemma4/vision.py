@@ -25,7 +25,8 @@ from ...ops.rotary_half import apply_rotary_half, cos_sin, inv_freq
 from .config import VisionCfg
 from .weights import vision_layer
 
-DEFAULT_SOFT_TOKENS = 280          # the image processor's default budget (70..1120 allowed)
+DEFAULT_SOFT_TOKENS = 280          # the image processor's default budget
+SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)   # the budgets the model was trained with
 
 
 def target_size(height: int, width: int, patch: int, pool: int, max_soft_tokens: int) -> tuple[int, int]:
