@@ -99,9 +99,10 @@ def step_bytes(model: Gemma4Model, pos: int) -> int:
     ple = w.get("language_model.embed_tokens_per_layer.weight")
     if ple is not None:
         n += ple.shape[1] * ple.element_size()
+    esize = torch.empty((), dtype=model.dtype).element_size()
     for i in range(t.first_shared):
         seen = min(pos + 1, t.sliding_window) if t.layer_types[i] == SLIDING else pos + 1
-        n += 2 * t.kv_heads_of(i) * seen * t.head_dim_of(i) * ple.element_size()
+        n += 2 * t.kv_heads_of(i) * seen * t.head_dim_of(i) * esize
     return n
 
 
@@ -191,6 +192,19 @@ def main():
         out["copy_bandwidth_GBs"] = bw / 1e9
         out["floor_ms"] = nbytes / bw * 1e3
         out["ours_vs_floor"] = out["ours_step_ms"] / out["floor_ms"]
+
+    # -- the sliding-window decode op: torch reference vs Triton kernel (E2B head shapes) ---
+    if device.type == "cuda":
+        from photon_core.ops.sliding_window_attention import (sliding_window_decode,
+                                                              sliding_window_decode_triton)
+        kv = torch.randn(t.n_kv_heads, 4096, t.head_dim, device=device, dtype=dtype)
+        q1 = torch.randn(t.n_heads, t.head_dim, device=device, dtype=dtype)
+        for p_, win in ((pos, t.sliding_window), (4000, t.sliding_window), (4000, None)):
+            key = f"attn_decode_pos{p_}_win{win}"
+            out[key + "_torch_ms"] = timed(lambda: sliding_window_decode(q1, kv, kv, p_, win, 1.0),
+                                           device, args.iters)
+            out[key + "_triton_ms"] = timed(
+                lambda: sliding_window_decode_triton(q1, kv, kv, p_, win, 1.0), device, args.iters)
 
     # -- transformers eager, same weights, same position ------------------------------------
     if hf is not None:
