@@ -58,6 +58,19 @@ def test_soft_token_budget_from_processor_config(ckpt, tmp_path):
         load_model(str(folder), max_soft_tokens=100)
 
 
+def test_fits_the_scheduler_protocol(model, enc):
+    from photon_core.scheduler.engine import (EngineLike, count_prompt_tokens, encoded_crops,
+                                              step_batch)
+    assert isinstance(model, EngineLike)
+    t = Task("query", question="What color is the cup?", max_tokens=3)
+    assert count_prompt_tokens(model, t) == len(model.prompter.task_tail("query", t.question))
+    assert encoded_crops(enc) == 1
+    runs = [model.start(enc, t, ignore_eos=True), model.start(enc, Task("caption", max_tokens=2),
+                                                              ignore_eos=True)]
+    assert step_batch(model, runs) == [True, True]
+    assert step_batch(model, runs) == [True, False]
+
+
 def test_query_streams_the_answer(model, enc):
     deltas = []
     res = model.run(enc, Task("query", question="What color is the cup?", max_tokens=20),

@@ -59,6 +59,7 @@ class EncodedImage:
     encode_ms: float
     model_id: str
     setup_ms: float = 0.0
+    n_crops: int = 1            # one variable-resolution image (for the scheduler's cost model)
 
 
 class Gemma4Model:
@@ -150,6 +151,10 @@ class Gemma4Model:
                             encode_ms=(time.perf_counter() - t0) * 1e3, model_id=self.model_id)
 
     # -- tasks -----------------------------------------------------------------------------
+    def count_prompt_tokens(self, task: Task) -> int:
+        """Tokens a task prefills after the image prefix (the scheduler's cost model)."""
+        return len(self.prompter.task_tail(task.skill, task.target))
+
     @staticmethod
     def check_skill(skill: str) -> None:
         if skill not in SKILLS:
