@@ -1,0 +1,264 @@
+"""The Gemma 4 reference engine: load, encode an image once (vision tower + the decoder's
+pass over the image prefix), run query/caption tasks on it step by step.
+
+Skills: query and caption. Gemma 4's documentation (model card, transformers docs) gives no
+box or point output format for E2B/E4B, so detect and point are not served: `start` refuses
+such a Task with a TaskError that says so (the node refuses it in its YAML, see SKILLS).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ...moondream.image_input import MAX_SIDE, to_rgb_array
+from ...task import Task, TaskError, TaskResult
+from . import text, vision
+from .config import Gemma4Cfg, parse_config
+from .kv_cache import KVCache
+from .prompt import Prompter, read_chat_template
+from .run import TaskRun, _sync
+from .weights import load_weights, shard_files
+
+SKILLS = frozenset({"query", "caption"})
+UNSUPPORTED = ("Gemma 4 (E2B/E4B) does not support {skill}: the model has no documented "
+               "box/point output; this model serves query and caption only")
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+DEFAULT_MAX_CONTEXT = 4096
+
+
+class CheckpointNotFound(ValueError):
+    pass
+
+
+def parse_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
+    return DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image after the vision tower AND the decoder's pass over its prefix
+    (head + <boi> + image tokens + <eoi>): `cache` holds that prefix's k/v, read-only
+    (every task copies it into its own cache)."""
+    cache: KVCache
+    length: int
+    n_image_tokens: int
+    width: int
+    height: int
+    encode_ms: float
+    model_id: str
+    setup_ms: float = 0.0
+    n_crops: int = 1            # one variable-resolution image (for the scheduler's cost model)
+
+
+class Gemma4Model:
+    def __init__(self, config: Gemma4Cfg, weights: dict[str, torch.Tensor], prompter: Prompter,
+                 model_id: str = "gemma4", max_soft_tokens: int = vision.DEFAULT_SOFT_TOKENS,
+                 max_context: int = DEFAULT_MAX_CONTEXT, max_image_side: int = MAX_SIDE):
+        self.config, self.weights, self.prompter = config, weights, prompter
+        self.model_id = model_id
+        self.max_soft_tokens = max_soft_tokens
+        self.max_context = min(max_context, config.text.max_positions)
+        self.max_image_side = max_image_side
+        emb0 = weights["language_model.embed_tokens.weight"]
+        self.freqs = {k: f.to(emb0.device) for k, f in text.rope_freqs(config.text).items()}
+        emb = weights["language_model.embed_tokens.weight"]
+        self.device, self.dtype = emb.device, emb.dtype
+
+    # -- decoder over token ids ------------------------------------------------------------
+    def forward_ids(self, ids: torch.Tensor, pos0: int, cache: KVCache,
+                    image_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [S] at positions pos0.. (image placeholders filled from image_embeds, in
+        order) -> final hidden states [S, hidden]; writes k/v into cache."""
+        t, w = self.config.text, self.weights
+        is_image = ids == self.config.image_token_id
+        safe_ids = torch.where(is_image, torch.full_like(ids, t.pad_id), ids)
+        x = text.embed(w, t, safe_ids)
+        blocks = None
+        if image_embeds is not None:
+            if int(is_image.sum()) != image_embeds.shape[0]:
+                raise ValueError(f"{int(is_image.sum())} image tokens for {image_embeds.shape[0]} "
+                                 "image embeddings")
+            x = x.clone()
+            x[is_image] = image_embeds.to(x.dtype)
+            if t.bidirectional == "vision" and pos0 == 0:
+                blocks = torch.where(is_image, 0, -1)
+        ple = text.per_layer_inputs(w, t, safe_ids, x)
+        return text.decoder(w, t, x, ple, pos0, cache, self.freqs, blocks)
+
+    def greedy(self, ids: list[int], steps: int, image_embeds=None):
+        """Prefill ids then `steps` greedy decode steps -> (logits [steps + 1, V], tokens).
+        The plain reference loop (tests, benchmarks)."""
+        cache = KVCache(self.config.text, len(ids) + steps, self.device, self.dtype)
+        out, toks = [], []
+        with torch.inference_mode():
+            h = self.forward_ids(torch.tensor(ids, device=self.device), 0, cache, image_embeds)
+            pos = len(ids)
+            for s in range(steps + 1):
+                lg = text.logits(self.weights, self.config.text, h[-1])
+                out.append(lg.float().cpu())
+                toks.append(int(lg.argmax()))
+                if s == steps:
+                    break
+                h = self.forward_ids(torch.tensor([toks[-1]], device=self.device), pos, cache)
+                pos += 1
+        return torch.stack(out), toks
+
+    # -- images ----------------------------------------------------------------------------
+    def image_inputs(self, image):
+        """image -> (rgb array, patches, positions, grid) as the HF image processor makes them."""
+        array = to_rgb_array(image, self.max_image_side)
+        patches, positions, grid = vision.preprocess(array, self.config.vision, self.max_soft_tokens)
+        return array, patches, positions, grid
+
+    def image_embeddings(self, patches, positions, grid) -> torch.Tensor:
+        with torch.inference_mode():
+            return vision.encode(self.weights, self.config.vision, patches, positions, grid)
+
+    def prefix_ids(self, n_image_tokens: int) -> list[int]:
+        c = self.config
+        return (self.prompter.head + [c.boi_token_id] + [c.image_token_id] * n_image_tokens
+                + [c.eoi_token_id])
+
+    def encode_image(self, image) -> EncodedImage:
+        """numpy HxWx3 uint8 RGB | PIL image | path -> EncodedImage."""
+        if isinstance(image, EncodedImage):
+            return image
+        t0 = time.perf_counter()
+        array, patches, positions, grid = self.image_inputs(image)
+        emb = self.image_embeddings(patches, positions, grid)
+        ids = self.prefix_ids(emb.shape[0])
+        if len(ids) >= self.max_context:
+            raise ValueError(f"the image prefix ({len(ids)} tokens) does not fit the "
+                             f"{self.max_context}-token context")
+        cache = KVCache(self.config.text, len(ids), self.device, self.dtype)
+        with torch.inference_mode():
+            self.forward_ids(torch.tensor(ids, device=self.device), 0, cache, emb)
+        _sync(self.device)
+        return EncodedImage(cache=cache, length=len(ids), n_image_tokens=emb.shape[0],
+                            width=array.shape[1], height=array.shape[0],
+                            encode_ms=(time.perf_counter() - t0) * 1e3, model_id=self.model_id)
+
+    # -- tasks -----------------------------------------------------------------------------
+    def count_prompt_tokens(self, task: Task) -> int:
+        """Tokens a task prefills after the image prefix (the scheduler's cost model)."""
+        return len(self.prompter.task_tail(task.skill, task.target))
+
+    @staticmethod
+    def check_skill(skill: str) -> None:
+        if skill not in SKILLS:
+            raise TaskError(UNSUPPORTED.format(skill=skill))
+
+    def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
+              ignore_eos: bool = False, record_logits: bool = False) -> TaskRun:
+        task.validate()
+        self.check_skill(task.skill)          # before any encode work
+        enc = self.encode_image(enc)
+        if enc.model_id != self.model_id or enc.cache.k[0].dtype != self.dtype:
+            raise ValueError("this EncodedImage was made by a different model")
+        return TaskRun(self, enc, task, stream, ignore_eos, record_logits)
+
+    def step_batch(self, runs: list[TaskRun]) -> list[bool]:
+        return [r.step() for r in runs]
+
+    def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
+            should_stop: Callable[[], str | None] | None = None) -> TaskResult:
+        r = self.start(enc, task, stream)
+        while not r.finished:
+            reason = should_stop() if should_stop is not None else None
+            if reason:
+                r.cancel(reason)
+                break
+            r.step()
+        return r.result()
+
+    def detect(self, image, object: str, max_objects: int = 50) -> dict:
+        return self.run(image, Task("detect", object=object, max_objects=max_objects)).output
+
+    def point(self, image, object: str, max_objects: int = 50) -> dict:
+        return self.run(image, Task("point", object=object, max_objects=max_objects)).output
+
+    def query(self, image, question: str, stream=None, **sampling) -> dict:
+        return self.run(image, Task("query", question=question, **sampling), stream).output
+
+    def caption(self, image, length: str = "normal", stream=None, **sampling) -> dict:
+        return self.run(image, Task("caption", caption_length=length, **sampling), stream).output
+
+
+HUB_PATTERNS = ["config.json", "generation_config.json", "processor_config.json",
+                "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json",
+                "chat_template.jinja", "model.safetensors", "model.safetensors.index.json",
+                "model-*.safetensors"]
+
+
+def resolve(path_or_id: str, revision: str | None = None) -> Path:
+    """A local folder, or a Hugging Face repo id (snapshot of the files above only)."""
+    p = Path(os.path.expanduser(str(path_or_id)))
+    if p.is_dir():
+        return p
+    if p.exists() or str(path_or_id).startswith((".", "/", "~")) or str(path_or_id).count("/") != 1:
+        raise CheckpointNotFound(f"model folder {path_or_id!r} not found (and it is not a "
+                                 "Hugging Face repo id like 'google/gemma-4-E2B-it')")
+    from huggingface_hub import snapshot_download
+    try:
+        return Path(snapshot_download(str(path_or_id), revision=revision,
+                                      allow_patterns=HUB_PATTERNS))
+    except Exception as e:
+        raise CheckpointNotFound(f"cannot get {path_or_id}@{revision or 'main'} from the Hugging "
+                                 f"Face Hub or its local cache: {type(e).__name__}: {e}") from None
+
+
+def soft_token_budget(folder: Path) -> int:
+    """max_soft_tokens of the checkpoint's image processor config, else the default (280)."""
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        f = folder / name
+        if f.is_file():
+            try:
+                d = json.loads(f.read_text())
+            except ValueError:
+                continue
+            for scope in (d, d.get("image_processor") or {}):
+                if isinstance(scope, dict) and isinstance(scope.get("max_soft_tokens"), int):
+                    return scope["max_soft_tokens"]
+    return vision.DEFAULT_SOFT_TOKENS
+
+
+def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str | None = None,
+               max_soft_tokens: int | None = None,
+               max_context: int = DEFAULT_MAX_CONTEXT, **_ignored) -> Gemma4Model:
+    """Load a Gemma 4 image-text checkpoint (HF layout, safetensors only)."""
+    torch_dtype = parse_dtype(dtype)
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    folder = resolve(path_or_id, revision)
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointNotFound(f"{folder} has no config.json")
+    cfg = parse_config(json.loads(cfg_file.read_text()))
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointNotFound(f"{folder} has no tokenizer.json")
+    weights = load_weights(shard_files(folder), cfg, device, torch_dtype)
+    eos = list(cfg.text.eos_ids)
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        g = json.loads(gen.read_text()).get("eos_token_id")
+        eos += g if isinstance(g, list) else ([g] if g is not None else [])
+    prompter = Prompter(folder / "tokenizer.json", read_chat_template(folder), cfg.image_token_id,
+                        cfg.text.bos_id, tuple(eos))
+    model_id = str(path_or_id) + (f"@{revision}" if revision else "")
+    budget = max_soft_tokens or soft_token_budget(folder)
+    if budget not in vision.SOFT_TOKEN_BUDGETS:
+        raise ValueError(f"max_soft_tokens {budget} is not one of {vision.SOFT_TOKEN_BUDGETS}")
+    return Gemma4Model(cfg, weights, prompter, model_id, budget, max_context)

@@ -1,0 +1,1 @@
+"""Ops: one op per file, a torch reference beside its Triton kernel."""

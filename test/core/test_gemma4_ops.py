@@ -1,0 +1,100 @@
+"""Ops of the Gemma 4 decoder: the sliding-window attention mask against its definition,
+the decode op against the block reference, its Triton kernel against the reference (fp32 and
+fp16 under TRITON_INTERPRET=1), RMSNorm / proportional RoPE against their formulas."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from photon_core.ops.rmsnorm_scaled import rmsnorm_scaled
+from photon_core.ops.rotary_half import apply_rotary_half, cos_sin, inv_freq
+from photon_core.ops.sliding_window_attention import (attention_mask, sliding_window_decode,
+                                                      window_attention)
+
+
+def test_mask_is_the_window_definition():
+    q_pos = torch.arange(3, 20)
+    m = attention_mask(q_pos, 20, window=5)
+    for a, p in enumerate(q_pos.tolist()):
+        for j in range(20):
+            assert bool(m[a, j]) == (p - 5 < j <= p)
+    full = attention_mask(q_pos, 20, window=None)
+    assert torch.equal(full, torch.arange(20)[None] <= q_pos[:, None])
+
+
+def test_mask_blocks_see_each_other_within_the_window():
+    blocks = torch.tensor([-1, 0, 0, 0, -1, -1])
+    m = attention_mask(torch.arange(6), 6, window=None, blocks=blocks)
+    assert m[1, 3] and m[2, 3] and not m[0, 1] and not m[4, 5]
+    m = attention_mask(torch.arange(6), 6, window=2, blocks=blocks)
+    # as transformers' sliding_window_overlay: the window bounds the past only
+    assert m[1, 3] and m[3, 2] and not m[3, 1]
+
+
+@pytest.mark.parametrize("window", [None, 4, 64])
+def test_decode_matches_block_reference(window):
+    g = torch.Generator().manual_seed(0)
+    hq, hkv, d, cap, pos = 8, 2, 16, 40, 29
+    q = torch.randn(hq, d, generator=g)
+    k, v = torch.randn(hkv, cap, d, generator=g), torch.randn(hkv, cap, d, generator=g)
+    ref = window_attention(q[:, None], k[:, :pos + 1], v[:, :pos + 1], torch.tensor([pos]),
+                           window, 1.0)[:, 0]
+    torch.testing.assert_close(sliding_window_decode(q, k, v, pos, window, 1.0), ref)
+    # positions after pos (garbage in the cache) and before the window are never read
+    k2, v2 = k.clone(), v.clone()
+    k2[:, pos + 1:] = 1e4
+    if window:
+        v2[:, :max(0, pos - window + 1)] = float("nan")
+    torch.testing.assert_close(sliding_window_decode(q, k2, v2, pos, window, 1.0), ref)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("window,pos,d", [(None, 70, 32), (8, 70, 32), (512, 100, 24), (8, 3, 16)])
+def test_triton_decode_kernel(dtype, tol, window, pos, d):
+    pytest.importorskip("triton")
+    from photon_core.ops.sliding_window_attention import sliding_window_decode_triton
+    g = torch.Generator().manual_seed(1)
+    hq, hkv, cap = 4, 2, 128
+    q = torch.randn(hq, d, generator=g).to(dtype)
+    k = torch.randn(hkv, cap, d, generator=g).to(dtype)
+    v = torch.randn(hkv, cap, d, generator=g).to(dtype)
+    ref = sliding_window_decode(q.float(), k.float(), v.float(), pos, window, 1.0)
+    out = sliding_window_decode_triton(q, k, v, pos, window, 1.0, block_n=16)
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+def test_rmsnorm_scaled_formula():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 10, dtype=torch.float64, generator=g)
+    w = torch.randn(10, dtype=torch.float64, generator=g)
+    y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+    torch.testing.assert_close(rmsnorm_scaled(x, w, 1e-6), y)
+    torch.testing.assert_close(rmsnorm_scaled(x, None, 1e-6) * w, y)
+
+
+def test_proportional_rope_turns_only_its_share():
+    f = inv_freq(32, 1e6, rotary_fraction=0.25)
+    assert f.shape == (16,) and (f[:4] > 0).all() and (f[4:] == 0).all()
+    assert math.isclose(float(f[1]), 1e6 ** (-2 / 32), rel_tol=1e-6)
+    x = torch.randn(5, 2, 32, generator=torch.Generator().manual_seed(3))
+    cos, sin = cos_sin(torch.arange(5), f, x.dtype)
+    y = apply_rotary_half(x, cos, sin)
+    still = [i for i in range(32) if i % 16 >= 4]
+    torch.testing.assert_close(y[..., still], x[..., still])
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_triton_rmsnorm_kernel(dtype, tol, with_weight):
+    pytest.importorskip("triton")
+    from photon_core.ops.rmsnorm_scaled import rmsnorm_scaled_triton
+    g = torch.Generator().manual_seed(4)
+    x = (3 * torch.randn(2, 5, 48, generator=g)).to(dtype)
+    w = (1 + 0.3 * torch.randn(48, generator=g)).to(dtype) if with_weight else None
+    ref = rmsnorm_scaled(x.float(), None if w is None else w.float(), 1e-6)
+    out = rmsnorm_scaled_triton(x, w, 1e-6)
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
