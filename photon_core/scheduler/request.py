@@ -69,6 +69,7 @@ class Frame:
     enc: Any = None
     encode_ms: float = 0.0
     refs: int = 0                # task requests not yet ended that use this frame
+    started: int = 0             # its task requests started so far (fairness counts the first)
 
     @property
     def encoded(self) -> bool:

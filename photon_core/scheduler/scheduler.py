@@ -31,9 +31,11 @@ from .clock import Clock, MonotonicClock
 from .cost_model import CostModel, TokenEstimator, image_shape
 from .edf_queue import EDF, FIFO, RequestQueue
 from .engine import count_prompt_tokens, engine_capacity, step_batch
+from .fairness import FairShare
 from .latest_frame import LatestFrameTable
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
                       TaskRequest, TaskSpec)
+from .stream_health import StreamHealth, StreamHealthTracker
 
 log = logging.getLogger("photon_core.scheduler")
 MAX_BATCH_LIMIT = 8
@@ -59,6 +61,17 @@ class Policy:
     # measured this long ago, the frame is encoded anyway (an encode probe: no task is
     # started on a hopeless estimate) and the decision is made again. 0 disables.
     probe_after_s: float = 2.0
+    # Fairness between streams (fairness.py): periodic work of the stream with the fewest
+    # frames served lately first, then EDF; equal-urgency ties (deadlines within fair_tie_s)
+    # go to the stream served least recently; under pressure (a periodic skip / supersede /
+    # deadline cancel within fair_pressure_s) a request of a stream that is ahead waits up to
+    # min(fair_gather_s, fair_gather_frac x its deadline_s) for a due stream that is behind.
+    fair: bool = True
+    fair_tie_s: float = 0.005
+    fair_gather_s: float = 0.010
+    fair_gather_frac: float = 0.10
+    fair_pressure_s: float = 2.0
+    fair_halflife_s: float = 2.0   # recent service (frames started per stream) decays with this
 
     def __post_init__(self):
         if not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
@@ -94,7 +107,13 @@ class Scheduler:
         self.cost = cost_model or CostModel()
         self.tokens = tokens or TokenEstimator()
         self.on_result = on_result
-        self.queue = RequestQueue(self.policy.order)
+        p = self.policy
+        self.fair = (FairShare(p.fair_tie_s, p.fair_gather_s, p.fair_gather_frac, p.fair_pressure_s,
+                               p.fair_halflife_s)
+                     if p.fair else FairShare(tie_s=0.0, gather_s=0.0, halflife_s=0.0))
+        self.health = StreamHealthTracker()
+        self.wake_at: float | None = None     # work is held (fairness) until this clock time
+        self.queue = RequestQueue(self.policy.order, self.fair)
         self.latest = LatestFrameTable()
         self.live: list[TaskRequest] = []
         self.frames: dict[tuple, Frame] = {}
@@ -122,6 +141,11 @@ class Scheduler:
         frame = self.frames.get(fkey)
         if frame is None:
             frame = Frame(stream, stamp, image, now if capture_time is None else capture_time)
+            if kind == PERIODIC:
+                self.fair.note_frame(stream, frame.capture_time)
+        tasks = list(tasks)
+        if kind == PERIODIC:
+            self.health.note_submit(stream, now, len(tasks))
         ids = []
         for t in tasks:
             spec = TaskSpec.of(t)
@@ -193,12 +217,28 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001
                 log.warning("engine.drain failed: %r", e)
 
+    def idle_until(self) -> float | None:
+        """Clock time until which all waiting work is held (fairness) and nothing runs;
+        None when the next step() has something to do (or nothing is left)."""
+        if self.live or not self.queue or self.wake_at is None:
+            return None
+        return self.wake_at
+
     def run_until_idle(self, max_steps: int | None = None) -> None:
+        """Step until no work is left. Holds are waited out: a virtual clock is advanced
+        to their end, a real one slept through."""
         n = 0
         while self.step():
             n += 1
             if max_steps is not None and n >= max_steps:
                 break
+            until = self.idle_until()
+            if until is not None:
+                if hasattr(self.clock, "advance_to"):
+                    self.clock.advance_to(until)
+                else:
+                    import time
+                    time.sleep(max(0.0, min(until - self.clock.now(), 0.05)))
 
     # -- internals -------------------------------------------------------------------
     def _rank(self, r: TaskRequest) -> tuple:
@@ -254,6 +294,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         p = self.policy
+        self.wake_at = None
         if not p.admission:                       # baseline: start in order while there is room
             for r in self.queue.ordered():
                 if len(self.live) >= p.max_batch:
@@ -262,13 +303,21 @@ class Scheduler:
             return
         hold_periodic = False
         step_fn = lambda b: self.cost.step_ms(b) * p.safety  # noqa: E731
-        for r in self.queue.ordered():
+        waiting = {r.stream for r in self.queue if r.kind == PERIODIC and not r.ended}
+        for r in self.queue.ordered(self.clock.now()):
             if r.ended:
                 continue
             n_live = len(self.live)
             if r.kind != ON_DEMAND and (hold_periodic or n_live >= p.max_batch):
                 break
             now = self.clock.now()
+            if r.kind != ON_DEMAND and not r.frame.encoded:
+                held = self.fair.hold_until(r.stream, r.frame.capture_time, r.submit_time,
+                                            r.spec.deadline_s, now, waiting)
+                if held is not None:              # a stream that is behind is due: let it in
+                    self.wake_at = held if self.wake_at is None else min(self.wake_at, held)
+                    self.counts["fair_holds"] += 1
+                    continue
             start_ms = self._start_ms(r)
             steps = self.tokens.estimate(r.key, r.spec.task, False)
             if admission.hopeless(now, start_ms, steps, r.deadline, self.cost.step_ms) and \
@@ -425,6 +474,8 @@ class Scheduler:
             if self.frames.get((f.stream, f.stamp)) is f:
                 del self.frames[(f.stream, f.stamp)]
         missed = (status is Status.DEADLINE) or (status is Status.DONE and now > r.deadline)
+        if r.kind == PERIODIC and status in (Status.SKIPPED, Status.SUPERSEDED, Status.DEADLINE):
+            self.fair.note_pressure(now)
         if status is Status.DONE:
             self.latest.publish(r)
             self.per_stream[r.stream]["processed"] += 1
@@ -443,6 +494,7 @@ class Scheduler:
             timings={"encode_ms": f.encode_ms if r.started else 0.0, "prefill_ms": r.prefill_ms,
                      "decode_ms": decode_ms, "preempted_steps": float(r.preempted_steps)},
             steps=r.steps, missed_deadline=missed)
+        self.health.note_outcome(out)
         for cb in (r.on_result, self.on_result):
             if cb is None:
                 continue
@@ -453,6 +505,11 @@ class Scheduler:
                 log.exception("on_result callback failed")
 
     # -- diagnostics -----------------------------------------------------------------
+    def stream_health(self, now: float | None = None) -> dict[str, StreamHealth]:
+        """Per stream: result rate, fraction skipped, time since its last result, level
+        ("ok"/"warn") and a human reason (stream_health.py). For a node's /diagnostics."""
+        return self.health.report(self.clock.now() if now is None else now)
+
     def metrics(self) -> dict:
         c = self.counts
         return {
@@ -462,6 +519,7 @@ class Scheduler:
             "deadline_misses": c["deadline_misses"], "errors": c["error"],
             "callback_errors": c["callback_errors"], "preempted_steps": c["preempted_steps"],
             "preempting_starts": c["preempting_starts"], "probes": c["probes"],
+            "fair_holds": c["fair_holds"],
             "encodes": c["encodes"],
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
             "waiting": len(self.queue), "running": len(self.live),

@@ -362,6 +362,9 @@ def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel
             i += 1
         if sched.has_work():
             sched.step()
+            until = sched.idle_until()            # work held (fairness): skip to the next event
+            if until is not None:
+                clock.advance_to(min(until, events[i].t) if i < len(events) else until)
         elif i < len(events):
             clock.advance_to(events[i].t)
     for o in outcomes:                       # report times relative to the trace start
