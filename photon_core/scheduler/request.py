@@ -95,6 +95,7 @@ class TaskRequest:
     engine_ms: float = 0.0       # prefill + decode steps it took part in
     prefill_ms: float = 0.0
     preempted_steps: int = 0
+    start_failures: int = 0      # engine.start / encode raised while other runs were open
     ended: bool = False
 
     @property

@@ -33,6 +33,7 @@ from .edf_queue import EDF, FIFO, RequestQueue
 from .engine import count_prompt_tokens, engine_capacity, step_batch
 from .fairness import FairShare
 from .latest_frame import LatestFrameTable
+from .load_shedding import BatchLimiter
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
                       TaskRequest, TaskSpec)
 from .stream_health import StreamHealth, StreamHealthTracker
@@ -72,6 +73,9 @@ class Policy:
     fair_gather_frac: float = 0.10
     fair_pressure_s: float = 2.0
     fair_halflife_s: float = 2.0   # recent service (frames started per stream) decays with this
+    # After an engine failure at batch > 1 (GPU out of memory), the batch limit is halved for
+    # this long, then raised again (load_shedding.py).
+    shed_hold_s: float = 5.0
 
     def __post_init__(self):
         if not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
@@ -114,6 +118,7 @@ class Scheduler:
         self.health = StreamHealthTracker()
         self.wake_at: float | None = None     # work is held (fairness) until this clock time
         self.queue = RequestQueue(self.policy.order, self.fair)
+        self.limiter = BatchLimiter(self.policy.max_batch, hold_s=p.shed_hold_s)
         self.latest = LatestFrameTable()
         self.live: list[TaskRequest] = []
         self.frames: dict[tuple, Frame] = {}
@@ -295,9 +300,11 @@ class Scheduler:
     def _admit(self) -> None:
         p = self.policy
         self.wake_at = None
+        mb = self.limiter.limit(self.clock.now())  # max_batch, or less while shedding load
+        extra = p.max_extra if mb == p.max_batch else 0
         if not p.admission:                       # baseline: start in order while there is room
             for r in self.queue.ordered():
-                if len(self.live) >= p.max_batch:
+                if len(self.live) >= mb:
                     return
                 self._start(r)
             return
@@ -308,7 +315,7 @@ class Scheduler:
             if r.ended:
                 continue
             n_live = len(self.live)
-            if r.kind != ON_DEMAND and (hold_periodic or n_live >= p.max_batch):
+            if r.kind != ON_DEMAND and (hold_periodic or n_live >= mb):
                 break
             now = self.clock.now()
             if r.kind != ON_DEMAND and not r.frame.encoded:
@@ -328,8 +335,8 @@ class Scheduler:
                 continue
             cand = self._load(r, now)
             live = [self._load(x, now) for x in self.live]
-            ok = n_live < p.max_batch and admission.fits(
-                now, start_ms * p.safety, cand, live, p.max_batch, step_fn, p.margin_s)
+            ok = n_live < mb and admission.fits(
+                now, start_ms * p.safety, cand, live, mb, step_fn, p.margin_s)
             if ok:
                 self._start(r)
                 continue
@@ -339,8 +346,8 @@ class Scheduler:
                 self._end(r, Status.SKIPPED)
                 continue
             if r.kind == ON_DEMAND and p.preempt:
-                solo = (start_ms + cand.remaining * self.cost.step_ms(p.max_batch)) * p.safety / 1e3
-                if now + p.preempt_slack * solo >= r.deadline and n_live < p.max_batch + p.max_extra:
+                solo = (start_ms + cand.remaining * self.cost.step_ms(mb)) * p.safety / 1e3
+                if now + p.preempt_slack * solo >= r.deadline and n_live < mb + extra:
                     self.counts["preempting_starts"] += 1
                     self._start(r)
                 elif now + 2 * p.preempt_slack * solo >= r.deadline:
@@ -393,6 +400,16 @@ class Scheduler:
             r.prefill_ms = (self.clock.now() - t0) * 1e3
             self.cost.observe_prefill(self._prompt_tokens(r.spec.task), r.prefill_ms)
         except Exception as e:  # noqa: BLE001 - reported as the request's outcome
+            r.start_failures += 1
+            if self.live and r.start_failures < self.limiter.max_start_failures:
+                # other runs hold engine memory: likely out of room. Shed (hold the batch
+                # limit at the runs open) and retry this request later; it stays queued.
+                cap = self.limiter.shed(len(self.live), self.clock.now(), e)
+                self.counts["sheds"] += 1
+                log.warning("start of request %s failed with %d runs open (%r): batch limit "
+                            "%d for %.0f s, request retried", r.id, len(self.live), e, cap,
+                            self.limiter.hold_s)
+                return
             log.warning("start of request %s failed: %r", r.id, e)
             r.start_time = t_start
             self._end(r, Status.ERROR, error=f"{type(e).__name__}: {e}")
@@ -408,7 +425,8 @@ class Scheduler:
 
     def _decode(self) -> None:
         ranked = sorted(self.live, key=self._rank)
-        batch, rest = ranked[:self.policy.max_batch], ranked[self.policy.max_batch:]
+        mb = self.limiter.limit(self.clock.now())
+        batch, rest = ranked[:mb], ranked[mb:]
         for r in rest:
             r.preempted_steps += 1
             self.counts["preempted_steps"] += 1
@@ -416,8 +434,14 @@ class Scheduler:
         try:
             alive = step_batch(self.engine, [r.run for r in batch])
         except Exception as e:  # noqa: BLE001
+            if len(batch) > 1:                    # out of memory? retry in smaller batches
+                cap = self.limiter.shed(len(batch) // 2, self.clock.now(), e)
+                self.counts["sheds"] += 1
+                log.warning("decode step of %d runs failed (%r): batch limit %d for %.0f s, "
+                            "runs kept and retried", len(batch), e, cap, self.limiter.hold_s)
+                return
             log.warning("decode step failed: %r", e)
-            for r in batch:
+            for r in batch:                       # alone: nothing smaller to retry with
                 if r.ended:
                     continue
                 self._end(r, Status.ERROR, self._cancel_run(r, "cancelled"),
@@ -519,7 +543,8 @@ class Scheduler:
             "deadline_misses": c["deadline_misses"], "errors": c["error"],
             "callback_errors": c["callback_errors"], "preempted_steps": c["preempted_steps"],
             "preempting_starts": c["preempting_starts"], "probes": c["probes"],
-            "fair_holds": c["fair_holds"],
+            "fair_holds": c["fair_holds"], "sheds": c["sheds"],
+            "batch_limit": self.limiter.limit(self.clock.now()),
             "encodes": c["encodes"],
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
             "waiting": len(self.queue), "running": len(self.live),
