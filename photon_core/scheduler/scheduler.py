@@ -30,6 +30,7 @@ from . import admission
 from .clock import Clock, MonotonicClock
 from .cost_model import CostModel, TokenEstimator, image_shape
 from .edf_queue import EDF, FIFO, RequestQueue
+from .encode_batch import encode_batch, has_encode_batch
 from .engine import count_prompt_tokens, engine_capacity, step_batch
 from .fairness import FairShare
 from .latest_frame import LatestFrameTable
@@ -129,6 +130,8 @@ class Scheduler:
         self._t0 = self.clock.now()
         self.per_stream: dict[str, Counter] = defaultdict(Counter)
         self.batch_sizes: Counter = Counter()
+        self.encode_batch_sizes: Counter = Counter()
+        self._batch_encode = has_encode_batch(engine)
 
     # -- submitting ------------------------------------------------------------------
     def submit_frame(self, stream: str, stamp: Any, image: Any,
@@ -311,8 +314,9 @@ class Scheduler:
         hold_periodic = False
         step_fn = lambda b: self.cost.step_ms(b) * p.safety  # noqa: E731
         waiting = {r.stream for r in self.queue if r.kind == PERIODIC and not r.ended}
-        for r in self.queue.ordered(self.clock.now()):
-            if r.ended:
+        ordered = self.queue.ordered(self.clock.now())
+        for i, r in enumerate(ordered):
+            if r.ended or r.started:              # (started: encoded with an earlier one)
                 continue
             n_live = len(self.live)
             if r.kind != ON_DEMAND and (hold_periodic or n_live >= mb):
@@ -338,7 +342,10 @@ class Scheduler:
             ok = n_live < mb and admission.fits(
                 now, start_ms * p.safety, cand, live, mb, step_fn, p.margin_s)
             if ok:
-                self._start(r)
+                if not r.frame.encoded and self._batch_encode:
+                    self._start_group(r, start_ms, ordered[i + 1:], live, mb, step_fn, waiting)
+                else:
+                    self._start(r)
                 continue
             if not self.live:                     # nothing else running: it alone would miss
                 if self._encode_probe(r, now):    # re-measured: decide again next round
@@ -355,6 +362,56 @@ class Scheduler:
                 # else: plenty of slack, periodic work goes on; it will fit in a gap
             # a periodic request that does not fit waits (a newer frame, a freed slot or
             # its own hopelessness will settle it)
+
+    def _start_group(self, r: TaskRequest, start_ms: float, rest: list, live: list, mb: int,
+                     step_fn, waiting: set) -> None:
+        """r was admitted: add the next queued requests with frames not encoded while the
+        whole group (one batched encode, every prefill) still fits (encode_batch.py), encode
+        their frames in one engine call, then start them all."""
+        p = self.policy
+        now = self.clock.now()
+        group, loads = [r], [self._load(r, now)]
+        frames = [r.frame]
+        prefill = start_ms - self.cost.encode_ms(r.frame.image)
+        for q in rest:
+            if len(self.live) + len(group) >= mb:
+                break
+            if q.ended or q.started or q.frame.encoded:
+                continue
+            if q.kind != ON_DEMAND and self.fair.hold_until(
+                    q.stream, q.frame.capture_time, q.submit_time, q.spec.deadline_s, now,
+                    waiting) is not None:
+                continue
+            fr = frames + ([q.frame] if q.frame not in frames else [])
+            pre = prefill + self.cost.prefill_ms(self._prompt_tokens(q.spec.task))
+            total = self.cost.encode_batch_ms([f.image for f in fr]) + pre
+            cand = self._load(q, now)
+            if admission.fits(now, total * p.safety, cand, live + loads, mb, step_fn, p.margin_s):
+                group.append(q)
+                loads.append(cand)
+                frames, prefill = fr, pre
+        if len(frames) > 1:
+            try:
+                self._encode_many(frames)
+            except Exception as e:  # noqa: BLE001 - each request's own start reports it
+                log.warning("batched encode of %d frames failed: %r", len(frames), e)
+                group = group[:1]
+        for q in group:
+            if not q.ended and not q.started:
+                self._start(q)
+
+    def _encode_many(self, frames: list[Frame]) -> None:
+        t0 = self.clock.now()
+        encs = encode_batch(self.engine, [f.image for f in frames])
+        ms = (self.clock.now() - t0) * 1e3
+        setup = sum(getattr(e, "setup_ms", 0.0) or 0.0 for e in encs)
+        self.cost.observe_encode_batch([f.image for f in frames], max(ms - setup, 0.0))
+        for f, enc in zip(frames, encs):
+            f.enc, f.encode_ms = enc, ms / len(frames)
+            self._encode_seen_at[image_shape(f.image)] = self.clock.now()
+        self.counts["encodes"] += len(frames)
+        self.counts["encode_batches"] += 1
+        self.encode_batch_sizes[len(frames)] += 1
 
     def _probe_due(self, r: TaskRequest, now: float) -> bool:
         """An encode probe is due: frame not encoded, nothing running, and its size's encode
@@ -547,6 +604,7 @@ class Scheduler:
             "batch_limit": self.limiter.limit(self.clock.now()),
             "encodes": c["encodes"],
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
+            "encode_batches": dict(sorted(self.encode_batch_sizes.items())),
             "waiting": len(self.queue), "running": len(self.live),
             "per_stream": {s: {"submitted": v["submitted"], "processed": v["processed"]}
                            for s, v in sorted(self.per_stream.items())},

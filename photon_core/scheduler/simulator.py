@@ -127,6 +127,24 @@ class SimEngine:
         return out
 
 
+class BatchEncodeSimEngine(SimEngine):
+    """SimEngine with `encode_batch`: one call for n frames costs (1 - gain x (n-1)/n) x the
+    frames one by one (a hypothetical engine: the batched encode is not measured yet)."""
+
+    def __init__(self, *a, gain: float = 0.3, **kw):
+        super().__init__(*a, **kw)
+        self.gain = gain
+
+    def encode_batch(self, images: list) -> list[SimEnc]:
+        n = len(images)
+        self.calls["encode"] += n
+        self.calls.setdefault("encode_batch", 0)
+        self.calls["encode_batch"] += 1
+        f = 1.0 - self.gain * (n - 1) / n
+        self._spend(f * sum(self.cost.encode_ms(shape=im.shape) for im in images))
+        return [SimEnc(im, self.cost.crops(im.shape)) for im in images]
+
+
 # ---------------------------------------------------------------- traces
 @dataclass(frozen=True)
 class PeriodicTask:
@@ -187,6 +205,7 @@ class TraceSpec:
     profile: str | None = None
     deadline_s: float | None = None   # periodic deadline in seconds (overrides deadline_periods)
     task_names: tuple[str, ...] | None = None   # tasks of every camera, by name (NAMED_TASKS)
+    encode_batch_gain: float | None = None      # engine with encode_batch (BatchEncodeSimEngine)
 
     @property
     def period(self) -> float:
@@ -371,7 +390,11 @@ def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel
         scale = spec.load * 1000.0 / offered_ms_per_s(spec, base_cost)
     truth = base_cost.scaled(scale)
     truth.ema = 0.0
-    engine = SimEngine(clock, truth, jitter=spec.jitter, seed=spec.seed + 1)
+    if spec.encode_batch_gain is not None:
+        engine = BatchEncodeSimEngine(clock, truth, jitter=spec.jitter, seed=spec.seed + 1,
+                                      gain=spec.encode_batch_gain)
+    else:
+        engine = SimEngine(clock, truth, jitter=spec.jitter, seed=spec.seed + 1)
     if calibrate:
         cost = CostModel.calibrate(engine, clock, make_image=lambda h, w: SimImage((h, w)),
                                    batch_sizes=tuple(b for b in (1, 2, 4, 8) if b <= max(spec.max_batch, 2)))
@@ -453,11 +476,13 @@ MULTICAM_SET = (
 
 
 def run_multicam(duration_s: float = 20.0, seed: int = 0, policies=("edf", "fifo"),
-                 profile: str = "h200", max_batch: int = 4) -> list[SimResult]:
+                 profile: str = "h200", max_batch: int = 4,
+                 encode_batch_gain: float | None = None) -> list[SimResult]:
     out = []
     for cams, fps, names, dl in MULTICAM_SET:
         spec = TraceSpec(cameras=cams, fps=fps, duration_s=duration_s, seed=seed, profile=profile,
-                         deadline_s=dl, task_names=names, max_batch=max_batch)
+                         deadline_s=dl, task_names=names, max_batch=max_batch,
+                         encode_batch_gain=encode_batch_gain)
         for p in policies:
             out.append(simulate(spec, p))
     return out
