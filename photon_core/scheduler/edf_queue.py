@@ -44,7 +44,9 @@ class RequestQueue:
         if self.order == FIFO:
             return (r.seq,)
         f = self.fair
-        share = f.share_class(r.stream, now, r.frame.started > 0) if r.kind != ON_DEMAND else 0
+        fr = r.frame
+        share = f.share_class(r.stream, now, fr.started / max(1, fr.tasks)) \
+            if r.kind != ON_DEMAND else 0
         return (r.kind != ON_DEMAND, share, f.bucket(r.deadline), f.served(r.stream),
                 self.last_started.get(r.key, float("-inf")), r.seq)
 
@@ -54,5 +56,9 @@ class RequestQueue:
 
     def note_started(self, req: TaskRequest, now: float) -> None:
         self.last_started[req.key] = now
-        req.frame.started += 1
-        self.fair.note_started(req.stream, now, new_frame=req.frame.started == 1)
+        fr = req.frame
+        if req.kind == ON_DEMAND:
+            self.fair.note_started(req.stream, now, 0.0)
+            return
+        fr.started += 1
+        self.fair.note_started(req.stream, now, 1.0 / max(1, fr.tasks))

@@ -10,11 +10,12 @@ Admission control still checks every start against every deadline (and on-demand
 still goes first): the rule only decides who is *considered* first, so it never makes
 admitted work late; at light load everything is served and the order does not matter.
 
-- Service is counted in frames, when a frame's first task starts (the encode is the bulk
-  of the cost and is shared by the frame's tasks): a camera with 4 tasks per frame is not
-  penalised against one with 1, and the other tasks of a frame already being served keep
-  the count it had before (they ride along). Max-min fair: a 5 fps camera next to a 30 fps
-  one gets all its frames served before the faster one gets more.
+- Service is counted in frames: each started periodic task adds 1 / (the periodic tasks
+  of its frame), so a camera with 4 tasks per frame is not penalised against one with 1,
+  and a frame half served counts half. The other tasks of a frame already being served
+  rank as if it were not served yet (they ride along: the encode is shared, finishing the
+  frame is cheap). Max-min fair: a 5 fps camera next to a 30 fps one gets all its frames
+  served before the faster one gets more.
 - Why counts, not EDF (measured, test_fairness.py): with latest frame wins and frames
   published in a fixed order, the first camera of a tick replaces its waiting frame first,
   so its request is always the youngest and plain EDF always prefers the others' older
@@ -62,11 +63,12 @@ class FairShare:
         if last is None or t > last:
             self.last_submit[stream] = t
 
-    def note_started(self, stream: str, t: float, new_frame: bool = True) -> None:
-        """A request of `stream` started; `new_frame`: its frame's first task."""
+    def note_started(self, stream: str, t: float, frames: float = 1.0) -> None:
+        """A request of `stream` started: `frames` of service (1 / the tasks of its frame;
+        0 for on-demand work, which goes first anyway)."""
         self.last_started[stream] = t
-        if new_frame and self.halflife_s > 0:
-            self.count[stream] = (self.served_frames(stream, t) + 1.0, t)
+        if frames and self.halflife_s > 0:
+            self.count[stream] = (self.served_frames(stream, t) + frames, t)
 
     def served_frames(self, stream: str, now: float) -> float:
         """Frames of `stream` served lately (decayed count at `now`)."""
@@ -86,12 +88,13 @@ class FairShare:
     def bucket(self, deadline: float) -> float:
         return round(deadline / self.tie_s) if self.tie_s > 0 else deadline
 
-    def share_class(self, stream: str, now: float, riding: bool = False) -> int:
-        """The fairness class the queue orders by first: frames served lately, whole frames
-        (`riding`: a task of a frame already served does not count that frame again)."""
+    def share_class(self, stream: str, now: float, riding: float = 0.0) -> int:
+        """The fairness class the queue orders by first: frames served lately, in whole
+        frames (`riding`: the share of this request's frame already counted; its other
+        tasks rank as if the frame were not served yet, so a frame is finished first)."""
         if self.halflife_s <= 0:
             return 0
-        n = self.served_frames(stream, now) - (1.0 if riding else 0.0)
+        n = self.served_frames(stream, now) - riding
         return int(max(0.0, n) + 0.5)
 
     def expected(self, stream: str) -> float | None:
@@ -99,10 +102,12 @@ class FairShare:
         return None if last is None or p is None else last + p
 
     def hold_until(self, stream: str, captured: float, submitted: float, deadline_s: float,
-                   now: float, waiting_streams: set) -> float | None:
+                   now: float, waiting: dict) -> float | None:
         """None: the request may start now. Else the clock time its hold ends: a stream that
         is behind `stream` is due (its next frame expected within the window around this
-        frame's capture time) and has no work waiting yet."""
+        frame's capture time) and its frame of that tick is not waiting yet (`waiting`:
+        stream -> newest capture time of its waiting periodic work; an older frame still
+        waiting does not count, it may be the one that does not fit)."""
         if now >= self.pressure_until or self.gather_s <= 0:
             return None
         window = min(self.gather_s, self.gather_frac * deadline_s)
@@ -111,7 +116,8 @@ class FairShare:
             return None
         mine = self.served_frames(stream, now)
         for s in self.last_submit:
-            if s == stream or s in waiting_streams or not self.served_frames(s, now) < mine:
+            if s == stream or waiting.get(s, float("-inf")) >= captured - window \
+                    or not self.served_frames(s, now) < mine:
                 continue
             e = self.expected(s)
             if e is not None and captured - window <= e <= captured + window:

@@ -69,7 +69,8 @@ class Frame:
     enc: Any = None
     encode_ms: float = 0.0
     refs: int = 0                # task requests not yet ended that use this frame
-    started: int = 0             # its task requests started so far (fairness counts the first)
+    tasks: int = 0               # periodic task requests asked on it (fairness: 1/tasks each)
+    started: int = 0             # its periodic task requests started so far
 
     @property
     def encoded(self) -> bool:

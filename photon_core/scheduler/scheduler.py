@@ -160,6 +160,7 @@ class Scheduler:
             self._seq += 1
             req = TaskRequest(frame, spec, kind, now, on_result, seq=self._seq)
             frame.refs += 1
+            frame.tasks += kind == PERIODIC
             self.frames[fkey] = frame
             ids.append(req.id)
             self.counts["submitted"] += 1
@@ -313,7 +314,11 @@ class Scheduler:
             return
         hold_periodic = False
         step_fn = lambda b: self.cost.step_ms(b) * p.safety  # noqa: E731
-        waiting = {r.stream for r in self.queue if r.kind == PERIODIC and not r.ended}
+        waiting: dict[str, float] = {}            # stream -> newest waiting frame's capture
+        for r in self.queue:
+            if r.kind == PERIODIC and not r.ended:
+                waiting[r.stream] = max(waiting.get(r.stream, r.frame.capture_time),
+                                        r.frame.capture_time)
         ordered = self.queue.ordered(self.clock.now())
         for i, r in enumerate(ordered):
             if r.ended or r.started:              # (started: encoded with an earlier one)
@@ -364,7 +369,7 @@ class Scheduler:
             # its own hopelessness will settle it)
 
     def _start_group(self, r: TaskRequest, start_ms: float, rest: list, live: list, mb: int,
-                     step_fn, waiting: set) -> None:
+                     step_fn, waiting: dict) -> None:
         """r was admitted: add the next queued requests with frames not encoded while the
         whole group (one batched encode, every prefill) still fits (encode_batch.py), encode
         their frames in one engine call, then start them all."""

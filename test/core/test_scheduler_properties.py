@@ -57,7 +57,10 @@ def run(cams, ticks, period, deadline, steps, names, encode_ms, step_ms, max_bat
             image = SimImage((300, 300), tuple((TASKS[n].target, steps) for n in names))
             ids += s.submit_frame(f"cam{c}", k, image, [(n, TASKS[n], deadline) for n in names],
                                   capture_time=t)
-            if stagger:
+            if stagger and c == 0:
+                # like the threaded loop: the first camera's frame comes in alone and the
+                # scheduler steps (it may start encoding it); the others arrive meanwhile and
+                # are taken from the inbox together before the next step
                 s.step()
         while s.has_work() and clock.now() < t + period:
             s.step()
