@@ -9,10 +9,15 @@ Random weights of the real Moondream 2 shapes, bf16; the same weights for both e
 
 Per engine: results delivered on time per second, how every frame's task ended (done on
 time / done late / superseded / skipped / cancelled at the deadline / error), frame age at
-delivery p50/p90/p99, mean decode batch.
+delivery p50/p90/p99, mean decode batch (and batched encodes when the engine has
+encode_batch), per camera: on-time % of its frames and the scheduler's health verdict
+(Scheduler.stream_health), fairness = worst camera's on-time rate / best camera's.
 
 Usage: PYTHONPATH=. python3 bench/bench_live.py [--cams 2 --fps 10 --seconds 8 --deadline-ms 150]
-Writes $OUT/bench_live.json when OUT is set.
+       PYTHONPATH=. python3 bench/bench_live.py --preset issue13     # 4 x 15 fps / 100 ms and
+                                                                       # 8 x 10 fps / 150 ms, fast path
+Issue 13's targets (4 x 15 fps, 100 ms): >= 90 % of frames on time, no camera below 80 % of
+the others' rate, mean decode batch reported. Writes $OUT/bench_live.json when OUT is set.
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ def run_live(engine, args, frames) -> dict:
     t0 = time.perf_counter()
     cost = CostModel.calibrate(engine)
     calib_s = time.perf_counter() - t0
-    sched = ThreadedScheduler(Scheduler(engine, cost, max_batch=4))
+    sched = ThreadedScheduler(Scheduler(engine, cost, max_batch=args.max_batch))
     outcomes, lock = [], threading.Lock()
 
     def on_result(o):
@@ -66,6 +71,7 @@ def run_live(engine, args, frames) -> dict:
             sched.submit_frame(f"cam{c}", (i, c), frames[(i + c) % len(frames)], [spec],
                                on_result=on_result, capture_time=clock.now())
     time.sleep(args.deadline_ms / 1e3 + 0.5)    # let the last frames finish or expire
+    health_at_end = sched.stream_health()
     sched.stop(drain=False)
     m = sched.metrics()
     with lock:
@@ -82,13 +88,29 @@ def run_live(engine, args, frames) -> dict:
     on_time = status["done_on_time"]
     bs = m.get("batch_sizes", {})
     steps = sum(bs.values()) if bs else 0
+    per_cam = {}
+    for c in range(args.cams):
+        n_ok = sum(1 for o in outs if o.stream == f"cam{c}" and o.status == Status.DONE
+                   and not o.missed_deadline)
+        per_cam[f"cam{c}"] = round(100 * n_ok / n_frames, 1)
+    rates = list(per_cam.values())
+    health = {k: {"level": h.level, "reason": h.reason} for k, h in health_at_end.items()}
     return {"calibrate_s": round(calib_s, 2), "frames": submitted, "outcomes": len(outs),
             "status": dict(status), "on_time_per_s": round(on_time / args.seconds, 2),
             "on_time_pct_of_frames": round(100 * on_time / submitted, 1),
             "age_ms_p50": pct(ages, 50), "age_ms_p90": pct(ages, 90), "age_ms_p99": pct(ages, 99),
             "mean_batch": round(sum(k * v for k, v in bs.items()) / steps, 2) if steps else None,
+            "batch_sizes": bs, "encode_batches": m.get("encode_batches", {}),
+            "per_camera_on_time_pct": per_cam,
+            "fairness_min_max": round(min(rates) / max(rates), 3) if rates and max(rates) > 0 else None,
+            "health": health,
             "scheduler": {k: m[k] for k in ("encodes", "probes", "decode_steps", "superseded", "skipped",
-                                            "deadline_cancelled", "errors")}}
+                                            "deadline_cancelled", "errors", "fair_holds", "sheds",
+                                            "batch_limit")}}
+
+
+PRESETS = {"issue13": [dict(cams=4, fps=15.0, deadline_ms=100.0, max_batch=4),
+                       dict(cams=8, fps=10.0, deadline_ms=150.0, max_batch=8)]}
 
 
 def main():
@@ -97,16 +119,34 @@ def main():
     ap.add_argument("--fps", type=float, default=10.0)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--deadline-ms", type=float, default=150.0)
+    ap.add_argument("--max-batch", type=int, default=4, help="the scheduler's decode batch limit")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                    help="run these configs one after the other (fast path only, unless --engines)")
+    ap.add_argument("--engines", default=None, help="fast,reference (default: both; a preset: fast)")
     args = ap.parse_args()
+    engines = (args.engines or ("fast" if args.preset else "fast,reference")).split(",")
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d"), "args": vars(args)}
+           "date": time.strftime("%Y-%m-%d"), "args": vars(args), "runs": []}
     model = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(4)]
     fast = FastEngine(model, max_batch=8)
-    for name, engine in (("fast", fast), ("reference", model)):
-        out[name] = run_live(engine, args, frames)
-        print(f"{name}: {out[name]}", flush=True)
+    configs = PRESETS[args.preset] if args.preset else [
+        dict(cams=args.cams, fps=args.fps, deadline_ms=args.deadline_ms, max_batch=args.max_batch)]
+    for cfg in configs:
+        run_args = argparse.Namespace(**{**vars(args), **cfg})
+        label = (f"{cfg['cams']} cams x {cfg['fps']:g} fps, {cfg['deadline_ms']:g} ms, "
+                 f"max batch {cfg['max_batch']}")
+        for name, engine in (("fast", fast), ("reference", model)):
+            if name not in engines:
+                continue
+            res = run_live(engine, run_args, frames)
+            out["runs"].append({"config": label, "engine": name, **res})
+            if not args.preset:
+                out[name] = res
+            print(f"{label} | {name}: on time {res['on_time_pct_of_frames']} % of frames, per camera "
+                  f"{res['per_camera_on_time_pct']}, fairness {res['fairness_min_max']}, mean decode "
+                  f"batch {res['mean_batch']}\n  {res}", flush=True)
     fast.close()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_live.json").write_text(json.dumps(out, indent=1))

@@ -11,11 +11,13 @@ from .clock import Clock, MonotonicClock, VirtualClock
 from .cost_model import CostModel, TokenEstimator, moondream_crops
 from .edf_queue import EDF, FIFO, RequestQueue
 from .engine import EngineLike, TaskRunLike, step_batch
+from .fairness import FairShare
 from .fifo import fifo_policy, fifo_scheduler
 from .latest_frame import LatestFrameTable
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, ON_MISS_FINISH, PERIODIC, Frame, Outcome,
                       Status, TaskRequest, TaskSpec)
 from .scheduler import MAX_BATCH_LIMIT, Policy, Scheduler
+from .stream_health import StreamHealth, StreamHealthTracker
 from .threaded import ThreadedScheduler
 
 __all__ = [
@@ -24,4 +26,5 @@ __all__ = [
     "fifo_scheduler", "LatestFrameTable", "KINDS", "ON_DEMAND", "ON_MISS_CANCEL", "ON_MISS_FINISH",
     "PERIODIC", "Frame", "Outcome", "Status", "TaskRequest", "TaskSpec", "MAX_BATCH_LIMIT",
     "Policy", "Scheduler", "ThreadedScheduler", "Load", "fits", "hopeless", "project",
+    "FairShare", "StreamHealth", "StreamHealthTracker",
 ]

@@ -1,5 +1,6 @@
-"""What work costs: vision encode per crop, prefill per token, one decode step per batch
-size, and how many decode steps a task will take. Calibrated at start-up by timing the
+"""What work costs: vision encode per crop (and one encode call of n frames, learned),
+prefill per token, one decode step per batch size (learned per batch size), and how many
+decode steps a task will take. Calibrated at start-up by timing the
 engine (`CostModel.calibrate`), or built from numbers; corrected online from what the
 scheduler observes."""
 from __future__ import annotations
@@ -52,6 +53,11 @@ class CostModel:
     f_prefill: float = 1.0
     f_step: float = 1.0
     encode_seen: dict = field(default_factory=dict)   # image shape -> observed encode ms (EMA)
+    # batched costs, learned online: one encode call for n frames costs
+    # encode_batch_factor[n] x (the n frames one by one); a decode step of b runs costs
+    # decode_step_ms[b] x f_step_b[b] (f_step for a batch size not seen yet)
+    encode_batch_factor: dict = field(default_factory=dict)
+    f_step_b: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.decode_step_ms = {int(k): float(v) for k, v in sorted(self.decode_step_ms.items())}
@@ -83,7 +89,20 @@ class CostModel:
         return pts[lo] + (pts[hi] - pts[lo]) * (batch - lo) / (hi - lo)
 
     def step_ms(self, batch: int) -> float:
-        return self.f_step * self._step_base(max(1, batch))
+        b = max(1, batch)
+        return self.f_step_b.get(b, self.f_step) * self._step_base(b)
+
+    def batch_factor(self, n: int) -> float:
+        """One encode call of n frames / n separate encodes (learned; 1.0 if never seen:
+        the nearest smaller n seen, else no gain assumed)."""
+        if n <= 1 or not self.encode_batch_factor:
+            return 1.0
+        ks = [k for k in self.encode_batch_factor if k <= n]
+        return self.encode_batch_factor[max(ks)] if ks else 1.0
+
+    def encode_batch_ms(self, images: list) -> float:
+        """Predicted time of one batched encode of `images` (engine.encode_batch)."""
+        return self.batch_factor(len(images)) * sum(self.encode_ms(im) for im in images)
 
     # -- online correction ----------------------------------------------------------
     def _upd(self, name: str, predicted_base: float, actual: float) -> None:
@@ -107,18 +126,39 @@ class CostModel:
         self._upd("f_prefill", self.prefill_base_ms + self.prefill_per_token_ms * tokens, ms)
 
     def observe_step(self, batch: int, ms: float) -> None:
-        self._upd("f_step", self._step_base(batch), ms)
+        b = max(1, batch)
+        self._upd("f_step", self._step_base(b), ms)
+        if self.ema > 0 and ms > 0:
+            r = min(5.0, max(0.2, ms / self._step_base(b)))
+            old = self.f_step_b.get(b)
+            self.f_step_b[b] = r if old is None else (1 - self.ema) * old + self.ema * r
+
+    def observe_encode_batch(self, images: list, ms: float) -> None:
+        """One encode call took `ms` for `images` (n > 1: learns the batch factor)."""
+        n = len(images)
+        if n == 1:
+            self.observe_encode(images[0], ms)
+            return
+        single = sum(self.encode_ms(im) for im in images)
+        if self.ema <= 0 or single <= 0 or ms <= 0:
+            return
+        r = min(2.0, max(0.1, ms / single))
+        old = self.encode_batch_factor.get(n)
+        self.encode_batch_factor[n] = r if old is None else (1 - self.ema) * old + self.ema * r
 
     def scaled(self, k: float) -> "CostModel":
         """Every cost times k (the simulator sets load levels this way)."""
         return CostModel(self.encode_base_ms * k, self.encode_per_crop_ms * k,
                          self.prefill_base_ms * k, self.prefill_per_token_ms * k,
-                         {b: v * k for b, v in self.decode_step_ms.items()}, self.crops, self.ema)
+                         {b: v * k for b, v in self.decode_step_ms.items()}, self.crops, self.ema,
+                         encode_batch_factor=dict(self.encode_batch_factor))
 
     def as_dict(self) -> dict:
         return {"encode_base_ms": self.encode_base_ms, "encode_per_crop_ms": self.encode_per_crop_ms,
                 "prefill_base_ms": self.prefill_base_ms, "prefill_per_token_ms": self.prefill_per_token_ms,
-                "decode_step_ms": dict(self.decode_step_ms)}
+                "decode_step_ms": dict(self.decode_step_ms),
+                "encode_batch_factor": dict(self.encode_batch_factor),
+                "step_factor_by_batch": dict(self.f_step_b)}
 
     # -- calibration -----------------------------------------------------------------
     @classmethod

@@ -9,7 +9,7 @@ from .scheduler import Policy, Scheduler
 
 def fifo_policy(max_batch: int = 4) -> Policy:
     return Policy(name="fifo", order=FIFO, supersede=False, admission=False,
-                  cancel_on_miss=False, preempt=False, max_batch=max_batch)
+                  cancel_on_miss=False, preempt=False, fair=False, max_batch=max_batch)
 
 
 def fifo_scheduler(engine, cost_model=None, **kw) -> Scheduler:

@@ -69,6 +69,8 @@ class Frame:
     enc: Any = None
     encode_ms: float = 0.0
     refs: int = 0                # task requests not yet ended that use this frame
+    tasks: int = 0               # periodic task requests asked on it (fairness: 1/tasks each)
+    started: int = 0             # its periodic task requests started so far
 
     @property
     def encoded(self) -> bool:
@@ -94,6 +96,7 @@ class TaskRequest:
     engine_ms: float = 0.0       # prefill + decode steps it took part in
     prefill_ms: float = 0.0
     preempted_steps: int = 0
+    start_failures: int = 0      # engine.start / encode raised while other runs were open
     ended: bool = False
 
     @property

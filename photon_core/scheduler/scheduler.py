@@ -30,10 +30,14 @@ from . import admission
 from .clock import Clock, MonotonicClock
 from .cost_model import CostModel, TokenEstimator, image_shape
 from .edf_queue import EDF, FIFO, RequestQueue
+from .encode_batch import encode_batch, has_encode_batch
 from .engine import count_prompt_tokens, engine_capacity, step_batch
+from .fairness import FairShare
 from .latest_frame import LatestFrameTable
+from .load_shedding import BatchLimiter
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
                       TaskRequest, TaskSpec)
+from .stream_health import StreamHealth, StreamHealthTracker
 
 log = logging.getLogger("photon_core.scheduler")
 MAX_BATCH_LIMIT = 8
@@ -59,6 +63,20 @@ class Policy:
     # measured this long ago, the frame is encoded anyway (an encode probe: no task is
     # started on a hopeless estimate) and the decision is made again. 0 disables.
     probe_after_s: float = 2.0
+    # Fairness between streams (fairness.py): periodic work of the stream with the fewest
+    # frames served lately first, then EDF; equal-urgency ties (deadlines within fair_tie_s)
+    # go to the stream served least recently; under pressure (a periodic skip / supersede /
+    # deadline cancel within fair_pressure_s) a request of a stream that is ahead waits up to
+    # min(fair_gather_s, fair_gather_frac x its deadline_s) for a due stream that is behind.
+    fair: bool = True
+    fair_tie_s: float = 0.005
+    fair_gather_s: float = 0.010
+    fair_gather_frac: float = 0.10
+    fair_pressure_s: float = 2.0
+    fair_halflife_s: float = 2.0   # recent service (frames started per stream) decays with this
+    # After an engine failure at batch > 1 (GPU out of memory), the batch limit is halved for
+    # this long, then raised again (load_shedding.py).
+    shed_hold_s: float = 5.0
 
     def __post_init__(self):
         if not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
@@ -94,7 +112,14 @@ class Scheduler:
         self.cost = cost_model or CostModel()
         self.tokens = tokens or TokenEstimator()
         self.on_result = on_result
-        self.queue = RequestQueue(self.policy.order)
+        p = self.policy
+        self.fair = (FairShare(p.fair_tie_s, p.fair_gather_s, p.fair_gather_frac, p.fair_pressure_s,
+                               p.fair_halflife_s)
+                     if p.fair else FairShare(tie_s=0.0, gather_s=0.0, halflife_s=0.0))
+        self.health = StreamHealthTracker()
+        self.wake_at: float | None = None     # work is held (fairness) until this clock time
+        self.queue = RequestQueue(self.policy.order, self.fair)
+        self.limiter = BatchLimiter(self.policy.max_batch, hold_s=p.shed_hold_s)
         self.latest = LatestFrameTable()
         self.live: list[TaskRequest] = []
         self.frames: dict[tuple, Frame] = {}
@@ -105,6 +130,8 @@ class Scheduler:
         self._t0 = self.clock.now()
         self.per_stream: dict[str, Counter] = defaultdict(Counter)
         self.batch_sizes: Counter = Counter()
+        self.encode_batch_sizes: Counter = Counter()
+        self._batch_encode = has_encode_batch(engine)
 
     # -- submitting ------------------------------------------------------------------
     def submit_frame(self, stream: str, stamp: Any, image: Any,
@@ -122,12 +149,18 @@ class Scheduler:
         frame = self.frames.get(fkey)
         if frame is None:
             frame = Frame(stream, stamp, image, now if capture_time is None else capture_time)
+            if kind == PERIODIC:
+                self.fair.note_frame(stream, frame.capture_time)
+        tasks = list(tasks)
+        if kind == PERIODIC:
+            self.health.note_submit(stream, now, len(tasks))
         ids = []
         for t in tasks:
             spec = TaskSpec.of(t)
             self._seq += 1
             req = TaskRequest(frame, spec, kind, now, on_result, seq=self._seq)
             frame.refs += 1
+            frame.tasks += kind == PERIODIC
             self.frames[fkey] = frame
             ids.append(req.id)
             self.counts["submitted"] += 1
@@ -193,12 +226,28 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001
                 log.warning("engine.drain failed: %r", e)
 
+    def idle_until(self) -> float | None:
+        """Clock time until which all waiting work is held (fairness) and nothing runs;
+        None when the next step() has something to do (or nothing is left)."""
+        if self.live or not self.queue or self.wake_at is None:
+            return None
+        return self.wake_at
+
     def run_until_idle(self, max_steps: int | None = None) -> None:
+        """Step until no work is left. Holds are waited out: a virtual clock is advanced
+        to their end, a real one slept through."""
         n = 0
         while self.step():
             n += 1
             if max_steps is not None and n >= max_steps:
                 break
+            until = self.idle_until()
+            if until is not None:
+                if hasattr(self.clock, "advance_to"):
+                    self.clock.advance_to(until)
+                else:
+                    import time
+                    time.sleep(max(0.0, min(until - self.clock.now(), 0.05)))
 
     # -- internals -------------------------------------------------------------------
     def _rank(self, r: TaskRequest) -> tuple:
@@ -254,21 +303,37 @@ class Scheduler:
 
     def _admit(self) -> None:
         p = self.policy
+        self.wake_at = None
+        mb = self.limiter.limit(self.clock.now())  # max_batch, or less while shedding load
+        extra = p.max_extra if mb == p.max_batch else 0
         if not p.admission:                       # baseline: start in order while there is room
             for r in self.queue.ordered():
-                if len(self.live) >= p.max_batch:
+                if len(self.live) >= mb:
                     return
                 self._start(r)
             return
         hold_periodic = False
         step_fn = lambda b: self.cost.step_ms(b) * p.safety  # noqa: E731
-        for r in self.queue.ordered():
-            if r.ended:
+        waiting: dict[str, float] = {}            # stream -> newest waiting frame's capture
+        for r in self.queue:
+            if r.kind == PERIODIC and not r.ended:
+                waiting[r.stream] = max(waiting.get(r.stream, r.frame.capture_time),
+                                        r.frame.capture_time)
+        ordered = self.queue.ordered(self.clock.now())
+        for i, r in enumerate(ordered):
+            if r.ended or r.started:              # (started: encoded with an earlier one)
                 continue
             n_live = len(self.live)
-            if r.kind != ON_DEMAND and (hold_periodic or n_live >= p.max_batch):
+            if r.kind != ON_DEMAND and (hold_periodic or n_live >= mb):
                 break
             now = self.clock.now()
+            if r.kind != ON_DEMAND and not r.frame.encoded:
+                held = self.fair.hold_until(r.stream, r.frame.capture_time, r.submit_time,
+                                            r.spec.deadline_s, now, waiting)
+                if held is not None:              # a stream that is behind is due: let it in
+                    self.wake_at = held if self.wake_at is None else min(self.wake_at, held)
+                    self.counts["fair_holds"] += 1
+                    continue
             start_ms = self._start_ms(r)
             steps = self.tokens.estimate(r.key, r.spec.task, False)
             if admission.hopeless(now, start_ms, steps, r.deadline, self.cost.step_ms) and \
@@ -279,10 +344,13 @@ class Scheduler:
                 continue
             cand = self._load(r, now)
             live = [self._load(x, now) for x in self.live]
-            ok = n_live < p.max_batch and admission.fits(
-                now, start_ms * p.safety, cand, live, p.max_batch, step_fn, p.margin_s)
+            ok = n_live < mb and admission.fits(
+                now, start_ms * p.safety, cand, live, mb, step_fn, p.margin_s)
             if ok:
-                self._start(r)
+                if not r.frame.encoded and self._batch_encode:
+                    self._start_group(r, start_ms, ordered[i + 1:], live, mb, step_fn, waiting)
+                else:
+                    self._start(r)
                 continue
             if not self.live:                     # nothing else running: it alone would miss
                 if self._encode_probe(r, now):    # re-measured: decide again next round
@@ -290,8 +358,8 @@ class Scheduler:
                 self._end(r, Status.SKIPPED)
                 continue
             if r.kind == ON_DEMAND and p.preempt:
-                solo = (start_ms + cand.remaining * self.cost.step_ms(p.max_batch)) * p.safety / 1e3
-                if now + p.preempt_slack * solo >= r.deadline and n_live < p.max_batch + p.max_extra:
+                solo = (start_ms + cand.remaining * self.cost.step_ms(mb)) * p.safety / 1e3
+                if now + p.preempt_slack * solo >= r.deadline and n_live < mb + extra:
                     self.counts["preempting_starts"] += 1
                     self._start(r)
                 elif now + 2 * p.preempt_slack * solo >= r.deadline:
@@ -299,6 +367,56 @@ class Scheduler:
                 # else: plenty of slack, periodic work goes on; it will fit in a gap
             # a periodic request that does not fit waits (a newer frame, a freed slot or
             # its own hopelessness will settle it)
+
+    def _start_group(self, r: TaskRequest, start_ms: float, rest: list, live: list, mb: int,
+                     step_fn, waiting: dict) -> None:
+        """r was admitted: add the next queued requests with frames not encoded while the
+        whole group (one batched encode, every prefill) still fits (encode_batch.py), encode
+        their frames in one engine call, then start them all."""
+        p = self.policy
+        now = self.clock.now()
+        group, loads = [r], [self._load(r, now)]
+        frames = [r.frame]
+        prefill = start_ms - self.cost.encode_ms(r.frame.image)
+        for q in rest:
+            if len(self.live) + len(group) >= mb:
+                break
+            if q.ended or q.started or q.frame.encoded:
+                continue
+            if q.kind != ON_DEMAND and self.fair.hold_until(
+                    q.stream, q.frame.capture_time, q.submit_time, q.spec.deadline_s, now,
+                    waiting) is not None:
+                continue
+            fr = frames + ([q.frame] if q.frame not in frames else [])
+            pre = prefill + self.cost.prefill_ms(self._prompt_tokens(q.spec.task))
+            total = self.cost.encode_batch_ms([f.image for f in fr]) + pre
+            cand = self._load(q, now)
+            if admission.fits(now, total * p.safety, cand, live + loads, mb, step_fn, p.margin_s):
+                group.append(q)
+                loads.append(cand)
+                frames, prefill = fr, pre
+        if len(frames) > 1:
+            try:
+                self._encode_many(frames)
+            except Exception as e:  # noqa: BLE001 - each request's own start reports it
+                log.warning("batched encode of %d frames failed: %r", len(frames), e)
+                group = group[:1]
+        for q in group:
+            if not q.ended and not q.started:
+                self._start(q)
+
+    def _encode_many(self, frames: list[Frame]) -> None:
+        t0 = self.clock.now()
+        encs = encode_batch(self.engine, [f.image for f in frames])
+        ms = (self.clock.now() - t0) * 1e3
+        setup = sum(getattr(e, "setup_ms", 0.0) or 0.0 for e in encs)
+        self.cost.observe_encode_batch([f.image for f in frames], max(ms - setup, 0.0))
+        for f, enc in zip(frames, encs):
+            f.enc, f.encode_ms = enc, ms / len(frames)
+            self._encode_seen_at[image_shape(f.image)] = self.clock.now()
+        self.counts["encodes"] += len(frames)
+        self.counts["encode_batches"] += 1
+        self.encode_batch_sizes[len(frames)] += 1
 
     def _probe_due(self, r: TaskRequest, now: float) -> bool:
         """An encode probe is due: frame not encoded, nothing running, and its size's encode
@@ -344,6 +462,16 @@ class Scheduler:
             r.prefill_ms = (self.clock.now() - t0) * 1e3
             self.cost.observe_prefill(self._prompt_tokens(r.spec.task), r.prefill_ms)
         except Exception as e:  # noqa: BLE001 - reported as the request's outcome
+            r.start_failures += 1
+            if self.live and r.start_failures < self.limiter.max_start_failures:
+                # other runs hold engine memory: likely out of room. Shed (hold the batch
+                # limit at the runs open) and retry this request later; it stays queued.
+                cap = self.limiter.shed(len(self.live), self.clock.now(), e)
+                self.counts["sheds"] += 1
+                log.warning("start of request %s failed with %d runs open (%r): batch limit "
+                            "%d for %.0f s, request retried", r.id, len(self.live), e, cap,
+                            self.limiter.hold_s)
+                return
             log.warning("start of request %s failed: %r", r.id, e)
             r.start_time = t_start
             self._end(r, Status.ERROR, error=f"{type(e).__name__}: {e}")
@@ -359,7 +487,8 @@ class Scheduler:
 
     def _decode(self) -> None:
         ranked = sorted(self.live, key=self._rank)
-        batch, rest = ranked[:self.policy.max_batch], ranked[self.policy.max_batch:]
+        mb = self.limiter.limit(self.clock.now())
+        batch, rest = ranked[:mb], ranked[mb:]
         for r in rest:
             r.preempted_steps += 1
             self.counts["preempted_steps"] += 1
@@ -367,8 +496,14 @@ class Scheduler:
         try:
             alive = step_batch(self.engine, [r.run for r in batch])
         except Exception as e:  # noqa: BLE001
+            if len(batch) > 1:                    # out of memory? retry in smaller batches
+                cap = self.limiter.shed(len(batch) // 2, self.clock.now(), e)
+                self.counts["sheds"] += 1
+                log.warning("decode step of %d runs failed (%r): batch limit %d for %.0f s, "
+                            "runs kept and retried", len(batch), e, cap, self.limiter.hold_s)
+                return
             log.warning("decode step failed: %r", e)
-            for r in batch:
+            for r in batch:                       # alone: nothing smaller to retry with
                 if r.ended:
                     continue
                 self._end(r, Status.ERROR, self._cancel_run(r, "cancelled"),
@@ -425,6 +560,8 @@ class Scheduler:
             if self.frames.get((f.stream, f.stamp)) is f:
                 del self.frames[(f.stream, f.stamp)]
         missed = (status is Status.DEADLINE) or (status is Status.DONE and now > r.deadline)
+        if r.kind == PERIODIC and status in (Status.SKIPPED, Status.SUPERSEDED, Status.DEADLINE):
+            self.fair.note_pressure(now)
         if status is Status.DONE:
             self.latest.publish(r)
             self.per_stream[r.stream]["processed"] += 1
@@ -443,6 +580,7 @@ class Scheduler:
             timings={"encode_ms": f.encode_ms if r.started else 0.0, "prefill_ms": r.prefill_ms,
                      "decode_ms": decode_ms, "preempted_steps": float(r.preempted_steps)},
             steps=r.steps, missed_deadline=missed)
+        self.health.note_outcome(out)
         for cb in (r.on_result, self.on_result):
             if cb is None:
                 continue
@@ -453,6 +591,11 @@ class Scheduler:
                 log.exception("on_result callback failed")
 
     # -- diagnostics -----------------------------------------------------------------
+    def stream_health(self, now: float | None = None) -> dict[str, StreamHealth]:
+        """Per stream: result rate, fraction skipped, time since its last result, level
+        ("ok"/"warn") and a human reason (stream_health.py). For a node's /diagnostics."""
+        return self.health.report(self.clock.now() if now is None else now)
+
     def metrics(self) -> dict:
         c = self.counts
         return {
@@ -462,8 +605,11 @@ class Scheduler:
             "deadline_misses": c["deadline_misses"], "errors": c["error"],
             "callback_errors": c["callback_errors"], "preempted_steps": c["preempted_steps"],
             "preempting_starts": c["preempting_starts"], "probes": c["probes"],
+            "fair_holds": c["fair_holds"], "sheds": c["sheds"],
+            "batch_limit": self.limiter.limit(self.clock.now()),
             "encodes": c["encodes"],
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
+            "encode_batches": dict(sorted(self.encode_batch_sizes.items())),
             "waiting": len(self.queue), "running": len(self.live),
             "per_stream": {s: {"submitted": v["submitted"], "processed": v["processed"]}
                            for s, v in sorted(self.per_stream.items())},

@@ -23,6 +23,7 @@ from photon_core.task import FINISH_LENGTH, FINISH_STOP, Task, TaskResult
 
 from .clock import VirtualClock
 from .cost_model import CostModel
+from .cost_profiles import PROFILES
 from .fifo import fifo_policy
 from .request import ON_DEMAND, ON_MISS_CANCEL, ON_MISS_FINISH, PERIODIC, Outcome, Status, TaskSpec
 from .scheduler import Policy, Scheduler
@@ -126,6 +127,24 @@ class SimEngine:
         return out
 
 
+class BatchEncodeSimEngine(SimEngine):
+    """SimEngine with `encode_batch`: one call for n frames costs (1 - gain x (n-1)/n) x the
+    frames one by one (a hypothetical engine: the batched encode is not measured yet)."""
+
+    def __init__(self, *a, gain: float = 0.3, **kw):
+        super().__init__(*a, **kw)
+        self.gain = gain
+
+    def encode_batch(self, images: list) -> list[SimEnc]:
+        n = len(images)
+        self.calls["encode"] += n
+        self.calls.setdefault("encode_batch", 0)
+        self.calls["encode_batch"] += 1
+        f = 1.0 - self.gain * (n - 1) / n
+        self._spend(f * sum(self.cost.encode_ms(shape=im.shape) for im in images))
+        return [SimEnc(im, self.cost.crops(im.shape)) for im in images]
+
+
 # ---------------------------------------------------------------- traces
 @dataclass(frozen=True)
 class PeriodicTask:
@@ -156,6 +175,10 @@ TASK_MIX = (
                  fixed_steps=(2, 3), on_miss=ON_MISS_FINISH),
     PeriodicTask("chair", Task("detect", object="chair"), objects=1.5, per_object=3),
 )
+# bench_live.py's task: detect("person", max 5 objects) on a busy scene (~16 decode steps)
+PERSON5 = PeriodicTask("person5", Task("detect", object="person", max_objects=5), objects=5.0,
+                       per_object=3)
+NAMED_TASKS = {pt.name: pt for pt in TASK_MIX + (PERSON5,)}
 ON_DEMAND_TASK = PeriodicTask("ask", Task("query", question="What is on the table?", max_tokens=48),
                               fixed_steps=(10, 30), on_miss=ON_MISS_FINISH)
 ON_DEMAND_DEADLINE_S = 1.0
@@ -177,6 +200,12 @@ class TraceSpec:
     jitter: float = 0.05
     slowdown: float = 1.0             # engine this much slower after calibration (drift)
     seed: int = 0
+    # Real costs instead of a load level: "h200" = cost_profiles.h200_moondream2 (measured),
+    # unscaled; the load is then whatever the cameras offer. None: relative costs scaled to `load`.
+    profile: str | None = None
+    deadline_s: float | None = None   # periodic deadline in seconds (overrides deadline_periods)
+    task_names: tuple[str, ...] | None = None   # tasks of every camera, by name (NAMED_TASKS)
+    encode_batch_gain: float | None = None      # engine with encode_batch (BatchEncodeSimEngine)
 
     @property
     def period(self) -> float:
@@ -184,11 +213,21 @@ class TraceSpec:
 
     @property
     def tasks(self) -> tuple[PeriodicTask, ...]:
+        if self.task_names:
+            return tuple(NAMED_TASKS[n] for n in self.task_names)
         k = self.tasks_per_camera or max(1, 8 // self.cameras)
         return TASK_MIX[:k]
 
     @property
+    def deadline(self) -> float:
+        return self.deadline_s if self.deadline_s is not None else self.deadline_periods * self.period
+
+    @property
     def label(self) -> str:
+        if self.profile:
+            names = "+".join(self.task_names) if self.task_names else f"{len(self.tasks)} tasks"
+            return (f"{self.cameras}cam@{self.fps:g}fps {names} {1e3 * self.deadline:g}ms "
+                    f"[{self.profile}]")
         return f"{self.cameras}cam@{self.fps:g}fps x{self.load:g}"
 
 
@@ -238,7 +277,7 @@ def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
             od = ON_DEMAND_TASK              # what the answer to an on-demand question costs
             steps.append((od.task.target, rng.randint(*od.fixed_steps)))
             img = SimImage(spec.image_shape, tuple(steps))
-            specs = [TaskSpec(pt.name, pt.task, spec.deadline_periods * P, pt.on_miss) for pt in spec.tasks]
+            specs = [TaskSpec(pt.name, pt.task, spec.deadline, pt.on_miss) for pt in spec.tasks]
             events.append(Event(t0 + t, stream, round(t, 9), img, PERIODIC, specs))
             frames.append((t, img))
             k += 1
@@ -312,6 +351,14 @@ def compute_metrics(outcomes: list[Outcome], spec: TraceSpec) -> dict:
         newest[k] = max(newest.get(k, o.stamp), o.stamp)
     on_time = [o for o in outcomes if o.status is Status.DONE and not o.missed_deadline]
     od_ok = [o for o in od if o.status is Status.DONE and not o.missed_deadline]
+    # per camera: periodic requests answered on time (fraction of its requests)
+    cams: dict[str, list[int]] = {}
+    for o in per:
+        c = cams.setdefault(o.stream, [0, 0])
+        c[1] += 1
+        c[0] += o.status is Status.DONE and not o.missed_deadline
+    cam_on_time = {k: v[0] / v[1] for k, v in sorted(cams.items()) if v[1]}
+    rates = list(cam_on_time.values())
     count = lambda st: sum(o.status is st for o in per)  # noqa: E731
     return {
         "requests": len(per), "on_demand": len(od), "admitted": len(admitted),
@@ -326,6 +373,10 @@ def compute_metrics(outcomes: list[Outcome], spec: TraceSpec) -> dict:
         "superseded": count(Status.SUPERSEDED), "skipped": count(Status.SKIPPED),
         "deadline_cancelled": count(Status.DEADLINE), "errors": sum(o.status is Status.ERROR for o in outcomes),
         "stale": stale,
+        "on_time": len([o for o in on_time if o.kind == PERIODIC]) / len(per) if per else float("nan"),
+        "cam_on_time": cam_on_time,
+        # fairness: the least served camera's on-time fraction / the best one's
+        "fair_min_max": (min(rates) / max(rates)) if rates and max(rates) > 0 else float("nan"),
     }
 
 
@@ -333,10 +384,17 @@ def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel
              calibrate: bool = True, **sched_kw) -> SimResult:
     """Run one trace through a Scheduler (sched_kw: e.g. tokens=TokenEstimator(k=1))."""
     clock = VirtualClock()
-    scale = spec.load * 1000.0 / offered_ms_per_s(spec, base_cost)
+    if spec.profile:                         # measured costs, as they are
+        base_cost, scale = PROFILES[spec.profile](), 1.0
+    else:
+        scale = spec.load * 1000.0 / offered_ms_per_s(spec, base_cost)
     truth = base_cost.scaled(scale)
     truth.ema = 0.0
-    engine = SimEngine(clock, truth, jitter=spec.jitter, seed=spec.seed + 1)
+    if spec.encode_batch_gain is not None:
+        engine = BatchEncodeSimEngine(clock, truth, jitter=spec.jitter, seed=spec.seed + 1,
+                                      gain=spec.encode_batch_gain)
+    else:
+        engine = SimEngine(clock, truth, jitter=spec.jitter, seed=spec.seed + 1)
     if calibrate:
         cost = CostModel.calibrate(engine, clock, make_image=lambda h, w: SimImage((h, w)),
                                    batch_sizes=tuple(b for b in (1, 2, 4, 8) if b <= max(spec.max_batch, 2)))
@@ -362,6 +420,9 @@ def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel
             i += 1
         if sched.has_work():
             sched.step()
+            until = sched.idle_until()            # work held (fairness): skip to the next event
+            if until is not None:
+                clock.advance_to(min(until, events[i].t) if i < len(events) else until)
         elif i < len(events):
             clock.advance_to(events[i].t)
     for o in outcomes:                       # report times relative to the trace start
@@ -372,6 +433,10 @@ def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel
     res = SimResult(spec, pol.name, outcomes, scale, sched.metrics(), len(engine.open_runs),
                     len(sched.frames))
     res.metrics = compute_metrics(outcomes, spec)
+    bs = res.sched_metrics.get("batch_sizes") or {}
+    n = sum(bs.values())
+    res.metrics["mean_batch"] = sum(k * v for k, v in bs.items()) / n if n else float("nan")
+    res.metrics["offered_load"] = offered_ms_per_s(spec, truth) / 1000.0
     return res
 
 
@@ -393,9 +458,54 @@ def run_grid(duration_s: float = 20.0, seed: int = 0, policies=("edf", "fifo"),
     return out
 
 
+# The multi-camera trace set (issue 13): 1-8 cameras, 5-30 fps, mixed tasks and on-demand
+# questions (0.5/s, 1 s deadline), on the costs measured on the H200 (cost_profiles.py).
+# (cameras, fps, tasks of each camera, periodic deadline s)
+MULTICAM_SET = (
+    (1, 30.0, ("person", "path_clear"), 0.100),
+    (2, 15.0, ("person5",), 0.100),
+    (2, 30.0, ("person", "handle"), 0.100),
+    (4, 15.0, ("person5",), 0.100),            # bench_live.py --cams 4 --fps 15 --deadline-ms 100
+    (4, 15.0, ("person", "obstacle"), 0.150),
+    (4, 30.0, ("person",), 0.100),
+    (6, 10.0, ("person", "path_clear", "handle"), 0.200),
+    (8, 5.0, ("person", "obstacle", "cup", "door_open"), 0.300),
+    (8, 10.0, ("person5",), 0.150),            # bench_live.py --cams 8 --fps 10 --deadline-ms 150
+    (8, 30.0, ("person",), 0.100),
+)
+
+
+def run_multicam(duration_s: float = 20.0, seed: int = 0, policies=("edf", "fifo"),
+                 profile: str = "h200", max_batch: int = 4,
+                 encode_batch_gain: float | None = None) -> list[SimResult]:
+    out = []
+    for cams, fps, names, dl in MULTICAM_SET:
+        spec = TraceSpec(cameras=cams, fps=fps, duration_s=duration_s, seed=seed, profile=profile,
+                         deadline_s=dl, task_names=names, max_batch=max_batch,
+                         encode_batch_gain=encode_batch_gain)
+        for p in policies:
+            out.append(simulate(spec, p))
+    return out
+
+
+def multicam_table(results: list[SimResult]) -> str:
+    hdr = ("| trace | offered load | policy | on time % | per camera on time % | fairness min/max "
+           "| mean decode batch | miss % (admitted) | age p99 (periods) | on-demand on time % |")
+    lines = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
+    for r in results:
+        m = r.metrics
+        cams = " / ".join(f"{100 * v:.0f}" for v in m["cam_on_time"].values())
+        lines.append(
+            f"| {r.spec.label} | {m['offered_load']:.2f} | {r.policy} | {100 * m['on_time']:.1f} | {cams} "
+            f"| {m['fair_min_max']:.2f} | {m['mean_batch']:.2f} | {100 * m['miss_rate']:.2f} "
+            f"| {m['age_p99']:.2f} | {100 * m['on_demand_ok']:.0f} |")
+    return "\n".join(lines)
+
+
 def table(results: list[SimResult]) -> str:
     hdr = ("| trace | load | policy | miss % (admitted) | answered % | age p50 | age p99 | age max "
-           "| goodput /s | on-demand on time % | superseded | skipped | stale |")
+           "| goodput /s | on-demand on time % | superseded | skipped | stale | cam fairness min/max "
+           "| mean batch |")
     lines = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
     for r in results:
         m, s = r.metrics, r.spec
@@ -403,7 +513,7 @@ def table(results: list[SimResult]) -> str:
             f"| {s.cameras} cam @ {s.fps:g} fps | {s.load:g}x | {r.policy} | {100 * m['miss_rate']:.2f} "
             f"| {100 * m['answered']:.1f} | {m['age_p50']:.2f} | {m['age_p99']:.2f} | {m['age_max']:.1f} "
             f"| {m['goodput']:.1f} | {100 * m['on_demand_ok']:.0f} | {m['superseded']} | {m['skipped']} "
-            f"| {m['stale']} |")
+            f"| {m['stale']} | {m['fair_min_max']:.2f} | {m['mean_batch']:.2f} |")
     return "\n".join(lines)
 
 
@@ -457,6 +567,12 @@ def check_targets(results: list[SimResult]) -> list[tuple[str, bool, str]]:
         w = max(over, key=lambda r: r.metrics["age_p99"])
         out.append(("2x: p99 frame age at result <= 2 frame periods", w.metrics["age_p99"] <= 2.0,
                     f"worst {w.metrics['age_p99']:.2f} periods ({w.spec.label})"))
+        multi = [r for r in over if r.spec.cameras > 1]
+        if multi:
+            w = min(multi, key=lambda r: r.metrics["fair_min_max"])
+            out.append(("2x: no camera below 80 % of the best camera's on-time rate",
+                        w.metrics["fair_min_max"] >= 0.8,
+                        f"worst min/max {w.metrics['fair_min_max']:.2f} ({w.spec.label})"))
     if light:
         w = min(light, key=lambda r: r.metrics["answered"])
         out.append(("0.5x: every frame answered", w.metrics["answered"] == 1.0,

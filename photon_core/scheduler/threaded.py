@@ -59,6 +59,11 @@ class ThreadedScheduler:
         with self._state:
             return self.sched.metrics()
 
+    def stream_health(self) -> dict:
+        """{stream: StreamHealth} (see Scheduler.stream_health); any thread."""
+        with self._state:
+            return self.sched.stream_health()
+
     @property
     def error(self) -> BaseException | None:
         """What killed the scheduler thread, if something did (open work was cancelled)."""
@@ -124,6 +129,12 @@ class ThreadedScheduler:
                     break
                 with self._state:
                     self.sched.step()
+                    until = self.sched.idle_until()
+                if until is not None:             # work held for fairness: wait, not spin
+                    with self._cv:
+                        if not self._inbox and not self._stopping:
+                            self._cv.wait(max(0.0, min(until - self.sched.clock.now(),
+                                                       self.idle_wait_s)))
         except BaseException as e:  # noqa: BLE001 - make sure nothing is left without an outcome
             self._error = e
             log.exception("scheduler thread failed")

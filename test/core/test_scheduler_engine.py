@@ -130,3 +130,30 @@ def test_scheduler_drives_the_fast_path_engine(fast_engine, fast_model, frames):
         ref = fast_model.run(fast_model.encode_image(frames[(o.stream, 2)]), task)
         assert o.result.output == ref.output
     assert fast_engine.rows.free_rows() == [0, 1, 2, 3]   # every row back
+
+
+def test_decode_batches_across_cameras_on_the_engine(fast_model, cost, frames):
+    """Frames of two cameras (two tasks each) share decode steps on the reference engine
+    (step_batch over runs of different cameras and frames); answers equal model.run's."""
+    outs, mixed = [], []
+    s = Scheduler(fast_model, cost, on_result=outs.append, max_batch=4)
+    orig = fast_model.step_batch
+
+    def rec(runs):
+        live = {id(r.run): r.stream for r in s.live}
+        mixed.append(len({live.get(id(x)) for x in runs}))
+        return orig(runs)
+    fast_model.step_batch = rec
+    try:
+        for stream in ("a", "b"):
+            s.submit_frame(stream, 0.0, frames[(stream, 0)],
+                           [("person", DET, 60.0), ("cup", PNT, 60.0, "finish")])
+        s.run_until_idle()
+    finally:
+        del fast_model.step_batch
+    assert len(outs) == 4 and all(o.status is Status.DONE for o in outs)
+    assert max(s.metrics()["batch_sizes"]) >= 3 and max(mixed) == 2     # both cameras in one step
+    for o in outs:
+        task = {"person": DET, "cup": PNT}[o.task_name]
+        ref = fast_model.run(fast_model.encode_image(frames[(o.stream, 0)]), task)
+        assert o.result.output == ref.output

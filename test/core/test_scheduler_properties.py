@@ -1,0 +1,123 @@
+"""Property tests (hypothesis) over multi-camera traces, including frames of all cameras
+stamped at the same tick and submitted in a fixed order: exactly one outcome per request,
+no camera starves, batching rules hold (also with batched encode and with an engine that
+runs out of memory above a batch size)."""
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from photon_core.scheduler import CostModel, Policy, Scheduler, Status, VirtualClock
+from photon_core.scheduler.simulator import BatchEncodeSimEngine, SimEngine, SimImage
+from photon_core.task import Task
+
+TASKS = {"det": Task("detect", object="person"), "pt": Task("point", object="cup")}
+
+
+class OOMAbove(BatchEncodeSimEngine):
+    """Out of memory (before touching any run) for a step of more than `room` runs."""
+    room = 8
+
+    def step_batch(self, runs):
+        if len(runs) > self.room:
+            raise RuntimeError("CUDA out of memory")
+        return super().step_batch(runs)
+
+
+def run(cams, ticks, period, deadline, steps, names, encode_ms, step_ms, max_batch, engine,
+        room, stagger):
+    cost = CostModel(encode_base_ms=0.0, encode_per_crop_ms=encode_ms, prefill_base_ms=1.0,
+                     prefill_per_token_ms=0.0,
+                     decode_step_ms={1: step_ms, 2: 1.1 * step_ms, 4: 1.3 * step_ms,
+                                     8: 1.6 * step_ms}, ema=0.1)
+    clock = VirtualClock()
+    cls = {"plain": SimEngine, "batch_encode": BatchEncodeSimEngine, "oom": OOMAbove}[engine]
+    eng = cls(clock, cost.scaled(1.0), jitter=0.05, seed=3)
+    if engine == "oom":
+        eng.room = room
+    outs, stepped = [], []
+    orig = eng.step_batch
+
+    def rec(runs):
+        for r in runs:                                      # never a finished/cancelled run
+            assert not r.finished
+        assert len({id(r) for r in runs}) == len(runs)
+        stepped.append(len(runs))
+        return orig(runs)
+    eng.step_batch = rec
+    s = Scheduler(eng, cost.scaled(1.0), clock=clock, policy=Policy(max_batch=max_batch),
+                  on_result=outs.append)
+    ids = []
+    for k in range(ticks):
+        t = k * period
+        clock.advance_to(t)
+        for c in range(cams):                               # fixed order, same stamp
+            image = SimImage((300, 300), tuple((TASKS[n].target, steps) for n in names))
+            ids += s.submit_frame(f"cam{c}", k, image, [(n, TASKS[n], deadline) for n in names],
+                                  capture_time=t)
+            if stagger and c == 0:
+                # like the threaded loop: the first camera's frame comes in alone and the
+                # scheduler steps (it may start encoding it); the others arrive meanwhile and
+                # are taken from the inbox together before the next step
+                s.step()
+        while s.has_work() and clock.now() < t + period:
+            s.step()
+            until = s.idle_until()
+            if until is not None:
+                clock.advance_to(min(until, t + period))
+    s.run_until_idle()
+    return s, eng, outs, ids, stepped
+
+
+common = dict(cams=st.integers(2, 6), ticks=st.integers(20, 60),
+              period=st.sampled_from([0.033, 0.066, 0.1, 0.2]),
+              deadline=st.floats(0.05, 0.5), steps=st.integers(1, 20),
+              names=st.sampled_from([("det",), ("det", "pt")]),
+              encode_ms=st.floats(2.0, 60.0), step_ms=st.floats(0.5, 10.0),
+              max_batch=st.integers(1, 8), room=st.integers(1, 8), stagger=st.booleans())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(engine=st.sampled_from(["plain", "batch_encode", "oom"]), **common)
+def test_every_request_one_outcome_and_batching_rules(cams, ticks, period, deadline, steps, names,
+                                                      encode_ms, step_ms, max_batch, engine, room,
+                                                      stagger):
+    s, eng, outs, ids, stepped = run(cams, ticks, period, deadline, steps, names, encode_ms,
+                                     step_ms, max_batch, engine, room, stagger)
+    got = [o.request_id for o in outs]
+    assert sorted(got) == sorted(ids) and len(set(got)) == len(got)   # exactly one outcome each
+    assert not eng.open_runs and not s.frames and not s.has_work()
+    assert max(stepped or [0]) <= max_batch
+    if engine == "oom":
+        assert max(stepped or [0]) <= max(room, 1) or s.metrics()["sheds"] >= 1
+        if room >= 1:                                       # a batch of 1 always fits: no errors
+            assert not [o for o in outs if o.status is Status.ERROR]
+    else:
+        assert not [o for o in outs if o.status is Status.ERROR]
+    if engine == "batch_encode":                            # every frame encoded at most once
+        assert eng.calls["encode"] <= cams * ticks
+    newest = {}
+    for o in outs:                                          # results of a key never go back
+        if o.status is Status.DONE:
+            k = (o.stream, o.task_name)
+            assert k not in newest or o.stamp > newest[k]
+            newest[k] = o.stamp
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cams=st.integers(2, 6), period=st.sampled_from([0.05, 0.1, 0.2]),
+       per_tick=st.floats(0.3, 0.9), steps=st.integers(2, 12), max_batch=st.sampled_from([1, 4]),
+       stagger=st.booleans(), names=st.sampled_from([("det",), ("det", "pt")]))
+def test_no_camera_starves_under_overload(cams, period, per_tick, steps, max_batch, stagger, names):
+    """The engine can do `per_tick` x a tick's frames (30-90 %): every camera gets results,
+    and none gets less than half of the best-served camera's."""
+    frame_ms = 1e3 * period / (per_tick * cams)          # one frame alone (at batch 1)
+    encode_ms, step_ms = 0.6 * frame_ms, 0.4 * frame_ms / steps
+    s, eng, outs, ids, _ = run(cams, 150, period, 2 * period, steps, names, encode_ms, step_ms,
+                               max_batch, "plain", 8, stagger)
+    done = Counter(o.stream for o in outs if o.status is Status.DONE and o.task_name == "det")
+    got = [done[f"cam{c}"] for c in range(cams)]
+    if max(got) >= 10:
+        assert min(got) >= 0.5 * max(got), got
