@@ -381,11 +381,14 @@ def run_diff(base_bag, new_bag, th: Thresholds | None = None, report_dir=None,
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("base", help="reference result bag")
     p.add_argument("new", help="candidate result bag")
-    p.add_argument("--iou", type=float, default=0.5, help="box match IoU (default 0.5)")
+    p.add_argument("--iou", type=float, default=0.5, help="box match IoU")
     p.add_argument("--point-px", type=float, default=10.0, help="point match distance, pixels")
-    p.add_argument("--min-precision", type=float, default=0.95)
-    p.add_argument("--min-recall", type=float, default=0.95)
-    p.add_argument("--min-answer-similarity", type=float, default=0.9)
+    p.add_argument("--min-precision", type=float, default=0.95,
+                   help="fail when a task's precision (NEW vs BASE) is below this")
+    p.add_argument("--min-recall", type=float, default=0.95,
+                   help="fail when a task's recall (NEW vs BASE) is below this")
+    p.add_argument("--min-answer-similarity", type=float, default=0.9,
+                   help="fail when query/caption text similarity (0..1) is below this")
     p.add_argument("--max-missing", type=float, default=0.0,
                    help="fraction of BASE frames NEW may lack per task (default 0)")
     p.add_argument("--max-latency-increase", type=float, default=None,
@@ -393,7 +396,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(e.g. 0.2); not checked by default")
     p.add_argument("--report", default=None,
                    help="report folder (default: NEW_BAG.diff next to the NEW bag)")
-    p.add_argument("--no-report", action="store_true")
+    p.add_argument("--no-report", action="store_true", help="write no report folder")
 
 
 def main(args) -> int:
