@@ -30,8 +30,24 @@ FINISH_DEADLINE = "deadline"    # cancelled because its deadline passed
 FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_DEADLINE)
 
 
+MAX_MESSAGE_CHARS = 600
+
+
+def cut_message(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """An error message of at most `limit` characters (its middle cut out): errors quote
+    what the caller sent, which may be megabytes."""
+    message = str(message)
+    if len(message) <= limit:
+        return message
+    half = (limit - 5) // 2
+    return f"{message[:half]} ... {message[-half:]}"
+
+
 class TaskError(ValueError):
     """A task that cannot be run as given (unknown skill, empty question, ...)."""
+
+    def __init__(self, message: str):
+        super().__init__(cut_message(message))
 
 
 @dataclass(frozen=True)

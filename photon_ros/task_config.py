@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from photon_core import ENGINES
-from photon_core.task import (CAPTION_LENGTHS, DEFAULT_MAX_OBJECTS, DEFAULT_MAX_TOKENS,
+from photon_core.task import (CAPTION_LENGTHS, cut_message, DEFAULT_MAX_OBJECTS, DEFAULT_MAX_TOKENS,
                               MAX_OBJECTS_LIMIT, MAX_QUESTION_CHARS, MAX_TOKENS_LIMIT, SKILLS,
                               Task, TaskError)
 
@@ -68,7 +68,11 @@ TASK_KEYS = ("skill", "object", "question", "caption_length", "every_n", "hz", "
 
 
 class ConfigError(ValueError):
-    """A configuration (file, parameters or SetTasks request) that cannot be used."""
+    """A configuration (file, parameters or SetTasks request) that cannot be used. The
+    message stays short (values quoted in it are cut), whatever a caller sent."""
+
+    def __init__(self, message: str):
+        super().__init__(cut_message(message))
 
 
 @dataclass(frozen=True)
