@@ -313,7 +313,7 @@ def write_report(out_dir, cmp: dict, base: dict, new: dict, base_info: dict, new
     return files
 
 
-def _plots(out: Path, base: dict, new: dict) -> dict[str, str]:
+def _plots(out: Path, base: dict, new: dict, labels=("BASE", "NEW")) -> dict[str, str]:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -325,7 +325,7 @@ def _plots(out: Path, base: dict, new: dict) -> dict[str, str]:
     lat = [[r.latency_ms for r in d.values() if not math.isnan(r.latency_ms)] for d in (base, new)]
     hi = max([max(x) for x in lat if x] + [1.0])
     bins = np.linspace(0, hi * 1.05, 40)
-    for xs, label in zip(lat, ("BASE", "NEW")):
+    for xs, label in zip(lat, labels):
         if xs:
             ax.hist(xs, bins=bins, alpha=0.55, label=f"{label} (n={len(xs)})")
     ax.set_xlabel("latency_ms (source stamp to result)")
@@ -339,7 +339,7 @@ def _plots(out: Path, base: dict, new: dict) -> dict[str, str]:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     t0 = min([r.stamp_ns for d in (base, new) for r in d.values()] or [0])
-    for d, label, style in ((base, "BASE", "-"), (new, "NEW", "--")):
+    for d, label, style in ((base, labels[0], "-"), (new, labels[1], "--")):
         series = defaultdict(list)
         for r in d.values():
             if r.kind in ("boxes", "points"):
