@@ -317,6 +317,7 @@ def main(argv=None) -> int:
         t = summary["totals"]
         checks = summary["checks"]
         checks["requests_accounted"] = t["unaccounted"] == 0 and t["requests"] > 0
+        checks["answers_flowing"] = t["answered"] > 0
         checks["frames_received"] = t["received"] > 0 and t["bad_frames"] == 0
         checks["on_demand_all_answered"] = calls["no_response"] == 0
         checks["queue_bounded"] = waiting_max <= max_queue and summary["queue"]["waiting_end"] == 0

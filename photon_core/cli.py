@@ -157,8 +157,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (systemd, docker stop, kill) ends a command the way Ctrl-C does: through
+    KeyboardInterrupt, so `photon replay` closes its output bag instead of dying mid-write."""
+    import signal
+    import threading
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _sigterm_as_interrupt()
     try:
         return args.func(args) or 0
     except (ValueError, OSError) as e:   # bad input, bad files: one clear line, not a traceback
