@@ -187,6 +187,7 @@ def _as_float(v: Any, where: str, lo: float | None = None) -> float:
     return v
 
 
+MAX_PIXELS_LIMIT = 16384 * 16384   # max_pixels may not be raised past this (nor set to 0)
 MAX_STRING_CHARS = 4096     # any string parameter (model path, topic, ...)
 MAX_NAME_CHARS = 64         # camera and task names (they become parts of topic names)
 
@@ -334,7 +335,8 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
         raise ConfigError(f"max_batch must be in 1..8, got {kw['max_batch']}")
     for key, hi in (("default_max_objects", MAX_OBJECTS_LIMIT),
                     ("default_max_tokens", MAX_TOKENS_LIMIT),
-                    ("max_question_chars", MAX_QUESTION_CHARS)):
+                    ("max_question_chars", MAX_QUESTION_CHARS),
+                    ("max_pixels", MAX_PIXELS_LIMIT)):
         if key in kw and not 1 <= kw[key] <= hi:
             raise ConfigError(f"{key} must be in 1..{hi}, got {kw[key]}")
     if kw.get("default_deadline_ms", 1.0) <= 0 or kw.get("on_demand_deadline_ms", 1.0) <= 0:

@@ -177,3 +177,22 @@ def test_make_test_model_file_modes(tmp_path):
     d = make_test_model(tmp_path / "m", fast=True)
     modes = {p.name: p.stat().st_mode & 0o777 for p in d.iterdir()}
     assert len(set(modes.values())) == 1, modes
+
+
+def test_no_unsafe_loaders_in_the_sources():
+    """Security: weights only through safetensors, no remote code, no unsafe YAML/pickle. A
+    static guard over every photon_core / photon_ros source file."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    unsafe = re.compile(r"torch\.load\(|pickle\.loads?\(|trust_remote_code\s*=\s*True|"
+                        r"yaml\.load\(|yaml\.unsafe_load|np\.load\([^)]*allow_pickle=True|"
+                        r"\beval\(|\bexec\(|torch\.hub\.load|from_pretrained\(")
+    hits = []
+    for pkg in ("photon_core", "photon_ros"):
+        for f in (root / pkg).rglob("*.py"):
+            for i, line in enumerate(f.read_text().splitlines(), 1):
+                if unsafe.search(line.split("#")[0]):
+                    hits.append(f"{f.relative_to(root)}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits)
