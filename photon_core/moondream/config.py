@@ -136,7 +136,7 @@ class MoondreamConfig:
             for f in dataclasses.fields(klass):
                 if f.name in section and f.name != "templates":
                     _check_int(f"{name}.{f.name}", section[f.name], optional=f.default is None,
-                               lo=0 if name == "tokenizer" else 1)
+                               lo=0 if name == "tokenizer" or f.name == "overlap_margin" else 1)
             if not isinstance(section.get("templates", {}), dict):
                 raise ValueError("config.json: tokenizer.templates must be an object")
             parts[name] = klass(**section)
