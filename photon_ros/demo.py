@@ -6,7 +6,8 @@
    (said plainly: its answers are meaningless, only the plumbing is real);
 3. replays the bag offline through the node's pipeline with config/perception.yaml into
    OUT/results (an mcap rosbag2 bag of DetectionArray / PointArray / Answer);
-4. writes the report (OUT/report: markdown + latency histogram + detections over time) and
+4. writes the report (OUT/report, photon_ros.demo_report: messages per result topic, per-task
+   results and latency, annotated frames, latency histogram, detections over time) and
    prints a short summary: results per task, latency p50/p99, where everything is.
 """
 from __future__ import annotations
@@ -33,13 +34,14 @@ def default_params() -> Path | None:
 
 def load_demo_model(spec: str | None, out: Path, device: str, dtype: str, say):
     """-> (model, is_tiny). A given model that cannot be loaded falls back to the tiny one,
-    loudly."""
+    loudly. A given folder that holds a random test model (make-test-model) counts as tiny."""
     from photon_core import load_model
 
     if spec:
         say(f"loading model {spec} ...")
         try:
-            return load_model(spec, device=device, dtype=dtype, progress=sys.stderr.isatty()), False
+            m = load_model(spec, device=device, dtype=dtype, progress=sys.stderr.isatty())
+            return m, bool(getattr(m, "test_model_note", None))
         except Exception as e:  # noqa: BLE001 - missing folder, no network, bad files
             say(f"could not load model {spec!r}: {type(e).__name__}: {e}")
             say("falling back to the tiny random test model")
@@ -54,7 +56,7 @@ def load_demo_model(spec: str | None, out: Path, device: str, dtype: str, say):
 def run_demo(out=DEFAULT_OUT, model: str | None = None, params=None, seconds: float = 4.0,
              fps: float = 2.0, device: str = "cpu", dtype: str = "fp32",
              progress: bool | None = None, stream=None) -> dict:
-    from .diff import Thresholds, run_diff
+    from .demo_report import write_demo_report
     from .replay import replay
     from .sample_bag import make_sample_bag
     from .task_config import load_config
@@ -96,9 +98,9 @@ def run_demo(out=DEFAULT_OUT, model: str | None = None, params=None, seconds: fl
     stats = replay(bag, results, config, m, mode="offline", overwrite=True, zero_timing=False,
                    progress=sys.stderr.isatty() if progress is None else progress,
                    log=lambda s: say(s))
-    report_dir = out / "report"
-    cmp = run_diff(results, results, Thresholds(), report_dir=report_dir, out=None)
     j = stats.to_json()
+    report = write_demo_report(out / "report", results, bag, j, TINY_NOTE if tiny else None,
+                               params)
     say("")
     say(f"replayed {j['frames']} frames offline through the pipeline of {params} in "
         f"{j['wall_s']:.1f} s: {j['results']} results")
@@ -116,14 +118,15 @@ def run_demo(out=DEFAULT_OUT, model: str | None = None, params=None, seconds: fl
         say(f"  ERROR: {stats.error}")
     say("")
     say(f"result bag: {results}  (mcap rosbag2: ros2 bag play / Foxglove)")
-    say(f"report:     {cmp['report']['markdown']}  (+ latency_hist.png, detections_over_time.png)")
+    say(f"report:     {report['markdown']}  ({len(report['frames'])} annotated frames, "
+        "latency_hist.png, detections_over_time.png)")
     say(f"summary:    {results / 'replay_summary.json'}")
     say("next: photon replay BAG --params config/perception.yaml --out NEW --model ...; "
         f"photon diff {results} NEW")
     if tiny:
         say("(tiny random test model: the numbers above measure plumbing, not perception)")
     say(f"demo done in {time.perf_counter() - t0:.1f} s")
-    return {"results": str(results), "report": cmp["report"], "stats": j, "tiny_model": tiny,
+    return {"results": str(results), "report": report, "stats": j, "tiny_model": tiny,
             "sample_bag": str(bag)}
 
 
@@ -131,12 +134,13 @@ def run_demo(out=DEFAULT_OUT, model: str | None = None, params=None, seconds: fl
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="Moondream 2 folder or Hugging Face id (default: a tiny random test model)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     p.add_argument("--params", default=None, help="node parameters (default config/perception.yaml)")
     p.add_argument("--seconds", type=float, default=4.0, help="sample bag length")
     p.add_argument("--fps", type=float, default=2.0, help="sample bag frame rate")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="weights and compute precision")
 
 
 def main(args) -> int:

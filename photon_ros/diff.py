@@ -313,7 +313,7 @@ def write_report(out_dir, cmp: dict, base: dict, new: dict, base_info: dict, new
     return files
 
 
-def _plots(out: Path, base: dict, new: dict) -> dict[str, str]:
+def _plots(out: Path, base: dict, new: dict, labels=("BASE", "NEW")) -> dict[str, str]:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -325,7 +325,7 @@ def _plots(out: Path, base: dict, new: dict) -> dict[str, str]:
     lat = [[r.latency_ms for r in d.values() if not math.isnan(r.latency_ms)] for d in (base, new)]
     hi = max([max(x) for x in lat if x] + [1.0])
     bins = np.linspace(0, hi * 1.05, 40)
-    for xs, label in zip(lat, ("BASE", "NEW")):
+    for xs, label in zip(lat, labels):
         if xs:
             ax.hist(xs, bins=bins, alpha=0.55, label=f"{label} (n={len(xs)})")
     ax.set_xlabel("latency_ms (source stamp to result)")
@@ -339,7 +339,7 @@ def _plots(out: Path, base: dict, new: dict) -> dict[str, str]:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     t0 = min([r.stamp_ns for d in (base, new) for r in d.values()] or [0])
-    for d, label, style in ((base, "BASE", "-"), (new, "NEW", "--")):
+    for d, label, style in ((base, labels[0], "-"), (new, labels[1], "--")):
         series = defaultdict(list)
         for r in d.values():
             if r.kind in ("boxes", "points"):
@@ -381,11 +381,14 @@ def run_diff(base_bag, new_bag, th: Thresholds | None = None, report_dir=None,
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("base", help="reference result bag")
     p.add_argument("new", help="candidate result bag")
-    p.add_argument("--iou", type=float, default=0.5, help="box match IoU (default 0.5)")
+    p.add_argument("--iou", type=float, default=0.5, help="box match IoU")
     p.add_argument("--point-px", type=float, default=10.0, help="point match distance, pixels")
-    p.add_argument("--min-precision", type=float, default=0.95)
-    p.add_argument("--min-recall", type=float, default=0.95)
-    p.add_argument("--min-answer-similarity", type=float, default=0.9)
+    p.add_argument("--min-precision", type=float, default=0.95,
+                   help="fail when a task's precision (NEW vs BASE) is below this")
+    p.add_argument("--min-recall", type=float, default=0.95,
+                   help="fail when a task's recall (NEW vs BASE) is below this")
+    p.add_argument("--min-answer-similarity", type=float, default=0.9,
+                   help="fail when query/caption text similarity (0..1) is below this")
     p.add_argument("--max-missing", type=float, default=0.0,
                    help="fraction of BASE frames NEW may lack per task (default 0)")
     p.add_argument("--max-latency-increase", type=float, default=None,
@@ -393,7 +396,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(e.g. 0.2); not checked by default")
     p.add_argument("--report", default=None,
                    help="report folder (default: NEW_BAG.diff next to the NEW bag)")
-    p.add_argument("--no-report", action="store_true")
+    p.add_argument("--no-report", action="store_true", help="write no report folder")
 
 
 def main(args) -> int:

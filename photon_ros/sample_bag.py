@@ -112,15 +112,16 @@ def make_sample_bag(path, seconds: float = 3.0, fps: float = 5.0, width: int = 6
 # -- command line ----------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="bag to write (a folder, rosbag2 layout)")
-    p.add_argument("--seconds", type=float, default=3.0)
-    p.add_argument("--fps", type=float, default=5.0)
-    p.add_argument("--width", type=int, default=640)
-    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--seconds", type=float, default=3.0, help="bag length in seconds")
+    p.add_argument("--fps", type=float, default=5.0, help="frames per second")
+    p.add_argument("--width", type=int, default=640, help="image width, pixels")
+    p.add_argument("--height", type=int, default=480, help="image height, pixels")
     p.add_argument("--topic", action="append", dest="topics", default=None,
                    help=f"camera topic (repeat for several cameras; default {DEFAULT_TOPIC})")
     p.add_argument("--compressed", action="store_true", help="sensor_msgs/CompressedImage (jpeg)")
-    p.add_argument("--storage", choices=["mcap", "sqlite3"], default="mcap")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--storage", choices=["mcap", "sqlite3"], default="mcap",
+                   help="rosbag2 storage format")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
 
 
 def main(args) -> int:

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from photon_core import ENGINES
-from photon_core.task import CAPTION_LENGTHS, SKILLS, Task, TaskError
+from photon_core.task import (CAPTION_LENGTHS, cut_message, DEFAULT_MAX_OBJECTS, DEFAULT_MAX_TOKENS,
+                              MAX_OBJECTS_LIMIT, MAX_QUESTION_CHARS, MAX_TOKENS_LIMIT, SKILLS,
+                              Task, TaskError)
 
 CAMERA_TYPES = ("image", "compressed")
 ON_MISS = ("finish", "cancel")
@@ -50,9 +52,9 @@ NODE_DEFAULTS: dict[str, Any] = {
     "default_deadline_ms": 500.0,
     "on_demand_deadline_ms": 5000.0,
     "default_on_miss": "cancel",
-    "default_max_objects": 20,
-    "default_max_tokens": 64,
-    "max_question_chars": 1024,
+    "default_max_objects": DEFAULT_MAX_OBJECTS,   # the limits live in photon_core.task
+    "default_max_tokens": DEFAULT_MAX_TOKENS,
+    "max_question_chars": MAX_QUESTION_CHARS,
     "max_pixels": 40_000_000,
     "camera_topic": "",            # single-camera override of the first camera's topic
     # test/benchmark hooks (off by default): text tasks run to max_tokens; every decode
@@ -66,7 +68,11 @@ TASK_KEYS = ("skill", "object", "question", "caption_length", "every_n", "hz", "
 
 
 class ConfigError(ValueError):
-    """A configuration (file, parameters or SetTasks request) that cannot be used."""
+    """A configuration (file, parameters or SetTasks request) that cannot be used. The
+    message stays short (values quoted in it are cut), whatever a caller sent."""
+
+    def __init__(self, message: str):
+        super().__init__(cut_message(message))
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,8 @@ class TaskConfig:
     hz: float = 0.0               # ... or at most this often (source stamps); 0 = off
     deadline_ms: float = 500.0    # relative to the frame's arrival
     on_miss: str = "cancel"       # finish | cancel (what a started task does past its deadline)
-    max_objects: int = 20
-    max_tokens: int = 64
+    max_objects: int = DEFAULT_MAX_OBJECTS
+    max_tokens: int = DEFAULT_MAX_TOKENS
 
     @property
     def target(self) -> str:
@@ -124,9 +130,9 @@ class PerceptionConfig:
     default_deadline_ms: float = 500.0
     on_demand_deadline_ms: float = 5000.0
     default_on_miss: str = "cancel"
-    default_max_objects: int = 20
-    default_max_tokens: int = 64
-    max_question_chars: int = 1024
+    default_max_objects: int = DEFAULT_MAX_OBJECTS
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    max_question_chars: int = MAX_QUESTION_CHARS
     max_pixels: int = 40_000_000
     debug_ignore_eos: bool = False
     debug_step_delay_ms: float = 0.0
@@ -181,16 +187,30 @@ def _as_float(v: Any, where: str, lo: float | None = None) -> float:
     return v
 
 
+MAX_PIXELS_LIMIT = 16384 * 16384   # max_pixels may not be raised past this (nor set to 0)
+MAX_STRING_CHARS = 4096     # any string parameter (model path, topic, ...)
+MAX_NAME_CHARS = 64         # camera and task names (they become parts of topic names)
+
+
 def _as_str(v: Any, where: str) -> str:
     if not isinstance(v, str):
-        raise ConfigError(f"{where}: expected a string, got {v!r}")
+        raise ConfigError(f"{where}: expected a string, got {_short(v)}")
+    if len(v) > MAX_STRING_CHARS:
+        raise ConfigError(f"{where}: {len(v)} characters; the limit is {MAX_STRING_CHARS}")
     return v
 
 
+def _short(v: Any) -> str:
+    """repr(v), cut to 80 characters (error messages stay one readable line)."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
 def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{what} name {name!r} is not valid: use letters, digits and _, "
-                          "starting with a letter (it becomes part of topic names)")
+    if not isinstance(name, str) or not _NAME.match(name) or len(name) > MAX_NAME_CHARS:
+        raise ConfigError(f"{what} name {_short(name)} is not valid: use letters, digits and _, "
+                          f"starting with a letter, at most {MAX_NAME_CHARS} characters (it "
+                          "becomes part of topic names)")
     return name
 
 
@@ -313,6 +333,12 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {kw['engine']!r}")
     if not 1 <= kw.get("max_batch", 4) <= 8:
         raise ConfigError(f"max_batch must be in 1..8, got {kw['max_batch']}")
+    for key, hi in (("default_max_objects", MAX_OBJECTS_LIMIT),
+                    ("default_max_tokens", MAX_TOKENS_LIMIT),
+                    ("max_question_chars", MAX_QUESTION_CHARS),
+                    ("max_pixels", MAX_PIXELS_LIMIT)):
+        if key in kw and not 1 <= kw[key] <= hi:
+            raise ConfigError(f"{key} must be in 1..{hi}, got {kw[key]}")
     if kw.get("default_deadline_ms", 1.0) <= 0 or kw.get("on_demand_deadline_ms", 1.0) <= 0:
         raise ConfigError("default deadlines must be > 0 ms")
     defaults = PerceptionConfig(**kw)

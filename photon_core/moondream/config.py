@@ -7,7 +7,9 @@ any field left out takes the Moondream 2 default below.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,17 @@ class TokenizerConfig:
     templates: dict = field(default_factory=_default_templates)
 
 
+_MAX_FIELD = 1 << 20   # no real dimension/count is larger; bigger values are typos or attacks
+
+
+def _check_int(where: str, v, optional: bool = False, lo: int = 1) -> None:
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= _MAX_FIELD:
+        raise ValueError(f"config.json: {where} must be an integer in {lo}..{_MAX_FIELD}, "
+                         f"got {v!r:.60}")
+
+
 @dataclass(frozen=True)
 class MoondreamConfig:
     text: TextConfig = field(default_factory=TextConfig)
@@ -114,14 +127,40 @@ class MoondreamConfig:
         for name, klass in (("text", TextConfig), ("vision", VisionConfig),
                             ("region", RegionConfig), ("tokenizer", TokenizerConfig)):
             section = d.get(name) or {}
+            if not isinstance(section, dict):
+                raise ValueError(f"config.json: {name} must be an object, got {section!r:.60}")
             known = {f.name for f in dataclasses.fields(klass)}
             unknown = sorted(set(section) - known)
             if unknown:
                 raise ValueError(f"config.json: unknown {name} fields {unknown}")
+            for f in dataclasses.fields(klass):
+                if f.name in section and f.name != "templates":
+                    _check_int(f"{name}.{f.name}", section[f.name], optional=f.default is None,
+                               lo=0 if name == "tokenizer" or f.name == "overlap_margin" else 1)
+            if not isinstance(section.get("templates", {}), dict):
+                raise ValueError("config.json: tokenizer.templates must be an object")
             parts[name] = klass(**section)
         cfg = cls(**parts)
         cfg.check()
         return cfg
+
+    @classmethod
+    def from_file(cls, path) -> "MoondreamConfig":
+        """Read a config.json; every problem is a ValueError that names the file."""
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: cannot read: {e}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(d).__name__}")
+        try:
+            return cls.from_dict(d)
+        except (ValueError, TypeError) as e:
+            msg = str(e).removeprefix("config.json: ")
+            raise ValueError(f"{path}: {msg}") from None
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name))

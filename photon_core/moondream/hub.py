@@ -24,6 +24,10 @@ class CheckpointNotFound(ValueError):
 
 def resolve(path_or_id: str, revision: str | None = None) -> dict[str, Path | None]:
     """-> {"weights": path, "tokenizer": path, "config": path or None}."""
+    if not isinstance(path_or_id, (str, os.PathLike)) or not str(path_or_id).strip() \
+            or len(str(path_or_id)) > 4096 or "\x00" in str(path_or_id):
+        raise CheckpointNotFound(f"model {str(path_or_id)[:80]!r} is not a folder path or a "
+                                 "Hugging Face repo id")
     p = Path(os.path.expanduser(str(path_or_id)))
     if p.is_dir():
         files = {"weights": p / WEIGHTS, "tokenizer": p / TOKENIZER, "config": p / CONFIG}

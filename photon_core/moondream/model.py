@@ -1,7 +1,6 @@
 """The Moondream 2 engine (reference path): load, encode an image once, run tasks on it."""
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -18,7 +17,7 @@ from .kv_cache import KVCache
 from .layers import Weights
 from .run import TaskRun, _sync
 from .tokenizer import Tokenizer
-from .weights import load_safetensors, random_weights
+from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_metadata
 
 # Where image_crops makes the overlap crops: None = on the model's device when that is CUDA
 # (torch LANCZOS, bit-identical to PIL; H200, 640x480 frame: 0.6-0.7 ms vs 15-21 ms with
@@ -35,6 +34,23 @@ def parse_dtype(dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
     return DTYPES[dtype]
+
+
+def parse_device(device) -> torch.device:
+    """"cpu", "cuda", "cuda:N" (or a torch.device) -> torch.device; a ValueError otherwise."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from None
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not supported; expected cpu, cuda or cuda:N")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} "
+                             "CUDA device(s)")
+    return d
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,7 @@ class MoondreamModel:
         self.model_id = model_id
         self.max_image_side = max_image_side
         self.prefix_len = config.prefix_len
+        self.test_model_note: str | None = None   # set when the weights are a random test model
 
     @property
     def device(self) -> torch.device:
@@ -157,16 +174,20 @@ def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str
                progress: bool = True) -> MoondreamModel:
     """Load Moondream 2 from a local folder or a Hugging Face repo id (safetensors only)."""
     torch_dtype = parse_dtype(dtype)
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but CUDA is not available")
+    device = parse_device(device)
     files = hub.resolve(path_or_id, revision)
-    config_dict = json.loads(files["config"].read_text()) if files["config"] else {}
-    config = MoondreamConfig.from_dict(config_dict)
+    config = MoondreamConfig.from_file(files["config"]) if files["config"] else MoondreamConfig()
     weights = load_safetensors(files["weights"], config, device, torch_dtype, progress)
-    tokenizer = Tokenizer(files["tokenizer"], config.tokenizer)
+    try:
+        tokenizer = Tokenizer(files["tokenizer"], config.tokenizer)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exception
+        raise ValueError(f"{files['tokenizer']}: not a readable tokenizer.json "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     model_id = str(path_or_id) + (f"@{revision}" if revision else "")
-    return MoondreamModel(config, weights, tokenizer, model_id)
+    model = MoondreamModel(config, weights, tokenizer, model_id)
+    # make_test_model marks its weights; callers (CLI, demo, node) say so loudly
+    model.test_model_note = read_metadata(files["weights"]).get(TEST_MODEL_KEY)
+    return model
 
 
 def build_random_model(config: MoondreamConfig | None = None, device="cpu", dtype="fp32",

@@ -98,7 +98,18 @@ def make_test_model(out_dir, seed: int = 0, fast: bool = False, old_layout: bool
                    for k, v in w.items()}
     else:
         tensors = {"model." + k: v for k, v in w.items()}
-    save_file(tensors, str(out / "model.safetensors"))
+    from .weights import TEST_MODEL_KEY
+
+    note = (f"tiny random test model (seed {seed}{', fast' if fast else ''}): its answers are "
+            "meaningless")
+    save_file(tensors, str(out / "model.safetensors"), metadata={TEST_MODEL_KEY: note})
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     tok.save(str(out / "tokenizer.json"))
+    _same_mode(out / "model.safetensors", out / "config.json")
     return out
+
+
+def _same_mode(path: Path, like: Path) -> None:
+    """safetensors writes its file 0600 (a private temp file renamed); give it the mode the
+    other files got from the umask (usually 0644)."""
+    path.chmod(like.stat().st_mode & 0o777)

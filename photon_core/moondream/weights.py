@@ -12,7 +12,11 @@ from .layers import Weights
 
 
 class WeightsError(ValueError):
-    """A checkpoint that does not match the configuration."""
+    """A checkpoint that does not match the configuration, or cannot be read."""
+
+
+# safetensors metadata key that make_test_model writes: its value says the weights are random
+TEST_MODEL_KEY = "photon_test_model"
 
 
 def _linear(name: str, out_dim: int, in_dim: int) -> dict:
@@ -128,19 +132,53 @@ def load_safetensors(path, cfg: MoondreamConfig, device, dtype, progress: bool =
 
     want = expected_shapes(cfg)
     w = Weights()
-    with safe_open(str(path), framework="pt") as f:
-        names = list(f.keys())
-        old = is_old_layout(names)
-        for name in tqdm(names, desc="loading tensors", unit="tensor", disable=not progress,
-                         leave=False):
-            new = normalize_name(name)
-            if new not in want:
-                continue  # extra tensors (e.g. other heads) are not needed here
-            t = f.get_tensor(name)
-            if old and new in _OLD_TRANSPOSED:
-                t = t.T
-            w[new] = t
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = list(f.keys())
+            old = is_old_layout(names)
+            for name in tqdm(names, desc="loading tensors", unit="tensor", disable=not progress,
+                             leave=False):
+                new = normalize_name(name)
+                if new not in want:
+                    continue  # extra tensors (e.g. other heads) are not needed here
+                t = f.get_tensor(name)
+                if old and new in _OLD_TRANSPOSED:
+                    t = t.T
+                w[new] = t
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: a bad file, one line
+        raise unreadable(path, e) from None
     return finish_weights(w, want, device, dtype, str(path))
+
+
+def unreadable(path, e: Exception) -> WeightsError:
+    """The error for a weights file safetensors cannot read (truncated, random bytes, a
+    pickle renamed .safetensors, unreadable): names the file and what it saw, one line."""
+    head = b""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError:
+        pass
+    what = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if head[:1] == b"\x80" or head[:2] == b"PK":      # pickle protocol 2+ / torch.save zip
+        hint = " It looks like a pickle / torch.save file: only safetensors are loaded (no pickle)."
+    elif isinstance(e, OSError):
+        hint = ""
+    else:
+        hint = " The file is truncated or corrupt: download or copy it again."
+    return WeightsError(f"{path}: not a readable safetensors file ({type(e).__name__}: {what})."
+                        f"{hint}")
+
+
+def read_metadata(path) -> dict[str, str]:
+    """The safetensors header's __metadata__ ({} when none or unreadable)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception:  # noqa: BLE001 - load_safetensors reports bad files
+        return {}
 
 
 def finish_weights(w: dict, want: dict, device, dtype, source: str) -> Weights:

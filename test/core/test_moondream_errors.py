@@ -47,7 +47,7 @@ def test_bad_tasks(fast_model, image, task, message):
 
 
 def test_prompt_longer_than_context(fast_model, image):
-    question = " ".join(["person"] * 400)     # < 4096 chars, > 256 tokens of context
+    question = "猫" * 300     # < MAX_QUESTION_CHARS chars, > 256 tokens of context (3 bytes each)
     with pytest.raises(TaskError, match="does not fit"):
         fast_model.run(image, Task("query", question=question))
 

@@ -209,3 +209,10 @@ def test_demo_main_job(tmp_path, capsys):
     assert Path(res["report"]["latency_hist"]).stat().st_size > 1000
     assert res["stats"]["results"] == 2 + 1 + 1          # people x2, hands x1, scene x1
     assert not math.isnan(res["stats"]["latency_ms_all"]["p50"])
+    # the report shows what the pipeline produced (not a diff of the results with themselves)
+    md = Path(res["report"]["markdown"]).read_text()
+    assert "PASS" not in md and "BASE" not in md and "MEANINGLESS" in md
+    assert "| `/front/detections` | 2 |" in md and "| front | people | detect | 2 |" in md
+    assert len(res["report"]["frames"]) == 2              # both frames, annotated
+    for f in res["report"]["frames"]:
+        assert Path(f).stat().st_size > 1000 and f"![{Path(f).stem}]" in md

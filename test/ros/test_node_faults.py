@@ -1,0 +1,297 @@
+"""Fault injection against the real node over DDS (loopback), no node changes needed:
+an engine error on one request (others unaffected), a camera publisher killed and
+restarted, deactivate/activate under load, the model folder vanishing between deactivate
+and activate, SIGINT/SIGTERM mid-stream (clean exit), and a replay interrupted mid-bag
+(its output bag closed and readable). One node serves the module; the SIGTERM and replay
+tests start their own processes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+pytest.importorskip("rclpy")
+
+from node_helpers import (REPO, Collector, diag_values, moondream_available,  # noqa: E402
+                          spawn_camera, spawn_node, stop, tiny_model_dir, wait_for, write_config)
+from ros_env import child_env  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not moondream_available(),
+                                reason="photon_core.moondream not importable")
+NODE = "flt_node"
+TOPIC = "/flt/front/image"
+CONFIG = {"default_deadline_ms": 5000.0, "cameras": ["front"],
+          "front": {"topic": TOPIC, "tasks": ["people"],
+                    "people": {"skill": "detect", "object": "person", "max_objects": 2}}}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    from diagnostic_msgs.msg import DiagnosticArray
+    from lifecycle_msgs.srv import ChangeState, GetState
+
+    from photon_ros.msg import DetectionArray
+    from photon_ros.srv import Query
+
+    base = tmp_path_factory.getbasetemp()
+    model = tmp_path_factory.mktemp("flt") / "model"       # its own copy: one test moves it
+    shutil.copytree(tiny_model_dir(base), model)
+    cfg = write_config(base / "faults.yaml", CONFIG)
+    node = spawn_node("-p", f"model:={model}", "-p", f"params_file:={cfg}", name=NODE)
+    col = Collector("photon_test_faults")
+    col.listen(DetectionArray, "/front/detections")
+    col.listen(DiagnosticArray, "/diagnostics")
+    query = col.node.create_client(Query, f"/{NODE}/query")
+    if not query.wait_for_service(timeout_sec=90):
+        col.close()
+        pytest.fail(f"node did not come up:\n{stop(node)}")
+    e = {"col": col, "node": node, "model": model, "query": query,
+         "change": col.node.create_client(ChangeState, f"/{NODE}/change_state"),
+         "get_state": col.node.create_client(GetState, f"/{NODE}/get_state")}
+    yield e
+    col.close()
+    node.send_signal(signal.SIGINT)                 # SIGINT mid-stream: a clean exit
+    try:
+        rc = node.wait(30)
+    except subprocess.TimeoutExpired:
+        node.kill()
+        rc = "killed after 30 s"
+    out = node.communicate()[0] or ""
+    assert rc == 0 and "Traceback" not in out, f"rc {rc}\n{out[-4000:]}"
+
+
+def _camera(*extra):
+    return spawn_camera("--topic", TOPIC, "--fps", "10", "--stamp0", "now", *extra)
+
+
+def _more(col, n: int, timeout: float = 40.0) -> bool:
+    before = len(col.msgs("/front/detections"))
+    return wait_for(lambda: len(col.msgs("/front/detections")) >= before + n, timeout=timeout)
+
+
+def _transition(env, tid: int) -> bool:
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState
+
+    return env["col"].call(env["change"], ChangeState.Request(transition=Transition(id=tid)),
+                           timeout=90).success
+
+
+def _state(env) -> int:
+    from lifecycle_msgs.srv import GetState
+    return env["col"].call(env["get_state"], GetState.Request()).current_state.id
+
+
+def _node_diag(col, pred, timeout: float = 10.0) -> dict:
+    box: dict = {}
+
+    def check():
+        for arr in reversed(col.msgs("/diagnostics")):
+            v = diag_values(arr, f"{NODE}: node")
+            if v is not None:
+                box.clear()
+                box.update(v)
+                return pred(v)
+        return False
+    wait_for(check, timeout=timeout)
+    return box
+
+
+def test_engine_error_on_one_request_leaves_the_others_alone(env):
+    """A query the engine refuses (its prompt does not fit the tiny model's context: the
+    engine raises inside the scheduler) fails alone: periodic results keep flowing and the
+    next request succeeds."""
+    from photon_ros.srv import Query
+
+    col = env["col"]
+    cam = _camera()
+    try:
+        assert _more(col, 3)
+        bad = col.call(env["query"], Query.Request(camera="front", skill="query",
+                                                   question="猫" * 300, max_tokens=4), timeout=60)
+        assert not bad.success and "fit" in bad.message, bad.message
+        assert _more(col, 3), "periodic results stopped after the engine error"
+        good = col.call(env["query"], Query.Request(camera="front", skill="caption",
+                                                    caption_length="short", max_tokens=4),
+                        timeout=60)
+        assert good.success, good.message
+        for bad_req in (Query.Request(camera="front", skill="detect", object="x" * 100_000),
+                        Query.Request(camera="front", skill="detect", object="cup",
+                                      max_objects=4_000_000_000),
+                        Query.Request(camera="front", skill="query", question="q",
+                                      max_tokens=4_000_000_000),
+                        Query.Request(camera="nope", skill="caption"),
+                        Query.Request(camera="front", skill="dance")):
+            r = col.call(env["query"], bad_req, timeout=30)
+            assert not r.success and r.message and len(r.message) < 1000, r.message
+        assert _more(col, 2)
+    finally:
+        stop(cam)
+    assert env["node"].poll() is None
+
+
+def test_camera_publisher_dies_and_returns(env):
+    col = env["col"]
+    cam = _camera()
+    assert _more(col, 3)
+    cam.kill()                                        # SIGKILL: no goodbye
+    cam.wait(10)
+    time.sleep(2.0)
+    n = len(col.msgs("/front/detections"))
+    cam = _camera()                                   # a new process, new publisher
+    try:
+        assert wait_for(lambda: len(col.msgs("/front/detections")) >= n + 3, timeout=40), \
+            "no results after the camera came back"
+    finally:
+        stop(cam)
+    assert env["node"].poll() is None
+
+
+def test_deactivate_activate_under_load(env):
+    from lifecycle_msgs.msg import State, Transition
+
+    col = env["col"]
+    cam = _camera("--fps", "20")
+    try:
+        assert _more(col, 3)
+        for _ in range(2):
+            assert _transition(env, Transition.TRANSITION_DEACTIVATE)
+            assert _state(env) == State.PRIMARY_STATE_INACTIVE
+            assert _transition(env, Transition.TRANSITION_ACTIVATE)
+            assert _state(env) == State.PRIMARY_STATE_ACTIVE
+            assert _more(col, 3), "no results after re-activation"
+    finally:
+        stop(cam)
+    assert env["node"].poll() is None
+
+
+def test_model_folder_disappears_between_deactivate_and_activate(env):
+    from lifecycle_msgs.msg import State, Transition
+
+    col = env["col"]
+    model = env["model"]
+    assert _transition(env, Transition.TRANSITION_DEACTIVATE)
+    gone = model.with_name("model_moved_away")
+    model.rename(gone)
+    try:
+        assert not _transition(env, Transition.TRANSITION_ACTIVATE)   # refused, clearly
+        assert _state(env) == State.PRIMARY_STATE_INACTIVE
+        d = _node_diag(col, lambda v: v.get("activate_failures") == "1")
+        assert d.get("activate_failures") == "1" and d["model_loaded"] == "false", d
+    finally:
+        gone.rename(model)
+    assert _transition(env, Transition.TRANSITION_ACTIVATE)            # and back
+    cam = _camera()
+    try:
+        assert _more(col, 3)
+    finally:
+        stop(cam)
+
+
+def test_sigterm_mid_stream_is_a_clean_exit(tmp_path_factory, tmp_path):
+    from photon_ros.msg import DetectionArray
+
+    model = tiny_model_dir(tmp_path_factory.getbasetemp())
+    cfg = write_config(tmp_path / "term.yaml", {**CONFIG, "front": {**CONFIG["front"],
+                                                                    "topic": "/term/image"}})
+    node = spawn_node("-p", f"model:={model}", "-p", f"params_file:={cfg}", name="term_node")
+    col = Collector("photon_test_term")
+    cam = None
+    try:
+        col.listen(DetectionArray, "/front/detections")
+        cam = spawn_camera("--topic", "/term/image", "--fps", "15", "--stamp0", "now")
+        assert wait_for(lambda: len(col.msgs("/front/detections")) >= 3, timeout=90)
+        t0 = time.monotonic()
+        node.send_signal(signal.SIGTERM)
+        rc = node.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        if cam is not None:
+            stop(cam)
+        col.close()
+        out = stop(node)
+    assert rc == 0 and "Traceback" not in out, f"rc {rc}\n{out[-3000:]}"
+    assert took < 15, took
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_replay_interrupted_mid_bag_leaves_a_readable_bag(tmp_path_factory, tmp_path, sig):
+    from photon_ros.bag_io import BagReader
+    from photon_ros.sample_bag import make_sample_bag
+
+    model = tiny_model_dir(tmp_path_factory.getbasetemp())
+    bag = tmp_path / "in"
+    make_sample_bag(bag, seconds=30.0, fps=10.0, width=320, height=240)
+    cfg = write_config(tmp_path / "r.yaml", {"cameras": ["front"], "front": {
+        "topic": "/camera/image_raw", "tasks": ["people"],
+        "people": {"skill": "detect", "object": "person", "max_objects": 2}}})
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "photon_core.cli", "replay", str(bag), "--params",
+                          str(cfg), "--out", str(out), "--model", str(model), "--no-progress"],
+                         cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        # mid-stream: the output bag exists and the replay has been running for a while
+        assert wait_for(lambda: any(out.glob("*.mcap")), timeout=90)
+        time.sleep(4.0)
+        assert p.poll() is None, "the replay ended before it could be interrupted"
+        p.send_signal(sig)
+        text = p.communicate(timeout=60)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert "Traceback" not in text, text[-3000:]
+    assert p.returncode != 0 and "interrupted" in text, (p.returncode, text[-2000:])
+    summary = json.loads((out / "replay_summary.json").read_text())
+    assert summary["error"] == "interrupted" and 0 < summary["results"] < 300, summary
+    with BagReader(out) as r:                               # closed: metadata + footer
+        assert not r.salvaged
+        n = sum(1 for m in r.messages() if m.topic == "/front/detections")
+    assert n == summary["results"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "node bug: a periodic detect/point task cancelled at its deadline (on_miss=cancel, "
+    "status 'deadline', no result published) is counted nowhere in the camera diagnostics, "
+    "so tasks_submitted != published + superseded + skipped + cancelled + errors (bench_soak "
+    "--on-miss cancel --deadline-ms 200 shows 'unaccounted'). Fix: in _on_outcome count "
+    "status 'deadline' without a published result as 'deadline_cancelled' and list it in "
+    "the diagnostics keys."))
+def test_deadline_cancelled_periodic_tasks_are_counted():
+    import rclpy
+    from sensor_msgs.msg import Image
+
+    from photon_core.scheduler.request import Outcome, Status
+    from photon_core.task import Task, TaskResult
+    from photon_ros import perception_node as pn
+    from photon_ros.pipeline import PerceptionPipeline
+    from photon_ros.task_config import config_from_params
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    node = pn.PerceptionNode("flt_unit", context=ctx)
+    try:
+        cfg = config_from_params(CONFIG)
+        node._cfg = cfg
+        node.pipeline = PerceptionPipeline(cfg, None, model_id="")
+        node._cams = {"front": pn.CameraState("front")}
+        task = Task("detect", object="person", max_objects=2)
+        partial = TaskResult(task=task, output={"objects": []}, finish_reason="deadline")
+        o = Outcome(request_id=1, stream="front", stamp=(0, 1.0), task_name="people",
+                    kind="periodic", status=Status.DEADLINE, result=partial, missed_deadline=True)
+        node._on_outcome("front", Image().header, (0, 1.0), 64, 48, o)
+        c = node._cams["front"].stats.snapshot(time.monotonic())["counts"]
+        accounted = sum(c.get(k, 0) for k in ("results_published", "superseded", "skipped",
+                                              "cancelled", "error.engine", "deadline_cancelled"))
+        assert accounted == 1, c
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=ctx)
