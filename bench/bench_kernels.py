@@ -9,7 +9,7 @@ cuBLAS fast path, all in one run, real Moondream 2 shapes, random bf16 weights.
      graphs of back-to-back launches; each config's output diffed against fp32 torch. The
      fastest config per (shape, batch 1 | batch > 1) goes into gemv.TABLE for step 4;
   3. the decode attention kernel alone (rope + KV write + split attention + combine);
-  4. the decode step: previous fast path (decode_step.FUSED="off", cuBLAS + SDPA) vs fused,
+  4. the decode step: previous fast path (EngineOptions fused="off", cuBLAS + SDPA) vs fused,
      graph replay (lm + forward) at batch 1/2/4/8 and the pipelined loop at 1 and 8, the
      bandwidth floor, kernels per step (profiler);
   5. GPU correctness, bf16: logits of the same state (fused vs previous), greedy tokens of
@@ -343,11 +343,9 @@ def main():
         say("attention failed: " + traceback.format_exc())
     engines = {}
     for mode in ("off", "on"):
-        ds.FUSED = mode
         t0 = time.perf_counter()
-        engines[mode] = FastEngine(model, max_batch=8, kv_capacity=args.kv)
-        say(f"engine FUSED={mode}: build + capture {time.perf_counter() - t0:.1f} s")
-    ds.FUSED = "auto"
+        engines[mode] = FastEngine(model, max_batch=8, kv_capacity=args.kv, fused=mode)
+        say(f"engine fused={mode}: build + capture {time.perf_counter() - t0:.1f} s")
     prev, fused = engines["off"], engines["on"]
     assert fused.state.fused is not None and prev.state.fused is None
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)

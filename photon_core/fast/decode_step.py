@@ -27,25 +27,24 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ..moondream import region as mdregion
-from ..moondream.rope import rope_angles
+from ..models.moondream2 import region as mdregion
+from ..models.moondream2.rope import rope_angles
 from .static_kv_cache import StaticKVCache
 
 PHASE_TEXT, PHASE_X, PHASE_Y, PHASE_SIZE = 0, 1, 2, 3
-ATTENTION = "auto"        # "sdpa" | "matmul" | "auto" (SDPA on CUDA, matmul on the CPU)
-# "auto": the fused Triton decoder + lm head (fused_step.py) on CUDA for bf16/fp16 models when
-# triton imports; the torch step elsewhere (the CPU, and fp32, where outputs must equal the
-# reference path's bit for bit). "on" / "off" force it (the bench compares both).
-FUSED = "auto"
 OUT_TOKEN, OUT_COORD, OUT_W, OUT_H = 0, 1, 2, 3
 
 
 class StepState:
     """Preallocated device state for `rows` batch slots (written only by start() and steps)."""
 
-    def __init__(self, model, rows: int, kv: StaticKVCache, deterministic: bool = False):
+    def __init__(self, model, rows: int, kv: StaticKVCache, options=None):
+        from ..engine import EngineOptions
+        options = options or EngineOptions()
         cfg, w = model.config, model.weights
         dev, dt = w.device, w.dtype
+        self.options = options
+        self.sdpa = use_sdpa(options.attention, dev)
         self.rows, self.kv = rows, kv
         self.cfg, self.w = cfg, w
         self.hidden = torch.zeros(rows, cfg.text.dim, device=dev, dtype=dt)
@@ -71,10 +70,11 @@ class StepState:
                                        dtype=torch.float64).to(device=dev, dtype=dt)
         self.generators: list = [None] * rows      # eager (CPU) seeded sampling, per row
         self.fused = None
-        if use_fused(dev, dt):
+        if use_fused(options.fused, dev, dt):
             from .fused_step import FusedDecoder
             self.fused = FusedDecoder(model, rows, kv, coord_table=self.coord_table,
-                                      size_table=self.size_table, deterministic=deterministic)
+                                      size_table=self.size_table,
+                                      deterministic=options.deterministic)
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, is_detect: bool,
                 temperature: float, top_p: float, generator=None,
@@ -95,11 +95,14 @@ class StepState:
         self.generators[row] = generator
 
 
-def use_fused(device, dtype) -> bool:
-    if FUSED == "off":
+def use_fused(fused: str, device, dtype) -> bool:
+    """EngineOptions.fused: "auto" = the fused Triton decoder + lm head (fused_step.py) on CUDA
+    for bf16/fp16 models when triton imports; the torch step elsewhere (the CPU, and fp32,
+    where outputs must equal the reference path's bit for bit). "on" / "off" force it."""
+    if fused == "off":
         return False
     from .kernels import HAVE_TRITON
-    if FUSED == "on":
+    if fused == "on":
         return HAVE_TRITON
     return (HAVE_TRITON and torch.device(device).type == "cuda"
             and dtype in (torch.bfloat16, torch.float16))
@@ -158,7 +161,7 @@ def lm_sample(st: StepState, b: int) -> None:
 def lm_sample_eager(st: StepState, b: int) -> None:
     """CPU path: each sampling row draws with its own seeded generator, exactly like the
     reference (photon_core.moondream.sampling.sample on that row's logits)."""
-    from ..moondream.sampling import sample
+    from ..models.moondream2.sampling import sample
 
     logits = _lm_logits(st, b)
     toks = logits.argmax(dim=-1)
@@ -240,8 +243,9 @@ def rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, perm: torch.Tensor) 
                          s).to(x.dtype)
 
 
-def use_sdpa(device: torch.device) -> bool:
-    return ATTENTION == "sdpa" or (ATTENTION == "auto" and device.type == "cuda")
+def use_sdpa(attention: str, device) -> bool:
+    """EngineOptions.attention: "sdpa" | "matmul" | "auto" (SDPA on CUDA, matmul on the CPU)."""
+    return attention == "sdpa" or (attention == "auto" and torch.device(device).type == "cuda")
 
 
 def attend(q, keys, values, mask, sdpa: bool) -> torch.Tensor:
@@ -271,7 +275,7 @@ def decoder_step(st: StepState, x: torch.Tensor, b: int, attn_len: int) -> torch
     rows = st.row_ids[:b]
     pos_w = pos.clamp(max=kv.capacity - 1)
     visible = st.key_ids[None, :attn_len] <= pos[:, None]                   # [b, L]
-    sdpa = use_sdpa(x.device) or nh != nkv
+    sdpa = st.sdpa or nh != nkv
     if sdpa:
         mask = visible[:, None, None, :]
     else:

@@ -23,8 +23,8 @@ from typing import Callable
 
 import torch
 
-from ..moondream import region, text
-from ..moondream.streaming import TextStreamer
+from ..models.moondream2 import region, text
+from ..models.moondream2.streaming import TextStreamer
 from ..task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
 from .decode_step import OUT_COORD, OUT_H, OUT_TOKEN, OUT_W, PHASE_SIZE, PHASE_TEXT, PHASE_X, PHASE_Y
 

@@ -3,9 +3,6 @@ block instead of ~23, and a GEMV that streams the weights at (near) copy bandwid
 
 Per block (Phi parallel block, h = x + attn(LN(x)) + mlp(LN(x))), over the bucket's rows:
   1. layernorm:   h = LN(x)                       (x: the fp32 residual stream)
-                  or folded into step 2 (FOLD_LN, off by default: measured slower on the
-                  H200): every GEMV program computes the row statistics of x itself and
-                  normalizes x on the fly while streaming K
   2. gemv W1:     u[:, qkv] = h Wqkv^T + bqkv ;  u[:, g] = gelu_tanh(h Wfc1^T + bfc1)
                   (W1 = [Wqkv; Wfc1], one weight stream)
   3. attention:   rotary on q/k, k/v written into the static cache at the row's position,
@@ -13,7 +10,6 @@ Per block (Phi parallel block, h = x + attn(LN(x)) + mlp(LN(x))), over the bucke
   4. combine:     u[:, a] = attention output (the splits merged)
   5. gemv W2:     x += [a | g] [Wproj | Wfc2]^T + (bproj + bfc2)   (W2 = [Wproj, Wfc2])
 The u buffer is laid out [qkv | a | g] so that [a | g] is one contiguous K range.
-The lm head's post_ln is folded into its GEMV the same way.
 
 Around the blocks, the step's glue is one launch each instead of ~40 small torch kernels:
 feed() (the sampled token / coordinate / size -> next input embedding, by phase),
@@ -27,11 +23,9 @@ its own), built once.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from ..moondream.rope import rope_angles
+from ..models.moondream2.rope import rope_angles
 from .kernels import GEMV_MAX_ROWS
 from .kernels.decode_attention import AttentionScratch, decode_attention
 from .kernels.feedback_embedding import FeedbackWeights, feedback_embedding
@@ -41,21 +35,15 @@ from .kernels.masked_argmax import masked_argmax
 from .kernels.row_advance import row_advance
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
-# LayerNorm folded into the GEMV that consumes it (per-block LN and the lm head's post_ln).
-# Off by default: on the H200 the folded GEMV made the batch-1 step 1.50 ms vs 1.09 ms with
-# the separate layernorm kernel (docs/benchmarks.md). PHOTON_FOLD_LN=1 turns it on; read when
-# a FusedDecoder is built.
-FOLD_LN = os.environ.get("PHOTON_FOLD_LN", "0") == "1"
 
 
 class FusedDecoder:
     def __init__(self, model, rows: int, kv, attn_chunk: int = ATTN_CHUNK,
-                 fold_ln: bool | None = None, coord_table: torch.Tensor | None = None,
+                 coord_table: torch.Tensor | None = None,
                  size_table: torch.Tensor | None = None, deterministic: bool = False):
         cfg, w = model.config.text, model.weights
         dev, dt = w.device, w.dtype
         self.cfg, self.kv, self.rows = cfg, kv, rows
-        self.fold_ln = FOLD_LN if fold_ln is None else fold_ln
         # no split-K GEMV (its fp32 atomics add in a varying order): bitwise repeatable steps
         self.deterministic = deterministic
         hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
@@ -108,13 +96,8 @@ class FusedDecoder:
             x.copy_(x_in)
         a_off = self.n_qkv
         for i in range(cfg.n_layers):
-            if self.fold_ln:
-                gemv(x, self.w1[i], self.b1[i], u, EPI_QKV_GELU, n_split=self.n_qkv,
-                     gap=nh * hd, ln=self.ln[i])
-            else:
-                layer_norm(x, *self.ln[i], h)
-                gemv(h, self.w1[i], self.b1[i], u, EPI_QKV_GELU, n_split=self.n_qkv,
-                     gap=nh * hd)
+            layer_norm(x, *self.ln[i], h)
+            gemv(h, self.w1[i], self.b1[i], u, EPI_QKV_GELU, n_split=self.n_qkv, gap=nh * hd)
             kc, vc = self.kv.data[i, 0], self.kv.data[i, 1]
             decode_attention(u, pos, self.cos, self.sin, kc, vc, u[:, a_off:], self.scratch,
                              nh, nkv, hd)
@@ -124,9 +107,6 @@ class FusedDecoder:
 
     def lm_logits(self, hidden: torch.Tensor, b: int) -> torch.Tensor:
         """post_ln + lm_head of hidden [b, dim] -> logits [b, vocab] (a view of a buffer)."""
-        if self.fold_ln:
-            return gemv(hidden, self.lm_w, self.lm_b, self.logits[:b], EPI_STORE,
-                        ln=self.post_ln)
         h = self.h[:b]
         layer_norm(hidden, *self.post_ln, h)
         return gemv(h, self.lm_w, self.lm_b, self.logits[:b], EPI_STORE)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..moondream.rope import apply_rope, rope_angles
+from ..models.moondream2.rope import apply_rope, rope_angles
 from .kernels import GEMV_MAX_ROWS
 
 BUCKETS = (8, 16, 32, 64, 128)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..moondream.kv_cache import KVCache
+from ..models.moondream2.kv_cache import KVCache
 
 
 class StaticKVCache:

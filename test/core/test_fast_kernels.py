@@ -167,11 +167,9 @@ def test_decode_attention(nh, nkv, fuse):
     assert torch.equal(kc[3], data[0, 3])             # a row outside the bucket is untouched
 
 
-@pytest.mark.parametrize("fold_ln", [True, False], ids=["ln_folded", "ln_kernel"])
-def test_fused_decoder_matches_torch_step(fold_ln):
+def test_fused_decoder_matches_torch_step():
     """The fused decoder (fused_step.py) vs decode_step.decoder_step on the tiny fp32 model:
-    same hidden states and the same k/v written, rows at different positions; LayerNorm
-    folded into the GEMVs (default) or as its own kernel."""
+    same hidden states and the same k/v written, rows at different positions."""
     from photon_core.fast import decode_step as ds
     from photon_core.fast.fused_step import FusedDecoder
     from photon_core.fast.static_kv_cache import StaticKVCache
@@ -191,8 +189,7 @@ def test_fused_decoder_matches_torch_step(fold_ln):
     st.pos.copy_(torch.tensor([5, 40]))
     x = torch.randn(rows, cfg.dim, generator=torch.Generator().manual_seed(5))
     ref = ds.decoder_step(st, x.clone(), rows, cap)
-    fd = FusedDecoder(m, rows, kv2, attn_chunk=32, fold_ln=fold_ln)
-    assert fd.fold_ln == fold_ln
+    fd = FusedDecoder(m, rows, kv2, attn_chunk=32)
     got = fd.decoder(x.clone(), st.pos, rows)
     _close(got, ref, 2e-4)
     _close(kv2.data, kv.data, 2e-4)
@@ -214,11 +211,7 @@ def test_fast_engine_with_fused_kernels_matches_reference():
 
     m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0,
                            eos_bias=TEST_EOS_BIAS["fast"])
-    ds.FUSED = "on"
-    try:
-        fe = FastEngine(m, max_batch=2)
-    finally:
-        ds.FUSED = "auto"
+    fe = FastEngine(m, max_batch=2, fused="on")
     assert fe.state.fused is not None
     enc = m.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3),
                                                            dtype=np.uint8))
@@ -336,6 +329,7 @@ def test_fused_prompt_prefill_matches_torch_prefill(length):
     """graphed_prefill.py with the fused kernels (buckets <= FUSED_MAX_T; 20 tokens takes the
     torch bucket of 32) vs the torch prefill over the same cache contents: the last hidden
     state and the k/v written (fp32 tiny model, interpreted kernels)."""
+    from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
     from photon_core.fast.graphed_prefill import GraphedPrefill
     from photon_core.fast.static_kv_cache import StaticKVCache
@@ -349,11 +343,7 @@ def test_fused_prompt_prefill_matches_torch_prefill(length):
         kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, 2, 64, cfg.head_dim, "cpu",
                            torch.float32)
         kv.data.normal_(generator=torch.Generator().manual_seed(6))   # an "image prefix"
-        ds.FUSED = mode
-        try:
-            st = ds.StepState(m, 2, kv)
-        finally:
-            ds.FUSED = "auto"
+        st = ds.StepState(m, 2, kv, EngineOptions(fused=mode))
         pf = GraphedPrefill(st, use_graphs=False)
         assert (pf.fused is not None) == (mode == "on")
         prompt = torch.randint(0, cfg.vocab_size, (length,),
@@ -405,11 +395,7 @@ def test_fast_engine_deterministic_flag_reaches_the_fused_gemvs(monkeypatch):
     monkeypatch.setattr(G, "gemv", spy)
     m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0,
                            eos_bias=TEST_EOS_BIAS["fast"])
-    ds.FUSED = "on"
-    try:
-        fe = FastEngine(m, max_batch=2, deterministic=True)
-    finally:
-        ds.FUSED = "auto"
+    fe = FastEngine(m, max_batch=2, deterministic=True, fused="on")
     assert fe.state.fused.deterministic and fe.metrics()["deterministic"]
     enc = m.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3),
                                                            dtype=np.uint8))

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
+from ...task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
 from . import region, text
 from .kv_cache import KVCache
 from .sampling import sample
