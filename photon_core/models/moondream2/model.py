@@ -122,6 +122,12 @@ class MoondreamModel:
             raise ValueError("this EncodedImage was made by a different model")
         return TaskRun(self, enc, task, stream, ignore_eos)
 
+    def step_spec(self):
+        """The runtime's plugin view of this model: step program, phase table, feedback
+        tables (program.py, skill_protocol.py)."""
+        from .program import step_spec
+        return step_spec(self)
+
     def count_prompt_tokens(self, task: Task) -> int:
         return len(self.tokenizer.prompt(task.skill, task.target))
 
