@@ -211,10 +211,10 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                    y: torch.Tensor, epi: int = EPI_STORE, n_split: int = 0,
                    gap: int = 0) -> torch.Tensor:
     """What gemv() writes into y, in torch (the kernel's test oracle)."""
-    dt = w.dtype if epi == EPI_RESIDUAL else y.dtype
+    dt = y.dtype
     acc = F.linear(x.to(w.dtype).float(), w.float(), None if bias is None else bias.float())
     if epi == EPI_RESIDUAL:
-        y += acc
+        y[:, :acc.shape[1]] += acc
     elif epi == EPI_QKV_GELU:
         t = acc.to(dt)
         y[:, :n_split] = t[:, :n_split]
