@@ -73,7 +73,7 @@ class EagerBackend:
                 rows: torch.Tensor) -> torch.Tensor:
         """x [b, dim] at positions pos [b] through the program (k/v into the state cache)."""
         a, kv = self.program.attention, self.kv
-        rc, rs = rope_tables(pos, a.rot_dim, a.head_dim)
+        rc, rs = rope_tables(pos, a.rot_dim, a.head_dim, a.theta)
         pos_w = pos.clamp(max=kv.capacity - 1)
         mask = decode_mask(pos, self.key_ids, attn_len, a.n_heads, x.dtype, self.sdpa)
 
@@ -113,7 +113,7 @@ class EagerBackend:
     def prefill(self, x: torch.Tensor, row: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x [T, dim] (the prompt's embeddings) at positions pos [T] of row `row` ([1])."""
         a, kv = self.program.attention, self.kv
-        cos, sin = rope_angles(pos, a.rot_dim)
+        cos, sin = rope_angles(pos, a.rot_dim, a.theta)
         pos_w = pos.clamp(max=kv.capacity - 1)
         mask_add = prefill_mask(pos, self.key_ids)
 

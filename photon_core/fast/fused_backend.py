@@ -53,7 +53,7 @@ class FusedBackend:
         a = p.attention
         self.layer_slot = {layer: i for i, layer in enumerate(p.kv_layers)}
         self.cos, self.sin = (t.contiguous() for t in rope_angles(
-            torch.arange(kv.capacity + 1, device=dev), a.rot_dim))
+            torch.arange(kv.capacity + 1, device=dev), a.rot_dim, a.theta))
         self.key_ids = torch.arange(kv.capacity, device=dev)
         # buffers of one pass, for up to GEMV_MAX_ROWS rows: a decode step's bucket, or the
         # tokens of a short prompt (the prefill uses them too)
@@ -245,7 +245,7 @@ class FusedBackend:
         attention with the op's torch reference; returns the fp32 residual [T, dim]."""
         a, kv = self.program.attention, self.kv
         T = x.shape[0]
-        cos, sin = rope_angles(pos, a.rot_dim)
+        cos, sin = rope_angles(pos, a.rot_dim, a.theta)
         pos_w = pos.clamp(max=kv.capacity - 1)
         mask_add = prefill_mask(pos, self.key_ids)
 

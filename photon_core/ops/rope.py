@@ -57,11 +57,11 @@ def rope_perms(rot_dim: int, head_dim: int, device=None) -> torch.Tensor:
     return torch.tensor([a + rest, b + rest], device=device)
 
 
-def rope_tables(pos: torch.Tensor, rot_dim: int, head_dim: int):
+def rope_tables(pos: torch.Tensor, rot_dim: int, head_dim: int, theta: float = 10000.0):
     """Full-width fp32 tables for rope(): C = [cos_0, cos_0, cos_1, cos_1, .., 1..],
     S = [-sin_0, sin_0, -sin_1, sin_1, .., 0..] ([b, 1, 1, head_dim]), built once per step
     from rope_angles."""
-    cos, sin = rope_angles(pos, rot_dim)                      # [b, rot/2]
+    cos, sin = rope_angles(pos, rot_dim, theta)               # [b, rot/2]
     b, half = cos.shape
     one = torch.ones(b, head_dim - 2 * half, device=pos.device)
     zero = torch.zeros_like(one)
