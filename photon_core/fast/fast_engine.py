@@ -76,8 +76,9 @@ class FastEngine:
         if kv_capacity is None:
             kv_capacity = min(cfg.max_context, DEFAULT_GPU_KV_CAPACITY) if self.cuda \
                 else cfg.max_context
-        self.kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, max_batch, kv_capacity,
-                                cfg.head_dim, dev, model.dtype)
+        # the state the family's step program declares (k/v rows, recurrent rows)
+        self.kv = StaticKVCache.for_program(model.step_spec().program, max_batch, kv_capacity,
+                                            dev, model.dtype)
         # deterministic: the same inputs give the same bits on every run (no split-K atomics
         # in the fused GEMVs; a few % slower per step, docs/benchmarks.md)
         self.deterministic = deterministic

@@ -127,7 +127,7 @@ def reference_generate(w, prompt: list[int], n: int) -> tuple[list[int], torch.T
 # -- the runtime, unchanged --------------------------------------------------------------------
 def runtime_generate(model, prompts: list[list[int]], n: int, fused: str):
     rows, cap = 4, 32
-    kv = StaticKVCache(LAYERS, NKV, rows, cap, HD, "cpu", torch.float32)
+    kv = StaticKVCache.for_program(toy_program(), rows, cap, "cpu", torch.float32)
     st = StepState(model, rows, kv, EngineOptions(fused=fused))
     assert (st.fused is not None) == (fused == "on")
     prefill = GraphedPrefill(st, use_graphs=False)
@@ -166,3 +166,29 @@ def test_toy_family_runs_on_the_runtime_and_matches_its_reference(fused):
         assert got[r] == ref_tokens, (r, got[r], ref_tokens)
         err = (hidden[r] - ref_hidden).abs().max().item()
         assert err <= 1e-4 * (1 + ref_hidden.abs().max().item()), err
+
+
+def test_state_cache_holds_what_the_program_declares():
+    """A program's state (k/v layers and recurrent layers) sizes the state cache, and a
+    PrefixState of any length with recurrent states loads into a row."""
+    import dataclasses
+
+    from photon_core.engine import PrefixState
+
+    prog = dataclasses.replace(toy_program(), state=(LayerState("kv", 0), LayerState(
+        "recurrent", 1, (NKV, HD, HD)), LayerState("kv", 2)))
+    cache = StaticKVCache.for_program(prog, rows=3, capacity=40, device="cpu",
+                                      dtype=torch.float32)
+    assert cache.data.shape == (2, 2, 3, NKV, 40, HD)
+    assert [t.shape for t in cache.recurrent] == [(3, NKV, HD, HD)]
+    for t in (7, 23):                                   # a variable number of prefix tokens
+        kv = torch.randn(2, 2, 1, NKV, t, HD)
+        rec = (torch.randn(NKV, HD, HD),)
+        start = cache.load_prefix(1, PrefixState(model_id="toy", kv=kv, recurrent=rec))
+        assert start == t and torch.equal(cache.data[:, :, 1, :, :t], kv[:, :, 0])
+        assert torch.equal(cache.recurrent[0][1], rec[0])
+    with pytest.raises(ValueError, match="recurrent"):
+        cache.load_prefix(0, PrefixState(model_id="toy", kv=kv))
+    with pytest.raises(ValueError, match="does not fit"):
+        cache.load_prefix(0, PrefixState(model_id="toy", kv=torch.zeros(2, 2, 1, NKV, 41, HD),
+                                         recurrent=rec))
