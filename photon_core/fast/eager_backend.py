@@ -5,20 +5,15 @@ bit for bit: the ops are the reference's torch calls in the reference's order.""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..ops.decode_attention import (decode_attention_reference, decode_mask,
                                     prefill_attention_reference)
 from ..ops.feedback_embedding import (FeedbackWeights, feedback_embedding_reference,
                                       token_embedding_reference)
-from ..ops.layernorm import layer_norm_reference, rms_norm_reference
+from ..ops.eager import ACTS, run_ops
 from ..ops.masked_argmax import masked_argmax_reference
 from ..ops.rope import rope_angles, rope_perms, rope_tables
 from ..ops.row_advance import row_advance_reference
-from ..program import Op, Program
-
-ACTS = {None: lambda t: t, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-        "silu": F.silu}
 
 
 class EagerBackend:
@@ -35,38 +30,8 @@ class EagerBackend:
                                          dict(fb.weights))
                          if fb.kind == "moondream_region" else dict(fb.weights))
 
-    # -- the ops ------------------------------------------------------------------------
-    def _bias(self, name: str):
-        return self.w.get(name + ".bias")
-
-    def _op(self, op: Op, env: dict, attend) -> None:
-        k = op.kind
-        if k == "norm":
-            x, wname = env[op.src[0]], op.weights[0]
-            env[op.dst[0]] = (layer_norm_reference(x, self.w[wname + ".weight"],
-                                                   self._bias(wname), op.eps)
-                              if op.norm == "layer" else
-                              rms_norm_reference(x, self.w[wname + ".weight"], op.eps))
-        elif k == "linear":
-            x = env[op.src[0]]
-            for dst, wname, act in zip(op.dst, op.weights, op.acts):
-                env[dst] = ACTS[act](F.linear(x, self.w[wname + ".weight"], self._bias(wname)))
-        elif k == "attention":
-            env[op.dst[0]] = attend(self.layer_slot[op.layer], env[op.src[0]])
-        elif k == "residual":
-            x = env[op.dst[0]]
-            for src, wname in zip(op.src, op.weights):
-                x = x + F.linear(env[src], self.w[wname + ".weight"], self._bias(wname))
-            env[op.dst[0]] = x
-        elif k == "act_mul":
-            env[op.dst[0]] = ACTS[op.acts[0]](env[op.src[0]]) * env[op.src[1]]
-        else:
-            raise ValueError(f"the eager backend has no op {k!r}")
-
     def run(self, ops, env: dict, attend=None) -> dict:
-        for op in ops:
-            self._op(op, env, attend)
-        return env
+        return run_ops(ops, env, self.w, attend, self.layer_slot)
 
     # -- a decode step ------------------------------------------------------------------
     def decoder(self, x: torch.Tensor, pos: torch.Tensor, b: int, attn_len: int,
@@ -131,4 +96,4 @@ def prefill_mask(pos: torch.Tensor, key_ids: torch.Tensor) -> torch.Tensor:
                                                         float("-inf"))
 
 
-__all__ = ["EagerBackend", "Program", "prefill_mask"]
+__all__ = ["ACTS", "EagerBackend", "prefill_mask"]

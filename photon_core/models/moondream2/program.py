@@ -20,7 +20,7 @@ import torch
 from ...program import (AttentionSpec, Feedback, Head, LayerState, Program,
                              ProgramBuilder, StepSpec)
 from . import region
-from .config import MoondreamConfig
+from .config import MoondreamConfig, TextConfig
 from .skill_protocol import NEXT_PHASE, OUT_COORD, OUT_TOKEN, OUT_W
 
 
@@ -31,10 +31,9 @@ def _mlp_head(name: str) -> tuple:
     return b.build()
 
 
-def step_program(config: MoondreamConfig) -> Program:
-    t, r = config.text, config.region
-    hd, nh, nkv = t.head_dim, t.n_heads, t.n_kv_heads
-    n_qkv = (nh + 2 * nkv) * hd
+def decoder_ops(t: TextConfig) -> tuple:
+    """The text decoder's blocks as ops: the one description of a Moondream 2 block (the
+    reference text.decoder runs it too)."""
     b = ProgramBuilder()
     for i in range(t.n_layers):
         p = f"text.blocks.{i}"
@@ -42,6 +41,13 @@ def step_program(config: MoondreamConfig) -> Program:
         b.linear("h", ["qkv", "g"], [p + ".attn.qkv", p + ".mlp.fc1"], [None, "gelu_tanh"])
         b.attention("qkv", "a", layer=i)
         b.residual(["a", "g"], [p + ".attn.proj", p + ".mlp.fc2"])
+    return b.build()
+
+
+def step_program(config: MoondreamConfig) -> Program:
+    t, r = config.text, config.region
+    hd, nh, nkv = t.head_dim, t.n_heads, t.n_kv_heads
+    n_qkv = (nh + 2 * nkv) * hd
     lm = ProgramBuilder()
     lm.norm("hidden", "h", "text.post_ln")
     lm.linear("h", ["logits"], ["text.lm_head"])
@@ -52,7 +58,7 @@ def step_program(config: MoondreamConfig) -> Program:
                  ("u", (("qkv", n_qkv), ("a", nh * hd), ("g", t.ff_dim))),
                  ("head", (("head_h", r.inner_dim),)),
                  ("logits", (("logits", head_ff),))),
-        ops=b.build(),
+        ops=decoder_ops(t),
         attention=AttentionSpec(nh, nkv, hd, t.rot_dim),
         state=tuple(LayerState("kv", i) for i in range(t.n_layers)),
         heads=(("lm", Head(lm.build(), "logits", OUT_TOKEN, mask_answer=True)),
