@@ -176,16 +176,13 @@ def e2e(engine_or_model, frame, task, iters, fast=True):
 
 
 def attention_variants(model, kv):
-    from photon_core.fast import decode_step as ds
     res = {}
     for variant in ("sdpa", "matmul"):
-        ds.ATTENTION = variant
-        eng = FastEngine(model, max_batch=1, kv_capacity=kv)
+        eng = FastEngine(model, max_batch=1, kv_capacity=kv, attention=variant)
         res[variant] = graph_step_ms(eng, 1)
         eng.close()
         del eng
         torch.cuda.empty_cache()
-    ds.ATTENTION = "auto"
     return res
 
 
@@ -360,7 +357,7 @@ def main():
     out["graphs"] = len(engine.runner.graphs)
     out["fused_step"] = engine.state.fused is not None
     say(f"FastEngine build + capture of {out['graphs']} graphs: {out['warmup_capture_ms']:.0f} ms"
-        f"; fused Triton step (decode_step.FUSED={__import__('photon_core.fast.decode_step', fromlist=['x']).FUSED}): "
+        f"; fused Triton step (EngineOptions.fused={engine.options.fused}): "
         f"{out['fused_step']}")
     wbytes = decoder_weight_bytes(model)
     out["decoder_weight_GB"] = wbytes / 1e9

@@ -175,17 +175,16 @@ def main():
         entry = next(iter(fe.encoder.entries.values()))
         res = {"graphed_encoder_replay_ms": cuda_ms(entry.graph.replay, it)}
         res["encode_reference_ms"] = wall_ms(lambda: m.encode_image(frame), it)
-        import photon_core.moondream.model as MM
-        saved = MM.CROPS_ON_DEVICE
+        saved = m.crops_on_device
         try:
             for label, val in (("cpu", False), ("gpu", True)):
-                MM.CROPS_ON_DEVICE = val
+                m.crops_on_device = val
                 res[f"encode_fast_{label}_crops_ms"] = wall_ms(lambda: fe.encode_image(frame),
                                                                it)
                 res[f"kv_equal_{label}"] = bool(torch.equal(fe.encode_image(frame).kv,
                                                             enc.kv))
         finally:
-            MM.CROPS_ON_DEVICE = saved
+            m.crops_on_device = saved
         res["encode_fast_default_ms"] = wall_ms(lambda: fe.encode_image(frame), it)
         fe.close()
         return res

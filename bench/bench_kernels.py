@@ -1,4 +1,4 @@
-"""Fused decode-step kernels on the GPU (photon_core/fast/kernels, fused_step.py) vs the
+"""Fused decode-step kernels on the GPU (photon_core/ops, fast/fused_backend.py) vs the
 cuBLAS fast path, all in one run, real Moondream 2 shapes, random bf16 weights.
 
   1. copy bandwidth (device-to-device, read + write);
@@ -9,7 +9,7 @@ cuBLAS fast path, all in one run, real Moondream 2 shapes, random bf16 weights.
      graphs of back-to-back launches; each config's output diffed against fp32 torch. The
      fastest config per (shape, batch 1 | batch > 1) goes into gemv.TABLE for step 4;
   3. the decode attention kernel alone (rope + KV write + split attention + combine);
-  4. the decode step: previous fast path (decode_step.FUSED="off", cuBLAS + SDPA) vs fused,
+  4. the decode step: previous fast path (EngineOptions fused="off", cuBLAS + SDPA) vs fused,
      graph replay (lm + forward) at batch 1/2/4/8 and the pipelined loop at 1 and 8, the
      bandwidth floor, kernels per step (profiler);
   5. GPU correctness, bf16: logits of the same state (fused vs previous), greedy tokens of
@@ -39,7 +39,7 @@ from bench.bench_decode import (copy_bandwidth, decoder_weight_bytes, graph_step
                                 kv_bytes, loop_step, profile_step)
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.fast import decode_step as ds  # noqa: E402
-from photon_core.fast.kernels import gemv as G  # noqa: E402
+from photon_core.ops import gemv as G  # noqa: E402
 from photon_core.moondream.config import MoondreamConfig  # noqa: E402
 from photon_core.moondream.model import build_random_model  # noqa: E402
 from photon_core.task import Task  # noqa: E402
@@ -213,24 +213,25 @@ def sweep(bw):
 
 
 def attention_alone(model, kv_cap):
-    from photon_core.fast.fused_step import FusedDecoder
-    from photon_core.fast.kernels.decode_attention import decode_attention
+    from photon_core.fast.fused_backend import FusedBackend
     from photon_core.fast.static_kv_cache import StaticKVCache
+    from photon_core.ops.decode_attention import AttentionScratch, decode_attention
     cfg = model.config.text
     kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, 8, kv_cap, cfg.head_dim, "cuda",
                        torch.bfloat16)
     kv.data.normal_()
-    from photon_core.fast.kernels.decode_attention import AttentionScratch
-    fd = FusedDecoder(model, 8, kv)
-    fd.u.normal_()
+    fd = FusedBackend(model.step_spec(), model.weights, kv, 8)
+    u = fd.bufs["u"]
+    u.normal_()
+    a_off = fd.program.segment("a")[1]
     out = {}
     for chunk, fuse in ((64, False), (128, False), (128, True), (256, True)):
         sc = AttentionScratch(8, cfg.n_heads, cfg.head_dim, kv_cap, chunk, "cuda")
         for b in (1, 8):
             pos = torch.full((b,), 785, device="cuda", dtype=torch.long)
             t = graph_ms(lambda: [decode_attention(
-                fd.u[:b], pos, fd.cos, fd.sin, kv.data[i, 0], kv.data[i, 1],
-                fd.u[:b, fd.n_qkv:], sc, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, fuse)
+                u[:b], pos, fd.cos, fd.sin, kv.data[i, 0], kv.data[i, 1],
+                u[:b, a_off:], sc, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, fuse)
                 for i in range(cfg.n_layers)]) / cfg.n_layers * 1e3
             out[f"chunk{chunk}_{'fusedcombine' if fuse else 'combinekernel'}_b{b}"] = t
     del fd, kv
@@ -343,11 +344,9 @@ def main():
         say("attention failed: " + traceback.format_exc())
     engines = {}
     for mode in ("off", "on"):
-        ds.FUSED = mode
         t0 = time.perf_counter()
-        engines[mode] = FastEngine(model, max_batch=8, kv_capacity=args.kv)
-        say(f"engine FUSED={mode}: build + capture {time.perf_counter() - t0:.1f} s")
-    ds.FUSED = "auto"
+        engines[mode] = FastEngine(model, max_batch=8, kv_capacity=args.kv, fused=mode)
+        say(f"engine fused={mode}: build + capture {time.perf_counter() - t0:.1f} s")
     prev, fused = engines["off"], engines["on"]
     assert fused.state.fused is not None and prev.state.fused is None
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_decode import copy_bandwidth  # noqa: E402
 from bench.bench_kernels import graph_ms  # noqa: E402
 
-from photon_core.fast.kernels import gemv as G  # noqa: E402
+from photon_core.ops import gemv as G  # noqa: E402
 
 C = G.GemvConfig
 FMA = [C(8, 512, 1, 4, 3, False), C(16, 512, 1, 4, 3, False), C(16, 256, 1, 4, 3, False),

@@ -84,12 +84,15 @@ def _run_skill(args) -> int:
 
 
 def _make_test_model(args) -> int:
-    if args.family != "moondream2":
-        print(f"unknown model family {args.family!r}; only moondream2", file=sys.stderr)
-        return 2
-    from .moondream.test_model import make_test_model
+    from .models import families
 
-    out = make_test_model(args.dir, seed=args.seed, fast=args.fast, old_layout=args.old_layout)
+    fams = families()
+    if args.family not in fams:
+        print(f"unknown model family {args.family!r}; known: {', '.join(sorted(fams))}",
+              file=sys.stderr)
+        return 2
+    kw = {"fast": args.fast, "old_layout": args.old_layout} if args.family == "moondream2" else {}
+    out = fams[args.family].make_test_model(args.dir, seed=args.seed, **kw)
     print(json.dumps({"written": str(out)}))
     return 0
 

@@ -1,7 +1,8 @@
 """Runs the decode-step pieces for one batch bucket: CUDA graphs on the GPU, eager on the CPU.
 
-Pieces (decode_step.py): "lm" (greedy lm head), "lm_sample" (temperature/top-p rows),
-"coord", "size" (region heads) and "forward" (GPU-resident feedback + decoder + state update).
+Pieces (decode_step.py): "lm" (greedy lm head), "lm_sample" (temperature/top-p rows), the
+program's other heads (Moondream: "coord", "size") and "forward" (GPU-resident feedback +
+decoder + state update).
 A step launches only the pieces its rows need. At warm-up every (piece, bucket) is captured
 once for buckets 1, 2, 4, 8 (all graphs share one memory pool; pieces talk only through the
 preallocated StepState, so replaying them in any order is safe). Replays allocate nothing and
@@ -17,7 +18,6 @@ import torch
 from . import decode_step as ds
 
 BUCKETS = (1, 2, 4, 8)
-PIECES = ("lm", "lm_sample", "coord", "size", "forward")
 
 
 def buckets_for(rows: int) -> tuple[int, ...]:
@@ -33,9 +33,12 @@ class CudaGraphRunner:
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
         eager_lm_sample = ds.lm_sample if use_graphs else ds.lm_sample_eager
-        self.fns: dict[str, Callable] = {
-            "lm": ds.lm_greedy, "lm_sample": eager_lm_sample, "coord": ds.coord,
-            "size": ds.size, "forward": ds.forward}
+        self.fns: dict[str, Callable] = {"lm": ds.lm_greedy, "lm_sample": eager_lm_sample}
+        for name, _ in state.program.heads:
+            self.fns.setdefault(name, ds.head(name))
+        self.fns["forward"] = ds.forward
+        # launch order of a step's pieces: the sample pieces, then the forward
+        self.pieces = tuple(self.fns)
         self.capture_ms = 0.0
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
@@ -62,14 +65,14 @@ class CudaGraphRunner:
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(2):
                 for b in self.buckets:
-                    for name in PIECES:
+                    for name in self.pieces:
                         self.fns[name](st, b)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for b in self.buckets:
-                for name in PIECES:
+                for name in self.pieces:
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, pool=self.pool, stream=self.capture_stream):
                         self.fns[name](st, b)

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from ..engine import EngineOptions
 from ..task import Task, TaskResult
 from .cuda_graph_runner import CudaGraphRunner
 from .decode_step import StepState
@@ -53,11 +54,21 @@ def _own_stream(device, taken: list) -> torch.cuda.Stream:
 
 
 class FastEngine:
-    def __init__(self, model, max_batch: int = 8, kv_capacity: int | None = None,
+    def __init__(self, model, max_batch: int | None = None, kv_capacity: int | None = None,
                  use_graphs: bool | None = None, pipelined: bool = True,
                  detok_thread: bool = True, warmup: bool = True,
                  graphed_prefill: bool = True, graphed_encoder: bool | None = None,
-                 deterministic: bool = False):
+                 deterministic: bool | None = None, options: EngineOptions | None = None,
+                 **option_fields):
+        """options: photon_core.engine.EngineOptions (backend, attention, deterministic,
+        max_batch, kv_capacity); max_batch / kv_capacity / deterministic and any other
+        EngineOptions field given as a keyword (fused="on", attention="sdpa") override it."""
+        options = (options or EngineOptions()).with_(
+            max_batch=max_batch, kv_capacity=kv_capacity, deterministic=deterministic,
+            **option_fields)
+        self.options = options
+        max_batch, kv_capacity = options.max_batch, options.kv_capacity
+        deterministic = options.deterministic
         self.model = model
         cfg = model.config.text
         dev = model.device
@@ -65,12 +76,13 @@ class FastEngine:
         if kv_capacity is None:
             kv_capacity = min(cfg.max_context, DEFAULT_GPU_KV_CAPACITY) if self.cuda \
                 else cfg.max_context
-        self.kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, max_batch, kv_capacity,
-                                cfg.head_dim, dev, model.dtype)
+        # the state the family's step program declares (k/v rows, recurrent rows)
+        self.kv = StaticKVCache.for_program(model.step_spec().program, max_batch, kv_capacity,
+                                            dev, model.dtype)
         # deterministic: the same inputs give the same bits on every run (no split-K atomics
         # in the fused GEMVs; a few % slower per step, docs/benchmarks.md)
         self.deterministic = deterministic
-        self.state = StepState(model, max_batch, self.kv, deterministic=deterministic)
+        self.state = StepState(model, max_batch, self.kv, options)
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         self.runner = CudaGraphRunner(self.state, max_batch, self.use_graphs)
         self.prefill = GraphedPrefill(self.state, self.use_graphs) if graphed_prefill else None
@@ -112,7 +124,12 @@ class FastEngine:
         if warmup and self.use_graphs:
             self.warmup()
 
-    # -- engine API ---------------------------------------------------------------------
+    # -- engine API (photon_core.engine.Engine) ------------------------------------------
+    @property
+    def max_runs(self) -> int:
+        """Runs open at once: one row of the state cache each."""
+        return self.kv.rows
+
     @property
     def model_id(self) -> str:
         # the model's identity, not the engine's: results are the same model's either way

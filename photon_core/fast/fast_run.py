@@ -1,8 +1,9 @@
 """One task on the fast path: prefill into its row, then the host's side of each step.
 
 The GPU advances a row on its own (decode_step.py). The host keeps a mirror of the row's
-phase to know which heads a step needs, and applies each committed step with the same
-rules as the reference path (photon_core/moondream/run.py), shifted by one step: the value
+phase (the skill protocol's tables, models/moondream2/skill_protocol.py) to know which heads a
+step needs, and applies each committed step with the same rules as the reference path
+(models/moondream2/run.py), shifted by one step: the value
 the reference picks at the END of step s is sampled on the GPU at the START of step s+1
 (together with step s+1's forward), so the host learns "stop" one step late. That step is
 then a zombie: its forward is discarded, and `steps` counts exactly the reference's steps.
@@ -23,12 +24,12 @@ from typing import Callable
 
 import torch
 
-from ..moondream import region, text
-from ..moondream.streaming import TextStreamer
+from ..models.moondream2 import region, text
+from ..models.moondream2 import skill_protocol as sp
+from ..models.moondream2.skill_protocol import (OUT_COORD, OUT_H, OUT_TOKEN, OUT_W, PHASE_SIZE,
+                                                PHASE_TEXT, PHASE_X, PHASE_Y)
+from ..models.moondream2.streaming import TextStreamer
 from ..task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
-from .decode_step import OUT_COORD, OUT_H, OUT_TOKEN, OUT_W, PHASE_SIZE, PHASE_TEXT, PHASE_X, PHASE_Y
-
-NEXT_PHASE = {PHASE_X: PHASE_Y, PHASE_SIZE: PHASE_X}
 
 
 class FastRun:
@@ -39,18 +40,16 @@ class FastRun:
         cfg, w = model.config, model.weights
         self.engine, self.enc, self.task, self.stream = engine, enc, task, stream
         self.ignore_eos = ignore_eos
-        self.is_text = task.skill in ("query", "caption")
-        self.is_detect = task.skill == "detect"
+        self.is_text = sp.is_text(task.skill)
+        self.kind = sp.row_kind(task.skill)
         prompt = model.tokenizer.prompt(task.skill, task.target)
         prefix = enc.kv.shape[4]
         if prefix + len(prompt) + 1 > min(cfg.text.max_context, engine.kv.capacity):
             raise TaskError(f"prompt is {len(prompt)} tokens; with the {prefix}-token image "
                             f"prefix it does not fit the {cfg.text.max_context}-token context "
                             f"(fast path KV capacity {engine.kv.capacity})")
-        budget = (task.max_tokens if self.is_text
-                  else (3 if self.is_detect else 2) * task.max_objects)
         # the reference's capacity rule; the static cache may cap it further
-        self.capacity = min(cfg.text.max_context, prefix + len(prompt) + budget,
+        self.capacity = min(cfg.text.max_context, prefix + len(prompt) + sp.step_budget(task),
                             engine.kv.capacity)
         self.eos_id = cfg.tokenizer.eos_id
         self.coord_bins = cfg.region.coord_out_dim
@@ -58,9 +57,9 @@ class FastRun:
 
         self.finish_reason: str | None = None
         self.steps = 0
-        self.objects: list[dict] = []
-        self._pending: dict = {}
-        self.phase = PHASE_TEXT if self.is_text else PHASE_X   # phase of the next launch
+        self.region = sp.RegionCollector(task.skill)
+        self.objects = self.region.objects
+        self.phase = sp.first_phase(task.skill)                 # phase of the next launch
         self.streamer = TextStreamer(model.tokenizer.decode)
         self.text_done = threading.Event()
         if not self.is_text:
@@ -99,7 +98,7 @@ class FastRun:
                 last = text.decoder(w, cfg.text, text.embed(w, ids), prefix, cache,
                                     model.prefix_len)[0, -1]
             engine.state.set_row(self.row, last, self.pos, self.phase,
-                                 self.is_detect, task.temperature if self.is_text else 0.0,
+                                 self.kind, task.temperature if self.is_text else 0.0,
                                  task.top_p if self.is_text else 1.0, generator,
                                  seed=task.seed % 2 ** 63 if task.seed is not None
                                  else None)
@@ -132,23 +131,17 @@ class FastRun:
     # -- used by the pipelined decoder ----------------------------------------------------
     def heads(self) -> tuple[str, ...]:
         """The sample pieces the next launched step needs for this run."""
-        if self.phase == PHASE_TEXT:
-            return ("lm_sample",) if self.task.temperature > 0 else ("lm",)
-        if self.phase == PHASE_X:
-            return ("lm", "coord")
-        if self.phase == PHASE_Y:
-            return ("coord",)
-        return ("size",)
+        heads = sp.HEADS[self.phase]
+        if self.phase == PHASE_TEXT and self.task.temperature > 0:
+            return ("lm_sample",)
+        return heads
 
     def launched_step(self) -> int:
         """Advance the host's phase mirror exactly as the GPU advances the row."""
         ph = self.phase
         if self.launched == 0:
             self._t_first_launch = time.perf_counter()
-        if ph == PHASE_Y:
-            self.phase = PHASE_SIZE if self.is_detect else PHASE_X
-        elif ph != PHASE_TEXT:
-            self.phase = NEXT_PHASE[ph]
+        self.phase = sp.next_phase(ph, self.kind)
         self.launched += 1
         # Known last step: its commit ends the run whatever it holds, so launching another
         # step of this run would only make a zombie.
@@ -157,7 +150,7 @@ class FastRun:
         else:
             if ph == PHASE_X:
                 self.final_launched = self._objects_launched >= self.task.max_objects
-            if (ph == PHASE_SIZE) or (ph == PHASE_Y and not self.is_detect):
+            if sp.ends_object(ph, self.kind):
                 self._objects_launched += 1
         return ph
 
@@ -183,17 +176,11 @@ class FastRun:
                 return self._finish(FINISH_STOP)
             if len(self.objects) >= self.task.max_objects or self.pos >= self.capacity:
                 return self._finish(FINISH_LENGTH)
-            self._pending["x"] = region.bin_to_coordinate(out[OUT_COORD], self.coord_bins)
-        elif phase == PHASE_Y:
-            self._pending["y"] = region.bin_to_coordinate(out[OUT_COORD], self.coord_bins)
-            if not self.is_detect:
-                self.objects.append({"x": self._pending["x"], "y": self._pending["y"]})
+        if phase in (PHASE_X, PHASE_Y):
+            self.region.take(phase, region.bin_to_coordinate(out[OUT_COORD], self.coord_bins))
         else:
-            bw = region.bin_to_size(out[OUT_W], self.size_bins)
-            bh = region.bin_to_size(out[OUT_H], self.size_bins)
-            x, y = self._pending["x"], self._pending["y"]
-            self.objects.append({"x_min": x - bw / 2, "y_min": y - bh / 2,
-                                 "x_max": x + bw / 2, "y_max": y + bh / 2})
+            self.region.take(phase, (region.bin_to_size(out[OUT_W], self.size_bins),
+                                     region.bin_to_size(out[OUT_H], self.size_bins)))
         self.steps += 1
         self.pos += 1
 

@@ -9,7 +9,7 @@ vision.encoder, vision.project, text.embed, text.decoder into a static KVCache -
 result is the reference's, bit for bit; only the normalized crops are copied in and the
 prefix k/v copied out (each EncodedImage owns its k/v). The crops themselves come from
 model.image_crops, outside the graph: on a CUDA model the torch LANCZOS crops on the GPU
-(model.CROPS_ON_DEVICE; the same pixels as PIL's), elsewhere PIL on the CPU.
+(model.crops_on_device; the same pixels as PIL's), elsewhere PIL on the CPU.
 On the CPU the same body runs eagerly.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..moondream import text, vision
-from ..moondream.kv_cache import KVCache
-from ..moondream.model import EncodedImage
+from ..models.moondream2 import text, vision
+from ..models.moondream2.kv_cache import KVCache
+from ..models.moondream2.model import EncodedImage
 
 
 @dataclass

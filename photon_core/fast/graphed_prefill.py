@@ -14,19 +14,18 @@ result; their k/v land on positions that decode steps overwrite before anyone re
 Prompts longer than the largest bucket use the eager reference prefill. On the CPU the same
 code runs eagerly (tests compare it with the reference).
 
-With the fused decode step (fused_step.py, the default on CUDA in bf16/fp16), buckets of up to
-FUSED_MAX_T (16) tokens run the projections with its kernels over the T token rows: LayerNorm
-kernel, one GEMV over [Wqkv; Wfc1] (+ GELU), the attention below in torch, one GEMV over
-[Wproj, Wfc2] into an fp32 residual stream - the weights are streamed once per layer at GEMV
-speed instead of cuBLAS's small-M GEMMs and ~10 more launches per layer.
+The prefill runs the family's step program (program.py) over the T token rows of one row:
+with the fused backend (the default on CUDA in bf16/fp16) for buckets of up to FUSED_MAX_T (16)
+tokens - its norm and GEMV kernels over the token rows (the weights streamed once per layer
+at GEMV speed instead of cuBLAS's small-M GEMMs and ~10 more launches per layer), the
+attention op's torch prefill form - else with the eager backend (the ops' torch references).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..moondream.rope import apply_rope, rope_angles
-from .kernels import GEMV_MAX_ROWS
+from ..ops import GEMV_MAX_ROWS
 
 BUCKETS = (8, 16, 32, 64, 128)
 FUSED_MAX_T = GEMV_MAX_ROWS   # prompt tokens the fused GEMV takes in one pass
@@ -34,18 +33,19 @@ FUSED_MAX_T = GEMV_MAX_ROWS   # prompt tokens the fused GEMV takes in one pass
 
 class GraphedPrefill:
     def __init__(self, state, use_graphs: bool):
-        self.state = state
-        st = state
+        self.state = st = state
         self.use_graphs = use_graphs
         cap = st.kv.capacity
         self.buckets = tuple(b for b in BUCKETS if b < cap)
         tmax = self.buckets[-1]
         dev = st.hidden.device
         self.meta = torch.zeros(3 + tmax, dtype=torch.long, device=dev)
-        self.hidden_out = torch.zeros(st.cfg.text.dim, device=dev, dtype=st.hidden.dtype)
+        self.hidden_out = torch.zeros(st.program.dim, device=dev, dtype=st.hidden.dtype)
+        self.token_ids = torch.arange(tmax, device=dev)
+        self.wte = st.w[dict(st.program.feedback.weights)["wte"]]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # None: the torch projections for every bucket; else the fused decoder's kernels and
-        # its scratch (x, h, u; free between decode steps, all on one stream)
+        # None: the eager backend for every bucket; else the fused backend (its buffers are
+        # free between decode steps, all on one stream) for buckets <= FUSED_MAX_T
         self.fused = st.fused
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
@@ -56,54 +56,12 @@ class GraphedPrefill:
         return None
 
     def _run(self, T: int) -> None:
-        st = self.state
-        w, cfg, kv = st.w, st.cfg.text, st.kv
-        hd, nh, nkv, dim = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.dim
         row, start, length = self.meta[0:1], self.meta[1:2], self.meta[2:3]
-        ids = self.meta[3:3 + T]
-        x = F.embedding(ids, w["text.wte"])[None]                       # [1, T, dim]
-        fd = self.fused if T <= FUSED_MAX_T else None
-        if fd is not None:
-            from .kernels.gemv import EPI_QKV_GELU, EPI_RESIDUAL, gemv
-            from .kernels.layernorm import layer_norm
-            fx, fh, fu = fd.x[:T], fd.h[:T], fd.u[:T]
-            fx.copy_(x[0])
-        pos = start + st.key_ids[:T]
-        cos, sin = rope_angles(pos, cfg.rot_dim)
-        pos_w = pos.clamp(max=kv.capacity - 1)
-        mask_add = torch.zeros(T, kv.capacity, device=x.device, dtype=torch.float32).masked_fill(
-            st.key_ids[None, :] > pos[:, None], float("-inf"))
-        rep = nh // nkv
-        for i in range(cfg.n_layers):
-            p = f"text.blocks.{i}"
-            if fd is not None:
-                layer_norm(fx, *fd.ln[i], fh)
-                gemv(fh, fd.w1[i], fd.b1[i], fu, EPI_QKV_GELU, n_split=fd.n_qkv, gap=nh * hd)
-                qkv = fu[None, :, :fd.n_qkv]
-            else:
-                h = w.layer_norm(x, p + ".ln")
-                qkv = w.linear(h, p + ".attn.qkv")
-            qk = apply_rope(qkv[..., :(nh + nkv) * hd].view(1, T, nh + nkv, hd).transpose(1, 2),
-                            cos, sin)
-            q, k = qk[:, :nh], qk[:, nh:]
-            v = qkv[..., (nh + nkv) * hd:].view(1, T, nkv, hd).transpose(1, 2)
-            kc, vc = kv.data[i, 0], kv.data[i, 1]
-            kc[row, :, pos_w] = k[0].transpose(0, 1)
-            vc[row, :, pos_w] = v[0].transpose(0, 1)
-            keys, values = kc.index_select(0, row), vc.index_select(0, row)  # [1, Hkv, C, D]
-            if rep > 1:
-                keys = keys.repeat_interleave(rep, dim=1)
-                values = values.repeat_interleave(rep, dim=1)
-            scores = torch.matmul(q, keys.transpose(-1, -2)).float() * hd ** -0.5 + mask_add
-            a = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
-            if fd is not None:
-                fu[:, fd.n_qkv:fd.n_qkv + dim].copy_(a[0].transpose(0, 1).reshape(T, dim))
-                gemv(fu[:, fd.n_qkv:], fd.w2[i], fd.b2[i], fx, EPI_RESIDUAL,
-                     deterministic=fd.deterministic)
-                continue
-            a = w.linear(a.transpose(1, 2).reshape(1, T, dim), p + ".attn.proj")
-            x = x + a + w.mlp(h, p + ".mlp")
-        last = fx if fd is not None else x[0]
+        x = F.embedding(self.meta[3:3 + T], self.wte)                     # [T, dim]
+        pos = start + self.token_ids[:T]
+        backend = self.fused if self.fused is not None and T <= FUSED_MAX_T \
+            else self.state.eager
+        last = backend.prefill(x, row, pos)
         self.hidden_out.copy_(last.index_select(0, length - 1)[0])
 
     def capture(self) -> None:

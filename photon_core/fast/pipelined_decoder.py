@@ -32,8 +32,6 @@ from .gpu_idle import GpuIdleMeter
 from .pingpong_slots import PingPongSlots
 from .zombie_refcount import RowRefcount
 
-HEAD_ORDER = ("lm", "lm_sample", "coord", "size")
-
 
 class PipelinedDecoder:
     def __init__(self, state: StepState, runner: CudaGraphRunner, slots: PingPongSlots,
@@ -89,7 +87,7 @@ class PipelinedDecoder:
             slot.host_active.copy_(torch.tensor(active))
             self.state.active.copy_(slot.host_active, non_blocking=True)
             self._uploaded_active = active
-        ordered = tuple(h for h in HEAD_ORDER if h in heads)
+        ordered = tuple(h for h in self.runner.pieces if h in heads)
         for h in ordered:
             self.runner.run(h, bucket)
         self.runner.run("forward", bucket)

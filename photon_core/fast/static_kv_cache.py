@@ -1,4 +1,6 @@
-"""Static, preallocated KV cache shared by the batch slots (rows) of the fast path.
+"""Static, preallocated state cache shared by the batch slots (rows) of the fast path: the
+attention layers' k/v, and a fixed-size row per recurrent layer (the program's LayerState
+"recurrent", e.g. Gated DeltaNet; none for Moondream 2).
 
 One tensor [n_layers, 2, rows, n_kv_heads, capacity, head_dim], allocated once when the
 engine is built. A task owns one row from start() until its last in-flight step is
@@ -11,15 +13,44 @@ from __future__ import annotations
 
 import torch
 
-from ..moondream.kv_cache import KVCache
+from ..models.moondream2.kv_cache import KVCache
 
 
 class StaticKVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, rows: int, capacity: int,
-                 head_dim: int, device, dtype):
+                 head_dim: int, device, dtype, recurrent_shapes: tuple = ()):
+        """n_layers: attention layers; recurrent_shapes: per recurrent layer, the shape of
+        its state (one row each), in the program's order."""
         self.data = torch.zeros(n_layers, 2, rows, n_kv_heads, capacity, head_dim,
                                 device=device, dtype=dtype)
+        self.recurrent = [torch.zeros(rows, *shape, device=device, dtype=dtype)
+                          for shape in recurrent_shapes]
         self.rows, self.capacity = rows, capacity
+
+    @classmethod
+    def for_program(cls, program, rows: int, capacity: int, device, dtype) -> "StaticKVCache":
+        """The cache a step program's declared state needs (photon_core.program.LayerState)."""
+        a = program.attention
+        rec = tuple(s.shape for s in program.state if s.kind == "recurrent")
+        return cls(len(program.kv_layers), a.n_kv_heads, rows, capacity, a.head_dim, device,
+                   dtype, rec)
+
+    def load_prefix(self, row: int, prefix) -> int:
+        """Copy a PrefixState (photon_core.engine) into a row: its k/v at positions [0, T) of
+        every attention layer, its recurrent state into every recurrent layer's row.
+        Returns T, where the prompt starts."""
+        if prefix.kv is not None:
+            t = prefix.kv.shape[4]
+            if t > self.capacity:
+                raise ValueError(f"a {t}-token prefix does not fit the {self.capacity}-position "
+                                 "state cache")
+            self.data[:, :, row:row + 1, :, :t] = prefix.kv
+        if len(prefix.recurrent) != len(self.recurrent):
+            raise ValueError(f"the prefix has {len(prefix.recurrent)} recurrent states, the "
+                             f"program {len(self.recurrent)}")
+        for dst, src in zip(self.recurrent, prefix.recurrent):
+            dst[row].copy_(src.reshape(dst.shape[1:]))
+        return prefix.length
 
     @property
     def nbytes(self) -> int:

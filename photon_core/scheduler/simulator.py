@@ -84,6 +84,9 @@ class SimRun:
 class SimEngine:
     """Engine protocol on a virtual clock."""
 
+    model_id = "sim"
+    max_runs: int | None = None
+
     def __init__(self, clock: VirtualClock, cost: CostModel, jitter: float = 0.05, seed: int = 0):
         self.clock, self.cost, self.jitter = clock, cost, jitter
         self.rng = random.Random(seed)

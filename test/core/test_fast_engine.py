@@ -132,11 +132,9 @@ def test_prefill_paths_match_reference(model, encs, graphed_prefill):
     fe.close()
 
 
-def test_sdpa_attention_variant_matches_reference(model, encs, monkeypatch):
+def test_sdpa_attention_variant_matches_reference(model, encs):
     """The GPU's attention form (masked SDPA), run on the CPU."""
-    from photon_core.fast import decode_step
-    monkeypatch.setattr(decode_step, "ATTENTION", "sdpa")
-    fe = FastEngine(model, max_batch=2)
+    fe = FastEngine(model, max_batch=2, attention="sdpa")
     group = [(encs[0], Task("detect", object="person", max_objects=2)),
              (encs[1], Task("query", question="What is it?", max_tokens=4))]
     for (e, t), r in zip(group, fe.run_batch(group)):

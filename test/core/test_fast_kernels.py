@@ -1,6 +1,6 @@
-"""The fused decode-step Triton kernels (photon_core/fast/kernels) against the reference math,
-on the CPU in the Triton interpreter (TRITON_INTERPRET=1), fp32, small shapes. Skipped when
-triton is not installed."""
+"""The ops' Triton kernels (photon_core/ops) against their torch references, and the fused
+backend against the eager backend, on the CPU in the Triton interpreter (TRITON_INTERPRET=1),
+fp32, small shapes. Skipped when triton is not installed."""
 from __future__ import annotations
 
 import os
@@ -20,11 +20,12 @@ import torch.nn.functional as F  # noqa: E402
 
 pytest.importorskip("triton")
 
-from photon_core.fast.kernels import gemv as G  # noqa: E402
-from photon_core.fast.kernels.decode_attention import (AttentionScratch,  # noqa: E402
-                                                       decode_attention)
-from photon_core.fast.kernels.layernorm import layer_norm  # noqa: E402
-from photon_core.moondream.rope import apply_rope, rope_angles  # noqa: E402
+from photon_core.ops import gemv as G  # noqa: E402
+from photon_core.ops.decode_attention import (AttentionScratch,  # noqa: E402
+                                              decode_attention)
+from photon_core.ops.layernorm import (layer_norm, layer_norm_reference, rms_norm,  # noqa: E402
+                                       rms_norm_reference)
+from photon_core.ops.rope import apply_rope, rope_angles  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
                                 os.environ.get("TRITON_INTERPRET") != "1",
@@ -65,48 +66,13 @@ def test_gemv_epilogues(b, cfg):
         y = x0.clone()
         G.gemv(x, w, bias, y, G.EPI_RESIDUAL, cfg=cfg)
         _close(y, x0 + F.linear(x, w, bias))
-
-
-@pytest.mark.parametrize("tile", [G.LN_TILE, 256], ids=["ln_tile_default", "ln_tile_small"])
-@pytest.mark.parametrize("b", [1, 3])
-@pytest.mark.parametrize("cfg", CFGS, ids=str)
-def test_gemv_layernorm_folded(b, cfg, tile, monkeypatch):
-    """gemv(..., ln=(gamma, beta)) == F.linear(F.layer_norm(x), ...) for every epilogue; the
-    split-K configs (residual epilogue) need the statistics of the whole row in every split;
-    the small LN tile makes the statistics pass merge several chunks."""
-    monkeypatch.setattr(G, "LN_TILE", tile)
-    g = torch.Generator().manual_seed(6)
-    n, k = 40, 256
-    buf = torch.randn(b, k + 9, generator=g) * 3 + 5     # mean far from 0
-    buf[:, 4] += 40.0                                    # an outlier channel
-    x = buf[:, 4:4 + k]                                  # row stride != K
-    w = torch.randn(n, k, generator=g) / 8
-    bias = torch.randn(n, generator=g)
-    gamma, beta = torch.randn(k, generator=g), torch.randn(k, generator=g)
-    h = F.layer_norm(x, (k,), gamma, beta, eps=1e-5)
-    ref = F.linear(h, w, bias)
-    ran = 0
-    if cfg.fits(b, n, k, G.EPI_STORE):
-        y = torch.zeros(b, n)
-        G.gemv(x, w, bias, y, G.EPI_STORE, cfg=cfg, ln=(gamma, beta))
-        _close(y, ref)
-        ran += 1
-    if cfg.fits(b, n, k, G.EPI_QKV_GELU):
-        split, gap = 24, 5
-        y = torch.full((b, n + gap), 7.0)
-        G.gemv(x, w, bias, y, G.EPI_QKV_GELU, n_split=split, gap=gap, cfg=cfg,
-               ln=(gamma, beta))
-        _close(y[:, :split], ref[:, :split])
-        assert (y[:, split:split + gap] == 7.0).all()
-        _close(y[:, split + gap:], F.gelu(ref[:, split:], approximate="tanh"))
-        ran += 1
-    if cfg.fits(b, n, k, G.EPI_RESIDUAL):
-        x0 = torch.randn(b, n, generator=g)
-        y = x0.clone()
-        G.gemv(x, w, bias, y, G.EPI_RESIDUAL, cfg=cfg, ln=(gamma, beta))
-        _close(y, x0 + ref)
-        ran += 1
-    assert ran or (not cfg.dot and b != 1)           # the FMA form is b == 1 only
+    for epi in (G.EPI_STORE, G.EPI_QKV_GELU, G.EPI_RESIDUAL):     # the op's torch reference
+        if cfg.fits(b, n, k, epi):
+            y0 = torch.randn(b, n + 5, generator=g)
+            y1 = y0.clone()
+            G.gemv(x, w, bias, y0, epi, n_split=24, gap=5, cfg=cfg)
+            G.gemv_reference(x, w, bias, y1, epi, n_split=24, gap=5)
+            _close(y0, y1)
 
 
 def test_gemv_strided_input_and_pick():
@@ -126,6 +92,17 @@ def test_layernorm():
     y = torch.empty(3, 96)
     layer_norm(x, w, bb, y)
     _close(y, F.layer_norm(x, (96,), w, bb, eps=1e-5))
+    _close(y, layer_norm_reference(x, w, bb))
+
+
+def test_rmsnorm():
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(3, 96, generator=g) * 3 + 1
+    w = torch.randn(96, generator=g)
+    y = torch.empty(3, 96)
+    rms_norm(x, w, y, 1e-6)
+    _close(y, rms_norm_reference(x, w, 1e-6))
+    _close(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused_combine", "combine_kernel"])
@@ -167,38 +144,74 @@ def test_decode_attention(nh, nkv, fuse):
     assert torch.equal(kc[3], data[0, 3])             # a row outside the bucket is untouched
 
 
-@pytest.mark.parametrize("fold_ln", [True, False], ids=["ln_folded", "ln_kernel"])
-def test_fused_decoder_matches_torch_step(fold_ln):
-    """The fused decoder (fused_step.py) vs decode_step.decoder_step on the tiny fp32 model:
-    same hidden states and the same k/v written, rows at different positions; LayerNorm
-    folded into the GEMVs (default) or as its own kernel."""
+@pytest.mark.parametrize("sdpa", [False, True])
+def test_decode_attention_matches_its_reference(sdpa):
+    """The kernel vs the op's torch reference (decode_attention_reference: the eager
+    backend's attention), rows at different positions, GQA."""
+    from photon_core.ops.decode_attention import decode_attention_reference, decode_mask
+    from photon_core.ops.rope import rope_perms, rope_tables
+
+    g = torch.Generator().manual_seed(13)
+    nh, nkv, hd, cap, rot, b = 4, 2, 64, 80, 32, 3
+    pos = torch.tensor([0, 37, 79])
+    data = torch.randn(2, 4, nkv, cap, hd, generator=g)
+    qkv = torch.randn(b, (nh + 2 * nkv) * hd, generator=g)
+    cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
+    kc, vc = data[0].clone(), data[1].clone()
+    out = torch.zeros(b, nh * hd)
+    decode_attention(qkv, pos, cos, sin, kc, vc, out, AttentionScratch(4, nh, hd, cap, 32,
+                                                                         "cpu"), nh, nkv, hd)
+    kr, vr = data[0].clone(), data[1].clone()
+    rc, rs = rope_tables(pos, rot, hd)
+    mask = decode_mask(pos, torch.arange(cap), cap, nh, torch.float32, sdpa or nh != nkv)
+    ref = decode_attention_reference(qkv, torch.arange(b), pos, kr, vr, rc, rs,
+                                     rope_perms(rot, hd), mask, sdpa or nh != nkv, nh, nkv,
+                                     hd, cap)
+    _close(out, ref)
+    _close(kc, kr)
+    _close(vc, vr)
+
+
+def _tiny_state(rows=4, cap=64):
+    """A StepState of the tiny fp32 model with both backends (fused forced on)."""
+    from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
-    from photon_core.fast.fused_step import FusedDecoder
     from photon_core.fast.static_kv_cache import StaticKVCache
     from photon_core.moondream.model import build_random_model
     from photon_core.moondream.test_model import tiny_config
 
     m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
     cfg = m.config.text
-    rows, cap = 2, 64
     kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, cap, cfg.head_dim, "cpu",
                        torch.float32)
+    st = ds.StepState(m, rows, kv, EngineOptions(fused="on"))
+    return m, st, st.fused
+
+
+def test_fused_decoder_matches_torch_step():
+    """The fused backend's decoder vs the eager backend's on the tiny fp32 model: same
+    hidden states and the same k/v written, rows at different positions; and the lm head."""
+    from photon_core.fast.static_kv_cache import StaticKVCache
+
+    m, st, fd = _tiny_state(rows=2)
+    kv = st.kv
     kv.data.normal_(generator=torch.Generator().manual_seed(4))
-    kv2 = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, cap, cfg.head_dim, "cpu",
-                        torch.float32)
-    kv2.data.copy_(kv.data)
-    st = ds.StepState(m, rows, kv)
+    saved = kv.data.clone()
+    rows, cap = 2, kv.capacity
     st.pos.copy_(torch.tensor([5, 40]))
-    x = torch.randn(rows, cfg.dim, generator=torch.Generator().manual_seed(5))
-    ref = ds.decoder_step(st, x.clone(), rows, cap)
-    fd = FusedDecoder(m, rows, kv2, attn_chunk=32, fold_ln=fold_ln)
-    assert fd.fold_ln == fold_ln
-    got = fd.decoder(x.clone(), st.pos, rows)
+    x = torch.randn(rows, m.config.text.dim, generator=torch.Generator().manual_seed(5))
+    ref = st.eager.decoder(x.clone(), st.pos[:rows], rows, cap, st.row_ids[:rows])
+    ref_kv = kv.data.clone()
+    kv.data.copy_(saved)
+    fd.x[:rows].copy_(x)
+    got = fd.decoder(st.pos[:rows], rows)
     _close(got, ref, 2e-4)
-    _close(kv2.data, kv.data, 2e-4)
-    logits = fd.lm_logits(got.to(torch.float32), rows)
+    _close(kv.data, ref_kv, 2e-4)
+    assert isinstance(kv, StaticKVCache)
+    logits = fd.head_logits("lm", got.to(torch.float32))
     _close(logits, m.weights.linear(m.weights.layer_norm(ref, "text.post_ln"),
                                     "text.lm_head"), 2e-4)
+    _close(logits, st.eager.head_logits("lm", ref), 2e-4)
 
 
 def test_fast_engine_with_fused_kernels_matches_reference():
@@ -214,11 +227,7 @@ def test_fast_engine_with_fused_kernels_matches_reference():
 
     m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0,
                            eos_bias=TEST_EOS_BIAS["fast"])
-    ds.FUSED = "on"
-    try:
-        fe = FastEngine(m, max_batch=2)
-    finally:
-        ds.FUSED = "auto"
+    fe = FastEngine(m, max_batch=2, fused="on")
     assert fe.state.fused is not None
     enc = m.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3),
                                                            dtype=np.uint8))
@@ -231,44 +240,27 @@ def test_fast_engine_with_fused_kernels_matches_reference():
     fe.close()
 
 
-def _tiny_state(rows=4):
-    from photon_core.fast import decode_step as ds
-    from photon_core.fast.fused_step import FusedDecoder
-    from photon_core.fast.static_kv_cache import StaticKVCache
-    from photon_core.moondream.model import build_random_model
-    from photon_core.moondream.test_model import tiny_config
-
-    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
-    cfg = m.config.text
-    kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, 64, cfg.head_dim, "cpu",
-                       torch.float32)
-    st = ds.StepState(m, rows, kv)
-    fd = FusedDecoder(m, rows, kv, attn_chunk=32, coord_table=st.coord_table,
-                      size_table=st.size_table)
-    return m, st, fd
-
-
 def test_feedback_embedding_kernel_matches_torch():
     """One row per phase (text, x, y, size) plus an extreme bin: the kernel's embedding equals
-    decode_step.feedback_embedding's (fp32; only the summation order differs)."""
-    from photon_core.fast import decode_step as ds
-
+    its torch reference's (the eager backend's feedback; fp32, only the summation order
+    differs)."""
     m, st, fd = _tiny_state(rows=5)
-    cb, sb = st.coord_table.numel(), st.size_table.numel()
+    cb, sb = st.spec.tables["coord"].numel(), st.spec.tables["size"].numel()
     st.phase.copy_(torch.tensor([0, 1, 2, 3, 3]))
     st.out.copy_(torch.tensor([[7, 3, 1, 2], [9, 0, 5, 6], [1, cb - 1, 0, 0],
                                [2, 4, sb - 1, 0], [3, 5, 17, sb // 2]]))
-    ref = ds.feedback_embedding(st, 5)
+    ref = st.eager.feed(st, 5)
     fd.x.fill_(float("nan"))
-    fd.feed(st.out, st.phase, 5)
+    fd.feed(st, 5)
     _close(fd.x[:5], ref, 1e-5)
     assert torch.equal(fd.x[0], m.weights["text.wte"][7])      # a text row is a plain lookup
 
 
 def test_row_advance_kernel_matches_torch():
     """Active rows take the new hidden state, pos + 1, the next phase and first = False;
-    inactive rows keep everything (every phase, detect and point rows)."""
-    from photon_core.fast.kernels.row_advance import row_advance
+    inactive rows keep everything (every phase, detect and point rows); the kernel and its
+    torch reference alike, with Moondream's phase table."""
+    from photon_core.ops.row_advance import row_advance, row_advance_reference
 
     _, st, fd = _tiny_state(rows=8)
     g = torch.Generator().manual_seed(1)
@@ -276,11 +268,16 @@ def test_row_advance_kernel_matches_torch():
     st.hidden.normal_(generator=g)
     st.pos.copy_(torch.arange(8) + 10)
     st.phase.copy_(torch.tensor([0, 1, 2, 2, 3, 0, 1, 2]))
-    st.is_detect.copy_(torch.tensor([0, 1, 1, 0, 1, 0, 1, 1], dtype=torch.bool))
+    st.kind.copy_(torch.tensor([0, 1, 1, 0, 1, 0, 1, 1]))
     st.first.copy_(torch.tensor([1, 1, 0, 0, 1, 1, 0, 1], dtype=torch.bool))
     st.active.copy_(torch.tensor([1, 1, 1, 1, 1, 0, 0, 0], dtype=torch.bool))
-    before = {n: getattr(st, n).clone() for n in ("hidden", "pos", "phase", "first")}
-    row_advance(x, st.hidden, st.active, st.pos, st.phase, st.is_detect, st.first)
+    names = ("hidden", "pos", "phase", "first")
+    before = {n: getattr(st, n).clone() for n in names}
+    ref = {n: t.clone() for n, t in before.items()}
+    row_advance_reference(x, ref["hidden"], st.active, ref["pos"], ref["phase"], st.kind,
+                          ref["first"], st.phase_next)
+    row_advance(x, st.hidden, st.active, st.pos, st.phase, st.kind, st.first, st.phase_next)
+    assert all(torch.equal(getattr(st, n), ref[n]) for n in names)
     act = st.active
     assert torch.equal(st.hidden[act], x[act]) and torch.equal(st.hidden[~act],
                                                                 before["hidden"][~act])
@@ -292,8 +289,8 @@ def test_row_advance_kernel_matches_torch():
 @pytest.mark.parametrize("block", [16, 4096])
 def test_masked_argmax_kernel(block):
     """First maximum on ties (torch.argmax's rule), segments, and the answer-marker mask only
-    for text rows past their first pick."""
-    from photon_core.fast.kernels.masked_argmax import masked_argmax
+    for text rows past their first pick; the same as its torch reference."""
+    from photon_core.ops.masked_argmax import masked_argmax, masked_argmax_reference
 
     g = torch.Generator().manual_seed(2)
     x = torch.randn(4, 100, generator=g)
@@ -307,28 +304,26 @@ def test_masked_argmax_kernel(block):
     masked[:2, 42] = float("-inf")                  # text rows 0, 1 after their first pick
     assert out[:, 0].tolist() == masked.argmax(-1).tolist()
     assert out[0, 0] == 30 and out[2, 0] == 42 and out[3, 0] == 42 and out[1, 0] != 42
+    ref = torch.full((4, 4), -1, dtype=torch.long)
+    masked_argmax_reference(x, ref, 0, mask_col=42, phase=phase, first=first)
     masked_argmax(x, out, 2, segments=2, block=block)
+    masked_argmax_reference(x, ref, 2, segments=2)
     assert out[:, 2:].tolist() == x.view(4, 2, 50).argmax(-1).tolist()
-    assert (out[:, 1] == -1).all()
+    assert (out[:, 1] == -1).all() and torch.equal(out, ref)
 
 
 def test_region_heads_fused_match_torch():
-    """The fused coord / size heads (two GEMVs + argmax) pick what decode_step's torch heads
-    pick (fp32 tiny model, random hidden states)."""
-    from photon_core.fast import decode_step as ds
-
+    """The fused coord / size heads (two GEMVs + argmax) pick what the eager backend's torch
+    heads pick (fp32 tiny model, random hidden states)."""
     _, st, fd = _tiny_state(rows=3)
     st.hidden.normal_(generator=torch.Generator().manual_seed(3))
-    fused, st.fused = st.fused, None
-    ds.coord(st, 3)
-    ds.size(st, 3)
+    for name in ("coord", "size"):
+        st.eager.head_pick(name, st, 3)
     ref = st.out.clone()
-    st.fused = fd
     st.out.zero_()
-    ds.coord(st, 3)
-    ds.size(st, 3)
+    for name in ("coord", "size"):
+        fd.head_pick(name, st, 3)
     assert torch.equal(st.out[:, 1:], ref[:, 1:])
-    st.fused = fused
 
 
 @pytest.mark.parametrize("length", [5, 12, 20])
@@ -336,6 +331,7 @@ def test_fused_prompt_prefill_matches_torch_prefill(length):
     """graphed_prefill.py with the fused kernels (buckets <= FUSED_MAX_T; 20 tokens takes the
     torch bucket of 32) vs the torch prefill over the same cache contents: the last hidden
     state and the k/v written (fp32 tiny model, interpreted kernels)."""
+    from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
     from photon_core.fast.graphed_prefill import GraphedPrefill
     from photon_core.fast.static_kv_cache import StaticKVCache
@@ -349,11 +345,7 @@ def test_fused_prompt_prefill_matches_torch_prefill(length):
         kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, 2, 64, cfg.head_dim, "cpu",
                            torch.float32)
         kv.data.normal_(generator=torch.Generator().manual_seed(6))   # an "image prefix"
-        ds.FUSED = mode
-        try:
-            st = ds.StepState(m, 2, kv)
-        finally:
-            ds.FUSED = "auto"
+        st = ds.StepState(m, 2, kv, EngineOptions(fused=mode))
         pf = GraphedPrefill(st, use_graphs=False)
         assert (pf.fused is not None) == (mode == "on")
         prompt = torch.randint(0, cfg.vocab_size, (length,),
@@ -388,7 +380,7 @@ def test_fast_engine_deterministic_flag_reaches_the_fused_gemvs(monkeypatch):
 
     from photon_core.fast import FastEngine
     from photon_core.fast import decode_step as ds
-    from photon_core.fast import fused_step, graphed_prefill  # noqa: F401
+    from photon_core.fast import fused_backend, graphed_prefill  # noqa: F401
     from photon_core.moondream.model import build_random_model
     from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
     from photon_core.task import Task
@@ -401,15 +393,11 @@ def test_fast_engine_deterministic_flag_reaches_the_fused_gemvs(monkeypatch):
         if epi == G.EPI_RESIDUAL:
             seen.append(k.get("deterministic", False))
         return real(*a, **k)
-    monkeypatch.setattr(fused_step, "gemv", spy)
+    monkeypatch.setattr(fused_backend, "gemv", spy)
     monkeypatch.setattr(G, "gemv", spy)
     m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0,
                            eos_bias=TEST_EOS_BIAS["fast"])
-    ds.FUSED = "on"
-    try:
-        fe = FastEngine(m, max_batch=2, deterministic=True)
-    finally:
-        ds.FUSED = "auto"
+    fe = FastEngine(m, max_batch=2, deterministic=True, fused="on")
     assert fe.state.fused.deterministic and fe.metrics()["deterministic"]
     enc = m.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3),
                                                            dtype=np.uint8))
@@ -425,7 +413,7 @@ def test_seeded_sample_kernel_is_reproducible_and_follows_the_distribution():
     """The exponential race draws token i with probability p_i: zero-probability tokens are
     never drawn, frequencies over 150 positions match p, and a draw depends only on (seed,
     position)."""
-    from photon_core.fast.kernels.seeded_sample import seeded_sample
+    from photon_core.ops.seeded_sample import seeded_sample
 
     V, N = 8, 150
     p = torch.tensor([0.4, 0.2, 0.15, 0.1, 0.1, 0.05, 0.0, 0.0])

@@ -144,7 +144,7 @@ def test_gpu_idle_metric_is_empty_on_cpu(model, enc):
 
 
 def test_fast_rope_equals_reference_rope():
-    from photon_core.fast.decode_step import rope, rope_perms, rope_tables
+    from photon_core.ops.rope import rope, rope_perms, rope_tables
     from photon_core.moondream.rope import apply_rope, rope_angles
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 4, 1, 64, generator=g)

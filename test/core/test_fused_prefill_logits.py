@@ -1,5 +1,5 @@
 """bench_kernels.py's `logits_prefill_rel` (0.25 on the H200 between an engine built with
-decode_step.FUSED="off" and one with "on"): the lm logits right after the prompt prefill.
+fused="off" and one with "on"): the lm logits right after the prompt prefill.
 
 Cause: every CUDA graph of every FastEngine was captured on torch.cuda.graph's one
 process-wide default capture stream, and PyTorch keys the cuBLAS workspace by (handle,
@@ -108,7 +108,7 @@ def test_each_engine_captures_its_graphs_on_its_own_stream(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                     reason="interpreted Triton kernels on CPU tensors")
 def test_bench_sequence_fused_and_torch_logits_agree_after_prefill():
-    """bench_kernels.correctness on the tiny fp32 model: engines built with FUSED "off" and
+    """bench_kernels.correctness on the tiny fp32 model: engines built with fused="off" and
     "on", both prefill the same query; the logits right after the prefill (fused lm head vs
     torch lm head, same hidden state) and after one forward agree to fp32 rounding."""
     pytest.importorskip("triton")
@@ -119,13 +119,7 @@ def test_bench_sequence_fused_and_torch_logits_agree_after_prefill():
     from photon_core.task import Task
 
     m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
-    engines = {}
-    try:
-        for mode in ("off", "on"):
-            ds.FUSED = mode
-            engines[mode] = FastEngine(m, max_batch=8)
-    finally:
-        ds.FUSED = "auto"
+    engines = {mode: FastEngine(m, max_batch=8, fused=mode) for mode in ("off", "on")}
     prev, fused = engines["off"], engines["on"]
     assert fused.state.fused is not None and prev.state.fused is None
     enc = prev.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3),

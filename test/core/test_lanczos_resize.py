@@ -7,7 +7,6 @@ import pytest
 import torch
 from PIL import Image
 
-from photon_core.moondream import model as model_mod
 from photon_core.moondream import vision
 from photon_core.moondream.crops import overlap_crops, overlap_crops_tensor
 from photon_core.moondream.lanczos_resize import (PRECISION_BITS, _vertical_first,
@@ -179,9 +178,9 @@ def test_image_crops_torch_equals_pil(which, fast_model, monkeypatch):
               for h, w in ((480, 640), (200, 90), (150, 150))]
     frames.append(Image.fromarray(frames[0]))       # a PIL image: a read-only array inside
     for frame in frames:
-        monkeypatch.setattr(model_mod, "CROPS_ON_DEVICE", False)
+        monkeypatch.setattr(model, "crops_on_device", False)
         array, pil_x, tiling = model.image_crops(frame)
-        monkeypatch.setattr(model_mod, "CROPS_ON_DEVICE", True)
+        monkeypatch.setattr(model, "crops_on_device", True)
         array2, torch_x, tiling2 = model.image_crops(frame)
         assert tiling2 == tiling and np.array_equal(array2, array)
         assert torch_x.dtype == pil_x.dtype == model.dtype

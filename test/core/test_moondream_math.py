@@ -9,7 +9,7 @@ import torch
 
 from photon_core.moondream import region
 from photon_core.moondream.crops import overlap_crops, select_tiling, stitch_features
-from photon_core.moondream.sampling import sample, top_p_filter
+from photon_core.ops.sampling import sample, top_p_filter
 from photon_core.moondream.streaming import TextStreamer
 
 
@@ -103,7 +103,7 @@ def test_pixel_normalization_rounds_like_the_reference_in_each_dtype():
 
 
 def test_top_p_filter_runs_at_top_p_one_like_the_reference(monkeypatch):
-    from photon_core.moondream import sampling
+    from photon_core.ops import sampling
 
     calls = []
     real = sampling.top_p_filter

@@ -8,6 +8,7 @@ from .model import SKILLS, Gemma4Model, load_model
 from .test_model import make_test_model
 
 FAMILY = "gemma4"
+FAST_PATH = False    # served by its reference engine; the fast path does not serve it yet
 MODEL_TYPES = ("gemma4",)
 
 __all__ = ["FAMILY", "MODEL_TYPES", "SKILLS", "Gemma4Model", "load_model", "make_test_model"]

@@ -10,6 +10,7 @@ from .model import EncodedImage, Qwen35Model, load_model
 from .test_model import make_test_model
 
 FAMILY = "qwen3.5"
+FAST_PATH = False    # served by its reference engine; the fast path does not serve it yet
 SKILLS = frozenset({"query", "caption", "detect", "point"})
 
 __all__ = ["FAMILY", "MODEL_TYPES", "SKILLS", "CheckpointError", "ConfigError", "EncodedImage",

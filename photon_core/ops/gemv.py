@@ -14,23 +14,17 @@ Epilogues (EPI):
   EPI_RESIDUAL y (fp32 residual stream) += acc + bias (bias from split 0 only); SPLIT_K > 1
                adds with fp32 atomics, so the sum order varies between runs.
 
-LayerNorm prologue (`ln=(gamma, beta)`, any epilogue): the GEMV input is LN(x) instead of x.
-Every program first computes the statistics of its x rows over the FULL row (all K, also in
-a split-K program, whose own K range is only a part of it): one short pass over x in
-[BLOCK_B, LN_BLOCK] chunks, fp32, per-chunk mean / M2 merged with Chan's formula (as robust
-as the two-pass mean-then-variance, one read of x). The K loop then feeds
-((x - mean) * rstd * gamma + beta) rounded to the weight dtype - bitwise the input the
-separate LayerNorm kernel (layernorm.py) would have written in the model dtype, up to the
-fp32 rounding of the statistics - to the same dot product. No extra pass over the weights;
-x (b x K, b <= 16) is tiny and L2-resident.
+Torch references (the eager backend's ops, and what the kernel is diff-tested against):
+`linear`, `linear_gelu`, and `gemv_reference` (the kernel's contract, epilogues included).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+import torch.nn.functional as F
+
+from ._triton import tl, triton
 
 from . import GEMV_MAX_ROWS
 
@@ -59,11 +53,10 @@ class GemvConfig:
 
 
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
-def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, g_ptr, beta_ptr, B, N, K, stride_xb,
-                 stride_yb, n_split, gap, eps,
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT: tl.constexpr, LN: tl.constexpr, LN_BLOCK: tl.constexpr):
+                 DOT: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -74,24 +67,6 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, g_ptr, beta_ptr, B, N, K, stride
     k_start = pid_k * k_len
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     x_rows = x_ptr + offs_b[:, None] * stride_xb
-    if LN:
-        # row statistics over all of K (not just this split's range); K % LN_BLOCK == 0
-        ln_mean = tl.zeros([BLOCK_B], dtype=tl.float32)
-        ln_m2 = tl.zeros([BLOCK_B], dtype=tl.float32)
-        ln_n = tl.zeros([BLOCK_B], dtype=tl.float32)
-        for kk in range(0, K, LN_BLOCK):
-            offs_s = kk + tl.arange(0, LN_BLOCK)
-            xs = tl.load(x_rows + offs_s[None, :], mask=b_ok[:, None], other=0.0
-                         ).to(tl.float32)
-            c_mean = tl.sum(xs, axis=1) / LN_BLOCK
-            xd = xs - c_mean[:, None]
-            c_m2 = tl.sum(xd * xd, axis=1)
-            n_new = ln_n + LN_BLOCK
-            delta = c_mean - ln_mean
-            ln_mean = ln_mean + delta * (LN_BLOCK / n_new)
-            ln_m2 = ln_m2 + c_m2 + delta * delta * (ln_n * LN_BLOCK / n_new)
-            ln_n = n_new
-        ln_rstd = 1.0 / tl.sqrt(ln_m2 / K + eps)
     if DOT:
         acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     else:
@@ -100,11 +75,6 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, g_ptr, beta_ptr, B, N, K, stride
         offs_k = kk + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
-        if LN:
-            gam = tl.load(g_ptr + offs_k).to(tl.float32)
-            bet = tl.load(beta_ptr + offs_k).to(tl.float32)
-            x = ((x.to(tl.float32) - ln_mean[:, None]) * ln_rstd[:, None] * gam[None, :]
-                 + bet[None, :]).to(w.dtype)
         if DOT:
             acc += tl.dot(x.to(w.dtype), tl.trans(w))
         else:
@@ -204,28 +174,11 @@ def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvC
     raise ValueError(f"no GEMV config fits n={n} k={k}")
 
 
-LN_TILE = 8192       # values in one [BLOCK_B, LN_BLOCK] chunk of the LN statistics pass
-
-
-def ln_block(k: int, block_b: int, block_k: int) -> int:
-    """Chunk of the LN statistics pass: a power of two dividing K (at least BLOCK_K, which
-    divides K), at most LN_TILE / BLOCK_B values per chunk so the [BLOCK_B, LN_BLOCK] fp32 tile
-    stays in registers (K = 2048: one chunk at b = 1 (FMA form), 4 in the dot form)."""
-    c = block_k
-    while k % (2 * c) == 0 and block_b * 2 * c <= LN_TILE:
-        c *= 2
-    return c
-
-
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
          epi: int = EPI_STORE, n_split: int = 0, gap: int = 0,
-         cfg: GemvConfig | None = None,
-         ln: tuple[torch.Tensor, torch.Tensor] | None = None,
-         eps: float = 1e-5, deterministic: bool = False) -> torch.Tensor:
+         cfg: GemvConfig | None = None, deterministic: bool = False) -> torch.Tensor:
     """x [b, K] (row stride free, unit column stride), w [N, K] contiguous, y [b, *] with
-    unit column stride (fp32 for EPI_RESIDUAL). ln=(gamma, beta) ([K] each, contiguous):
-    the input is F.layer_norm(x, (K,), gamma, beta, eps) rounded to w's dtype (statistics
-    in fp32 over the whole row), computed on the fly; x may then be fp32 (the residual).
+    unit column stride (fp32 for EPI_RESIDUAL).
     deterministic: never split K (split-K adds with fp32 atomics in a varying order)."""
     b, k = x.shape
     n = w.shape[0]
@@ -234,18 +187,39 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
-    if ln is not None:
-        gamma, beta = ln
-        assert gamma.shape == (k,) and beta.shape == (k,)
-        assert gamma.is_contiguous() and beta.is_contiguous()
-    else:
-        gamma = beta = w
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    _gemv_kernel[grid](x, w, bias if bias is not None else w, y, gamma, beta, b, n, k,
-                       x.stride(0), y.stride(0), n_split, gap, float(eps), EPI=epi,
+    _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k,
+                       x.stride(0), y.stride(0), n_split, gap, EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
-                       LN=ln is not None,
-                       LN_BLOCK=ln_block(k, block_b, cfg.block_k) if ln is not None else 1,
                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
+
+
+# -- torch references ---------------------------------------------------------------------
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The op: y = x W^T + b (a torch Linear)."""
+    return F.linear(x, w, bias)
+
+
+def linear_gelu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """gelu_tanh(x W^T + b): a Linear followed by GELU (tanh form), rounded between them."""
+    return F.gelu(F.linear(x, w, bias), approximate="tanh")
+
+
+def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                   y: torch.Tensor, epi: int = EPI_STORE, n_split: int = 0,
+                   gap: int = 0) -> torch.Tensor:
+    """What gemv() writes into y, in torch (the kernel's test oracle)."""
+    dt = y.dtype
+    acc = F.linear(x.to(w.dtype).float(), w.float(), None if bias is None else bias.float())
+    if epi == EPI_RESIDUAL:
+        y[:, :acc.shape[1]] += acc
+    elif epi == EPI_QKV_GELU:
+        t = acc.to(dt)
+        y[:, :n_split] = t[:, :n_split]
+        y[:, n_split + gap:n_split + gap + t.shape[1] - n_split] = F.gelu(
+            t[:, n_split:].float(), approximate="tanh").to(dt)
+    else:
+        y[:, :acc.shape[1]] = acc.to(dt)
     return y

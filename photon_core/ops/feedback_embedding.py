@@ -11,12 +11,18 @@ fourier(v) = [cos(2 pi v @ F), sin(2 pi v @ F)]: each intermediate (2 pi v, v @ 
 the encoder output) is rounded to the model dtype like the torch ops of the reference
 (region.fourier, then a Linear), the dot products accumulate in fp32. The embedding is written
 as fp32 into the fused decoder's residual stream x [rows, dim].
+
+Torch reference (the eager backend's feedback): `feedback_embedding_reference`, which computes
+all three candidates and picks by phase with `where`.
 """
 from __future__ import annotations
 
+import math
+
 import torch
-import triton
-import triton.language as tl
+import torch.nn.functional as F
+
+from ._triton import tl, triton
 
 TWO_PI = 6.283185307179586
 
@@ -65,18 +71,28 @@ def _feedback_kernel(out_ptr, phase_ptr, wte_ptr, ctab_ptr, stab_ptr,
     tl.store(x_ptr + row * stride_x + offs, e, mask=dmask)
 
 
+DEFAULT_NAMES = {"wte": "text.wte", "coord_features": "region.coord_features",
+                 "coord_encoder": "region.coord_encoder",
+                 "size_features": "region.size_features",
+                 "size_encoder": "region.size_encoder"}
+
+
 class FeedbackWeights:
     """The tensors the kernel reads, contiguous, gathered once."""
 
-    def __init__(self, w, coord_table: torch.Tensor, size_table: torch.Tensor):
-        self.wte = w["text.wte"].contiguous()
+    def __init__(self, w, coord_table: torch.Tensor, size_table: torch.Tensor,
+                 names: dict | None = None):
+        """w: the checkpoint's tensors by name; names: role -> tensor name prefix (wte,
+        coord_features, coord_encoder, size_features, size_encoder), Moondream's by default."""
+        n = dict(DEFAULT_NAMES, **(names or {}))
+        self.wte = w[n["wte"]].contiguous()
         self.coord_table, self.size_table = coord_table, size_table
-        self.cfeat = w["region.coord_features"].contiguous()
-        self.cw = w["region.coord_encoder.weight"].contiguous()
-        self.cb = w["region.coord_encoder.bias"].contiguous()
-        self.sfeat = w["region.size_features"].contiguous()
-        self.sw = w["region.size_encoder.weight"].contiguous()
-        self.sb = w["region.size_encoder.bias"].contiguous()
+        self.cfeat = w[n["coord_features"]].contiguous()
+        self.cw = w[n["coord_encoder"] + ".weight"].contiguous()
+        self.cb = w[n["coord_encoder"] + ".bias"].contiguous()
+        self.sfeat = w[n["size_features"]].contiguous()
+        self.sw = w[n["size_encoder"] + ".weight"].contiguous()
+        self.sb = w[n["size_encoder"] + ".bias"].contiguous()
         assert self.cfeat.shape[0] == 1 and self.sfeat.shape[0] == 2
         self.cf, self.sf = self.cfeat.shape[1], self.sfeat.shape[1]
         assert self.cw.shape[1] == 2 * self.cf and self.sw.shape[1] == 2 * self.sf
@@ -92,3 +108,27 @@ def feedback_embedding(fw: FeedbackWeights, out: torch.Tensor, phase: torch.Tens
         out, phase, fw.wte, fw.coord_table, fw.size_table, fw.cfeat, fw.cw, fw.cb, fw.sfeat,
         fw.sw, fw.sb, x, d, x.stride(0), CF=fw.cf, SF=fw.sf, BLOCK_D=block_d, num_warps=4)
     return x
+
+
+# -- torch reference ----------------------------------------------------------------------
+def _fourier(v: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    f = 2 * math.pi * v @ freqs          # same association as the reference's region.fourier
+    return torch.cat([f.cos(), f.sin()], dim=-1)
+
+
+def feedback_embedding_reference(fw: FeedbackWeights, out: torch.Tensor,
+                                 phase: torch.Tensor) -> torch.Tensor:
+    """out [b, 4] int64, phase [b] -> [b, dim] in the model dtype: by phase (0 text, 3 size,
+    else a coordinate) the token embedding or the encoder of the value sampled."""
+    tok = F.embedding(out[:, 0], fw.wte)
+    c = fw.coord_table[out[:, 1]][:, None]
+    c_emb = F.linear(_fourier(c, fw.cfeat), fw.cw, fw.cb)
+    s = fw.size_table[out[:, 2:4]]
+    s_emb = F.linear(_fourier(s, fw.sfeat), fw.sw, fw.sb)
+    ph = phase[:, None]
+    return torch.where(ph == 0, tok, torch.where(ph == 3, s_emb, c_emb))
+
+
+def token_embedding_reference(wte: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The feedback of a text-only family: the embedding of the token sampled (out[:, 0])."""
+    return F.embedding(out[:, 0], wte)

@@ -14,15 +14,22 @@ kernel blocks its work by the key length, so in bf16 the rounding (and occasiona
 pick) depends on it; using the same extent and mask shapes keeps us bit-exact with the
 reference. A cache whose storage is shorter than the span (the image-prefix cache, a fast-path
 row) is read zero-padded to the span.
+
+The blocks are the ops of program.decoder_ops (the one description of a block, which the
+runtime's backends run too), interpreted with the ops' torch references (ops/eager.py) in
+this order: h = LayerNorm(x); qkv = Linear(h); g = gelu_tanh(Linear_fc1(h)); a = attention;
+x = x + Linear_proj(a) + Linear_fc2(g).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ...ops.eager import run_ops
 from .config import TextConfig
 from .kv_cache import KVCache
 from .layers import Weights
+from .program import decoder_ops
 from .rope import apply_rope, rope_angles
 
 
@@ -52,17 +59,17 @@ def decoder(w: Weights, cfg: TextConfig, x: torch.Tensor, start: int, cache: KVC
     mask = attention_mask(start, length, prefix_len, x.device, span)
     # the shapes the reference passes to SDPA: [1, 1, span] (one decode step), else [1, 1, T, span]
     mask = mask[None] if length == 1 else mask[None, None]
-    for i in range(cfg.n_layers):
-        p = f"text.blocks.{i}"
-        h = w.layer_norm(x, p + ".ln")
-        q, k, v = w.linear(h, p + ".attn.qkv").split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+
+    def attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
+        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
         q = apply_rope(q.view(1, length, nh, hd).transpose(1, 2), cos, sin)
         k = apply_rope(k.view(1, length, nkv, hd).transpose(1, 2), cos, sin)
         v = v.view(1, length, nkv, hd).transpose(1, 2)
         k, v = cache.write(i, start, k, v, span)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nh != nkv)
-        a = w.linear(a.transpose(1, 2).reshape(1, length, dim), p + ".attn.proj")
-        x = x + a + w.mlp(h, p + ".mlp")
+        return a.transpose(1, 2).reshape(1, length, dim)
+
+    x = run_ops(decoder_ops(cfg), {"x": x}, w, attend)["x"]
     cache.length = max(cache.length, start + length)
     return x
 

@@ -1,22 +1,21 @@
 """The end of a decode step in one launch: every active row stores its new hidden state and
-advances its position and phase (decode_step.forward's torch tail, ~12 kernels).
+advances its position and phase (row_advance_reference in torch is ~12 kernels).
 
 grid (rows, dim / BLOCK_D). Row r, if active[r]:
   hidden[r] = x[r] rounded to hidden's dtype      (every program, its channel block)
   pos[r] += 1; first[r] = 0;                      (the channel-block-0 program only)
-  phase[r] = x -> y, y -> size (detect) or x (point), size -> x, text stays
+  phase[r] = phase_next[phase[r], kind[r]]        (the family's skill-protocol table [P, K])
 Inactive rows are left exactly as they were.
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+from ._triton import tl, triton
 
 
 @triton.jit
 def _advance_kernel(x_ptr, stride_x, h_ptr, stride_h, active_ptr, pos_ptr, phase_ptr,
-                    detect_ptr, first_ptr, D, BLOCK_D: tl.constexpr):
+                    kind_ptr, first_ptr, table_ptr, n_kinds, D, BLOCK_D: tl.constexpr):
     row = tl.program_id(0)
     blk = tl.program_id(1)
     act = tl.load(active_ptr + row)
@@ -28,22 +27,29 @@ def _advance_kernel(x_ptr, stride_x, h_ptr, stride_h, active_ptr, pos_ptr, phase
         if blk == 0:
             tl.store(pos_ptr + row, tl.load(pos_ptr + row) + 1)
             ph = tl.load(phase_ptr + row)
-            det = tl.load(detect_ptr + row)
-            nxt = tl.where(ph == 1, 2,
-                           tl.where(ph == 2, tl.where(det != 0, 3, 1),
-                                    tl.where(ph == 3, 1, ph)))
-            tl.store(phase_ptr + row, nxt)
+            kind = tl.load(kind_ptr + row)
+            tl.store(phase_ptr + row, tl.load(table_ptr + ph * n_kinds + kind))
             tl.store(first_ptr + row, tl.zeros([], dtype=tl.uint8))
 
 
 def row_advance(x: torch.Tensor, hidden: torch.Tensor, active: torch.Tensor, pos: torch.Tensor,
-                phase: torch.Tensor, is_detect: torch.Tensor, first: torch.Tensor,
-                block_d: int = 512) -> None:
+                phase: torch.Tensor, kind: torch.Tensor, first: torch.Tensor,
+                phase_next: torch.Tensor, block_d: int = 512) -> None:
     """x [b, dim] (the decoder's output), the first b rows of the StepState tensors
-    (bool tensors are read/written as uint8)."""
+    (bool tensors are read/written as uint8), phase_next [P, K] int64 contiguous."""
     b, d = x.shape
-    assert x.stride(1) == 1 and hidden.stride(1) == 1
+    assert x.stride(1) == 1 and hidden.stride(1) == 1 and phase_next.is_contiguous()
     _advance_kernel[(b, triton.cdiv(d, block_d))](
         x, x.stride(0), hidden, hidden.stride(0), active.view(torch.uint8), pos, phase,
-        is_detect.view(torch.uint8), first.view(torch.uint8), d, BLOCK_D=block_d,
+        kind, first.view(torch.uint8), phase_next, phase_next.shape[1], d, BLOCK_D=block_d,
         num_warps=4)
+
+
+def row_advance_reference(x: torch.Tensor, hidden: torch.Tensor, active: torch.Tensor,
+                          pos: torch.Tensor, phase: torch.Tensor, kind: torch.Tensor,
+                          first: torch.Tensor, phase_next: torch.Tensor) -> None:
+    """The same in torch, in place."""
+    hidden.copy_(torch.where(active[:, None], x.to(hidden.dtype), hidden))
+    pos += active.long()
+    phase.copy_(torch.where(active, phase_next[phase, kind], phase))
+    first &= ~active

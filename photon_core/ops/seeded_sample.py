@@ -20,8 +20,7 @@ random streams.) Rows with p = 0 never win; p comes in already tempered and top-
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+from ._triton import tl, triton
 
 
 @triton.jit

@@ -8,7 +8,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..task import Task, TaskResult
+from ...engine import PrefixState
+from ...task import Task, TaskResult
 from . import hub, text, vision
 from .config import MoondreamConfig
 from .crops import overlap_crops, overlap_crops_tensor
@@ -18,11 +19,6 @@ from .layers import Weights
 from .run import TaskRun, _sync
 from .tokenizer import Tokenizer
 from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_metadata
-
-# Where image_crops makes the overlap crops: None = on the model's device when that is CUDA
-# (torch LANCZOS, bit-identical to PIL; H200, 640x480 frame: 0.6-0.7 ms vs 15-21 ms with
-# PIL), else with PIL on the CPU (faster there); True / False force the torch / PIL path.
-CROPS_ON_DEVICE: bool | None = None
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -53,21 +49,19 @@ def parse_device(device) -> torch.device:
     return d
 
 
-@dataclass(frozen=True)
-class EncodedImage:
-    """An image after the vision encoder AND the text decoder's pass over its prefix.
+@dataclass(frozen=True, kw_only=True)
+class EncodedImage(PrefixState):
+    """Moondream 2's prefix state: the image after the vision encoder AND the text decoder's
+    pass over its prefix.
 
     kv: the k/v of [BOS, 729 image tokens] for every layer, [n_layers, 2, 1, Hkv, 730, D].
     Read-only: every task copies it into its own cache, so one handle serves many tasks.
+    tiling: the local crops' grid (n_crops = 1 global + rows x cols).
     """
-    kv: torch.Tensor
-    width: int
-    height: int
-    tiling: tuple[int, int]
-    encode_ms: float
-    model_id: str
-    setup_ms: float = 0.0   # of encode_ms: one-time work of this call (the fast path's graph
-                            # capture for a new crop tiling); schedulers leave it out of costs
+    tiling: tuple[int, int] = (0, 0)
+
+    def __post_init__(self):
+        object.__setattr__(self, "n_crops", 1 + int(self.tiling[0]) * int(self.tiling[1]))
 
 
 class MoondreamModel:
@@ -78,6 +72,13 @@ class MoondreamModel:
         self.max_image_side = max_image_side
         self.prefix_len = config.prefix_len
         self.test_model_note: str | None = None   # set when the weights are a random test model
+        # where image_crops makes the overlap crops: None = on the model's device when that is
+        # CUDA (torch LANCZOS, bit-identical to PIL; H200, 640x480 frame: 0.6-0.7 ms vs 15-21
+        # ms with PIL), else with PIL on the CPU (faster there); True / False force the torch /
+        # PIL path (EngineOptions.crops_on_device)
+        self.crops_on_device: bool | None = None
+
+    max_runs = None     # the reference engine holds any number of runs (engine.Engine)
 
     @property
     def device(self) -> torch.device:
@@ -92,11 +93,12 @@ class MoondreamModel:
         """image -> (the RGB array, normalized crops [N, 3, crop, crop] on the model's device,
         tiling): everything of encode_image before the vision encoder (shared with the fast
         path's graphed encoder). The crops are the same pixels on either path (see
-        CROPS_ON_DEVICE)."""
+        crops_on_device)."""
         array = to_rgb_array(image, self.max_image_side)
         v, w = self.config.vision, self.weights
         args = (v.crop_size, v.enc_patch_size, v.overlap_margin, v.max_crops)
-        on_device = w.device.type == "cuda" if CROPS_ON_DEVICE is None else CROPS_ON_DEVICE
+        on_device = (w.device.type == "cuda" if self.crops_on_device is None
+                     else self.crops_on_device)
         with torch.inference_mode():
             if on_device:
                 # (np.require: a writable array, as torch.from_numpy wants; PIL's are not)
@@ -136,6 +138,15 @@ class MoondreamModel:
         if enc.kv.shape[0] != self.config.text.n_layers or enc.kv.dtype != self.dtype:
             raise ValueError("this EncodedImage was made by a different model")
         return TaskRun(self, enc, task, stream, ignore_eos)
+
+    def step_spec(self):
+        """The runtime's plugin view of this model: step program, phase table, feedback
+        tables (program.py, skill_protocol.py)."""
+        from .program import step_spec
+        return step_spec(self)
+
+    def count_prompt_tokens(self, task: Task) -> int:
+        return len(self.tokenizer.prompt(task.skill, task.target))
 
     def step_batch(self, runs: list[TaskRun]) -> list[bool]:
         """One step of every run (the reference path steps them one after another)."""

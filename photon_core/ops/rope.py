@@ -11,8 +11,10 @@ q.k products mathematically (q and k are permuted alike), but in reduced precisi
 dot-product summation order changes the rounding, so we use the reference's order to be
 bit-exact with it. Consequently every k stored in a KV cache (the reference path's and the
 fast path's, including the encoded image prefix) is in this order, and every place that
-rotates q or k (photon_core/fast: decode_step.rope, the Triton decode_attention kernel,
-graphed_prefill) must write the same order.
+rotates q or k (`rope` below, the Triton decode_attention kernel) must write the same order.
+
+`rope_perms` / `rope_tables` / `rope`: the same rotation as a gather + one fused multiply-add
+over full-width tables, for a batch of rows at different positions (the decode step's form).
 
 cos/sin come from the complex exponential exp(1j * angle) in fp32 (its cos/sin can differ
 from Tensor.cos()/sin() in the last bit); the product is computed in fp32 and the result
@@ -41,3 +43,37 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     out_im = re * sin + im * cos
     rotated = torch.stack([out_re, out_im], dim=-1).flatten(-2)
     return torch.cat([rotated.to(x.dtype), rest], dim=-1)
+
+
+def rope_perms(rot_dim: int, head_dim: int, device=None) -> torch.Tensor:
+    """[2, head_dim] source channels for rope(): output channel c (rotated pair j = c // 2,
+    written interleaved like apply_rope) is x[perm[0, c]] * C[c] + x[perm[1, c]] * S[c]:
+    even c: re_j * cos_j + im_j * (-sin_j);  odd c: im_j * cos_j + re_j * sin_j
+    (re_j = x[j], im_j = x[rot/2 + j]); pass-through channels: x[c] * 1 + x[c] * 0."""
+    half = rot_dim // 2
+    a = [c // 2 if c % 2 == 0 else half + c // 2 for c in range(rot_dim)]
+    b = [half + c // 2 if c % 2 == 0 else c // 2 for c in range(rot_dim)]
+    rest = list(range(rot_dim, head_dim))
+    return torch.tensor([a + rest, b + rest], device=device)
+
+
+def rope_tables(pos: torch.Tensor, rot_dim: int, head_dim: int, theta: float = 10000.0):
+    """Full-width fp32 tables for rope(): C = [cos_0, cos_0, cos_1, cos_1, .., 1..],
+    S = [-sin_0, sin_0, -sin_1, sin_1, .., 0..] ([b, 1, 1, head_dim]), built once per step
+    from rope_angles."""
+    cos, sin = rope_angles(pos, rot_dim, theta)               # [b, rot/2]
+    b, half = cos.shape
+    one = torch.ones(b, head_dim - 2 * half, device=pos.device)
+    zero = torch.zeros_like(one)
+    c = torch.cat([torch.stack([cos, cos], dim=-1).flatten(-2), one], dim=-1)
+    s = torch.cat([torch.stack([-sin, sin], dim=-1).flatten(-2), zero], dim=-1)
+    return c[:, None, None, :], s[:, None, None, :]
+
+
+def rope(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """apply_rope (same output channel order: rotated pairs interleaved) in a few kernels:
+    x[perm[0]]*C + x[perm[1]]*S in fp32 (rope_perms, rope_tables). Same math:
+    re*cos + im*(-sin), im*cos + re*sin; the pass-through channels get x*1 + x*0."""
+    xf = x.float()
+    return torch.addcmul(xf.index_select(-1, perm[0]) * c, xf.index_select(-1, perm[1]),
+                         s).to(x.dtype)

@@ -13,12 +13,17 @@ out[row, head * hd : (head + 1) * hd], in a second kernel, grid (rows, n_heads) 
 (FUSE_COMBINE) inside attend_partial by the last split program of each (row, head) to finish
 (an acq_rel atomic counter per (row, head), reset by that program; partials read through
 L2): one launch fewer per layer, but measured slower on the H200 (7.87 vs 7.44 us/layer).
+
+Torch references (the eager backend's attention op): `decode_attention_reference` (one query
+per row at its own position, the same rotary / cache write / masked attention) and
+`prefill_attention_reference` (the prompt's tokens of one row, causal over the whole row).
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+import torch.nn.functional as F
+
+from ._triton import tl, triton
 
 
 FUSE_COMBINE = False     # H200: in-kernel merge 7.87 us/layer vs 7.44 with the combine kernel (b=1)
@@ -163,3 +168,82 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                                       NH=n_heads, HD=head_dim, NSPLIT=scratch.n_split,
                                       SPLIT_P2=p2, num_warps=2)
     return out
+
+
+# -- torch references ---------------------------------------------------------------------
+def attend(q, keys, values, mask, sdpa: bool) -> torch.Tensor:
+    """One query per row against the static cache (mask: bool [b, 1, 1, L] for SDPA, else
+    additive [b*nh, 1, L]). Measured (docs/benchmarks.md): on the H200, masked SDPA is ~5 %
+    faster per step than matmul + softmax + matmul (2.33 vs 2.46 ms at batch 1); on the CPU
+    masked SDPA is ~30x slower than the matmul form. EngineOptions.attention picks."""
+    b, nh, _, hd = q.shape
+    if sdpa:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                              enable_gqa=keys.shape[1] != nh)
+    length = keys.shape[2]
+    k3 = keys.reshape(b * nh, length, hd)
+    v3 = values.reshape(b * nh, length, hd)
+    scores = torch.baddbmm(mask, q.reshape(b * nh, 1, hd), k3.transpose(1, 2),
+                           alpha=hd ** -0.5)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    return torch.bmm(probs, v3).view(b, nh, 1, hd)
+
+
+def decode_mask(pos: torch.Tensor, key_ids: torch.Tensor, attn_len: int, n_heads: int,
+                dtype, sdpa: bool) -> torch.Tensor:
+    """Keys <= each row's position: bool [b, 1, 1, L] (SDPA) or additive [b*nh, 1, L]."""
+    b = pos.shape[0]
+    visible = key_ids[None, :attn_len] <= pos[:, None]                   # [b, L]
+    if sdpa:
+        return visible[:, None, None, :]
+    mask = torch.zeros(b, attn_len, device=pos.device, dtype=dtype).masked_fill(
+        ~visible, float("-inf"))
+    return mask[:, None, :].expand(b, n_heads, attn_len).reshape(b * n_heads, 1, attn_len)
+
+
+def decode_attention_reference(qkv: torch.Tensor, rows: torch.Tensor, pos_w: torch.Tensor,
+                               kc: torch.Tensor, vc: torch.Tensor, rope_c: torch.Tensor,
+                               rope_s: torch.Tensor, perm: torch.Tensor, mask: torch.Tensor,
+                               sdpa: bool, n_heads: int, n_kv_heads: int, head_dim: int,
+                               attn_len: int) -> torch.Tensor:
+    """qkv [b, (nh+2nkv)hd] of each row's new token -> attention output [b, nh*hd]: q and k
+    rotated (ops/rope.py rope with the step's tables), k/v written into rows `rows` at
+    positions pos_w of the layer's cache kc/vc [rows, nkv, capacity, hd], then attention over
+    the first attn_len keys of rows [0, b) with the mask (decode_mask)."""
+    from .rope import rope
+    b = qkv.shape[0]
+    nh, nkv, hd = n_heads, n_kv_heads, head_dim
+    qk = rope(qkv[:, :(nh + nkv) * hd].view(b, nh + nkv, 1, hd), rope_c, rope_s, perm)
+    q, k = qk[:, :nh], qk[:, nh:]
+    v = qkv[:, (nh + nkv) * hd:(nh + 2 * nkv) * hd]
+    kc[rows, :, pos_w] = k[:, :, 0]
+    vc[rows, :, pos_w] = v.view(b, nkv, hd)
+    a = attend(q, kc[:b, :, :attn_len], vc[:b, :, :attn_len], mask, sdpa)
+    return a.reshape(b, nh * hd)
+
+
+def prefill_attention_reference(qkv: torch.Tensor, row: torch.Tensor, pos_w: torch.Tensor,
+                                kc: torch.Tensor, vc: torch.Tensor, cos: torch.Tensor,
+                                sin: torch.Tensor, mask_add: torch.Tensor, n_heads: int,
+                                n_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """qkv [T, (nh+2nkv)hd] of a prompt's T tokens in row `row` ([1] long) at positions
+    pos_w [T] -> [T, nh*hd]: rotary (apply_rope with cos/sin [T, rot/2]), k/v written, then
+    attention over the row's whole cache with the additive fp32 mask_add [T, capacity]
+    (causal: key <= the token's position)."""
+    from .rope import apply_rope
+    T = qkv.shape[0]
+    nh, nkv, hd = n_heads, n_kv_heads, head_dim
+    qk = apply_rope(qkv[None, :, :(nh + nkv) * hd].view(1, T, nh + nkv, hd).transpose(1, 2),
+                    cos, sin)
+    q, k = qk[:, :nh], qk[:, nh:]
+    v = qkv[None, :, (nh + nkv) * hd:(nh + 2 * nkv) * hd].view(1, T, nkv, hd).transpose(1, 2)
+    kc[row, :, pos_w] = k[0].transpose(0, 1)
+    vc[row, :, pos_w] = v[0].transpose(0, 1)
+    keys, values = kc.index_select(0, row), vc.index_select(0, row)      # [1, Hkv, C, D]
+    rep = nh // nkv
+    if rep > 1:
+        keys = keys.repeat_interleave(rep, dim=1)
+        values = values.repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * hd ** -0.5 + mask_add
+    a = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+    return a[0].transpose(0, 1).reshape(T, nh * hd)

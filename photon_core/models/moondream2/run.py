@@ -18,8 +18,9 @@ from typing import Callable
 
 import torch
 
-from ..task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
+from ...task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
 from . import region, text
+from . import skill_protocol as sp
 from .kv_cache import KVCache
 from .sampling import sample
 from .streaming import TextStreamer
@@ -37,23 +38,22 @@ class TaskRun:
         self.ignore_eos = ignore_eos   # test/benchmark hook: run to max_tokens/max_objects
         self.model, self.enc, self.task, self.stream = model, enc, task, stream
         cfg, w = model.config, model.weights
-        self.is_text = task.skill in ("query", "caption")
+        self.is_text = sp.is_text(task.skill)
         prompt = model.tokenizer.prompt(task.skill, task.target)
         prefix = enc.kv.shape[4]
         if prefix + len(prompt) + 1 > cfg.text.max_context:
             raise TaskError(f"prompt is {len(prompt)} tokens; with the {prefix}-token image "
                             f"prefix it does not fit the {cfg.text.max_context}-token context")
-        budget = task.max_tokens if self.is_text else (3 if task.skill == "detect" else 2) * task.max_objects
-        self.capacity = min(cfg.text.max_context, prefix + len(prompt) + budget)
+        self.capacity = min(cfg.text.max_context, prefix + len(prompt) + sp.step_budget(task))
         self.generator = None
         if task.seed is not None and self.is_text:
             self.generator = torch.Generator(device=w.device).manual_seed(task.seed)
 
         self.finish_reason: str | None = None
         self.steps = 0
-        self.objects: list[dict] = []
-        self.phase = "x"
-        self._pending: dict = {}
+        self.region = sp.RegionCollector(task.skill)
+        self.objects = self.region.objects
+        self.phase = sp.first_phase(task.skill)
         self.streamer = TextStreamer(model.tokenizer.decode)
         self.timings = {"encode_ms": enc.encode_ms, "prefill_ms": 0.0, "decode_ms": 0.0}
 
@@ -154,24 +154,19 @@ class TaskRun:
         self._check_end()
 
     def _region_step(self) -> None:
-        w = self.model.weights
-        if self.phase in ("x", "y"):
-            coord = region.decode_coordinate(w, self.hidden)
-            self._pending[self.phase] = coord
-            self._forward(region.encode_coordinate(w, coord))
-            if self.phase == "x":
-                self.phase = "y"
-                return
-            if self.task.skill == "detect":
-                self.phase = "size"
-                return
-            self.objects.append({"x": self._pending["x"], "y": self._pending["y"]})
+        """One step of an object's phase (skill_protocol.py): decode the phase's value with its
+        head, collect it, feed it back; at the start of the next object the lm head says
+        whether there is one (eos) or not."""
+        w, ph = self.model.weights, self.phase
+        if ph == sp.PHASE_SIZE:
+            value = region.decode_size(w, self.hidden)
+            emb = region.encode_size(w, *value)
         else:
-            bw, bh = region.decode_size(w, self.hidden)
-            x, y = self._pending["x"], self._pending["y"]
-            self.objects.append({"x_min": x - bw / 2, "y_min": y - bh / 2,
-                                 "x_max": x + bw / 2, "y_max": y + bh / 2})
-            self._forward(region.encode_size(w, bw, bh))
-        self.phase = "x"
-        self.next_token = self._pick(text.lm_head(w, self.hidden[0, 0]))
-        self._check_end()
+            value = region.decode_coordinate(w, self.hidden)
+            emb = region.encode_coordinate(w, value)
+        self.region.take(ph, value)
+        self._forward(emb)
+        self.phase = sp.next_phase(ph, self.region.kind)
+        if "lm" in sp.HEADS[self.phase]:
+            self.next_token = self._pick(text.lm_head(w, self.hidden[0, 0]))
+            self._check_end()

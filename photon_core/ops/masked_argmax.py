@@ -10,8 +10,7 @@ x[row, segment * L : (segment + 1) * L] (torch.argmax's tie rule); with MASK, co
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+from ._triton import tl, triton
 
 
 @triton.jit
@@ -51,4 +50,19 @@ def masked_argmax(x: torch.Tensor, out: torch.Tensor, col0: int, segments: int =
         x, x.stride(0), length, out, out.stride(0), col0, mask_col if masked else -1,
         phase if masked else out, first.view(torch.uint8) if masked else out,
         MASK=masked, BLOCK=block, num_warps=8 if block >= 4096 else 4)
+    return out
+
+
+def masked_argmax_reference(x: torch.Tensor, out: torch.Tensor, col0: int, segments: int = 1,
+                            mask_col: int | None = None, phase: torch.Tensor | None = None,
+                            first: torch.Tensor | None = None) -> torch.Tensor:
+    """The same picks in torch (the answer-marker column masked on text rows after their
+    first pick)."""
+    b, n = x.shape
+    if mask_col is not None:
+        x = x.clone()
+        col = x[:, mask_col]
+        x[:, mask_col] = torch.where((phase == 0) & ~first, torch.full_like(col, float("-inf")),
+                                     col)
+    out[:b, col0:col0 + segments] = x.view(b, segments, n // segments).argmax(dim=-1)
     return out

@@ -1,0 +1,132 @@
+"""The typed engine contract every layer shares: what an engine is, what a run is, what an
+encoded image (the prefix state) holds, and the options an engine is built with.
+
+    engine = photon_core.load_engine(path, device="cuda", dtype="bf16",
+                                     options=EngineOptions(fused="auto", max_batch=8))
+    enc = engine.encode_image(image)          # -> PrefixState, shared by every task on it
+    run = engine.start(enc, task)             # -> Run (prompt prefilled after the prefix)
+    alive = engine.step_batch([run, ...])     # one decode step of each run
+    run.cancel("deadline"); run.result()      # -> photon_core.task.TaskResult
+
+Engines: a family's reference engine (eager PyTorch, e.g. MoondreamModel), the runtime's
+FastEngine (photon_core/fast/), the scheduler's SimEngine, photon_ros' HookedEngine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from .task import Task, TaskResult
+
+ENGINES = ("auto", "reference", "fast")
+CHOICES = ("auto", "on", "off")
+ATTENTIONS = ("auto", "sdpa", "matmul")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an engine is built (given to load_engine / FastEngine; no module globals).
+
+    engine: "reference" (the family's eager engine), "fast" (the runtime: state cache, CUDA
+      graphs, pipelined decoding; on the CPU without graphs) or "auto" (fast on CUDA).
+    fused: the runtime's step backend: "on" = the fused Triton kernels, "off" = the eager
+      (torch) ops, "auto" = fused on CUDA for bf16/fp16 models when triton imports.
+    attention: eager backend's decode attention: "sdpa" (masked SDPA, faster on CUDA),
+      "matmul" (faster on the CPU), "auto" (per device).
+    crops_on_device: image crops on the model's device (torch LANCZOS, bit-identical to PIL)
+      or with PIL on the CPU; None = on device when it is CUDA.
+    deterministic: repeatable bits run to run (no split-K atomics; slightly slower).
+    max_batch: rows (batch slots) of the fast path; kv_capacity: positions per row
+      (None: 1024 on the GPU, the model's context on the CPU).
+    """
+    engine: str = "auto"
+    fused: str = "auto"
+    attention: str = "auto"
+    crops_on_device: bool | None = None
+    deterministic: bool = False
+    max_batch: int = 8
+    kv_capacity: int | None = None
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; expected one of "
+                             f"{', '.join(ENGINES)}")
+        if self.fused not in CHOICES:
+            raise ValueError(f"fused must be one of {CHOICES}, not {self.fused!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, not {self.attention!r}")
+        if not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise ValueError(f"max_batch must be a positive int, not {self.max_batch!r}")
+
+    def with_(self, **changes) -> "EngineOptions":
+        """A copy with the given fields changed (None values are ignored)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixState:
+    """An encoded image: the decoder's state after the image prefix, shared read-only by every
+    task started on it (each task copies it into its own cache row).
+
+    kv: attention k/v of the prefix tokens, [n_attention_layers, 2, 1, n_kv_heads, T, head_dim]
+      (T: any number of prefix tokens; None for a family without attention layers).
+    recurrent: per recurrent layer (e.g. Gated DeltaNet), its state after the prefix
+      (family-defined tensors; () for pure-attention families such as Moondream 2).
+    n_tokens: T when kv is None.
+    n_crops: image units the encoder ran (the scheduler's encode cost hint).
+    setup_ms: of encode_ms, one-time work of this call (a graph capture), left out of costs.
+    """
+    model_id: str
+    kv: Any = None
+    recurrent: tuple = ()
+    n_tokens: int = 0
+    width: int = 0
+    height: int = 0
+    n_crops: int = 1
+    encode_ms: float = 0.0
+    setup_ms: float = 0.0
+
+    @property
+    def length(self) -> int:
+        """Prefix tokens (positions the prompt starts after)."""
+        return int(self.kv.shape[4]) if self.kv is not None else self.n_tokens
+
+
+@runtime_checkable
+class Run(Protocol):
+    """One task on one encoded image, advanced a decode step at a time."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    def step(self) -> bool:
+        """One decode step; False once finished."""
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop; result() then carries finish_reason `reason` ("cancelled" / "deadline")."""
+
+    def result(self) -> TaskResult: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the scheduler and the node drive."""
+
+    model_id: str
+    # most runs open at once (the fast path's rows); None: no limit
+    max_runs: int | None
+
+    def encode_image(self, image: Any) -> Any:
+        """-> PrefixState (or the engine's own encoded-image type), shared by its tasks."""
+
+    def start(self, enc: Any, task: Task) -> Run:
+        """Prefill the task prompt after the shared image prefix."""
+
+    def step_batch(self, runs: Sequence[Run]) -> list[bool]:
+        """One decode step of every run; per run, whether it is still going."""
+
+    def count_prompt_tokens(self, task: Task) -> int:
+        """Prompt tokens the task prefills after the image prefix (a cost hint)."""
+
+
+__all__ = ["ATTENTIONS", "CHOICES", "ENGINES", "Engine", "EngineOptions", "PrefixState", "Run"]

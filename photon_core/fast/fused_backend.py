@@ -1,0 +1,260 @@
+"""The fused backend: runs a step program (program.py) with the Triton kernels of
+photon_core/ops/, lowered once when the backend is built (weights concatenated, buffers laid
+out, one launch per lowered op), for decode steps and short prompt prefills.
+
+Lowering rules (Moondream 2's Phi block -> 5 launches per block):
+  norm        -> the LayerNorm / RMSNorm kernel (fp32 residual x in, model dtype out)
+  linear      -> one GEMV over the outputs' weights concatenated, when the outputs lie side
+                 by side in one buffer (an optional gap between the plain part and ONE
+                 gelu_tanh part at the end: the [qkv | gelu(fc1)] epilogue); else one GEMV
+                 per output
+  attention   -> decode: the decode_attention kernels (rotary + k/v write + split attention,
+                 and the combine); prefill: the op's torch reference over one row
+  residual    -> one split-K GEMV adding into the fp32 residual stream x, over the sources
+                 when they are one contiguous K range (the weights concatenated along K, the
+                 biases summed); else one GEMV per source
+  act_mul     -> the op's torch reference (no kernel yet)
+Around the blocks: feedback (ops/feedback_embedding.py, or the token embedding), the row
+advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked argmax.
+
+For Moondream 2, per block: LN(x) -> GEMV [Wqkv; Wfc1] (+ GELU on the fc1 part) -> attention
+-> combine -> split-K GEMV [Wproj, Wfc2] over u = [qkv | a | g]'s [a | g] into x.
+Numerics differ from the reference path by the fp32 residual stream (the reference rounds x
+to the model dtype after every block) and the summation order; the GPU bench diffs the
+outputs against the torch step. The concatenated weights are copies, built once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import GEMV_MAX_ROWS
+from ..ops.decode_attention import AttentionScratch, decode_attention, prefill_attention_reference
+from ..ops.feedback_embedding import FeedbackWeights, feedback_embedding
+from ..ops.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
+from ..ops.layernorm import layer_norm, rms_norm
+from ..ops.masked_argmax import masked_argmax
+from ..ops.rope import rope_angles
+from ..ops.row_advance import row_advance
+from .eager_backend import ACTS, prefill_mask
+from ..program import Op
+
+ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
+
+
+class FusedBackend:
+    def __init__(self, spec, weights, kv, rows: int, attn_chunk: int = ATTN_CHUNK,
+                 deterministic: bool = False):
+        p = self.program = spec.program
+        self.spec, self.w, self.kv, self.rows = spec, weights, kv, rows
+        dev, dt = kv.data.device, kv.data.dtype
+        # no split-K GEMV (its fp32 atomics add in a varying order): bitwise repeatable steps
+        self.deterministic = deterministic
+        a = p.attention
+        self.layer_slot = {layer: i for i, layer in enumerate(p.kv_layers)}
+        self.cos, self.sin = (t.contiguous() for t in rope_angles(
+            torch.arange(kv.capacity + 1, device=dev), a.rot_dim, a.theta))
+        self.key_ids = torch.arange(kv.capacity, device=dev)
+        # buffers of one pass, for up to GEMV_MAX_ROWS rows: a decode step's bucket, or the
+        # tokens of a short prompt (the prefill uses them too)
+        n = max(rows, GEMV_MAX_ROWS)
+        self.x = torch.zeros(n, p.dim, device=dev, dtype=torch.float32)
+        self.bufs = {name: torch.zeros(n, p.buffer_width(name), device=dev, dtype=dt)
+                     for name, _ in p.buffers}
+        self.scratch = AttentionScratch(rows, a.n_heads, a.head_dim, kv.capacity, attn_chunk,
+                                        dev)
+        fb = p.feedback
+        self.feedback = (FeedbackWeights(weights, spec.tables["coord"], spec.tables["size"],
+                                         dict(fb.weights))
+                         if fb.kind == "moondream_region" else
+                         weights[dict(fb.weights)["wte"]])
+        self.lowered = [self._lower(op) for op in p.ops]
+        self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
+
+    # -- lowering -------------------------------------------------------------------------
+    def _view(self, seg: str, b: int) -> torch.Tensor:
+        if seg == "x":
+            return self.x[:b]
+        buf, off, width = self.program.segment(seg)
+        return self.bufs[buf][:b, off:off + width]
+
+    def _src(self, seg: str, env: dict, b: int) -> torch.Tensor:
+        return env[seg][:b] if seg in env else self._view(seg, b)
+
+    def _contiguous(self, segs) -> tuple[str, int, int] | None:
+        """(buffer, first column, total width) when the segments lie side by side, in order."""
+        try:
+            places = [self.program.segment(s) for s in segs]
+        except KeyError:
+            return None
+        buf, off, _ = places[0]
+        end = off
+        for b2, o, w in places:
+            if b2 != buf or o != end:
+                return None
+            end = o + w
+        return buf, off, end - off
+
+    def _weight(self, name: str):
+        return self.w[name + ".weight"], self.w.get(name + ".bias")
+
+    def _lower(self, op: Op):
+        k = op.kind
+        if k == "norm":
+            wt, bias = self._weight(op.weights[0])
+            wt = wt.contiguous()
+            src, dst, eps = op.src[0], op.dst[0], op.eps
+            if op.norm == "layer":
+                bias = bias.contiguous()
+                return lambda b, env: layer_norm(self._src(src, env, b), wt, bias,
+                                                 self._view(dst, b), eps)
+            return lambda b, env: rms_norm(self._src(src, env, b), wt, self._view(dst, b), eps)
+        if k == "linear":
+            return self._lower_linear(op)
+        if k == "attention":
+            slot = self.layer_slot[op.layer]
+            src, dst = op.src[0], op.dst[0]
+            return lambda b, env: env["attend"](slot, self._view(src, b), self._view(dst, b))
+        if k == "residual":
+            return self._lower_residual(op)
+        if k == "act_mul":
+            act = ACTS[op.acts[0]]
+            (g, u), dst = op.src, op.dst[0]
+            return lambda b, env: self._view(dst, b).copy_(
+                act(self._view(g, b)) * self._view(u, b))
+        raise ValueError(f"the fused backend has no lowering for op {k!r}")
+
+    def _lower_linear(self, op: Op):
+        src, acts = op.src[0], list(op.acts)
+        ws = [self._weight(n) for n in op.weights]
+        n_plain = next((i for i, a in enumerate(acts) if a is not None), len(acts))
+        plain = self._contiguous(op.dst[:n_plain]) if n_plain else None
+        gelu_last = acts[n_plain:] == ["gelu_tanh"]
+        one_bias = all(bb is not None for _, bb in ws) or all(bb is None for _, bb in ws)
+        if one_bias and (n_plain == len(acts) and plain is not None or gelu_last):
+            gbuf, goff, _ = self.program.segment(op.dst[-1]) if gelu_last else (None, 0, 0)
+            if n_plain == 0:                    # one gelu output
+                buf, off, n_split, gap = gbuf, goff, 0, 0
+            elif plain is not None and (not gelu_last or (
+                    gbuf == plain[0] and goff >= plain[1] + plain[2])):
+                buf, off, n_split = plain
+                gap = goff - (off + n_split) if gelu_last else 0
+            else:
+                buf = None
+            if buf is not None:
+                w = torch.cat([t for t, _ in ws]).contiguous()
+                bias = torch.cat([bb for _, bb in ws]) if ws[0][1] is not None else None
+                epi = EPI_QKV_GELU if gelu_last else EPI_STORE
+                return lambda b, env: gemv(self._src(src, env, b), w, bias,
+                                           self.bufs[buf][:b, off:], epi, n_split=n_split,
+                                           gap=gap)
+        parts = []                              # one output at a time
+        for d, (t, bb), act in zip(op.dst, ws, acts):
+            buf, off, _ = self.program.segment(d)
+            t = t.contiguous()
+            if act in (None, "gelu_tanh"):
+                epi = EPI_STORE if act is None else EPI_QKV_GELU
+                parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off, epi=epi: gemv(
+                    self._src(src, env, b), t, bb, self.bufs[buf][:b, off:], epi))
+            else:                               # no kernel epilogue: the torch op
+                parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(
+                    d, b).copy_(act(F.linear(self._src(src, env, b), t, bb))))
+
+        def run(b, env):
+            for f in parts:
+                f(b, env)
+        return run
+
+    def _lower_residual(self, op: Op):
+        ws = [self._weight(n) for n in op.weights]
+        place = self._contiguous(op.src)
+        biases = [bb for _, bb in ws if bb is not None]
+        if place is not None:
+            w = torch.cat([t for t, _ in ws], dim=1).contiguous() if len(ws) > 1 \
+                else ws[0][0].contiguous()
+            bias = None
+            if biases:
+                bias = biases[0].float()
+                for bb in biases[1:]:
+                    bias = bias + bb.float()
+            buf, off, width = place
+            return lambda b, env: gemv(self.bufs[buf][:b, off:off + width], w, bias,
+                                       self.x[:b], EPI_RESIDUAL,
+                                       deterministic=self.deterministic)
+        parts = []
+        for s, (t, bb) in zip(op.src, ws):
+            t = t.contiguous()
+            parts.append(lambda b, env, s=s, t=t, bb=bb: gemv(
+                self._view(s, b), t, None if bb is None else bb.float(), self.x[:b],
+                EPI_RESIDUAL, deterministic=self.deterministic))
+
+        def run(b, env):
+            for f in parts:
+                f(b, env)
+        return run
+
+    # -- a decode step ------------------------------------------------------------------
+    def decoder(self, pos: torch.Tensor, b: int) -> torch.Tensor:
+        """self.x[:b] (the rows' input embeddings, fp32) at positions pos [b] through the
+        program (k/v into the state cache); returns the fp32 residual stream [b, dim]."""
+        a, kv = self.program.attention, self.kv
+
+        def attend(slot, qkv, out):
+            decode_attention(qkv, pos, self.cos, self.sin, kv.data[slot, 0], kv.data[slot, 1],
+                             out, self.scratch, a.n_heads, a.n_kv_heads, a.head_dim)
+        env = {"attend": attend}
+        for f in self.lowered:
+            f(b, env)
+        return self.x[:b]
+
+    def feed(self, st, b: int) -> None:
+        """GPU-resident feedback: each row's next input embedding into the residual x."""
+        if self.program.feedback.kind == "moondream_region":
+            feedback_embedding(self.feedback, st.out[:b], st.phase[:b], self.x[:b])
+        else:
+            self.x[:b].copy_(F.embedding(st.out[:b, 0], self.feedback))
+
+    def forward(self, st, b: int, attn_len: int) -> None:
+        self.feed(st, b)
+        self.decoder(st.pos[:b], b)
+        row_advance(self.x[:b], st.hidden[:b], st.active[:b], st.pos[:b], st.phase[:b],
+                    st.kind[:b], st.first[:b], st.phase_next)
+
+    def head_logits(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
+        """A head's logits [b, n] (a view of a buffer) from hidden [b, dim]."""
+        fns, h = self.heads[name]
+        b = hidden.shape[0]
+        env = {"hidden": hidden}
+        for f in fns:
+            f(b, env)
+        n = self.w[h.ops[-1].weights[0] + ".weight"].shape[0]
+        return self._view(h.logits, b)[:, :n]
+
+    def head_pick(self, name: str, st, b: int) -> None:
+        h = self.program.head(name)
+        logits = self.head_logits(name, st.hidden[:b])
+        if h.mask_answer:
+            masked_argmax(logits, st.out, h.col, mask_col=self.spec.answer_id,
+                          phase=st.phase[:b], first=st.first[:b])
+        else:
+            masked_argmax(logits, st.out, h.col, segments=h.segments)
+
+    # -- a prompt prefill (T <= GEMV_MAX_ROWS tokens) into one row --------------------------
+    def prefill(self, x: torch.Tensor, row: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x [T, dim] at positions pos [T] of row `row`: the GEMVs over the T token rows,
+        attention with the op's torch reference; returns the fp32 residual [T, dim]."""
+        a, kv = self.program.attention, self.kv
+        T = x.shape[0]
+        cos, sin = rope_angles(pos, a.rot_dim, a.theta)
+        pos_w = pos.clamp(max=kv.capacity - 1)
+        mask_add = prefill_mask(pos, self.key_ids)
+
+        def attend(slot, qkv, out):
+            out.copy_(prefill_attention_reference(qkv, row, pos_w, kv.data[slot, 0],
+                                                  kv.data[slot, 1], cos, sin, mask_add,
+                                                  a.n_heads, a.n_kv_heads, a.head_dim))
+        self.x[:T].copy_(x)
+        env = {"attend": attend}
+        for f in self.lowered:
+            f(T, env)
+        return self.x[:T]

@@ -1,0 +1,194 @@
+"""The plugin boundary: a second, toy model family defined only in this test - a 2-layer
+Llama-style decoder (RMSNorm, fused qkv without bias, full rotary, GQA, SwiGLU MLP, untied lm
+head) with a text-only skill - runs through the runtime's eager and fused backends (state
+cache rows, prompt prefill, graph-runner pieces, feedback, row advance), nothing in
+photon_core changed for it, and matches its own reference: greedy tokens, and the hidden
+states to fp32 rounding."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from photon_core.engine import EngineOptions
+from photon_core.fast.cuda_graph_runner import CudaGraphRunner
+from photon_core.fast.decode_step import StepState
+from photon_core.fast.graphed_prefill import GraphedPrefill
+from photon_core.fast.static_kv_cache import StaticKVCache
+from photon_core.ops.rope import apply_rope, rope_angles
+from photon_core.program import (AttentionSpec, Feedback, Head, LayerState, Program,
+                                 ProgramBuilder, StepSpec)
+
+DIM, LAYERS, NH, NKV, HD, FF, VOCAB, EPS = 64, 2, 4, 2, 16, 128, 96, 1e-6
+
+
+class ToyWeights(dict):
+    @property
+    def device(self):
+        return self["tok.wte"].device
+
+    @property
+    def dtype(self):
+        return self["tok.wte"].dtype
+
+
+def toy_weights(seed=0) -> ToyWeights:
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, s=0.2):
+        return torch.randn(*shape, generator=g) * s
+    w = ToyWeights({"tok.wte": r(VOCAB, DIM, s=1.0), "final.weight": 1 + r(DIM, s=0.1),
+                    "lm_head.weight": r(VOCAB, DIM)})
+    for i in range(LAYERS):
+        p = f"l.{i}"
+        w.update({f"{p}.ln1.weight": 1 + r(DIM, s=0.1), f"{p}.ln2.weight": 1 + r(DIM, s=0.1),
+                  f"{p}.attn.qkv.weight": r((NH + 2 * NKV) * HD, DIM),
+                  f"{p}.attn.o.weight": r(DIM, NH * HD),
+                  f"{p}.mlp.gate.weight": r(FF, DIM), f"{p}.mlp.up.weight": r(FF, DIM),
+                  f"{p}.mlp.down.weight": r(DIM, FF)})
+    return w
+
+
+# -- the family: its step program, written once ---------------------------------------------
+def toy_program() -> Program:
+    b = ProgramBuilder()
+    for i in range(LAYERS):
+        p = f"l.{i}"
+        b.norm("x", "h", p + ".ln1", kind="rms", eps=EPS)
+        b.linear("h", ["qkv"], [p + ".attn.qkv"])
+        b.attention("qkv", "a", layer=i)
+        b.residual(["a"], [p + ".attn.o"])
+        b.norm("x", "h", p + ".ln2", kind="rms", eps=EPS)
+        b.linear("h", ["gate", "up"], [p + ".mlp.gate", p + ".mlp.up"])   # one GEMV fused
+        b.act_mul("gate", "up", "m", "silu")
+        b.residual(["m"], [p + ".mlp.down"])
+    lm = ProgramBuilder()
+    lm.norm("hidden", "h", "final", kind="rms", eps=EPS)
+    lm.linear("h", ["logits"], ["lm_head"])
+    return Program(
+        dim=DIM,
+        buffers=(("h", (("h", DIM),)),
+                 ("u", (("qkv", (NH + 2 * NKV) * HD), ("a", NH * HD), ("gate", FF),
+                        ("up", FF), ("m", FF))),
+                 ("logits", (("logits", VOCAB),))),
+        ops=b.build(), attention=AttentionSpec(NH, NKV, HD, rot_dim=HD),
+        state=tuple(LayerState("kv", i) for i in range(LAYERS)),
+        heads=(("lm", Head(lm.build(), "logits", col=0)),),
+        feedback=Feedback("token", (("wte", "tok.wte"),)), vocab=VOCAB)
+
+
+class ToyModel:
+    """What the runtime needs of a family's model: weights and its step spec (one phase:
+    text, which feeds back its token)."""
+
+    def __init__(self, weights):
+        self.weights = weights
+
+    def step_spec(self) -> StepSpec:
+        return StepSpec(toy_program(), phase_next=((0,),), answer_id=None)
+
+
+# -- the family's own reference: plain eager torch over the whole sequence -------------------
+def rms(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(w.dtype)
+
+
+def reference_hidden(w, ids: list[int]) -> torch.Tensor:
+    """Last-layer hidden states [T, DIM] of the token sequence (no cache, causal)."""
+    T = len(ids)
+    x = F.embedding(torch.tensor(ids), w["tok.wte"])
+    cos, sin = rope_angles(torch.arange(T), HD)
+    for i in range(LAYERS):
+        p = f"l.{i}"
+        qkv = F.linear(rms(x, w[p + ".ln1.weight"]), w[p + ".attn.qkv.weight"])
+        q, k, v = qkv.split([NH * HD, NKV * HD, NKV * HD], dim=-1)
+        q = apply_rope(q.view(T, NH, HD).transpose(0, 1)[None], cos, sin)
+        k = apply_rope(k.view(T, NKV, HD).transpose(0, 1)[None], cos, sin)
+        v = v.view(T, NKV, HD).transpose(0, 1)[None]
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + F.linear(a[0].transpose(0, 1).reshape(T, NH * HD), w[p + ".attn.o.weight"])
+        h = rms(x, w[p + ".ln2.weight"])
+        m = F.silu(F.linear(h, w[p + ".mlp.gate.weight"])) * F.linear(h, w[p + ".mlp.up.weight"])
+        x = x + F.linear(m, w[p + ".mlp.down.weight"])
+    return x
+
+
+def reference_generate(w, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    ids = list(prompt)
+    for _ in range(n):
+        h = reference_hidden(w, ids)[-1]
+        ids.append(int(F.linear(rms(h, w["final.weight"]), w["lm_head.weight"]).argmax()))
+    return ids[len(prompt):], reference_hidden(w, ids[:-1])[-1]
+
+
+# -- the runtime, unchanged --------------------------------------------------------------------
+def runtime_generate(model, prompts: list[list[int]], n: int, fused: str):
+    rows, cap = 4, 32
+    kv = StaticKVCache.for_program(toy_program(), rows, cap, "cpu", torch.float32)
+    st = StepState(model, rows, kv, EngineOptions(fused=fused))
+    assert (st.fused is not None) == (fused == "on")
+    prefill = GraphedPrefill(st, use_graphs=False)
+    runner = CudaGraphRunner(st, rows, use_graphs=False)
+    assert runner.pieces == ("lm", "lm_sample", "forward")
+    with torch.inference_mode():
+        for row, prompt in enumerate(prompts):       # rows at different positions
+            last = prefill.run(row, 0, prompt).clone()
+            st.set_row(row, last, len(prompt), 0, 0, 0.0, 1.0)
+        st.active[:len(prompts)] = True
+        b = runner.bucket(len(prompts))
+        tokens = [[] for _ in prompts]
+        for step in range(n):
+            runner.run("lm", b)
+            for r in range(len(prompts)):
+                tokens[r].append(int(st.out[r, 0]))
+            if step < n - 1:
+                runner.run("forward", b)
+    return tokens, st.hidden[:len(prompts)].clone()
+
+
+PROMPTS = [[3, 17, 42, 5, 9], [11, 2, 60, 7, 33, 81, 20, 4, 50, 13, 1]]
+
+
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_toy_family_runs_on_the_runtime_and_matches_its_reference(fused):
+    if fused == "on":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+    w = toy_weights()
+    n = 6
+    got, hidden = runtime_generate(ToyModel(w), PROMPTS, n, fused)
+    for r, prompt in enumerate(PROMPTS):
+        ref_tokens, ref_hidden = reference_generate(w, prompt, n)
+        assert got[r] == ref_tokens, (r, got[r], ref_tokens)
+        err = (hidden[r] - ref_hidden).abs().max().item()
+        assert err <= 1e-4 * (1 + ref_hidden.abs().max().item()), err
+
+
+def test_state_cache_holds_what_the_program_declares():
+    """A program's state (k/v layers and recurrent layers) sizes the state cache, and a
+    PrefixState of any length with recurrent states loads into a row."""
+    import dataclasses
+
+    from photon_core.engine import PrefixState
+
+    prog = dataclasses.replace(toy_program(), state=(LayerState("kv", 0), LayerState(
+        "recurrent", 1, (NKV, HD, HD)), LayerState("kv", 2)))
+    cache = StaticKVCache.for_program(prog, rows=3, capacity=40, device="cpu",
+                                      dtype=torch.float32)
+    assert cache.data.shape == (2, 2, 3, NKV, 40, HD)
+    assert [t.shape for t in cache.recurrent] == [(3, NKV, HD, HD)]
+    for t in (7, 23):                                   # a variable number of prefix tokens
+        kv = torch.randn(2, 2, 1, NKV, t, HD)
+        rec = (torch.randn(NKV, HD, HD),)
+        start = cache.load_prefix(1, PrefixState(model_id="toy", kv=kv, recurrent=rec))
+        assert start == t and torch.equal(cache.data[:, :, 1, :, :t], kv[:, :, 0])
+        assert torch.equal(cache.recurrent[0][1], rec[0])
+    with pytest.raises(ValueError, match="recurrent"):
+        cache.load_prefix(0, PrefixState(model_id="toy", kv=kv))
+    with pytest.raises(ValueError, match="does not fit"):
+        cache.load_prefix(0, PrefixState(model_id="toy", kv=torch.zeros(2, 2, 1, NKV, 41, HD),
+                                         recurrent=rec))
