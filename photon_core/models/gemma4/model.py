@@ -151,6 +151,8 @@ class Gemma4Model:
                             encode_ms=(time.perf_counter() - t0) * 1e3, model_id=self.model_id)
 
     # -- tasks -----------------------------------------------------------------------------
+    max_runs = None     # the reference engine holds any number of runs (engine.Engine)
+
     def count_prompt_tokens(self, task: Task) -> int:
         """Tokens a task prefills after the image prefix (the scheduler's cost model)."""
         return len(self.prompter.task_tail(task.skill, task.target))

@@ -15,7 +15,7 @@ from . import checkpoint, decoder, vision
 from ._shared import Task, TaskResult, to_rgb_array
 from .config import Qwen35Config
 from .image_processor import ImageProcessorConfig, preprocess
-from .prompts import ChatPrompts
+from .prompts import ChatPrompts, instruction
 from .run import TaskRun, _sync
 from .state import HybridState
 
@@ -117,6 +117,13 @@ class Qwen35Model:
 
     def step_batch(self, runs: list[TaskRun]) -> list[bool]:
         return [r.step() for r in runs]
+
+    max_runs = None     # the reference engine holds any number of runs (engine.Engine)
+
+    def count_prompt_tokens(self, task: Task) -> int:
+        """Tokens a task prefills after the image prefix (the scheduler's cost model)."""
+        pre, rest = self.prompts.split(instruction(task.skill, task.target))
+        return len(self.prompts.encode(rest))
 
     def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
             should_stop: Callable[[], str | None] | None = None) -> TaskResult:
