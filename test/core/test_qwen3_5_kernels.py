@@ -1,0 +1,144 @@
+"""The Qwen 3.5 decode-step Triton kernels vs their torch references, under TRITON_INTERPRET=1
+on the CPU: fp32 (tight) and fp16 (loose), small odd shapes, fresh random inputs per check,
+and every buffer the kernel wrappers allocate poisoned with NaN (an element a kernel forgets
+to write shows up as NaN). In-place state updates and cache writes are compared too."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+if not os.environ.get("TRITON_INTERPRET") and not torch.cuda.is_available():
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+from photon_core.ops import causal_conv1d, gqa_attention, mrope, rmsnorm_gated  # noqa: E402
+from photon_core.ops import rmsnorm_zero_centred as rzc  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") else "cpu"
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=4e-3, rtol=4e-3)}
+DTYPES = [torch.float32, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    """torch.empty / empty_like return NaN-filled float tensors while a test runs."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+
+
+_seed = [0]
+
+
+def rnd(*shape, dtype=torch.float32, scale=1.0):
+    """Fresh random values on every call (never the same stream twice in a session)."""
+    _seed[0] += 1
+    g = torch.Generator().manual_seed(1000 + _seed[0])
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEV)
+
+
+def close(a, b, dtype):
+    assert not torch.isnan(a).any(), "kernel left NaN (unwritten) elements"
+    torch.testing.assert_close(a, b, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,c,k", [(1, 37, 4), (2, 300, 4), (1, 16, 3)])
+def test_conv1d_step(dtype, b, c, k):
+    w = rnd(c, k, dtype=dtype)
+    s_ref = rnd(b, c, k - 1, dtype=dtype)
+    s_tri = s_ref.clone()
+    for _ in range(3):                                 # state carried over several steps
+        x = rnd(b, c, dtype=dtype)
+        ref = causal_conv1d.causal_conv1d_step(x, w, s_ref)
+        out = causal_conv1d.causal_conv1d_step_triton(x, w, s_tri, block_c=64)
+        close(out, ref, dtype)
+        close(s_tri, s_ref, dtype)
+    # a strided state (one slot of a bigger buffer) is updated in place, its neighbours not
+    big = rnd(3, c, k - 1, dtype=dtype)
+    keep = big.clone()
+    x = rnd(1, c, dtype=dtype)
+    ref_state = big[1:2].clone()
+    ref = causal_conv1d.causal_conv1d_step(x, w, ref_state)
+    close(causal_conv1d.causal_conv1d_step_triton(x, w, big[1:2]), ref, dtype)
+    close(big[1:2], ref_state, dtype)
+    assert torch.equal(big[0], keep[0]) and torch.equal(big[2], keep[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (3, 5, 24), (2, 100)])
+def test_rmsnorm_zero_centred(dtype, shape):
+    d = shape[-1]
+    x, delta, w = rnd(*shape, dtype=dtype), rnd(*shape, dtype=dtype), rnd(d, dtype=dtype, scale=0.3)
+    close(rzc.rmsnorm_zero_centred_triton(x, w, 1e-6), rzc.rmsnorm_zero_centred(x, w, 1e-6),
+          dtype)
+    s_ref, y_ref = rzc.add_rmsnorm_zero_centred(x, delta, w, 1e-6)
+    s, y = rzc.rmsnorm_zero_centred_triton(x, w, 1e-6, delta=delta)
+    close(s, s_ref, dtype)
+    close(y, y_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 4, 8), (3, 2, 40), (6, 128)])
+def test_rmsnorm_gated(dtype, shape):
+    x, z = rnd(*shape, dtype=dtype), rnd(*shape, dtype=dtype)
+    w = (1 + rnd(shape[-1], scale=0.3)).to(dtype)
+    close(rmsnorm_gated.rmsnorm_gated_triton(x, z, w, 1e-6),
+          rmsnorm_gated.rmsnorm_gated(x, z, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d,sections", [(4, 2, 32, (2, 1, 1)), (6, 3, 48, (2, 2, 2)),
+                                               (2, 1, 64, (4, 2, 2))])
+def test_qk_norm_rope(dtype, hq, hkv, d, sections):
+    rot = 2 * sum(sections)                                    # partial rotary 0.25 .. 0.375
+    pos = torch.tensor([[37], [41], [29]], device=DEV)          # an image-like (t, h, w) token
+    cos, sin = mrope.mrope_cos_sin(pos, rot, 10000.0, sections, dtype)
+    qg = rnd(hq, 2 * d, dtype=dtype)                           # query and gate interleaved
+    q = qg[:, :d]                                              # strided, as in the decoder
+    k = rnd(hkv, d, dtype=dtype)
+    wq, wk = rnd(d, dtype=dtype, scale=0.3), rnd(d, dtype=dtype, scale=0.3)
+    q_ref = mrope.norm_rope(q[:, None], wq, cos, sin, 1e-6)[:, 0]
+    k_ref = mrope.norm_rope(k[:, None], wk, cos, sin, 1e-6)[:, 0]
+    cache = torch.full((hkv, 9, d), float("nan"), dtype=dtype, device=DEV)
+    q_out, k_out = mrope.qk_norm_rope_triton(q, k, wq, wk, cos[0], sin[0], 1e-6,
+                                             k_out=cache[:, 5])
+    close(q_out, q_ref, dtype)
+    close(cache[:, 5], k_ref, dtype)
+    assert k_out.data_ptr() == cache[:, 5].data_ptr()
+    assert torch.isnan(cache[:, :5]).all() and torch.isnan(cache[:, 6:]).all()
+    _, k_new = mrope.qk_norm_rope_triton(q, k, wq, wk, cos[0], sin[0], 1e-6)
+    close(k_new, k_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d,length,splits,block", [
+    (4, 2, 32, 1, None, 16), (4, 2, 32, 37, 3, 16), (6, 3, 24, 70, None, 16),
+    (8, 2, 64, 100, 1, 32), (2, 2, 16, 50, 7, 16)])
+def test_gated_gqa_decode(dtype, hq, hkv, d, length, splits, block):
+    cap = length + 5
+    k, v = rnd(hkv, cap, d, dtype=dtype), rnd(hkv, cap, d, dtype=dtype)
+    k[:, length:] = float("nan")                               # past the end: never read
+    v[:, length:] = float("nan")
+    q, gate = rnd(hq, d, dtype=dtype), rnd(hq, d, dtype=dtype)
+    ref = gqa_attention.gated_gqa_decode(q, k, v, length, gate)
+    out = gqa_attention.gated_gqa_decode_triton(q, k, v, length, gate, num_splits=splits,
+                                                block_s=block)
+    close(out, ref, dtype)
+    close(gqa_attention.gated_gqa_decode_triton(q, k, v, length, block_s=block),
+          gqa_attention.gated_gqa_decode(q, k, v, length), dtype)
+
+
+def test_gated_gqa_decode_reference_is_the_last_row_of_causal_attention():
+    """The decode reference equals the last query row of the prefill attention."""
+    hq, hkv, t, d = 4, 2, 9, 16
+    q, k, v = rnd(hq, t, d), rnd(hkv, t, d), rnd(hkv, t, d)
+    full = gqa_attention.gqa_attention(q, k, v, 0)
+    torch.testing.assert_close(gqa_attention.gated_gqa_decode(q[:, -1], k, v, t), full[:, -1])
