@@ -16,8 +16,8 @@ Weights by Hugging Face name (model.language_model.*, lm_head.weight).
 forward(..., use_kernels=True) runs a decode step (T == 1) through the Triton kernels that sit
 beside each op's reference (fused residual add + norm, conv step, delta-rule step, gated norm,
 fused q/k norm + M-RoPE written straight into the k cache, split-sequence gated attention);
-prefills always take the reference path. Off by default (on the CPU the kernels only run under
-TRITON_INTERPRET=1, for tests).
+a prefill (T > 1) uses only the chunked delta-rule kernel, the rest stays torch. Off by
+default (on the CPU the kernels only run under TRITON_INTERPRET=1, for tests).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from ...ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_step, causal_conv1d_step_triton
-from ...ops.gated_delta_rule import gated_delta_chunked, gated_delta_step, gated_delta_step_triton
+from ...ops.gated_delta_rule import (gated_delta_chunked, gated_delta_chunked_triton,
+                                     gated_delta_step, gated_delta_step_triton)
 from ...ops.gqa_attention import gated_gqa_decode_triton, gqa_attention
 from ...ops.mrope import apply_rope, mrope_cos_sin, qk_norm_rope_triton
 from ...ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_triton
@@ -70,8 +71,9 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
         step = gated_delta_step_triton if kernels else gated_delta_step
         o = step(q, k, v, g, beta, state.recurrent[i])                     # [1, Hv, Dv]
     else:
-        o, state.recurrent[i] = gated_delta_chunked(q[None], k[None], v[None], g[None],
-                                                    beta[None], state.recurrent[i])
+        chunked = gated_delta_chunked_triton if kernels else gated_delta_chunked
+        o, state.recurrent[i] = chunked(q[None], k[None], v[None], g[None], beta[None],
+                                        state.recurrent[i])
         o = o[0]                                                           # [T, Hv, Dv]
     z = F.linear(x, w[p + "in_proj_z.weight"]).reshape(t, hv, dv)
     o = (rmsnorm_gated_triton if kernels and t == 1 else rmsnorm_gated)(
@@ -136,8 +138,9 @@ def text_positions(start: int, t: int, device) -> torch.Tensor:
 def forward(w: dict, cfg: TextConfig, x: torch.Tensor, positions: torch.Tensor,
             state: HybridState, use_kernels: bool = False) -> torch.Tensor:
     """x [T, D] embeddings, positions [3, T] -> final-normed hidden [T, D]; advances state.
-    use_kernels: a decode step (T == 1) runs through the Triton kernels."""
-    kern = use_kernels and x.shape[0] == 1
+    use_kernels: a decode step (T == 1) runs through the Triton kernels, a prefill through the
+    chunked delta-rule kernel."""
+    kern = use_kernels and x.shape[0] == 1          # the one-token kernels
     eps = cfg.rms_norm_eps
     cos, sin = mrope_cos_sin(positions, cfg.rot_dim, cfg.rope_theta, cfg.mrope_section, x.dtype)
     delta = None                         # the residual branch not yet added to x
@@ -145,7 +148,7 @@ def forward(w: dict, cfg: TextConfig, x: torch.Tensor, positions: torch.Tensor,
         p = f"{L}layers.{i}."
         x, h = _add_norm(x, delta, w[p + "input_layernorm.weight"], eps, kern)
         if kind == "linear_attention":
-            delta = deltanet(w, cfg, i, h, state, kern)
+            delta = deltanet(w, cfg, i, h, state, use_kernels)
         else:
             delta = attention(w, cfg, i, h, cos, sin, state, kern)
         x, h = _add_norm(x, delta, w[p + "post_attention_layernorm.weight"], eps, kern)
