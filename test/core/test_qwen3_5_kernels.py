@@ -1,7 +1,9 @@
-"""The Qwen 3.5 decode-step Triton kernels vs their torch references, under TRITON_INTERPRET=1
-on the CPU: fp32 (tight) and fp16 (loose), small odd shapes, fresh random inputs per check,
-and every buffer the kernel wrappers allocate poisoned with NaN (an element a kernel forgets
-to write shows up as NaN). In-place state updates and cache writes are compared too."""
+"""The Qwen 3.5 Triton kernels (decode-step ops and the chunked delta-rule prefill) vs their
+torch references, under TRITON_INTERPRET=1 on the CPU (or on a GPU without it): fp32 (tight)
+and fp16 (loose), small odd shapes, fresh random inputs per check, and every buffer the kernel
+wrappers allocate poisoned with NaN (an element a kernel forgets to write shows up as NaN).
+In-place state updates and cache writes are compared too. Then the decoder with use_kernels:
+prefill + 16 greedy steps give the reference's tokens."""
 from __future__ import annotations
 
 import os
@@ -231,3 +233,28 @@ def test_gated_delta_chunked_triton(dtype, t, hk, hv, dk, dv, with_state):
     close(o, o_ref, dtype)
     torch.testing.assert_close(s, s_ref, atol=1e-4, rtol=1e-4)
     assert torch.equal(s0, keep)                               # the input state is untouched
+
+
+def test_kernel_wrappers_reject_bad_shapes():
+    """Shapes that do not fit give a ValueError that says so, before any launch."""
+    from photon_core.ops import gated_delta_rule as gdr
+
+    with pytest.raises(ValueError, match="state shape"):
+        causal_conv1d.causal_conv1d_step_triton(rnd(1, 8), rnd(8, 4), rnd(1, 8, 2))
+    with pytest.raises(ValueError, match="weight shape"):
+        rzc.rmsnorm_zero_centred_triton(rnd(2, 8), rnd(7))
+    with pytest.raises(ValueError, match="delta shape"):
+        rzc.rmsnorm_zero_centred_triton(rnd(2, 8), rnd(8), delta=rnd(1, 8))
+    with pytest.raises(ValueError, match="do not fit"):
+        rmsnorm_gated.rmsnorm_gated_triton(rnd(2, 8), rnd(2, 7), rnd(8))
+    with pytest.raises(ValueError, match="do not fit"):
+        mrope.qk_norm_rope_triton(rnd(2, 8), rnd(1, 8), rnd(8), rnd(8), rnd(10), rnd(10))
+    with pytest.raises(ValueError, match="do not fit"):
+        gqa_attention.gated_gqa_decode_triton(rnd(3, 8), rnd(2, 5, 8), rnd(2, 5, 8), 5)
+    with pytest.raises(ValueError, match="do not fit"):
+        gqa_attention.gated_gqa_decode_triton(rnd(4, 8), rnd(2, 5, 8), rnd(2, 5, 8), 6)
+    with pytest.raises(ValueError, match="gate shape"):
+        gqa_attention.gated_gqa_decode_triton(rnd(4, 8), rnd(2, 5, 8), rnd(2, 5, 8), 5, rnd(4, 7))
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        q = rnd(1, 4, 1, 16)
+        gdr.gated_delta_chunked_triton(q, q, rnd(1, 4, 2, 16), rnd(1, 4, 2), rnd(1, 4, 2), chunk=48)
