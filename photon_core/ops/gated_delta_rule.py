@@ -302,5 +302,5 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
     bv = max(16, min(block_v, dv_p2))
     _gdr_chunk_scan_kernel[(b * hv, triton.cdiv(dv, bv))](
         q, k, u, w, cum, s, o, t, tp, nc, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2, BV=bv,
-        C=chunk, PREC=precision, num_warps=4)
+        C=chunk, PREC=precision, num_warps=8)
     return o, s

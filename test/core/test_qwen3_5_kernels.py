@@ -258,3 +258,45 @@ def test_kernel_wrappers_reject_bad_shapes():
     with pytest.raises(ValueError, match="shapes do not fit"):
         q = rnd(1, 4, 1, 16)
         gdr.gated_delta_chunked_triton(q, q, rnd(1, 4, 2, 16), rnd(1, 4, 2), rnd(1, 4, 2), chunk=48)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="real-size shapes: GPU only (the interpreter is slow)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_real_sizes_on_gpu(dtype):
+    """Qwen 3.5 0.8B/2B-like sizes (16 DeltaNet heads of 128, conv dim 6144, 8 query / 2 k/v
+    heads of 256, a 1000-token cache / prefill) compiled for the GPU."""
+    from photon_core.ops import gated_delta_rule as gdr
+
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else TOL[dtype]
+    w, s = rnd(6144, 4, dtype=dtype), rnd(1, 6144, 3, dtype=dtype)
+    x, s2 = rnd(1, 6144, dtype=dtype), s.clone()
+    torch.testing.assert_close(causal_conv1d.causal_conv1d_step_triton(x, w, s2),
+                               causal_conv1d.causal_conv1d_step(x, w, s), **tol)
+    x, d, wn = rnd(1, 2048, dtype=dtype), rnd(1, 2048, dtype=dtype), rnd(2048, dtype=dtype)
+    for a, b in zip(rzc.rmsnorm_zero_centred_triton(x, wn, 1e-6, delta=d),
+                    rzc.add_rmsnorm_zero_centred(x, d, wn, 1e-6)):
+        torch.testing.assert_close(a, b, **tol)
+    x, z, wg = rnd(16, 128, dtype=dtype), rnd(16, 128, dtype=dtype), rnd(128, dtype=dtype)
+    torch.testing.assert_close(rmsnorm_gated.rmsnorm_gated_triton(x, z, wg),
+                               rmsnorm_gated.rmsnorm_gated(x, z, wg), **tol)
+    pos = torch.tensor([[900], [905], [911]], device=DEV)
+    cos, sin = mrope.mrope_cos_sin(pos, 64, 1e7, (11, 11, 10), dtype)
+    q, k, wq, wk = rnd(8, 256, dtype=dtype), rnd(2, 256, dtype=dtype), rnd(256, dtype=dtype), \
+        rnd(256, dtype=dtype)
+    qo, ko = mrope.qk_norm_rope_triton(q, k, wq, wk, cos[0], sin[0])
+    torch.testing.assert_close(qo, mrope.norm_rope(q[:, None], wq, cos, sin)[:, 0], **tol)
+    torch.testing.assert_close(ko, mrope.norm_rope(k[:, None], wk, cos, sin)[:, 0], **tol)
+    kc, vc, gate = rnd(2, 1100, 256, dtype=dtype), rnd(2, 1100, 256, dtype=dtype), \
+        rnd(8, 256, dtype=dtype)
+    torch.testing.assert_close(gqa_attention.gated_gqa_decode_triton(q, kc, vc, 1000, gate),
+                               gqa_attention.gated_gqa_decode(q, kc, vc, 1000, gate), **tol)
+    qd, kd, vd, g, beta, s0 = _delta_inputs(1000, 16, 16, 128, 128, dtype)
+    o_ref, s_ref = gdr.gated_delta_chunked(qd, kd, vd, g, beta, s0)
+    o, st = gdr.gated_delta_chunked_triton(qd, kd, vd, g, beta, s0)
+    torch.testing.assert_close(o, o_ref, **tol)
+    torch.testing.assert_close(st, s_ref, atol=1e-3, rtol=1e-3)
+    s_ref, s_tri = s0.clone(), s0.clone()
+    o_ref = gdr.gated_delta_step(qd[:, 0], kd[:, 0], vd[:, 0], g[:, 0], beta[:, 0], s_ref)
+    o = gdr.gated_delta_step_triton(qd[:, 0], kd[:, 0], vd[:, 0], g[:, 0], beta[:, 0], s_tri)
+    torch.testing.assert_close(o, o_ref, **tol)
+    torch.testing.assert_close(s_tri, s_ref, atol=1e-4, rtol=1e-4)

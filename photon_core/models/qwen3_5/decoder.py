@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_step, causal_conv1d_step_triton
+from ...ops.causal_conv1d import (causal_conv1d_prefill, causal_conv1d_step,
+                                  causal_conv1d_step_triton)
 from ...ops.gated_delta_rule import (gated_delta_chunked, gated_delta_chunked_triton,
                                      gated_delta_step, gated_delta_step_triton)
 from ...ops.gqa_attention import gated_gqa_decode_triton, gqa_attention
