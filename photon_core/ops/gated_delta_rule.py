@@ -270,7 +270,7 @@ if triton is not None:
 
 
 def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = None,
-                               chunk: int = 64, block_v: int = 64, precision: str = "ieee"
+                               chunk: int = 64, block_v: int = 32, precision: str = "ieee"
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as gated_delta_chunked: -> (o [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] fp32, a new tensor; `state` is not modified)."""

@@ -36,7 +36,9 @@ def gated_gqa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: 
 # (tiles of BS positions of k/v head h // (Hq/Hkv)) and writes its partial max m, sum l and
 # unnormalised output acc [D] (fp32). Phase 2, grid (Hq,): combines the splits
 # (sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s), multiplies by sigmoid(gate) and stores.
-# Splitting the sequence keeps the GPU busy when Hq is small (8 query heads at 0.8B).
+# Splitting the sequence keeps the GPU busy when Hq is small (8 query heads at 0.8B). With the
+# length given as a device tensor the launch depends only on the cache capacity (splits past
+# the length are empty and weigh 0), so one launch serves every step (CUDA-graph friendly).
 try:
     import triton
     import triton.language as tl
@@ -45,11 +47,14 @@ except ImportError:   # the torch reference above needs no Triton
 
 if triton is not None:
     @triton.jit
-    def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, S, SPLIT, D, scale,
-                                  sq, sk_h, sk_s, sv_h, sv_s, NS,
-                                  REP: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
+    def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, len_ptr, S, CAP,
+                                  SPLIT, D, scale, sq, sk_h, sk_s, sv_h, sv_s, NS,
+                                  LEN_PTR: tl.constexpr, REP: tl.constexpr, BS: tl.constexpr,
+                                  BD: tl.constexpr):
         h = tl.program_id(0)
         sp = tl.program_id(1)
+        if LEN_PTR:
+            S = tl.minimum(tl.load(len_ptr).to(tl.int32), CAP)
         kvh = h // REP
         d = tl.arange(0, BD)
         dm = d < D
@@ -101,16 +106,25 @@ if triton is not None:
         tl.store(o_ptr + h * so + d, o.to(o_ptr.dtype.element_ty), mask=dm)
 
 
-def gated_gqa_decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
-                            gate: torch.Tensor | None = None, num_splits: int | None = None,
-                            block_s: int | None = None) -> torch.Tensor:
+def gated_gqa_decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            length: int | torch.Tensor, gate: torch.Tensor | None = None,
+                            num_splits: int | None = None, block_s: int | None = None
+                            ) -> torch.Tensor:
     """Same contract as gated_gqa_decode. k, v may be strided cache tensors [Hkv, cap, D] (unit
-    last stride). num_splits None: enough splits for ~128 programs (at least one tile each)."""
+    last stride). num_splits None: enough splits for ~128 programs (at least one tile each).
+    length may be a one-element integer tensor on q's device: then it is read by the kernel
+    (no host sync), the splits are planned over the capacity, and a value past the capacity
+    is clamped to it (a length < 1 gives NaN rows; the caller keeps it in 1..capacity)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     hq, d = q.shape
-    hkv = k.shape[0]
-    if hq % hkv or k.shape[2] != d or v.shape != k.shape or not 0 < length <= k.shape[1]:
+    hkv, cap = k.shape[0], k.shape[1]
+    on_device = isinstance(length, torch.Tensor)
+    if on_device and (length.numel() != 1 or length.is_floating_point()
+                      or length.device != q.device):
+        raise ValueError("a tensor length must be one integer on q's device")
+    plan = cap if on_device else length
+    if hq % hkv or k.shape[2] != d or v.shape != k.shape or not 0 < plan <= cap:
         raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"length {length} do not fit")
     if gate is not None and gate.shape != (hq, d):
@@ -122,18 +136,19 @@ def gated_gqa_decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
         gate = gate.contiguous()
     bd = triton.next_power_of_2(d)
     bs = block_s or max(16, min(64, 8192 // bd))
-    tiles = triton.cdiv(length, bs)
+    tiles = triton.cdiv(plan, bs)
     ns = num_splits or max(1, min(tiles, 128 // hq))
     ns = min(ns, tiles)
     split = triton.cdiv(tiles, ns) * bs                   # positions per split, whole tiles
-    ns = triton.cdiv(length, split)
+    ns = triton.cdiv(plan, split)
     dev = q.device
     m = torch.empty(hq, ns, dtype=torch.float32, device=dev)
     l = torch.empty(hq, ns, dtype=torch.float32, device=dev)
     acc = torch.empty(hq, ns, d, dtype=torch.float32, device=dev)
     _decode_attn_split_kernel[(hq, ns)](
-        q, k, v, m, l, acc, length, split, d, d ** -0.5, q.stride(0), k.stride(0), k.stride(1),
-        v.stride(0), v.stride(1), ns, REP=hq // hkv, BS=bs, BD=bd)
+        q, k, v, m, l, acc, length if on_device else q, 0 if on_device else length, cap, split,
+        d, d ** -0.5, q.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ns,
+        LEN_PTR=on_device, REP=hq // hkv, BS=bs, BD=bd)
     out = torch.empty(hq, d, dtype=q.dtype, device=dev)
     _decode_attn_combine_kernel[(hq,)](
         m, l, acc, gate if gate is not None else out, out, ns, d,

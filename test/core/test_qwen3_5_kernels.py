@@ -138,6 +138,21 @@ def test_gated_gqa_decode(dtype, hq, hkv, d, length, splits, block):
           gqa_attention.gated_gqa_decode(q, k, v, length), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_gqa_decode_length_on_device(dtype):
+    """A device-side length: one launch shape for every length of a 90-position cache (splits
+    past the length are empty), each result equal to the reference at that length."""
+    hq, hkv, d, cap = 4, 2, 32, 90
+    k, v = rnd(hkv, cap, d, dtype=dtype), rnd(hkv, cap, d, dtype=dtype)
+    for length in (1, 17, 90):
+        q, gate = rnd(hq, d, dtype=dtype), rnd(hq, d, dtype=dtype)
+        n = torch.tensor([length], dtype=torch.int32, device=DEV)
+        out = gqa_attention.gated_gqa_decode_triton(q, k, v, n, gate, num_splits=6, block_s=16)
+        close(out, gqa_attention.gated_gqa_decode(q, k, v, length, gate), dtype)
+    with pytest.raises(ValueError, match="one integer"):
+        gqa_attention.gated_gqa_decode_triton(q, k, v, torch.tensor([3.0], device=DEV))
+
+
 def test_gated_gqa_decode_reference_is_the_last_row_of_causal_attention():
     """The decode reference equals the last query row of the prefill attention."""
     hq, hkv, t, d = 4, 2, 9, 16
