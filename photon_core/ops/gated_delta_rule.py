@@ -15,6 +15,7 @@ Three forms, equal up to float rounding:
                        once with a unit lower-triangular system (the "UT transform"), then one
                        state update per chunk (prefill)
 Shapes: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv]; state [B, Hv, Dk, Dv].
+Triton kernels (below the references): gated_delta_step_triton and gated_delta_chunked_triton.
 """
 from __future__ import annotations
 
