@@ -27,6 +27,13 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def delta_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet's gates from the projections a, b [..., Hv]: log decay
+    g = -exp(A_log) * softplus(a + dt_bias) (fp32) and beta = sigmoid(b) (b's dtype)."""
+    return -a_log.float().exp() * F.softplus(a.float() + dt_bias), torch.sigmoid(b)
+
+
 def _prepare(q, k, v, g, beta):
     """-> fp32 [B, Hv, T, D] q (normalised, scaled), k (normalised), v; g, beta [B, Hv, T]."""
     hk, hv = k.shape[2], v.shape[2]
@@ -121,9 +128,10 @@ except ImportError:   # the torch reference above needs no Triton
 
 if triton is not None:
     @triton.jit
-    def _gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
-                                 HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                                 DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr):
+    def _gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, alog_ptr,
+                                 dtb_ptr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                                 DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr,
+                                 RAW_GATES: tl.constexpr):
         bi = tl.program_id(0)
         h = tl.program_id(1)
         vb = tl.program_id(2)
@@ -139,6 +147,12 @@ if triton is not None:
         v = tl.load(v_ptr + (bi * HV + h) * DV + dv, mask=vmask, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + bi * HV + h).to(tl.float32)
         beta = tl.load(b_ptr + bi * HV + h).to(tl.float32)
+        if RAW_GATES:   # g_ptr / b_ptr hold the projections a / b: the gates of delta_gates
+            x = g + tl.load(dtb_ptr + h).to(tl.float32)
+            sp_x = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+            g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * sp_x
+            beta = 1.0 / (1.0 + tl.exp(-beta))
+            beta = beta.to(b_ptr.dtype.element_ty).to(tl.float32)   # sigmoid in b's dtype
         sp = s_ptr + (bi * HV + h) * DK * DV + dk[:, None] * DV + dv[None, :]
         smask = kmask[:, None] & vmask[None, :]
         s = tl.load(sp, mask=smask, other=0.0) * tl.exp(g)
@@ -149,19 +163,28 @@ if triton is not None:
         tl.store(o_ptr + (bi * HV + h) * DV + dv, o.to(o_ptr.dtype.element_ty), mask=vmask)
 
 
-def gated_delta_step_triton(q, k, v, g, beta, state: torch.Tensor, block_v: int = 32) -> torch.Tensor:
-    """Same contract as gated_delta_step (state fp32 contiguous, updated in place)."""
+def gated_delta_step_triton(q, k, v, g, beta, state: torch.Tensor, block_v: int = 32,
+                            a_log: torch.Tensor | None = None,
+                            dt_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as gated_delta_step (state fp32 contiguous, updated in place). With a_log
+    and dt_bias [Hv] given, g and beta are the raw projections a and b and the kernel applies
+    delta_gates itself (saves the half-dozen tiny launches of the gate math)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     b, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     assert state.dtype == torch.float32 and state.is_contiguous()
+    raw = a_log is not None
+    if raw != (dt_bias is not None) or (raw and (a_log.shape != (hv,) or dt_bias.shape != (hv,))):
+        raise ValueError(f"a_log and dt_bias go together, each [{hv}]")
+    if g.shape != (b, hv) or beta.shape != (b, hv):
+        raise ValueError(f"g / beta must be [{b}, {hv}]")
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     out = torch.empty_like(v)
     bv = min(block_v, triton.next_power_of_2(dv))
     _gated_delta_step_kernel[(b, hv, triton.cdiv(dv, bv))](
-        q, k, v, g, beta, state, out, HK=hk, HV=hv, DK=dk, DV=dv,
-        DK_P2=triton.next_power_of_2(dk), BV=bv)
+        q, k, v, g, beta, state, out, a_log if raw else g, dt_bias if raw else g, HK=hk, HV=hv,
+        DK=dk, DV=dv, DK_P2=triton.next_power_of_2(dk), BV=bv, RAW_GATES=raw)
     return out
 
 

@@ -275,6 +275,32 @@ def test_kernel_wrappers_reject_bad_shapes():
         gdr.gated_delta_chunked_triton(q, q, rnd(1, 4, 2, 16), rnd(1, 4, 2), rnd(1, 4, 2), chunk=48)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hk,hv,dk,dv", [(2, 4, 16, 8), (1, 3, 12, 40)])
+def test_gated_delta_step_with_gates_in_the_kernel(dtype, hk, hv, dk, dv):
+    """g and beta computed in the kernel from the raw projections a, b (delta_gates), over a
+    few steps from a random state; a spans softplus's linear branch (a + dt_bias > 20)."""
+    from photon_core.ops import gated_delta_rule as gdr
+
+    s_ref = rnd(2, hv, dk, dv)
+    s_tri = s_ref.clone()
+    a_log, dt_bias = rnd(hv, scale=0.5).to(dtype), rnd(hv).to(dtype)
+    for step in range(3):
+        q, k = rnd(2, hk, dk, dtype=dtype), rnd(2, hk, dk, dtype=dtype)
+        v, b = rnd(2, hv, dv, dtype=dtype), rnd(2, hv, dtype=dtype)
+        a = rnd(2, hv, dtype=dtype, scale=3.0)
+        if step == 0:
+            a[0, 0], a[1, -1] = 25.0, -30.0                    # softplus' linear / tiny ends
+        g, beta = gdr.delta_gates(a, b, a_log, dt_bias)
+        ref = gdr.gated_delta_step(q, k, v, g, beta, s_ref)
+        out = gdr.gated_delta_step_triton(q, k, v, a, b, s_tri, block_v=16, a_log=a_log,
+                                          dt_bias=dt_bias)
+        close(out, ref, dtype)
+        torch.testing.assert_close(s_tri, s_ref, **TOL[dtype])
+    with pytest.raises(ValueError, match="go together"):
+        gdr.gated_delta_step_triton(q, k, v, a, b, s_tri, a_log=a_log)
+
+
 @pytest.mark.skipif(DEV != "cuda", reason="real-size shapes: GPU only (the interpreter is slow)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_real_sizes_on_gpu(dtype):

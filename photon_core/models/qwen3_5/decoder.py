@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ...ops.causal_conv1d import (causal_conv1d_prefill, causal_conv1d_step,
                                   causal_conv1d_step_triton)
-from ...ops.gated_delta_rule import (gated_delta_chunked, gated_delta_chunked_triton,
+from ...ops.gated_delta_rule import (delta_gates, gated_delta_chunked, gated_delta_chunked_triton,
                                      gated_delta_step, gated_delta_step_triton)
 from ...ops.gqa_attention import gated_gqa_decode_triton, gqa_attention
 from ...ops.mrope import apply_rope, mrope_cos_sin, qk_norm_rope_triton
@@ -65,13 +65,17 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
         mixed = out[0].T
     q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
     q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
-    beta = torch.sigmoid(F.linear(x, w[p + "in_proj_b.weight"]))
+    b = F.linear(x, w[p + "in_proj_b.weight"])
     a = F.linear(x, w[p + "in_proj_a.weight"])
-    g = -w[p + "A_log"].float().exp() * F.softplus(a.float() + w[p + "dt_bias"])
-    if t == 1:
-        step = gated_delta_step_triton if kernels else gated_delta_step
-        o = step(q, k, v, g, beta, state.recurrent[i])                     # [1, Hv, Dv]
+    a_log, dt_bias = w[p + "A_log"], w[p + "dt_bias"]
+    if t == 1 and kernels:                              # the kernel applies delta_gates itself
+        o = gated_delta_step_triton(q, k, v, a, b, state.recurrent[i], a_log=a_log,
+                                    dt_bias=dt_bias)                       # [1, Hv, Dv]
+    elif t == 1:
+        g, beta = delta_gates(a, b, a_log, dt_bias)
+        o = gated_delta_step(q, k, v, g, beta, state.recurrent[i])         # [1, Hv, Dv]
     else:
+        g, beta = delta_gates(a, b, a_log, dt_bias)
         chunked = gated_delta_chunked_triton if kernels else gated_delta_chunked
         o, state.recurrent[i] = chunked(q[None], k[None], v[None], g[None], beta[None],
                                         state.recurrent[i])
