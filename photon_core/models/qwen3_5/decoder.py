@@ -141,10 +141,12 @@ def text_positions(start: int, t: int, device) -> torch.Tensor:
 
 
 def forward(w: dict, cfg: TextConfig, x: torch.Tensor, positions: torch.Tensor,
-            state: HybridState, use_kernels: bool = False) -> torch.Tensor:
+            state: HybridState, use_kernels: bool | None = False) -> torch.Tensor:
     """x [T, D] embeddings, positions [3, T] -> final-normed hidden [T, D]; advances state.
     use_kernels: a decode step (T == 1) runs through the Triton kernels, a prefill through the
-    chunked delta-rule kernel."""
+    chunked delta-rule kernel; None: kernels when x is on a GPU."""
+    if use_kernels is None:
+        use_kernels = x.is_cuda
     kern = use_kernels and x.shape[0] == 1          # the one-token kernels
     eps = cfg.rms_norm_eps
     cos, sin = mrope_cos_sin(positions, cfg.rot_dim, cfg.rope_theta, cfg.mrope_section, x.dtype)
