@@ -31,3 +31,64 @@ def causal_conv1d_step(x: torch.Tensor, weight: torch.Tensor, state: torch.Tenso
     out = (window.to(weight.dtype) * weight).sum(-1)
     state.copy_(window[:, :, 1:])
     return F.silu(out).to(x.dtype)
+
+
+# -- Triton: the one-token step ----------------------------------------------------------------
+# grid (B, cdiv(C, BC)): each program owns BC channels of one sequence: it loads their K-1 state
+# taps and the new input, takes the K-tap dot product with the filter in fp32, applies SiLU and
+# writes the shifted window back as the new state (in place: a program touches only its own
+# channels). The state may be strided (e.g. a slot of a batched state tensor); x and the
+# output are [B, C] with unit channel stride.
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # the torch reference above needs no Triton
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _causal_conv1d_step_kernel(x_ptr, w_ptr, s_ptr, o_ptr, C, sx_b, ss_b, ss_c, ss_k,
+                                   so_b, K: tl.constexpr, K_P2: tl.constexpr, BC: tl.constexpr):
+        bi = tl.program_id(0)
+        c = tl.program_id(1) * BC + tl.arange(0, BC)
+        cmask = c < C
+        j = tl.arange(0, K_P2)                                      # tap; K-1 is the new input
+        hist = j < K - 1
+        m2 = cmask[:, None] & hist[None, :]
+        sp = s_ptr + bi * ss_b + c[:, None] * ss_c + j[None, :] * ss_k
+        window = tl.load(sp, mask=m2, other=0.0).to(tl.float32)     # [BC, K_P2]
+        x = tl.load(x_ptr + bi * sx_b + c, mask=cmask, other=0.0)
+        is_new = (j == K - 1)[None, :]
+        window = tl.where(is_new, x.to(tl.float32)[:, None], window)
+        w = tl.load(w_ptr + c[:, None] * K + j[None, :], mask=cmask[:, None] & (j < K)[None, :],
+                    other=0.0).to(tl.float32)
+        acc = tl.sum(window * w, axis=1)
+        out = acc / (1.0 + tl.exp(-acc))                             # SiLU
+        tl.store(o_ptr + bi * so_b + c, out.to(o_ptr.dtype.element_ty), mask=cmask)
+        # new state = window[:, 1:]: tap j of the new state is tap j+1 of the window. The
+        # reference rounds the new input to the state's dtype first; so does this store.
+        nxt = tl.load(sp + ss_k, mask=cmask[:, None] & (j < K - 2)[None, :], other=0.0)
+        nxt = tl.where((j == K - 2)[None, :], x.to(s_ptr.dtype.element_ty)[:, None], nxt)
+        tl.store(sp, nxt, mask=m2)
+
+
+def causal_conv1d_step_triton(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
+                              block_c: int = 256) -> torch.Tensor:
+    """Same contract as causal_conv1d_step: x [B, C], weight [C, K], state [B, C, K-1] (updated
+    in place) -> SiLU(conv) [B, C] in x's dtype."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    b, c = x.shape
+    k = weight.shape[1]
+    if state.shape != (b, c, k - 1):
+        raise ValueError(f"state shape {tuple(state.shape)} != {(b, c, k - 1)}")
+    if k < 2:
+        raise ValueError("causal_conv1d_step_triton needs a kernel of at least 2 taps")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    weight = weight.contiguous()
+    out = torch.empty(b, c, dtype=x.dtype, device=x.device)
+    bc = min(block_c, triton.next_power_of_2(c))
+    _causal_conv1d_step_kernel[(b, triton.cdiv(c, bc))](
+        x, weight, state, out, c, x.stride(0), state.stride(0), state.stride(1), state.stride(2),
+        out.stride(0), K=k, K_P2=triton.next_power_of_2(k), BC=bc)
+    return out

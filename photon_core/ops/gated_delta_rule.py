@@ -15,6 +15,7 @@ Three forms, equal up to float rounding:
                        once with a unit lower-triangular system (the "UT transform"), then one
                        state update per chunk (prefill)
 Shapes: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv]; state [B, Hv, Dk, Dv].
+Triton kernels (below the references): gated_delta_step_triton and gated_delta_chunked_triton.
 """
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ import torch.nn.functional as F
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def delta_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet's gates from the projections a, b [..., Hv]: log decay
+    g = -exp(A_log) * softplus(a + dt_bias) (fp32) and beta = sigmoid(b) (b's dtype)."""
+    return -a_log.float().exp() * F.softplus(a.float() + dt_bias), torch.sigmoid(b)
 
 
 def _prepare(q, k, v, g, beta):
@@ -120,9 +128,10 @@ except ImportError:   # the torch reference above needs no Triton
 
 if triton is not None:
     @triton.jit
-    def _gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
-                                 HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                                 DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr):
+    def _gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, alog_ptr,
+                                 dtb_ptr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                                 DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr,
+                                 RAW_GATES: tl.constexpr):
         bi = tl.program_id(0)
         h = tl.program_id(1)
         vb = tl.program_id(2)
@@ -138,6 +147,12 @@ if triton is not None:
         v = tl.load(v_ptr + (bi * HV + h) * DV + dv, mask=vmask, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + bi * HV + h).to(tl.float32)
         beta = tl.load(b_ptr + bi * HV + h).to(tl.float32)
+        if RAW_GATES:   # g_ptr / b_ptr hold the projections a / b: the gates of delta_gates
+            x = g + tl.load(dtb_ptr + h).to(tl.float32)
+            sp_x = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+            g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * sp_x
+            beta = 1.0 / (1.0 + tl.exp(-beta))
+            beta = beta.to(b_ptr.dtype.element_ty).to(tl.float32)   # sigmoid in b's dtype
         sp = s_ptr + (bi * HV + h) * DK * DV + dk[:, None] * DV + dv[None, :]
         smask = kmask[:, None] & vmask[None, :]
         s = tl.load(sp, mask=smask, other=0.0) * tl.exp(g)
@@ -148,17 +163,168 @@ if triton is not None:
         tl.store(o_ptr + (bi * HV + h) * DV + dv, o.to(o_ptr.dtype.element_ty), mask=vmask)
 
 
-def gated_delta_step_triton(q, k, v, g, beta, state: torch.Tensor, block_v: int = 32) -> torch.Tensor:
-    """Same contract as gated_delta_step (state fp32 contiguous, updated in place)."""
+def gated_delta_step_triton(q, k, v, g, beta, state: torch.Tensor, block_v: int = 32,
+                            a_log: torch.Tensor | None = None,
+                            dt_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as gated_delta_step (state fp32 contiguous, updated in place). With a_log
+    and dt_bias [Hv] given, g and beta are the raw projections a and b and the kernel applies
+    delta_gates itself (saves the half-dozen tiny launches of the gate math)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     b, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     assert state.dtype == torch.float32 and state.is_contiguous()
+    raw = a_log is not None
+    if raw != (dt_bias is not None) or (raw and (a_log.shape != (hv,) or dt_bias.shape != (hv,))):
+        raise ValueError(f"a_log and dt_bias go together, each [{hv}]")
+    if g.shape != (b, hv) or beta.shape != (b, hv):
+        raise ValueError(f"g / beta must be [{b}, {hv}]")
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     out = torch.empty_like(v)
     bv = min(block_v, triton.next_power_of_2(dv))
     _gated_delta_step_kernel[(b, hv, triton.cdiv(dv, bv))](
-        q, k, v, g, beta, state, out, HK=hk, HV=hv, DK=dk, DV=dv,
-        DK_P2=triton.next_power_of_2(dk), BV=bv)
+        q, k, v, g, beta, state, out, a_log if raw else g, dt_bias if raw else g, HK=hk, HV=hv,
+        DK=dk, DV=dv, DK_P2=triton.next_power_of_2(dk), BV=bv, RAW_GATES=raw)
     return out
+
+
+# -- Triton: the chunked prefill ----------------------------------------------------------------
+# Two kernels, the same algebra as gated_delta_chunked:
+#  1. grid (chunks, B*Hv), every chunk at once: normalise k, cumulative log decay, the strictly
+#     lower A = (beta k k^T) * decay, T = (I + A)^-1 by forward substitution (row by row, in
+#     registers), then u = T (beta v) and w = T (beta k e^cum), stored fp32 with cum.
+#  2. grid (B*Hv, Dv/BV), chunks in order: the [Dk, BV] fp32 state stays in registers;
+#     v_new = u - w S, o = (q e^cum) S + causal(q k^T decay) v_new,
+#     S = e^cum_last S + (k e^(cum_last - cum))^T v_new; the final state is stored.
+# fp32 throughout; `precision` is tl.dot's input precision ("ieee" exact fp32, "tf32" faster).
+if triton is not None:
+    @triton.jit
+    def _l2norm_rows(x):
+        return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+
+    @triton.jit
+    def _gdr_chunk_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, u_ptr, w_ptr, cum_ptr, T, TP,
+                               HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                               DV: tl.constexpr, DK_P2: tl.constexpr, DV_P2: tl.constexpr,
+                               C: tl.constexpr, PREC: tl.constexpr):
+        ci = tl.program_id(0)
+        bh = tl.program_id(1)
+        bi = bh // HV
+        h = bh % HV
+        hk = h // (HV // HK)
+        r = tl.arange(0, C)
+        t = ci * C + r
+        tm = t < T
+        dk = tl.arange(0, DK_P2)
+        dv = tl.arange(0, DV_P2)
+        k = tl.load(k_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
+                    mask=tm[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
+        k = _l2norm_rows(k)
+        v = tl.load(v_ptr + ((bi * T + t[:, None]) * HV + h) * DV + dv[None, :],
+                    mask=tm[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + (bi * T + t) * HV + h, mask=tm, other=0.0).to(tl.float32)
+        beta = tl.load(b_ptr + (bi * T + t) * HV + h, mask=tm, other=0.0).to(tl.float32)
+        cum = tl.cumsum(g, axis=0)
+        lower = r[:, None] > r[None, :]
+        decay = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0))
+        kb = k * beta[:, None]
+        a = tl.dot(kb, tl.trans(k), input_precision=PREC)
+        a = tl.where(lower, a * decay, 0.0)
+        # T = (I + A)^-1, A strictly lower: row i of T is e_i - A[i, :] T (rows < i known)
+        tinv = tl.zeros([C, C], tl.float32)
+        for i in range(C):
+            a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), axis=0)            # A[i, :]
+            row = tl.where(r == i, 1.0, 0.0) - tl.sum(a_i[:, None] * tinv, axis=0)
+            tinv = tl.where(r[:, None] == i, row[None, :], tinv)
+        u = tl.dot(tinv, v * beta[:, None], input_precision=PREC)
+        w = tl.dot(tinv, kb * tl.exp(cum)[:, None], input_precision=PREC)
+        row0 = bh * TP + ci * C
+        tl.store(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], u, mask=(dv < DV)[None, :])
+        tl.store(w_ptr + (row0 + r[:, None]) * DK + dk[None, :], w, mask=(dk < DK)[None, :])
+        tl.store(cum_ptr + row0 + r, cum)
+
+    @triton.jit
+    def _gdr_chunk_scan_kernel(q_ptr, k_ptr, u_ptr, w_ptr, cum_ptr, s_ptr, o_ptr, T, TP, NC,
+                               HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                               DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr,
+                               C: tl.constexpr, PREC: tl.constexpr):
+        bh = tl.program_id(0)
+        vb = tl.program_id(1)
+        bi = bh // HV
+        h = bh % HV
+        hk = h // (HV // HK)
+        r = tl.arange(0, C)
+        dk = tl.arange(0, DK_P2)
+        kmask = dk < DK
+        dv = vb * BV + tl.arange(0, BV)
+        vmask = dv < DV
+        sp = s_ptr + bh * DK * DV + dk[:, None] * DV + dv[None, :]
+        smask = kmask[:, None] & vmask[None, :]
+        s = tl.load(sp, mask=smask, other=0.0)
+        causal = r[:, None] >= r[None, :]
+        scale = 1.0 / tl.sqrt(DK * 1.0)
+        for ci in range(NC):
+            t = ci * C + r
+            tm = t < T
+            qk_mask = tm[:, None] & kmask[None, :]
+            q = tl.load(q_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
+                        mask=qk_mask, other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
+                        mask=qk_mask, other=0.0).to(tl.float32)
+            q = _l2norm_rows(q) * scale
+            k = _l2norm_rows(k)
+            row0 = bh * TP + ci * C
+            cum = tl.load(cum_ptr + row0 + r)
+            u = tl.load(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
+                        other=0.0)
+            w = tl.load(w_ptr + (row0 + r[:, None]) * DK + dk[None, :], mask=kmask[None, :],
+                        other=0.0)
+            v_new = u - tl.dot(w, s, input_precision=PREC)
+            attn = tl.dot(q, tl.trans(k), input_precision=PREC)
+            attn = tl.where(causal, attn * tl.exp(tl.where(causal, cum[:, None] - cum[None, :],
+                                                           0.0)), 0.0)
+            o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision=PREC) + \
+                tl.dot(attn, v_new, input_precision=PREC)
+            tl.store(o_ptr + ((bi * T + t[:, None]) * HV + h) * DV + dv[None, :],
+                     o.to(o_ptr.dtype.element_ty), mask=tm[:, None] & vmask[None, :])
+            last = tl.sum(tl.where(r == C - 1, cum, 0.0), axis=0)
+            k_dec = k * tl.exp(last - cum)[:, None]
+            s = s * tl.exp(last) + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+        tl.store(sp, s, mask=smask)
+
+
+def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = None,
+                               chunk: int = 64, block_v: int = 32, precision: str = "ieee"
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as gated_delta_chunked: -> (o [B, T, Hv, Dv] in v's dtype, final state
+    [B, Hv, Dk, Dv] fp32, a new tensor; `state` is not modified)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    b, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    if k.shape != q.shape or v.shape[:2] != (b, t) or g.shape != (b, t, hv) or \
+            beta.shape != (b, t, hv) or hv % hk or chunk < 16 or chunk & (chunk - 1):
+        raise ValueError("gated_delta_chunked_triton: shapes do not fit (or chunk is not a "
+                         "power of two >= 16)")
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    s = torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=v.device) if state is None \
+        else state.float().clone().contiguous()
+    o = torch.empty_like(v)
+    if t == 0:
+        return o, s
+    nc = triton.cdiv(t, chunk)
+    tp = nc * chunk
+    dev = v.device
+    u = torch.empty(b * hv, tp, dv, dtype=torch.float32, device=dev)
+    w = torch.empty(b * hv, tp, dk, dtype=torch.float32, device=dev)
+    cum = torch.empty(b * hv, tp, dtype=torch.float32, device=dev)
+    dk_p2 = max(16, triton.next_power_of_2(dk))
+    dv_p2 = max(16, triton.next_power_of_2(dv))
+    _gdr_chunk_prep_kernel[(nc, b * hv)](
+        k, v, g, beta, u, w, cum, t, tp, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2, DV_P2=dv_p2,
+        C=chunk, PREC=precision, num_warps=8)
+    bv = max(16, min(block_v, dv_p2))
+    _gdr_chunk_scan_kernel[(b * hv, triton.cdiv(dv, bv))](
+        q, k, u, w, cum, s, o, t, tp, nc, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2, BV=bv,
+        C=chunk, PREC=precision, num_warps=8)
+    return o, s

@@ -20,3 +20,138 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int)
     kpos = torch.arange(s, device=q.device)[None, :]
     scores = scores.masked_fill(kpos > qpos, float("-inf"))
     return (scores.softmax(-1) @ v.float()).to(q.dtype)                      # [Hq, T, D]
+
+
+def gated_gqa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
+                     gate: torch.Tensor | None = None) -> torch.Tensor:
+    """One new token (the attention of a decode step): q [Hq, D] at position length-1 over the
+    cache k, v [Hkv, >= length, D] -> [Hq, D] in q's dtype, times sigmoid(gate [Hq, D]) if
+    given (Qwen 3.5's output gate)."""
+    o = gqa_attention(q[:, None], k[:, :length], v[:, :length], length - 1)[:, 0]
+    return o if gate is None else o * torch.sigmoid(gate)
+
+
+# -- Triton: split-sequence ("flash-decoding") attention of one token, with the output gate ------
+# Phase 1, grid (Hq, splits): program (h, s) runs an online softmax over its span of the cache
+# (tiles of BS positions of k/v head h // (Hq/Hkv)) and writes its partial max m, sum l and
+# unnormalised output acc [D] (fp32). Phase 2, grid (Hq,): combines the splits
+# (sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s), multiplies by sigmoid(gate) and stores.
+# Splitting the sequence keeps the GPU busy when Hq is small (8 query heads at 0.8B). With the
+# length given as a device tensor the launch depends only on the cache capacity (splits past
+# the length are empty and weigh 0), so one launch serves every step (CUDA-graph friendly).
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # the torch reference above needs no Triton
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, len_ptr, S, CAP,
+                                  SPLIT, D, scale, sq, sk_h, sk_s, sv_h, sv_s, NS,
+                                  LEN_PTR: tl.constexpr, REP: tl.constexpr, BS: tl.constexpr,
+                                  BD: tl.constexpr):
+        h = tl.program_id(0)
+        sp = tl.program_id(1)
+        if LEN_PTR:
+            S = tl.minimum(tl.load(len_ptr).to(tl.int32), CAP)
+        kvh = h // REP
+        d = tl.arange(0, BD)
+        dm = d < D
+        q = tl.load(q_ptr + h * sq + d, mask=dm, other=0.0).to(tl.float32) * scale
+        lo = sp * SPLIT
+        hi = tl.minimum(lo + SPLIT, S)
+        m = tl.full([], float("-inf"), tl.float32)
+        l = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BD], tl.float32)
+        for t0 in range(lo, hi, BS):
+            pos = t0 + tl.arange(0, BS)
+            pm = pos < hi
+            msk = pm[:, None] & dm[None, :]
+            kt = tl.load(k_ptr + kvh * sk_h + pos[:, None] * sk_s + d[None, :], mask=msk,
+                         other=0.0).to(tl.float32)
+            s = tl.sum(kt * q[None, :], axis=1)
+            s = tl.where(pm, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new)
+            vt = tl.load(v_ptr + kvh * sv_h + pos[:, None] * sv_s + d[None, :], mask=msk,
+                         other=0.0).to(tl.float32)
+            l = l * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
+            m = m_new
+        tl.store(m_ptr + h * NS + sp, m)
+        tl.store(l_ptr + h * NS + sp, l)
+        tl.store(acc_ptr + (h * NS + sp) * D + d, acc, mask=dm)
+
+    @triton.jit
+    def _decode_attn_combine_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, o_ptr, NS, D, sg, so,
+                                    HAS_GATE: tl.constexpr, NS_P2: tl.constexpr,
+                                    BD: tl.constexpr):
+        h = tl.program_id(0)
+        s = tl.arange(0, NS_P2)
+        sm = s < NS
+        d = tl.arange(0, BD)
+        dm = d < D
+        m = tl.load(m_ptr + h * NS + s, mask=sm, other=float("-inf"))
+        l = tl.load(l_ptr + h * NS + s, mask=sm, other=0.0)
+        acc = tl.load(acc_ptr + (h * NS + s)[:, None] * D + d[None, :],
+                      mask=sm[:, None] & dm[None, :], other=0.0)
+        mx = tl.max(m, axis=0)
+        wt = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)     # empty splits weigh 0
+        o = tl.sum(wt[:, None] * acc, axis=0) / tl.sum(wt * l, axis=0)
+        if HAS_GATE:
+            g = tl.load(g_ptr + h * sg + d, mask=dm, other=0.0).to(tl.float32)
+            o = o / (1.0 + tl.exp(-g))
+        tl.store(o_ptr + h * so + d, o.to(o_ptr.dtype.element_ty), mask=dm)
+
+
+def gated_gqa_decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            length: int | torch.Tensor, gate: torch.Tensor | None = None,
+                            num_splits: int | None = None, block_s: int | None = None
+                            ) -> torch.Tensor:
+    """Same contract as gated_gqa_decode. k, v may be strided cache tensors [Hkv, cap, D] (unit
+    last stride). num_splits None: enough splits for ~128 programs (at least one tile each).
+    length may be a one-element integer tensor on q's device: then it is read by the kernel
+    (no host sync), the splits are planned over the capacity, and a value past the capacity
+    is clamped to it (a length < 1 gives NaN rows; the caller keeps it in 1..capacity)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    hq, d = q.shape
+    hkv, cap = k.shape[0], k.shape[1]
+    on_device = isinstance(length, torch.Tensor)
+    if on_device and (length.numel() != 1 or length.is_floating_point()
+                      or length.device != q.device):
+        raise ValueError("a tensor length must be one integer on q's device")
+    plan = cap if on_device else length
+    if hq % hkv or k.shape[2] != d or v.shape != k.shape or not 0 < plan <= cap:
+        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"length {length} do not fit")
+    if gate is not None and gate.shape != (hq, d):
+        raise ValueError(f"gate shape {tuple(gate.shape)} != {(hq, d)}")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    if gate is not None and gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    bd = triton.next_power_of_2(d)
+    bs = block_s or max(16, min(64, 8192 // bd))
+    tiles = triton.cdiv(plan, bs)
+    ns = num_splits or max(1, min(tiles, 128 // hq))
+    ns = min(ns, tiles)
+    split = triton.cdiv(tiles, ns) * bs                   # positions per split, whole tiles
+    ns = triton.cdiv(plan, split)
+    dev = q.device
+    m = torch.empty(hq, ns, dtype=torch.float32, device=dev)
+    l = torch.empty(hq, ns, dtype=torch.float32, device=dev)
+    acc = torch.empty(hq, ns, d, dtype=torch.float32, device=dev)
+    _decode_attn_split_kernel[(hq, ns)](
+        q, k, v, m, l, acc, length if on_device else q, 0 if on_device else length, cap, split,
+        d, d ** -0.5, q.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ns,
+        LEN_PTR=on_device, REP=hq // hkv, BS=bs, BD=bd)
+    out = torch.empty(hq, d, dtype=q.dtype, device=dev)
+    _decode_attn_combine_kernel[(hq,)](
+        m, l, acc, gate if gate is not None else out, out, ns, d,
+        gate.stride(0) if gate is not None else 0, out.stride(0), HAS_GATE=gate is not None,
+        NS_P2=triton.next_power_of_2(ns), BD=bd)
+    return out

@@ -37,3 +37,90 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     r = cos.shape[-1]
     xr, xp = x[..., :r], x[..., r:]
     return torch.cat([xr * cos + rotate_half(xr) * sin, xp], dim=-1)
+
+
+def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              eps: float = 1e-6) -> torch.Tensor:
+    """Per-head zero-centred RMSNorm then rotary (the q/k path of a full-attention layer):
+    x [..., T, D] (heads before T), cos/sin [T, R]."""
+    from .rmsnorm_zero_centred import rmsnorm_zero_centred
+    return apply_rope(rmsnorm_zero_centred(x, weight, eps), cos, sin)
+
+
+# -- Triton: q/k norm + rotary of one decode token, fused ---------------------------------------
+# grid (Hq + Hkv,): program h < Hq normalises and rotates query head h, the others key head
+# h - Hq. Each program loads its head twice (the values and their rotate-half partners), does
+# the zero-centred RMSNorm in fp32 (rounded to the input dtype as the reference does), rotates
+# the first R dims with the precomputed cos/sin of this token and stores the head; the key
+# heads can be stored straight into the k/v cache (any head stride).
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # the torch reference above needs no Triton
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _norm_rope_head(x_ptr, w_ptr, o_ptr, cos_ptr, sin_ptr, D, R, eps, BD: tl.constexpr):
+        i = tl.arange(0, BD)
+        m = i < D
+        x = tl.load(x_ptr + i, mask=m, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        half = R // 2
+        rot = i < R
+        first = i < half
+        p = tl.where(first, i + half, i - half)
+        p = tl.where(rot, p, i)
+        xp = tl.load(x_ptr + p, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + p, mask=m, other=0.0).to(tl.float32)
+        dt = o_ptr.dtype.element_ty
+        y = (x * rstd * (1.0 + w)).to(dt).to(tl.float32)
+        yp = (xp * rstd * (1.0 + wp)).to(dt).to(tl.float32)
+        c = tl.load(cos_ptr + i, mask=rot, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + i, mask=rot, other=0.0).to(tl.float32)
+        out = y * c + tl.where(first, -yp, yp) * s
+        out = tl.where(rot, out, y)
+        tl.store(o_ptr + i, out.to(dt), mask=m)
+
+    @triton.jit
+    def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr,
+                             HQ, D, R, sq, sk, sqo, sko, eps, BD: tl.constexpr):
+        h = tl.program_id(0)
+        if h < HQ:
+            _norm_rope_head(q_ptr + h * sq, qw_ptr, qo_ptr + h * sqo, cos_ptr, sin_ptr, D, R,
+                            eps, BD)
+        else:
+            hk = h - HQ
+            _norm_rope_head(k_ptr + hk * sk, kw_ptr, ko_ptr + hk * sko, cos_ptr, sin_ptr, D, R,
+                            eps, BD)
+
+
+def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                        k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        eps: float = 1e-6, k_out: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: q [Hq, D], k [Hkv, D] (any head stride), cos/sin [R] (or [1, R]) ->
+    (norm_rope(q), norm_rope(k)), the q result new [Hq, D]; the k result is written into k_out
+    when given (e.g. the cache slot state.k[i][:, pos], [Hkv, D] with any head stride)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    hq, d = q.shape
+    hkv = k.shape[0]
+    cos, sin = cos.reshape(-1), sin.reshape(-1)
+    r = cos.shape[0]
+    if k.shape[1] != d or r > d or r % 2 or sin.shape != cos.shape:
+        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, cos {tuple(cos.shape)}"
+                         " do not fit")
+    q, k = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k))
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q_out = torch.empty(hq, d, dtype=q.dtype, device=q.device)
+    if k_out is None:
+        k_out = torch.empty(hkv, d, dtype=k.dtype, device=k.device)
+    elif k_out.shape != (hkv, d) or k_out.stride(-1) != 1:
+        raise ValueError(f"k_out must be [{hkv}, {d}] with unit last stride")
+    _qk_norm_rope_kernel[(hq + hkv,)](q, k, q_weight.contiguous(), k_weight.contiguous(), q_out,
+                                      k_out, cos, sin, hq, d, r, q.stride(0), k.stride(0),
+                                      q_out.stride(0), k_out.stride(0), eps,
+                                      BD=triton.next_power_of_2(d))
+    return q_out, k_out

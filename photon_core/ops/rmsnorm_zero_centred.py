@@ -13,3 +13,67 @@ def rmsnorm_zero_centred(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * (1.0 + weight.float())).to(x.dtype)
+
+
+def add_rmsnorm_zero_centred(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                             eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pre-norm residual step: s = x + delta (in x's dtype) -> (s, rmsnorm_zero_centred(s))."""
+    s = x + delta
+    return s, rmsnorm_zero_centred(s, weight, eps)
+
+
+# -- Triton: one program per row, optionally fused with the residual add ------------------------
+# grid (rows,): load the row (and the residual delta), add in fp32 and round to the input dtype
+# (as `x + delta` does), write the sum back, then normalise in fp32 and scale by (1 + w).
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # the torch reference above needs no Triton
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _rmsnorm_zc_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, D, sx, sd, ss, sy, eps,
+                           HAS_DELTA: tl.constexpr, BD: tl.constexpr):
+        row = tl.program_id(0)
+        i = tl.arange(0, BD)
+        m = i < D
+        x = tl.load(x_ptr + row * sx + i, mask=m, other=0.0)
+        if HAS_DELTA:
+            d = tl.load(d_ptr + row * sd + i, mask=m, other=0.0)
+            x = (x.to(tl.float32) + d.to(tl.float32)).to(s_ptr.dtype.element_ty)
+            tl.store(s_ptr + row * ss + i, x, mask=m)
+        xf = x.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+        w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * sy + i, (xf * rstd * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def rmsnorm_zero_centred_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                                delta: torch.Tensor | None = None):
+    """delta None: same as rmsnorm_zero_centred(x, weight, eps). Else the fused residual step,
+    same as add_rmsnorm_zero_centred(x, delta, weight, eps) -> (x + delta, norm)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    d = x.shape[-1]
+    if weight.shape != (d,):
+        raise ValueError(f"weight shape {tuple(weight.shape)} != ({d},)")
+    x2 = _rows(x)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    bd = triton.next_power_of_2(d)
+    if delta is None:
+        _rmsnorm_zc_kernel[(x2.shape[0],)](x2, x2, weight, y, y, d, x2.stride(0), 0, 0,
+                                           y.stride(0), eps, HAS_DELTA=False, BD=bd)
+        return y.reshape(x.shape)
+    if delta.shape != x.shape:
+        raise ValueError(f"delta shape {tuple(delta.shape)} != x shape {tuple(x.shape)}")
+    d2 = _rows(delta)
+    s = torch.empty_like(y)
+    _rmsnorm_zc_kernel[(x2.shape[0],)](x2, d2, weight, s, y, d, x2.stride(0), d2.stride(0),
+                                       s.stride(0), y.stride(0), eps, HAS_DELTA=True, BD=bd)
+    return s.reshape(x.shape), y.reshape(x.shape)

@@ -12,18 +12,26 @@ Layer i (pre-norm residual, zero-centred RMSNorm x * (1 + w)):
     first rot_dim dims; causal GQA over the k/v cache; o_proj(attn * sigmoid(gate))
   mlp: down(silu(gate(x)) * up(x))
 Weights by Hugging Face name (model.language_model.*, lm_head.weight).
+
+forward(..., use_kernels=True) runs a decode step (T == 1) through the Triton kernels that sit
+beside each op's reference (fused residual add + norm, conv step, delta-rule step, gated norm,
+fused q/k norm + M-RoPE written straight into the k cache, split-sequence gated attention);
+a prefill (T > 1) uses only the chunked delta-rule kernel, the rest stays torch. Off by
+default (on the CPU the kernels only run under TRITON_INTERPRET=1, for tests).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ...ops.causal_conv1d import causal_conv1d_prefill, causal_conv1d_step
-from ...ops.gated_delta_rule import gated_delta_chunked, gated_delta_step
-from ...ops.gqa_attention import gqa_attention
-from ...ops.mrope import apply_rope, mrope_cos_sin
-from ...ops.rmsnorm_gated import rmsnorm_gated
-from ...ops.rmsnorm_zero_centred import rmsnorm_zero_centred
+from ...ops.causal_conv1d import (causal_conv1d_prefill, causal_conv1d_step,
+                                  causal_conv1d_step_triton)
+from ...ops.gated_delta_rule import (delta_gates, gated_delta_chunked, gated_delta_chunked_triton,
+                                     gated_delta_step, gated_delta_step_triton)
+from ...ops.gqa_attention import gated_gqa_decode_triton, gqa_attention
+from ...ops.mrope import apply_rope, mrope_cos_sin, qk_norm_rope_triton
+from ...ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_triton
+from ...ops.rmsnorm_zero_centred import rmsnorm_zero_centred, rmsnorm_zero_centred_triton
 from .config import TextConfig
 from .state import HybridState
 
@@ -40,7 +48,8 @@ def mlp(w: dict, i: int, x: torch.Tensor) -> torch.Tensor:
                     w[p + "down_proj.weight"])
 
 
-def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridState) -> torch.Tensor:
+def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridState,
+             kernels: bool = False) -> torch.Tensor:
     """x [T, D] (normed) -> [T, D]; updates state.conv[i], state.recurrent[i]."""
     p = f"{L}layers.{i}.linear_attn."
     t = x.shape[0]
@@ -49,32 +58,42 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
     mixed = F.linear(x, w[p + "in_proj_qkv.weight"])                     # [T, conv_dim]
     conv_w = w[p + "conv1d.weight"][:, 0]                                  # [conv_dim, K]
     if t == 1:
-        mixed = causal_conv1d_step(mixed, conv_w, state.conv[i])          # [1, conv_dim]
+        conv_step = causal_conv1d_step_triton if kernels else causal_conv1d_step
+        mixed = conv_step(mixed, conv_w, state.conv[i])                    # [1, conv_dim]
     else:
         out, state.conv[i] = causal_conv1d_prefill(mixed.T[None], conv_w, state.conv[i])
         mixed = out[0].T
     q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
     q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
-    beta = torch.sigmoid(F.linear(x, w[p + "in_proj_b.weight"]))
+    b = F.linear(x, w[p + "in_proj_b.weight"])
     a = F.linear(x, w[p + "in_proj_a.weight"])
-    g = -w[p + "A_log"].float().exp() * F.softplus(a.float() + w[p + "dt_bias"])
-    if t == 1:
+    a_log, dt_bias = w[p + "A_log"], w[p + "dt_bias"]
+    if t == 1 and kernels:                              # the kernel applies delta_gates itself
+        o = gated_delta_step_triton(q, k, v, a, b, state.recurrent[i], a_log=a_log,
+                                    dt_bias=dt_bias)                       # [1, Hv, Dv]
+    elif t == 1:
+        g, beta = delta_gates(a, b, a_log, dt_bias)
         o = gated_delta_step(q, k, v, g, beta, state.recurrent[i])         # [1, Hv, Dv]
     else:
-        o, state.recurrent[i] = gated_delta_chunked(q[None], k[None], v[None], g[None],
-                                                    beta[None], state.recurrent[i])
+        g, beta = delta_gates(a, b, a_log, dt_bias)
+        chunked = gated_delta_chunked_triton if kernels else gated_delta_chunked
+        o, state.recurrent[i] = chunked(q[None], k[None], v[None], g[None], beta[None],
+                                        state.recurrent[i])
         o = o[0]                                                           # [T, Hv, Dv]
     z = F.linear(x, w[p + "in_proj_z.weight"]).reshape(t, hv, dv)
-    o = rmsnorm_gated(o, z, w[p + "norm.weight"], cfg.rms_norm_eps)
+    o = (rmsnorm_gated_triton if kernels and t == 1 else rmsnorm_gated)(
+        o, z, w[p + "norm.weight"], cfg.rms_norm_eps)
     return F.linear(o.reshape(t, hv * dv), w[p + "out_proj.weight"])
 
 
 def attention(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, cos, sin,
-              state: HybridState) -> torch.Tensor:
+              state: HybridState, kernels: bool = False) -> torch.Tensor:
     """x [T, D] (normed) -> [T, D]; writes k/v at state.length .. + T."""
     p = f"{L}layers.{i}.self_attn."
     t, hq, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     qg = F.linear(x, w[p + "q_proj.weight"]).reshape(t, hq, 2 * d)
+    if kernels and t == 1:
+        return _attention_step_kernels(w, cfg, i, x, qg[0], cos, sin, state)
     q, gate = qg[..., :d], qg[..., d:].reshape(t, hq * d)
     q = rmsnorm_zero_centred(q, w[p + "q_norm.weight"], cfg.rms_norm_eps).transpose(0, 1)
     k = F.linear(x, w[p + "k_proj.weight"]).reshape(t, hkv, d)
@@ -91,26 +110,58 @@ def attention(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, cos, sin,
     return F.linear(o, w[p + "o_proj.weight"])
 
 
+def _attention_step_kernels(w, cfg, i, x, qg, cos, sin, state) -> torch.Tensor:
+    """attention() for one token through the Triton kernels; qg [Hq, 2D] (query | gate)."""
+    p = f"{L}layers.{i}.self_attn."
+    hkv, d, start = cfg.num_key_value_heads, cfg.head_dim, state.length
+    if start + 1 > state.k[i].shape[1]:
+        raise ValueError(f"k/v cache full: {start} + 1 > {state.k[i].shape[1]} positions")
+    k = F.linear(x, w[p + "k_proj.weight"]).reshape(hkv, d)
+    q, _ = qk_norm_rope_triton(qg[:, :d], k, w[p + "q_norm.weight"], w[p + "k_norm.weight"],
+                               cos[0], sin[0], cfg.rms_norm_eps, k_out=state.k[i][:, start])
+    state.v[i][:, start] = F.linear(x, w[p + "v_proj.weight"]).reshape(hkv, d)
+    o = gated_gqa_decode_triton(q, state.k[i], state.v[i], start + 1, gate=qg[:, d:])
+    return F.linear(o.reshape(1, -1), w[p + "o_proj.weight"])
+
+
+def _add_norm(x, delta, weight, eps, kernels: bool):
+    """-> (x + delta, its zero-centred RMSNorm); delta None: (x, norm(x))."""
+    if kernels:
+        if delta is None:
+            return x, rmsnorm_zero_centred_triton(x, weight, eps)
+        return rmsnorm_zero_centred_triton(x, weight, eps, delta=delta)
+    if delta is not None:
+        x = x + delta
+    return x, rmsnorm_zero_centred(x, weight, eps)
+
+
 def text_positions(start: int, t: int, device) -> torch.Tensor:
     """[3, T]: three equal rows start .. start+T-1 (text tokens)."""
     return torch.arange(start, start + t, device=device)[None].expand(3, t)
 
 
 def forward(w: dict, cfg: TextConfig, x: torch.Tensor, positions: torch.Tensor,
-            state: HybridState) -> torch.Tensor:
-    """x [T, D] embeddings, positions [3, T] -> final-normed hidden [T, D]; advances state."""
+            state: HybridState, use_kernels: bool | None = False) -> torch.Tensor:
+    """x [T, D] embeddings, positions [3, T] -> final-normed hidden [T, D]; advances state.
+    use_kernels: a decode step (T == 1) runs through the Triton kernels, a prefill through the
+    chunked delta-rule kernel; None: kernels when x is on a GPU."""
+    if use_kernels is None:
+        use_kernels = x.is_cuda
+    kern = use_kernels and x.shape[0] == 1          # the one-token kernels
+    eps = cfg.rms_norm_eps
     cos, sin = mrope_cos_sin(positions, cfg.rot_dim, cfg.rope_theta, cfg.mrope_section, x.dtype)
+    delta = None                         # the residual branch not yet added to x
     for i, kind in enumerate(cfg.layer_types):
         p = f"{L}layers.{i}."
-        h = rmsnorm_zero_centred(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        x, h = _add_norm(x, delta, w[p + "input_layernorm.weight"], eps, kern)
         if kind == "linear_attention":
-            x = x + deltanet(w, cfg, i, h, state)
+            delta = deltanet(w, cfg, i, h, state, use_kernels)
         else:
-            x = x + attention(w, cfg, i, h, cos, sin, state)
-        x = x + mlp(w, i, rmsnorm_zero_centred(x, w[p + "post_attention_layernorm.weight"],
-                                               cfg.rms_norm_eps))
+            delta = attention(w, cfg, i, h, cos, sin, state, kern)
+        x, h = _add_norm(x, delta, w[p + "post_attention_layernorm.weight"], eps, kern)
+        delta = mlp(w, i, h)
     state.length += x.shape[0]
-    return rmsnorm_zero_centred(x, w[L + "norm.weight"], cfg.rms_norm_eps)
+    return _add_norm(x, delta, w[L + "norm.weight"], eps, kern)[1]
 
 
 def logits(w: dict, hidden: torch.Tensor) -> torch.Tensor:
