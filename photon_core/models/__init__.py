@@ -46,8 +46,12 @@ def read_model_type(path_or_id: str, revision: str | None = None) -> str | None:
     it has no model_type, or it cannot be fetched (the family's loader then reports what is
     missing with its own clear error)."""
     p = Path(os.path.expanduser(str(path_or_id)))
-    cfg = p / "config.json" if p.is_dir() else None
-    if cfg is None and not p.exists() and str(path_or_id).count("/") == 1 \
+    try:
+        is_dir, exists = p.is_dir(), p.exists()
+    except (OSError, ValueError):      # e.g. a name too long for the file system
+        return None                    # the family's loader reports it with its own error
+    cfg = p / "config.json" if is_dir else None
+    if cfg is None and not exists and str(path_or_id).count("/") == 1 \
             and not str(path_or_id).startswith((".", "/", "~")):
         try:
             from huggingface_hub import hf_hub_download

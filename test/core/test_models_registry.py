@@ -70,4 +70,5 @@ def test_cli_make_test_model_uses_the_registry(tmp_path, capsys):
     assert main(["make-test-model", "moondream2", str(tmp_path / "m"), "--fast"]) == 0
     assert (tmp_path / "m" / "model.safetensors").is_file()
     assert main(["make-test-model", "nope", str(tmp_path / "n")]) == 2
-    assert "known: moondream2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown model family 'nope'" in err and "moondream2" in err.split("known:")[1]
