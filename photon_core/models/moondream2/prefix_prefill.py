@@ -1,0 +1,72 @@
+"""The image-prefix prefill of several frames at once: [n, P, dim] prefix embeddings (BOS +
+729 image tokens each) through the text decoder's blocks in one batched pass, writing every
+frame's prefix k/v.
+
+Two attention forms (everything else is the reference's ops, program.decoder_ops, run by
+ops/eager.run_ops, with the batch as the leading dimension):
+
+  "span" - the reference's (text.decoder): SDPA over the whole context span (max_context
+    keys) with the boolean prefix mask, keys beyond the prefix zero-padded. Per frame
+    bit-identical to text.decoder on the CPU (fp32 and bf16: the batched GEMMs, LayerNorms
+    and SDPA compute each row / (batch, head) alike; tested).
+  "prefix" - the same attention without the mask and the padding: inside the image prefix
+    every token sees every prefix token (text.attention_mask: q, k < prefix_len), and the
+    keys beyond it are masked, so attention over exactly the P prefix keys with no mask is
+    the same math. On CUDA that is the flash kernel over 730 keys instead of a masked
+    (memory-efficient) kernel over 2048 and two padded k/v copies per layer. Other
+    summation order: close, not bitwise (fp32: ~1e-6 relative).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...ops.eager import run_ops
+from .config import TextConfig
+from .layers import Weights
+from .program import decoder_ops
+from .rope import apply_rope, rope_angles
+from .text import attention_mask
+
+ATTENTION_FORMS = ("span", "prefix")
+
+
+def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
+                   prefix_len: int, attention: str = "span") -> torch.Tensor:
+    """x [n, P, dim] at positions 0..P-1 (P <= prefix_len: all inside the bidirectional
+    prefix) -> writes kv [n_layers, 2, n, Hkv, P, D] (k in the interleaved rope order, as
+    every cache); returns the last hidden states [n, P, dim] (before post_ln)."""
+    if attention not in ATTENTION_FORMS:
+        raise ValueError(f"attention must be one of {ATTENTION_FORMS}, not {attention!r}")
+    n, length, dim = x.shape
+    if length > prefix_len:
+        raise ValueError(f"{length} tokens do not fit the {prefix_len}-token image prefix")
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    if tuple(kv.shape) != (cfg.n_layers, 2, n, nkv, length, hd):
+        raise ValueError(f"kv {tuple(kv.shape)} does not fit {n} frames of {length} tokens")
+    cos, sin = rope_angles(torch.arange(length, device=x.device), cfg.rot_dim)
+    span = cfg.max_context
+    mask = None
+    if attention == "span":
+        # the reference's mask and shape ([1, 1, T, span]), broadcast over the frames
+        mask = attention_mask(0, length, prefix_len, x.device, span)[None, None]
+
+    def attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
+        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = apply_rope(q.view(n, length, nh, hd).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(n, length, nkv, hd).transpose(1, 2), cos, sin)
+        v = v.view(n, length, nkv, hd).transpose(1, 2)
+        kv[i, 0] = k
+        kv[i, 1] = v
+        keys, values = kv[i, 0], kv[i, 1]
+        if attention == "span":
+            pad = (0, 0, 0, span - length)
+            keys, values = F.pad(keys, pad), F.pad(values, pad)
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                           enable_gqa=nh != nkv)
+        return a.transpose(1, 2).reshape(n, length, dim)
+
+    return run_ops(decoder_ops(cfg), {"x": x}, w, attend)["x"]
+
+
+__all__ = ["ATTENTION_FORMS", "prefill_prefix"]
