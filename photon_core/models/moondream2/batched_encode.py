@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
 from ...encode_request import unwrap
-from . import text, vision
+from . import text, vision, vision_fused
 from .prefix_prefill import prefill_prefix
 
 
@@ -51,13 +49,13 @@ def kv_buffer(model, n: int) -> torch.Tensor:
 
 
 def encode_body(model, x: torch.Tensor, layouts: list[FrameLayout], kv: torch.Tensor, *,
-                vision_encoder: Callable = vision.encoder, attention: str = "span") -> None:
+                fast: bool = False) -> None:
     """x: the frames' normalized crops, concatenated in order [sum n_crops, 3, c, c];
     writes every frame's prefix k/v into kv [n_layers, 2, n, Hkv, P, D].
-    vision_encoder(w, cfg, crops) -> features: vision.encoder (the reference) or a faster
-    equivalent (vision_fused.encoder); attention: prefix_prefill's form."""
+    fast=False: the reference's functions (vision.encoder, the span-attention prefill);
+    fast=True: vision_fused.encoder and prefix_prefill's fast form (close, not bitwise)."""
     w, v, t = model.weights, model.config.vision, model.config.text
-    features = vision_encoder(w, v, x)
+    features = (vision_fused.encoder if fast else vision.encoder)(w, v, x)
     inputs, off = [], 0
     for lay in layouts:
         f = features[off:off + lay.n_crops]
@@ -68,7 +66,7 @@ def encode_body(model, x: torch.Tensor, layouts: list[FrameLayout], kv: torch.Te
     tokens = w.mlp(torch.stack(inputs), "vision.proj_mlp")              # [n, g*g, dim]
     bos = text.embed(w, torch.full((len(layouts), 1), model.config.tokenizer.bos_id,
                                    device=w.device))                     # [n, 1, dim]
-    prefill_prefix(w, t, torch.cat([bos, tokens], dim=1), kv, model.prefix_len, attention)
+    prefill_prefix(w, t, torch.cat([bos, tokens], dim=1), kv, model.prefix_len, fast=fast)
 
 
 def frame_crops(model, images: list, crops: str | None):

@@ -2,10 +2,10 @@
 729 image tokens each) through the text decoder's blocks in one batched pass, writing every
 frame's prefix k/v.
 
-Two attention forms (everything else is the reference's ops, program.decoder_ops, run by
-ops/eager.run_ops, with the batch as the leading dimension):
+Two forms of the blocks (program.decoder_ops, run by ops/eager.run_ops, with the batch as
+the leading dimension):
 
-  "span" - the reference's (text.decoder): SDPA over the whole context span (max_context
+  fast=False - the reference's (text.decoder): attention "span": SDPA over the whole context span (max_context
     keys) with the boolean prefix mask, keys beyond the prefix zero-padded. Per frame
     bit-identical to text.decoder on the CPU (fp32 and bf16: the batched GEMMs, LayerNorms
     and SDPA compute each row / (batch, head) alike; tested).
@@ -15,6 +15,8 @@ ops/eager.run_ops, with the batch as the leading dimension):
     the same math. On CUDA that is the flash kernel over 730 keys instead of a masked
     (memory-efficient) kernel over 2048 and two padded k/v copies per layer. Other
     summation order: close, not bitwise (fp32: ~1e-6 relative).
+  fast=True - attention "prefix", and on CUDA the MLP's fc1 + tanh-GELU as one GEMM with a
+    GELU epilogue (ops/linear_gelu.py); the runtime's encode (EngineOptions.encoder).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ...ops.eager import run_ops
+from ...ops.linear_gelu import linear_gelu
 from .config import TextConfig
 from .layers import Weights
 from .program import decoder_ops
@@ -32,10 +35,13 @@ ATTENTION_FORMS = ("span", "prefix")
 
 
 def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
-                   prefix_len: int, attention: str = "span") -> torch.Tensor:
+                   prefix_len: int, fast: bool = False,
+                   attention: str | None = None) -> torch.Tensor:
     """x [n, P, dim] at positions 0..P-1 (P <= prefix_len: all inside the bidirectional
     prefix) -> writes kv [n_layers, 2, n, Hkv, P, D] (k in the interleaved rope order, as
-    every cache); returns the last hidden states [n, P, dim] (before post_ln)."""
+    every cache); returns the last hidden states [n, P, dim] (before post_ln).
+    attention: "span" | "prefix" (default: "prefix" when fast, else "span")."""
+    attention = attention or ("prefix" if fast else "span")
     if attention not in ATTENTION_FORMS:
         raise ValueError(f"attention must be one of {ATTENTION_FORMS}, not {attention!r}")
     n, length, dim = x.shape
@@ -66,7 +72,25 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
                                            enable_gqa=nh != nkv)
         return a.transpose(1, 2).reshape(n, length, dim)
 
-    return run_ops(decoder_ops(cfg), {"x": x}, w, attend)["x"]
+    ops = decoder_ops(cfg)
+    if not (fast and x.is_cuda):
+        return run_ops(ops, {"x": x}, w, attend)["x"]
+    env = {"x": x}
+    for op in ops:              # the reference's ops, but linear + gelu_tanh in one GEMM
+        if op.kind == "linear" and "gelu_tanh" in op.acts:
+            for dst, wn, act in zip(op.dst, op.weights, op.acts):
+                env[dst] = (linear_gelu(env[op.src[0]], w[wn + ".weight"], w.get(wn + ".bias"))
+                            if act == "gelu_tanh" else run_ops(
+                                [_one_linear(op, dst, wn, act)], env, w)[dst])
+        else:
+            run_ops([op], env, w, attend)
+    return env["x"]
+
+
+def _one_linear(op, dst, wn, act):
+    """The op restricted to one of its outputs."""
+    from dataclasses import replace
+    return replace(op, dst=(dst,), weights=(wn,), acts=(act,))
 
 
 __all__ = ["ATTENTION_FORMS", "prefill_prefix"]
