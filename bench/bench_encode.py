@@ -241,6 +241,8 @@ def encode_ab(out, m, frame, it, batch_sizes):
             res["vision_new_graph_ms"] = graph_ms(lambda: vision_fused.encoder(w, v, x), it)
             res["vision_new_rel_diff"] = _rel(vision_fused.encoder(w, v, x),
                                               vision.encoder(w, v, x))
+            res["vision_new_unfused_norms_graph_ms"] = graph_ms(
+                lambda: vision_fused.encoder(w, v, x, fuse_norms=False), it)
             for n in sorted({1, *batch_sizes}):
                 pre = torch.randn(n, m.prefix_len, t.dim, device="cuda", dtype=w.dtype)
                 kv = batched_encode.kv_buffer(m, n)
@@ -330,6 +332,8 @@ def encode_ab(out, m, frame, it, batch_sizes):
     row("encode + detect(5) ms", o.get("encode_detect5_ms"), nw.get("encode_detect5_ms"))
     row("encode graph replay ms", o.get("graph_replay_ms"), nw.get("graph_replay_ms"))
     row("vision graph ms (9 crops)", p.get("vision_old_graph_ms"), p.get("vision_new_graph_ms"))
+    row("  new without the add+LayerNorm kernel", p.get("vision_old_graph_ms"),
+        p.get("vision_new_unfused_norms_graph_ms"))
     for n in sorted({1, *batch_sizes}):
         row(f"prefix prefill graph ms, {n} frame(s)", p.get(f"prefill_old_n{n}_graph_ms"),
             p.get(f"prefill_new_n{n}_graph_ms"))

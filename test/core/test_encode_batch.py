@@ -204,3 +204,46 @@ def test_batch_graph_policy(model, images):
     # more frames than max_frames: chunks
     out4 = enc.encode_batch([a, c, a, c])
     assert [o.width for o in out4] == [a.shape[1], c.shape[1]] * 2
+
+
+@pytest.mark.skipif(not __import__("photon_core.ops", fromlist=["HAVE_TRITON"]).HAVE_TRITON,
+                    reason="needs triton")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_layernorm_kernel_matches_reference(dtype):
+    """ops/add_layernorm.py under the Triton interpreter: the sum bitwise, the norm close."""
+    import os
+
+    from photon_core.ops.add_layernorm import add_layernorm, add_layernorm_reference
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU tensors need TRITON_INTERPRET=1")
+    g = torch.Generator().manual_seed(0)
+    x, t = (torch.randn(5, 7, 72, generator=g).to(dtype) for _ in range(2))
+    w, b = torch.randn(72, generator=g).to(dtype), torch.randn(72, generator=g).to(dtype)
+    s, h = add_layernorm(x, t, w, b)
+    s_ref, h_ref = add_layernorm_reference(x, t, w, b)
+    assert torch.equal(s, s_ref)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert (h.float() - h_ref.float()).abs().max().item() <= tol * h_ref.float().abs().max()
+    with pytest.raises(ValueError):
+        add_layernorm(x, t[..., :71].contiguous(), w, b)
+
+
+def test_vision_fused_forms(model, images):
+    """vision_fused.encoder: the reference's ops on the CPU (bitwise); with the add+norm
+    kernel (interpreter) close."""
+    import os
+
+    from photon_core.models.moondream2 import vision, vision_fused
+    from photon_core.ops.linear_gelu import linear_gelu, linear_gelu_reference
+    _, x, _ = model.image_crops(images[0])
+    w, v = model.weights, model.config.vision
+    with torch.inference_mode():
+        ref = vision.encoder(w, v, x)
+        assert torch.equal(vision_fused.encoder(w, v, x), ref)
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            fused = vision_fused.encoder(w, v, x, fuse_norms=True)
+            assert (fused - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    a, wt, b = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)
+    assert torch.equal(linear_gelu(a, wt, b), linear_gelu_reference(a, wt, b))
+    with pytest.raises(ValueError, match="CUDA"):
+        linear_gelu(a, wt, b, fused=True)
