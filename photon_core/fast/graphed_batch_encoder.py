@@ -157,6 +157,32 @@ class GraphedBatchEncoder:
                                       setup_ms=setup / len(frames), model_id=m.model_id)
         return out
 
+    def prepare(self, shapes=((480, 640),), batch_sizes=(1, 2, 4),
+                crops=("overlap",)) -> int:
+        """Capture ahead the graphs of frames of these (height, width) shapes, crop modes and
+        batch sizes (k cameras of one shape and mode), so that no capture (~0.3-1 s) falls
+        into live traffic; multi-frame layouts count against max_batch_graphs (first come).
+        Returns the graphs captured."""
+        import numpy as np
+
+        before = self.counts["captures"]
+        if not self.use_graphs:
+            return 0
+        for h, w in shapes:
+            img = np.zeros((h, w, 3), dtype=np.uint8)
+            for mode in crops:
+                _, x, tiling = self.model.image_crops(img, mode)
+                lay = frame_layout(x, tiling, mode)
+                for n in sorted(set(batch_sizes)):
+                    n = min(n, self.max_frames)
+                    key = (lay,) * n
+                    if key in self.entries or (n > 1 and self.n_batch_graphs()
+                                               >= self.max_batch_graphs):
+                        continue
+                    with torch.inference_mode():
+                        self._new_entry(key, torch.cat([x] * n))
+        return self.counts["captures"] - before
+
     def encode(self, image, crops: str | None = None):
         return self.encode_batch([image], crops)[0]
 

@@ -247,3 +247,15 @@ def test_vision_fused_forms(model, images):
     assert torch.equal(linear_gelu(a, wt, b), linear_gelu_reference(a, wt, b))
     with pytest.raises(ValueError, match="CUDA"):
         linear_gelu(a, wt, b, fused=True)
+
+
+def test_prepare_captures_ahead(model, images):
+    enc = _FakeGraphs(model, use_graphs=True, max_batch_graphs=2, max_frames=4)
+    enc.captured = []
+    assert enc.prepare(shapes=((120, 160),), batch_sizes=(1, 2, 4, 8),
+                       crops=("overlap", "global")) == 4      # 2 singles + 2 batch (bound)
+    assert enc.n_batch_graphs() == 2
+    out = enc.encode_batch([images[0], images[4]])             # both 120 x 160: prepared
+    assert enc.counts["batched"] == 1 and enc.counts["captures"] == 4
+    assert _same_enc(out[0], model.encode_image(images[0]))
+    assert GraphedBatchEncoder(model, use_graphs=False).prepare() == 0

@@ -58,6 +58,12 @@ def test_graphed_encode_batch_matches_reference(dtype, encoder):
     single = fe.encode_image(frames[0])
     assert (single.kv.float() - refs[0].kv.float()).abs().max().item() <= \
         tol * max(refs[0].kv.float().abs().max().item(), 1.0)
+    assert fe.prepare_encode(shapes=((120, 160),), batch_sizes=(2,)) == 1
+    before = fe.batch_encoder.counts["batched"]
+    pair = fe.encode_batch([frames[0], frames[2]])             # prepared: batched at once
+    assert fe.batch_encoder.counts["batched"] == before + 1
+    assert (pair[1].kv.float() - refs[2].kv.float()).abs().max().item() <= \
+        tol * max(refs[2].kv.float().abs().max().item(), 1.0)
     if dtype == "fp32":
         tasks = [Task("detect", object="person", max_objects=4), Task("point", object="cup"),
                  Task("query", question="What is it?", max_tokens=8),
