@@ -193,7 +193,7 @@ class FastEngine:
         with self._compute_stream_ctx():
             return self.batch_encoder.encode_batch(list(images), crops)
 
-    def prepare_encode(self, shapes=((480, 640),), batch_sizes=(1, 2, 4),
+    def prepare_encode(self, shapes=((480, 640),), batch_sizes=(1, 2, 4, 8),
                        crops=("overlap",)) -> int:
         """Capture the encode graphs of frames of these shapes / crop modes / batch sizes now
         (graphed_batch_encoder.prepare), e.g. at activation; returns the graphs captured."""

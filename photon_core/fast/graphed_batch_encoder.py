@@ -8,10 +8,12 @@ graph). A 640x480 camera always has the same layout, so k cameras of one resolut
 one graph per batch size.
 
 Graphs: a single-frame layout is captured the first time it is seen (as graphed_encoder.py
-does per tiling). A multi-frame layout is captured only the second time it is seen (a one-off
-mix of cameras is not worth a ~0.3-1 s capture); until then, and for any layout once
-`max_batch_graphs` multi-frame graphs exist, the batch is encoded frame by frame through
-the single-frame graphs (correct, the speed of one-at-a-time). Graphs are never evicted:
+does per tiling). n frames of one layout with graphs of that layout at other batch sizes run
+as those (7 -> 4 + 2 + 1; `prepare` captures sizes 1, 2, 4, 8 ahead). Otherwise a
+multi-frame layout is captured the second time it is seen (a one-off mix of cameras is not
+worth a ~0.3-1 s capture); until then, and for any layout once `max_batch_graphs`
+multi-frame graphs exist, the batch is encoded frame by frame through the single-frame
+graphs (correct, the speed of one-at-a-time). Graphs are never evicted:
 freeing a graph can free the cuBLAS workspace under other graphs captured on the same
 stream (pytorch/pytorch#193402, fast_engine.py), so the bound is on captures. Batches larger
 than `max_frames` are encoded in chunks.
@@ -54,8 +56,9 @@ class GraphedBatchEncoder:
         self.seen: dict[tuple, int] = {}        # multi-frame layouts seen, not captured
         self.capture_ms = 0.0
         self.capture_stream = None              # set by FastEngine (its own stream)
-        # calls: one frame / several frames in one pass / several frames one by one
-        self.counts = {"single": 0, "batched": 0, "frame_by_frame": 0, "captures": 0}
+        # calls: one frame / several in one graph / split over captured sizes / one by one
+        self.counts = {"single": 0, "batched": 0, "split": 0, "frame_by_frame": 0,
+                       "captures": 0}
 
     # -- graphs ----------------------------------------------------------------------------
     def _body(self, e: _Entry) -> None:
@@ -139,14 +142,7 @@ class GraphedBatchEncoder:
                 frames.append((i, array, x, frame_layout(x, tiling, mode)))
             frames.sort(key=lambda f: _order(f[3]))                  # canonical order
             with torch.inference_mode():
-                key = tuple(f[3] for f in frames)
-                kv = self._run(key, torch.cat([f[2] for f in frames]))
-                if kv is not None:
-                    self.counts["batched" if len(key) > 1 else "single"] += 1
-                    kvs = [kv[:, :, j:j + 1].clone() for j in range(len(frames))]
-                else:                          # frame by frame, through single-frame graphs
-                    self.counts["frame_by_frame"] += 1
-                    kvs = [self._run((f[3],), f[2]).clone() for f in frames]
+                kvs = self._encode_frames(frames)
             _sync(m.weights.device)
             ms = (time.perf_counter() - t0) * 1e3
             setup = self.capture_ms - captured_before
@@ -157,7 +153,44 @@ class GraphedBatchEncoder:
                                       setup_ms=setup / len(frames), model_id=m.model_id)
         return out
 
-    def prepare(self, shapes=((480, 640),), batch_sizes=(1, 2, 4),
+    def _encode_frames(self, frames: list) -> list[torch.Tensor]:
+        """frames [(index, array, crops, layout)] in canonical order -> k/v of each."""
+        key = tuple(f[3] for f in frames)
+        sizes = self._uniform_split(key)
+        if sizes is not None:                  # k frames of one layout: captured sizes
+            self.counts["split"] += 1
+            out, off = [], 0
+            for n in sizes:
+                part = frames[off:off + n]
+                off += n
+                kv = self._run(key[:n], torch.cat([f[2] for f in part]))
+                out += [kv[:, :, j:j + 1].clone() for j in range(n)]
+            return out
+        kv = self._run(key, torch.cat([f[2] for f in frames]))
+        if kv is not None:
+            self.counts["batched" if len(key) > 1 else "single"] += 1
+            return [kv[:, :, j:j + 1].clone() for j in range(len(frames))]
+        self.counts["frame_by_frame"] += 1     # through the single-frame graphs
+        return [self._run((f[3],), f[2]).clone() for f in frames]
+
+    def _uniform_split(self, key: tuple) -> list[int] | None:
+        """For n frames of one layout with no graph of exactly n: the batch sizes of this
+        layout's captured graphs that add up to n, largest first (7 -> 4 + 2 + 1), when at
+        least one is a multi-frame graph; else None."""
+        n = len(key)
+        if not self.use_graphs or n < 2 or key in self.entries or len(set(key)) != 1:
+            return None
+        have = sorted((len(k) for k in self.entries if len(k) > 1 and k[0] == key[0]
+                       and len(set(k)) == 1), reverse=True)
+        sizes, left = [], n
+        for m in have:
+            while m <= left:
+                sizes.append(m)
+                left -= m
+        sizes += [1] * left
+        return sizes if sizes[0] > 1 else None
+
+    def prepare(self, shapes=((480, 640),), batch_sizes=(1, 2, 4, 8),
                 crops=("overlap",)) -> int:
         """Capture ahead the graphs of frames of these (height, width) shapes, crop modes and
         batch sizes (k cameras of one shape and mode), so that no capture (~0.3-1 s) falls

@@ -259,3 +259,19 @@ def test_prepare_captures_ahead(model, images):
     assert enc.counts["batched"] == 1 and enc.counts["captures"] == 4
     assert _same_enc(out[0], model.encode_image(images[0]))
     assert GraphedBatchEncoder(model, use_graphs=False).prepare() == 0
+
+
+def test_uniform_batches_split_over_captured_sizes(model, images):
+    enc = _FakeGraphs(model, use_graphs=True, max_batch_graphs=4, max_frames=8)
+    enc.captured = []
+    enc.prepare(shapes=((120, 160),), batch_sizes=(1, 2, 4))
+    n_captured = len(enc.captured)
+    a, b = images[0], images[4]                     # both 120 x 160: one layout
+    ref = model.encode_image(a)
+    out = enc.encode_batch([a, b, a])                # 3 = 2 + 1
+    assert enc.counts["split"] == 1 and len(enc.captured) == n_captured
+    assert all(_same_enc(o, ref) for o in (out[0], out[2]))
+    out = enc.encode_batch([a, b] * 3 + [a])        # 7 = 4 + 2 + 1
+    assert enc.counts["split"] == 2 and len(enc.captured) == n_captured
+    assert _same_enc(out[6], ref) and _same_enc(out[5], model.encode_image(b))
+    assert enc._uniform_split((enc.entries[next(iter(enc.entries))].layouts[0],) * 2) is None
