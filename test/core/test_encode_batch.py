@@ -275,3 +275,10 @@ def test_uniform_batches_split_over_captured_sizes(model, images):
     assert enc.counts["split"] == 2 and len(enc.captured) == n_captured
     assert _same_enc(out[6], ref) and _same_enc(out[5], model.encode_image(b))
     assert enc._uniform_split((enc.entries[next(iter(enc.entries))].layouts[0],) * 2) is None
+
+
+def test_capture_safe_rope_perms_equal_ops_rope_perms():
+    from photon_core.models.moondream2.prefix_prefill import _rope_perms_on_device
+    from photon_core.ops.rope import rope_perms
+    for rot, hd in ((32, 64), (16, 64), (4, 8)):
+        assert torch.equal(_rope_perms_on_device(rot, hd, "cpu"), rope_perms(rot, hd))

@@ -29,7 +29,7 @@ from ...ops.linear_gelu import linear_gelu
 from .config import TextConfig
 from .layers import Weights
 from .program import decoder_ops
-from ...ops.rope import rope, rope_perms, rope_tables
+from ...ops.rope import rope, rope_tables
 from .rope import apply_rope, rope_angles
 from .text import attention_mask
 
@@ -80,7 +80,7 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
         # q and k rotated together, as one [n, P, nh + nkv, hd] view of qkv, by the gather +
         # multiply-add form (ops/rope.rope: ~6 kernels per layer instead of ~20 for two
         # apply_rope calls; same rotation and output order, fp32 FMA rounding)
-        perm = rope_perms(cfg.rot_dim, hd, x.device)
+        perm = _rope_perms_on_device(cfg.rot_dim, hd, x.device)
         c, s = rope_tables(torch.arange(length, device=x.device), cfg.rot_dim, hd)
         c, s = c[:, 0], s[:, 0]                                 # [P, 1, hd]
 
@@ -106,6 +106,18 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
         else:
             run_ops([op], env, w, attend)
     return env["x"]
+
+
+def _rope_perms_on_device(rot_dim: int, head_dim: int, device) -> torch.Tensor:
+    """ops/rope.rope_perms built with device ops only (arange arithmetic, no host list
+    copied to the device), so it can run inside a CUDA graph capture."""
+    half = rot_dim // 2
+    c = torch.arange(rot_dim, device=device)
+    odd = c % 2
+    rest = torch.arange(rot_dim, head_dim, device=device)
+    a = torch.cat([c // 2 + odd * half, rest])
+    b = torch.cat([c // 2 + (1 - odd) * half, rest])
+    return torch.stack([a, b])
 
 
 def _one_linear(op, dst, wn, act):
