@@ -5,9 +5,13 @@ image-prefix prefill (prefix_prefill.py) -> one EncodedImage per frame.
     encs = model.encode_batch([frame_a, EncodeRequest(frame_b, crops="global"), frame_c])
 
 Per frame the math is encode_image's: the vision encoder, LayerNorm, GEMMs and SDPA compute
-each crop / row / (batch, head) alone, so on the CPU (fp32, bf16) each EncodedImage is
-bit-identical to encode_image's (test/core/test_encode_batch.py); on CUDA the GEMMs may
-pick other kernels for other row counts (close, not bitwise).
+each crop / row / (batch, head) alone. On the CPU in fp32 each EncodedImage is bit-identical
+to encode_image's on the test shapes (test/core/test_encode_batch.py) and with one BLAS
+thread; with several threads at Moondream's real widths the BLAS may split a long K
+reduction (the MLP's fc2, K = 8192) across threads for one row count and not for another
+(measured on 2 cores: 1.8e-4 absolute on outputs of ~1e2, ~1e-6 relative; equal with
+torch.set_num_threads(1)). bf16 on the CPU and CUDA: close, not bitwise (other kernels for
+other row counts).
 
 `encode_body` is the part after the crops, shared with the runtime's graphed encoders
 (photon_core/fast/graphed_encoder.py, one graph per frames' layout): static inputs (the
