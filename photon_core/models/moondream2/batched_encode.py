@@ -6,12 +6,15 @@ image-prefix prefill (prefix_prefill.py) -> one EncodedImage per frame.
 
 Per frame the math is encode_image's: the vision encoder, LayerNorm, GEMMs and SDPA compute
 each crop / row / (batch, head) alone. On the CPU in fp32 each EncodedImage is bit-identical
-to encode_image's on the test shapes (test/core/test_encode_batch.py) and with one BLAS
-thread; with several threads at Moondream's real widths the BLAS may split a long K
-reduction (the MLP's fc2, K = 8192) across threads for one row count and not for another
-(measured on 2 cores: 1.8e-4 absolute on outputs of ~1e2, ~1e-6 relative; equal with
-torch.set_num_threads(1)). bf16 on the CPU and CUDA: close, not bitwise (other kernels for
-other row counts).
+to encode_image's on the test shapes (test/core/test_encode_batch.py). At Moondream's real
+widths two CPU kernel properties break that by ~1 ulp (measured, 1-layer real-width model,
+640x480 frame batched with another): (1) torch's CPU GELU computes the last numel % 32
+elements of a tensor with the scalar tanh and the rest with the vector one: a frame's last
+16 vision-MLP values (729 x 4304 per crop) are in the tail alone and in the vector loop
+inside a batch (2 of 28 M values differed); (2) with several threads the BLAS splits a long
+K reduction (text fc2, K = 8192) across threads for one row count and not for another
+(1.8e-4 on values of ~1e2). Both are ~1e-6 relative. bf16 on the CPU and CUDA: close, not
+bitwise (other kernels for other row counts).
 
 `encode_body` is the part after the crops, shared with the runtime's graphed encoders
 (photon_core/fast/graphed_encoder.py, one graph per frames' layout): static inputs (the
