@@ -341,6 +341,13 @@ def encode_ab(out, m, frame, it, batch_sizes):
     row("k/v max rel diff vs reference encode", o.get("kv_rel_diff_vs_reference"),
         nw.get("kv_rel_diff_vs_reference"))
 
+    def verdict(v, target):
+        return "n/a" if not isinstance(v, (int, float)) else \
+            f"{v:.1f} ms ({'met' if v <= target else 'missed'})"
+    say(f"issue 13 targets (new): 640x480 encode <= 14 ms: {verdict(nw.get('encode_ms'), 14)}; "
+        f"global-only {verdict(nw.get('encode_global_ms'), 14)}; encode + detect(5) <= 30 ms: "
+        f"{verdict(nw.get('encode_detect5_ms'), 30)}")
+
 
 if __name__ == "__main__":
     main()
