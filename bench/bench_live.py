@@ -50,6 +50,8 @@ def pct(xs, q):
 def run_live(engine, args, frames) -> dict:
     t0 = time.perf_counter()
     cost = CostModel.calibrate(engine)
+    if hasattr(engine, "prepare_encode"):   # batched-encode graphs now, not in live traffic
+        engine.prepare_encode(shapes=(frames[0].shape[:2],))
     calib_s = time.perf_counter() - t0
     sched = ThreadedScheduler(Scheduler(engine, cost, max_batch=args.max_batch))
     outcomes, lock = [], threading.Lock()

@@ -40,6 +40,8 @@ def load_engine(path_or_id: str, device: str = "cpu", dtype="fp32", revision=Non
     model = family.load_model(path_or_id, device=device, dtype=dtype, revision=revision, **kw)
     if options.crops_on_device is not None and hasattr(model, "crops_on_device"):
         model.crops_on_device = options.crops_on_device
+    if hasattr(model, "crops"):           # the default crop mode (EngineOptions.crops)
+        model.crops = options.crops
     if options.engine == "reference" or (options.engine == "auto" and (
             model.device.type != "cuda" or not has_fast_path(family))):
         return model

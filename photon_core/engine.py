@@ -21,6 +21,7 @@ from .task import Task, TaskResult
 ENGINES = ("auto", "reference", "fast")
 CHOICES = ("auto", "on", "off")
 ATTENTIONS = ("auto", "sdpa", "matmul")
+ENCODERS = ("auto", "reference", "fast")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class EngineOptions:
       "matmul" (faster on the CPU), "auto" (per device).
     crops_on_device: image crops on the model's device (torch LANCZOS, bit-identical to PIL)
       or with PIL on the CPU; None = on device when it is CUDA.
+    crops: the default crop mode of encode_image / encode_batch: "overlap" (global view +
+      local crops) or "global" (the global view only: faster, less detail); a frame's
+      photon_core.encode_request.EncodeRequest overrides it per frame (per camera).
+    encoder: the fast path's image encode: "reference" (the reference's functions, as CUDA
+      graphs: bit-identical to the reference encode), "fast" (fused GELU epilogues, prefix
+      attention without the mask: close, not bitwise), "auto" (fast on CUDA).
     deterministic: repeatable bits run to run (no split-K atomics; slightly slower).
     max_batch: rows (batch slots) of the fast path; kv_capacity: positions per row
       (None: 1024 on the GPU, the model's context on the CPU).
@@ -43,6 +50,8 @@ class EngineOptions:
     fused: str = "auto"
     attention: str = "auto"
     crops_on_device: bool | None = None
+    crops: str = "overlap"
+    encoder: str = "auto"
     deterministic: bool = False
     max_batch: int = 8
     kv_capacity: int | None = None
@@ -55,6 +64,10 @@ class EngineOptions:
             raise ValueError(f"fused must be one of {CHOICES}, not {self.fused!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, not {self.attention!r}")
+        if self.crops not in ("overlap", "global"):
+            raise ValueError(f"crops must be 'overlap' or 'global', not {self.crops!r}")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS}, not {self.encoder!r}")
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, not {self.max_batch!r}")
 
@@ -129,4 +142,4 @@ class Engine(Protocol):
         """Prompt tokens the task prefills after the image prefix (a cost hint)."""
 
 
-__all__ = ["ATTENTIONS", "CHOICES", "ENGINES", "Engine", "EngineOptions", "PrefixState", "Run"]
+__all__ = ["ATTENTIONS", "CHOICES", "ENCODERS", "ENGINES", "Engine", "EngineOptions", "PrefixState", "Run"]

@@ -21,13 +21,15 @@ from typing import Callable
 
 import torch
 
-from ..engine import EngineOptions
+from ..encode_request import unwrap
+from ..engine import EngineOptions, PrefixState
 from ..task import Task, TaskResult
 from .cuda_graph_runner import CudaGraphRunner
 from .decode_step import StepState
 from .detokenizer_thread import DetokenizerThread
 from .fast_run import FastRun
 from .gpu_idle import GpuIdleMeter
+from .graphed_batch_encoder import GraphedBatchEncoder
 from .graphed_encoder import GraphedEncoder
 from .graphed_prefill import GraphedPrefill
 from .pingpong_slots import PingPongSlots
@@ -90,6 +92,12 @@ class FastEngine:
         if graphed_encoder is None:
             graphed_encoder = self.use_graphs
         self.encoder = GraphedEncoder(model, self.use_graphs) if graphed_encoder else None
+        # encode_batch (and encode_image unless encoder="reference"): graphed_batch_encoder.py
+        self.fast_encode = options.encoder == "fast" or (options.encoder == "auto"
+                                                         and self.cuda)
+        self.batch_encoder = GraphedBatchEncoder(
+            model, self.use_graphs and graphed_encoder, fast=self.fast_encode,
+            max_frames=max_batch, default_crops=options.crops)
         self.slots = PingPongSlots(max_batch, dev)
         self.rows = RowRefcount(max_batch)
         self.idle = GpuIdleMeter(dev)
@@ -115,7 +123,7 @@ class FastEngine:
         self.capture_stream = None
         if self.use_graphs:
             self.capture_stream = _own_stream(dev, others + [self.stream])
-            for part in (self.runner, self.prefill, self.encoder):
+            for part in (self.runner, self.prefill, self.encoder, self.batch_encoder):
                 if part is not None:
                     part.capture_stream = self.capture_stream
         _ENGINES.add(self)
@@ -159,13 +167,38 @@ class FastEngine:
             if self.prefill is not None:
                 self.prefill.capture()
 
-    def encode_image(self, image):
-        """-> EncodedImage: graphed_encoder.py on the GPU (the reference's functions in one
-        graph per tiling, same result), else the reference model's encode_image."""
+    def encode_image(self, image, crops: str | None = None):
+        """-> EncodedImage. image: an image or an EncodeRequest (its crop mode); crops:
+        "overlap" | "global" (None: the request's, else EngineOptions.crops).
+        encoder "fast" (default on CUDA): graphed_batch_encoder.py with one frame (the fused
+        forms, one graph per layout); encoder "reference": graphed_encoder.py on the GPU (the
+        reference's functions in one graph per tiling, bit-identical), else the reference
+        model's encode_image."""
+        if isinstance(image, PrefixState):
+            return image
+        image, mode = unwrap(image, crops, self.options.crops)
+        if self.fast_encode or (mode != "overlap" and self.encoder is not None):
+            with self._compute_stream_ctx():
+                return self.batch_encoder.encode(image, mode)
         if self.encoder is not None:
             with self._compute_stream_ctx():
                 return self.encoder.encode(image)
-        return self.model.encode_image(image)
+        return self.model.encode_image(image, crops=mode)
+
+    def encode_batch(self, images, crops: str | None = None) -> list:
+        """Several frames (images or EncodeRequests) in one vision pass and one batched
+        image-prefix prefill: one EncodedImage each, in order, each usable like
+        encode_image's (graphed_batch_encoder.py: one CUDA graph per frames' layout, a
+        bounded number; the scheduler calls this for frames admitted together)."""
+        with self._compute_stream_ctx():
+            return self.batch_encoder.encode_batch(list(images), crops)
+
+    def prepare_encode(self, shapes=((480, 640),), batch_sizes=(1, 2, 4, 8),
+                       crops=("overlap",)) -> int:
+        """Capture the encode graphs of frames of these shapes / crop modes / batch sizes now
+        (graphed_batch_encoder.prepare), e.g. at activation; returns the graphs captured."""
+        with self._compute_stream_ctx():
+            return self.batch_encoder.prepare(shapes, batch_sizes, crops)
 
     def count_prompt_tokens(self, task: Task) -> int:
         return len(self.model.tokenizer.prompt(task.skill, task.target))
@@ -230,6 +263,7 @@ class FastEngine:
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined
         d["deterministic"] = self.deterministic
+        d["encoder"] = self.batch_encoder.summary()
         return d
 
     def reset_metrics(self) -> None:

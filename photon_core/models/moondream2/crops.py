@@ -111,6 +111,23 @@ def overlap_crops_tensor(image: torch.Tensor, crop_size: int, patch: int, margin
     return crops, tiling
 
 
+# The tiling of a global-only encode (EncodeRequest crops="global"): the global view's
+# features stand in for a one-crop local grid, as for an image that fits one crop (there the
+# local crop, resized to 266 + 2 * 56 = 378 px, is the global view itself).
+GLOBAL_TILING = (1, 1)
+
+
+def global_crop(image: np.ndarray, crop_size: int) -> np.ndarray:
+    """HxWx3 uint8 -> the global view alone, [1, crop, crop, 3] uint8 (PIL LANCZOS): crop 0
+    of overlap_crops."""
+    return np.array(_resize(image, crop_size, crop_size))[None]
+
+
+def global_crop_tensor(image: torch.Tensor, crop_size: int) -> torch.Tensor:
+    """global_crop on a uint8 [H, W, 3] tensor, on its device (the same pixels as PIL)."""
+    return resize_lanczos(image, crop_size, crop_size)[None]
+
+
 def stitch_features(local: torch.Tensor, tiling: tuple[int, int], margin: int) -> torch.Tensor:
     """[rows*cols, g, g, C] per-crop patch features -> one [H, W, C] feature map.
 

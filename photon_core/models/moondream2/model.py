@@ -12,7 +12,9 @@ from ...engine import PrefixState
 from ...task import Task, TaskResult
 from . import hub, text, vision
 from .config import MoondreamConfig
-from .crops import overlap_crops, overlap_crops_tensor
+from ...encode_request import unwrap
+from .crops import (GLOBAL_TILING, global_crop, global_crop_tensor, overlap_crops,
+                    overlap_crops_tensor)
 from .image_input import MAX_SIDE, to_rgb_array
 from .kv_cache import KVCache
 from .layers import Weights
@@ -57,11 +59,15 @@ class EncodedImage(PrefixState):
     kv: the k/v of [BOS, 729 image tokens] for every layer, [n_layers, 2, 1, Hkv, 730, D].
     Read-only: every task copies it into its own cache, so one handle serves many tasks.
     tiling: the local crops' grid (n_crops = 1 global + rows x cols).
+    crops: "overlap" (the global view + the local crops) or "global" (the global view alone,
+      standing in for a (1, 1) local grid: n_crops = 1; photon_core/encode_request.py).
     """
     tiling: tuple[int, int] = (0, 0)
+    crops: str = "overlap"
 
     def __post_init__(self):
-        object.__setattr__(self, "n_crops", 1 + int(self.tiling[0]) * int(self.tiling[1]))
+        n = 1 if self.crops == "global" else 1 + int(self.tiling[0]) * int(self.tiling[1])
+        object.__setattr__(self, "n_crops", n)
 
 
 class MoondreamModel:
@@ -77,6 +83,9 @@ class MoondreamModel:
         # ms with PIL), else with PIL on the CPU (faster there); True / False force the torch /
         # PIL path (EngineOptions.crops_on_device)
         self.crops_on_device: bool | None = None
+        # the default crop mode of encode_image / encode_batch ("overlap" | "global";
+        # EngineOptions.crops); a frame's EncodeRequest or the crops keyword overrides it
+        self.crops = "overlap"
 
     max_runs = None     # the reference engine holds any number of runs (engine.Engine)
 
@@ -89,11 +98,13 @@ class MoondreamModel:
         return self.weights.dtype
 
     # -- images ---------------------------------------------------------------------------
-    def image_crops(self, image) -> tuple[np.ndarray, torch.Tensor, tuple[int, int]]:
+    def image_crops(self, image, crops: str = "overlap"
+                    ) -> tuple[np.ndarray, torch.Tensor, tuple[int, int]]:
         """image -> (the RGB array, normalized crops [N, 3, crop, crop] on the model's device,
         tiling): everything of encode_image before the vision encoder (shared with the fast
         path's graphed encoder). The crops are the same pixels on either path (see
-        crops_on_device)."""
+        crops_on_device). crops="global": the global view alone (N = 1), tiling
+        GLOBAL_TILING (see batched_encode.py)."""
         array = to_rgb_array(image, self.max_image_side)
         v, w = self.config.vision, self.weights
         args = (v.crop_size, v.enc_patch_size, v.overlap_margin, v.max_crops)
@@ -103,15 +114,25 @@ class MoondreamModel:
             if on_device:
                 # (np.require: a writable array, as torch.from_numpy wants; PIL's are not)
                 frame = torch.from_numpy(np.require(array, requirements="W")).to(w.device)
-                crops, tiling = overlap_crops_tensor(frame, *args)
+                if crops == "global":
+                    pixels, tiling = global_crop_tensor(frame, v.crop_size), GLOBAL_TILING
+                else:
+                    pixels, tiling = overlap_crops_tensor(frame, *args)
+            elif crops == "global":
+                pixels, tiling = global_crop(array, v.crop_size), GLOBAL_TILING
             else:
-                crops, tiling = overlap_crops(array, *args)
-            return array, vision.normalize(crops, w.device, w.dtype), tiling
+                pixels, tiling = overlap_crops(array, *args)
+            return array, vision.normalize(pixels, w.device, w.dtype), tiling
 
-    def encode_image(self, image) -> EncodedImage:
-        """numpy HxWx3 uint8 RGB | PIL image | path -> EncodedImage (vision + prefix prefill)."""
+    def encode_image(self, image, crops: str | None = None) -> EncodedImage:
+        """numpy HxWx3 uint8 RGB | PIL image | path | EncodeRequest -> EncodedImage (vision +
+        prefix prefill). crops: "overlap" | "global" (photon_core/encode_request.py); None:
+        the EncodeRequest's, else self.crops."""
         if isinstance(image, EncodedImage):
             return image
+        image, mode = unwrap(image, crops, self.crops)
+        if mode != "overlap":
+            return self.encode_batch([image], crops=mode)[0]
         t0 = time.perf_counter()
         array, x, tiling = self.image_crops(image)
         v, w = self.config.vision, self.weights
@@ -128,6 +149,13 @@ class MoondreamModel:
         return EncodedImage(kv=cache.data, width=array.shape[1], height=array.shape[0],
                             tiling=tiling, encode_ms=(time.perf_counter() - t0) * 1e3,
                             model_id=self.model_id)
+
+    def encode_batch(self, images: list, crops: str | None = None) -> list[EncodedImage]:
+        """Several images in one vision pass (all their crops) and one batched image-prefix
+        prefill; one EncodedImage each, in order, per frame bit-identical to encode_image on
+        the CPU (batched_encode.py). Each image may be an EncodeRequest (its own crops)."""
+        from .batched_encode import encode_batch
+        return encode_batch(self, images, crops)
 
     # -- tasks ----------------------------------------------------------------------------
     def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,

@@ -56,9 +56,16 @@ def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor) -> torch.Tensor:
 def project(w: Weights, cfg: VisionConfig, features: torch.Tensor,
             tiling: tuple[int, int]) -> torch.Tensor:
     """features [1 + rows*cols, g*g, C] -> image tokens [g*g, text dim]."""
+    return w.mlp(projection_input(cfg, features, tiling), "vision.proj_mlp")
+
+
+def projection_input(cfg: VisionConfig, features: torch.Tensor,
+                     tiling: tuple[int, int]) -> torch.Tensor:
+    """What the projection MLP reads: [global crop's features | pooled stitched local
+    features], [g*g, 2C] (batched_encode.py stacks several frames' before one MLP)."""
     g, c = cfg.grid, cfg.enc_dim
     local = features[1:].reshape(-1, g, g, c)
     stitched = stitch_features(local, tiling, cfg.overlap_margin)        # [H, W, C]
     pooled = F.adaptive_avg_pool2d(stitched.permute(2, 0, 1), (g, g))   # [C, g, g]
     pooled = pooled.permute(1, 2, 0).reshape(g * g, c)
-    return w.mlp(torch.cat([features[0], pooled], dim=-1), "vision.proj_mlp")
+    return torch.cat([features[0], pooled], dim=-1)

@@ -1,0 +1,60 @@
+"""The vision encoder with fewer passes over memory: vision.encoder's math, for the runtime's
+encode (EngineOptions.encoder = "fast"; the reference stays vision.encoder).
+
+Differences, each an equivalent form (close, not bitwise, in bf16 on CUDA):
+  - the MLP's fc1 + tanh-GELU is one GEMM with a GELU epilogue (ops/linear_gelu.py: no
+    second pass over the [crops*729, 4304] intermediate); on the CPU the reference form;
+  - each residual add and the LayerNorm that reads its sum are one Triton kernel on CUDA
+    (ops/add_layernorm.py: the sum is read once, not twice; 54 per encode);
+  - q, k, v are strided views of the fused qkv GEMM's output ([n, t, 3, heads, hd] permuted)
+    handed to SDPA as they are (vision.encoder's chunk + view + transpose gives the same
+    views; kept here for clarity), and the attention output's [n, heads, t, hd] ->
+    [n, t, d] copy is the one transpose+reshape.
+Attention: SDPA picks cuDNN for [crops, 16, 729, 72] bf16 on the H200 (3.9 ms for 27 layers,
+the fastest of cuDNN / flash / efficient / math measured, docs/benchmarks.md), as before.
+On the CPU (fp32) every op is the reference's: bit-identical to vision.encoder.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...ops._triton import HAVE_TRITON
+from ...ops.add_layernorm import add_layernorm
+from ...ops.linear_gelu import linear_gelu
+from .config import VisionConfig
+from .layers import Weights
+from .vision import patchify
+
+
+def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
+            fuse_norms: bool | None = None) -> torch.Tensor:
+    """fuse_norms: each residual add and the LayerNorm after it in one Triton kernel
+    (ops/add_layernorm.py); None = on CUDA when triton imports."""
+    if fuse_norms is None:
+        fuse_norms = crops.is_cuda and HAVE_TRITON
+
+    def add_norm(x, t, name):               # (x + t, LayerNorm(x + t))
+        if fuse_norms:
+            return add_layernorm(x, t, w[name + ".weight"], w[name + ".bias"])
+        x = x + t
+        return x, w.layer_norm(x, name)
+
+    x = w.linear(patchify(crops, cfg.enc_patch_size), "vision.patch_emb") + w["vision.pos_emb"]
+    n, t, d = x.shape
+    heads = cfg.enc_n_heads
+    last = cfg.enc_n_layers - 1
+    h = w.layer_norm(x, "vision.blocks.0.ln1")
+    for i in range(cfg.enc_n_layers):
+        p = f"vision.blocks.{i}"
+        qkv = w.linear(h, p + ".attn.qkv").view(n, t, 3, heads, d // heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, t, d)
+        x, h2 = add_norm(x, w.linear(a, p + ".attn.proj"), p + ".ln2")
+        g = linear_gelu(h2, w[p + ".mlp.fc1.weight"], w[p + ".mlp.fc1.bias"])
+        x, h = add_norm(x, w.linear(g, p + ".mlp.fc2"),
+                        "vision.post_ln" if i == last else f"vision.blocks.{i + 1}.ln1")
+    return h                                 # the last block's output through post_ln
+
+
+__all__ = ["encoder"]
