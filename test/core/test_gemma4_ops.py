@@ -98,3 +98,76 @@ def test_triton_rmsnorm_kernel(dtype, tol, with_weight):
     out = rmsnorm_scaled_triton(x, w, 1e-6)
     assert out.dtype == dtype and out.shape == x.shape
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+# -- Triton kernels of the elementwise ops (TRITON_INTERPRET=1 on the CPU) --------------------
+def _interpreted():
+    pytest.importorskip("triton")
+    import os
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton kernels on CPU tensors need TRITON_INTERPRET=1")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_triton_gelu_tanh_gate_kernel(dtype, tol):
+    _interpreted()
+    from photon_core.ops.gelu_tanh_gate import gelu_tanh_gate, gelu_tanh_gate_triton
+    g = torch.Generator().manual_seed(6)
+    buf = (4 * torch.randn(3, 2 * 40 + 5, generator=g)).to(dtype)   # segments of one buffer
+    gate, up = buf[:, :40], buf[:, 45:85]
+    gate[0, :3] = torch.tensor([-30.0, 30.0, 0.0], dtype=dtype)     # saturated tanh, zero
+    ref = gelu_tanh_gate(gate.float(), up.float())
+    out = gelu_tanh_gate_triton(gate, up, block=16)                  # several column blocks
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+    gelu_tanh_gate_triton(gate, up, out=gate)                        # in place into the gate
+    torch.testing.assert_close(gate.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("cap", [30.0, None])
+def test_triton_logit_softcap_kernel(cap):
+    _interpreted()
+    from photon_core.ops.logit_softcap import logit_softcap, logit_softcap_triton
+    g = torch.Generator().manual_seed(7)
+    x = 50 * torch.randn(2, 300, generator=g)
+    x[0, 0], x[1, 1] = 1e6, -1e6                                     # the cap's limits
+    ref = logit_softcap(x, cap)
+    out = logit_softcap_triton(x.clone(), cap, block=128)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    if cap is not None:
+        assert out.abs().max() <= cap and not torch.equal(out, x)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("fraction,norm,with_weight", [(1.0, True, True), (0.25, True, False),
+                                                        (1.0, False, False)])
+def test_triton_norm_rotary_kernel(dtype, tol, fraction, norm, with_weight):
+    """Per-head RMSNorm + rotate-half at each row's own position = rmsnorm_scaled then
+    apply_rotary_half (the decoder's q/k path), on a strided segment of a buffer."""
+    _interpreted()
+    from photon_core.ops.rotary_half import norm_rotary_triton
+    g = torch.Generator().manual_seed(8)
+    rows, heads, d = 3, 2, 16
+    buf = (2 * torch.randn(rows, heads * d + 7, generator=g)).to(dtype)
+    x = buf[:, 7:]
+    w = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype) if with_weight else None
+    pos = torch.tensor([5, 0, 31])
+    cos_t, sin_t = cos_sin(torch.arange(40), inv_freq(d, 1e4, fraction), torch.float32)
+    xf = x.float().view(rows, heads, d)
+    y = rmsnorm_scaled(xf, None if w is None else w.float(), 1e-6) if norm else xf
+    ref = apply_rotary_half(y, cos_t[pos], sin_t[pos]).reshape(rows, heads * d)
+    out = norm_rotary_triton(x, w, cos_t.to(dtype), sin_t.to(dtype), pos, d, 1e-6, norm=norm)
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+    # scale-free norm without rotation (Gemma's v)
+    out = norm_rotary_triton(x, None, None, None, None, d, 1e-6)
+    torch.testing.assert_close(out.float(), rmsnorm_scaled(xf, None, 1e-6).reshape(rows, -1),
+                               atol=tol, rtol=tol)
+
+
+def test_triton_rotary_half_kernel():
+    _interpreted()
+    from photon_core.ops.rotary_half import rotary_half_triton
+    x = torch.randn(6, 3, 32, generator=torch.Generator().manual_seed(9))
+    cos, sin = cos_sin(torch.arange(10, 16), inv_freq(32, 1e6, 0.25), x.dtype)
+    torch.testing.assert_close(rotary_half_triton(x, cos, sin), apply_rotary_half(x, cos, sin),
+                               atol=1e-6, rtol=1e-6)
