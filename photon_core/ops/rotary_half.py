@@ -5,7 +5,7 @@ proportional RoPE: only the first `rotary_fraction` of the D/2 frequencies turn,
 Torch reference: `inv_freq`, `cos_sin`, `apply_rotary_half`. Triton kernel, fused where
 Gemma 4 uses it: `norm_rotary_triton` = per-head RMSNorm (optional weight, optional
 scale-free) then the rotation at each row's own position (cos/sin tables indexed by a
-device position tensor, so it runs inside a CUDA graph), one program per (row, head);
+device position tensor, so it runs inside a CUDA graph), one program per row;
 `rotary_half_triton` is the plain rotation. Both diff-tested under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
@@ -39,18 +39,19 @@ def apply_rotary_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 
 @triton.jit
-def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, stride_x, stride_o,
-                        stride_t, eps, D: tl.constexpr, NORM: tl.constexpr,
-                        HAS_W: tl.constexpr, ROTATE: tl.constexpr):
+def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, heads, stride_x,
+                        stride_o, stride_t, eps, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                        NORM: tl.constexpr, HAS_W: tl.constexpr, ROTATE: tl.constexpr):
     row = tl.program_id(0)
-    h = tl.program_id(1)
-    i = tl.arange(0, D)
-    j = (i + D // 2) % D                       # the partner channel of the rotate-half pair
-    base = x_ptr + row * stride_x + h * D
-    x = tl.load(base + i).to(tl.float32)
-    xj = tl.load(base + j).to(tl.float32)
+    hh = tl.arange(0, BLOCK_H)[:, None]          # every head of the row in one tile
+    i = tl.arange(0, D)[None, :]
+    j = (i + D // 2) % D                         # the partner channel of the rotate-half pair
+    m = (hh < heads) & (i < D)
+    base = x_ptr + row * stride_x + hh * D
+    x = tl.load(base + i, mask=m, other=0.0).to(tl.float32)
+    xj = tl.load(base + j, mask=m, other=0.0).to(tl.float32)
     if NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
         x = x * rstd
         xj = xj * rstd
         if HAS_W:
@@ -61,7 +62,7 @@ def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, stride_x
         c = tl.load(cos_ptr + p * stride_t + i).to(tl.float32)
         s = tl.load(sin_ptr + p * stride_t + i).to(tl.float32)
         x = x * c + tl.where(i < D // 2, -xj, xj) * s
-    tl.store(o_ptr + row * stride_o + h * D + i, x.to(o_ptr.dtype.element_ty))
+    tl.store(o_ptr + row * stride_o + hh * D + i, x.to(o_ptr.dtype.element_ty), mask=m)
 
 
 def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor | None,
@@ -70,7 +71,8 @@ def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, heads * D] (unit column stride): per head RMSNorm (times weight [D] if given;
     skipped when norm=False), then rotate-half at position pos[row] of the tables cos/sin
-    [positions, D] (skipped when cos is None). -> out [rows, heads * D] (may alias x)."""
+    [positions, D] (skipped when cos is None). -> out [rows, heads * D] (may alias x).
+    One program per row (all its heads in one tile)."""
     rows, n = x.shape
     d = head_dim
     assert n % d == 0 and x.stride(1) == 1 and d & (d - 1) == 0, "power-of-two head size"
@@ -79,10 +81,13 @@ def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.
     rotate = cos is not None
     if rotate:
         assert cos.stride(1) == 1 and sin.stride() == cos.stride() and cos.shape[1] == d
-    _norm_rotary_kernel[(rows, n // d)](
+    heads = n // d
+    _norm_rotary_kernel[(rows,)](
         x, weight if weight is not None else x, cos if rotate else x, sin if rotate else x,
-        pos if rotate else x, out, x.stride(0), out.stride(0), cos.stride(0) if rotate else 0,
-        float(eps), D=d, NORM=norm, HAS_W=weight is not None, ROTATE=rotate)
+        pos if rotate else x, out, heads, x.stride(0), out.stride(0),
+        cos.stride(0) if rotate else 0, float(eps), D=d,
+        BLOCK_H=triton.next_power_of_2(heads), NORM=norm, HAS_W=weight is not None,
+        ROTATE=rotate)
     return out
 
 

@@ -63,6 +63,8 @@ class EncodedImage:
 
 
 class Gemma4Model:
+    max_runs = None      # the reference engine: no limit on open runs (photon_core.engine.Engine)
+
     def __init__(self, config: Gemma4Cfg, weights: dict[str, torch.Tensor], prompter: Prompter,
                  model_id: str = "gemma4", max_soft_tokens: int = vision.DEFAULT_SOFT_TOKENS,
                  max_context: int = DEFAULT_MAX_CONTEXT, max_image_side: int = MAX_SIDE):
