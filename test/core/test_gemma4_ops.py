@@ -171,3 +171,74 @@ def test_triton_rotary_half_kernel():
     cos, sin = cos_sin(torch.arange(10, 16), inv_freq(32, 1e6, 0.25), x.dtype)
     torch.testing.assert_close(rotary_half_triton(x, cos, sin), apply_rotary_half(x, cos, sin),
                                atol=1e-6, rtol=1e-6)
+
+
+# -- the state cache's forms: rows at their own positions, ring or masked window --------------
+def _ring_from_full(k_full, pos, slots):
+    """A ring of `slots` holding positions max(0, pos-slots+1)..pos of a full-length cache."""
+    ring = torch.zeros(k_full.shape[0], slots, k_full.shape[2])
+    for p in range(max(0, pos - slots + 1), pos + 1):
+        ring[:, p % slots] = k_full[:, p]
+    return ring
+
+
+@pytest.mark.parametrize("pos", [3, 8, 29])
+def test_rows_decode_ring_and_masked_window_equal_the_window_reference(pos):
+    from photon_core.ops.sliding_window_attention import rows_decode_reference
+    g = torch.Generator().manual_seed(10)
+    hq, hkv, d, cap, W = 4, 2, 16, 40, 8
+    q = torch.randn(hq, d, generator=g)
+    k, v = torch.randn(hkv, cap, d, generator=g), torch.randn(hkv, cap, d, generator=g)
+    ref = sliding_window_decode(q, k, v, pos, W, 1.0)
+    rows, p = torch.tensor([1]), torch.tensor([pos])
+    full = torch.stack([torch.zeros_like(k), k]), torch.stack([torch.zeros_like(v), v])
+    masked = rows_decode_reference(q[None], *full, rows, p, W, False, 1.0, attn_len=cap)
+    ring_k = torch.stack([torch.zeros(hkv, W, d), _ring_from_full(k, pos, W)])
+    ring_v = torch.stack([torch.zeros(hkv, W, d), _ring_from_full(v, pos, W)])
+    ring = rows_decode_reference(q[None], ring_k, ring_v, rows, p, W, True, 1.0)
+    torch.testing.assert_close(masked[0], ref)
+    torch.testing.assert_close(ring[0], ref)
+    glob = rows_decode_reference(q[None], *full, rows, p, None, False, 1.0, attn_len=cap)
+    torch.testing.assert_close(glob[0], sliding_window_decode(q, k, v, pos, None, 1.0))
+
+
+@pytest.mark.parametrize("start,T", [(0, 5), (3, 12), (20, 6)])
+def test_prefill_on_a_ring_equals_the_full_length_window(start, T):
+    """A prompt chunk prefilled into a ring (the keys before it from the ring) attends like
+    the block reference over a full-length cache, and leaves the ring holding the last W."""
+    from photon_core.ops.sliding_window_attention import prefill_attention, prefill_keys
+    g = torch.Generator().manual_seed(11)
+    hq, hkv, d, W = 4, 2, 16, 8
+    k_all = torch.randn(hkv, start + T, d, generator=g)
+    v_all = torch.randn(hkv, start + T, d, generator=g)
+    q = torch.randn(T, hq, d, generator=g)
+    qpos = torch.arange(start, start + T)
+    ref = window_attention(q.transpose(0, 1), k_all, v_all, qpos, W, 1.0).transpose(0, 1)
+    k_ring = _ring_from_full(k_all, start - 1, W) if start else torch.zeros(hkv, W, d)
+    v_ring = _ring_from_full(v_all, start - 1, W) if start else torch.zeros(hkv, W, d)
+    view = prefill_keys(k_all[:, start:].transpose(0, 1), v_all[:, start:].transpose(0, 1),
+                        k_ring, v_ring, start, ring=True)
+    torch.testing.assert_close(prefill_attention(q, *view, start, W, 1.0), ref)
+    torch.testing.assert_close(k_ring, _ring_from_full(k_all, start + T - 1, W))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("window,ring", [(None, False), (8, True), (8, False)])
+def test_triton_rows_decode_kernel(dtype, tol, window, ring):
+    _interpreted()
+    from photon_core.ops.sliding_window_attention import (rows_decode_reference,
+                                                          rows_decode_triton)
+    g = torch.Generator().manual_seed(12)
+    hq, hkv, d = 4, 2, 16
+    slots = 8 if ring else 40
+    k = torch.randn(3, hkv, slots, d, generator=g).to(dtype)
+    v = torch.randn(3, hkv, slots, d, generator=g).to(dtype)
+    buf = torch.randn(2, hq * d + 5, generator=g).to(dtype)
+    q = buf[:, 5:]                                       # a strided segment
+    rows, pos = torch.tensor([2, 0]), torch.tensor([29, 4])
+    ref = rows_decode_reference(q.float().view(2, hq, d), k.float(), v.float(), rows, pos,
+                                window, ring, 1.0, 32)
+    out = rows_decode_triton(q, k, v, rows, pos, window, ring, 1.0, torch.empty(2, hq * d,
+                                                                               dtype=dtype),
+                             attn_len=32, block_n=4)
+    torch.testing.assert_close(out.float().view(2, hq, d), ref, atol=tol, rtol=tol)

@@ -68,19 +68,16 @@ class Gemma4StateCache:
 class _Common:
     """What both executors share: rotary tables per layer type, the token feedback."""
 
-    def __init__(self, spec, weights, kv: Gemma4StateCache, ple_weights=None):
+    def __init__(self, spec, weights, kv: Gemma4StateCache):
         self.spec, self.program, self.w, self.kv = spec, spec.program, weights, kv
         p = self.program
         emb = weights[dict(p.feedback.weights)["wte"]]
         dev, dt = emb.device, emb.dtype
         self.dev, self.dt = dev, dt
         self.wte = emb
-        # the per-layer embedding table: on the model's device, or wherever the engine keeps
-        # it (ple_weights: the CPU, E2B's table is 4.7 GB); gathered there, rows moved over
-        self.wte_pl = None
-        if p.ple_dim:
-            name = dict(p.feedback.weights)["wte_pl"]
-            self.wte_pl = (ple_weights or weights)[name]
+        # the per-layer embedding table: on the model's device, or in host memory
+        # (load_model(ple_on_cpu=True): E2B's is 4.7 GB): gathered there, rows moved over
+        self.wte_pl = weights[dict(p.feedback.weights)["wte_pl"]] if p.ple_dim else None
         self.embed_scale = torch.tensor(p.dim ** 0.5, dtype=dt)
         self.ple_scale = torch.tensor(p.ple_dim ** 0.5, dtype=dt) if p.ple_dim else None
         positions = torch.arange(kv.capacity + 1, device=dev)
@@ -217,8 +214,8 @@ class FusedGemma4Backend(_Common):
     GEMV_MAX_ROWS rows and prefills of up to that many tokens (attention: the reference's
     prefill form)."""
 
-    def __init__(self, spec, weights, kv, rows: int, ple_weights=None):
-        super().__init__(spec, weights, kv, ple_weights)
+    def __init__(self, spec, weights, kv, rows: int):
+        super().__init__(spec, weights, kv)
         from ...ops import GEMV_MAX_ROWS
         p = self.program
         n = max(rows, GEMV_MAX_ROWS)
@@ -385,8 +382,7 @@ class Gemma4StepState:
     kind, first, active, out, row ids, phase table), with a Gemma backend: decode_step's
     pieces (lm_greedy, forward) run on it unchanged."""
 
-    def __init__(self, spec, weights, rows: int, capacity: int, fused: bool = False,
-                 ple_weights=None):
+    def __init__(self, spec, weights, rows: int, capacity: int, fused: bool = False):
         emb = weights[dict(spec.program.feedback.weights)["wte"]]
         dev, dt = emb.device, emb.dtype
         self.spec, self.program, self.rows = spec, spec.program, rows
@@ -399,8 +395,8 @@ class Gemma4StepState:
         self.out = torch.zeros(rows, 4, device=dev, dtype=torch.long)
         self.row_ids = torch.arange(rows, device=dev)
         self.phase_next = torch.tensor(spec.phase_next, device=dev, dtype=torch.long)
-        self.eager = EagerGemma4Backend(spec, weights, self.kv, ple_weights)
-        self.fused = FusedGemma4Backend(spec, weights, self.kv, rows, ple_weights) \
+        self.eager = EagerGemma4Backend(spec, weights, self.kv)
+        self.fused = FusedGemma4Backend(spec, weights, self.kv, rows) \
             if fused else None
         self.backend = self.fused or self.eager
 
