@@ -242,3 +242,20 @@ def test_triton_rows_decode_kernel(dtype, tol, window, ring):
                                                                                dtype=dtype),
                              attn_len=32, block_n=4)
     torch.testing.assert_close(out.float().view(2, hq, d), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_triton_rmsnorm_residual_kernel(with_scale):
+    _interpreted()
+    from photon_core.ops.rmsnorm_residual import rmsnorm_residual, rmsnorm_residual_triton
+    g = torch.Generator().manual_seed(13)
+    src = 3 * torch.randn(3, 64 + 4, generator=g)[:, 4:]
+    w = 1 + 0.3 * torch.randn(64, generator=g)
+    x = torch.randn(3, 64, generator=g)
+    s = torch.tensor([0.7]) if with_scale else None
+    ref = rmsnorm_residual(src, w, x, 1e-6, s)
+    xf = x.clone()
+    assert rmsnorm_residual_triton(src, w, xf, 1e-6, s) is xf
+    torch.testing.assert_close(xf, ref, atol=1e-5, rtol=1e-5)
+    y = x + rmsnorm_scaled(src, w, 1e-6)
+    torch.testing.assert_close(ref, y if s is None else y * 0.7)

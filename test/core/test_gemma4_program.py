@@ -94,7 +94,7 @@ def program_generate(model, enc, rows_input, steps: int, fused: bool, chunks=Non
                 toks[r].append(int(st.out[r, 0]))
             if s < steps:
                 ds.forward(st, b)
-    return [(torch.stack(lg), t) for lg, t in zip(logits, toks)]
+    return [(torch.stack(lg), t) for lg, t in zip(logits, toks)] + [st]
 
 
 def check(got, ref, tol):
@@ -117,6 +117,11 @@ def test_program_matches_the_reference_text_and_image(model, enc, fused):
     ref_image = reference_after_prefix(model, enc, tail, STEPS)
     assert ref_text[1] != ref_image[1]
     got = program_generate(model, enc, [(None, ids), (enc, tail)], STEPS, fused)
+    if fused:   # what ran outside the kernels: only the per-layer projection (K = 8 < 16)
+        st = got[2]
+        assert {w[0].rsplit(".", 1)[-1] for w in st.fused.torch_linears} == \
+            {"per_layer_projection"}
+        assert st.fused.fused_norm_adds == 3 * model.config.text.n_layers
     check(got[0], ref_text, 2e-4)
     check(got[1], ref_image, 2e-4)
 

@@ -28,6 +28,7 @@ from ...ops.sliding_window_attention import (prefill_attention, prefill_keys,
                                              state_slot)
 from ...ops.logit_softcap import logit_softcap, logit_softcap_triton
 from ...ops.gelu_tanh_gate import gelu_tanh_gate_triton
+from ...ops.rmsnorm_residual import rmsnorm_residual_triton
 
 
 class Gemma4StateCache:
@@ -208,9 +209,10 @@ class FusedGemma4Backend(_Common):
     """The Triton kernels where the ops have them: RMSNorm rows (layernorm.py), GEMVs
     (gemv.py; outputs side by side -> one GEMV over the concatenated weights), per-head
     norm + rotary (rotary_half.py), the rows' window attention (sliding_window_attention.py),
-    gelu_tanh gate, softcap, masked argmax, row advance. Torch for what has no kernel yet:
-    the k/v index write, `add` / `scale` on the fp32 residual, the per-layer input's
-    elementwise tail. Residual stream x in fp32 (as the fused backend). Decode steps of up to
+    gelu_tanh gate, softcap, masked argmax, row advance; a sandwich norm with its residual
+    add and the layer scalar after it is one kernel (rmsnorm_residual.py). Torch for what has
+    no kernel yet: the k/v index write, the per-layer input's elementwise tail, linears whose
+    K fits no GEMV tile. Residual stream x in fp32 (as the fused backend). Decode steps of up to
     GEMV_MAX_ROWS rows and prefills of up to that many tokens (attention: the reference's
     prefill form)."""
 
@@ -224,7 +226,8 @@ class FusedGemma4Backend(_Common):
         self.bufs = {name: torch.zeros(n, p.buffer_width(name), device=self.dev, dtype=self.dt)
                      for name, _ in p.buffers}
         self.torch_linears: list = []     # linears without a GEMV tile (see _gemv)
-        self.lowered = [self._lower(op) for op in p.ops]
+        self.fused_norm_adds = 0          # sandwich norms lowered with their add (_lower_all)
+        self.lowered = self._lower_all(p.ops)
         self.heads = {name: [self._lower(op) for op in h.ops] for name, h in p.heads}
 
     def _view(self, seg: str, b: int) -> torch.Tensor:
@@ -235,6 +238,28 @@ class FusedGemma4Backend(_Common):
 
     def _src(self, seg, env, b):
         return env[seg][:b] if seg in env else self._view(seg, b)
+
+    def _lower_all(self, ops) -> list:
+        """Lower op by op, except a sandwich norm: `norm o -> h; add x += h` (and the layer's
+        `scale x` right after) -> one rmsnorm_residual kernel into the fp32 x."""
+        out, i = [], 0
+        while i < len(ops):
+            op = ops[i]
+            nxt = ops[i + 1] if i + 1 < len(ops) else None
+            if (op.kind == "norm" and nxt is not None and nxt.kind == "add"
+                    and nxt.src == op.dst and nxt.dst == ("x",)):
+                after = ops[i + 2] if i + 2 < len(ops) else None
+                scaled = after is not None and after.kind == "scale" and after.dst == ("x",)
+                wt = self.w[op.weights[0] + ".weight"].contiguous()
+                sc = self.w[after.weights[0]].float() if scaled else None
+                out.append(lambda b, env, op=op, wt=wt, sc=sc: rmsnorm_residual_triton(
+                    self._src(op.src[0], env, b), wt, self.x[:b], op.eps, sc))
+                self.fused_norm_adds += 1
+                i += 3 if scaled else 2
+                continue
+            out.append(self._lower(op))
+            i += 1
+        return out
 
     def _lower(self, op):
         from ...ops.gemv import EPI_STORE, gemv
