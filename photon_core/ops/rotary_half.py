@@ -40,7 +40,8 @@ def apply_rotary_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 @triton.jit
 def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, heads, stride_x,
-                        stride_o, stride_t, eps, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                        stride_o, stride_t, w_head_stride, eps, D: tl.constexpr,
+                        BLOCK_H: tl.constexpr,
                         NORM: tl.constexpr, HAS_W: tl.constexpr, ROTATE: tl.constexpr):
     row = tl.program_id(0)
     hh = tl.arange(0, BLOCK_H)[:, None]          # every head of the row in one tile
@@ -55,8 +56,9 @@ def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, heads, s
         x = x * rstd
         xj = xj * rstd
         if HAS_W:
-            x = x * tl.load(w_ptr + i).to(tl.float32)
-            xj = xj * tl.load(w_ptr + j).to(tl.float32)
+            wrow = w_ptr + hh * w_head_stride       # one weight per head, or one for all
+            x = x * tl.load(wrow + i, mask=m, other=0.0).to(tl.float32)
+            xj = xj * tl.load(wrow + j, mask=m, other=0.0).to(tl.float32)
     if ROTATE:
         p = tl.load(pos_ptr + row)
         c = tl.load(cos_ptr + p * stride_t + i).to(tl.float32)
@@ -69,10 +71,11 @@ def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.
                        sin: torch.Tensor | None, pos: torch.Tensor | None, head_dim: int,
                        eps: float = 1e-6, norm: bool = True,
                        out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [rows, heads * D] (unit column stride): per head RMSNorm (times weight [D] if given;
-    skipped when norm=False), then rotate-half at position pos[row] of the tables cos/sin
-    [positions, D] (skipped when cos is None). -> out [rows, heads * D] (may alias x).
-    One program per row (all its heads in one tile)."""
+    """x [rows, heads * D] (unit column stride): per head RMSNorm (times weight [D], or
+    [heads * D]: a weight per head, e.g. q and k side by side with their own norms; none:
+    scale-free; norm=False: no norm), then rotate-half at position pos[row] of the tables
+    cos/sin [positions, D] (skipped when cos is None). -> out [rows, heads * D] (may alias
+    x). One program per row (all its heads in one tile)."""
     rows, n = x.shape
     d = head_dim
     assert n % d == 0 and x.stride(1) == 1 and d & (d - 1) == 0, "power-of-two head size"
@@ -82,10 +85,12 @@ def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.
     if rotate:
         assert cos.stride(1) == 1 and sin.stride() == cos.stride() and cos.shape[1] == d
     heads = n // d
+    per_head = weight is not None and weight.numel() == n and n != d
+    assert weight is None or weight.numel() in (d, n)
     _norm_rotary_kernel[(rows,)](
         x, weight if weight is not None else x, cos if rotate else x, sin if rotate else x,
         pos if rotate else x, out, heads, x.stride(0), out.stride(0),
-        cos.stride(0) if rotate else 0, float(eps), D=d,
+        cos.stride(0) if rotate else 0, d if per_head else 0, float(eps), D=d,
         BLOCK_H=triton.next_power_of_2(heads), NORM=norm, HAS_W=weight is not None,
         ROTATE=rotate)
     return out

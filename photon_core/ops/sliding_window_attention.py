@@ -204,37 +204,46 @@ if triton is not None:
     @triton.jit
     def _rows_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, rows_ptr, pos_ptr, n_slots, window,
                             scale, stride_qb, stride_ob, stride_kr, stride_kh, stride_kt, rep,
-                            D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                            D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
         i = tl.program_id(0)
-        h = tl.program_id(1)
+        g = tl.program_id(1)                     # the k/v head: its `rep` query heads at once
         row = tl.load(rows_ptr + i)
         p = tl.load(pos_ptr + i)
-        kvh = h // rep
+        r = tl.arange(0, BLOCK_R)
         d = tl.arange(0, BLOCK_D)
-        dmask = d < D
-        q = tl.load(q_ptr + i * stride_qb + h * D + d, mask=dmask, other=0.0).to(tl.float32)
-        m = tl.full((), float("-inf"), tl.float32)
-        l = tl.zeros((), tl.float32)
-        acc = tl.zeros((BLOCK_D,), tl.float32)
+        qmask = (r < rep)[:, None] & (d < D)[None, :]
+        qh = g * rep + r
+        q = tl.load(q_ptr + i * stride_qb + qh[:, None] * D + d[None, :], mask=qmask, other=0.0)
+        m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_R,), tl.float32)
+        acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
         lo = tl.maximum(p - window + 1, 0)      # a masked window's first slot (else 0)
         hi = tl.minimum(p + 1, n_slots)
         for t0 in range(lo, hi, BLOCK_N):
             t = t0 + tl.arange(0, BLOCK_N)
             tmask = t < hi
-            offs = row * stride_kr + kvh * stride_kh + t[:, None] * stride_kt + d[None, :]
-            kv_mask = tmask[:, None] & dmask[None, :]
-            k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.sum(k * q[None, :], axis=1) * scale
-            s = tl.where(tmask, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=0))
+            offs = row * stride_kr + g * stride_kh + t[:, None] * stride_kt + d[None, :]
+            kv_mask = tmask[:, None] & (d < D)[None, :]
+            k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(tmask[None, :], s * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp(m - m_new)
-            pr = tl.exp(s - m_new)
-            v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)
-            acc = acc * alpha + tl.sum(pr[:, None] * v, axis=0)
-            l = l * alpha + tl.sum(pr, axis=0)
+            pr = tl.exp(s - m_new[:, None])
+            v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0)
+            if IEEE:
+                pv = tl.dot(pr.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(pr.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            l = l * alpha + tl.sum(pr, axis=1)
             m = m_new
-        tl.store(o_ptr + i * stride_ob + h * D + d, (acc / l).to(o_ptr.dtype.element_ty),
-                 mask=dmask)
+        tl.store(o_ptr + i * stride_ob + qh[:, None] * D + d[None, :],
+                 (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
 
 
 def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -242,8 +251,9 @@ def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        scale: float, out: torch.Tensor, attn_len: int | None = None,
                        block_n: int = 64) -> torch.Tensor:
     """Triton kernel of `rows_decode_reference`: q [b, Hq * D] (row stride free), out the
-    same shape; one program per (row, query head), online softmax over the row's slots (a
-    ring's S slots; a full-length layer's window only). Positions, rows on the device."""
+    same shape; one program per (row, k/v head): its query heads share each k/v tile (two
+    tl.dot per tile, the heads padded to 16), online softmax over the row's slots (a ring's
+    S slots; a full-length layer's window only). Positions and rows are device tensors."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     b = q.shape[0]
@@ -253,8 +263,11 @@ def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     assert q.stride(1) == 1 and out.stride(1) == 1
     n = S if (ring or attn_len is None) else min(attn_len, S)
     masked = window is not None and not ring
-    _rows_decode_kernel[(b, hq)](
+    block_n = max(16, min(block_n, triton.next_power_of_2(min(n, window) if masked else n)))
+    _rows_decode_kernel[(b, hkv)](
         q, k_cache, v_cache, out, rows, pos, n, window if masked else 1 << 30, float(scale),
         q.stride(0), out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        hq // hkv, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n)
+        hq // hkv, D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(hq // hkv)),
+        IEEE=q.dtype == torch.float32)
     return out

@@ -240,7 +240,7 @@ def test_triton_rows_decode_kernel(dtype, tol, window, ring):
                                 window, ring, 1.0, 32)
     out = rows_decode_triton(q, k, v, rows, pos, window, ring, 1.0, torch.empty(2, hq * d,
                                                                                dtype=dtype),
-                             attn_len=32, block_n=4)
+                             attn_len=32, block_n=16)
     torch.testing.assert_close(out.float().view(2, hq, d), ref, atol=tol, rtol=tol)
 
 
@@ -259,3 +259,20 @@ def test_triton_rmsnorm_residual_kernel(with_scale):
     torch.testing.assert_close(xf, ref, atol=1e-5, rtol=1e-5)
     y = x + rmsnorm_scaled(src, w, 1e-6)
     torch.testing.assert_close(ref, y if s is None else y * 0.7)
+
+
+def test_triton_norm_rotary_a_weight_per_head():
+    """q and k side by side, each with its own norm weight: one launch."""
+    _interpreted()
+    from photon_core.ops.rotary_half import norm_rotary_triton
+    g = torch.Generator().manual_seed(14)
+    hq, hk, d = 4, 2, 16
+    x = torch.randn(2, (hq + hk) * d, generator=g)
+    qn, kn = 1 + 0.3 * torch.randn(d, generator=g), 1 + 0.3 * torch.randn(d, generator=g)
+    pos = torch.tensor([3, 9])
+    cos_t, sin_t = cos_sin(torch.arange(12), inv_freq(d, 1e4), torch.float32)
+    out = norm_rotary_triton(x, torch.cat([qn.repeat(hq), kn.repeat(hk)]), cos_t, sin_t, pos, d)
+    for sl, w, h in ((slice(0, hq * d), qn, hq), (slice(hq * d, None), kn, hk)):
+        ref = apply_rotary_half(rmsnorm_scaled(x[:, sl].view(2, h, d), w, 1e-6), cos_t[pos],
+                                sin_t[pos]).reshape(2, -1)
+        torch.testing.assert_close(out[:, sl], ref, atol=1e-5, rtol=1e-5)

@@ -330,7 +330,13 @@ class FusedGemma4Backend(_Common):
         la = self.program.layers[op.layer]
         kv, D = self.kv, la.head_dim
         qn = self.w[op.weights[0] + ".weight"].contiguous()
-        kn = self.w[op.weights[1] + ".weight"].contiguous() if la.writes else None
+        qk_norm = None        # [q | k] side by side: one norm + rotary launch, a norm per head
+        if la.writes:
+            kn = self.w[op.weights[1] + ".weight"]
+            qk_norm = torch.cat([qn.repeat(la.n_heads), kn.repeat(la.n_kv_heads)]).contiguous()
+        qk = self.program.segment(op.src[0])[1] + la.n_heads * D == \
+            self.program.segment(op.src[1])[1]
+        assert qk or not la.writes, "q and k side by side in one buffer"
         cos, sin = self.rot_of(la)
         src = la.source
         ring = kv.ring[src]
@@ -338,14 +344,17 @@ class FusedGemma4Backend(_Common):
         def run(b, env):
             pos = env["pos"]
             q = self._view(op.src[0], b)
-            norm_rotary_triton(q, qn, cos, sin, pos, D, op.eps, out=q)
             k = v = None
             if la.writes:       # v first: with keys = values it is the raw k's scale-free norm
                 k = self._view(op.src[1], b)
                 v = self._view(op.src[2], b)
                 norm_rotary_triton(k if la.k_eq_v else v, None, None, None, None, D, op.eps,
                                    out=v)
-                norm_rotary_triton(k, kn, cos, sin, pos, D, op.eps, out=k)
+                buf, off, _ = self.program.segment(op.src[0])
+                qk = self.bufs[buf][:b, off:off + (la.n_heads + la.n_kv_heads) * D]
+                norm_rotary_triton(qk, qk_norm, cos, sin, pos, D, op.eps, out=qk)
+            else:
+                norm_rotary_triton(q, qn, cos, sin, pos, D, op.eps, out=q)
             out = self._view(op.dst[0], b)
             if env["mode"] == "decode":
                 if k is not None:
