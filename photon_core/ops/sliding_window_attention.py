@@ -12,6 +12,16 @@ softmax in fp32.
 - `sliding_window_decode`: one new query per head; reads only cache[:, start:pos+1].
   `sliding_window_decode_triton` is its Triton kernel (one program per query head, online
   softmax over blocks of the window), diff-tested in fp32 under TRITON_INTERPRET=1.
+
+The state cache's forms (the step program's window_attention op, models/gemma4/program.py):
+rows of a batch at their own positions over per-row state [rows, Hkv, S, D] that is either
+a RING of S = window slots (position p in slot p % S: a sliding layer keeps only its window)
+or full length with the window as a mask.
+- `rows_decode_reference` / `rows_decode_triton`: one query per row (b rows, device
+  positions: graph-capturable); the kernel is one program per (row, k/v head).
+- `prefill_keys` + `prefill_attention`: a prompt chunk of one row: its k/v into the state
+  (a ring keeps the chunk's last S), and the view of keys it attends to (the ring's older
+  positions + the chunk's own); KV-shared layers attend to their source layer's view.
 """
 from __future__ import annotations
 

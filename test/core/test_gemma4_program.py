@@ -67,8 +67,7 @@ def reference_after_prefix(model, enc, tail: list[int], steps: int):
 
 def program_generate(model, enc, rows_input, steps: int, fused: bool, chunks=None):
     """rows_input: per row (prefix or None, prompt ids). -> per row (logits, tokens)."""
-    cfg = model.config
-    spec = StepSpec(step_program(cfg.text, cfg.tied), phase_next=((0,),))
+    spec = model.step_spec()
     cap = 128
     assert all((0 if p is None else p.length) + len(i) + steps <= cap for p, i in rows_input)
     st = Gemma4StepState(spec, model.weights, rows=2, capacity=cap, fused=fused)
@@ -148,3 +147,13 @@ def test_state_is_rings_for_sliding_layers_and_full_for_global(model):
     assert [la.writes for la in prog.layers] == [True] * 4 + [False] * 2
     st = Gemma4StepState(StepSpec(prog, ((0,),)), model.weights, rows=2, capacity=96)
     assert st.kv.k[0].shape == (2, 2, W, 16) and st.kv.k[2].shape == (2, 2, 96, 32)
+
+
+def test_keys_equal_values_variant(tmp_path):
+    """attention_k_eq_v: global layers take v from the raw k (no v_proj), through the program."""
+    m = load_model(str(make_test_model(tmp_path, seed=5, text={"attention_k_eq_v": True})))
+    assert "language_model.layers.2.self_attn.v_proj.weight" not in m.weights
+    assert m.step_spec().program.layers[2].k_eq_v
+    ids = text_ids(m)
+    check(program_generate(m, None, [(None, ids)], STEPS, fused=False)[0],
+          m.greedy(ids, STEPS), 2e-4)

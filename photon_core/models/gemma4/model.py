@@ -78,6 +78,13 @@ class Gemma4Model:
         emb = weights["language_model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
 
+    def step_spec(self):
+        """The decode step as a step program (program.py) for the runtime's backends: one
+        text phase feeding back its token, no answer-marker rule."""
+        from ...program import StepSpec
+        from .program import step_program
+        return StepSpec(step_program(self.config.text, self.config.tied), phase_next=((0,),))
+
     # -- decoder over token ids ------------------------------------------------------------
     def forward_ids(self, ids: torch.Tensor, pos0: int, cache: KVCache,
                     image_embeds: torch.Tensor | None = None) -> torch.Tensor:
