@@ -79,8 +79,10 @@ class _Common:
         # the per-layer embedding table: on the model's device, or in host memory
         # (load_model(ple_on_cpu=True): E2B's is 4.7 GB): gathered there, rows moved over
         self.wte_pl = weights[dict(p.feedback.weights)["wte_pl"]] if p.ple_dim else None
-        self.embed_scale = torch.tensor(p.dim ** 0.5, dtype=dt)
-        self.ple_scale = torch.tensor(p.ple_dim ** 0.5, dtype=dt) if p.ple_dim else None
+        # the scales rounded to the dtype, as the reference; on the devices they multiply on
+        self.embed_scale = torch.tensor(p.dim ** 0.5, dtype=dt, device=dev)
+        self.ple_scale = (torch.tensor(p.ple_dim ** 0.5, dtype=self.wte_pl.dtype,
+                                       device=self.wte_pl.device) if p.ple_dim else None)
         positions = torch.arange(kv.capacity + 1, device=dev)
         self.rot = {}
         for la in p.layers:
