@@ -157,3 +157,24 @@ def test_keys_equal_values_variant(tmp_path):
     ids = text_ids(m)
     check(program_generate(m, None, [(None, ids)], STEPS, fused=False)[0],
           m.greedy(ids, STEPS), 2e-4)
+
+
+def test_a_reused_row_ignores_the_previous_task_state(model):
+    """A row that served a longer context (full ring, k/v far beyond) then takes a short
+    prompt: the stale slots are never read (the ring's s <= pos rule, the global mask)."""
+    ids = text_ids(model)
+    short = ids[:5]
+    st = Gemma4StepState(model.step_spec(), model.weights, rows=1, capacity=64)
+    with torch.inference_mode():
+        st.eager.prefill(torch.tensor(ids + ids + ids), 0, 0)      # 39 positions of junk
+        h = st.eager.prefill(torch.tensor(short), 0, 0)
+        st.set_row(0, h[-1], len(short))
+        st.active[0] = True
+        toks, logits = [], []
+        for s in range(STEPS + 1):
+            logits.append(st.backend.head_logits("lm", st.hidden[:1])[0].float().clone())
+            ds.lm_greedy(st, 1)
+            toks.append(int(st.out[0, 0]))
+            if s < STEPS:
+                ds.forward(st, 1)
+    check((torch.stack(logits), toks), model.greedy(short, STEPS), 2e-4)
