@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...ops.eager import ACTS, run_ops
+from ...ops.eager import run_ops
 from ...ops.layernorm import rms_norm
 from ...ops.masked_argmax import masked_argmax, masked_argmax_reference
 from ...ops.rmsnorm_scaled import rmsnorm_scaled
@@ -444,5 +444,5 @@ class Gemma4StepState:
         self.first[row:row + 1].fill_(True)
 
 
-__all__ = ["ACTS", "EagerGemma4Backend", "FusedGemma4Backend", "Gemma4StateCache",
+__all__ = ["EagerGemma4Backend", "FusedGemma4Backend", "Gemma4StateCache",
            "Gemma4StepState"]
