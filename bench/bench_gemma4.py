@@ -208,6 +208,25 @@ def main():
                                            device, args.iters)
             out[key + "_triton_ms"] = timed(
                 lambda: sliding_window_decode_triton(q1, kv, kv, p_, win, 1.0), device, args.iters)
+        # the state cache's form (the program's window_attention): rows at their own
+        # positions, sliding layers as a ring of `window` slots vs a masked full-length window
+        from photon_core.ops.sliding_window_attention import rows_decode_triton
+        for b in (1, 4):
+            rows_t = torch.arange(b, device=device)
+            pos_t = torch.full((b,), 4000, device=device)
+            qb = torch.randn(b, t.n_heads * t.head_dim, device=device, dtype=dtype)
+            ob = torch.empty_like(qb)
+            ring = torch.randn(b, t.n_kv_heads, t.sliding_window, t.head_dim, device=device,
+                               dtype=dtype)
+            full = torch.randn(b, t.n_kv_heads, 4096, t.head_dim, device=device, dtype=dtype)
+            out[f"attn_rows_b{b}_ring_ms"] = timed(lambda: rows_decode_triton(
+                qb, ring, ring, rows_t, pos_t, t.sliding_window, True, 1.0, ob), device,
+                args.iters)
+            out[f"attn_rows_b{b}_masked_window_ms"] = timed(lambda: rows_decode_triton(
+                qb, full, full, rows_t, pos_t, t.sliding_window, False, 1.0, ob, 4096), device,
+                args.iters)
+            out[f"attn_rows_b{b}_global_4096_ms"] = timed(lambda: rows_decode_triton(
+                qb, full, full, rows_t, pos_t, None, False, 1.0, ob, 4096), device, args.iters)
 
     # -- the step program (models/gemma4/program.py) through its executors -----------------
     out.update(bench_program(model, enc, tail, device, args))
