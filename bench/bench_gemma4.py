@@ -225,7 +225,7 @@ def main():
             out[f"attn_rows_b{b}_masked_window_ms"] = timed(lambda: rows_decode_triton(
                 qb, full, full, rows_t, pos_t, t.sliding_window, False, 1.0, ob, 4096), device,
                 args.iters)
-            out[f"attn_rows_b{b}_global_4096_ms"] = timed(lambda: rows_decode_triton(
+            out[f"attn_rows_b{b}_causal_4096_ms"] = timed(lambda: rows_decode_triton(
                 qb, full, full, rows_t, pos_t, None, False, 1.0, ob, 4096), device, args.iters)
 
     # -- the step program (models/gemma4/program.py) through its executors -----------------

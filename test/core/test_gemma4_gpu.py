@@ -140,7 +140,8 @@ def test_program_executors_on_cuda_match_the_reference(tmp_path, fused):
                     st.kv.k[k].copy_(kk)
                     st.kv.v[k].copy_(vv)
             for _ in range(17):
-                logits.append(st.backend.head_logits("lm", st.hidden[:b])[1].float().cpu())
+                lg = st.backend.head_logits("lm", st.hidden[:b])[1]
+                logits.append(lg.float().cpu().clone())      # the head's buffer is reused
                 if g is not None:
                     g.replay()
                 else:
