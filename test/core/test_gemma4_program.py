@@ -103,18 +103,25 @@ def check(got, ref, tol):
     assert err <= tol, err
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
-def test_program_matches_the_reference_text_and_image(model, enc, fused):
-    if fused:
-        pytest.importorskip("triton")
-        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+@pytest.fixture(scope="module")
+def refs(model, enc):
+    """The reference engine's greedy runs: text-only, and image prefix + question."""
     ids = text_ids(model)
     tail = model.prompter.task_tail("query", "What color is the cup?")
     assert enc.length > model.config.text.sliding_window
     ref_text = model.greedy(ids, STEPS)
     ref_image = reference_after_prefix(model, enc, tail, STEPS)
     assert ref_text[1] != ref_image[1]
+    return ids, tail, ref_text, ref_image
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
+def test_program_matches_the_reference_text_and_image(model, enc, refs, fused):
+    if fused:
+        pytest.importorskip("triton")
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+    ids, tail, ref_text, ref_image = refs
     got = program_generate(model, enc, [(None, ids), (enc, tail)], STEPS, fused)
     if fused:   # what ran outside the kernels: only the per-layer projection (K = 8 < 16)
         st = got[2]
