@@ -9,7 +9,10 @@
     views of its parameters), one-token steps with its DynamicCache at the same position;
   - a 640x480 frame: encode (vision tower + prefix prefill) + query(32 tokens, ignore_eos),
     ours vs transformers generate(min_new_tokens=32) on the same pixels;
-  - a bf16 sanity check: our prefill logits vs transformers' on the same prompt.
+  - a bf16 sanity check: our prefill logits vs transformers' on the same prompt;
+  - the step program (models/gemma4/program.py) through backend_ext's eager and fused
+    executors: decode step at batch 1 and 4, eager launches and a CUDA graph, and the fused
+    executor's logits vs the eager one's.
 
 E2B shapes (overridable): 35 layers (4 sliding : 1 global), hidden 1536, MLP 6144 (x2 on
 the KV-shared layers), 8 heads, 1 k/v head, head 256 / global 512, window 512, PLE 256,
@@ -205,6 +208,28 @@ def main():
                                            device, args.iters)
             out[key + "_triton_ms"] = timed(
                 lambda: sliding_window_decode_triton(q1, kv, kv, p_, win, 1.0), device, args.iters)
+        # the state cache's form (the program's window_attention): rows at their own
+        # positions, sliding layers as a ring of `window` slots vs a masked full-length window
+        from photon_core.ops.sliding_window_attention import rows_decode_triton
+        for b in (1, 4):
+            rows_t = torch.arange(b, device=device)
+            pos_t = torch.full((b,), 4000, device=device)
+            qb = torch.randn(b, t.n_heads * t.head_dim, device=device, dtype=dtype)
+            ob = torch.empty_like(qb)
+            ring = torch.randn(b, t.n_kv_heads, t.sliding_window, t.head_dim, device=device,
+                               dtype=dtype)
+            full = torch.randn(b, t.n_kv_heads, 4096, t.head_dim, device=device, dtype=dtype)
+            out[f"attn_rows_b{b}_ring_ms"] = timed(lambda: rows_decode_triton(
+                qb, ring, ring, rows_t, pos_t, t.sliding_window, True, 1.0, ob), device,
+                args.iters)
+            out[f"attn_rows_b{b}_masked_window_ms"] = timed(lambda: rows_decode_triton(
+                qb, full, full, rows_t, pos_t, t.sliding_window, False, 1.0, ob, 4096), device,
+                args.iters)
+            out[f"attn_rows_b{b}_causal_4096_ms"] = timed(lambda: rows_decode_triton(
+                qb, full, full, rows_t, pos_t, None, False, 1.0, ob, 4096), device, args.iters)
+
+    # -- the step program (models/gemma4/program.py) through its executors -----------------
+    out.update(bench_program(model, enc, tail, device, args))
 
     # -- transformers eager, same weights, same position ------------------------------------
     if hf is not None:
@@ -258,6 +283,74 @@ def main():
     print(json.dumps(out, indent=1))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_gemma4.json").write_text(json.dumps(out, indent=1))
+
+
+def bench_program(model, enc, tail, device, args) -> dict:
+    """The decode step as a step program, through backend_ext's eager and fused executors
+    (decode_step's lm_greedy + forward), batch 1 and 4, eager launches and one CUDA graph;
+    and the fused executor against the eager one from the same state (8 greedy steps)."""
+    from photon_core.fast import decode_step as ds
+    from photon_core.models.gemma4.backend_ext import Gemma4StepState
+
+    res: dict = {}
+    spec = model.step_spec()
+    cap = enc.length + len(tail) + 160
+    tail_t = torch.tensor(tail, device=device)
+
+    def ready(b, fused):
+        st = Gemma4StepState(spec, model.weights, rows=b, capacity=cap, fused=fused)
+        for r in range(b):
+            st.kv.load_prefix(r, enc.cache.k, enc.cache.v, enc.length)
+            h = st.eager.prefill(tail_t, r, enc.length)
+            st.set_row(r, h[-1], enc.length + len(tail))
+        st.active[:b] = True
+        return st
+
+    modes = [False] + ([True] if device.type == "cuda" else [])
+    for fused in modes:
+        name = "fused" if fused else "eager"
+        for b in (1, 4):
+            try:
+                with torch.inference_mode():
+                    st = ready(b, fused)
+
+                    def step():
+                        ds.lm_greedy(st, b)
+                        ds.forward(st, b)
+                    res[f"program_{name}_b{b}_step_ms"] = timed(step, device, args.iters)
+                    if device.type == "cuda":
+                        side = torch.cuda.Stream()
+                        side.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(side):
+                            step()
+                            step()
+                        torch.cuda.current_stream().wait_stream(side)
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g):
+                            step()
+                        res[f"program_{name}_b{b}_graph_step_ms"] = timed(g.replay, device,
+                                                                          args.iters)
+            except Exception as e:          # report, keep benchmarking the rest
+                res[f"program_{name}_b{b}_error"] = f"{type(e).__name__}: {e}"[:300]
+    if len(modes) == 2:
+        try:
+            with torch.inference_mode():
+                runs = []
+                for fused in modes:
+                    st, lg, toks = ready(1, fused), [], []
+                    for _ in range(8):
+                        lg.append(st.backend.head_logits("lm", st.hidden[:1]).float().clone())
+                        ds.lm_greedy(st, 1)
+                        toks.append(int(st.out[0, 0]))
+                        ds.forward(st, 1)
+                    runs.append((torch.stack(lg), toks))
+            res["program_fused_vs_eager_first_logits_maxdiff"] = float(
+                (runs[0][0][0] - runs[1][0][0]).abs().max())
+            res["program_fused_vs_eager_same_tokens"] = runs[0][1] == runs[1][1]
+            res["program_logits_maxabs"] = float(runs[0][0][0].abs().max())
+        except Exception as e:
+            res["program_fused_vs_eager_error"] = f"{type(e).__name__}: {e}"[:300]
+    return res
 
 
 def model_logits(model, h):

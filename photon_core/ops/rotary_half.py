@@ -1,9 +1,18 @@
 """Rotary position embedding in the rotate-half layout (pairs (i, i + D/2)), with
 proportional RoPE: only the first `rotary_fraction` of the D/2 frequencies turn, the rest are
-0 (cos 1, sin 0: those channels pass unchanged), all divided by `factor`."""
+0 (cos 1, sin 0: those channels pass unchanged), all divided by `factor`.
+
+Torch reference: `inv_freq`, `cos_sin`, `apply_rotary_half`. Triton kernel, fused where
+Gemma 4 uses it: `norm_rotary_triton` = per-head RMSNorm (optional weight, optional
+scale-free) then the rotation at each row's own position (cos/sin tables indexed by a
+device position tensor, so it runs inside a CUDA graph), one program per row;
+`rotary_half_triton` is the plain rotation. Both diff-tested under TRITON_INTERPRET=1.
+"""
 from __future__ import annotations
 
 import torch
+
+from ._triton import tl, triton
 
 
 def inv_freq(head_dim: int, theta: float, rotary_fraction: float = 1.0,
@@ -27,3 +36,70 @@ def apply_rotary_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+@triton.jit
+def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, heads, stride_x,
+                        stride_o, stride_t, w_head_stride, eps, D: tl.constexpr,
+                        BLOCK_H: tl.constexpr,
+                        NORM: tl.constexpr, HAS_W: tl.constexpr, ROTATE: tl.constexpr):
+    row = tl.program_id(0)
+    hh = tl.arange(0, BLOCK_H)[:, None]          # every head of the row in one tile
+    i = tl.arange(0, D)[None, :]
+    j = (i + D // 2) % D                         # the partner channel of the rotate-half pair
+    m = (hh < heads) & (i < D)
+    base = x_ptr + row * stride_x + hh * D
+    x = tl.load(base + i, mask=m, other=0.0).to(tl.float32)
+    xj = tl.load(base + j, mask=m, other=0.0).to(tl.float32)
+    if NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+        x = x * rstd
+        xj = xj * rstd
+        if HAS_W:
+            wrow = w_ptr + hh * w_head_stride       # one weight per head, or one for all
+            x = x * tl.load(wrow + i, mask=m, other=0.0).to(tl.float32)
+            xj = xj * tl.load(wrow + j, mask=m, other=0.0).to(tl.float32)
+    if ROTATE:
+        p = tl.load(pos_ptr + row)
+        c = tl.load(cos_ptr + p * stride_t + i).to(tl.float32)
+        s = tl.load(sin_ptr + p * stride_t + i).to(tl.float32)
+        x = x * c + tl.where(i < D // 2, -xj, xj) * s
+    tl.store(o_ptr + row * stride_o + hh * D + i, x.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor | None,
+                       sin: torch.Tensor | None, pos: torch.Tensor | None, head_dim: int,
+                       eps: float = 1e-6, norm: bool = True,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, heads * D] (unit column stride): per head RMSNorm (times weight [D], or
+    [heads * D]: a weight per head, e.g. q and k side by side with their own norms; none:
+    scale-free; norm=False: no norm), then rotate-half at position pos[row] of the tables
+    cos/sin [positions, D] (skipped when cos is None). -> out [rows, heads * D] (may alias
+    x). One program per row (all its heads in one tile)."""
+    rows, n = x.shape
+    d = head_dim
+    assert n % d == 0 and x.stride(1) == 1 and d & (d - 1) == 0, "power-of-two head size"
+    out = torch.empty_like(x) if out is None else out
+    assert out.shape == x.shape and out.stride(1) == 1
+    rotate = cos is not None
+    if rotate:
+        assert cos.stride(1) == 1 and sin.stride() == cos.stride() and cos.shape[1] == d
+    heads = n // d
+    per_head = weight is not None and weight.numel() == n and n != d
+    assert weight is None or weight.numel() in (d, n)
+    _norm_rotary_kernel[(rows,)](
+        x, weight if weight is not None else x, cos if rotate else x, sin if rotate else x,
+        pos if rotate else x, out, heads, x.stride(0), out.stride(0),
+        cos.stride(0) if rotate else 0, d if per_head else 0, float(eps), D=d,
+        BLOCK_H=triton.next_power_of_2(heads), NORM=norm, HAS_W=weight is not None,
+        ROTATE=rotate)
+    return out
+
+
+def rotary_half_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Kernel of `apply_rotary_half` for x [S, heads, D] with cos/sin [S, D]."""
+    s, h, d = x.shape
+    x2 = x.contiguous().view(s, h * d)
+    pos = torch.arange(s, device=x.device)
+    return norm_rotary_triton(x2, None, cos.contiguous(), sin.contiguous(), pos, d,
+                              norm=False).view(s, h, d)

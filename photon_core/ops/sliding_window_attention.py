@@ -12,6 +12,16 @@ softmax in fp32.
 - `sliding_window_decode`: one new query per head; reads only cache[:, start:pos+1].
   `sliding_window_decode_triton` is its Triton kernel (one program per query head, online
   softmax over blocks of the window), diff-tested in fp32 under TRITON_INTERPRET=1.
+
+The state cache's forms (the step program's window_attention op, models/gemma4/program.py):
+rows of a batch at their own positions over per-row state [rows, Hkv, S, D] that is either
+a RING of S = window slots (position p in slot p % S: a sliding layer keeps only its window)
+or full length with the window as a mask.
+- `rows_decode_reference` / `rows_decode_triton`: one query per row (b rows, device
+  positions: graph-capturable); the kernel is one program per (row, k/v head).
+- `prefill_keys` + `prefill_attention`: a prompt chunk of one row: its k/v into the state
+  (a ring keeps the chunk's last S), and the view of keys it attends to (the ring's older
+  positions + the chunk's own); KV-shared layers attend to their source layer's view.
 """
 from __future__ import annotations
 
@@ -113,4 +123,161 @@ def sliding_window_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                           float(scale), k_cache.stride(0), k_cache.stride(1),
                           hq // k_cache.shape[0], D=d, BLOCK_D=triton.next_power_of_2(d),
                           BLOCK_N=block_n)
+    return out
+
+
+# -- the state cache's forms: batch rows at their own positions, ring or masked window -------
+# A layer's state row is [Hkv, S, D]. ring=True (sliding layers): S = window slots, position
+# p lives in slot p % S, so a row keeps exactly its last S positions and slot s holds a valid
+# key for a query at p iff s <= p (before the ring is full only slots 0..p were written;
+# after, every slot is within the window). ring=False: S = capacity, position p at slot p,
+# the window (if any) a mask on read.
+def state_slot(pos: torch.Tensor, n_slots: int, ring: bool) -> torch.Tensor:
+    return torch.remainder(pos, n_slots) if ring else pos
+
+
+def rows_decode_valid(pos: torch.Tensor, n_slots: int, window: int | None,
+                      ring: bool) -> torch.Tensor:
+    """bool [b, n_slots]: slot s of row i holds a key the query at pos[i] sees."""
+    s = torch.arange(n_slots, device=pos.device)[None, :]
+    valid = s <= pos[:, None]
+    if window is not None and not ring:
+        valid = valid & (s > pos[:, None] - window)
+    return valid
+
+
+def rows_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          rows: torch.Tensor, pos: torch.Tensor, window: int | None,
+                          ring: bool, scale: float, attn_len: int | None = None) -> torch.Tensor:
+    """Reference. q [b, Hq, D]; caches [R, Hkv, S, D] holding each row's keys up to and
+    including pos [b] (the new k/v already written); rows [b]; attn_len bounds the slots a
+    full-length layer reads. -> [b, Hq, D]."""
+    n = k_cache.shape[2] if (ring or attn_len is None) else min(attn_len, k_cache.shape[2])
+    k, v = k_cache[rows, :, :n], v_cache[rows, :, :n]
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    scores = torch.einsum("bhd,bhtd->bht", q, k) * scale
+    valid = rows_decode_valid(pos, n, window, ring)
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.einsum("bht,bhtd->bhd", probs, v)
+
+
+def prefill_keys(k: torch.Tensor, v: torch.Tensor, k_row: torch.Tensor, v_row: torch.Tensor,
+                 start: int, ring: bool):
+    """A prompt chunk's k, v [T, Hkv, D] (positions start..start+T-1) into one row's state
+    k_row, v_row [Hkv, S, D] (in place; a ring keeps the chunk's last S positions) -> the keys
+    the chunk's queries attend to: (keys, values [Hkv, n, D], their positions [n], valid
+    [n]). For a ring: the positions before the chunk from the ring, then the chunk's own (a
+    KV-shared layer attends to this same view of its source layer)."""
+    T, S, dev = k.shape[0], k_row.shape[1], k.device
+    qpos = start + torch.arange(T, device=dev)
+    kt, vt = k.transpose(0, 1), v.transpose(0, 1)
+    if not ring:
+        k_row[:, start:start + T] = kt
+        v_row[:, start:start + T] = vt
+        return (k_row[:, :start + T], v_row[:, :start + T],
+                torch.arange(start + T, device=dev),
+                torch.ones(start + T, dtype=torch.bool, device=dev))
+    s = torch.arange(S, device=dev)
+    old_pos = (start - 1) - torch.remainder(start - 1 - s, S)
+    view = (torch.cat([k_row, kt], dim=1), torch.cat([v_row, vt], dim=1),
+            torch.cat([old_pos, qpos]),
+            torch.cat([old_pos >= 0, torch.ones(T, dtype=torch.bool, device=dev)]))
+    keep = min(T, S)
+    slots = torch.remainder(qpos[T - keep:], S)
+    k_row[:, slots] = kt[:, T - keep:]
+    v_row[:, slots] = vt[:, T - keep:]
+    return view
+
+
+def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      kpos: torch.Tensor, kvalid: torch.Tensor, start: int,
+                      window: int | None, scale: float) -> torch.Tensor:
+    """Reference. q [T, Hq, D] at positions start.. over keys/values [Hkv, n, D] at
+    positions kpos [n] (valid [n]): causal, within the window. -> [T, Hq, D]."""
+    qpos = start + torch.arange(q.shape[0], device=q.device)
+    seen = kvalid[None, :] & (kpos[None, :] <= qpos[:, None])
+    if window is not None:
+        seen = seen & (kpos[None, :] > qpos[:, None] - window)
+    rep = q.shape[1] // keys.shape[0]
+    keys = keys.repeat_interleave(rep, dim=0)
+    values = values.repeat_interleave(rep, dim=0)
+    scores = torch.einsum("thd,hsd->hts", q, keys) * scale
+    scores = scores.masked_fill(~seen[None], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.einsum("hts,hsd->thd", probs, values)
+
+
+if triton is not None:
+    @triton.jit
+    def _rows_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, rows_ptr, pos_ptr, n_slots, window,
+                            scale, stride_qb, stride_ob, stride_kr, stride_kh, stride_kt, rep,
+                            D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
+        i = tl.program_id(0)
+        g = tl.program_id(1)                     # the k/v head: its `rep` query heads at once
+        row = tl.load(rows_ptr + i)
+        p = tl.load(pos_ptr + i)
+        r = tl.arange(0, BLOCK_R)
+        d = tl.arange(0, BLOCK_D)
+        qmask = (r < rep)[:, None] & (d < D)[None, :]
+        qh = g * rep + r
+        q = tl.load(q_ptr + i * stride_qb + qh[:, None] * D + d[None, :], mask=qmask, other=0.0)
+        m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_R,), tl.float32)
+        acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+        lo = tl.maximum(p - window + 1, 0)      # a masked window's first slot (else 0)
+        hi = tl.minimum(p + 1, n_slots)
+        for t0 in range(lo, hi, BLOCK_N):
+            t = t0 + tl.arange(0, BLOCK_N)
+            tmask = t < hi
+            offs = row * stride_kr + g * stride_kh + t[:, None] * stride_kt + d[None, :]
+            kv_mask = tmask[:, None] & (d < D)[None, :]
+            k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(tmask[None, :], s * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            pr = tl.exp(s - m_new[:, None])
+            v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0)
+            if IEEE:
+                pv = tl.dot(pr.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(pr.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            l = l * alpha + tl.sum(pr, axis=1)
+            m = m_new
+        tl.store(o_ptr + i * stride_ob + qh[:, None] * D + d[None, :],
+                 (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
+
+
+def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       rows: torch.Tensor, pos: torch.Tensor, window: int | None, ring: bool,
+                       scale: float, out: torch.Tensor, attn_len: int | None = None,
+                       block_n: int = 64) -> torch.Tensor:
+    """Triton kernel of `rows_decode_reference`: q [b, Hq * D] (row stride free), out the
+    same shape; one program per (row, k/v head): its query heads share each k/v tile (two
+    tl.dot per tile, the heads padded to 16), online softmax over the row's slots (a ring's
+    S slots; a full-length layer's window only). Positions and rows are device tensors."""
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    b = q.shape[0]
+    hkv, S, d = k_cache.shape[1:]
+    hq = q.shape[1] // d
+    assert k_cache.stride(3) == 1 and v_cache.stride() == k_cache.stride()
+    assert q.stride(1) == 1 and out.stride(1) == 1
+    n = S if (ring or attn_len is None) else min(attn_len, S)
+    masked = window is not None and not ring
+    block_n = max(16, min(block_n, triton.next_power_of_2(min(n, window) if masked else n)))
+    _rows_decode_kernel[(b, hkv)](
+        q, k_cache, v_cache, out, rows, pos, n, window if masked else 1 << 30, float(scale),
+        q.stride(0), out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        hq // hkv, D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(hq // hkv)),
+        IEEE=q.dtype == torch.float32)
     return out

@@ -167,3 +167,15 @@ def test_single_file_checkpoint_loads(ckpt, tmp_path):
     save_file(tensors, str(one / "model.safetensors"))
     a, b = load_model(str(ckpt)), load_model(str(one))
     assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)
+
+
+def test_per_layer_table_on_cpu_option(ckpt):
+    """ple_on_cpu=True keeps the per-layer embedding table in host memory (on a GPU: the
+    other weights on the device, test_gemma4_gpu.py); the answers are the same."""
+    from photon_core.models.gemma4.weights import PER_LAYER_TABLE
+    m = load_model(str(ckpt), max_soft_tokens=70, ple_on_cpu=True)
+    assert m.weights[PER_LAYER_TABLE].device.type == "cpu"
+    ref = load_model(str(ckpt), max_soft_tokens=70)
+    ids = [2, 40, 41, 42, 43]
+    a, b = m.greedy(ids, 3), ref.greedy(ids, 3)
+    assert a[1] == b[1] and torch.equal(a[0], b[0])

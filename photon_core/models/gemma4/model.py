@@ -24,7 +24,7 @@ from .config import Gemma4Cfg, parse_config
 from .kv_cache import KVCache
 from .prompt import Prompter, read_chat_template
 from .run import TaskRun, _sync
-from .weights import load_weights, shard_files
+from .weights import PER_LAYER_TABLE, load_weights, shard_files
 
 SKILLS = frozenset({"query", "caption"})
 UNSUPPORTED = ("Gemma 4 (E2B/E4B) does not support {skill}: the model has no documented "
@@ -63,6 +63,8 @@ class EncodedImage:
 
 
 class Gemma4Model:
+    max_runs = None      # the reference engine: no limit on open runs (photon_core.engine.Engine)
+
     def __init__(self, config: Gemma4Cfg, weights: dict[str, torch.Tensor], prompter: Prompter,
                  model_id: str = "gemma4", max_soft_tokens: int = vision.DEFAULT_SOFT_TOKENS,
                  max_context: int = DEFAULT_MAX_CONTEXT, max_image_side: int = MAX_SIDE):
@@ -75,6 +77,13 @@ class Gemma4Model:
         self.freqs = {k: f.to(emb0.device) for k, f in text.rope_freqs(config.text).items()}
         emb = weights["language_model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
+
+    def step_spec(self):
+        """The decode step as a step program (program.py) for the runtime's backends: one
+        text phase feeding back its token, no answer-marker rule."""
+        from ...program import StepSpec
+        from .program import step_program
+        return StepSpec(step_program(self.config.text, self.config.tied), phase_next=((0,),))
 
     # -- decoder over token ids ------------------------------------------------------------
     def forward_ids(self, ids: torch.Tensor, pos0: int, cache: KVCache,
@@ -238,8 +247,11 @@ def soft_token_budget(folder: Path) -> int:
 
 def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str | None = None,
                max_soft_tokens: int | None = None,
-               max_context: int = DEFAULT_MAX_CONTEXT, **_ignored) -> Gemma4Model:
-    """Load a Gemma 4 image-text checkpoint (HF layout, safetensors only)."""
+               max_context: int = DEFAULT_MAX_CONTEXT, ple_on_cpu: bool = False,
+               **_ignored) -> Gemma4Model:
+    """Load a Gemma 4 image-text checkpoint (HF layout, safetensors only).
+    ple_on_cpu: keep the per-layer embedding table (E2B: 262144 x 35 x 256, 4.7 GB in bf16)
+    in host memory; each forward gathers its tokens' rows there and moves them over."""
     torch_dtype = parse_dtype(dtype)
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -251,7 +263,8 @@ def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str
     cfg = parse_config(json.loads(cfg_file.read_text()))
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointNotFound(f"{folder} has no tokenizer.json")
-    weights = load_weights(shard_files(folder), cfg, device, torch_dtype)
+    weights = load_weights(shard_files(folder), cfg, device, torch_dtype,
+                           cpu_keys=frozenset({PER_LAYER_TABLE}) if ple_on_cpu else frozenset())
     eos = list(cfg.text.eos_ids)
     gen = folder / "generation_config.json"
     if gen.is_file():

@@ -54,7 +54,9 @@ def per_layer_inputs(w, cfg: TextCfg, ple_ids: torch.Tensor, x: torch.Tensor) ->
         return None
     L, P = cfg.n_layers, cfg.ple_dim
     table = w["language_model.embed_tokens_per_layer.weight"]
-    token = (table[ple_ids] * torch.tensor(P ** 0.5, dtype=table.dtype)).view(-1, L, P)
+    # the table may live in host memory (load_model(ple_on_cpu=True)): gather there, move rows
+    token = (table[ple_ids.to(table.device)] * torch.tensor(P ** 0.5, dtype=table.dtype)
+             ).to(x.device).view(-1, L, P)
     ctx = (x @ w["language_model.per_layer_model_projection.weight"].T) * cfg.hidden ** -0.5
     ctx = rmsnorm_scaled(ctx.view(-1, L, P), w["language_model.per_layer_projection_norm.weight"],
                          cfg.eps)

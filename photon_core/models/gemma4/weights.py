@@ -121,8 +121,14 @@ def shard_files(folder: Path) -> list[Path]:
     raise WeightsError(f"{folder} has neither {INDEX} nor {SINGLE}")
 
 
+PER_LAYER_TABLE = "language_model.embed_tokens_per_layer.weight"
+
+
 def load_weights(files: list[Path], cfg: Gemma4Cfg, device="cpu",
-                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+                 dtype: torch.dtype = torch.float32,
+                 cpu_keys: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """cpu_keys: tensors kept in host memory whatever `device` is (the per-layer embedding
+    table: E2B's is 4.7 GB in bf16, read a few rows per token)."""
     from safetensors import safe_open
 
     want = expected_shapes(cfg)
@@ -146,7 +152,8 @@ def load_weights(files: list[Path], cfg: Gemma4Cfg, device="cpu",
                 if tuple(t.shape) != want[key]:
                     raise WeightsError(f"{f.name}: {name} has shape {tuple(t.shape)}, config.json "
                                        f"implies {want[key]}")
-                out[key] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                out[key] = t.to(device="cpu" if key in cpu_keys else device,
+                                dtype=dtype if t.is_floating_point() else t.dtype)
     missing = sorted(set(want) - set(out))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
