@@ -34,8 +34,15 @@ def images():
     return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SIZES]
 
 
+def _kv_equal(a, b):
+    """fp32 k/v equal up to the summation order: a batched GEMM may split its reductions
+    differently from one frame's (bitwise equal on our CI CPUs; ~1e-7 apart on a 16-core
+    AVX-512 host, seen on the H200 machine's CPU)."""
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def _same_enc(a, b):
-    return (torch.equal(a.kv, b.kv) and a.tiling == b.tiling and a.crops == b.crops
+    return (_kv_equal(a.kv, b.kv) and a.tiling == b.tiling and a.crops == b.crops
             and a.n_crops == b.n_crops and (a.width, a.height) == (b.width, b.height)
             and a.model_id == b.model_id)
 
@@ -73,8 +80,8 @@ def test_batched_prefill_span_form_is_text_decoder(model):
             cache = KVCache(t.n_layers, t.n_kv_heads, model.prefix_len, t.head_dim,
                             w.device, w.dtype)
             hi = text.decoder(w, t, x[i:i + 1], 0, cache, model.prefix_len)
-            assert torch.equal(cache.data[:, :, 0], kv[:, :, i])
-            assert torch.equal(hi[0], h[i])
+            assert _kv_equal(cache.data[:, :, 0], kv[:, :, i])
+            assert _kv_equal(hi[0], h[i])
 
 
 def test_batched_prefill_fast_form_is_close(model):
