@@ -5,12 +5,14 @@ launches (~600 of them, ~19 ms on the H200 for 8 tokens). Here the prompt is pad
 bucket and run through a static-shape decoder over the row of the static KV cache:
 
   inputs (one device tensor, filled by ONE pinned async copy): row, start (= the image prefix
-  length), real length, token ids padded with 0.
+  length), real length, rotary position offset (PrefixState.position_offset), token ids
+  padded with 0.
   positions start .. start+T-1; causal mask over the whole capacity (key <= query position);
   k/v written at (row, position); the hidden state of the last REAL token is the output.
 
 Padding tokens sit after the real ones, so causality keeps them out of every real token's
-result; their k/v land on positions that decode steps overwrite before anyone reads them.
+result; their k/v land on positions that decode steps overwrite before anyone reads them;
+recurrent row states (hybrid programs) take only the real tokens (the backends' n_valid).
 Prompts longer than the largest bucket use the eager reference prefill. On the CPU the same
 code runs eagerly (tests compare it with the reference).
 
@@ -39,7 +41,7 @@ class GraphedPrefill:
         self.buckets = tuple(b for b in BUCKETS if b < cap)
         tmax = self.buckets[-1]
         dev = st.hidden.device
-        self.meta = torch.zeros(3 + tmax, dtype=torch.long, device=dev)
+        self.meta = torch.zeros(4 + tmax, dtype=torch.long, device=dev)
         self.hidden_out = torch.zeros(st.program.dim, device=dev, dtype=st.hidden.dtype)
         self.token_ids = torch.arange(tmax, device=dev)
         self.wte = st.w[dict(st.program.feedback.weights)["wte"]]
@@ -57,11 +59,12 @@ class GraphedPrefill:
 
     def _run(self, T: int) -> None:
         row, start, length = self.meta[0:1], self.meta[1:2], self.meta[2:3]
-        x = F.embedding(self.meta[3:3 + T], self.wte)                     # [T, dim]
+        offset = self.meta[3:4]
+        x = F.embedding(self.meta[4:4 + T], self.wte)                     # [T, dim]
         pos = start + self.token_ids[:T]
         backend = self.fused if self.fused is not None and T <= FUSED_MAX_T \
             else self.state.eager
-        last = backend.prefill(x, row, pos)
+        last = backend.prefill(x, row, pos, offset, length)
         self.hidden_out.copy_(last.index_select(0, length - 1)[0])
 
     def capture(self) -> None:
@@ -88,11 +91,11 @@ class GraphedPrefill:
                 self.graphs[T] = g
         torch.cuda.synchronize()
 
-    def run(self, row: int, start: int, prompt: list[int]) -> torch.Tensor:
-        """Prefill `prompt` at positions start.. of `row`; returns the last hidden state
-        (a static buffer: copy it before the next prefill)."""
+    def run(self, row: int, start: int, prompt: list[int], offset: int = 0) -> torch.Tensor:
+        """Prefill `prompt` at positions start.. of `row` (rotary positions + offset); returns
+        the last hidden state (a static buffer: copy it before the next prefill)."""
         T = self.bucket(len(prompt))
-        meta = torch.tensor([row, start, len(prompt)] + list(prompt), dtype=torch.long)
+        meta = torch.tensor([row, start, len(prompt), offset] + list(prompt), dtype=torch.long)
         if self.meta.is_cuda:
             meta = meta.pin_memory()
         self.meta[:meta.numel()].copy_(meta, non_blocking=True)
