@@ -15,7 +15,8 @@ models/qwen3_5/fast_family.py). The runtime only ever calls these:
                      the image was made by a different model
   prompt(task, enc)  the task's prompt tokens, prefilled after the prefix
   count_prompt_tokens(task)   a cost hint for the scheduler
-  task_protocol(task, ignore_eos)   the host side of the task's skill protocol (TaskProtocol)
+  task_protocol(task, ignore_eos, room)   the host side of the task's skill protocol
+                     (TaskProtocol); room: positions left after prefix + prompt
   decode(ids)        token ids -> text (the streamer's detokenizer)
   make_encoder(use_graphs)    the fast image encoder (an object with encode(image) and
                      capture_stream / capture_ms), or None: the reference encode_image
@@ -84,7 +85,7 @@ class FastFamily(Protocol):
 
     def count_prompt_tokens(self, task: Task) -> int: ...
 
-    def task_protocol(self, task: Task, ignore_eos: bool) -> TaskProtocol: ...
+    def task_protocol(self, task: Task, ignore_eos: bool, room: int) -> TaskProtocol: ...
 
     def decode(self, ids: list[int]) -> str: ...
 

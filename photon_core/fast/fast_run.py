@@ -35,16 +35,18 @@ class FastRun:
         self.engine, self.enc, self.task = engine, enc, task
         self.ignore_eos = ignore_eos
         prefix = fam.prefix(enc)                      # PrefixState (checked by the family)
-        self.proto = proto = fam.task_protocol(task, ignore_eos)
-        self.is_text = proto.text
-        self.stream = stream if proto.streams else None
-        self.kind = proto.kind
         prompt = fam.prompt(task, enc)
         start = prefix.length
-        if start + len(prompt) + 1 > min(fam.max_context, engine.kv.capacity):
+        limit = min(fam.max_context, engine.kv.capacity)
+        if start + len(prompt) + 1 > limit:
             raise TaskError(f"prompt is {len(prompt)} tokens; with the {start}-token image "
                             f"prefix it does not fit the {fam.max_context}-token context "
                             f"(fast path KV capacity {engine.kv.capacity})")
+        # the host side of the skill protocol; room: positions left after the prompt
+        self.proto = proto = fam.task_protocol(task, ignore_eos, limit - start - len(prompt))
+        self.is_text = proto.text
+        self.stream = stream if proto.streams else None
+        self.kind = proto.kind
         # the reference's capacity rule; the static cache may cap it further
         self.capacity = min(fam.max_context, start + len(prompt) + proto.budget,
                             engine.kv.capacity)

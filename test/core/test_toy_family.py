@@ -108,7 +108,7 @@ class ToyFamily:
     def count_prompt_tokens(self, task) -> int:
         return len(toy_prompt(task))
 
-    def task_protocol(self, task, ignore_eos):
+    def task_protocol(self, task, ignore_eos, room):
         from photon_core.fast.fast_family import TextTask
         return TextTask(task, (STOP,), task.max_tokens, ignore_eos)
 

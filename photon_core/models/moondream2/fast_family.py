@@ -94,7 +94,7 @@ class MoondreamFast:
     def count_prompt_tokens(self, task: Task) -> int:
         return self.model.count_prompt_tokens(task)
 
-    def task_protocol(self, task: Task, ignore_eos: bool):
+    def task_protocol(self, task: Task, ignore_eos: bool, room: int):
         cfg = self.model.config
         if sp.is_text(task.skill):
             return TextTask(task, (cfg.tokenizer.eos_id,), sp.step_budget(task), ignore_eos,

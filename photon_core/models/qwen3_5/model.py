@@ -107,6 +107,14 @@ class Qwen35Model:
                             height=array.shape[0], grid=grid,
                             encode_ms=(time.perf_counter() - t0) * 1e3, model_id=self.model_id)
 
+    def fast_family(self):
+        """The runtime's plugin view of this model (photon_core/fast/fast_family.py)."""
+        fam = self.__dict__.get("_fast_family")
+        if fam is None:
+            from .fast_family import QwenFast
+            fam = self._fast_family = QwenFast(self)
+        return fam
+
     # -- tasks ----------------------------------------------------------------------------
     def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
               ignore_eos: bool = False) -> TaskRun:
