@@ -86,6 +86,11 @@ def test_fast_family_view(model, encs):
     with pytest.raises(ValueError, match="different model"):
         fe.start(encs[0].__class__(**{**encs[0].__dict__, "model_id": "other"}), TASKS[0])
     fe.close()
+    from photon_core import EngineOptions, load_engine     # FAST_PATH: engine="fast" serves it
+    fe = load_engine(model.model_id, engine="fast",
+                     options=EngineOptions(max_batch=1, kv_capacity=KV))
+    assert isinstance(fe, FastEngine) and fe.max_runs == 1
+    fe.close()
 
 
 @pytest.mark.parametrize("fused", ["off", "on"])
