@@ -1,8 +1,8 @@
 """Qwen 3.5 on the fast path (photon_core.fast.FastEngine over the family's FastFamily view:
 step program with Gated DeltaNet + gated attention layers, prefix state with recurrent rows,
 text skill protocol): on the tiny random fp32 checkpoint the fast path gives the reference
-engine's greedy tokens, text, finish reasons and grounding results for query / caption /
-detect / point at batch 1 and 2 (the eager backend on the CPU; the fused backend under
+engine's greedy tokens (and a seeded sampled query's), text, finish reasons and grounding
+results for query / caption / detect / point at batch 1 and 2 (the eager backend on the CPU; the fused backend under
 TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ TASKS = [Task("query", question="What color is the cup?", max_tokens=10),
          Task("caption", caption_length="short", max_tokens=8),
          Task("detect", object="person", max_objects=1),
          Task("point", object="cup", max_objects=1),
-         Task("query", question="How many dogs?", max_tokens=3)]
+         Task("query", question="How many dogs?", max_tokens=3),
+         Task("query", question="Color?", temperature=0.8, top_p=0.9, seed=5, max_tokens=8)]
 
 
 def _reference(model, enc, task):
