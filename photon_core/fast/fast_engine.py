@@ -233,6 +233,8 @@ class FastEngine:
         d["host_commit_ms_mean"] = sum(cm) / len(cm) if cm else None
         d["graphs"] = len(self.runner.graphs) + (len(self.prefill.graphs) if self.prefill else 0)
         d["graph_capture_ms"] = self.runner.capture_ms
+        if self.prefill is not None and self.prefill.capture_errors:
+            d["prefill_capture_errors"] = dict(self.prefill.capture_errors)
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined
         d["deterministic"] = self.deterministic

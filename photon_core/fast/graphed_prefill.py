@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import GEMV_MAX_ROWS
+from . import state_ops
 
 BUCKETS = (8, 16, 32, 64, 128)
 FUSED_MAX_T = GEMV_MAX_ROWS   # prompt tokens the fused GEMV takes in one pass
@@ -50,6 +51,8 @@ class GraphedPrefill:
         # free between decode steps, all on one stream) for buckets <= FUSED_MAX_T
         self.fused = st.fused
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
+        self.hybrid = state_ops.uses_state_ops(st.program)
+        self.capture_errors: dict[int, str] = {}   # bucket -> why it runs eagerly (hybrid)
 
     def bucket(self, length: int) -> int | None:
         for b in self.buckets:
@@ -86,8 +89,16 @@ class GraphedPrefill:
         with torch.inference_mode():
             for T in self.buckets:
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=self.capture_stream):
-                    self._run(T)
+                try:
+                    with torch.cuda.graph(g, pool=pool, stream=self.capture_stream):
+                        self._run(T)
+                except RuntimeError as e:
+                    # a hybrid program's prefill (the chunked delta rule's triangular
+                    # solve) may not be capturable: that bucket runs eagerly, said here
+                    if not self.hybrid:
+                        raise
+                    self.capture_errors[T] = str(e).splitlines()[0] if str(e) else repr(e)
+                    continue
                 self.graphs[T] = g
         torch.cuda.synchronize()
 

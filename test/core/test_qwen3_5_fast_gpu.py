@@ -37,7 +37,9 @@ def test_graphs_match_reference_fp32(ckpt, frame, fused):
 
     m = qwen3_5.load_model(str(ckpt), device="cuda", dtype="fp32")
     fe = FastEngine(m, max_batch=4, kv_capacity=512, fused=fused)
-    assert fe.use_graphs and len(fe.runner.graphs) > 0 and len(fe.prefill.graphs) > 0
+    assert fe.use_graphs and len(fe.runner.graphs) > 0
+    # the prompt prefill's graphs (a bucket that could not be captured runs eagerly)
+    assert not fe.prefill.capture_errors, fe.prefill.capture_errors
     enc = fe.encode_image(frame)
     tasks = _tasks()
     for r, t in zip(fe.run_batch([(enc, t) for t in tasks]), tasks):
