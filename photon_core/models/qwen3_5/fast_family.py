@@ -7,6 +7,8 @@ point are greedy text answers parsed at the end as grounding JSON (grounding_jso
 the reference's salvage and error counting)."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ...engine import PrefixState
@@ -31,16 +33,25 @@ class QwenFast:
         self.max_context = model.max_context
         self.make_encoder = lambda use_graphs: None      # the reference encode_image
         self.prefill_long = lambda kv, row, start, prompt, enc: None   # the generic one
+        self._prefixes: dict[int, PrefixState] = {}    # id(enc) -> its PrefixState
 
     def encode_image(self, image):
         return self.model.encode_image(image)
 
     def prefix(self, enc) -> PrefixState:
-        """The frame's HybridState as a PrefixState, in the program's state order."""
+        """The frame's HybridState as a PrefixState, in the program's state order (built once
+        per frame: the tasks on it share it; forgotten with the frame)."""
         m = self.model
         if getattr(enc, "model_id", None) != m.model_id or not hasattr(enc, "state"):
             raise ValueError("this EncodedImage was made by a different model")
-        st = enc.state
+        p = self._prefixes.get(id(enc))
+        if p is None:
+            p = self._prefixes[id(enc)] = self._build_prefix(enc)
+            weakref.finalize(enc, self._prefixes.pop, id(enc), None)
+        return p
+
+    def _build_prefix(self, enc) -> PrefixState:
+        m, st = self.model, enc.state
         n = st.length
         kv = None
         if st.k:
