@@ -135,3 +135,23 @@ def test_long_prompt_and_streaming(model, encs):
                                                            ref.finish_reason)
     assert "".join(deltas) == got.output["answer"]
     fe.close()
+
+
+def test_scheduler_drives_the_fast_engine(model, encs):
+    """The scheduler (latest frame, EDF, batching) drives FastEngine(Qwen 3.5): the results
+    are the reference engine's."""
+    from photon_core.scheduler import CostModel, Scheduler, Status
+
+    frame = np.random.default_rng(7).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    fe = FastEngine(model, max_batch=2, kv_capacity=KV)
+    outs = []
+    s = Scheduler(fe, CostModel(ema=0.0), on_result=outs.append, max_batch=2)
+    specs = [("ask", TASKS[0], 60.0), ("where", TASKS[3], 60.0)]
+    s.submit_frame("cam", 0.0, frame, specs)
+    s.run_until_idle()
+    assert len(outs) == 2 and all(o.status is Status.DONE for o in outs)
+    enc = model.encode_image(frame)
+    for o in outs:
+        ref = model.run(enc, dict((n, t) for n, t, _ in specs)[o.task_name])
+        assert (o.result.output, o.result.tokens) == (ref.output, ref.tokens)
+    fe.close()

@@ -46,6 +46,11 @@ class EncodedImage:
     model_id: str
     setup_ms: float = 0.0
 
+    @property
+    def n_crops(self) -> int:
+        """Image units the encoder ran (the scheduler's encode cost hint): one frame."""
+        return 1
+
 
 def image_positions(start: int, gh: int, gw: int, device) -> torch.Tensor:
     """M-RoPE positions [3, gh*gw] of the merged image tokens starting at text position start:
