@@ -86,6 +86,9 @@ class PrefixState:
     recurrent: per recurrent layer (e.g. Gated DeltaNet), its state after the prefix
       (family-defined tensors; () for pure-attention families such as Moondream 2).
     n_tokens: T when kv is None.
+    position_offset: the rotary position of cache position p is p + position_offset (0; Qwen
+      3.5's M-RoPE: an image of gh x gw merged tokens advances the text position by
+      max(gh, gw), not by gh * gw).
     n_crops: image units the encoder ran (the scheduler's encode cost hint).
     setup_ms: of encode_ms, one-time work of this call (a graph capture), left out of costs.
     """
@@ -93,6 +96,7 @@ class PrefixState:
     kv: Any = None
     recurrent: tuple = ()
     n_tokens: int = 0
+    position_offset: int = 0
     width: int = 0
     height: int = 0
     n_crops: int = 1

@@ -19,6 +19,18 @@ Ops (kind: fields):
               the prompt's tokens of one row)
   residual    x += sum_i srcs[i] W_i^T + b_i (in list order)
   act_mul     dst = act(src0) * src1 (act "silu": SwiGLU)
+  Hybrid (Gated DeltaNet / gated attention, Qwen 3.5; torch references in ops/gated_delta_net.py
+  and ops/gated_attention.py):
+  norm kind "rms_zc"   zero-centred RMSNorm x / rms(x) * (1 + w) (ops/rmsnorm_zero_centred.py)
+  gated_norm  src (o, z) -> dst: per group of `size` channels w * o / rms(o) * silu(z)
+  conv1d      src -> dst: depthwise causal conv + SiLU over the layer's "conv" state
+  delta_rule  src (qkv, b, a) -> dst: q, k, v split, beta = sigmoid(b), decay from a (weights
+              A_log, dt_bias), the gated delta rule over the layer's "recurrent" state (fp32)
+  gated_attention  src (q|gate per head, k, v) -> dst: per-head q/k zero-centred RMSNorm
+              (weights q_norm, k_norm), rotate-half (M-)RoPE at the row's position + its
+              position offset, k/v into the layer's cache, causal GQA, times sigmoid(gate)
+Recurrent state (conv, recurrent) is only updated for the step's active rows: a row that
+rides along in a bucket keeps its state (k/v writes land on positions not yet valid).
 Heads (`Head`): a short op list from `hidden` to logits, then a pick: argmax of `segments`
 equal parts into columns `col`.. of the step's `out` [rows, 4] (the answer-marker rule of a
 text phase applied when `mask_answer`). The step's feedback (`feedback`: what turns the
@@ -40,6 +52,7 @@ class Op:
     layer: int = -1
     norm: str = "layer"
     eps: float = 1e-5
+    size: int = 0            # gated_norm: channels per group (one head)
 
 
 @dataclass(frozen=True)
@@ -49,15 +62,28 @@ class AttentionSpec:
     head_dim: int
     rot_dim: int            # rotated channels per head (partial rotary: < head_dim)
     theta: float = 10000.0
+    mrope_section: tuple[int, ...] = ()   # gated_attention: M-RoPE sections (text rows equal)
+
+
+@dataclass(frozen=True)
+class DeltaSpec:
+    """The Gated DeltaNet layers' shapes (delta_rule ops)."""
+    n_k_heads: int
+    n_v_heads: int
+    k_dim: int
+    v_dim: int
 
 
 @dataclass(frozen=True)
 class LayerState:
     """What one layer keeps per row between steps: "kv" (attention k/v, n_kv_heads x
-    capacity x head_dim) or "recurrent" (a fixed-size state of `shape`, e.g. DeltaNet's)."""
+    capacity x head_dim), or a fixed-size state of `shape`: "recurrent" (e.g. DeltaNet's
+    [Hv, Dk, Dv]), "conv" (a causal conv's last inputs [C, K-1]). dtype None = the model's,
+    "fp32" for states kept in fp32."""
     kind: str
     layer: int
     shape: tuple[int, ...] = ()
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,11 +97,20 @@ class Head:
 
 @dataclass(frozen=True)
 class Feedback:
-    """kind "token": wte[out[:, 0]]; "moondream_region": by phase, the token embedding or the
-    coordinate / size encoder of the value sampled (ops/feedback_embedding.py). weights:
-    name -> checkpoint tensor name."""
+    """kind "token": wte[out[:, 0]]; "region": by phase, the token embedding or the
+    coordinate / size encoder of the value sampled (ops/feedback_embedding.py), `by_phase[p]`
+    naming what a step of phase p feeds back ("token" | "coord" | "size": the family's skill
+    protocol). weights: name -> checkpoint tensor name."""
     kind: str
     weights: tuple[tuple[str, str], ...]
+    by_phase: tuple[str, ...] = ()
+
+    def phase_of(self, value: str) -> int:
+        """The one phase feeding back `value` (the region kernel takes it as an argument)."""
+        ps = [p for p, v in enumerate(self.by_phase) if v == value]
+        if len(ps) != 1:
+            raise ValueError(f"feedback {self.kind!r}: {len(ps)} phases feed back {value!r}")
+        return ps[0]
 
 
 @dataclass(frozen=True)
@@ -89,6 +124,7 @@ class Program:
     feedback: Feedback
     final_norm: str = ""     # (documentation) the norm the lm head applies to `hidden`
     vocab: int = 0
+    delta: DeltaSpec | None = None
 
     def segment(self, name: str) -> tuple[str, int, int]:
         """-> (buffer, start column, width) of a segment."""
@@ -109,6 +145,11 @@ class Program:
     @property
     def kv_layers(self) -> tuple[int, ...]:
         return tuple(s.layer for s in self.state if s.kind == "kv")
+
+    @property
+    def row_states(self) -> tuple[LayerState, ...]:
+        """The fixed-size (non-k/v) states, in the program's order."""
+        return tuple(s for s in self.state if s.kind != "kv")
 
 
 @dataclass
@@ -132,6 +173,19 @@ class ProgramBuilder:
     def act_mul(self, gate, up, dst, act="silu"):
         self.ops.append(Op("act_mul", (gate, up), (dst,), acts=(act,)))
 
+    def gated_norm(self, src, gate, dst, weight, size, eps=1e-6):
+        self.ops.append(Op("gated_norm", (src, gate), (dst,), (weight,), size=size, eps=eps))
+
+    def conv1d(self, src, dst, weight, layer):
+        self.ops.append(Op("conv1d", (src,), (dst,), (weight,), layer=layer))
+
+    def delta_rule(self, qkv, b, a, dst, a_log, dt_bias, layer):
+        self.ops.append(Op("delta_rule", (qkv, b, a), (dst,), (a_log, dt_bias), layer=layer))
+
+    def gated_attention(self, qg, k, v, dst, q_norm, k_norm, layer, eps=1e-6):
+        self.ops.append(Op("gated_attention", (qg, k, v), (dst,), (q_norm, k_norm),
+                           layer=layer, eps=eps))
+
     def build(self) -> tuple[Op, ...]:
         return tuple(self.ops)
 
@@ -139,9 +193,11 @@ class ProgramBuilder:
 @dataclass
 class StepSpec:
     """What the runtime needs of a family to run its decode steps: the program, the skill
-    protocol's phase table (phase_next[phase][row kind]), the answer-marker token of the lm
-    head's rule (None: no rule), the feedback's value tables (device tensors)."""
+    protocol's phase table (phase_next[phase][row kind]), the answer-marker rule of the lm
+    head (rows in phase `answer_phase` never pick token `answer_id` after their first pick;
+    None: no rule), the feedback's value tables (device tensors)."""
     program: Program
     phase_next: tuple[tuple[int, ...], ...]
     answer_id: int | None = None
     tables: dict = field(default_factory=dict)
+    answer_phase: int = 0

@@ -1,7 +1,10 @@
 """The runtime (GPU fast path; see docs/architecture.md, "Fast path" and "Model families,
 step programs, backends").
 
-One mechanism per file: static_kv_cache (state rows), decode_step (the batched step as
+Model-agnostic: a family plugs in through fast_family.py (FastFamily: its step program,
+prefix state, prompts, the host side of its skill protocol). One mechanism per file:
+fast_family (the plugin boundary), static_kv_cache (state rows), state_ops (the hybrid
+stateful ops bound to the state cache), decode_step (the batched step as
 graph-capturable pieces), eager_backend / fused_backend (execute a family's step program:
 the ops' torch references / the Triton kernels), cuda_graph_runner, graphed_prefill,
 graphed_encoder, pingpong_slots, zombie_refcount, pipelined_decoder, fast_run,

@@ -1,8 +1,9 @@
 """The batched decode step of the runtime, as graph-capturable pieces over GPU-resident state.
 
-Every row (batch slot) keeps on the device: its last hidden state, its next position, its
-phase and row kind (the family's skill protocol: Moondream 2's text / x / y / size and
-detect vs point), whether its next text pick is its first (no answer-marker mask), its
+Every row (batch slot) keeps on the device: its last hidden state, its next position (and
+the rotary offset of its positions: PrefixState.position_offset), its phase and row kind (the
+family's skill protocol: Moondream 2's text / x / y / size and detect vs point; a text family
+has one phase), whether its next text pick is its first (no answer-marker mask), its
 sampling settings, and whether it takes part in the current step (`active`). One step is
 
     sample:  values from the current hidden state with the heads its phase needs
@@ -29,18 +30,24 @@ from .static_kv_cache import StaticKVCache
 
 
 class StepState:
-    """Preallocated device state for `rows` batch slots (written only by start() and steps)."""
+    """Preallocated device state for `rows` batch slots (written only by start() and steps).
+    family: the model family's runtime view (fast_family.py; a model providing
+    fast_family() is taken too)."""
 
-    def __init__(self, model, rows: int, kv: StaticKVCache, options=None):
+    def __init__(self, family, rows: int, kv: StaticKVCache, options=None):
         from ..engine import EngineOptions
+        if hasattr(family, "fast_family"):
+            family = family.fast_family()
         options = options or EngineOptions()
-        spec = model.step_spec()
-        w = model.weights
-        dev, dt = w.device, w.dtype
+        spec = family.spec
+        w = family.weights
+        dev, dt = family.device, family.dtype
+        self.family = family
         self.options, self.spec, self.program = options, spec, spec.program
         self.rows, self.kv, self.w = rows, kv, w
         self.hidden = torch.zeros(rows, self.program.dim, device=dev, dtype=dt)
         self.pos = torch.zeros(rows, device=dev, dtype=torch.long)
+        self.pos_offset = torch.zeros(rows, device=dev, dtype=torch.long)
         self.phase = torch.zeros(rows, device=dev, dtype=torch.long)
         self.kind = torch.zeros(rows, device=dev, dtype=torch.long)
         self.first = torch.zeros(rows, device=dev, dtype=torch.bool)
@@ -62,10 +69,11 @@ class StepState:
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, kind: int,
                 temperature: float, top_p: float, generator=None,
-                seed: int | None = None) -> None:
+                seed: int | None = None, offset: int = 0) -> None:
         """Called by start() after the prefill (device fills, no host sync)."""
         self.hidden[row].copy_(hidden)
         self.pos[row:row + 1].fill_(pos)
+        self.pos_offset[row:row + 1].fill_(offset)
         self.phase[row:row + 1].fill_(phase)
         self.kind[row:row + 1].fill_(kind)
         self.first[row:row + 1].fill_(True)
@@ -77,6 +85,19 @@ class StepState:
             self.seed[row:row + 1].random_(0, 2 ** 31)    # repeats it), no host sync
         # (on the CPU, sampling rows draw with their torch.Generator: the seed is unused)
         self.generators[row] = generator
+
+    def prefill_eager(self, row: int, start: int, prompt: list[int], offset: int = 0
+                      ) -> torch.Tensor:
+        """A prompt of any length through the eager backend's prefill of the step program
+        (unpadded, not graphed): the runtime's long-prompt prefill for families without
+        their own. Returns the last token's hidden state."""
+        dev = self.hidden.device
+        ids = torch.tensor(prompt, device=dev)
+        x = torch.nn.functional.embedding(ids, self.w[dict(self.program.feedback.weights)["wte"]])
+        pos = start + torch.arange(len(prompt), device=dev)
+        r = torch.tensor([row], device=dev)
+        off = torch.tensor([offset], device=dev)
+        return self.eager.prefill(x, r, pos, off)[-1]
 
 
 def use_fused(fused: str, device, dtype) -> bool:
@@ -101,7 +122,7 @@ def _lm_logits(st: StepState, b: int) -> torch.Tensor:
     logits = st.backend.head_logits("lm", st.hidden[:b])
     aid = st.spec.answer_id
     if aid is not None:  # text rows after their first pick never pick the answer marker again
-        mask = (st.phase[:b] == 0) & ~st.first[:b]
+        mask = (st.phase[:b] == st.spec.answer_phase) & ~st.first[:b]
         col = logits[:, aid]
         logits[:, aid] = torch.where(mask, torch.full_like(col, float("-inf")), col)
     return logits

@@ -1,6 +1,7 @@
-"""FastEngine: the GPU fast path behind the same engine API as the reference model.
+"""FastEngine: the GPU fast path behind the same engine API as the reference model, for any
+model family that provides the runtime's plugin view (model.fast_family(): fast_family.py).
 
-    from photon_core.moondream import load_model
+    from photon_core import load_model
     from photon_core.fast import FastEngine
     engine = FastEngine(load_model(path, device="cuda", dtype="bf16"))   # warms up + captures
     enc = engine.encode_image(frame)
@@ -9,8 +10,9 @@
     while any(engine.step_batch(runs)): ...
     engine.metrics()   # GPU idle per step, step times, host launch/commit times, graphs
 
-encode_image is the reference model's (vision + image-prefix prefill). start() prefills the
-prompt into a free row of the static KV cache. step_batch() runs one pipelined step over the
+encode_image is the family's fast encoder (Moondream 2: graphed_encoder.py) or the reference
+model's (vision + image-prefix prefill). start() prefills the prompt into a free row of the
+state cache. step_batch() runs one pipelined step over the
 given runs (pipelined_decoder.py). On the CPU the identical pipeline runs without graphs.
 """
 from __future__ import annotations
@@ -27,10 +29,9 @@ from ..task import Task, TaskResult
 from .cuda_graph_runner import CudaGraphRunner
 from .decode_step import StepState
 from .detokenizer_thread import DetokenizerThread
+from .fast_family import fast_family
 from .fast_run import FastRun
 from .gpu_idle import GpuIdleMeter
-from .graphed_batch_encoder import GraphedBatchEncoder
-from .graphed_encoder import GraphedEncoder
 from .graphed_prefill import GraphedPrefill
 from .pingpong_slots import PingPongSlots
 from .pipelined_decoder import PipelinedDecoder
@@ -72,32 +73,33 @@ class FastEngine:
         max_batch, kv_capacity = options.max_batch, options.kv_capacity
         deterministic = options.deterministic
         self.model = model
-        cfg = model.config.text
-        dev = model.device
+        self.family = fam = fast_family(model)       # the family's runtime view
+        dev = torch.device(fam.device)
         self.cuda = dev.type == "cuda"
         if kv_capacity is None:
-            kv_capacity = min(cfg.max_context, DEFAULT_GPU_KV_CAPACITY) if self.cuda \
-                else cfg.max_context
+            kv_capacity = min(fam.max_context, DEFAULT_GPU_KV_CAPACITY) if self.cuda \
+                else fam.max_context
         # the state the family's step program declares (k/v rows, recurrent rows)
-        self.kv = StaticKVCache.for_program(model.step_spec().program, max_batch, kv_capacity,
-                                            dev, model.dtype)
+        self.kv = StaticKVCache.for_program(fam.spec.program, max_batch, kv_capacity, dev,
+                                            fam.dtype)
         # deterministic: the same inputs give the same bits on every run (no split-K atomics
         # in the fused GEMVs; a few % slower per step, docs/benchmarks.md)
         self.deterministic = deterministic
-        self.state = StepState(model, max_batch, self.kv, options)
+        self.state = StepState(fam, max_batch, self.kv, options)
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         self.runner = CudaGraphRunner(self.state, max_batch, self.use_graphs)
         self.prefill = GraphedPrefill(self.state, self.use_graphs) if graphed_prefill else None
         # default: graphs for the encoder where graphs are used; the CPU keeps the reference's
         if graphed_encoder is None:
             graphed_encoder = self.use_graphs
-        self.encoder = GraphedEncoder(model, self.use_graphs) if graphed_encoder else None
-        # encode_batch (and encode_image unless encoder="reference"): graphed_batch_encoder.py
+        self.encoder = fam.make_encoder(self.use_graphs) if graphed_encoder else None
+        # encode_batch (and encode_image unless encoder="reference"): the family's batched
+        # encoder where it has one (Moondream 2: graphed_batch_encoder.py)
         self.fast_encode = options.encoder == "fast" or (options.encoder == "auto"
                                                          and self.cuda)
-        self.batch_encoder = GraphedBatchEncoder(
-            model, self.use_graphs and graphed_encoder, fast=self.fast_encode,
-            max_frames=max_batch, default_crops=options.crops)
+        self.batch_encoder = fam.make_batch_encoder(
+            self.use_graphs and graphed_encoder, fast=self.fast_encode, max_frames=max_batch,
+            default_crops=options.crops)
         self.slots = PingPongSlots(max_batch, dev)
         self.rows = RowRefcount(max_batch)
         self.idle = GpuIdleMeter(dev)
@@ -152,6 +154,11 @@ class FastEngine:
         return self.model.tokenizer
 
     @property
+    def stats(self):
+        """The family's counters (e.g. grounding parse errors), where it keeps them."""
+        return getattr(self.model, "stats", None)
+
+    @property
     def pipelined(self) -> bool:
         return self.decoder.pipelined
 
@@ -168,46 +175,56 @@ class FastEngine:
                 self.prefill.capture()
 
     def encode_image(self, image, crops: str | None = None):
-        """-> EncodedImage. image: an image or an EncodeRequest (its crop mode); crops:
-        "overlap" | "global" (None: the request's, else EngineOptions.crops).
-        encoder "fast" (default on CUDA): graphed_batch_encoder.py with one frame (the fused
-        forms, one graph per layout); encoder "reference": graphed_encoder.py on the GPU (the
-        reference's functions in one graph per tiling, bit-identical), else the reference
-        model's encode_image."""
+        """-> the family's encoded image. image: an image or an EncodeRequest (its crop mode);
+        crops: "overlap" | "global" (None: the request's, else EngineOptions.crops).
+        With the family's batched encoder (Moondream 2) and encoder "fast" (default on CUDA):
+        graphed_batch_encoder.py with one frame (the fused forms, one graph per layout);
+        encoder "reference": the family's fast encoder (Moondream 2 on the GPU:
+        graphed_encoder.py, the reference's functions in one graph per tiling, bit-identical),
+        else the reference model's encode_image."""
         if isinstance(image, PrefixState):
             return image
         image, mode = unwrap(image, crops, self.options.crops)
-        if self.fast_encode or (mode != "overlap" and self.encoder is not None):
+        if self.batch_encoder is not None and (
+                self.fast_encode or (mode != "overlap" and self.encoder is not None)):
             with self._compute_stream_ctx():
                 return self.batch_encoder.encode(image, mode)
+        if mode != "overlap" and self.batch_encoder is None:
+            raise ValueError(f"crops={mode!r}: this model family encodes whole images only "
+                             "(crops='overlap')")
         if self.encoder is not None:
             with self._compute_stream_ctx():
                 return self.encoder.encode(image)
-        return self.model.encode_image(image, crops=mode)
+        return self.family.encode_image(image, crops=mode) if self.batch_encoder is not None \
+            else self.family.encode_image(image)
 
     def encode_batch(self, images, crops: str | None = None) -> list:
         """Several frames (images or EncodeRequests) in one vision pass and one batched
-        image-prefix prefill: one EncodedImage each, in order, each usable like
+        image-prefix prefill: one encoded image each, in order, each usable like
         encode_image's (graphed_batch_encoder.py: one CUDA graph per frames' layout, a
-        bounded number; the scheduler calls this for frames admitted together)."""
+        bounded number; the scheduler calls this for frames admitted together). A family
+        without a batched encoder encodes them one by one."""
+        if self.batch_encoder is None:
+            return [self.encode_image(i, crops) for i in images]
         with self._compute_stream_ctx():
             return self.batch_encoder.encode_batch(list(images), crops)
 
     def prepare_encode(self, shapes=((480, 640),), batch_sizes=(1, 2, 4, 8),
                        crops=("overlap",)) -> int:
         """Capture the encode graphs of frames of these shapes / crop modes / batch sizes now
-        (graphed_batch_encoder.prepare), e.g. at activation; returns the graphs captured."""
+        (graphed_batch_encoder.prepare), e.g. at activation; returns the graphs captured
+        (0 for a family without a batched encoder)."""
+        if self.batch_encoder is None:
+            return 0
         with self._compute_stream_ctx():
             return self.batch_encoder.prepare(shapes, batch_sizes, crops)
 
     def count_prompt_tokens(self, task: Task) -> int:
-        return len(self.model.tokenizer.prompt(task.skill, task.target))
+        return self.family.count_prompt_tokens(task)
 
     def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
               ignore_eos: bool = False) -> FastRun:
-        enc = self.encode_image(enc)
-        if enc.kv.shape[0] != self.model.config.text.n_layers or enc.kv.dtype != self.model.dtype:
-            raise ValueError("this EncodedImage was made by a different model")
+        enc = self.encode_image(enc)       # an encoded image is returned as is
         return FastRun(self, enc, task, stream, ignore_eos)
 
     def step_batch(self, runs) -> list[bool]:
@@ -260,6 +277,8 @@ class FastEngine:
         d["host_commit_ms_mean"] = sum(cm) / len(cm) if cm else None
         d["graphs"] = len(self.runner.graphs) + (len(self.prefill.graphs) if self.prefill else 0)
         d["graph_capture_ms"] = self.runner.capture_ms
+        if self.prefill is not None and self.prefill.capture_errors:
+            d["prefill_capture_errors"] = dict(self.prefill.capture_errors)
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined
         d["deterministic"] = self.deterministic

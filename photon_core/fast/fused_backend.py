@@ -14,6 +14,9 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
                  when they are one contiguous K range (the weights concatenated along K, the
                  biases summed); else one GEMV per source
   act_mul     -> the op's torch reference (no kernel yet)
+  norm "rms_zc", gated_norm, gated_attention, conv1d, delta_rule (the hybrid ops of Qwen 3.5)
+              -> their torch references over the backend's buffers (state_ops.py), until
+                 their kernels (ops/*: batched over rows) are wired in here
 Around the blocks: feedback (ops/feedback_embedding.py, or the token embedding), the row
 advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked argmax.
 
@@ -30,13 +33,15 @@ import torch.nn.functional as F
 
 from ..ops import GEMV_MAX_ROWS
 from ..ops.decode_attention import AttentionScratch, decode_attention, prefill_attention_reference
-from ..ops.feedback_embedding import FeedbackWeights, feedback_embedding
+from ..ops.eager import gated_norm_reference, norm_reference
+from ..ops.feedback_embedding import feedback_embedding
 from ..ops.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
 from ..ops.layernorm import layer_norm, rms_norm
 from ..ops.masked_argmax import masked_argmax
 from ..ops.rope import rope_angles
 from ..ops.row_advance import row_advance
-from .eager_backend import ACTS, prefill_mask
+from . import state_ops
+from .eager_backend import ACTS, feedback_weights, prefill_mask
 from ..program import Op
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
@@ -63,11 +68,10 @@ class FusedBackend:
                      for name, _ in p.buffers}
         self.scratch = AttentionScratch(rows, a.n_heads, a.head_dim, kv.capacity, attn_chunk,
                                         dev)
-        fb = p.feedback
-        self.feedback = (FeedbackWeights(weights, spec.tables["coord"], spec.tables["size"],
-                                         dict(fb.weights))
-                         if fb.kind == "moondream_region" else
-                         weights[dict(fb.weights)["wte"]])
+        self.feedback = feedback_weights(spec, weights)
+        self.hybrid = state_ops.uses_state_ops(p)
+        self.plain_attention = any(op.kind == "attention" for op in p.ops)
+        self.row_ids = torch.arange(rows, device=dev)
         self.lowered = [self._lower(op) for op in p.ops]
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
 
@@ -100,6 +104,18 @@ class FusedBackend:
 
     def _lower(self, op: Op):
         k = op.kind
+        if k == "norm" and op.norm not in ("layer", "rms"):        # no kernel yet
+            src, dst = op.src[0], op.dst[0]
+            return lambda b, env: self._view(dst, b).copy_(
+                norm_reference(op, self._src(src, env, b), self.w))
+        if k == "gated_norm":
+            (o, z), dst = op.src, op.dst[0]
+            return lambda b, env: self._view(dst, b).copy_(
+                gated_norm_reference(op, self._view(o, b), self._view(z, b), self.w))
+        if k in state_ops.KINDS:
+            srcs, dst = op.src, op.dst[0]
+            return lambda b, env: self._view(dst, b).copy_(
+                env["stateful"][k](op, [self._src(s, env, b) for s in srcs]))
         if k == "norm":
             wt, bias = self._weight(op.weights[0])
             wt = wt.contiguous()
@@ -194,29 +210,37 @@ class FusedBackend:
         return run
 
     # -- a decode step ------------------------------------------------------------------
-    def decoder(self, pos: torch.Tensor, b: int) -> torch.Tensor:
+    def decoder(self, pos: torch.Tensor, b: int, offset: torch.Tensor | None = None,
+                active: torch.Tensor | None = None, attn_len: int | None = None
+                ) -> torch.Tensor:
         """self.x[:b] (the rows' input embeddings, fp32) at positions pos [b] through the
-        program (k/v into the state cache); returns the fp32 residual stream [b, dim]."""
+        program (k/v into the state cache; hybrid ops: rotary at pos + offset, row states of
+        the active rows); returns the fp32 residual stream [b, dim]."""
         a, kv = self.program.attention, self.kv
 
         def attend(slot, qkv, out):
             decode_attention(qkv, pos, self.cos, self.sin, kv.data[slot, 0], kv.data[slot, 1],
                              out, self.scratch, a.n_heads, a.n_kv_heads, a.head_dim)
         env = {"attend": attend}
+        if self.hybrid:
+            env["stateful"] = state_ops.decode_ops(
+                self.program, self.w, kv, self.row_ids[:b], pos,
+                offset if offset is not None else torch.zeros_like(pos), active,
+                attn_len or kv.capacity)
         for f in self.lowered:
             f(b, env)
         return self.x[:b]
 
     def feed(self, st, b: int) -> None:
         """GPU-resident feedback: each row's next input embedding into the residual x."""
-        if self.program.feedback.kind == "moondream_region":
+        if self.program.feedback.kind == "region":
             feedback_embedding(self.feedback, st.out[:b], st.phase[:b], self.x[:b])
         else:
             self.x[:b].copy_(F.embedding(st.out[:b, 0], self.feedback))
 
     def forward(self, st, b: int, attn_len: int) -> None:
         self.feed(st, b)
-        self.decoder(st.pos[:b], b)
+        self.decoder(st.pos[:b], b, st.pos_offset[:b], st.active[:b], attn_len)
         row_advance(self.x[:b], st.hidden[:b], st.active[:b], st.pos[:b], st.phase[:b],
                     st.kind[:b], st.first[:b], st.phase_next)
 
@@ -233,28 +257,36 @@ class FusedBackend:
     def head_pick(self, name: str, st, b: int) -> None:
         h = self.program.head(name)
         logits = self.head_logits(name, st.hidden[:b])
-        if h.mask_answer:
+        if h.mask_answer and self.spec.answer_id is not None:
             masked_argmax(logits, st.out, h.col, mask_col=self.spec.answer_id,
-                          phase=st.phase[:b], first=st.first[:b])
+                          phase=st.phase[:b], first=st.first[:b],
+                          mask_phase=self.spec.answer_phase)
         else:
             masked_argmax(logits, st.out, h.col, segments=h.segments)
 
     # -- a prompt prefill (T <= GEMV_MAX_ROWS tokens) into one row --------------------------
-    def prefill(self, x: torch.Tensor, row: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def prefill(self, x: torch.Tensor, row: torch.Tensor, pos: torch.Tensor, offset=None,
+                n_valid: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, dim] at positions pos [T] of row `row`: the GEMVs over the T token rows,
-        attention with the op's torch reference; returns the fp32 residual [T, dim]."""
+        attention with the op's torch reference; returns the fp32 residual [T, dim]
+        (offset, n_valid: as the eager backend's prefill)."""
         a, kv = self.program.attention, self.kv
         T = x.shape[0]
-        cos, sin = rope_angles(pos, a.rot_dim, a.theta)
-        pos_w = pos.clamp(max=kv.capacity - 1)
-        mask_add = prefill_mask(pos, self.key_ids)
+        env = {}
+        if self.plain_attention:
+            cos, sin = rope_angles(pos, a.rot_dim, a.theta)
+            pos_w = pos.clamp(max=kv.capacity - 1)
+            mask_add = prefill_mask(pos, self.key_ids)
 
-        def attend(slot, qkv, out):
-            out.copy_(prefill_attention_reference(qkv, row, pos_w, kv.data[slot, 0],
-                                                  kv.data[slot, 1], cos, sin, mask_add,
-                                                  a.n_heads, a.n_kv_heads, a.head_dim))
+            def attend(slot, qkv, out):
+                out.copy_(prefill_attention_reference(qkv, row, pos_w, kv.data[slot, 0],
+                                                      kv.data[slot, 1], cos, sin, mask_add,
+                                                      a.n_heads, a.n_kv_heads, a.head_dim))
+            env["attend"] = attend
+        if self.hybrid:
+            env["stateful"] = state_ops.prefill_ops(self.program, self.w, kv, row, pos,
+                                                    0 if offset is None else offset, n_valid)
         self.x[:T].copy_(x)
-        env = {"attend": attend}
         for f in self.lowered:
             f(T, env)
         return self.x[:T]

@@ -5,12 +5,14 @@ launches (~600 of them, ~19 ms on the H200 for 8 tokens). Here the prompt is pad
 bucket and run through a static-shape decoder over the row of the static KV cache:
 
   inputs (one device tensor, filled by ONE pinned async copy): row, start (= the image prefix
-  length), real length, token ids padded with 0.
+  length), real length, rotary position offset (PrefixState.position_offset), token ids
+  padded with 0.
   positions start .. start+T-1; causal mask over the whole capacity (key <= query position);
   k/v written at (row, position); the hidden state of the last REAL token is the output.
 
 Padding tokens sit after the real ones, so causality keeps them out of every real token's
-result; their k/v land on positions that decode steps overwrite before anyone reads them.
+result; their k/v land on positions that decode steps overwrite before anyone reads them;
+recurrent row states (hybrid programs) take only the real tokens (the backends' n_valid).
 Prompts longer than the largest bucket use the eager reference prefill. On the CPU the same
 code runs eagerly (tests compare it with the reference).
 
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import GEMV_MAX_ROWS
+from . import state_ops
 
 BUCKETS = (8, 16, 32, 64, 128)
 FUSED_MAX_T = GEMV_MAX_ROWS   # prompt tokens the fused GEMV takes in one pass
@@ -39,7 +42,7 @@ class GraphedPrefill:
         self.buckets = tuple(b for b in BUCKETS if b < cap)
         tmax = self.buckets[-1]
         dev = st.hidden.device
-        self.meta = torch.zeros(3 + tmax, dtype=torch.long, device=dev)
+        self.meta = torch.zeros(4 + tmax, dtype=torch.long, device=dev)
         self.hidden_out = torch.zeros(st.program.dim, device=dev, dtype=st.hidden.dtype)
         self.token_ids = torch.arange(tmax, device=dev)
         self.wte = st.w[dict(st.program.feedback.weights)["wte"]]
@@ -48,6 +51,8 @@ class GraphedPrefill:
         # free between decode steps, all on one stream) for buckets <= FUSED_MAX_T
         self.fused = st.fused
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
+        self.hybrid = state_ops.uses_state_ops(st.program)
+        self.capture_errors: dict[int, str] = {}   # bucket -> why it runs eagerly (hybrid)
 
     def bucket(self, length: int) -> int | None:
         for b in self.buckets:
@@ -57,11 +62,12 @@ class GraphedPrefill:
 
     def _run(self, T: int) -> None:
         row, start, length = self.meta[0:1], self.meta[1:2], self.meta[2:3]
-        x = F.embedding(self.meta[3:3 + T], self.wte)                     # [T, dim]
+        offset = self.meta[3:4]
+        x = F.embedding(self.meta[4:4 + T], self.wte)                     # [T, dim]
         pos = start + self.token_ids[:T]
         backend = self.fused if self.fused is not None and T <= FUSED_MAX_T \
             else self.state.eager
-        last = backend.prefill(x, row, pos)
+        last = backend.prefill(x, row, pos, offset, length)
         self.hidden_out.copy_(last.index_select(0, length - 1)[0])
 
     def capture(self) -> None:
@@ -83,16 +89,24 @@ class GraphedPrefill:
         with torch.inference_mode():
             for T in self.buckets:
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=self.capture_stream):
-                    self._run(T)
+                try:
+                    with torch.cuda.graph(g, pool=pool, stream=self.capture_stream):
+                        self._run(T)
+                except RuntimeError as e:
+                    # a hybrid program's prefill (the chunked delta rule's triangular
+                    # solve) may not be capturable: that bucket runs eagerly, said here
+                    if not self.hybrid:
+                        raise
+                    self.capture_errors[T] = str(e).splitlines()[0] if str(e) else repr(e)
+                    continue
                 self.graphs[T] = g
         torch.cuda.synchronize()
 
-    def run(self, row: int, start: int, prompt: list[int]) -> torch.Tensor:
-        """Prefill `prompt` at positions start.. of `row`; returns the last hidden state
-        (a static buffer: copy it before the next prefill)."""
+    def run(self, row: int, start: int, prompt: list[int], offset: int = 0) -> torch.Tensor:
+        """Prefill `prompt` at positions start.. of `row` (rotary positions + offset); returns
+        the last hidden state (a static buffer: copy it before the next prefill)."""
         T = self.bucket(len(prompt))
-        meta = torch.tensor([row, start, len(prompt)] + list(prompt), dtype=torch.long)
+        meta = torch.tensor([row, start, len(prompt), offset] + list(prompt), dtype=torch.long)
         if self.meta.is_cuda:
             meta = meta.pin_memory()
         self.meta[:meta.numel()].copy_(meta, non_blocking=True)

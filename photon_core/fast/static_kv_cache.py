@@ -1,6 +1,7 @@
 """Static, preallocated state cache shared by the batch slots (rows) of the fast path: the
-attention layers' k/v, and a fixed-size row per recurrent layer (the program's LayerState
-"recurrent", e.g. Gated DeltaNet; none for Moondream 2).
+attention layers' k/v, and a fixed-size row per declared row state (the program's LayerState
+"recurrent" / "conv", e.g. Gated DeltaNet's fp32 delta-rule state and its conv inputs; none
+for Moondream 2).
 
 One tensor [n_layers, 2, rows, n_kv_heads, capacity, head_dim], allocated once when the
 engine is built. A task owns one row from start() until its last in-flight step is
@@ -13,27 +14,31 @@ from __future__ import annotations
 
 import torch
 
-from ..models.moondream2.kv_cache import KVCache
-
 
 class StaticKVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, rows: int, capacity: int,
-                 head_dim: int, device, dtype, recurrent_shapes: tuple = ()):
-        """n_layers: attention layers; recurrent_shapes: per recurrent layer, the shape of
-        its state (one row each), in the program's order."""
+                 head_dim: int, device, dtype, recurrent_shapes: tuple = (),
+                 recurrent_dtypes: tuple = (), recurrent_keys: tuple = ()):
+        """n_layers: attention layers; recurrent_shapes: per row state (recurrent / conv), the
+        shape of its state (one row each), in the program's order; recurrent_dtypes: their
+        dtypes (default the cache's); recurrent_keys: their (kind, layer)."""
         self.data = torch.zeros(n_layers, 2, rows, n_kv_heads, capacity, head_dim,
                                 device=device, dtype=dtype)
-        self.recurrent = [torch.zeros(rows, *shape, device=device, dtype=dtype)
-                          for shape in recurrent_shapes]
+        dts = tuple(recurrent_dtypes) or (None,) * len(recurrent_shapes)
+        self.recurrent = [torch.zeros(rows, *shape, device=device, dtype=dt or dtype)
+                          for shape, dt in zip(recurrent_shapes, dts)]
+        # (kind, layer) -> the row-state tensor [rows, *shape]
+        self.states = dict(zip(recurrent_keys, self.recurrent))
         self.rows, self.capacity = rows, capacity
 
     @classmethod
     def for_program(cls, program, rows: int, capacity: int, device, dtype) -> "StaticKVCache":
         """The cache a step program's declared state needs (photon_core.program.LayerState)."""
         a = program.attention
-        rec = tuple(s.shape for s in program.state if s.kind == "recurrent")
+        rs = program.row_states
+        dts = tuple(torch.float32 if s.dtype == "fp32" else None for s in rs)
         return cls(len(program.kv_layers), a.n_kv_heads, rows, capacity, a.head_dim, device,
-                   dtype, rec)
+                   dtype, tuple(s.shape for s in rs), dts, tuple((s.kind, s.layer) for s in rs))
 
     def load_prefix(self, row: int, prefix) -> int:
         """Copy a PrefixState (photon_core.engine) into a row: its k/v at positions [0, T) of
@@ -56,13 +61,10 @@ class StaticKVCache:
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
-    def row_cache(self, row: int) -> KVCache:
-        """A reference-path KVCache whose storage is a view of one row: the prefill runs the
-        reference decoder (text.decoder) unchanged and writes straight into the static cache."""
-        view = KVCache.__new__(KVCache)
-        view.data = self.data[:, :, row:row + 1]
-        view.length = 0
-        return view
+    def row_view(self, row: int) -> torch.Tensor:
+        """The k/v of one row, [n_layers, 2, 1, Hkv, capacity, D] (a view: a family's
+        reference prefill can write straight into the static cache)."""
+        return self.data[:, :, row:row + 1]
 
     def write_step(self, layer: int, rows: torch.Tensor, pos: torch.Tensor,
                    k: torch.Tensor, v: torch.Tensor) -> None:

@@ -3,10 +3,11 @@ step just sampled, chosen by the row's phase (decode_step.feedback_embedding in 
 kernels that compute all three candidates and pick one; here each row computes only its own).
 
 grid (rows, dim / BLOCK_D); per row, read `out` [rows, 4] (token, coordinate bin, width bin,
-height bin) and `phase`:
-  text (0):  wte[token]
-  x, y (1, 2): coord_encoder(fourier(coord_table[bin]))       coord_features [1, CF]
-  size (3):  size_encoder(fourier([size_table[w], size_table[h]]))   size_features [2, SF]
+height bin) and `phase` (the phase numbers are the family's, FeedbackWeights.token_phase /
+size_phase; Moondream 2's: text 0, x 1, y 2, size 3):
+  token phase:  wte[token]
+  size phase:   size_encoder(fourier([size_table[w], size_table[h]]))   size_features [2, SF]
+  any other:    coord_encoder(fourier(coord_table[bin]))       coord_features [1, CF]
 fourier(v) = [cos(2 pi v @ F), sin(2 pi v @ F)]: each intermediate (2 pi v, v @ F, cos, sin,
 the encoder output) is rounded to the model dtype like the torch ops of the reference
 (region.fourier, then a Linear), the dot products accumulate in fp32. The embedding is written
@@ -53,15 +54,16 @@ def _encode(v_w, v_h, feat_ptr, w_ptr, b_ptr, offs, dmask,
 def _feedback_kernel(out_ptr, phase_ptr, wte_ptr, ctab_ptr, stab_ptr,
                      cfeat_ptr, cw_ptr, cb_ptr, sfeat_ptr, sw_ptr, sb_ptr, x_ptr,
                      D, stride_x, CF: tl.constexpr, SF: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+                     BLOCK_D: tl.constexpr, TOKEN_PHASE: tl.constexpr = 0,
+                     SIZE_PHASE: tl.constexpr = 3):
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = offs < D
     phase = tl.load(phase_ptr + row)
-    if phase == 0:
+    if phase == TOKEN_PHASE:
         tok = tl.load(out_ptr + row * 4)
         e = tl.load(wte_ptr + tok * D + offs, mask=dmask, other=0.0).to(tl.float32)
-    elif phase == 3:
+    elif phase == SIZE_PHASE:
         vw = tl.load(stab_ptr + tl.load(out_ptr + row * 4 + 2)).to(tl.float32)
         vh = tl.load(stab_ptr + tl.load(out_ptr + row * 4 + 3)).to(tl.float32)
         e = _encode(vw, vh, sfeat_ptr, sw_ptr, sb_ptr, offs, dmask, SF, True)
@@ -81,10 +83,12 @@ class FeedbackWeights:
     """The tensors the kernel reads, contiguous, gathered once."""
 
     def __init__(self, w, coord_table: torch.Tensor, size_table: torch.Tensor,
-                 names: dict | None = None):
+                 names: dict | None = None, token_phase: int = 0, size_phase: int = 3):
         """w: the checkpoint's tensors by name; names: role -> tensor name prefix (wte,
-        coord_features, coord_encoder, size_features, size_encoder), Moondream's by default."""
+        coord_features, coord_encoder, size_features, size_encoder), Moondream's by default;
+        token_phase / size_phase: the phases feeding back a token / a size (the family's)."""
         n = dict(DEFAULT_NAMES, **(names or {}))
+        self.token_phase, self.size_phase = token_phase, size_phase
         self.wte = w[n["wte"]].contiguous()
         self.coord_table, self.size_table = coord_table, size_table
         self.cfeat = w[n["coord_features"]].contiguous()
@@ -106,7 +110,8 @@ def feedback_embedding(fw: FeedbackWeights, out: torch.Tensor, phase: torch.Tens
     assert out.is_contiguous() and out.shape[1] == 4 and x.stride(1) == 1
     _feedback_kernel[(b, triton.cdiv(d, block_d))](
         out, phase, fw.wte, fw.coord_table, fw.size_table, fw.cfeat, fw.cw, fw.cb, fw.sfeat,
-        fw.sw, fw.sb, x, d, x.stride(0), CF=fw.cf, SF=fw.sf, BLOCK_D=block_d, num_warps=4)
+        fw.sw, fw.sb, x, d, x.stride(0), CF=fw.cf, SF=fw.sf, BLOCK_D=block_d,
+        TOKEN_PHASE=fw.token_phase, SIZE_PHASE=fw.size_phase, num_warps=4)
     return x
 
 
@@ -118,15 +123,15 @@ def _fourier(v: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 def feedback_embedding_reference(fw: FeedbackWeights, out: torch.Tensor,
                                  phase: torch.Tensor) -> torch.Tensor:
-    """out [b, 4] int64, phase [b] -> [b, dim] in the model dtype: by phase (0 text, 3 size,
-    else a coordinate) the token embedding or the encoder of the value sampled."""
+    """out [b, 4] int64, phase [b] -> [b, dim] in the model dtype: by phase (fw.token_phase,
+    fw.size_phase, else a coordinate) the token embedding or the encoder of the value sampled."""
     tok = F.embedding(out[:, 0], fw.wte)
     c = fw.coord_table[out[:, 1]][:, None]
     c_emb = F.linear(_fourier(c, fw.cfeat), fw.cw, fw.cb)
     s = fw.size_table[out[:, 2:4]]
     s_emb = F.linear(_fourier(s, fw.sfeat), fw.sw, fw.sb)
     ph = phase[:, None]
-    return torch.where(ph == 0, tok, torch.where(ph == 3, s_emb, c_emb))
+    return torch.where(ph == fw.token_phase, tok, torch.where(ph == fw.size_phase, s_emb, c_emb))
 
 
 def token_embedding_reference(wte: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """The plugin boundary: a second, toy model family defined only in this test - a 2-layer
 Llama-style decoder (RMSNorm, fused qkv without bias, full rotary, GQA, SwiGLU MLP, untied lm
 head) with a text-only skill - runs through the runtime's eager and fused backends (state
-cache rows, prompt prefill, graph-runner pieces, feedback, row advance), nothing in
-photon_core changed for it, and matches its own reference: greedy tokens, and the hidden
-states to fp32 rounding."""
+cache rows, prompt prefill, graph-runner pieces, feedback, row advance) and through
+FastEngine itself (its FastFamily view: prefix state, prompts, TextTask protocol; pipelined
+decoding, batches, zombies, the long-prompt prefill), nothing in photon_core changed for it,
+and matches its own reference: greedy tokens, and the hidden states to fp32 rounding."""
 from __future__ import annotations
 
 import os
@@ -79,15 +80,67 @@ def toy_program() -> Program:
         feedback=Feedback("token", (("wte", "tok.wte"),)), vocab=VOCAB)
 
 
+STOP, MAX_CONTEXT = 12, 200   # STOP: a token the seed-0 toy picks mid-answer for some prompts
+
+
+class ToyFamily:
+    """The toy family's runtime view (photon_core/fast/fast_family.py: FastFamily): its step
+    program (one phase: text, which feeds back its token), prompts (one token per
+    character), the prefix state of an "image" (a list of prefix token ids) and the
+    TextTask protocol."""
+
+    def __init__(self, model):
+        self.model, self.weights = model, model.weights
+        self.spec = StepSpec(toy_program(), phase_next=((0,),), answer_id=None)
+        self.device, self.dtype = self.weights.device, self.weights.dtype
+        self.max_context = MAX_CONTEXT
+        self.make_encoder = lambda use_graphs: None
+        self.make_batch_encoder = lambda *a, **k: None    # whole images, one by one
+        self.encode_image = model.encode_image
+
+    def prefix(self, enc):
+        if enc.model_id != self.model.model_id:
+            raise ValueError("this prefix was made by a different model")
+        return enc
+
+    def prompt(self, task, enc) -> list[int]:
+        return toy_prompt(task)
+
+    def count_prompt_tokens(self, task) -> int:
+        return len(toy_prompt(task))
+
+    def task_protocol(self, task, ignore_eos, room):
+        from photon_core.fast.fast_family import TextTask
+        return TextTask(task, (STOP,), task.max_tokens, ignore_eos)
+
+    def decode(self, ids) -> str:
+        return "".join(chr(65 + i % 26) for i in ids)
+
+    def prefill_long(self, kv, row, start, prompt, enc):
+        return None                      # the runtime's generic (eager backend) prefill
+
+
 class ToyModel:
-    """What the runtime needs of a family's model: weights and its step spec (one phase:
-    text, which feeds back its token)."""
+    """The toy family's reference engine, as far as the runtime needs it."""
+    model_id = "toy"
 
     def __init__(self, weights):
         self.weights = weights
 
-    def step_spec(self) -> StepSpec:
-        return StepSpec(toy_program(), phase_next=((0,),), answer_id=None)
+    def fast_family(self) -> ToyFamily:
+        return ToyFamily(self)
+
+    def encode_image(self, image):
+        """image: the prefix token ids -> PrefixState (their k/v, by the reference)."""
+        from photon_core.engine import PrefixState
+        if isinstance(image, PrefixState):
+            return image
+        _, kv = reference_hidden(self.weights, list(image), return_kv=True)
+        return PrefixState(model_id=self.model_id, kv=kv)
+
+
+def toy_prompt(task) -> list[int]:
+    return [ord(c) % VOCAB for c in task.question]
 
 
 # -- the family's own reference: plain eager torch over the whole sequence -------------------
@@ -96,11 +149,13 @@ def rms(x, w):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(w.dtype)
 
 
-def reference_hidden(w, ids: list[int]) -> torch.Tensor:
-    """Last-layer hidden states [T, DIM] of the token sequence (no cache, causal)."""
+def reference_hidden(w, ids: list[int], return_kv: bool = False):
+    """Last-layer hidden states [T, DIM] of the token sequence (no cache, causal); with
+    return_kv also the k/v of every layer [LAYERS, 2, 1, NKV, T, HD]."""
     T = len(ids)
     x = F.embedding(torch.tensor(ids), w["tok.wte"])
     cos, sin = rope_angles(torch.arange(T), HD)
+    kvs = []
     for i in range(LAYERS):
         p = f"l.{i}"
         qkv = F.linear(rms(x, w[p + ".ln1.weight"]), w[p + ".attn.qkv.weight"])
@@ -108,12 +163,13 @@ def reference_hidden(w, ids: list[int]) -> torch.Tensor:
         q = apply_rope(q.view(T, NH, HD).transpose(0, 1)[None], cos, sin)
         k = apply_rope(k.view(T, NKV, HD).transpose(0, 1)[None], cos, sin)
         v = v.view(T, NKV, HD).transpose(0, 1)[None]
+        kvs.append(torch.stack([k, v]))
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + F.linear(a[0].transpose(0, 1).reshape(T, NH * HD), w[p + ".attn.o.weight"])
         h = rms(x, w[p + ".ln2.weight"])
         m = F.silu(F.linear(h, w[p + ".mlp.gate.weight"])) * F.linear(h, w[p + ".mlp.up.weight"])
         x = x + F.linear(m, w[p + ".mlp.down.weight"])
-    return x
+    return (x, torch.stack(kvs)) if return_kv else x
 
 
 def reference_generate(w, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
@@ -192,3 +248,59 @@ def test_state_cache_holds_what_the_program_declares():
     with pytest.raises(ValueError, match="does not fit"):
         cache.load_prefix(0, PrefixState(model_id="toy", kv=torch.zeros(2, 2, 1, NKV, 41, HD),
                                          recurrent=rec))
+
+
+# -- the toy family through FastEngine itself ---------------------------------------------------
+def reference_run(w, prefix: list[int], task) -> tuple[str, int, str]:
+    """The toy's reference task loop: greedy tokens after prefix + prompt; STOP ends it
+    ("stop"), max_tokens ends it ("length") -> (answer, tokens, finish_reason)."""
+    ids, out = list(prefix) + toy_prompt(task), []
+    while True:
+        h = reference_hidden(w, ids)[-1]
+        tok = int(F.linear(rms(h, w["final.weight"]), w["lm_head.weight"]).argmax())
+        if tok == STOP:
+            reason = "stop"
+            break
+        out.append(tok)
+        if len(out) >= task.max_tokens:
+            reason = "length"
+            break
+        ids.append(tok)
+    return "".join(chr(65 + i % 26) for i in out), len(out), reason
+
+
+FAST_TASKS = ["abc", "hello there", "what is it", "zz", "a" * 150]   # the last: > 128 tokens
+
+
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_toy_family_runs_through_fast_engine(fused):
+    from photon_core.fast import FastEngine
+    from photon_core.task import Task
+
+    if fused == "on":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+    w = toy_weights()
+    model = ToyModel(w)
+    prefixes = [[5, 9, 14, 3, 22, 1, 40], [61, 2, 8]]
+    tasks = [Task("query", question=q, max_tokens=n)
+             for q, n in zip(FAST_TASKS, (6, 9, 4, 7, 3))]
+    want = {(p, q.question): reference_run(w, prefixes[p], q) for p in range(2) for q in tasks}
+    assert {r for _, _, r in want.values()} == {"stop", "length"}   # both endings happen
+    fe = FastEngine(model, max_batch=4, fused=fused)
+    assert (fe.state.fused is not None) == (fused == "on")
+    encs = [fe.encode_image(p) for p in prefixes]
+
+    def check(p, task, res):
+        assert (res.output["answer"], res.tokens, res.finish_reason) == want[(p, task.question)]
+    # (interpreted kernels are slow: the fused backend gets a subset)
+    singles = tasks if fused == "off" else [tasks[0], tasks[2], tasks[4]]
+    for p, enc in enumerate(encs if fused == "off" else encs[:1]):   # the pipelined loop
+        for t in singles:
+            check(p, t, fe.run(enc, t))
+    for batch in ((2, 4) if fused == "off" else (2,)):   # mixed lengths in a batch: zombies
+        group = [(k % 2, tasks[(k + batch) % len(tasks)]) for k in range(batch)]
+        for (p, t), res in zip(group, fe.run_batch([(encs[p], t) for p, t in group])):
+            check(p, t, res)
+    fe.close()

@@ -173,6 +173,14 @@ class MoondreamModel:
         from .program import step_spec
         return step_spec(self)
 
+    def fast_family(self):
+        """The runtime's plugin view of this model (photon_core/fast/fast_family.py)."""
+        fam = self.__dict__.get("_fast_family")
+        if fam is None:
+            from .fast_family import MoondreamFast
+            fam = self._fast_family = MoondreamFast(self)
+        return fam
+
     def count_prompt_tokens(self, task: Task) -> int:
         return len(self.tokenizer.prompt(task.skill, task.target))
 

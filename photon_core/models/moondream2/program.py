@@ -21,7 +21,7 @@ from ...program import (AttentionSpec, Feedback, Head, LayerState, Program,
                              ProgramBuilder, StepSpec)
 from . import region
 from .config import MoondreamConfig, TextConfig
-from .skill_protocol import NEXT_PHASE, OUT_COORD, OUT_TOKEN, OUT_W
+from .skill_protocol import FEEDBACK, NEXT_PHASE, OUT_COORD, OUT_TOKEN, OUT_W, PHASE_TEXT
 
 
 def _mlp_head(name: str) -> tuple:
@@ -64,10 +64,11 @@ def step_program(config: MoondreamConfig) -> Program:
         heads=(("lm", Head(lm.build(), "logits", OUT_TOKEN, mask_answer=True)),
                ("coord", Head(_mlp_head("coord"), "logits", OUT_COORD)),
                ("size", Head(_mlp_head("size"), "logits", OUT_W, segments=2))),
-        feedback=Feedback("moondream_region", (
+        feedback=Feedback("region", (
             ("wte", "text.wte"), ("coord_features", "region.coord_features"),
             ("coord_encoder", "region.coord_encoder"), ("size_features", "region.size_features"),
-            ("size_encoder", "region.size_encoder"))),
+            ("size_encoder", "region.size_encoder")),
+            by_phase=tuple(FEEDBACK[p] for p in range(len(NEXT_PHASE)))),
         vocab=t.vocab_size)
 
 
@@ -82,4 +83,5 @@ def step_spec(model) -> StepSpec:
                               dtype=torch.float64).to(device=w.device, dtype=w.dtype),
         "size": torch.tensor([region.bin_to_size(i, sb) for i in range(sb)],
                              dtype=torch.float64).to(device=w.device, dtype=w.dtype)}
-    return StepSpec(step_program(cfg), NEXT_PHASE, cfg.tokenizer.answer_id, tables)
+    return StepSpec(step_program(cfg), NEXT_PHASE, cfg.tokenizer.answer_id, tables,
+                    answer_phase=PHASE_TEXT)

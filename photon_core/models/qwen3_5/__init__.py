@@ -10,7 +10,7 @@ from .model import EncodedImage, Qwen35Model, load_model
 from .test_model import make_test_model
 
 FAMILY = "qwen3.5"
-FAST_PATH = False    # served by its reference engine; the fast path does not serve it yet
+FAST_PATH = True     # photon_core.fast serves it (models/qwen3_5/program.py, fast_family.py)
 SKILLS = frozenset({"query", "caption", "detect", "point"})
 
 __all__ = ["FAMILY", "MODEL_TYPES", "SKILLS", "CheckpointError", "ConfigError", "EncodedImage",

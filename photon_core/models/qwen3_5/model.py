@@ -46,6 +46,11 @@ class EncodedImage:
     model_id: str
     setup_ms: float = 0.0
 
+    @property
+    def n_crops(self) -> int:
+        """Image units the encoder ran (the scheduler's encode cost hint): one frame."""
+        return 1
+
 
 def image_positions(start: int, gh: int, gw: int, device) -> torch.Tensor:
     """M-RoPE positions [3, gh*gw] of the merged image tokens starting at text position start:
@@ -106,6 +111,14 @@ class Qwen35Model:
         return EncodedImage(state=state, prefix_text=text, width=array.shape[1],
                             height=array.shape[0], grid=grid,
                             encode_ms=(time.perf_counter() - t0) * 1e3, model_id=self.model_id)
+
+    def fast_family(self):
+        """The runtime's plugin view of this model (photon_core/fast/fast_family.py)."""
+        fam = self.__dict__.get("_fast_family")
+        if fam is None:
+            from .fast_family import QwenFast
+            fam = self._fast_family = QwenFast(self)
+        return fam
 
     # -- tasks ----------------------------------------------------------------------------
     def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,

@@ -1,0 +1,157 @@
+"""Qwen 3.5 on the fast path (photon_core.fast.FastEngine over the family's FastFamily view:
+step program with Gated DeltaNet + gated attention layers, prefix state with recurrent rows,
+text skill protocol): on the tiny random fp32 checkpoint the fast path gives the reference
+engine's greedy tokens (and a seeded sampled query's), text, finish reasons and grounding
+results for query / caption / detect / point at batch 1 and 2 (the eager backend on the CPU; the fused backend under
+TRITON_INTERPRET=1)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from photon_core.fast import FastEngine
+from photon_core.models import qwen3_5
+from photon_core.task import Task
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return qwen3_5.load_model(str(qwen3_5.make_test_model(tmp_path_factory.mktemp("q35f"),
+                                                          seed=5)))
+
+
+@pytest.fixture(scope="module")
+def encs(model):
+    rng = np.random.default_rng(3)
+    return [model.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((96, 128), (64, 64))]
+
+
+KV = 512      # state-cache positions per row (the CPU default, max_context, is slow to attend over)
+TASKS = [Task("query", question="What color is the cup?", max_tokens=10),
+         Task("caption", caption_length="short", max_tokens=8),
+         Task("detect", object="person", max_objects=1),
+         Task("point", object="cup", max_objects=1),
+         Task("query", question="How many dogs?", max_tokens=3),
+         Task("query", question="Color?", temperature=0.8, top_p=0.9, seed=5, max_tokens=8)]
+
+
+def _reference(model, enc, task):
+    r = model.start(enc, task)
+    while r.step():
+        pass
+    return r.result(), r.streamer.text
+
+
+def _fast(fe, pairs):
+    runs = [fe.start(e, t) for e, t in pairs]
+    while any(fe.step_batch(runs)):
+        pass
+    fe.drain()
+    return [(r.result(), r.text_so_far) for r in runs]
+
+
+def _same(a, b):
+    (ra, ta), (rb, tb) = a, b
+    return (ra.output, ra.tokens, ra.finish_reason, ta) == (rb.output, rb.tokens,
+                                                            rb.finish_reason, tb)
+
+
+def _fused_ok(fused):
+    if fused == "on":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+
+
+def test_fast_family_view(model, encs):
+    fam = model.fast_family()
+    prog = fam.spec.program
+    cfg = model.config.text
+    assert prog.kv_layers == cfg.full_layers
+    assert [(s.kind, s.layer) for s in prog.row_states] == [
+        (k, i) for i in cfg.linear_layers for k in ("conv", "recurrent")]
+    p = fam.prefix(encs[0])
+    st = encs[0].state
+    assert p.length == st.length and p.position_offset == st.rope_pos - st.length != 0
+    assert all(t.dtype == torch.float32 for s, t in zip(prog.row_states, p.recurrent)
+               if s.kind == "recurrent")
+    for t in TASKS:
+        assert fam.count_prompt_tokens(t) == len(fam.prompt(t, encs[0]))
+    fe = FastEngine(model, max_batch=2, kv_capacity=KV)
+    assert [t.dtype for t in fe.kv.recurrent] == [
+        torch.float32 if s.kind == "recurrent" else model.dtype for s in prog.row_states]
+    with pytest.raises(ValueError, match="different model"):
+        fe.start(encs[0].__class__(**{**encs[0].__dict__, "model_id": "other"}), TASKS[0])
+    fe.close()
+    from photon_core import EngineOptions, load_engine     # FAST_PATH: engine="fast" serves it
+    fe = load_engine(model.model_id, engine="fast",
+                     options=EngineOptions(max_batch=1, kv_capacity=KV))
+    assert isinstance(fe, FastEngine) and fe.max_runs == 1
+    fe.close()
+
+
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_fast_path_matches_reference(model, encs, fused):
+    _fused_ok(fused)
+    tasks = TASKS if fused == "off" else TASKS[:3]
+    fe = FastEngine(model, max_batch=2, kv_capacity=KV, fused=fused)
+    assert (fe.state.fused is not None) == (fused == "on")
+    refs = {}
+
+    def want(i, k):
+        if (i, k) not in refs:
+            refs[(i, k)] = _reference(model, encs[i], tasks[k])
+        return refs[(i, k)]
+    # detect / point answers of the random model are no JSON: counted like the reference's
+    before = model.stats["grounding_parse_errors"]
+    for i, enc in enumerate(encs if fused == "off" else encs[:1]):        # batch 1
+        for k, t in enumerate(tasks):
+            got = _fast(fe, [(enc, t)])[0]
+            assert _same(got, want(i, k)), (i, t, got, want(i, k))
+    for k in range(len(tasks) if fused == "off" else 1):  # batch 2: two frames, two skills
+        pairs = [(0, k), (1, (k + 1) % len(tasks))]
+        got = _fast(fe, [(encs[i], tasks[j]) for i, j in pairs])
+        for g, (i, j) in zip(got, pairs):
+            assert _same(g, want(i, j)), (i, tasks[j], g, want(i, j))
+    assert model.stats["grounding_parse_errors"] > before
+    fe.close()
+
+
+def test_long_prompt_and_streaming(model, encs):
+    """A question of more than 128 prompt tokens takes the generic eager prefill; streamed
+    deltas concatenate to the answer."""
+    q = "What color is the cup next to the red car on the busy street? " * 12
+    t = Task("query", question=q, max_tokens=6)
+    fe = FastEngine(model, max_batch=2, kv_capacity=KV)
+    assert fe.count_prompt_tokens(t) > 128
+    ref, text = _reference(model, encs[0], t)
+    deltas = []
+    got = fe.run(encs[0], t, stream=deltas.append)
+    assert (got.output, got.tokens, got.finish_reason) == (ref.output, ref.tokens,
+                                                           ref.finish_reason)
+    assert "".join(deltas) == got.output["answer"]
+    fe.close()
+
+
+def test_scheduler_drives_the_fast_engine(model, encs):
+    """The scheduler (latest frame, EDF, batching) drives FastEngine(Qwen 3.5): the results
+    are the reference engine's."""
+    from photon_core.scheduler import CostModel, Scheduler, Status
+
+    frame = np.random.default_rng(7).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    fe = FastEngine(model, max_batch=2, kv_capacity=KV)
+    outs = []
+    s = Scheduler(fe, CostModel(ema=0.0), on_result=outs.append, max_batch=2)
+    specs = [("ask", TASKS[0], 60.0), ("where", TASKS[3], 60.0)]
+    s.submit_frame("cam", 0.0, frame, specs)
+    s.run_until_idle()
+    assert len(outs) == 2 and all(o.status is Status.DONE for o in outs)
+    enc = model.encode_image(frame)
+    for o in outs:
+        ref = model.run(enc, dict((n, t) for n, t, _ in specs)[o.task_name])
+        assert (o.result.output, o.result.tokens) == (ref.output, ref.tokens)
+    fe.close()
