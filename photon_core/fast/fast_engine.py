@@ -282,7 +282,8 @@ class FastEngine:
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined
         d["deterministic"] = self.deterministic
-        d["encoder"] = self.batch_encoder.summary()
+        if self.batch_encoder is not None:
+            d["encoder"] = self.batch_encoder.summary()
         return d
 
     def reset_metrics(self) -> None:
