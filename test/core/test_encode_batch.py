@@ -36,9 +36,14 @@ def images():
 
 def _kv_equal(a, b):
     """fp32 k/v equal up to the summation order: a batched GEMM may split its reductions
-    differently from one frame's (bitwise equal on our CI CPUs; ~1e-7 apart on a 16-core
-    AVX-512 host, seen on the H200 machine's CPU)."""
-    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    differently from one frame's (bitwise equal on our CI CPUs, not on the H200 host's
+    16-core CPU, where the differences grow through the layers)."""
+    if a.shape != b.shape:
+        return False
+    if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
+        print("k/v differ: max abs", (a - b).abs().max().item(), "max |ref|", b.abs().max().item())
+        return False
+    return True
 
 
 def _same_enc(a, b):
