@@ -147,6 +147,8 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         assert diff % t.element_size() == 0, name
         offsets[name] = diff // t.element_size()
         aligned &= offsets[name] % 16 == 0
+    if model_dtype == torch.float32:         # fp32 model: the "f" operands live in "w"
+        bases["f"] = bases["w"]
     for a in ARENAS:                         # an unused arena still needs a pointer
         bases.setdefault(a, torch.zeros(16, device=dev, dtype={
             "w": model_dtype, "f": torch.float32, "i": torch.int64, "u": torch.uint8}[a]))
