@@ -130,10 +130,12 @@ class PythonVM:
             out[1:2 * half:2] = im * cos + re * sin
             return out
 
-        kc = self.flat(a["kc"]).as_strided((sh["CAP"], hd), (sh["S_POS"], 1),
-                                           row * sh["S_ROW"] + kvh * sh["S_HEAD"])
-        vc = self.flat(a["vc"]).as_strided((sh["CAP"], hd), (sh["S_POS"], 1),
-                                           row * sh["S_ROW"] + kvh * sh["S_HEAD"])
+        def cache(op):      # as_strided's offset counts from the storage's start
+            f = self.flat(op)
+            return f.as_strided((sh["CAP"], hd), (sh["S_POS"], 1), f.storage_offset()
+                                + row * sh["S_ROW"] + kvh * sh["S_HEAD"])
+
+        kc, vc = cache(a["kc"]), cache(a["vc"])
         dt = kc.dtype
         q = rope(qkv[h * hd:(h + 1) * hd]).to(dt).float()
         k_new = rope(qkv[(nh + kvh) * hd:(nh + kvh + 1) * hd]).to(dt)
