@@ -241,7 +241,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
     for i in range(q0, q1):
-        rec = table_ptr + i.to(tl.int64) * _STRIDE
+        rec = table_ptr + i * _STRIDE
         op = tl.load(rec + 0)
         a_off = _aligned(tl.load(rec + 1), ALIGNED)
         w_off = _aligned(tl.load(rec + 2), ALIGNED)
