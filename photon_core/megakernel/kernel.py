@@ -311,8 +311,16 @@ def kernel_args(c, low) -> tuple[tuple, dict]:
     return args, kw
 
 
-def launch(c, low, num_warps: int = 4, num_stages: int = 3):
+# warps / pipelining depth of the megakernel (one value for every op: its registers are the
+# maximum over all ops); PHOTON_MK_WARPS / PHOTON_MK_STAGES override (bench sweeps)
+NUM_WARPS = int(os.environ.get("PHOTON_MK_WARPS", "4"))
+NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
+
+
+def launch(c, low, num_warps: int | None = None, num_stages: int | None = None):
     """One step: the whole instruction table in one launch (grid = c.n_programs)."""
+    num_warps = num_warps or NUM_WARPS
+    num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low)
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \
