@@ -56,7 +56,8 @@ def _aligned(off, ALIGNED: tl.constexpr):
 @triton.jit
 def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
                B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):
+               BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+               STAGES: tl.constexpr):
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < B
     x_rows = x_ptr + offs_b[:, None] * stride_x
@@ -68,7 +69,7 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
             acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
         else:
             acc2 = tl.zeros([BN, BK], dtype=tl.float32)
-        for kk in range(0, K, BK):
+        for kk in tl.range(0, K, BK, num_stages=STAGES):
             offs_k = kk + tl.arange(0, BK)
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
             x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0,
@@ -236,7 +237,8 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                W2_DOT: tl.constexpr,
                LM_BB: tl.constexpr, LM_BN: tl.constexpr, LM_BK: tl.constexpr,
                LM_DOT: tl.constexpr,
-               LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+               LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
+               STAGES: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -260,13 +262,13 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         elif op == 1:    # OP_GEMV_W1
             _gemv_tile(wb + a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
                        p0.to(tl.int32), p1.to(tl.int32), D, SU, B, D, 1, W1_BB, W1_BN,
-                       W1_BK, W1_DOT)
+                       W1_BK, W1_DOT, STAGES)
         elif op == 2:    # OP_GEMV_W2 (bias and residual in fp32)
             _gemv_tile(wb + a_off, wb + w_off, fb + b_off, fb + y_off, n0, n1, 0, 0,
-                       SU, D, B, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT)
+                       SU, D, B, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES)
         elif op == 3:    # OP_GEMV_LM
             _gemv_tile(wb + a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1, 0, 0,
-                       D, V, B, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT)
+                       D, V, B, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES)
         elif op == 4:    # OP_ATTN: tile = (row, head)
             _attn_row_head(wb + a_off, ib + p0, fb + cos_off, fb + sin_off, wb + w_off,
                            wb + b_off, fb + m_off, fb + l_off, fb + acc_off, wb + y_off,
@@ -313,7 +315,7 @@ def kernel_args(c, low) -> tuple[tuple, dict]:
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
 # maximum over all ops); PHOTON_MK_WARPS / PHOTON_MK_STAGES override (bench sweeps)
-NUM_WARPS = int(os.environ.get("PHOTON_MK_WARPS", "4"))
+NUM_WARPS = int(os.environ.get("PHOTON_MK_WARPS", "8"))
 NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 
@@ -322,6 +324,7 @@ def launch(c, low, num_warps: int | None = None, num_stages: int | None = None):
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low)
+    kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \
                                   "compile with n_sm=1"
