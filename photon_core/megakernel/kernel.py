@@ -69,22 +69,11 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
             acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
         else:
             acc2 = tl.zeros([BN, BK], dtype=tl.float32)
-        # register double buffering: the next K tile's loads are issued before this one's
-        # math (Triton's pipeliner does not transform this loop inside the op switch:
-        # num_stages made no difference on the H200)
-        offs_k = tl.arange(0, BK)
-        w_nx = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-        x_nx = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0,
-                       cache_modifier=".cg")
         for kk in tl.range(0, K, BK, num_stages=STAGES):
-            w = w_nx
-            x = x_nx
-            offs_k = kk + BK + tl.arange(0, BK)
-            k_ok = offs_k < K
-            w_nx = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                           other=0.0)
-            x_nx = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None] & k_ok[None, :],
-                           other=0.0, cache_modifier=".cg")
+            offs_k = kk + tl.arange(0, BK)
+            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+            x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0,
+                        cache_modifier=".cg")
             if DOT:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
             else:
@@ -167,21 +156,14 @@ def _attn_row_head(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_
     if h % (NH // NKV) == 0:
         tl.store(kc_ptr + cache_off + pw * S_POS + d, k_new)
         tl.store(vc_ptr + cache_off + pw * S_POS + d, v_new.to(vc_ptr.dtype.element_ty))
-    j_nx = tl.arange(0, CHUNK)         # double-buffered like the GEMV: next split's k/v
-    kt_nx = tl.load(kc_ptr + cache_off + j_nx[:, None] * S_POS + d[None, :],
-                    mask=(j_nx < pw)[:, None], other=0.0, cache_modifier=".cg")
-    vt_nx = tl.load(vc_ptr + cache_off + j_nx[:, None] * S_POS + d[None, :],
-                    mask=(j_nx < pw)[:, None], other=0.0, cache_modifier=".cg")
     for sp in range(NSPLIT):
         start = sp * CHUNK
         j = start + tl.arange(0, CHUNK)
-        kt = kt_nx
-        vt = vt_nx
-        j_nx = j + CHUNK
-        kt_nx = tl.load(kc_ptr + cache_off + j_nx[:, None] * S_POS + d[None, :],
-                        mask=(j_nx < pw)[:, None], other=0.0, cache_modifier=".cg")
-        vt_nx = tl.load(vc_ptr + cache_off + j_nx[:, None] * S_POS + d[None, :],
-                        mask=(j_nx < pw)[:, None], other=0.0, cache_modifier=".cg")
+        in_cache = j < pw
+        kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
+                     mask=in_cache[:, None], other=0.0, cache_modifier=".cg")
+        vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
+                     mask=in_cache[:, None], other=0.0, cache_modifier=".cg")
         sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
         sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
         cur = j == pw
