@@ -68,6 +68,9 @@ class FusedBackend:
                                          dict(fb.weights))
                          if fb.kind == "moondream_region" else
                          weights[dict(fb.weights)["wte"]])
+        # op -> what its one fused GEMV runs (w, bias, out buffer, column, n_split, gap, epi,
+        # in buffer, in column): other backends reuse these tensors (megakernel/lowering.py)
+        self.fused_gemvs: dict[Op, dict] = {}
         self.lowered = [self._lower(op) for op in p.ops]
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
 
@@ -145,6 +148,8 @@ class FusedBackend:
                 w = torch.cat([t for t, _ in ws]).contiguous()
                 bias = torch.cat([bb for _, bb in ws]) if ws[0][1] is not None else None
                 epi = EPI_QKV_GELU if gelu_last else EPI_STORE
+                self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=n_split,
+                                            gap=gap, epi=epi, src=src)
                 return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                            self.bufs[buf][:b, off:], epi, n_split=n_split,
                                            gap=gap)
@@ -178,6 +183,8 @@ class FusedBackend:
                 for bb in biases[1:]:
                     bias = bias + bb.float()
             buf, off, width = place
+            self.fused_gemvs[op] = dict(w=w, bias=bias, buf="x", off=0, n_split=0, gap=0,
+                                        epi=EPI_RESIDUAL, src_buf=buf, src_off=off)
             return lambda b, env: gemv(self.bufs[buf][:b, off:off + width], w, bias,
                                        self.x[:b], EPI_RESIDUAL,
                                        deterministic=self.deterministic)

@@ -2,7 +2,10 @@
 
 1. split (split_ops): each ProgramOp becomes instructions. GEMVs are cut into row tiles of
    whole BLOCK_N blocks, about one tile per SM per op (so every SM has work in every GEMV);
-   layernorm / advance / argmax one instruction per row; attention one per (row, head).
+   layernorm / advance / argmax one instruction per row; attention one per (row, head,
+   group of key splits), the groups sized so that one layer's attention fills the SMs about
+   once (b=1: 2 of 8 splits per instruction, 128 instructions; b=8: all 8), then a combine
+   per (row, head) that merges the splits into the head's output.
    Each instruction waits on the counters of the ops listed in its op's `after` (until each
    reaches that op's instruction count) and signals its own op's counter.
 2. schedule: list scheduling in topological (program) order: each instruction goes to the SM
@@ -25,8 +28,8 @@ import torch
 
 from .instructions import (ARENAS, F_A, F_B, F_N0, F_N1, F_OP, F_P0, F_P1, F_P2, F_P3,
                            F_SIG, F_TGT0, F_TGT1, F_W, F_WAIT0, F_WAIT1, F_Y, N_FIELDS,
-                           NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
-                           OP_GEMV_W2, OP_LN, Instr, Operand, ProgramOp)
+                           NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_COMBINE, OP_GEMV_LM,
+                           OP_GEMV_W1, OP_GEMV_W2, OP_LN, Instr, Operand, ProgramOp)
 
 GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
 # cost model (us): bytes at one SM's share of the copy bandwidth + a fixed cost per
@@ -61,8 +64,15 @@ class Compiled:
         return [self.instrs[q[p]:q[p + 1]] for p in range(self.n_programs)]
 
 
+def attn_splits_per_instr(b: int, shape: dict, n_sm: int) -> int:
+    """Key splits per attention instruction: the fewest instructions that still give every
+    SM one (b * heads * splits / n_sm, at least 1, at most all of a head's splits)."""
+    total = b * shape["NH"] * shape["NSPLIT"]
+    return max(1, min(shape["NSPLIT"], math.ceil(total / n_sm)))
+
+
 def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: int,
-              elsize: int) -> list[Instr]:
+              elsize: int, attn_per: int | None = None) -> list[Instr]:
     names = {op.name: k for k, op in enumerate(ops)}
     counts: list[int] = []
     out: list[Instr] = []
@@ -73,7 +83,7 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
             assert j < k, f"{op.name} comes before {a}: the program must be in order"
             waits.append((j, counts[j]))
         assert len(waits) <= 2, f"{op.name}: at most 2 dependencies per instruction"
-        tiles, costs = [], []
+        tiles, costs, subs = [], [], []
         if op.kind in GEMV_OPS:
             cfg = gemv_cfg[op.kind]
             kdim = shape["KW2"] if op.kind == OP_GEMV_W2 else shape["D"]
@@ -87,19 +97,31 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                 tiles.append((r0, r1))
                 costs.append((r1 - r0) * kdim * elsize / SM_BYTES_PER_US + INSTR_US)
         elif op.kind == OP_ATTN:
-            kv = 2 * shape["CAP"] * shape["HD"] * elsize     # the worst case: a full cache
+            per = attn_per or attn_splits_per_instr(b, shape, n_sm)
+            ns = shape["NSPLIT"]
+            kv = 2 * shape["CHUNK"] * shape["HD"] * elsize    # one split (a full cache)
+            for r in range(b):
+                for h in range(shape["NH"]):
+                    for s0 in range(0, ns, per):
+                        s1 = min(ns, s0 + per)
+                        tiles.append((r, h))
+                        subs.append((s0, s1))
+                        costs.append((s1 - s0) * kv / SM_BYTES_PER_US + INSTR_US)
+        elif op.kind == OP_COMBINE:
             for r in range(b):
                 for h in range(shape["NH"]):
                     tiles.append((r, h))
-                    costs.append(kv / SM_BYTES_PER_US + INSTR_US)
+                    costs.append(shape["NSPLIT"] * (shape["HD"] + 2) * 4 / SM_BYTES_PER_US
+                                 + INSTR_US)
         else:
             width = shape["V"] if op.kind == OP_ARGMAX else shape["D"]
             for r in range(b):
                 tiles.append((r, r + 1))
                 costs.append(width * 4 / SM_BYTES_PER_US + INSTR_US)
-        for t, c in zip(tiles, costs):
+        subs = subs or [(0, 0)] * len(tiles)
+        for t, c, sb in zip(tiles, costs, subs):
             out.append(Instr(op.kind, op.name, t, op.args, op.params, tuple(waits), k, c,
-                             index=len(out)))
+                             sub=sb, index=len(out)))
         counts.append(len(tiles))
     return out
 
@@ -120,9 +142,9 @@ def schedule(instrs: list[Instr], n_sm: int) -> float:
 
 def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,
                     shape: dict, gemv_cfg: dict, n_sm: int,
-                    model_dtype: torch.dtype) -> Compiled:
+                    model_dtype: torch.dtype, attn_per: int | None = None) -> Compiled:
     elsize = torch.tensor([], dtype=model_dtype).element_size()
-    instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize)
+    instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per)
     makespan = schedule(instrs, n_sm)
     # compact the SMs that got work into programs 0..P-1; queue order = topological order
     used = sorted({i.sm for i in instrs})
@@ -176,18 +198,20 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))
             r[F_P0] = off(a["pos"])
+            r[F_P1], r[F_P2] = ins.sub
+        elif ins.op == OP_COMBINE:
+            r[F_Y] = off(a["out"])
         elif ins.op == OP_ADVANCE:
             r[F_A], r[F_Y] = off(a["x"]), off(a["out_hidden"])
             r[F_W], r[F_B] = off(a["active"]), off(a["out_first"])
-            r[F_P0], r[F_P1], r[F_P2] = (off(a["out_pos"]), off(a["out_phase"]),
-                                         off(a["is_detect"]))
+            r[F_P0], r[F_P1], r[F_P2], r[F_P3] = (off(a["out_pos"]), off(a["out_phase"]),
+                                                  off(a["kind"]), off(a["table"]))
         elif ins.op == OP_ARGMAX:
             r[F_A], r[F_Y] = off(a["logits"]), off(a["out"])
             r[F_P0], r[F_P1], r[F_P2] = (off(a["phase"]), off(a["first"]),
                                          ins.params["mask_col"])
         else:
             raise ValueError(ins.op)
-        r[F_P3] = 0
         (r[F_WAIT0], r[F_TGT0]), (r[F_WAIT1], r[F_TGT1]) = (
             list(ins.waits) + [(NO_WAIT, 0)] * 2)[:2]
         r[F_SIG] = ins.signal

@@ -3,8 +3,8 @@ the persistent kernel (kernel.py) reads.
 
 A *program op* (ProgramOp) is one node of the step program: a whole GEMV, one layernorm over
 the bucket's rows, attention over all (row, head) pairs... The compiler (compiler.py) splits
-each op into *instructions* (Instr): a row tile of a GEMV, one row of a layernorm, one
-(row, head) of attention. An instruction waits on at most two op counters (each until the
+each op into *instructions* (Instr): a row tile of a GEMV, one row of a layernorm, a range
+of key splits of one (row, head) of attention, the merge of one (row, head)'s splits. An instruction waits on at most two op counters (each until the
 producer op's instruction count), and adds 1 to its own op's counter when it is done.
 
 Operands are (buffer name, element offset) pairs (Operand); the compiler turns each into an
@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # op codes (the kernel's switch)
-OP_LN, OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM, OP_ATTN, OP_ADVANCE, OP_ARGMAX = range(7)
+(OP_LN, OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM, OP_ATTN, OP_ADVANCE, OP_ARGMAX,
+ OP_COMBINE) = range(8)
 OP_NAMES = {OP_LN: "layernorm", OP_GEMV_W1: "gemv_w1", OP_GEMV_W2: "gemv_w2",
             OP_GEMV_LM: "gemv_lm", OP_ATTN: "attention", OP_ADVANCE: "advance",
-            OP_ARGMAX: "argmax"}
+            OP_ARGMAX: "argmax", OP_COMBINE: "combine"}
 
 # dtype classes of the operands: one base pointer each in the kernel
 ARENAS = ("w", "f", "i", "u")      # model dtype, fp32, int64, uint8 (bools)
@@ -54,7 +55,8 @@ class ProgramOp:
 @dataclass
 class Instr:
     """One scheduled unit of work. tile: GEMV rows [n0, n1); layernorm / advance / argmax:
-    (row, row + 1); attention: (row, head). waits: (counter, target) pairs; signal: the
+    (row, row + 1); attention / combine: (row, head), sub: attention's key splits [s0, s1)
+    (flash-decoding chunks of the fused kernel). waits: (counter, target) pairs; signal: the
     counter it adds 1 to (its op's index). cost: estimated microseconds (compiler.py)."""
     op: int
     op_name: str
@@ -64,6 +66,7 @@ class Instr:
     waits: tuple[tuple[int, int], ...]
     signal: int
     cost: float
+    sub: tuple[int, int] = (0, 0)
     index: int = -1          # position in the topological order
     sm: int = -1             # assigned by the scheduler
     start: float = 0.0       # the scheduler's estimated start / end (us)

@@ -14,15 +14,16 @@ On CUDA the launch is cooperative (launch_cooperative_grid=True): a grid larger 
 can be resident at once fails at launch instead of spinning forever. Under TRITON_INTERPRET=1
 programs run one after another, so only a one-program schedule can run there.
 
-Ops (arithmetic as the fused backend's kernels, fast/kernels/*.py, with the same block
-shapes, so each output is summed in the same order):
+Ops (arithmetic as the fused backend's kernels, ops/*.py, with the same block shapes, so
+each output is summed in the same order):
   LN        one row: F.layer_norm in fp32, rounded to the model dtype (layernorm.py)
   GEMV_W1   rows [n0, n1) of [Wqkv; Wfc1]: qkv store / gelu_tanh into u (gemv.py EPI 1)
   GEMV_W2   rows [n0, n1) of [Wproj, Wfc2]: x += (EPI 2, no split-K)
   GEMV_LM   rows [n0, n1) of the lm head (EPI 0)
-  ATTN      one (row, head): rotary, k/v write, the split partials of decode_attention.py
-            computed in a loop, then merged (its _merge) into u[:, a]
-  ADVANCE   one row: row_advance.py
+  ATTN      key splits [s0, s1) of one (row, head): rotary, k/v write, the split partials of
+            decode_attention.py, one split after another, into the scratch
+  COMBINE   one (row, head): decode_attention.py's _merge of the splits into u[:, a]
+  ADVANCE   one row: row_advance.py (phase by the program's phase table)
   ARGMAX    one row: masked_argmax.py (the answer-marker rule)
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..fast.kernels.decode_attention import _merge
+from ..ops.decode_attention import _merge
 
 _STRIDE = tl.constexpr(16)     # instructions.N_FIELDS
 
@@ -54,10 +55,26 @@ def _aligned(off, ALIGNED: tl.constexpr):
 
 
 @triton.jit
+def _gemv_acc(acc, w_rows, x_rows, kk, n_ok, b_ok, BK: tl.constexpr, DOT: tl.constexpr):
+    offs_k = kk + tl.arange(0, BK)
+    w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+    x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+    if DOT:
+        acc += tl.dot(x.to(w.dtype), tl.trans(w))
+    else:
+        acc += w.to(tl.float32) * x.to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
                B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, UNROLL: tl.constexpr):
+    """Rows [n0, n1) of y = x W^T (+ epilogue), BN rows at a time, K in BK steps. UNROLL
+    (1, 2, 4; divides K / BK): that many W tiles are loaded before the first is used (more
+    bytes in flight per SM when Triton does not pipeline the loop); the products are added in
+    the same order as UNROLL=1, so the result is the same bits."""
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < B
     x_rows = x_ptr + offs_b[:, None] * stride_x
@@ -68,18 +85,41 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         if DOT:
             acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
         else:
-            acc2 = tl.zeros([BN, BK], dtype=tl.float32)
-        for kk in tl.range(0, K, BK, num_stages=STAGES):
-            offs_k = kk + tl.arange(0, BK)
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-            x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0,
-                        cache_modifier=".cg")
-            if DOT:
-                acc += tl.dot(x.to(w.dtype), tl.trans(w))
-            else:
-                acc2 += w.to(tl.float32) * x.to(tl.float32)
+            acc = tl.zeros([BN, BK], dtype=tl.float32)
+        if UNROLL == 1:
+            for kk in tl.range(0, K, BK, num_stages=STAGES):
+                acc = _gemv_acc(acc, w_rows, x_rows, kk, n_ok, b_ok, BK, DOT)
+        else:
+            for kk in range(0, K, BK * UNROLL):
+                k0 = kk + tl.arange(0, BK)
+                w0 = tl.load(w_rows + k0[None, :], mask=n_ok[:, None], other=0.0)
+                w1 = tl.load(w_rows + BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+                if UNROLL == 4:
+                    w2 = tl.load(w_rows + 2 * BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+                    w3 = tl.load(w_rows + 3 * BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+                x0 = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
+                             cache_modifier=".cg")
+                x1 = tl.load(x_rows + BK + k0[None, :], mask=b_ok[:, None], other=0.0,
+                             cache_modifier=".cg")
+                if DOT:
+                    acc += tl.dot(x0.to(w0.dtype), tl.trans(w0))
+                    acc += tl.dot(x1.to(w1.dtype), tl.trans(w1))
+                else:
+                    acc += w0.to(tl.float32) * x0.to(tl.float32)
+                    acc += w1.to(tl.float32) * x1.to(tl.float32)
+                if UNROLL == 4:
+                    x2 = tl.load(x_rows + 2 * BK + k0[None, :], mask=b_ok[:, None],
+                                 other=0.0, cache_modifier=".cg")
+                    x3 = tl.load(x_rows + 3 * BK + k0[None, :], mask=b_ok[:, None],
+                                 other=0.0, cache_modifier=".cg")
+                    if DOT:
+                        acc += tl.dot(x2.to(w2.dtype), tl.trans(w2))
+                        acc += tl.dot(x3.to(w3.dtype), tl.trans(w3))
+                    else:
+                        acc += w2.to(tl.float32) * x2.to(tl.float32)
+                        acc += w3.to(tl.float32) * x3.to(tl.float32)
         if not DOT:
-            acc = tl.sum(acc2, axis=1)[None, :]
+            acc = tl.sum(acc, axis=1)[None, :]
         mask = b_ok[:, None] & n_ok[None, :]
         bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         acc += bias[None, :]
@@ -122,12 +162,15 @@ def _ln_row(wb, fb, a_off, in_f32, g_ptr, b_ptr, y_ptr, row, eps,
 
 
 @triton.jit
-def _attn_row_head(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr, acc_ptr,
-                   out_ptr, row, h, scale,
-                   SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
-                   HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
-                   CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
-                   S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr):
+def _attn_splits(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr, acc_ptr,
+                 row, h, s0, s1, scale,
+                 SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
+                 HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
+                 CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
+                 S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr):
+    """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
+    each split (rotary, the new k/v written by the split that holds the row's position, the
+    split's softmax partials into the scratch), one split after another."""
     kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     pw = tl.minimum(pos, CAP - 1)
@@ -153,19 +196,18 @@ def _attn_row_head(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_
     q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)
     k_new = k_new.to(kc_ptr.dtype.element_ty)
     cache_off = row * S_ROW + kvh * S_HEAD
-    if h % (NH // NKV) == 0:
+    if (pw >= s0 * CHUNK) & (pw < s1 * CHUNK) & (h % (NH // NKV) == 0):
         tl.store(kc_ptr + cache_off + pw * S_POS + d, k_new)
         tl.store(vc_ptr + cache_off + pw * S_POS + d, v_new.to(vc_ptr.dtype.element_ty))
-    for sp in range(NSPLIT):
-        start = sp * CHUNK
-        j = start + tl.arange(0, CHUNK)
+    sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
+    for sp in range(s0, s1):
+        j = sp * CHUNK + tl.arange(0, CHUNK)
         in_cache = j < pw
         kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                      mask=in_cache[:, None], other=0.0, cache_modifier=".cg")
         vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                      mask=in_cache[:, None], other=0.0, cache_modifier=".cg")
         sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
-        sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
         cur = j == pw
         sc = tl.where(cur, sc_new, sc)
         valid = j <= pw
@@ -180,13 +222,12 @@ def _attn_row_head(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_
         tl.store(m_ptr + idx, m)
         tl.store(l_ptr + idx, lsum)
         tl.store(acc_ptr + idx * HD + d, acc)
-    tl.debug_barrier()
-    _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2)
 
 
 @triton.jit
-def _advance_row(x_ptr, h_ptr, active_ptr, pos_ptr, phase_ptr, detect_ptr, first_ptr, row,
-                 D: tl.constexpr, BLOCK: tl.constexpr):
+def _advance_row(x_ptr, h_ptr, active_ptr, pos_ptr, phase_ptr, kind_ptr, table_ptr,
+                 first_ptr, row, NK: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """ops/row_advance.py for one row (every channel block)."""
     act = tl.load(active_ptr + row, cache_modifier=".cg")
     if act != 0:
         offs = tl.arange(0, BLOCK)
@@ -195,17 +236,17 @@ def _advance_row(x_ptr, h_ptr, active_ptr, pos_ptr, phase_ptr, detect_ptr, first
         tl.store(h_ptr + row * D + offs, x.to(h_ptr.dtype.element_ty), mask=ok)
         tl.store(pos_ptr + row, tl.load(pos_ptr + row, cache_modifier=".cg") + 1)
         ph = tl.load(phase_ptr + row, cache_modifier=".cg")
-        det = tl.load(detect_ptr + row, cache_modifier=".cg")
-        nxt = tl.where(ph == 1, 2, tl.where(ph == 2, tl.where(det != 0, 3, 1),
-                                            tl.where(ph == 3, 1, ph)))
-        tl.store(phase_ptr + row, nxt)
+        kind = tl.load(kind_ptr + row, cache_modifier=".cg")
+        tl.store(phase_ptr + row, tl.load(table_ptr + ph * NK + kind))
         tl.store(first_ptr + row, tl.zeros([], dtype=tl.uint8))
 
 
 @triton.jit
 def _argmax_row(x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row,
-                V: tl.constexpr, BLOCK: tl.constexpr):
-    base = x_ptr + row * V
+                V: tl.constexpr, LS: tl.constexpr, OUT_COL: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """ops/masked_argmax.py for one row (the answer-marker rule)."""
+    base = x_ptr + row * LS
     drop = (tl.load(phase_ptr + row, cache_modifier=".cg") == 0) & \
         (tl.load(first_ptr + row, cache_modifier=".cg") == 0)
     best = tl.full([], float("-inf"), tl.float32)
@@ -220,23 +261,24 @@ def _argmax_row(x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row,
         better = m > best
         best_i = tl.where(better, i, best_i)
         best = tl.where(better, m, best)
-    tl.store(out_ptr + row * 4, best_i)
+    tl.store(out_ptr + row * 4 + OUT_COL, best_i)
 
 
 @triton.jit
 def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                cos_off, sin_off, m_off, l_off, acc_off, n_prog, n_cnt, eps, scale,
                B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, KW2: tl.constexpr,
-               V: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
-               HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
-               CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
-               S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
+               V: tl.constexpr, LS: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+               HD: tl.constexpr, HALF: tl.constexpr, CAP: tl.constexpr,
+               N_TABLE: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
+               SPLIT_P2: tl.constexpr, S_ROW: tl.constexpr, S_HEAD: tl.constexpr,
+               S_POS: tl.constexpr, NK: tl.constexpr, OUT_COL: tl.constexpr,
                W1_BB: tl.constexpr, W1_BN: tl.constexpr, W1_BK: tl.constexpr,
-               W1_DOT: tl.constexpr,
+               W1_DOT: tl.constexpr, W1_UN: tl.constexpr,
                W2_BB: tl.constexpr, W2_BN: tl.constexpr, W2_BK: tl.constexpr,
-               W2_DOT: tl.constexpr,
+               W2_DOT: tl.constexpr, W2_UN: tl.constexpr,
                LM_BB: tl.constexpr, LM_BN: tl.constexpr, LM_BK: tl.constexpr,
-               LM_DOT: tl.constexpr,
+               LM_DOT: tl.constexpr, LM_UN: tl.constexpr,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr):
     pid = tl.program_id(0)
@@ -254,6 +296,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         p0 = tl.load(rec + 7)
         p1 = tl.load(rec + 8)
         p2 = tl.load(rec + 9)
+        p3 = tl.load(rec + 10)
         _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
         _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
         if op == 0:      # OP_LN
@@ -262,23 +305,27 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         elif op == 1:    # OP_GEMV_W1
             _gemv_tile(wb + a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
                        p0.to(tl.int32), p1.to(tl.int32), D, SU, B, D, 1, W1_BB, W1_BN,
-                       W1_BK, W1_DOT, STAGES)
+                       W1_BK, W1_DOT, STAGES, W1_UN)
         elif op == 2:    # OP_GEMV_W2 (bias and residual in fp32)
             _gemv_tile(wb + a_off, wb + w_off, fb + b_off, fb + y_off, n0, n1, 0, 0,
-                       SU, D, B, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES)
+                       SU, D, B, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES, W2_UN)
         elif op == 3:    # OP_GEMV_LM
             _gemv_tile(wb + a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1, 0, 0,
-                       D, V, B, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES)
-        elif op == 4:    # OP_ATTN: tile = (row, head)
-            _attn_row_head(wb + a_off, ib + p0, fb + cos_off, fb + sin_off, wb + w_off,
-                           wb + b_off, fb + m_off, fb + l_off, fb + acc_off, wb + y_off,
-                           n0, n1, scale, SU, NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK,
-                           NSPLIT, SPLIT_P2, S_ROW, S_HEAD, S_POS)
+                       D, LS, B, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES, LM_UN)
+        elif op == 4:    # OP_ATTN: tile = (row, head), splits [p1, p2)
+            _attn_splits(wb + a_off, ib + p0, fb + cos_off, fb + sin_off, wb + w_off,
+                         wb + b_off, fb + m_off, fb + l_off, fb + acc_off,
+                         n0, n1, p1.to(tl.int32), p2.to(tl.int32), scale, SU, NH, NKV, HD,
+                         HALF, CAP, N_TABLE, CHUNK, NSPLIT, S_ROW, S_HEAD, S_POS)
+        elif op == 7:    # OP_COMBINE: tile = (row, head)
+            _merge(fb + m_off, fb + l_off, fb + acc_off, wb + y_off, SU, n0, n1, NH, HD,
+                   NSPLIT, SPLIT_P2)
         elif op == 5:    # OP_ADVANCE
-            _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ub + p2,
-                         ub + b_off, n0, D, LN_BLOCK)
+            _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
+                         ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
         elif op == 6:    # OP_ARGMAX
-            _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, ARG_BLOCK)
+            _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS, OUT_COL,
+                        ARG_BLOCK)
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr + tl.load(rec + 15), 1, sem="release", scope="gpu")
     done = tl.atomic_add(cnt_ptr + n_cnt - 1, 1, sem="acq_rel", scope="gpu")
@@ -292,21 +339,39 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def kernel_args(c, low) -> tuple[tuple, dict]:
+def unroll_for(k: int, block_k: int, want: int) -> int:
+    """The largest of want, 2, 1 (powers of two <= 4) that divides the K loop's trip count."""
+    trips = k // block_k
+    for u in (4, 2, 1):
+        if u <= want and trips % u == 0:
+            return u
+    return 1
+
+
+# GEMV W-tile unroll of the megakernel (1: the plain loop, tl.range pipelined where Triton
+# does it; 2 / 4: that many W tiles loaded before the first is used); PHOTON_MK_UNROLL
+UNROLL = int(os.environ.get("PHOTON_MK_UNROLL", "4"))
+
+
+def kernel_args(c, low, unroll: int | None = None) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
+    unroll = UNROLL if unroll is None else unroll
     sh, off = low.shape, c.offsets
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
             c.n_programs, c.counters.numel(), 1e-5, sh["HD"] ** -0.5)
-    kw = {k: sh[k] for k in ("B", "D", "SU", "KW2", "V", "NH", "NKV", "HD", "HALF", "CAP",
-                             "N_TABLE", "CHUNK", "NSPLIT", "S_ROW", "S_HEAD", "S_POS")}
+    kw = {k: sh[k] for k in ("B", "D", "SU", "KW2", "V", "LS", "NH", "NKV", "HD", "HALF",
+                             "CAP", "N_TABLE", "CHUNK", "NSPLIT", "S_ROW", "S_HEAD", "S_POS",
+                             "NK", "OUT_COL")}
     kw["SPLIT_P2"] = triton.next_power_of_2(sh["NSPLIT"])
-    for name, op in (("W1", OP_GEMV_W1), ("W2", OP_GEMV_W2), ("LM", OP_GEMV_LM)):
+    for name, op, k in (("W1", OP_GEMV_W1, sh["D"]), ("W2", OP_GEMV_W2, sh["KW2"]),
+                        ("LM", OP_GEMV_LM, sh["D"])):
         g = low.gemv_cfg[op]
         kw.update({f"{name}_BB": 16 if g.dot else 1, f"{name}_BN": g.block_n,
-                   f"{name}_BK": g.block_k, f"{name}_DOT": g.dot})
+                   f"{name}_BK": g.block_k, f"{name}_DOT": g.dot,
+                   f"{name}_UN": unroll_for(k, g.block_k, unroll)})
     kw["LN_BLOCK"] = triton.next_power_of_2(sh["D"])
     kw["ARG_BLOCK"] = min(4096, triton.next_power_of_2(sh["V"]))
     kw["ALIGNED"] = bool(c.aligned)
@@ -319,11 +384,12 @@ NUM_WARPS = int(os.environ.get("PHOTON_MK_WARPS", "8"))
 NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 
-def launch(c, low, num_warps: int | None = None, num_stages: int | None = None):
+def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
+           unroll: int | None = None):
     """One step: the whole instruction table in one launch (grid = c.n_programs)."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low)
+    args, kw = kernel_args(c, low, unroll)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

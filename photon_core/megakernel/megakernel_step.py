@@ -1,14 +1,16 @@
 """A decode step of the fused backend's state as one megakernel launch (plus the feedback
 embedding launch before it): MegakernelStep(fd, st, b).step() ==
-fd.feed(); fd.decoder(); fd.advance(); fd.lm_greedy()  of fused_step.py, in one kernel.
+fd.feed(st, b); fd.decoder(...); row_advance(...); fd.head_pick("lm", st, b)
+of fast/fused_backend.py, in one kernel (reference_step below is that sequence).
 """
 from __future__ import annotations
 
 import torch
 
+from ..ops.row_advance import row_advance
 from .compiler import Compiled, compile_program
 from .kernel import interpreted, launch
-from .lowering_moondream import MoondreamLowering
+from .lowering import ProgramLowering
 from .python_vm import PythonVM
 
 
@@ -18,19 +20,31 @@ def sm_count(device) -> int:
     return 1
 
 
+def reference_step(fd, st, b: int, feed: bool = True) -> None:
+    """What the megakernel computes, with the fused backend's own launches: (the feedback,)
+    the decoder, the row advance, the lm head's greedy pick."""
+    if feed:
+        fd.feed(st, b)
+    fd.decoder(st.pos[:b], b)
+    row_advance(fd.x[:b], st.hidden[:b], st.active[:b], st.pos[:b], st.phase[:b],
+                st.kind[:b], st.first[:b], st.phase_next)
+    fd.head_pick("lm", st, b)
+
+
 class MegakernelStep:
-    def __init__(self, fd, st, b: int, n_sm: int | None = None):
+    def __init__(self, fd, st, b: int, n_sm: int | None = None,
+                 attn_per: int | None = None):
         self.fd, self.st, self.b = fd, st, b
-        self.low = MoondreamLowering(fd, st, b)
+        self.low = ProgramLowering(fd, st, b)
         dev = fd.x.device
         if n_sm is None:
             n_sm = 1 if interpreted() else sm_count(dev)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
-            fd.x.dtype if fd.h.dtype == torch.float32 else fd.h.dtype)
+            st.hidden.dtype, attn_per)
 
     def feed(self) -> None:
-        self.fd.feed(self.st.out, self.st.phase, self.b)
+        self.fd.feed(self.st, self.b)
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""

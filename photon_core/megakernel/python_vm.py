@@ -14,8 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
-                           OP_GEMV_W2, OP_LN, Instr)
+from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_COMBINE, OP_GEMV_LM,
+                           OP_GEMV_W1, OP_GEMV_W2, OP_LN, Instr)
 
 
 class Deadlock(RuntimeError):
@@ -80,7 +80,7 @@ class PythonVM:
                 y = self.rows(a["out"], D, B, D)
                 y[:, n0:n1] += acc
             elif ins.op == OP_GEMV_LM:
-                self.rows(a["out"], sh["V"], B, n1)[:, n0:n1] = acc.to(dt)
+                self.rows(a["out"], sh["LS"], B, n1)[:, n0:n1] = acc.to(dt)
             else:
                 n_split, gap = ins.params["n_split"], ins.params["gap"]
                 y = self.rows(a["out"], sh["SU"], B, sh["SU"])
@@ -91,6 +91,8 @@ class PythonVM:
                 y[:, cols[hi] + gap] = F.gelu(t[:, hi].float(), approximate="tanh").to(dt)
         elif ins.op == OP_ATTN:
             self._attention(ins)
+        elif ins.op == OP_COMBINE:
+            self._combine(ins)
         elif ins.op == OP_ADVANCE:
             r = ins.tile[0]
             if self.flat(a["active"])[r] != 0:
@@ -98,22 +100,29 @@ class PythonVM:
                     self.flat(a["x"])[r * D:(r + 1) * D].to(dt)
                 self.flat(a["out_pos"])[r] += 1
                 ph = int(self.flat(a["out_phase"])[r])
-                det = bool(self.flat(a["is_detect"])[r])
-                self.flat(a["out_phase"])[r] = {1: 2, 2: 3 if det else 1, 3: 1}.get(ph, ph)
+                kind = int(self.flat(a["kind"])[r])
+                self.flat(a["out_phase"])[r] = self.flat(a["table"])[ph * sh["NK"] + kind]
                 self.flat(a["out_first"])[r] = 0
         elif ins.op == OP_ARGMAX:
             r, v = ins.tile[0], sh["V"]
-            logits = self.flat(a["logits"])[r * v:(r + 1) * v].float().clone()
-            if int(self.flat(a["phase"])[r]) == 0 and int(self.flat(a["first"])[r]) == 0:
+            ls = sh["LS"]
+            logits = self.flat(a["logits"])[r * ls:r * ls + v].float().clone()
+            if int(self.flat(a["phase"])[r]) == 0 and int(self.flat(a["first"])[r]) == 0 \
+                    and ins.params["mask_col"] >= 0:
                 logits[ins.params["mask_col"]] = float("-inf")
-            self.flat(a["out"])[r * 4] = logits.argmax()
+            self.flat(a["out"])[r * 4 + sh["OUT_COL"]] = logits.argmax()
         else:
             raise ValueError(ins.op)
 
     def _attention(self, ins: Instr) -> None:
+        """Key splits [s0, s1) of one (row, head): their softmax partials (max, sum, weighted
+        values) into the scratch, over the keys j <= the row's position (key pw = the new k/v
+        from qkv, written into the cache by the split that holds it)."""
         sh, a = self.sh, ins.args
         nh, nkv, hd, half = sh["NH"], sh["NKV"], sh["HD"], sh["HALF"]
+        chunk, ns = sh["CHUNK"], sh["NSPLIT"]
         row, h = ins.tile
+        s0, s1 = ins.sub
         kvh = h // (nh // nkv)
         pos = int(self.flat(a["pos"])[row])
         pw = min(pos, sh["CAP"] - 1)
@@ -140,12 +149,40 @@ class PythonVM:
         q = rope(qkv[h * hd:(h + 1) * hd]).to(dt).float()
         k_new = rope(qkv[(nh + kvh) * hd:(nh + kvh + 1) * hd]).to(dt)
         v_new = qkv[(nh + nkv + kvh) * hd:(nh + nkv + kvh + 1) * hd]
-        if h % (nh // nkv) == 0:
+        if s0 * chunk <= pw < s1 * chunk and h % (nh // nkv) == 0:
             kc[pw] = k_new
             vc[pw] = v_new.to(dt)
-        keys = torch.cat([kc[:pw].float(), k_new.float()[None]])
-        vals = torch.cat([vc[:pw].float(), v_new.float()[None]])
-        p = torch.softmax(keys @ q * hd ** -0.5, dim=0)
+        scale = hd ** -0.5
+        m_, l_, acc_ = self.bufs["sc_m"], self.bufs["sc_l"], self.bufs["sc_acc"]
+        for sp in range(s0, s1):
+            j0, j1 = sp * chunk, min((sp + 1) * chunk, pw + 1)
+            idx = (row * nh + h) * ns + sp
+            if j1 <= j0:              # the split holds no key of this row
+                m_[idx], l_[idx] = float("-inf"), 0.0
+                acc_[idx * hd:(idx + 1) * hd] = 0.0
+                continue
+            keys = kc[j0:j1].float().clone()
+            vals = vc[j0:j1].float().clone()
+            if j1 == pw + 1:          # the new key / value from registers
+                keys[-1], vals[-1] = k_new.float(), v_new.float()
+            sc = keys @ q * scale
+            m = sc.max()
+            p = torch.exp(sc - m)
+            m_[idx], l_[idx] = m, p.sum()
+            acc_[idx * hd:(idx + 1) * hd] = p @ vals
+
+    def _combine(self, ins: Instr) -> None:
+        """decode_attention._merge: the splits' partials of one (row, head) -> its output."""
+        sh, a = self.sh, ins.args
+        nh, hd, ns = sh["NH"], sh["HD"], sh["NSPLIT"]
+        row, h = ins.tile
+        base = (row * nh + h) * ns
+        m = self.bufs["sc_m"][base:base + ns]
+        l = self.bufs["sc_l"][base:base + ns]
+        acc = self.bufs["sc_acc"][base * hd:(base + ns) * hd].view(ns, hd)
+        mx = m.max()
+        wt = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - mx))
+        o = (acc * wt[:, None]).sum(0) / (l * wt).sum()
         out = self.flat(a["out"])[row * sh["SU"] + h * hd:][:hd]
-        out.copy_((p @ vals).to(out.dtype))
+        out.copy_(o.to(out.dtype))
         assert not math.isnan(float(out.float().sum()))

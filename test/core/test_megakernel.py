@@ -1,7 +1,7 @@
 """The megakernel backend (photon_core/megakernel) on the CPU: the compiler's schedule, the
 Python twin (python_vm.py) and the persistent kernel (kernel.py, TRITON_INTERPRET=1, one
-program) against the fused backend's step (fused_step.py), field by field, on the tiny fp32
-model. The H200 check at full size in bf16: bench/bench_megakernel.py."""
+program) against the fused backend's step (fast/fused_backend.py), field by field, on the
+tiny fp32 model. The H200 check at full size in bf16: bench/bench_megakernel.py."""
 from __future__ import annotations
 
 import os
@@ -22,9 +22,13 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
 FIELDS = ("x", "hidden", "logits", "out", "pos", "phase", "first", "kv")
 
 
-def _setup(rows=2, b=2, seed=0):
+def _setup(rows=2, b=2, seed=0, chunk=16):
+    """The tiny fp32 model's StepState with a fused backend (deterministic, attention chunks
+    of `chunk` keys: 4 splits over the 64-position cache), rows [0, b) active at different
+    positions and phases."""
+    from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
-    from photon_core.fast.fused_step import FusedDecoder
+    from photon_core.fast.fused_backend import FusedBackend
     from photon_core.fast.static_kv_cache import StaticKVCache
     from photon_core.moondream.model import build_random_model
     from photon_core.moondream.test_model import tiny_config
@@ -35,33 +39,35 @@ def _setup(rows=2, b=2, seed=0):
                        torch.float32)
     g = torch.Generator().manual_seed(seed + 1)
     kv.data.normal_(generator=g)
-    st = ds.StepState(m, rows, kv)
-    fd = FusedDecoder(m, rows, kv, attn_chunk=32, coord_table=st.coord_table,
-                      size_table=st.size_table, deterministic=True)
+    st = ds.StepState(m, rows, kv, EngineOptions(fused="off"))
+    fd = FusedBackend(st.spec, st.w, kv, rows, attn_chunk=chunk, deterministic=True)
+    st.fused = st.backend = fd
     st.pos[:b] = torch.tensor([5, 40, 63, 12][:b])
     st.active[:b] = True
     st.first[:b] = torch.tensor([True, False, False, True][:b])
+    st.phase[:b] = torch.tensor([0, 2, 1, 0][:b])
+    st.kind[:b] = torch.tensor([0, 1, 1, 0][:b])
     st.hidden.normal_(generator=g)
     fd.x.normal_(generator=g)
     return m, st, fd
 
 
 def _snapshot(st, fd):
-    return {"x": fd.x.clone(), "hidden": st.hidden.clone(), "logits": fd.logits.clone(),
-            "out": st.out.clone(), "pos": st.pos.clone(), "phase": st.phase.clone(),
-            "first": st.first.clone(), "kv": fd.kv.data.clone(), "active": st.active.clone()}
+    return {"x": fd.x.clone(), "hidden": st.hidden.clone(),
+            "logits": fd.bufs["logits"].clone(), "out": st.out.clone(), "pos": st.pos.clone(),
+            "phase": st.phase.clone(), "first": st.first.clone(), "kv": fd.kv.data.clone(),
+            "active": st.active.clone()}
 
 
 def _restore(st, fd, s):
-    fd.x.copy_(s["x"]), st.hidden.copy_(s["hidden"]), fd.logits.copy_(s["logits"])
+    fd.x.copy_(s["x"]), st.hidden.copy_(s["hidden"]), fd.bufs["logits"].copy_(s["logits"])
     st.out.copy_(s["out"]), st.pos.copy_(s["pos"]), st.phase.copy_(s["phase"])
     st.first.copy_(s["first"]), fd.kv.data.copy_(s["kv"]), st.active.copy_(s["active"])
 
 
 def _fused_step(m, st, fd, b):
-    fd.decoder(None, st.pos[:b], b)
-    fd.advance(st, b)
-    fd.lm_greedy(st.hidden[:b], st.out, st.phase, st.first, m.config.tokenizer.answer_id, b)
+    from photon_core.megakernel.megakernel_step import reference_step
+    reference_step(fd, st, b, feed=False)
 
 
 def _close(name, a, b, tol=2e-4):
@@ -87,8 +93,18 @@ def test_compiler_schedule_covers_every_tile_in_topological_queues():
         assert idx == sorted(idx)
     # the two W1 ops of layer 0 tile rows [0, n1) exactly once
     rows = sorted(i.tile for i in c.instrs if i.op == OP_GEMV_W1 and i.op_name.endswith(".0"))
-    assert rows[0][0] == 0 and rows[-1][1] == fd.w1[0].shape[0]
+    assert rows[0][0] == 0 and rows[-1][1] == mk.low.layers[0]["w1"]["w"].shape[0]
     assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+    # attention: each (row, head) of a layer covers the key splits [0, NSPLIT) exactly once,
+    # and a combine per (row, head) waits for all of them
+    ns = mk.low.shape["NSPLIT"]
+    assert ns == 4
+    for r in range(2):
+        for h in range(mk.low.shape["NH"]):
+            subs = sorted(i.sub for i in c.instrs if i.op_name == "attn.0" and i.tile == (r, h))
+            assert subs[0][0] == 0 and subs[-1][1] == ns
+            assert all(a[1] == b[0] for a, b in zip(subs, subs[1:]))
+    assert sum(1 for i in c.instrs if i.op_name == "comb.0") == 2 * mk.low.shape["NH"]
     # every wait targets the producer op's full instruction count
     count = {}
     for i in c.instrs:
@@ -127,12 +143,13 @@ def test_python_vm_matches_fused_step_and_detects_a_bad_schedule():
         PythonVM(c, MegakernelStep(fd, st, b, n_sm=1).low).run()
 
 
-@pytest.mark.parametrize("b", [1, 2])
-def test_megakernel_matches_vm_and_fused_step(b):
+@pytest.mark.parametrize("b,attn_per", [(1, None), (2, None), (2, 1), (2, 3)])
+def test_megakernel_matches_vm_and_fused_step(b, attn_per):
     """One persistent program runs the whole instruction list (the interpreter runs programs
     one after another): hidden state, logits, token, k/v, position/phase/first vs the fused
     backend's feed-less step and vs the Python twin; a second launch works (the kernel reset
-    its counters)."""
+    its counters). attn_per: key splits per attention instruction (None: all 4 of a head; 1, 3:
+a head's splits over several instructions, the combine merging them)."""
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
     m, st, fd = _setup()
@@ -140,7 +157,7 @@ def test_megakernel_matches_vm_and_fused_step(b):
     _fused_step(m, st, fd, b)
     ref = _snapshot(st, fd)
     _restore(st, fd, s0)
-    mk = MegakernelStep(fd, st, b)
+    mk = MegakernelStep(fd, st, b, attn_per=attn_per)
     assert mk.compiled.n_programs == 1
     mk.run_vm()
     vm = _snapshot(st, fd)
@@ -163,3 +180,39 @@ def test_megakernel_matches_vm_and_fused_step(b):
     for f in FIELDS:
         sl = slice(None) if f == "kv" else slice(0, b)
         _close(f, got2[f][sl], ref2[f][sl])
+
+
+@pytest.mark.parametrize("dot", [True, False])
+def test_gemv_unroll_gives_the_same_bits(dot):
+    """The GEMV W-tile unroll (2, 4 tiles loaded before the first is used) adds the products
+    in the plain loop's order: the same bits as unroll 1, and the Python twin's values;
+    K / BLOCK_K = 4 (W1, lm) and 12 (W2) trips. dot=False: the b=1 FMA form."""
+    from photon_core.megakernel.compiler import compile_program
+    from photon_core.megakernel.instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
+    from photon_core.megakernel.kernel import kernel_args
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+    from photon_core.ops.gemv import GemvConfig
+
+    m, st, fd = _setup()
+    b = 2 if dot else 1
+    s0 = _snapshot(st, fd)
+    mk = MegakernelStep(fd, st, b)
+    cfg = GemvConfig(16, 32, 1, 4, 1, dot)
+    mk.low.gemv_cfg = {OP_GEMV_W1: cfg, OP_GEMV_W2: cfg, OP_GEMV_LM: cfg}
+    mk.compiled = compile_program(mk.low.ops, mk.low.buffers, b, mk.low.shape,
+                                  mk.low.gemv_cfg, 1, torch.float32)
+    mk.run_vm()
+    vm = _snapshot(st, fd)
+    results = {}
+    for un in (1, 2, 4):
+        _restore(st, fd, s0)
+        kw = kernel_args(mk.compiled, mk.low, un)[1]
+        assert kw["W1_UN"] == un and kw["W2_UN"] == un and kw["LM_UN"] == un
+        mk.run_kernel(unroll=un)
+        results[un] = _snapshot(st, fd)
+        for f in FIELDS:
+            sl = slice(None) if f == "kv" else slice(0, b)
+            _close(f, results[un][f][sl], vm[f][sl])
+    for un in (2, 4):
+        for f in FIELDS:
+            assert torch.equal(results[un][f], results[1][f]), (un, f)

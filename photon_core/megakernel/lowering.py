@@ -1,0 +1,175 @@
+"""A step program (photon_core/program.py) lowered for the megakernel, over the fused
+backend's own tensors (fast/fused_backend.py: its concatenated GEMV weights, its row buffers,
+its rotary tables): nothing is copied, so a diff against the fused backend compares the same
+bits.
+
+Supported block shape (Moondream 2's Phi parallel block; any family whose program has the
+same op pattern gets it): per layer i
+  norm       h = LayerNorm(x)  (fp32 residual x in)       -> ln.i      one instruction per row
+  linear     u[qkv] = h Wqkv^T + b; u[g] = gelu_tanh(h Wfc1^T + b)  (ONE fused GEMV in the
+             fused backend: its rows [0, n_split) -> w1qkv.i, [n_split, N) -> w1fc1.i, so the
+             attention waits only for the qkv tiles)
+  attention  rotary + k/v write + split attention of each (row, head, split) -> attn.i,
+             then the merge of each (row, head) into u[a] -> comb.i
+  residual   x += [a | g] W2^T + b2 (one K range of u)   -> w2.i
+then the step's tail, as the fused backend's row_advance and the "lm" head's pick:
+  advance    hidden = x (model dtype), pos += 1, phase = phase_next[phase, kind], first = 0
+  ln.post    h = LN(hidden)       lm  logits = h Wlm^T + blm      argmax  out[:, col]
+The feedback (fused feed()) stays one launch before the megakernel.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops import gemv as G
+from ..ops.decode_attention import AttentionScratch
+from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_COMBINE, OP_GEMV_LM,
+                           OP_GEMV_W1, OP_GEMV_W2, OP_LN, Operand, ProgramOp)
+
+
+class Unsupported(ValueError):
+    """The program has an op pattern the megakernel has no lowering for."""
+
+
+class ProgramLowering:
+    """The program (ops), the buffers its operands name, and the shapes / GEMV configs the
+    kernel is specialized on, for a FusedBackend `fd` and a StepState `st` at bucket b."""
+
+    def __init__(self, fd, st, b: int):
+        p = self.program = fd.program
+        a = p.attention
+        self.b = b
+        nh, nkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
+        w = fd.w
+        self.scratch = AttentionScratch(b, nh, hd, fd.kv.capacity, fd.scratch.chunk,
+                                        fd.x.device)
+        h, u, logits = fd.bufs["h"], fd.bufs.get("u"), fd.bufs["logits"]
+        if u is None:
+            raise Unsupported("no u buffer")
+        lm_ops = p.head("lm").ops
+        if len(lm_ops) != 2 or lm_ops[0].kind != "norm" or lm_ops[1].kind != "linear":
+            raise Unsupported("lm head: norm + linear expected")
+        post_ln = lm_ops[0].weights[0]
+        lm = fd.fused_gemvs.get(lm_ops[1])
+        if lm is None or lm["epi"] != G.EPI_STORE or lm["off"] != 0:
+            raise Unsupported("lm head: one GEMV into the logits buffer expected")
+        head = p.head("lm")
+        self.answer_col = head.col
+        bufs: dict[str, torch.Tensor] = {
+            "x": fd.x, "h": h, "u": u, "logits": logits,
+            "cos": fd.cos, "sin": fd.sin,
+            "sc_m": self.scratch.m, "sc_l": self.scratch.l, "sc_acc": self.scratch.acc,
+            "post_ln_w": w[post_ln + ".weight"], "post_ln_b": w[post_ln + ".bias"],
+            "lm_w": lm["w"], "lm_b": lm["bias"],
+            "hidden": st.hidden, "pos": st.pos, "phase": st.phase, "kind": st.kind,
+            "out": st.out, "phase_next": st.phase_next,
+            "active": st.active.view(torch.uint8), "first": st.first.view(torch.uint8),
+        }
+        d = p.dim
+        self.layers = self._layers(fd, w, bufs)
+        self.buffers = bufs
+        # the kernel takes one row stride per buffer kind (constexpr): check them
+        assert fd.x.stride(0) == d and h.stride(0) == d and st.hidden.stride(0) == d
+        assert st.out.stride(0) == 4 and st.phase_next.is_contiguous()
+        assert lm["w"].shape[1] == d and lm["w"].is_contiguous()
+        for name, t in bufs.items():
+            assert t.is_contiguous(), name
+        kc = fd.kv.data[0, 0]
+        n1 = self.layers[0]["w1"]["w"].shape[0]
+        kw2 = self.layers[0]["w2"]["w"].shape[1]
+        vocab = lm["w"].shape[0]
+        # shapes the kernel is specialized on
+        self.shape = dict(
+            B=b, D=d, SU=u.stride(0), KW2=kw2, N1=n1, V=vocab, LS=logits.stride(0),
+            NH=nh, NKV=nkv, HD=hd, HALF=fd.cos.shape[1], CAP=fd.kv.capacity,
+            N_TABLE=fd.cos.shape[0], CHUNK=self.scratch.chunk, NSPLIT=self.scratch.n_split,
+            S_ROW=kc.stride(0), S_HEAD=kc.stride(1), S_POS=kc.stride(2),
+            NK=st.phase_next.shape[1], ANSWER_ID=-1 if st.spec.answer_id is None
+            else st.spec.answer_id, OUT_COL=head.col)
+        # GEMV block shapes: the fused backend's picks (its residual GEMV in deterministic
+        # mode: no split-K), so each output is summed in the same order as there
+        self.gemv_cfg = {
+            OP_GEMV_W1: G.pick(b, n1, d, G.EPI_QKV_GELU),
+            OP_GEMV_W2: G.pick(b, d, kw2, G.EPI_RESIDUAL, deterministic=True),
+            OP_GEMV_LM: G.pick(b, vocab, d, G.EPI_STORE),
+        }
+        for c in self.gemv_cfg.values():
+            assert c.split_k == 1
+        self.ops = self._program(len(self.layers))
+
+    def _layers(self, fd, w, bufs) -> list[dict]:
+        """Match the program's ops to the supported block pattern; register its tensors."""
+        p = self.program
+        ops = list(p.ops)
+        if len(ops) % 4:
+            raise Unsupported("blocks of 4 ops (norm, linear, attention, residual) expected")
+        layers = []
+        for i in range(0, len(ops), 4):
+            norm, lin, att, res = ops[i:i + 4]
+            if (norm.kind, lin.kind, att.kind, res.kind) != ("norm", "linear", "attention",
+                                                               "residual"):
+                raise Unsupported(f"op pattern at {i}")
+            if norm.norm != "layer" or norm.src != ("x",) or norm.dst != ("h",):
+                raise Unsupported("LayerNorm x -> h expected")
+            w1, w2 = fd.fused_gemvs.get(lin), fd.fused_gemvs.get(res)
+            if w1 is None or w1["epi"] != G.EPI_QKV_GELU or w1["buf"] != "u" or w1["off"]:
+                raise Unsupported("linear: one [qkv | gelu] GEMV into u expected")
+            if w2 is None or w2["src_buf"] != "u":
+                raise Unsupported("residual: one GEMV over a K range of u expected")
+            qkv_buf, qkv_off, _ = p.segment(att.src[0])
+            a_buf, a_off, _ = p.segment(att.dst[0])
+            if (qkv_buf, qkv_off) != ("u", 0) or a_buf != "u" or w1["n_split"] != qkv_off + \
+                    (p.attention.n_heads + 2 * p.attention.n_kv_heads) * p.attention.head_dim:
+                raise Unsupported("attention: qkv at u[0:n_split] expected")
+            k = len(layers)
+            slot = fd.layer_slot[att.layer]
+            bufs.update({f"w1.{k}": w1["w"], f"b1.{k}": w1["bias"], f"w2.{k}": w2["w"],
+                         f"b2.{k}": w2["bias"], f"ln_w.{k}": w[norm.weights[0] + ".weight"],
+                         f"ln_b.{k}": w[norm.weights[0] + ".bias"],
+                         f"kc.{k}": fd.kv.data[slot, 0], f"vc.{k}": fd.kv.data[slot, 1]})
+            layers.append(dict(w1=w1, w2=w2, a_off=a_off, res_off=w2["src_off"]))
+        return layers
+
+    def _program(self, n_layers: int) -> list[ProgramOp]:
+        O = Operand
+        ops: list[ProgramOp] = []
+        prev = ()
+        dim = self.program.dim
+        for i in range(n_layers):
+            L = self.layers[i]
+            n_split, n1 = L["w1"]["n_split"], L["w1"]["w"].shape[0]
+            ops.append(ProgramOp(f"ln.{i}", OP_LN, {"inp": O("x"), "gamma": O(f"ln_w.{i}"),
+                                                    "beta": O(f"ln_b.{i}"), "out": O("h")},
+                                 {"in_f32": 1}, prev))
+            w1 = {"inp": O("h"), "w": O(f"w1.{i}"), "bias": O(f"b1.{i}"), "out": O("u")}
+            p1 = {"n_split": n_split, "gap": L["w1"]["gap"]}
+            ops.append(ProgramOp(f"w1qkv.{i}", OP_GEMV_W1, w1, p1, (f"ln.{i}",),
+                                 rows=(0, n_split)))
+            ops.append(ProgramOp(f"w1fc1.{i}", OP_GEMV_W1, w1, p1, (f"ln.{i}",),
+                                 rows=(n_split, n1)))
+            ops.append(ProgramOp(f"attn.{i}", OP_ATTN,
+                                 {"qkv": O("u"), "kc": O(f"kc.{i}"), "vc": O(f"vc.{i}"),
+                                  "pos": O("pos"), "out": O("u", L["a_off"])},
+                                 {"layer": i}, (f"w1qkv.{i}",)))
+            ops.append(ProgramOp(f"comb.{i}", OP_COMBINE, {"out": O("u", L["a_off"])},
+                                 {}, (f"attn.{i}",)))
+            ops.append(ProgramOp(f"w2.{i}", OP_GEMV_W2,
+                                 {"inp": O("u", L["res_off"]), "w": O(f"w2.{i}"),
+                                  "bias": O(f"b2.{i}"), "out": O("x")}, {},
+                                 (f"comb.{i}", f"w1fc1.{i}"), rows=(0, dim)))
+            prev = (f"w2.{i}",)
+        ops.append(ProgramOp("advance", OP_ADVANCE,
+                             {"x": O("x"), "out_hidden": O("hidden"), "active": O("active"),
+                              "out_pos": O("pos"), "out_phase": O("phase"), "kind": O("kind"),
+                              "table": O("phase_next"), "out_first": O("first")}, {}, prev))
+        ops.append(ProgramOp("ln.post", OP_LN, {"inp": O("hidden"), "gamma": O("post_ln_w"),
+                                                "beta": O("post_ln_b"), "out": O("h")},
+                             {"in_f32": 0}, ("advance",)))
+        ops.append(ProgramOp("lm", OP_GEMV_LM, {"inp": O("h"), "w": O("lm_w"),
+                                                "bias": O("lm_b"), "out": O("logits")}, {},
+                             ("ln.post",), rows=(0, self.shape["V"])))
+        ops.append(ProgramOp("argmax", OP_ARGMAX,
+                             {"logits": O("logits"), "out": O("out"), "phase": O("phase"),
+                              "first": O("first")},
+                             {"mask_col": self.shape["ANSWER_ID"]}, ("lm",)))
+        return ops
