@@ -36,6 +36,9 @@ class EngineOptions:
     crops_on_device: image crops on the model's device (torch LANCZOS, bit-identical to PIL)
       or with PIL on the CPU; None = on device when it is CUDA.
     deterministic: repeatable bits run to run (no split-K atomics; slightly slower).
+    pdl: the fused backend's kernels launch with programmatic dependent launch (Hopper+,
+      a Triton with triton.language.extra.cuda.gdc_*; ops/pdl.py): each starts while the one
+      before finishes. Same results; ignored elsewhere (CPU, interpreter, older GPUs).
     max_batch: rows (batch slots) of the fast path; kv_capacity: positions per row
       (None: 1024 on the GPU, the model's context on the CPU).
     """
@@ -44,6 +47,7 @@ class EngineOptions:
     attention: str = "auto"
     crops_on_device: bool | None = None
     deterministic: bool = False
+    pdl: bool = False
     max_batch: int = 8
     kv_capacity: int | None = None
 
@@ -55,6 +59,8 @@ class EngineOptions:
             raise ValueError(f"fused must be one of {CHOICES}, not {self.fused!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, not {self.attention!r}")
+        if not isinstance(self.pdl, bool):
+            raise ValueError(f"pdl must be a bool, not {self.pdl!r}")
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, not {self.max_batch!r}")
 
