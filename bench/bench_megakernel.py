@@ -1,19 +1,28 @@
-"""Megakernel backend (photon_core/megakernel) vs the fused backend on the GPU, Moondream 2
-shapes, random bf16 weights. Every kernel run happens in a child process under a timeout
-(a watchdog: a deadlocked persistent kernel cannot hang the run).
+"""Decode step on the H200, Moondream 2 shapes, random bf16 weights, deterministic mode, all in
+one run against same-run baselines: the bandwidth floor, the fused backend's CUDA graph, the
+same with programmatic dependent launch (EngineOptions.pdl), and the megakernel
+(photon_core/megakernel) at batch 1 and 8; its compile time (cold / cached); greedy agreement
+over 64 steps. Every GPU phase runs in a child process under a timeout (a watchdog: a
+deadlocked persistent kernel cannot hang the run); the parent prints one table at the end.
 
-Phases (each a child process; the parent prints a summary and never waits past --timeout):
-  compile-cold  fresh TRITON_CACHE_DIR: build + first launch of the megakernel (b=1) = compile
-  compile-warm  same cache dir, new process: the cached start
-  bench         in one process, all against same-run baselines:
-                - copy bandwidth -> floor = (decoder weights + k/v at pos 785) / bandwidth
-                - greedy diff, deterministic mode, b=1 and b=8, 64 steps: fused backend
-                  (feed, decoder, advance, lm_greedy) vs megakernel (feed + one launch),
-                  from the same state: tokens identical per step, max |hidden| diff
-                - step ms at b=1 and b=8: megakernel (feed + kernel; direct launches and, if
-                  capturable, a CUDA graph) vs the fused backend's graph replay (lm + forward)
+Phases (child processes):
+  compile   cold: a fresh TRITON_CACHE_DIR, build + first launch of the megakernel (b=1,
+            default variant) = its compile; warm: the same in a new process = the cached start
+  bench     copy bandwidth -> floor = (decoder weights incl. lm head + k/v at positions
+            POS - r) / bandwidth;
+            per batch (1, 8): step = forward (feedback, decoder, row advance) + lm head pick,
+              fused graph (pdl off / on) and megakernel graph (feed + one launch), each the
+              median of 5 x (20 back-to-back replays between two events) / 20;
+            greedy: 64 steps from the same state, text rows: fused (pdl off) = reference;
+              fused pdl on must give the same bits (hidden, tokens); megakernel: tokens equal
+              per step (first divergent step), max |hidden diff|;
+            megakernel variants (num_warps:unroll, --variants) at b=1; the first variant
+              also at b=8.
 
-Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 540] [--steps 64]
+Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 420] [--steps 64]
+           [--variants 8:4,8:1,4:4] [--skip-compile]
+       PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/bench_megakernel.py --smoke
+           (CPU: the same code paths on the tiny fp32 model, no graphs, no timing value)
 Writes $OUT/bench_megakernel.json and .md when OUT is set.
 """
 from __future__ import annotations
@@ -33,204 +42,286 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 KV = 832
 POS = 785
+LINES: list[str] = []
 
 
 def say(s=""):
     print(s, flush=True)
+    LINES.append(s)
 
 
 # ---------------------------------------------------------------- child side
-def _setup(b_max=8):
-    import torch
+class Ctx:
+    """The engine under test: a FastEngine (deterministic, no warm-up graphs) on CUDA, or the
+    tiny fp32 model on the CPU (--smoke)."""
 
-    from photon_core.fast import FastEngine
-    from photon_core.moondream.config import MoondreamConfig
-    from photon_core.moondream.model import build_random_model
+    def __init__(self, smoke: bool, b_max: int = 8):
+        import torch
 
-    torch.manual_seed(0)
-    model = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
-    eng = FastEngine(model, max_batch=b_max, kv_capacity=KV, deterministic=True,
-                     graphed_prefill=False, graphed_encoder=False, detok_thread=False)
-    assert eng.state.fused is not None and eng.state.fused.deterministic
-    return torch, model, eng
+        from photon_core.fast import FastEngine
+        self.torch, self.smoke = torch, smoke
+        torch.manual_seed(0)
+        if smoke:
+            from photon_core.moondream.model import build_random_model
+            from photon_core.moondream.test_model import tiny_config
+            self.model = build_random_model(tiny_config(fast=True), device="cpu",
+                                            dtype="fp32", seed=0)
+            self.kv_cap, self.pos0 = 64, 50
+        else:
+            from photon_core.moondream.config import MoondreamConfig
+            from photon_core.moondream.model import build_random_model
+            self.model = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16",
+                                            seed=0)
+            self.kv_cap, self.pos0 = KV, POS
+        self.eng = FastEngine(self.model, max_batch=b_max, kv_capacity=self.kv_cap,
+                              deterministic=True, fused="on", graphed_prefill=False,
+                              graphed_encoder=False, detok_thread=False, warmup=False)
+        self.st = self.eng.state
+        self.fd = self.st.fused
+        assert self.fd is not None and self.fd.deterministic
+        self.dev = self.st.hidden.device
+
+    def sync(self):
+        if not self.smoke:
+            self.torch.cuda.synchronize()
+
+    def state_for(self, b: int, active: bool = True, seed: int = 1):
+        """rows [0, b): text phase, first pick done, positions pos0 - r, random k/v."""
+        torch, st = self.torch, self.st
+        g = torch.Generator(device=self.dev).manual_seed(seed)
+        self.eng.kv.data.normal_(generator=g)
+        st.hidden.normal_(generator=g)
+        st.pos.zero_()
+        st.pos[:b] = torch.arange(self.pos0, self.pos0 - b, -1, device=self.dev)
+        st.phase.zero_()
+        st.kind.zero_()
+        st.first.zero_()
+        st.active.zero_()
+        st.active[:b] = active
+        st.out.zero_()
+        self.fd.x.zero_()
+
+    def snap(self):
+        st = self.st
+        s = {n: getattr(st, n).clone() for n in ("hidden", "pos", "phase", "first", "active",
+                                                 "out")}
+        s["kv"], s["x"] = self.eng.kv.data.clone(), self.fd.x.clone()
+        return s
+
+    def restore(self, s):
+        st = self.st
+        for n in ("hidden", "pos", "phase", "first", "active", "out"):
+            getattr(st, n).copy_(s[n])
+        self.eng.kv.data.copy_(s["kv"])
+        self.fd.x.copy_(s["x"])
+
+    # one decode step = the forward (feedback of out, decoder, row advance) + the lm head's
+    # greedy pick (the runtime launches the pick first, then the forward: the same work);
+    # in this order it is what one megakernel step (feed + launch) computes
+    def fused_step(self, b: int, pdl: bool):
+        from photon_core.fast import decode_step as ds
+        self.fd.pdl = pdl
+        ds.forward(self.st, b)
+        ds.lm_greedy(self.st, b)
+
+    def mk(self, b: int):
+        from photon_core.megakernel.megakernel_step import MegakernelStep
+        return MegakernelStep(self.fd, self.st, b)
 
 
-def _state_for(torch, eng, b, seed=1):
-    """rows [0, b): text phase, first pick done, active, positions POS - r, k/v random."""
-    st = eng.state
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    eng.kv.data.normal_(generator=g)
-    st.hidden.normal_(generator=g)
-    st.pos.zero_()
-    st.pos[:b] = torch.arange(POS, POS - b, -1, device="cuda")
-    st.phase.zero_()
-    st.first.zero_()
-    st.active.zero_()
-    st.active[:b] = True
-    st.out.zero_()
-
-
-def _snap(eng):
-    st, fd = eng.state, eng.state.fused
-    return {n: getattr(st, n).clone() for n in ("hidden", "pos", "phase", "first", "active",
-                                                "out")} | {"kv": eng.kv.data.clone(),
-                                                           "x": fd.x.clone()}
-
-
-def _restore(eng, s):
-    st, fd = eng.state, eng.state.fused
-    for n in ("hidden", "pos", "phase", "first", "active", "out"):
-        getattr(st, n).copy_(s[n])
-    eng.kv.data.copy_(s["kv"])
-    fd.x.copy_(s["x"])
-
-
-def child_compile(args):
-    t0 = time.perf_counter()
-    torch, model, eng = _setup(1)
-    from photon_core.megakernel.megakernel_step import MegakernelStep
-    t1 = time.perf_counter()
-    mk = MegakernelStep(eng.state.fused, eng.state, 1)
-    t2 = time.perf_counter()
-    eng.state.active.zero_()
-    mk.run_kernel()
-    torch.cuda.synchronize()
-    t3 = time.perf_counter()
-    c = mk.compiled
-    print("RESULT " + json.dumps({
-        "setup_s": t1 - t0, "schedule_s": t2 - t1, "first_launch_s": t3 - t2,
-        "instructions": len(c.instrs), "programs": c.n_programs, "aligned": c.aligned,
-        "est_makespan_us": c.makespan_us}), flush=True)
-
-
-def _cuda_ms(torch, fn, iters=50, warmup=5):
-    for _ in range(warmup):
+def _timed(torch, fn, reps=20, rounds=5):
+    """median over rounds of (reps back-to-back calls between two events) / reps, in ms."""
+    for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
+    out = []
+    for _ in range(rounds):
         a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(reps):
+            fn()
         e.record()
         e.synchronize()
-        ts.append(a.elapsed_time(e))
-    return statistics.median(ts)
+        out.append(a.elapsed_time(e) / reps)
+    return statistics.median(out)
 
 
-def _graph_ms(torch, fn, reps=50):
+def _graph(torch, fn):
+    """fn captured in a CUDA graph (after two warm-up calls on a side stream)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
+        fn()
         fn()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    return _cuda_ms(torch, g.replay, iters=reps), g
+    torch.cuda.synchronize()
+    return g
+
+
+def child_compile(args):
+    t0 = time.perf_counter()
+    c = Ctx(args.smoke, 1)
+    from photon_core.megakernel.kernel import launch
+    t1 = time.perf_counter()
+    mk = c.mk(1)
+    t2 = time.perf_counter()
+    c.st.active.zero_()
+    w, u = _variants(args)[0]
+    launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+    c.sync()
+    t3 = time.perf_counter()
+    cc = mk.compiled
+    print("RESULT " + json.dumps({
+        "setup_s": round(t1 - t0, 2), "schedule_s": round(t2 - t1, 3),
+        "first_launch_s": round(t3 - t2, 3), "instructions": len(cc.instrs),
+        "programs": cc.n_programs, "aligned": cc.aligned,
+        "est_makespan_us": round(cc.makespan_us, 1)}), flush=True)
+
+
+def _variants(args):
+    out = []
+    for v in args.variants.split(","):
+        w, u = v.split(":")
+        out.append((int(w), int(u)))
+    return out
+
+
+def _greedy(c, b, steps, step_fn):
+    """tokens [steps][b] and hidden states of `steps` steps from the current state."""
+    toks, hid = [], []
+    for _ in range(steps):
+        step_fn()
+        toks.append(c.st.out[:b, 0].clone())
+        hid.append(c.st.hidden[:b].clone())
+    c.sync()
+    return toks, hid
+
+
+def _agreement(ref, got):
+    (rt, rh), (gt, gh) = ref, got
+    first_bad = next((k for k, (a, b) in enumerate(zip(rt, gt))
+                      if not bool((a == b).all())), None)
+    same = sum(int((a == b).sum()) for a, b in zip(rt, gt))
+    hdiff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(rh, gh))
+    bitwise = all(bool((a == b).all()) for a, b in zip(rh, gh))
+    return {"first_divergent_step": first_bad, "tokens_equal": same,
+            "tokens_total": sum(int(a.numel()) for a in rt), "max_hidden_diff": hdiff,
+            "hidden_bitwise": bitwise}
 
 
 def child_bench(args):
-    res = {}
-    torch, model, eng = _setup(8)
-    from photon_core.megakernel.megakernel_step import MegakernelStep
-    st, fd = eng.state, eng.state.fused
-    eng.runner.capture()
-    answer = model.config.tokenizer.answer_id
-    # copy bandwidth and the floor
-    n = 2 ** 30
-    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty_like(a)
-    ms = _cuda_ms(torch, lambda: c.copy_(a), iters=20)
-    bw = 2 * a.numel() * 2 / (ms * 1e-3)
-    del a, c
-    torch.cuda.empty_cache()
-    w = model.weights
-    wbytes = sum(t.numel() * t.element_size() for nm, t in w.items()
+    c = Ctx(args.smoke, 8)
+    torch = c.torch
+    from photon_core.megakernel.kernel import launch
+    res = {"variants": args.variants}
+    model = c.model
+    if not args.smoke:
+        n = 2 ** 30
+        a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        z = torch.empty_like(a)
+        ms = _timed(torch, lambda: z.copy_(a), reps=5, rounds=5)
+        bw = 2 * a.numel() * 2 / (ms * 1e-3)
+        del a, z
+        torch.cuda.empty_cache()
+    else:
+        bw = 1e12
+    wbytes = sum(t.numel() * t.element_size() for nm, t in model.weights.items()
                  if nm.startswith("text.") and nm != "text.wte")
     t = model.config.text
     res["copy_TBps"] = bw / 1e12
-    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights {wbytes / 1e9:.2f} GB")
+    res["decoder_GB"] = wbytes / 1e9
+    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
+    variants = _variants(args)
     for b in (1, 8):
         row = {}
+        res[f"b{b}"] = row
         try:
-            t0 = time.perf_counter()
-            mk = MegakernelStep(fd, st, b)
-            cmp = mk.compiled
-            row.update(instructions=len(cmp.instrs), programs=cmp.n_programs,
-                       aligned=cmp.aligned, est_makespan_us=round(cmp.makespan_us, 1))
-            # --- greedy diff, deterministic mode
-            _state_for(torch, eng, b)
-            fd.lm_greedy(st.hidden[:b], st.out, st.phase, st.first, answer, b)
-            s0 = _snap(eng)
-            ref_tok, ref_h = [], []
-            for _ in range(args.steps):
-                fd.feed(st.out, st.phase, b)
-                fd.decoder(None, st.pos[:b], b)
-                fd.advance(st, b)
-                fd.lm_greedy(st.hidden[:b], st.out, st.phase, st.first, answer, b)
-                ref_tok.append(st.out[:b, 0].clone())
-                ref_h.append(st.hidden[:b].clone())
-            torch.cuda.synchronize()
-            _restore(eng, s0)
-            mk.step()                            # first launch: compile (b=8) or cache
-            torch.cuda.synchronize()
-            row["first_launch_s"] = round(time.perf_counter() - t0, 2)
-            _restore(eng, s0)
-            first_bad, hdiff = None, 0.0
-            for k in range(args.steps):
-                mk.step()
-                if first_bad is None and not torch.equal(st.out[:b, 0], ref_tok[k]):
-                    first_bad = k
-                hdiff = max(hdiff, (st.hidden[:b].float() - ref_h[k].float()).abs().max()
-                            .item())
-            torch.cuda.synchronize()
-            row["greedy_steps"] = args.steps
-            row["tokens_identical"] = first_bad is None
-            row["first_divergent_step"] = first_bad
-            row["max_hidden_diff"] = hdiff
-            row["counters_reset"] = int(cmp.counters.abs().sum().item()) == 0
-            say(f"b={b} greedy {args.steps} steps: tokens identical {first_bad is None} "
-                f"(first divergent step {first_bad}), max |hidden diff| {hdiff:.3g}")
-            # --- timing: positions POS - r, inactive rows (nothing advances)
-            _state_for(torch, eng, b)
-            st.active.zero_()
+            # --- greedy agreement, deterministic mode, from one state
+            c.state_for(b)
+            c.fused_step(b, False)          # one step so that every row has a token
+            s0 = c.snap()
+            ref = _greedy(c, b, args.steps, lambda: c.fused_step(b, False))
+            c.restore(s0)
+            row["pdl_vs_fused"] = _agreement(ref, _greedy(c, b, args.steps,
+                                                          lambda: c.fused_step(b, True)))
+            say(f"b={b} greedy {args.steps} steps, fused+PDL vs fused: {row['pdl_vs_fused']}")
+            mk = c.mk(b)
+            cm = mk.compiled
+            row["mk_instructions"], row["mk_programs"] = len(cm.instrs), cm.n_programs
+            row["mk_est_makespan_us"] = round(cm.makespan_us, 1)
+            mk_variants = variants if b == 1 else variants[:1]
+            for w, u in mk_variants:
+                name = f"mk_w{w}_u{u}"
+                try:
+                    c.restore(s0)
+                    t0 = time.perf_counter()
+                    c.fd.pdl = False
+                    mk.feed()
+                    launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+                    c.sync()
+                    row[f"{name}_first_launch_s"] = round(time.perf_counter() - t0, 2)
+                    c.restore(s0)
+
+                    def mk_step(w=w, u=u):
+                        mk.feed()
+                        launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+                    row[f"{name}_greedy"] = _agreement(ref, _greedy(c, b, args.steps, mk_step))
+                    row[f"{name}_counters_reset"] = int(cm.counters.abs().sum()) == 0
+                    say(f"b={b} greedy {args.steps} steps, megakernel w{w} u{u} vs fused: "
+                        f"{row[f'{name}_greedy']}")
+                except Exception:  # noqa: BLE001
+                    row[f"{name}_error"] = traceback.format_exc()[-1500:]
+                    say(f"b={b} {name} failed: {row[f'{name}_error']}")
+            if args.smoke:
+                continue
+            # --- timing: inactive rows (nothing advances, so every replay is the same step)
+            c.state_for(b, active=False)
             kvb = sum(t.n_layers * 2 * t.n_kv_heads * (int(p) + 1) * t.head_dim * 2
-                      for p in st.pos[:b].tolist())
+                      for p in c.st.pos[:b].tolist())
             floor = (wbytes + kvb) / bw * 1e3
             row["floor_ms"] = floor
-            fused_ms = _cuda_ms(torch, lambda: (eng.runner.run("lm", b),
-                                                eng.runner.run("forward", b)))
-            row["fused_graph_ms"] = fused_ms
-            mk_ms = _cuda_ms(torch, mk.step)
-            row["mk_launch_ms"] = mk_ms
-            try:
-                gms, g = _graph_ms(torch, mk.step)
-                row["mk_graph_ms"] = gms
-                del g
-            except Exception as e:  # noqa: BLE001
-                row["mk_graph_error"] = repr(e)[:300]
-                gms = None
-            best = min(x for x in (mk_ms, gms) if x is not None)
-            row["mk_x_floor"] = best / floor
-            row["fused_x_floor"] = fused_ms / floor
-            row["fused_over_mk"] = fused_ms / best
-            say(f"b={b}: floor {floor:.3f} ms | fused graph {fused_ms:.3f} ms "
-                f"({fused_ms / floor:.2f}x) | megakernel launch {mk_ms:.3f} ms, graph "
-                f"{gms if gms is None else round(gms, 3)} ms ({best / floor:.2f}x floor) | "
-                f"fused/megakernel {fused_ms / best:.2f}")
+            for pdl in (False, True):
+                key = "fused_pdl_ms" if pdl else "fused_ms"
+                try:
+                    g = _graph(torch, lambda: c.fused_step(b, pdl))
+                    row[key] = _timed(torch, g.replay)
+                    del g
+                except Exception:  # noqa: BLE001
+                    row[key + "_error"] = traceback.format_exc()[-1500:]
+                    say(f"b={b} {key} failed: {row[key + '_error']}")
+            c.fd.pdl = False
+            for w, u in mk_variants:
+                name = f"mk_w{w}_u{u}"
+                if f"{name}_error" in row:
+                    continue
+                try:
+                    def mk_step(w=w, u=u):
+                        mk.feed()
+                        launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+                    row[f"{name}_launch_ms"] = _timed(torch, mk_step)
+                    g = _graph(torch, mk_step)
+                    row[f"{name}_graph_ms"] = _timed(torch, g.replay)
+                    del g
+                except Exception:  # noqa: BLE001
+                    row[f"{name}_time_error"] = traceback.format_exc()[-1500:]
+                    say(f"b={b} {name} timing failed: {row[f'{name}_time_error']}")
+            say(f"b={b} timings: " + json.dumps({k: round(v, 4) for k, v in row.items()
+                                                  if k.endswith("_ms")}))
         except Exception:  # noqa: BLE001
             row["error"] = traceback.format_exc()[-2000:]
             say(f"b={b} failed: {row['error']}")
-        res[f"b{b}"] = row
     print("RESULT " + json.dumps(res, default=str), flush=True)
 
 
 # ---------------------------------------------------------------- parent side
 def run_child(mode, args, env, timeout):
     t0 = time.perf_counter()
-    cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps)]
+    cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
+           "--variants", args.variants] + (["--smoke"] if args.smoke else [])
     try:
         p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True,
                            cwd=ROOT)
@@ -246,46 +337,103 @@ def run_child(mode, args, env, timeout):
             say(f"[{mode}] {line}")
     if p.returncode != 0:
         say(f"[{mode}] exit {p.returncode}; stderr tail:\n{p.stderr[-3000:]}")
-    res = {"wall_s": wall, "rc": p.returncode}
+    res = {"wall_s": round(wall, 1), "rc": p.returncode}
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             res.update(json.loads(line[7:]))
     return res
 
 
+def _f(v, nd=3):
+    return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+
+
+def table(out, args) -> list[str]:
+    b = out.get("bench", {})
+    lines = ["| b | floor ms | fused ms (x floor) | fused+PDL ms (x floor) | megakernel ms "
+             "(x floor) [variant] | fused / mk | greedy 64: PDL | greedy 64: mk |",
+             "|---|---|---|---|---|---|---|---|"]
+    for bb in (1, 8):
+        r = b.get(f"b{bb}", {})
+        fl = r.get("floor_ms")
+
+        def x(v):
+            return "-" if v is None or not fl else f"{v:.3f} ({v / fl:.2f}x)"
+        mks = {k[:-len("_graph_ms")]: v for k, v in r.items() if k.endswith("_graph_ms")}
+        best = min(mks.items(), key=lambda kv: kv[1]) if mks else (None, None)
+        fused = r.get("fused_ms")
+        pg = r.get("pdl_vs_fused", {})
+        mg = r.get(f"{best[0]}_greedy", {}) if best[0] else {}
+        if not mg:
+            first = next((k for k in r if k.endswith("_greedy")), None)
+            mg = r.get(first, {}) if first else {}
+
+        def g(a):
+            if not a:
+                return "-"
+            return (f"{a['tokens_equal']}/{a['tokens_total']} tokens, first diff step "
+                    f"{a['first_divergent_step']}, bitwise {a['hidden_bitwise']}")
+        lines.append(f"| {bb} | {_f(fl)} | {x(fused)} | {x(r.get('fused_pdl_ms'))} | "
+                     f"{x(best[1])} [{best[0]}] | "
+                     f"{'-' if not (fused and best[1]) else f'{fused / best[1]:.2f}'} | "
+                     f"{g(pg)} | {g(mg)} |")
+    for bb in (1, 8):
+        r = b.get(f"b{bb}", {})
+        for k, v in sorted(r.items()):
+            if k.startswith("mk_w") and (k.endswith("_ms") or k.endswith("_greedy")):
+                lines.append(f"- b={bb} {k}: {v if not isinstance(v, float) else round(v, 4)}")
+    cc, cw = out.get("compile_cold", {}), out.get("compile_warm", {})
+    lines.append(f"- megakernel compile (b=1, first variant): cold first launch "
+                 f"{_f(cc.get('first_launch_s'), 2)} s (process {_f(cc.get('wall_s'), 1)} s), "
+                 f"cached {_f(cw.get('first_launch_s'), 3)} s; schedule "
+                 f"{_f(cc.get('schedule_s'), 3)} s; {cc.get('instructions')} instructions on "
+                 f"{cc.get('programs')} programs")
+    lines.append(f"- copy bandwidth {_f(b.get('copy_TBps'), 2)} TB/s, decoder + lm head "
+                 f"{_f(b.get('decoder_GB'), 2)} GB, KV capacity {KV}, positions {POS} - r")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", default=None)
     ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--timeout", type=float, default=540)
+    ap.add_argument("--timeout", type=float, default=420)
+    ap.add_argument("--variants", default="8:4,8:1,4:4",
+                    help="megakernel num_warps:unroll list; the first is the default")
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, no timing")
     args = ap.parse_args()
     if args.child == "compile":
         return child_compile(args)
     if args.child == "bench":
         return child_bench(args)
+    if args.smoke:
+        args.steps = min(args.steps, 4)
     deadline = time.perf_counter() + args.timeout
     out = {}
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    env.pop("TRITON_INTERPRET", None)
+    if not args.smoke:
+        env.pop("TRITON_INTERPRET", None)
     cache = tempfile.mkdtemp(prefix="mk_triton_cache_")
     if not args.skip_compile:
         env_c = dict(env, TRITON_CACHE_DIR=cache)
         for mode in ("cold", "warm"):
             left = deadline - time.perf_counter()
-            r = run_child("compile", args, env_c, max(10, min(240, left - 60)))
+            r = run_child("compile", args, env_c, max(10, min(150, left - 120)))
             out[f"compile_{mode}"] = r
             say(f"compile {mode}: " + json.dumps(r, default=str))
             if r.get("timeout") or r.get("rc"):
                 break
         env = dict(env, TRITON_CACHE_DIR=cache)
     left = deadline - time.perf_counter()
-    r = run_child("bench", args, env, max(10, left - 5))
-    out["bench"] = r
-    say("\n# bench_megakernel summary\n" + json.dumps(out, indent=1, default=str))
+    out["bench"] = run_child("bench", args, env, max(10, left - 5))
+    say("\n# bench_megakernel (H200, deterministic mode, step = forward + lm pick)")
+    for line in table(out, args):
+        say(line)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_megakernel.json").write_text(
             json.dumps(out, indent=1, default=str))
+        Path(os.environ["OUT"], "bench_megakernel.md").write_text("\n".join(LINES) + "\n")
 
 
 if __name__ == "__main__":
