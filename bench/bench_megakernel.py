@@ -16,11 +16,12 @@ Phases (child processes):
             greedy: 64 steps from the same state, text rows: fused (pdl off) = reference;
               fused pdl on must give the same bits (hidden, tokens); megakernel: tokens equal
               per step (first divergent step), max |hidden diff|;
-            megakernel variants (num_warps:unroll, --variants) at b=1; the first variant
-              also at b=8.
+            megakernel variants (num_warps:unroll:gemv, --variants) at b=1; the first
+              variant also at b=8; variants left when the child's time budget is spent are
+              skipped (reported), so the table always prints.
 
 Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 420] [--steps 64]
-           [--variants 8:4,8:1,4:4] [--skip-compile]
+           [--variants 8:4:fused,8:1:fused,8:2:fma,4:4:fused] [--skip-compile]
        PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/bench_megakernel.py --smoke
            (CPU: the same code paths on the tiny fp32 model, no graphs, no timing value)
 Writes $OUT/bench_megakernel.json and .md when OUT is set.
@@ -124,9 +125,9 @@ class Ctx:
         ds.forward(self.st, b)
         ds.lm_greedy(self.st, b)
 
-    def mk(self, b: int):
+    def mk(self, b: int, gemv: str = "fused"):
         from photon_core.megakernel.megakernel_step import MegakernelStep
-        return MegakernelStep(self.fd, self.st, b)
+        return MegakernelStep(self.fd, self.st, b, gemv=gemv)
 
 
 def _timed(torch, fn, reps=20, rounds=5):
@@ -166,11 +167,11 @@ def child_compile(args):
     t0 = time.perf_counter()
     c = Ctx(args.smoke, 1)
     from photon_core.megakernel.kernel import launch
+    w, u, gk = _variants(args)[0]
     t1 = time.perf_counter()
-    mk = c.mk(1)
+    mk = c.mk(1, gk)
     t2 = time.perf_counter()
     c.st.active.zero_()
-    w, u = _variants(args)[0]
     launch(mk.compiled, mk.low, num_warps=w, unroll=u)
     c.sync()
     t3 = time.perf_counter()
@@ -183,10 +184,11 @@ def child_compile(args):
 
 
 def _variants(args):
+    """--variants "w:u[:gemv],...": num_warps, GEMV unroll, GEMV shapes (fused | fma)."""
     out = []
     for v in args.variants.split(","):
-        w, u = v.split(":")
-        out.append((int(w), int(u)))
+        f = v.split(":")
+        out.append((int(f[0]), int(f[1]), f[2] if len(f) > 2 else "fused"))
     return out
 
 
@@ -213,10 +215,94 @@ def _agreement(ref, got):
             "hidden_bitwise": bitwise}
 
 
+def _fused_baselines(c, b, args, row, wbytes, bw):
+    """Greedy reference (fused, pdl off), PDL agreement, floor and fused graph timings at b;
+    returns (state s0, reference)."""
+    torch = c.torch
+    c.state_for(b)
+    c.fused_step(b, False)          # one step so that every row has a token to feed
+    s0 = c.snap()
+    ref = _greedy(c, b, args.steps, lambda: c.fused_step(b, False))
+    c.restore(s0)
+    row["pdl_vs_fused"] = _agreement(ref, _greedy(c, b, args.steps,
+                                                  lambda: c.fused_step(b, True)))
+    say(f"b={b} greedy {args.steps} steps, fused+PDL vs fused: {row['pdl_vs_fused']}")
+    c.fd.pdl = False
+    if args.smoke:
+        return s0, ref
+    t = c.model.config.text
+    c.state_for(b, active=False)    # inactive rows: nothing advances, every replay the same
+    kvb = sum(t.n_layers * 2 * t.n_kv_heads * (int(p) + 1) * t.head_dim * 2
+              for p in c.st.pos[:b].tolist())
+    floor = (wbytes + kvb) / bw * 1e3
+    row["floor_ms"] = floor
+    for pdl in (False, True):
+        key = "fused_pdl_ms" if pdl else "fused_ms"
+        try:
+            g = _graph(torch, lambda: c.fused_step(b, pdl))
+            row[key] = _timed(torch, g.replay)
+            del g
+            say(f"b={b} {key} {row[key]:.4f} ({row[key] / floor:.2f}x floor {floor:.4f})")
+        except Exception:  # noqa: BLE001
+            row[key + "_error"] = traceback.format_exc()[-1500:]
+            say(f"b={b} {key} failed: {row[key + '_error']}")
+    c.fd.pdl = False
+    return s0, ref
+
+
+def _megakernel_variant(c, b, w, u, gk, args, row, mks, s0, ref):
+    from photon_core.megakernel.kernel import launch
+    torch = c.torch
+    name = f"mk_w{w}_u{u}_{gk}"
+    if gk not in mks:
+        mks[gk] = c.mk(b, gk)
+        cm = mks[gk].compiled
+        row[f"mk_{gk}_instructions"] = len(cm.instrs)
+        row[f"mk_{gk}_programs"] = cm.n_programs
+        row[f"mk_{gk}_est_makespan_us"] = round(cm.makespan_us, 1)
+        row[f"mk_{gk}_gemv_cfg"] = str(mks[gk].low.gemv_cfg)
+    mk = mks[gk]
+    c.fd.pdl = False
+
+    def mk_step():
+        mk.feed()
+        launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+    c.restore(s0)
+    t0 = time.perf_counter()
+    mk_step()
+    c.sync()
+    row[f"{name}_first_launch_s"] = round(time.perf_counter() - t0, 2)
+    c.restore(s0)
+    row[f"{name}_greedy"] = _agreement(ref, _greedy(c, b, args.steps, mk_step))
+    row[f"{name}_counters_reset"] = int(mk.compiled.counters.abs().sum()) == 0
+    say(f"b={b} greedy {args.steps} steps, megakernel {name} vs fused: "
+        f"{row[f'{name}_greedy']} (first launch {row[f'{name}_first_launch_s']} s)")
+    if args.smoke:
+        return
+    c.state_for(b, active=False)
+    row[f"{name}_launch_ms"] = _timed(torch, mk_step)
+    try:
+        g = _graph(torch, mk_step)
+        row[f"{name}_graph_ms"] = _timed(torch, g.replay)
+        del g
+    except Exception:  # noqa: BLE001
+        row[f"{name}_graph_error"] = traceback.format_exc()[-1500:]
+        say(f"b={b} {name} graph failed: {row[f'{name}_graph_error']}")
+    fl = row.get("floor_ms")
+    say(f"b={b} {name}: launch {row[f'{name}_launch_ms']:.4f} ms, graph "
+        f"{row.get(f'{name}_graph_ms')} ms, floor {fl}")
+    try:
+        kern = launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+        row[f"{name}_regs_spills"] = (getattr(kern, "n_regs", None),
+                                      getattr(kern, "n_spills", None))
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def child_bench(args):
+    t_start = time.perf_counter()
     c = Ctx(args.smoke, 8)
     torch = c.torch
-    from photon_core.megakernel.kernel import launch
     res = {"variants": args.variants}
     model = c.model
     if not args.smoke:
@@ -231,89 +317,27 @@ def child_bench(args):
         bw = 1e12
     wbytes = sum(t.numel() * t.element_size() for nm, t in model.weights.items()
                  if nm.startswith("text.") and nm != "text.wte")
-    t = model.config.text
     res["copy_TBps"] = bw / 1e12
     res["decoder_GB"] = wbytes / 1e9
     say(f"copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
     variants = _variants(args)
-    for b in (1, 8):
-        row = {}
-        res[f"b{b}"] = row
+    # jobs in priority order: the default variant at b=1 and b=8, then the others at b=1
+    jobs = [(1, variants[0]), (8, variants[0])] + [(1, v) for v in variants[1:]]
+    base, mks = {}, {1: {}, 8: {}}
+    for b, (w, u, gk) in jobs:
+        row = res.setdefault(f"b{b}", {})
+        name = f"mk_w{w}_u{u}_{gk}"
+        if time.perf_counter() - t_start > args.budget:
+            row[f"{name}_error"] = "skipped: over the child's time budget"
+            say(f"b={b} {name} skipped (time budget)")
+            continue
         try:
-            # --- greedy agreement, deterministic mode, from one state
-            c.state_for(b)
-            c.fused_step(b, False)          # one step so that every row has a token
-            s0 = c.snap()
-            ref = _greedy(c, b, args.steps, lambda: c.fused_step(b, False))
-            c.restore(s0)
-            row["pdl_vs_fused"] = _agreement(ref, _greedy(c, b, args.steps,
-                                                          lambda: c.fused_step(b, True)))
-            say(f"b={b} greedy {args.steps} steps, fused+PDL vs fused: {row['pdl_vs_fused']}")
-            mk = c.mk(b)
-            cm = mk.compiled
-            row["mk_instructions"], row["mk_programs"] = len(cm.instrs), cm.n_programs
-            row["mk_est_makespan_us"] = round(cm.makespan_us, 1)
-            mk_variants = variants if b == 1 else variants[:1]
-            for w, u in mk_variants:
-                name = f"mk_w{w}_u{u}"
-                try:
-                    c.restore(s0)
-                    t0 = time.perf_counter()
-                    c.fd.pdl = False
-                    mk.feed()
-                    launch(mk.compiled, mk.low, num_warps=w, unroll=u)
-                    c.sync()
-                    row[f"{name}_first_launch_s"] = round(time.perf_counter() - t0, 2)
-                    c.restore(s0)
-
-                    def mk_step(w=w, u=u):
-                        mk.feed()
-                        launch(mk.compiled, mk.low, num_warps=w, unroll=u)
-                    row[f"{name}_greedy"] = _agreement(ref, _greedy(c, b, args.steps, mk_step))
-                    row[f"{name}_counters_reset"] = int(cm.counters.abs().sum()) == 0
-                    say(f"b={b} greedy {args.steps} steps, megakernel w{w} u{u} vs fused: "
-                        f"{row[f'{name}_greedy']}")
-                except Exception:  # noqa: BLE001
-                    row[f"{name}_error"] = traceback.format_exc()[-1500:]
-                    say(f"b={b} {name} failed: {row[f'{name}_error']}")
-            if args.smoke:
-                continue
-            # --- timing: inactive rows (nothing advances, so every replay is the same step)
-            c.state_for(b, active=False)
-            kvb = sum(t.n_layers * 2 * t.n_kv_heads * (int(p) + 1) * t.head_dim * 2
-                      for p in c.st.pos[:b].tolist())
-            floor = (wbytes + kvb) / bw * 1e3
-            row["floor_ms"] = floor
-            for pdl in (False, True):
-                key = "fused_pdl_ms" if pdl else "fused_ms"
-                try:
-                    g = _graph(torch, lambda: c.fused_step(b, pdl))
-                    row[key] = _timed(torch, g.replay)
-                    del g
-                except Exception:  # noqa: BLE001
-                    row[key + "_error"] = traceback.format_exc()[-1500:]
-                    say(f"b={b} {key} failed: {row[key + '_error']}")
-            c.fd.pdl = False
-            for w, u in mk_variants:
-                name = f"mk_w{w}_u{u}"
-                if f"{name}_error" in row:
-                    continue
-                try:
-                    def mk_step(w=w, u=u):
-                        mk.feed()
-                        launch(mk.compiled, mk.low, num_warps=w, unroll=u)
-                    row[f"{name}_launch_ms"] = _timed(torch, mk_step)
-                    g = _graph(torch, mk_step)
-                    row[f"{name}_graph_ms"] = _timed(torch, g.replay)
-                    del g
-                except Exception:  # noqa: BLE001
-                    row[f"{name}_time_error"] = traceback.format_exc()[-1500:]
-                    say(f"b={b} {name} timing failed: {row[f'{name}_time_error']}")
-            say(f"b={b} timings: " + json.dumps({k: round(v, 4) for k, v in row.items()
-                                                  if k.endswith("_ms")}))
+            if b not in base:
+                base[b] = _fused_baselines(c, b, args, row, wbytes, bw)
+            _megakernel_variant(c, b, w, u, gk, args, row, mks[b], *base[b])
         except Exception:  # noqa: BLE001
-            row["error"] = traceback.format_exc()[-2000:]
-            say(f"b={b} failed: {row['error']}")
+            row[f"{name}_error"] = traceback.format_exc()[-2000:]
+            say(f"b={b} {name} failed: {row[f'{name}_error']}")
     print("RESULT " + json.dumps(res, default=str), flush=True)
 
 
@@ -321,7 +345,8 @@ def child_bench(args):
 def run_child(mode, args, env, timeout):
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
-           "--variants", args.variants] + (["--smoke"] if args.smoke else [])
+           "--variants", args.variants, "--budget", str(max(10.0, timeout - 90))] + (
+        ["--smoke"] if args.smoke else [])
     try:
         p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True,
                            cwd=ROOT)
@@ -398,8 +423,11 @@ def main():
     ap.add_argument("--child", default=None)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=420)
-    ap.add_argument("--variants", default="8:4,8:1,4:4",
-                    help="megakernel num_warps:unroll list; the first is the default")
+    ap.add_argument("--variants", default="8:4:fused,8:1:fused,8:2:fma,4:4:fused",
+                    help="megakernel num_warps:unroll:gemv list (gemv: fused | fma); the "
+                         "first is the default (also timed at b=8)")
+    ap.add_argument("--budget", type=float, default=1e9,
+                    help="(child) seconds after which further megakernel variants are skipped")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, no timing")
     args = ap.parse_args()

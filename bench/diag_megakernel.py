@@ -37,28 +37,23 @@ def subset(c, keep, waits=False):
                                counters=torch.zeros_like(c.counters))
 
 
-def child(b):
+def child(b, smoke=False):
     sys.argv = [sys.argv[0]]
     import bench_megakernel as bm
     from photon_core.megakernel.instructions import OP_NAMES
     from photon_core.megakernel.kernel import launch
-    from photon_core.megakernel.megakernel_step import MegakernelStep
-    torch, model, eng = bm._setup(8)
-    st, fd = eng.state, eng.state.fused
-    answer = model.config.tokenizer.answer_id
-    mk = MegakernelStep(fd, st, b)
-    c = mk.compiled
-    bm._state_for(torch, eng, b)
-    fd.lm_greedy(st.hidden[:b], st.out, st.phase, st.first, answer, b)
-    s0 = bm._snap(eng)
-    fd.feed(st.out, st.phase, b)
-    fd.decoder(None, st.pos[:b], b)
-    fd.advance(st, b)
-    fd.lm_greedy(st.hidden[:b], st.out, st.phase, st.first, answer, b)
-    ref = bm._snap(eng) | {"logits": fd.logits[:b].clone()}
-    bm._restore(eng, s0)
-    k = mk.step()
-    got = bm._snap(eng) | {"logits": fd.logits[:b].clone()}
+    c = bm.Ctx(smoke, 8)
+    torch, st, fd = c.torch, c.st, c.fd
+    mk = c.mk(b)
+    cm = mk.compiled
+    c.state_for(b)
+    c.fused_step(b, False)
+    s0 = c.snap()
+    c.fused_step(b, False)
+    ref = c.snap() | {"logits": fd.bufs["logits"][:b].clone()}
+    c.restore(s0)
+    mk.step()
+    got = c.snap() | {"logits": fd.bufs["logits"][:b].clone()}
     for f in ("x", "hidden", "logits", "kv", "out", "pos"):
         a, r = got[f], ref[f]
         if f in ("x", "hidden"):
@@ -67,6 +62,8 @@ def child(b):
         print(f"field {f}: max |diff| {d.max().item():.4g}, mean {d.mean().item():.3g}, "
               f"bitwise equal {torch.equal(a, r)}, max |ref| {r.float().abs().max().item():.3g}",
               flush=True)
+    if smoke:
+        return
     kern = mk.run_kernel()
     print(f"kernel: n_regs {getattr(kern, 'n_regs', '?')} n_spills "
           f"{getattr(kern, 'n_spills', '?')} shared {getattr(kern, 'shared', '?')}", flush=True)
@@ -81,13 +78,13 @@ def child(b):
             launch(cc, mk.low)
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / reps * 1e3
-    print(f"b={b} whole table: {ms(c):.3f} ms", flush=True)
-    print(f"b={b} whole table, no waits: {ms(subset(c, lambda i: True)):.3f} ms", flush=True)
+    print(f"b={b} whole table: {ms(cm):.3f} ms", flush=True)
+    print(f"b={b} whole table, no waits: {ms(subset(cm, lambda i: True)):.3f} ms", flush=True)
     for op, name in OP_NAMES.items():
-        n = sum(1 for i in c.instrs if i.op == op)
+        n = sum(1 for i in cm.instrs if i.op == op)
         if n:
             print(f"b={b} only {name} ({n} instr, no waits): "
-                  f"{ms(subset(c, lambda i, op=op: i.op == op)):.3f} ms", flush=True)
+                  f"{ms(subset(cm, lambda i, op=op: i.op == op)):.3f} ms", flush=True)
 
 
 if __name__ == "__main__":
@@ -95,15 +92,17 @@ if __name__ == "__main__":
     ap.add_argument("--b", type=int, default=1)
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--smoke", action="store_true", help="CPU tiny model: the field diff only")
     a = ap.parse_args()
     if a.child:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        child(a.b)
+        child(a.b, a.smoke)
     else:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("TRITON_INTERPRET", None)
+        if not a.smoke:
+            env.pop("TRITON_INTERPRET", None)
         try:
-            subprocess.run([sys.executable, __file__, "--child", "--b", str(a.b)], env=env,
-                           timeout=a.timeout)
+            subprocess.run([sys.executable, __file__, "--child", "--b", str(a.b)]
+                           + (["--smoke"] if a.smoke else []), env=env, timeout=a.timeout)
         except subprocess.TimeoutExpired:
             print(f"TIMEOUT after {a.timeout} s", flush=True)

@@ -27,6 +27,9 @@ from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_COMBINE, OP_GEMV_L
                            OP_GEMV_W1, OP_GEMV_W2, OP_LN, Operand, ProgramOp)
 
 
+GEMV_CHOICES = ("fused", "fma")
+
+
 class Unsupported(ValueError):
     """The program has an op pattern the megakernel has no lowering for."""
 
@@ -35,7 +38,13 @@ class ProgramLowering:
     """The program (ops), the buffers its operands name, and the shapes / GEMV configs the
     kernel is specialized on, for a FusedBackend `fd` and a StepState `st` at bucket b."""
 
-    def __init__(self, fd, st, b: int):
+    def __init__(self, fd, st, b: int, gemv: str = "fused"):
+        """gemv: the GEMV block shapes: "fused" = the fused backend's picks (each output
+        summed in the same order as there); "fma" = at b=1, FMA tiles of 16 rows x 1024 K
+        (32 KB of weights per step and no shared-memory round trip of tl.dot; a different
+        summation order than the fused backend) where the shape allows, else "fused"."""
+        if gemv not in GEMV_CHOICES:
+            raise ValueError(f"gemv must be one of {GEMV_CHOICES}, not {gemv!r}")
         p = self.program = fd.program
         a = p.attention
         self.b = b
@@ -93,6 +102,14 @@ class ProgramLowering:
             OP_GEMV_W2: G.pick(b, d, kw2, G.EPI_RESIDUAL, deterministic=True),
             OP_GEMV_LM: G.pick(b, vocab, d, G.EPI_STORE),
         }
+        if gemv == "fma" and b == 1:
+            fma = G.GemvConfig(16, 1024, 1, 8, 1, False)
+            for op, (n, k, epi) in ((OP_GEMV_W1, (n1, d, G.EPI_QKV_GELU)),
+                                    (OP_GEMV_W2, (d, kw2, G.EPI_RESIDUAL)),
+                                    (OP_GEMV_LM, (vocab, d, G.EPI_STORE))):
+                split = self.layers[0]["w1"]["n_split"] if op == OP_GEMV_W1 else 0
+                if fma.fits(b, n, k, epi) and split % fma.block_n == 0:
+                    self.gemv_cfg[op] = fma
         for c in self.gemv_cfg.values():
             assert c.split_k == 1
         self.ops = self._program(len(self.layers))

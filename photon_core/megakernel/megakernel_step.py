@@ -33,9 +33,9 @@ def reference_step(fd, st, b: int, feed: bool = True) -> None:
 
 class MegakernelStep:
     def __init__(self, fd, st, b: int, n_sm: int | None = None,
-                 attn_per: int | None = None):
+                 attn_per: int | None = None, gemv: str = "fused"):
         self.fd, self.st, self.b = fd, st, b
-        self.low = ProgramLowering(fd, st, b)
+        self.low = ProgramLowering(fd, st, b, gemv)
         dev = fd.x.device
         if n_sm is None:
             n_sm = 1 if interpreted() else sm_count(dev)
