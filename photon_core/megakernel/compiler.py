@@ -2,10 +2,10 @@
 
 1. split (split_ops): each ProgramOp becomes instructions. GEMVs are cut into row tiles of
    whole BLOCK_N blocks, about one tile per SM per op (so every SM has work in every GEMV);
-   layernorm / advance / argmax one instruction per row; attention one per (row, head,
-   group of key splits), the groups sized so that one layer's attention fills the SMs about
-   once (b=1: 2 of 8 splits per instruction, 128 instructions; b=8: all 8), then a combine
-   per (row, head) that merges the splits into the head's output.
+   advance / argmax one instruction per row; attention one per (row, head, group of key
+   splits), the groups sized so that one layer's attention fills the SMs about once (b=1:
+   2 of 7 splits per instruction; b=8: all of them), the last of a (row, head) to finish
+   merging its splits (a per-(row, head) counter).
    Each instruction waits on the counters of the ops listed in its op's `after` (until each
    reaches that op's instruction count) and signals its own op's counter.
 2. schedule: list scheduling in topological (program) order: each instruction goes to the SM
@@ -15,9 +15,10 @@
    instruction in that order always has its dependencies done and sits at the head of its
    queue.
 3. tensors: the int64 instruction table (instructions.py layout) sorted by queue, the
-   queue offsets [n_programs + 1] (int32) and the counters [n_ops + 1] (int32; the last
-   counts finished programs: the last program to finish zeroes all of them, so the next
-   launch starts from 0).
+   queue offsets [n_programs + 1] (int32) and the counters (int32): one per op, one per
+   (row, head) of attention, and last the count of finished programs (the last program to
+   finish zeroes all of them, so the next launch starts from 0). A GEMV with a fused
+   LayerNorm gets its program's private scratch rows as its input (offset by program).
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ import torch
 
 from .instructions import (ARENAS, F_A, F_B, F_N0, F_N1, F_OP, F_P0, F_P1, F_P2, F_P3,
                            F_SIG, F_TGT0, F_TGT1, F_W, F_WAIT0, F_WAIT1, F_Y, N_FIELDS,
-                           NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_COMBINE, OP_GEMV_LM,
-                           OP_GEMV_W1, OP_GEMV_W2, OP_LN, Instr, Operand, ProgramOp)
+                           NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
+                           OP_GEMV_W2, F_P4, F_P5, F_P6, F_P7, Instr, Operand, ProgramOp)
 
 GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
 # cost model (us): bytes at one SM's share of the copy bandwidth + a fixed cost per
@@ -52,7 +53,7 @@ class Compiled:
     ops: list[ProgramOp]
     table: torch.Tensor              # int64 [n_instr, N_FIELDS]
     queue: torch.Tensor              # int32 [n_programs + 1]
-    counters: torch.Tensor           # int32 [n_ops + 1]
+    counters: torch.Tensor           # int32 [n_ops + n_layers * b * n_heads + 1]
     n_programs: int
     bases: dict[str, torch.Tensor]   # arena -> base tensor
     offsets: dict[str, int]          # buffer name -> element offset in its arena
@@ -83,7 +84,7 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
             assert j < k, f"{op.name} comes before {a}: the program must be in order"
             waits.append((j, counts[j]))
         assert len(waits) <= 2, f"{op.name}: at most 2 dependencies per instruction"
-        tiles, costs, subs = [], [], []
+        tiles, costs, subs, n_sub = [], [], [], 1
         if op.kind in GEMV_OPS:
             cfg = gemv_cfg[op.kind]
             kdim = shape["KW2"] if op.kind == OP_GEMV_W2 else shape["D"]
@@ -95,24 +96,21 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                 r0 = n0 + t0 * cfg.block_n
                 r1 = min(n1, n0 + (t0 + per) * cfg.block_n)
                 tiles.append((r0, r1))
-                costs.append((r1 - r0) * kdim * elsize / SM_BYTES_PER_US + INSTR_US)
+                ln = b * shape["D"] * 4 / SM_BYTES_PER_US if "ln_inp" in op.args else 0.0
+                costs.append((r1 - r0) * kdim * elsize / SM_BYTES_PER_US + INSTR_US + ln)
         elif op.kind == OP_ATTN:
             per = attn_per or attn_splits_per_instr(b, shape, n_sm)
             ns = shape["NSPLIT"]
+            n_sub = math.ceil(ns / per)
             kv = 2 * shape["CHUNK"] * shape["HD"] * elsize    # one split (a full cache)
+            merge = ns * (shape["HD"] + 2) * 4 / SM_BYTES_PER_US
             for r in range(b):
                 for h in range(shape["NH"]):
                     for s0 in range(0, ns, per):
                         s1 = min(ns, s0 + per)
                         tiles.append((r, h))
                         subs.append((s0, s1))
-                        costs.append((s1 - s0) * kv / SM_BYTES_PER_US + INSTR_US)
-        elif op.kind == OP_COMBINE:
-            for r in range(b):
-                for h in range(shape["NH"]):
-                    tiles.append((r, h))
-                    costs.append(shape["NSPLIT"] * (shape["HD"] + 2) * 4 / SM_BYTES_PER_US
-                                 + INSTR_US)
+                        costs.append((s1 - s0) * kv / SM_BYTES_PER_US + INSTR_US + merge)
         else:
             width = shape["V"] if op.kind == OP_ARGMAX else shape["D"]
             for r in range(b):
@@ -121,7 +119,7 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
         subs = subs or [(0, 0)] * len(tiles)
         for t, c, sb in zip(tiles, costs, subs):
             out.append(Instr(op.kind, op.name, t, op.args, op.params, tuple(waits), k, c,
-                             sub=sb, index=len(out)))
+                             sub=sb, n_sub=n_sub, index=len(out)))
         counts.append(len(tiles))
     return out
 
@@ -179,28 +177,32 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         v = offsets[o.buf] + o.offset
         return v
 
+    d = shape["D"]
     rows = []
     for ins in ordered:
         r = [0] * N_FIELDS
         r[F_OP] = ins.op
         r[F_N0], r[F_N1] = ins.tile
         a = ins.args
-        if ins.op == OP_LN:
-            r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["inp"]), off(a["gamma"]),
-                                              off(a["beta"]), off(a["out"]))
-            r[F_P0] = ins.params["in_f32"]
-        elif ins.op in GEMV_OPS:
+        if ins.op in GEMV_OPS:
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["inp"]), off(a["w"]), off(a["bias"]),
                                               off(a["out"]))
             r[F_P0] = ins.params.get("n_split", 0)
             r[F_P1] = ins.params.get("gap", 0)
+            r[F_P7] = -1            # no LayerNorm (operand offsets may be negative)
+            if "ln_inp" in a:       # LayerNorm fused: into this program's rows of hs
+                assert a["inp"].buf == "hs"
+                r[F_A] = off(a["inp"]) + ins.sm * b * d
+                r[F_P4], r[F_P5], r[F_P6] = (off(a["ln_inp"]), off(a["ln_gamma"]),
+                                             off(a["ln_beta"]))
+                r[F_P7] = ins.params["ln_in_f32"]
         elif ins.op == OP_ATTN:
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))
             r[F_P0] = off(a["pos"])
             r[F_P1], r[F_P2] = ins.sub
-        elif ins.op == OP_COMBINE:
-            r[F_Y] = off(a["out"])
+            r[F_P3] = ins.n_sub
+            r[F_P4] = ins.params["layer"]       # its (layer, row, head) merge counter
         elif ins.op == OP_ADVANCE:
             r[F_A], r[F_Y] = off(a["x"]), off(a["out_hidden"])
             r[F_W], r[F_B] = off(a["active"]), off(a["out_first"])
@@ -217,7 +219,10 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         r[F_SIG] = ins.signal
         rows.append(r)
     table = torch.tensor(rows, dtype=torch.int64, device=dev)
+    n_attn = sum(1 for op in ops if op.kind == OP_ATTN)
+    assert sorted(op.params["layer"] for op in ops if op.kind == OP_ATTN) == list(range(n_attn))
     return Compiled(ordered, ops, table,
                     torch.tensor(queue, dtype=torch.int32, device=dev),
-                    torch.zeros(len(ops) + 1, dtype=torch.int32, device=dev),
+                    torch.zeros(len(ops) + n_attn * b * shape["NH"] + 1,
+                                dtype=torch.int32, device=dev),
                     len(queues), bases, offsets, makespan, aligned)

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..ops.decode_attention import _merge
 
-_STRIDE = tl.constexpr(16)     # instructions.N_FIELDS
+_STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
 
 
 @triton.jit
@@ -55,10 +55,30 @@ def _aligned(off, ALIGNED: tl.constexpr):
 
 
 @triton.jit
-def _gemv_acc(acc, w_rows, x_rows, kk, n_ok, b_ok, BK: tl.constexpr, DOT: tl.constexpr):
-    offs_k = kk + tl.arange(0, BK)
-    w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-    x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+def _gemv_prefetch(w_ptr, n0, n1, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   UNROLL: tl.constexpr):
+    """The first K group (UNROLL tiles of [BN, BK]) of the tile's first block: loaded before
+    the instruction waits for its inputs (weights never change during a step)."""
+    offs_n = n0 + tl.arange(0, BN)
+    n_ok = offs_n < n1
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    k0 = tl.arange(0, BK)
+    w0 = tl.load(w_rows + k0[None, :], mask=n_ok[:, None], other=0.0)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if UNROLL >= 2:
+        w1 = tl.load(w_rows + BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+    if UNROLL == 4:
+        w2 = tl.load(w_rows + 2 * BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+        w3 = tl.load(w_rows + 3 * BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _mac(acc, w, x_rows, k0, b_ok, DOT: tl.constexpr):
+    """acc += the products of one [BN, BK] weight tile with the activations at k0."""
+    x = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
     if DOT:
         acc += tl.dot(x.to(w.dtype), tl.trans(w))
     else:
@@ -67,78 +87,115 @@ def _gemv_acc(acc, w_rows, x_rows, kk, n_ok, b_ok, BK: tl.constexpr, DOT: tl.con
 
 
 @triton.jit
+def _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stride_y,
+                p0, p1, p2, p3,
+                K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+                STAGES: tl.constexpr, UNROLL: tl.constexpr, PRE: tl.constexpr):
+    """Rows [nb, nb + BN) of y = x W^T (+ epilogue), K in groups of UNROLL tiles of BK (1, 2,
+    4; divides K / BK): a group's tiles are all loaded before the first is used (more bytes
+    in flight per SM where Triton does not pipeline the loop). PRE: the first group is
+    p0..p3 (prefetched by _gemv_prefetch). The products are added in the same order for
+    every UNROLL and PRE, so the result is the same bits."""
+    offs_n = nb + tl.arange(0, BN)
+    n_ok = offs_n < n1
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    k0 = tl.arange(0, BK)
+    offs_b = tl.arange(0, BLOCK_B)
+    if DOT:
+        acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BN, BK], dtype=tl.float32)
+    k_first = BK * UNROLL if PRE else 0
+    if PRE:
+        acc = _mac(acc, p0, x_rows, k0, b_ok, DOT)
+        if UNROLL >= 2:
+            acc = _mac(acc, p1, x_rows, BK + k0, b_ok, DOT)
+        if UNROLL == 4:
+            acc = _mac(acc, p2, x_rows, 2 * BK + k0, b_ok, DOT)
+            acc = _mac(acc, p3, x_rows, 3 * BK + k0, b_ok, DOT)
+    if UNROLL == 1:
+        for kk in tl.range(k_first, K, BK, num_stages=STAGES):
+            w = tl.load(w_rows + kk + k0[None, :], mask=n_ok[:, None], other=0.0)
+            acc = _mac(acc, w, x_rows, kk + k0, b_ok, DOT)
+    else:
+        for kk in range(k_first, K, BK * UNROLL):
+            w0 = tl.load(w_rows + kk + k0[None, :], mask=n_ok[:, None], other=0.0)
+            w1 = tl.load(w_rows + kk + BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+            if UNROLL == 4:
+                w2 = tl.load(w_rows + kk + 2 * BK + k0[None, :], mask=n_ok[:, None],
+                             other=0.0)
+                w3 = tl.load(w_rows + kk + 3 * BK + k0[None, :], mask=n_ok[:, None],
+                             other=0.0)
+            acc = _mac(acc, w0, x_rows, kk + k0, b_ok, DOT)
+            acc = _mac(acc, w1, x_rows, kk + BK + k0, b_ok, DOT)
+            if UNROLL == 4:
+                acc = _mac(acc, w2, x_rows, kk + 2 * BK + k0, b_ok, DOT)
+                acc = _mac(acc, w3, x_rows, kk + 3 * BK + k0, b_ok, DOT)
+    if not DOT:
+        acc = tl.sum(acc, axis=1)[None, :]
+    mask = b_ok[:, None] & n_ok[None, :]
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    acc += bias[None, :]
+    if EPI == 2:
+        ptrs = y_ptr + offs_b[:, None] * stride_y + offs_n[None, :]
+        tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
+                 mask=mask)
+    else:
+        col = offs_n[None, :]
+        val = acc
+        if EPI == 1:
+            t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+            u = 0.7978845608028654 * (t + 0.044715 * t * t * t)
+            g = t / (1.0 + tl.exp(-2.0 * u))
+            hi = col >= n_split
+            val = tl.where(hi, g, t)
+            col = col + tl.where(hi, gap, 0)
+        tl.store(y_ptr + offs_b[:, None] * stride_y + col,
+                 val.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
+               p0, p1, p2, p3,
                B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
                STAGES: tl.constexpr, UNROLL: tl.constexpr):
-    """Rows [n0, n1) of y = x W^T (+ epilogue), BN rows at a time, K in BK steps. UNROLL
-    (1, 2, 4; divides K / BK): that many W tiles are loaded before the first is used (more
-    bytes in flight per SM when Triton does not pipeline the loop); the products are added in
-    the same order as UNROLL=1, so the result is the same bits."""
+    """Rows [n0, n1) (whole BN blocks but the last): the first block with the prefetched
+    group p0..p3, then the others."""
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < B
     x_rows = x_ptr + offs_b[:, None] * stride_x
-    for nb in range(n0, n1, BN):
-        offs_n = nb + tl.arange(0, BN)
-        n_ok = offs_n < n1
-        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
-        if DOT:
-            acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BN, BK], dtype=tl.float32)
-        if UNROLL == 1:
-            for kk in tl.range(0, K, BK, num_stages=STAGES):
-                acc = _gemv_acc(acc, w_rows, x_rows, kk, n_ok, b_ok, BK, DOT)
-        else:
-            for kk in range(0, K, BK * UNROLL):
-                k0 = kk + tl.arange(0, BK)
-                w0 = tl.load(w_rows + k0[None, :], mask=n_ok[:, None], other=0.0)
-                w1 = tl.load(w_rows + BK + k0[None, :], mask=n_ok[:, None], other=0.0)
-                if UNROLL == 4:
-                    w2 = tl.load(w_rows + 2 * BK + k0[None, :], mask=n_ok[:, None], other=0.0)
-                    w3 = tl.load(w_rows + 3 * BK + k0[None, :], mask=n_ok[:, None], other=0.0)
-                x0 = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
-                             cache_modifier=".cg")
-                x1 = tl.load(x_rows + BK + k0[None, :], mask=b_ok[:, None], other=0.0,
-                             cache_modifier=".cg")
-                if DOT:
-                    acc += tl.dot(x0.to(w0.dtype), tl.trans(w0))
-                    acc += tl.dot(x1.to(w1.dtype), tl.trans(w1))
-                else:
-                    acc += w0.to(tl.float32) * x0.to(tl.float32)
-                    acc += w1.to(tl.float32) * x1.to(tl.float32)
-                if UNROLL == 4:
-                    x2 = tl.load(x_rows + 2 * BK + k0[None, :], mask=b_ok[:, None],
-                                 other=0.0, cache_modifier=".cg")
-                    x3 = tl.load(x_rows + 3 * BK + k0[None, :], mask=b_ok[:, None],
-                                 other=0.0, cache_modifier=".cg")
-                    if DOT:
-                        acc += tl.dot(x2.to(w2.dtype), tl.trans(w2))
-                        acc += tl.dot(x3.to(w3.dtype), tl.trans(w3))
-                    else:
-                        acc += w2.to(tl.float32) * x2.to(tl.float32)
-                        acc += w3.to(tl.float32) * x3.to(tl.float32)
-        if not DOT:
-            acc = tl.sum(acc, axis=1)[None, :]
-        mask = b_ok[:, None] & n_ok[None, :]
-        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        acc += bias[None, :]
-        if EPI == 2:
-            ptrs = y_ptr + offs_b[:, None] * stride_y + offs_n[None, :]
-            tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
-                     mask=mask)
-        else:
-            col = offs_n[None, :]
-            val = acc
-            if EPI == 1:
-                t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
-                u = 0.7978845608028654 * (t + 0.044715 * t * t * t)
-                g = t / (1.0 + tl.exp(-2.0 * u))
-                hi = col >= n_split
-                val = tl.where(hi, g, t)
-                col = col + tl.where(hi, gap, 0)
-            tl.store(y_ptr + offs_b[:, None] * stride_y + col,
-                     val.to(y_ptr.dtype.element_ty), mask=mask)
+    _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
+                p0, p1, p2, p3, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL, True)
+    for nb in range(n0 + BN, n1, BN):
+        _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stride_y,
+                    p0, p1, p2, p3, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL, False)
+
+
+@triton.jit
+def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap,
+             stride_x, stride_y, eps,
+             B: tl.constexpr, D: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr,
+             BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+             STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr):
+    """One GEMV instruction: prefetch its first weights, wait for its inputs, the fused
+    LayerNorm of the bucket's rows into this program's scratch (fields 16..19: input, gamma,
+    beta, input is fp32 (1) / model dtype (0) / no LayerNorm (-1)), then the tile."""
+    p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
+    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
+    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+    in_f32 = tl.load(rec + 19)
+    if in_f32 >= 0:
+        ln_in = tl.load(rec + 16)
+        g_off = tl.load(rec + 17)
+        be_off = tl.load(rec + 18)
+        for r in range(B):
+            _ln_row(wb, fb, ln_in, in_f32, wb + g_off, wb + be_off, wb + a_off, r, eps,
+                    D, LN_BLOCK)
+        tl.debug_barrier()
+    _gemv_tile(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
+               p0, p1, p2, p3, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL)
 
 
 @triton.jit
@@ -162,20 +219,56 @@ def _ln_row(wb, fb, a_off, in_f32, g_ptr, b_ptr, y_ptr, row, eps,
 
 
 @triton.jit
-def _attn_splits(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr, acc_ptr,
-                 row, h, s0, s1, scale,
-                 SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
-                 HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
-                 CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
-                 S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr):
+def _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, acc_ptr, row, h,
+                NH: tl.constexpr, HD: tl.constexpr, CHUNK: tl.constexpr,
+                NSPLIT: tl.constexpr):
+    """decode_attention.py attend_partial's softmax partials of one split."""
+    d = tl.arange(0, HD)
+    j = sp * CHUNK + tl.arange(0, CHUNK)
+    sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
+    cur = j == pw
+    sc = tl.where(cur, sc_new, sc)
+    valid = j <= pw
+    sc = tl.where(valid, sc, float("-inf"))
+    m = tl.max(sc, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.where(valid, tl.exp(sc - m_safe), 0.0)
+    lsum = tl.sum(p, axis=0)
+    p_cur = tl.sum(tl.where(cur, p, 0.0), axis=0)
+    acc = tl.sum(p[:, None] * vt.to(tl.float32), axis=0) + p_cur * v_new.to(tl.float32)
+    idx = (row * NH + h) * NSPLIT + sp
+    tl.store(m_ptr + idx, m)
+    tl.store(l_ptr + idx, lsum)
+    tl.store(acc_ptr + idx * HD + d, acc)
+
+
+@triton.jit
+def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+             m_ptr, l_ptr, acc_ptr, out_ptr, row, h, s0, s1, n_sub, scale,
+             B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
+             HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
+             CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+             S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
-    split's softmax partials into the scratch), one split after another."""
+    split's softmax partials into the scratch), one split after another; the first split's
+    cached keys / values are loaded before waiting for q/k/v (the cache below the row's
+    position does not change during a step; the position changes only in the step's
+    advance, after every attention). The last of the n_sub instructions of this (row, head)
+    to finish merges the splits into out (decode_attention._merge)."""
     kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     pw = tl.minimum(pos, CAP - 1)
     ti = tl.minimum(pos, N_TABLE - 1)
     d = tl.arange(0, HD)
+    cache_off = row * S_ROW + kvh * S_HEAD
+    j = s0 * CHUNK + tl.arange(0, CHUNK)
+    kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
+                 mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
+    vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
+                 mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
+    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
+    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
     rot = d < 2 * HALF
     even = (d % 2) == 0
     fi = tl.where(rot, d // 2, 0)
@@ -195,33 +288,28 @@ def _attn_splits(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_pt
     v_new = tl.load(base + v_off + d, cache_modifier=".cg")
     q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)
     k_new = k_new.to(kc_ptr.dtype.element_ty)
-    cache_off = row * S_ROW + kvh * S_HEAD
     if (pw >= s0 * CHUNK) & (pw < s1 * CHUNK) & (h % (NH // NKV) == 0):
         tl.store(kc_ptr + cache_off + pw * S_POS + d, k_new)
         tl.store(vc_ptr + cache_off + pw * S_POS + d, v_new.to(vc_ptr.dtype.element_ty))
     sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
-    for sp in range(s0, s1):
+    _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr, row,
+                h, NH, HD, CHUNK, NSPLIT)
+    for sp in range(s0 + 1, s1):
         j = sp * CHUNK + tl.arange(0, CHUNK)
-        in_cache = j < pw
         kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
-                     mask=in_cache[:, None], other=0.0, cache_modifier=".cg")
+                     mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
         vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
-                     mask=in_cache[:, None], other=0.0, cache_modifier=".cg")
-        sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
-        cur = j == pw
-        sc = tl.where(cur, sc_new, sc)
-        valid = j <= pw
-        sc = tl.where(valid, sc, float("-inf"))
-        m = tl.max(sc, axis=0)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        p = tl.where(valid, tl.exp(sc - m_safe), 0.0)
-        lsum = tl.sum(p, axis=0)
-        p_cur = tl.sum(tl.where(cur, p, 0.0), axis=0)
-        acc = tl.sum(p[:, None] * vt.to(tl.float32), axis=0) + p_cur * v_new.to(tl.float32)
-        idx = (row * NH + h) * NSPLIT + sp
-        tl.store(m_ptr + idx, m)
-        tl.store(l_ptr + idx, lsum)
-        tl.store(acc_ptr + idx * HD + d, acc)
+                     mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
+        _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, acc_ptr,
+                    row, h, NH, HD, CHUNK, NSPLIT)
+    tl.debug_barrier()
+    done = n_sub - 1
+    if n_sub > 1:     # release our partials, acquire the others'
+        layer = tl.load(rec + 16).to(tl.int32)
+        done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
+                             sem="acq_rel", scope="gpu")
+    if done == n_sub - 1:
+        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2)
 
 
 @triton.jit
@@ -266,7 +354,7 @@ def _argmax_row(x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row,
 
 @triton.jit
 def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
-               cos_off, sin_off, m_off, l_off, acc_off, n_prog, n_cnt, eps, scale,
+               cos_off, sin_off, m_off, l_off, acc_off, n_prog, n_cnt, hc_base, eps, scale,
                B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, KW2: tl.constexpr,
                V: tl.constexpr, LS: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                HD: tl.constexpr, HALF: tl.constexpr, CAP: tl.constexpr,
@@ -297,35 +385,33 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         p1 = tl.load(rec + 8)
         p2 = tl.load(rec + 9)
         p3 = tl.load(rec + 10)
-        _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
-        _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
-        if op == 0:      # OP_LN
-            _ln_row(wb, fb, a_off, p0, wb + w_off, wb + b_off, wb + y_off, n0, eps,
-                    D, LN_BLOCK)
-        elif op == 1:    # OP_GEMV_W1
-            _gemv_tile(wb + a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
-                       p0.to(tl.int32), p1.to(tl.int32), D, SU, B, D, 1, W1_BB, W1_BN,
-                       W1_BK, W1_DOT, STAGES, W1_UN)
-        elif op == 2:    # OP_GEMV_W2 (bias and residual in fp32)
-            _gemv_tile(wb + a_off, wb + w_off, fb + b_off, fb + y_off, n0, n1, 0, 0,
-                       SU, D, B, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES, W2_UN)
-        elif op == 3:    # OP_GEMV_LM
-            _gemv_tile(wb + a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1, 0, 0,
-                       D, LS, B, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES, LM_UN)
-        elif op == 4:    # OP_ATTN: tile = (row, head), splits [p1, p2)
-            _attn_splits(wb + a_off, ib + p0, fb + cos_off, fb + sin_off, wb + w_off,
-                         wb + b_off, fb + m_off, fb + l_off, fb + acc_off,
-                         n0, n1, p1.to(tl.int32), p2.to(tl.int32), scale, SU, NH, NKV, HD,
-                         HALF, CAP, N_TABLE, CHUNK, NSPLIT, S_ROW, S_HEAD, S_POS)
-        elif op == 7:    # OP_COMBINE: tile = (row, head)
-            _merge(fb + m_off, fb + l_off, fb + acc_off, wb + y_off, SU, n0, n1, NH, HD,
-                   NSPLIT, SPLIT_P2)
-        elif op == 5:    # OP_ADVANCE
-            _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
-                         ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
-        elif op == 6:    # OP_ARGMAX
-            _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS, OUT_COL,
-                        ARG_BLOCK)
+        if op == 0:      # OP_GEMV_W1 (LayerNorm of x fused)
+            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
+                     p0.to(tl.int32), p1.to(tl.int32), D, SU, eps, B, D, D, 1, W1_BB, W1_BN,
+                     W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK)
+        elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
+            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, fb + b_off, fb + y_off, n0, n1,
+                     0, 0, SU, D, eps, B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
+                     W2_UN, LN_BLOCK)
+        elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
+            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
+                     0, 0, D, LS, eps, B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
+                     LM_UN, LN_BLOCK)
+        elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
+            _attn_op(rec, cnt_ptr, hc_base, wb + a_off, ib + p0, fb + cos_off, fb + sin_off,
+                     wb + w_off, wb + b_off, fb + m_off, fb + l_off, fb + acc_off, wb + y_off,
+                     n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
+                     NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
+                     S_POS)
+        else:
+            _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
+            _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+            if op == 4:    # OP_ADVANCE
+                _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
+                             ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
+            else:          # OP_ARGMAX
+                _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS,
+                            OUT_COL, ARG_BLOCK)
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr + tl.load(rec + 15), 1, sem="release", scope="gpu")
     done = tl.atomic_add(cnt_ptr + n_cnt - 1, 1, sem="acq_rel", scope="gpu")
@@ -361,7 +447,7 @@ def kernel_args(c, low, unroll: int | None = None) -> tuple[tuple, dict]:
     sh, off = low.shape, c.offsets
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
-            c.n_programs, c.counters.numel(), 1e-5, sh["HD"] ** -0.5)
+            c.n_programs, c.counters.numel(), len(c.ops), 1e-5, sh["HD"] ** -0.5)
     kw = {k: sh[k] for k in ("B", "D", "SU", "KW2", "V", "LS", "NH", "NKV", "HD", "HALF",
                              "CAP", "N_TABLE", "CHUNK", "NSPLIT", "S_ROW", "S_HEAD", "S_POS",
                              "NK", "OUT_COL")}

@@ -4,17 +4,18 @@ its rotary tables): nothing is copied, so a diff against the fused backend compa
 bits.
 
 Supported block shape (Moondream 2's Phi parallel block; any family whose program has the
-same op pattern gets it): per layer i
-  norm       h = LayerNorm(x)  (fp32 residual x in)       -> ln.i      one instruction per row
-  linear     u[qkv] = h Wqkv^T + b; u[g] = gelu_tanh(h Wfc1^T + b)  (ONE fused GEMV in the
-             fused backend: its rows [0, n_split) -> w1qkv.i, [n_split, N) -> w1fc1.i, so the
-             attention waits only for the qkv tiles)
-  attention  rotary + k/v write + split attention of each (row, head, split) -> attn.i,
-             then the merge of each (row, head) into u[a] -> comb.i
-  residual   x += [a | g] W2^T + b2 (one K range of u)   -> w2.i
+same op pattern gets it): per layer i, three stages (each waits only for the one before):
+  w1qkv.i / w1fc1.i  h = LayerNorm(x) (fp32 residual in; every instruction computes it for
+             the bucket's rows into its program's private scratch `hs`), then the fused
+             backend's ONE GEMV [Wqkv; Wfc1] cut at n_split: u[qkv] = h Wqkv^T + b (rows
+             [0, n_split), what the attention waits for), u[g] = gelu_tanh(h Wfc1^T + b)
+  attn.i     rotary + k/v write + split attention of each (row, head, group of key splits);
+             the last instruction of a (row, head) to finish merges its splits into u[a]
+  w2.i       x += [a | g] W2^T + b2 (one K range of u)
 then the step's tail, as the fused backend's row_advance and the "lm" head's pick:
   advance    hidden = x (model dtype), pos += 1, phase = phase_next[phase, kind], first = 0
-  ln.post    h = LN(hidden)       lm  logits = h Wlm^T + blm      argmax  out[:, col]
+  lm         h = LN(hidden) (fused as above), logits = h Wlm^T + blm
+  argmax     out[:, col] (the answer-marker rule)
 The feedback (fused feed()) stays one launch before the megakernel.
 """
 from __future__ import annotations
@@ -23,8 +24,8 @@ import torch
 
 from ..ops import gemv as G
 from ..ops.decode_attention import AttentionScratch
-from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_COMBINE, OP_GEMV_LM,
-                           OP_GEMV_W1, OP_GEMV_W2, OP_LN, Operand, ProgramOp)
+from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
+                           OP_GEMV_W2, Operand, ProgramOp)
 
 
 GEMV_CHOICES = ("fused", "fma")
@@ -38,8 +39,9 @@ class ProgramLowering:
     """The program (ops), the buffers its operands name, and the shapes / GEMV configs the
     kernel is specialized on, for a FusedBackend `fd` and a StepState `st` at bucket b."""
 
-    def __init__(self, fd, st, b: int, gemv: str = "fused"):
-        """gemv: the GEMV block shapes: "fused" = the fused backend's picks (each output
+    def __init__(self, fd, st, b: int, n_sm: int, gemv: str = "fused"):
+        """n_sm: programs at most (each gets a private LayerNorm scratch of b rows).
+        gemv: the GEMV block shapes: "fused" = the fused backend's picks (each output
         summed in the same order as there); "fma" = at b=1, FMA tiles of 16 rows x 1024 K
         (32 KB of weights per step and no shared-memory round trip of tl.dot; a different
         summation order than the fused backend) where the shape allows, else "fused"."""
@@ -60,12 +62,14 @@ class ProgramLowering:
             raise Unsupported("lm head: norm + linear expected")
         post_ln = lm_ops[0].weights[0]
         lm = fd.fused_gemvs.get(lm_ops[1])
-        if lm is None or lm["epi"] != G.EPI_STORE or lm["off"] != 0:
+        if lm is None or lm["epi"] != G.EPI_STORE or lm["off"] != 0 or lm["bias"] is None:
             raise Unsupported("lm head: one GEMV into the logits buffer expected")
         head = p.head("lm")
         self.answer_col = head.col
+        # per program: the LayerNorm output of the bucket's rows, the fused GEMVs' input
+        self.hs = torch.zeros(n_sm * b * p.dim, device=fd.x.device, dtype=h.dtype)
         bufs: dict[str, torch.Tensor] = {
-            "x": fd.x, "h": h, "u": u, "logits": logits,
+            "x": fd.x, "hs": self.hs, "u": u, "logits": logits,
             "cos": fd.cos, "sin": fd.sin,
             "sc_m": self.scratch.m, "sc_l": self.scratch.l, "sc_acc": self.scratch.acc,
             "post_ln_w": w[post_ln + ".weight"], "post_ln_b": w[post_ln + ".bias"],
@@ -78,7 +82,7 @@ class ProgramLowering:
         self.layers = self._layers(fd, w, bufs)
         self.buffers = bufs
         # the kernel takes one row stride per buffer kind (constexpr): check them
-        assert fd.x.stride(0) == d and h.stride(0) == d and st.hidden.stride(0) == d
+        assert fd.x.stride(0) == d and st.hidden.stride(0) == d
         assert st.out.stride(0) == 4 and st.phase_next.is_contiguous()
         assert lm["w"].shape[1] == d and lm["w"].is_contiguous()
         for name, t in bufs.items():
@@ -133,6 +137,8 @@ class ProgramLowering:
                 raise Unsupported("linear: one [qkv | gelu] GEMV into u expected")
             if w2 is None or w2["src_buf"] != "u":
                 raise Unsupported("residual: one GEMV over a K range of u expected")
+            if w1["bias"] is None or w2["bias"] is None:
+                raise Unsupported("GEMVs without bias")
             qkv_buf, qkv_off, _ = p.segment(att.src[0])
             a_buf, a_off, _ = p.segment(att.dst[0])
             if (qkv_buf, qkv_off) != ("u", 0) or a_buf != "u" or w1["n_split"] != qkv_off + \
@@ -155,36 +161,31 @@ class ProgramLowering:
         for i in range(n_layers):
             L = self.layers[i]
             n_split, n1 = L["w1"]["n_split"], L["w1"]["w"].shape[0]
-            ops.append(ProgramOp(f"ln.{i}", OP_LN, {"inp": O("x"), "gamma": O(f"ln_w.{i}"),
-                                                    "beta": O(f"ln_b.{i}"), "out": O("h")},
-                                 {"in_f32": 1}, prev))
-            w1 = {"inp": O("h"), "w": O(f"w1.{i}"), "bias": O(f"b1.{i}"), "out": O("u")}
-            p1 = {"n_split": n_split, "gap": L["w1"]["gap"]}
-            ops.append(ProgramOp(f"w1qkv.{i}", OP_GEMV_W1, w1, p1, (f"ln.{i}",),
+            w1 = {"inp": O("hs"), "w": O(f"w1.{i}"), "bias": O(f"b1.{i}"), "out": O("u"),
+                  "ln_inp": O("x"), "ln_gamma": O(f"ln_w.{i}"), "ln_beta": O(f"ln_b.{i}")}
+            p1 = {"n_split": n_split, "gap": L["w1"]["gap"], "ln_in_f32": 1}
+            ops.append(ProgramOp(f"w1qkv.{i}", OP_GEMV_W1, w1, p1, prev,
                                  rows=(0, n_split)))
-            ops.append(ProgramOp(f"w1fc1.{i}", OP_GEMV_W1, w1, p1, (f"ln.{i}",),
+            ops.append(ProgramOp(f"w1fc1.{i}", OP_GEMV_W1, w1, p1, prev,
                                  rows=(n_split, n1)))
             ops.append(ProgramOp(f"attn.{i}", OP_ATTN,
                                  {"qkv": O("u"), "kc": O(f"kc.{i}"), "vc": O(f"vc.{i}"),
                                   "pos": O("pos"), "out": O("u", L["a_off"])},
                                  {"layer": i}, (f"w1qkv.{i}",)))
-            ops.append(ProgramOp(f"comb.{i}", OP_COMBINE, {"out": O("u", L["a_off"])},
-                                 {}, (f"attn.{i}",)))
             ops.append(ProgramOp(f"w2.{i}", OP_GEMV_W2,
                                  {"inp": O("u", L["res_off"]), "w": O(f"w2.{i}"),
                                   "bias": O(f"b2.{i}"), "out": O("x")}, {},
-                                 (f"comb.{i}", f"w1fc1.{i}"), rows=(0, dim)))
+                                 (f"attn.{i}", f"w1fc1.{i}"), rows=(0, dim)))
             prev = (f"w2.{i}",)
         ops.append(ProgramOp("advance", OP_ADVANCE,
                              {"x": O("x"), "out_hidden": O("hidden"), "active": O("active"),
                               "out_pos": O("pos"), "out_phase": O("phase"), "kind": O("kind"),
                               "table": O("phase_next"), "out_first": O("first")}, {}, prev))
-        ops.append(ProgramOp("ln.post", OP_LN, {"inp": O("hidden"), "gamma": O("post_ln_w"),
-                                                "beta": O("post_ln_b"), "out": O("h")},
-                             {"in_f32": 0}, ("advance",)))
-        ops.append(ProgramOp("lm", OP_GEMV_LM, {"inp": O("h"), "w": O("lm_w"),
-                                                "bias": O("lm_b"), "out": O("logits")}, {},
-                             ("ln.post",), rows=(0, self.shape["V"])))
+        ops.append(ProgramOp("lm", OP_GEMV_LM,
+                             {"inp": O("hs"), "w": O("lm_w"), "bias": O("lm_b"),
+                              "out": O("logits"), "ln_inp": O("hidden"),
+                              "ln_gamma": O("post_ln_w"), "ln_beta": O("post_ln_b")},
+                             {"ln_in_f32": 0}, ("advance",), rows=(0, self.shape["V"])))
         ops.append(ProgramOp("argmax", OP_ARGMAX,
                              {"logits": O("logits"), "out": O("out"), "phase": O("phase"),
                               "first": O("first")},

@@ -35,10 +35,10 @@ class MegakernelStep:
     def __init__(self, fd, st, b: int, n_sm: int | None = None,
                  attn_per: int | None = None, gemv: str = "fused"):
         self.fd, self.st, self.b = fd, st, b
-        self.low = ProgramLowering(fd, st, b, gemv)
         dev = fd.x.device
         if n_sm is None:
             n_sm = 1 if interpreted() else sm_count(dev)
+        self.low = ProgramLowering(fd, st, b, n_sm, gemv)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
             st.hidden.dtype, attn_per)

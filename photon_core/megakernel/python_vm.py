@@ -14,8 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_COMBINE, OP_GEMV_LM,
-                           OP_GEMV_W1, OP_GEMV_W2, OP_LN, Instr)
+from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
+                           OP_GEMV_W2, Instr)
 
 
 class Deadlock(RuntimeError):
@@ -39,6 +39,7 @@ class PythonVM:
 
     def run(self) -> list[Instr]:
         """Execute every queue; returns the instructions in the order they ran."""
+        self.heads_done: dict = {}
         queues = self.c.queues()
         counters = [0] * len(self.c.ops)
         heads = [0] * len(queues)
@@ -62,18 +63,17 @@ class PythonVM:
     # -- the ops ----------------------------------------------------------------------
     def execute(self, ins: Instr) -> None:
         sh, a = self.sh, ins.args
-        D, B, dt = sh["D"], sh["B"], self.bufs["h"].dtype
-        if ins.op == OP_LN:
-            r = ins.tile[0]
-            x = self.flat(a["inp"])[r * D:(r + 1) * D].float()
-            y = F.layer_norm(x, (D,), self.flat(a["gamma"])[:D].float(),
-                             self.flat(a["beta"])[:D].float(), 1e-5)
-            self.flat(a["out"])[r * D:(r + 1) * D] = y.to(dt)
-        elif ins.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM):
+        D, B, dt = sh["D"], sh["B"], self.bufs["hidden"].dtype
+        if ins.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM):
             n0, n1 = ins.tile
             k = sh["KW2"] if ins.op == OP_GEMV_W2 else D
             sx = sh["SU"] if ins.op == OP_GEMV_W2 else D
-            x = self.rows(a["inp"], sx, B, k).float()
+            if "ln_inp" in a:       # the fused LayerNorm of the bucket's rows
+                xin = self.rows(a["ln_inp"], D, B, D).float()
+                x = F.layer_norm(xin, (D,), self.flat(a["ln_gamma"])[:D].float(),
+                                 self.flat(a["ln_beta"])[:D].float(), 1e-5).to(dt).float()
+            else:
+                x = self.rows(a["inp"], sx, B, k).float()
             w = self.rows(a["w"], k, n1, k)[n0:].float()
             acc = x @ w.T + self.flat(a["bias"])[n0:n1].float()
             if ins.op == OP_GEMV_W2:
@@ -91,8 +91,10 @@ class PythonVM:
                 y[:, cols[hi] + gap] = F.gelu(t[:, hi].float(), approximate="tanh").to(dt)
         elif ins.op == OP_ATTN:
             self._attention(ins)
-        elif ins.op == OP_COMBINE:
-            self._combine(ins)
+            key = (ins.op_name,) + ins.tile
+            self.heads_done[key] = self.heads_done.get(key, 0) + 1
+            if self.heads_done[key] == ins.n_sub:     # the last of this (row, head): merge
+                self._combine(ins)
         elif ins.op == OP_ADVANCE:
             r = ins.tile[0]
             if self.flat(a["active"])[r] != 0:

@@ -80,14 +80,14 @@ def _close(name, a, b, tol=2e-4):
 
 
 def test_compiler_schedule_covers_every_tile_in_topological_queues():
-    from photon_core.megakernel.instructions import OP_GEMV_W1
+    from photon_core.megakernel.instructions import N_FIELDS, OP_GEMV_W1
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
     m, st, fd = _setup()
     mk = MegakernelStep(fd, st, 2, n_sm=5)
     c = mk.compiled
     assert 1 < c.n_programs <= 5
-    assert c.table.shape == (len(c.instrs), 16)
+    assert c.table.shape == (len(c.instrs), N_FIELDS)
     for q in c.queues():                   # each queue in topological order
         idx = [i.index for i in q]
         assert idx == sorted(idx)
@@ -96,15 +96,29 @@ def test_compiler_schedule_covers_every_tile_in_topological_queues():
     assert rows[0][0] == 0 and rows[-1][1] == mk.low.layers[0]["w1"]["w"].shape[0]
     assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
     # attention: each (row, head) of a layer covers the key splits [0, NSPLIT) exactly once,
-    # and a combine per (row, head) waits for all of them
+    # its instructions know how many they are (the last to finish merges)
     ns = mk.low.shape["NSPLIT"]
     assert ns == 4
     for r in range(2):
         for h in range(mk.low.shape["NH"]):
-            subs = sorted(i.sub for i in c.instrs if i.op_name == "attn.0" and i.tile == (r, h))
+            mine = [i for i in c.instrs if i.op_name == "attn.0" and i.tile == (r, h)]
+            subs = sorted(i.sub for i in mine)
             assert subs[0][0] == 0 and subs[-1][1] == ns
             assert all(a[1] == b[0] for a, b in zip(subs, subs[1:]))
-    assert sum(1 for i in c.instrs if i.op_name == "comb.0") == 2 * mk.low.shape["NH"]
+            assert all(i.n_sub == len(mine) for i in mine)
+    # three stages per layer: the W1 GEMVs (LayerNorm fused) wait for the previous W2 only
+    assert {i.op_name.split(".")[0] for i in c.instrs} == {"w1qkv", "w1fc1", "attn", "w2",
+                                                           "advance", "lm", "argmax"}
+    names = [op.name for op in c.ops]
+    w1 = next(i for i in c.instrs if i.op_name == "w1qkv.1")
+    assert [names[w] for w, _ in w1.waits] == ["w2.0"] and "ln_inp" in w1.args
+    # GEMVs with a fused LayerNorm read their own program's rows of the scratch
+    from photon_core.megakernel.instructions import F_A
+    hs = c.offsets["hs"]
+    d, rows = mk.low.shape["D"], 2
+    for k, ins in enumerate(c.instrs):
+        if "ln_inp" in ins.args:
+            assert int(c.table[k, F_A]) == hs + ins.sm * rows * d
     # every wait targets the producer op's full instruction count
     count = {}
     for i in c.instrs:
@@ -143,13 +157,16 @@ def test_python_vm_matches_fused_step_and_detects_a_bad_schedule():
         PythonVM(c, MegakernelStep(fd, st, b, n_sm=1).low).run()
 
 
-@pytest.mark.parametrize("b,attn_per", [(1, None), (2, None), (2, 1), (2, 3)])
-def test_megakernel_matches_vm_and_fused_step(b, attn_per):
+@pytest.mark.parametrize("b,attn_per,base", [(1, None, "low"), (2, None, "high"),
+                                             (2, 1, "low"), (2, 3, "high")])
+def test_megakernel_matches_vm_and_fused_step(b, attn_per, base):
     """One persistent program runs the whole instruction list (the interpreter runs programs
     one after another): hidden state, logits, token, k/v, position/phase/first vs the fused
     backend's feed-less step and vs the Python twin; a second launch works (the kernel reset
     its counters). attn_per: key splits per attention instruction (None: all 4 of a head; 1, 3:
-a head's splits over several instructions, the combine merging them)."""
+a head's splits over several instructions, the last to finish merging them). base: each
+dtype arena's base tensor is its lowest ("low": every operand offset >= 0) or its highest
+("high": every other offset negative) buffer."""
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
     m, st, fd = _setup()
@@ -157,7 +174,15 @@ a head's splits over several instructions, the combine merging them)."""
     _fused_step(m, st, fd, b)
     ref = _snapshot(st, fd)
     _restore(st, fd, s0)
+    from photon_core.megakernel.compiler import compile_program
+
     mk = MegakernelStep(fd, st, b, attn_per=attn_per)
+    bufs = dict(sorted(mk.low.buffers.items(), key=lambda kv: kv[1].data_ptr(),
+                       reverse=base == "high"))
+    mk.compiled = compile_program(mk.low.ops, bufs, b, mk.low.shape, mk.low.gemv_cfg, 1,
+                                  torch.float32, attn_per)
+    offs = list(mk.compiled.offsets.values())
+    assert min(offs) < 0 if base == "high" else min(offs) >= 0
     assert mk.compiled.n_programs == 1
     mk.run_vm()
     vm = _snapshot(st, fd)
