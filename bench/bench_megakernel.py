@@ -8,14 +8,15 @@ deadlocked persistent kernel cannot hang the run); the parent prints one table a
 Phases (child processes):
   compile   cold: a fresh TRITON_CACHE_DIR, build + first launch of the megakernel (b=1,
             default variant) = its compile; warm: the same in a new process = the cached start
-  bench     copy bandwidth -> floor = (decoder weights incl. lm head + k/v at positions
+  fused     copy bandwidth -> floor = (decoder weights incl. lm head + k/v at positions
             POS - r) / bandwidth;
             per batch (1, 8): step = forward (feedback, decoder, row advance) + lm head pick,
-              fused graph (pdl off / on) and megakernel graph (feed + one launch), each the
-              median of 5 x (20 back-to-back replays between two events) / 20;
-            greedy: 64 steps from the same state, text rows: fused (pdl off) = reference;
-              fused pdl on must give the same bits (hidden, tokens); megakernel: tokens equal
-              per step (first divergent step), max |hidden diff|;
+              fused graph (pdl off / on), each the median of 5 x (20 back-to-back replays
+              between two events) / 20; greedy: 64 steps from the same state, text rows:
+              fused (pdl off) = reference, fused pdl on must give the same bits
+  mk        (its own process: a hang cannot lose the numbers above) the megakernel graph
+            (feed + one launch), timed the same way; greedy vs the fused reference: tokens
+            equal per step (first divergent step), max |hidden diff|, bitwise;
             megakernel variants (num_warps:unroll:gemv, --variants) at b=1; the first
               variant also at b=8; variants left when the child's time budget is spent are
               skipped (reported), so the table always prints.
@@ -215,7 +216,7 @@ def _agreement(ref, got):
             "hidden_bitwise": bitwise}
 
 
-def _fused_baselines(c, b, args, row, wbytes, bw):
+def _fused_baselines(c, b, args, row, wbytes, bw, pdl_check=True):
     """Greedy reference (fused, pdl off), PDL agreement, floor and fused graph timings at b;
     returns (state s0, reference)."""
     torch = c.torch
@@ -224,6 +225,8 @@ def _fused_baselines(c, b, args, row, wbytes, bw):
     s0 = c.snap()
     ref = _greedy(c, b, args.steps, lambda: c.fused_step(b, False))
     c.restore(s0)
+    if not pdl_check:
+        return s0, ref
     row["pdl_vs_fused"] = _agreement(ref, _greedy(c, b, args.steps,
                                                   lambda: c.fused_step(b, True)))
     say(f"b={b} greedy {args.steps} steps, fused+PDL vs fused: {row['pdl_vs_fused']}")
@@ -299,12 +302,8 @@ def _megakernel_variant(c, b, w, u, gk, args, row, mks, s0, ref):
         pass
 
 
-def child_bench(args):
-    t_start = time.perf_counter()
-    c = Ctx(args.smoke, 8)
+def _bandwidth_and_bytes(c, args):
     torch = c.torch
-    res = {"variants": args.variants}
-    model = c.model
     if not args.smoke:
         n = 2 ** 30
         a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -315,15 +314,37 @@ def child_bench(args):
         torch.cuda.empty_cache()
     else:
         bw = 1e12
-    wbytes = sum(t.numel() * t.element_size() for nm, t in model.weights.items()
+    wbytes = sum(t.numel() * t.element_size() for nm, t in c.model.weights.items()
                  if nm.startswith("text.") and nm != "text.wte")
-    res["copy_TBps"] = bw / 1e12
-    res["decoder_GB"] = wbytes / 1e9
+    return bw, wbytes
+
+
+def child_fused(args):
+    """floor, fused graph, fused+PDL graph, PDL greedy agreement at b=1 and b=8."""
+    c = Ctx(args.smoke, 8)
+    bw, wbytes = _bandwidth_and_bytes(c, args)
+    res = {"copy_TBps": bw / 1e12, "decoder_GB": wbytes / 1e9}
     say(f"copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
+    for b in (1, 8):
+        row = res.setdefault(f"b{b}", {})
+        try:
+            _fused_baselines(c, b, args, row, wbytes, bw)
+        except Exception:  # noqa: BLE001
+            row["fused_error"] = traceback.format_exc()[-2000:]
+            say(f"b={b} fused failed: {row['fused_error']}")
+    print("RESULT " + json.dumps(res, default=str), flush=True)
+
+
+def child_mk(args):
+    """The megakernel variants: greedy agreement with the fused backend (pdl off), timing."""
+    t_start = time.perf_counter()
+    c = Ctx(args.smoke, 8)
+    res = {"variants": args.variants}
     variants = _variants(args)
     # jobs in priority order: the default variant at b=1 and b=8, then the others at b=1
     jobs = [(1, variants[0]), (8, variants[0])] + [(1, v) for v in variants[1:]]
     base, mks = {}, {1: {}, 8: {}}
+
     for b, (w, u, gk) in jobs:
         row = res.setdefault(f"b{b}", {})
         name = f"mk_w{w}_u{u}_{gk}"
@@ -333,7 +354,7 @@ def child_bench(args):
             continue
         try:
             if b not in base:
-                base[b] = _fused_baselines(c, b, args, row, wbytes, bw)
+                base[b] = _fused_baselines(c, b, args, {}, 0, 1.0, pdl_check=False)
             _megakernel_variant(c, b, w, u, gk, args, row, mks[b], *base[b])
         except Exception:  # noqa: BLE001
             row[f"{name}_error"] = traceback.format_exc()[-2000:]
@@ -433,8 +454,10 @@ def main():
     args = ap.parse_args()
     if args.child == "compile":
         return child_compile(args)
-    if args.child == "bench":
-        return child_bench(args)
+    if args.child == "fused":
+        return child_fused(args)
+    if args.child == "mk":
+        return child_mk(args)
     if args.smoke:
         args.steps = min(args.steps, 4)
     deadline = time.perf_counter() + args.timeout
@@ -454,7 +477,14 @@ def main():
                 break
         env = dict(env, TRITON_CACHE_DIR=cache)
     left = deadline - time.perf_counter()
-    out["bench"] = run_child("bench", args, env, max(10, left - 5))
+    fused = run_child("fused", args, env, max(10, min(150, left - 60)))
+    left = deadline - time.perf_counter()
+    mk = run_child("mk", args, env, max(10, left - 5))
+    bench = {k: v for k, v in fused.items() if not k.startswith("b")}
+    for bb in ("b1", "b8"):
+        bench[bb] = dict(fused.get(bb, {}), **mk.get(bb, {}))
+    bench["mk_child"] = {k: v for k, v in mk.items() if not k.startswith("b")}
+    out["bench"] = bench
     say("\n# bench_megakernel (H200, deterministic mode, step = forward + lm pick)")
     for line in table(out, args):
         say(line)
