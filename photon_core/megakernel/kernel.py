@@ -439,29 +439,35 @@ def unroll_for(k: int, block_k: int, want: int) -> int:
 UNROLL = int(os.environ.get("PHOTON_MK_UNROLL", "4"))
 
 
-def kernel_args(c, low, unroll: int | None = None) -> tuple[tuple, dict]:
-    """Positional args and constexprs of megakernel for a Compiled c and its lowering."""
+def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None) -> dict:
+    """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
+    compile it ahead of time without a GPU: bench/compile_megakernel.py)."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
     unroll = UNROLL if unroll is None else unroll
-    sh, off = low.shape, c.offsets
-    args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
-            c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
-            c.n_programs, c.counters.numel(), len(c.ops), 1e-5, sh["HD"] ** -0.5)
     kw = {k: sh[k] for k in ("B", "D", "SU", "KW2", "V", "LS", "NH", "NKV", "HD", "HALF",
                              "CAP", "N_TABLE", "CHUNK", "NSPLIT", "S_ROW", "S_HEAD", "S_POS",
                              "NK", "OUT_COL")}
     kw["SPLIT_P2"] = triton.next_power_of_2(sh["NSPLIT"])
     for name, op, k in (("W1", OP_GEMV_W1, sh["D"]), ("W2", OP_GEMV_W2, sh["KW2"]),
                         ("LM", OP_GEMV_LM, sh["D"])):
-        g = low.gemv_cfg[op]
+        g = gemv_cfg[op]
         kw.update({f"{name}_BB": 16 if g.dot else 1, f"{name}_BN": g.block_n,
                    f"{name}_BK": g.block_k, f"{name}_DOT": g.dot,
                    f"{name}_UN": unroll_for(k, g.block_k, unroll)})
     kw["LN_BLOCK"] = triton.next_power_of_2(sh["D"])
     kw["ARG_BLOCK"] = min(4096, triton.next_power_of_2(sh["V"]))
-    kw["ALIGNED"] = bool(c.aligned)
-    return args, kw
+    kw["ALIGNED"] = bool(aligned)
+    return kw
+
+
+def kernel_args(c, low, unroll: int | None = None) -> tuple[tuple, dict]:
+    """Positional args and constexprs of megakernel for a Compiled c and its lowering."""
+    off = c.offsets
+    args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
+            c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
+            c.n_programs, c.counters.numel(), len(c.ops), 1e-5, low.shape["HD"] ** -0.5)
+    return args, constexprs(low.shape, low.gemv_cfg, c.aligned, unroll)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the

@@ -31,6 +31,29 @@ from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W
 GEMV_CHOICES = ("fused", "fma")
 
 
+def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
+                 gemv: str = "fused") -> dict:
+    """The GEMV block shapes per GEMV op. "fused": the fused backend's picks (its residual
+    GEMV in deterministic mode: no split-K), so each output is summed in the same order as
+    there; "fma" (b=1): FMA tiles of 16 rows x 1024 K where the shape allows."""
+    cfg = {
+        OP_GEMV_W1: G.pick(b, n1, d, G.EPI_QKV_GELU),
+        OP_GEMV_W2: G.pick(b, d, kw2, G.EPI_RESIDUAL, deterministic=True),
+        OP_GEMV_LM: G.pick(b, vocab, d, G.EPI_STORE),
+    }
+    if gemv == "fma" and b == 1:
+        fma = G.GemvConfig(16, 1024, 1, 8, 1, False)
+        for op, (n, k, epi) in ((OP_GEMV_W1, (n1, d, G.EPI_QKV_GELU)),
+                                (OP_GEMV_W2, (d, kw2, G.EPI_RESIDUAL)),
+                                (OP_GEMV_LM, (vocab, d, G.EPI_STORE))):
+            split = n_split if op == OP_GEMV_W1 else 0
+            if fma.fits(b, n, k, epi) and split % fma.block_n == 0:
+                cfg[op] = fma
+    for c in cfg.values():
+        assert c.split_k == 1
+    return cfg
+
+
 class Unsupported(ValueError):
     """The program has an op pattern the megakernel has no lowering for."""
 
@@ -99,23 +122,8 @@ class ProgramLowering:
             S_ROW=kc.stride(0), S_HEAD=kc.stride(1), S_POS=kc.stride(2),
             NK=st.phase_next.shape[1], ANSWER_ID=-1 if st.spec.answer_id is None
             else st.spec.answer_id, OUT_COL=head.col)
-        # GEMV block shapes: the fused backend's picks (its residual GEMV in deterministic
-        # mode: no split-K), so each output is summed in the same order as there
-        self.gemv_cfg = {
-            OP_GEMV_W1: G.pick(b, n1, d, G.EPI_QKV_GELU),
-            OP_GEMV_W2: G.pick(b, d, kw2, G.EPI_RESIDUAL, deterministic=True),
-            OP_GEMV_LM: G.pick(b, vocab, d, G.EPI_STORE),
-        }
-        if gemv == "fma" and b == 1:
-            fma = G.GemvConfig(16, 1024, 1, 8, 1, False)
-            for op, (n, k, epi) in ((OP_GEMV_W1, (n1, d, G.EPI_QKV_GELU)),
-                                    (OP_GEMV_W2, (d, kw2, G.EPI_RESIDUAL)),
-                                    (OP_GEMV_LM, (vocab, d, G.EPI_STORE))):
-                split = self.layers[0]["w1"]["n_split"] if op == OP_GEMV_W1 else 0
-                if fma.fits(b, n, k, epi) and split % fma.block_n == 0:
-                    self.gemv_cfg[op] = fma
-        for c in self.gemv_cfg.values():
-            assert c.split_k == 1
+        self.gemv_cfg = gemv_configs(b, n1, d, kw2, vocab, self.layers[0]["w1"]["n_split"],
+                                     gemv)
         self.ops = self._program(len(self.layers))
 
     def _layers(self, fd, w, bufs) -> list[dict]:
