@@ -134,6 +134,13 @@ def _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stri
                 acc = _mac(acc, w3, x_rows, kk + 3 * BK + k0, b_ok, DOT)
     if not DOT:
         acc = tl.sum(acc, axis=1)[None, :]
+    _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap, EPI)
+
+
+@triton.jit
+def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap,
+              EPI: tl.constexpr):
+    """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI)."""
     mask = b_ok[:, None] & n_ok[None, :]
     bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     acc += bias[None, :]
@@ -153,6 +160,62 @@ def _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stri
             col = col + tl.where(hi, gap, 0)
         tl.store(y_ptr + offs_b[:, None] * stride_y + col,
                  val.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_group(w_ptr, s, n_steps, n0, n1, K: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, UNROLL: tl.constexpr):
+    """Step s of a streamed tile: block s // KG, K group s % KG (UNROLL tiles of [BN, BK]);
+    s >= n_steps loads nothing (all masked)."""
+    KG: tl.constexpr = K // (BK * UNROLL)
+    offs_n = n0 + (s // KG) * BN + tl.arange(0, BN)
+    ok = ((offs_n < n1) & ((offs_n * 0 + s) < n_steps))[:, None]
+    rows = w_ptr + offs_n[:, None].to(tl.int64) * K + (s % KG) * (BK * UNROLL)
+    k0 = tl.arange(0, BK)[None, :]
+    w0 = tl.load(rows + k0, mask=ok, other=0.0)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if UNROLL >= 2:
+        w1 = tl.load(rows + BK + k0, mask=ok, other=0.0)
+    if UNROLL == 4:
+        w2 = tl.load(rows + 2 * BK + k0, mask=ok, other=0.0)
+        w3 = tl.load(rows + 3 * BK + k0, mask=ok, other=0.0)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _gemv_stream(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
+                 c0, c1, c2, c3,
+                 K: tl.constexpr, EPI: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 UNROLL: tl.constexpr):
+    """b=1, FMA: rows [n0, n1) as one stream of steps (block, K group of UNROLL tiles),
+    double-buffered in registers: step s + 1's weights are loaded before step s is
+    computed, so a group is always in flight. c0..c3: step 0's group, prefetched before the
+    instruction waited. Per block the products are added in K order into [BN, BK] and
+    summed at the end (the fused FMA GEMV's order)."""
+    KG: tl.constexpr = K // (BK * UNROLL)
+    n_steps = ((n1 - n0 + BN - 1) // BN) * KG
+    k0 = tl.arange(0, BK)
+    offs_b = tl.arange(0, 1)
+    b_ok = offs_b < 1
+    x_rows = x_ptr + offs_b[:, None] * 0
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for s in range(0, n_steps):
+        d0, d1, d2, d3 = _load_group(w_ptr, s + 1, n_steps, n0, n1, K, BN, BK, UNROLL)
+        kb = (s % KG) * (BK * UNROLL)
+        acc = _mac(acc, c0, x_rows, kb + k0, b_ok, False)
+        if UNROLL >= 2:
+            acc = _mac(acc, c1, x_rows, kb + BK + k0, b_ok, False)
+        if UNROLL == 4:
+            acc = _mac(acc, c2, x_rows, kb + 2 * BK + k0, b_ok, False)
+            acc = _mac(acc, c3, x_rows, kb + 3 * BK + k0, b_ok, False)
+        if s % KG == KG - 1:
+            offs_n = n0 + (s // KG) * BN + tl.arange(0, BN)
+            _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, offs_n < n1,
+                      bias_ptr, y_ptr, stride_y, n_split, gap, EPI)
+            acc = tl.zeros([BN, BK], dtype=tl.float32)
+        c0, c1, c2, c3 = d0, d1, d2, d3
 
 
 @triton.jit
@@ -182,7 +245,10 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
     """One GEMV instruction: prefetch its first weights, wait for its inputs, the fused
     LayerNorm of the bucket's rows into this program's scratch (fields 16..19: input, gamma,
     beta, input is fp32 (1) / model dtype (0) / no LayerNorm (-1)), then the tile."""
-    p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
+    if (not DOT) and B == 1:
+        p0, p1, p2, p3 = _load_group(w_ptr, 0, 1, n0, n1, K, BN, BK, UNROLL)
+    else:
+        p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
     _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
     _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
     in_f32 = tl.load(rec + 19)
@@ -194,8 +260,12 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
             _ln_row(wb, fb, ln_in, in_f32, wb + g_off, wb + be_off, wb + a_off, r, eps,
                     D, LN_BLOCK)
         tl.debug_barrier()
-    _gemv_tile(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
-               p0, p1, p2, p3, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL)
+    if (not DOT) and B == 1:
+        _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
+                     p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
+    else:
+        _gemv_tile(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
+                   stride_y, p0, p1, p2, p3, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL)
 
 
 @triton.jit

@@ -35,19 +35,21 @@ def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
                  gemv: str = "fused") -> dict:
     """The GEMV block shapes per GEMV op. "fused": the fused backend's picks (its residual
     GEMV in deterministic mode: no split-K), so each output is summed in the same order as
-    there; "fma" (b=1): FMA tiles of 16 rows x 1024 K where the shape allows."""
+    there; "fma" (b=1): FMA tiles of 8 rows x 512 K, 4 per step (K % 2048 == 0), streamed
+    double-buffered (kernel._gemv_stream) where the shape allows."""
     cfg = {
         OP_GEMV_W1: G.pick(b, n1, d, G.EPI_QKV_GELU),
         OP_GEMV_W2: G.pick(b, d, kw2, G.EPI_RESIDUAL, deterministic=True),
         OP_GEMV_LM: G.pick(b, vocab, d, G.EPI_STORE),
     }
     if gemv == "fma" and b == 1:
-        fma = G.GemvConfig(16, 1024, 1, 8, 1, False)
         for op, (n, k, epi) in ((OP_GEMV_W1, (n1, d, G.EPI_QKV_GELU)),
                                 (OP_GEMV_W2, (d, kw2, G.EPI_RESIDUAL)),
                                 (OP_GEMV_LM, (vocab, d, G.EPI_STORE))):
             split = n_split if op == OP_GEMV_W1 else 0
-            if fma.fits(b, n, k, epi) and split % fma.block_n == 0:
+            # 8 rows x 4 x 512 K: 32 KB of weights per streamed step
+            fma = G.GemvConfig(8, 512, 1, 8, 1, False)
+            if k % 2048 == 0 and fma.fits(b, n, k, epi) and split % fma.block_n == 0:
                 cfg[op] = fma
     for c in cfg.values():
         assert c.split_k == 1
