@@ -17,12 +17,13 @@ Phases (child processes):
   mk        (its own process: a hang cannot lose the numbers above) the megakernel graph
             (feed + one launch), timed the same way; greedy vs the fused reference: tokens
             equal per step (first divergent step), max |hidden diff|, bitwise;
-            megakernel variants (num_warps:unroll:gemv, --variants) at b=1; the first
-              variant also at b=8; variants left when the child's time budget is spent are
+            megakernel variants (num_warps:unroll:gemv, --variants1 / --variants8), the
+              first of each first; variants left when the child's time budget is spent are
               skipped (reported), so the table always prints.
 
 Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 420] [--steps 64]
-           [--variants 8:4:fused,8:1:fused,8:2:fma,4:4:fused] [--skip-compile]
+           [--variants1 8:4:fma,8:4:fused,8:1:fused] [--variants8 8:2:small,8:1:fused]
+           [--skip-compile]
        PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/bench_megakernel.py --smoke
            (CPU: the same code paths on the tiny fp32 model, no graphs, no timing value)
 Writes $OUT/bench_megakernel.json and .md when OUT is set.
@@ -184,10 +185,11 @@ def child_compile(args):
         "est_makespan_us": round(cc.makespan_us, 1)}), flush=True)
 
 
-def _variants(args):
-    """--variants "w:u[:gemv],...": num_warps, GEMV unroll, GEMV shapes (fused | fma)."""
+def _variants(args, b: int = 1):
+    """--variants1 / --variants8 "w:u[:gemv],...": num_warps, GEMV unroll, GEMV shapes
+    (megakernel/lowering.py GEMV_CHOICES: fused | fma | small)."""
     out = []
-    for v in args.variants.split(","):
+    for v in (args.variants1 if b == 1 else args.variants8).split(","):
         f = v.split(":")
         out.append((int(f[0]), int(f[1]), f[2] if len(f) > 2 else "fused"))
     return out
@@ -339,10 +341,10 @@ def child_mk(args):
     """The megakernel variants: greedy agreement with the fused backend (pdl off), timing."""
     t_start = time.perf_counter()
     c = Ctx(args.smoke, 8)
-    res = {"variants": args.variants}
-    variants = _variants(args)
-    # jobs in priority order: the default variant at b=1 and b=8, then the others at b=1
-    jobs = [(1, variants[0]), (8, variants[0])] + [(1, v) for v in variants[1:]]
+    res = {"variants1": args.variants1, "variants8": args.variants8}
+    v1, v8 = _variants(args, 1), _variants(args, 8)
+    # jobs in priority order: the first variant at b=1 and b=8, then the others
+    jobs = [(1, v1[0]), (8, v8[0])] + [(1, v) for v in v1[1:]] + [(8, v) for v in v8[1:]]
     base, mks = {}, {1: {}, 8: {}}
 
     for b, (w, u, gk) in jobs:
@@ -366,7 +368,8 @@ def child_mk(args):
 def run_child(mode, args, env, timeout):
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
-           "--variants", args.variants, "--budget", str(max(10.0, timeout - 90))] + (
+           "--variants1", args.variants1, "--variants8", args.variants8,
+           "--budget", str(max(10.0, timeout - 90))] + (
         ["--smoke"] if args.smoke else [])
     try:
         p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True,
@@ -444,9 +447,11 @@ def main():
     ap.add_argument("--child", default=None)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=420)
-    ap.add_argument("--variants", default="8:4:fused,8:1:fused,8:2:fma,4:4:fused",
-                    help="megakernel num_warps:unroll:gemv list (gemv: fused | fma); the "
-                         "first is the default (also timed at b=8)")
+    ap.add_argument("--variants1", default="8:4:fma,8:4:fused,8:1:fused",
+                    help="megakernel num_warps:unroll:gemv list at b=1 (gemv: fused | fma |"
+                         " small); the first is MegakernelStep's default")
+    ap.add_argument("--variants8", default="8:2:small,8:1:fused",
+                    help="the same at b=8")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="(child) seconds after which further megakernel variants are skipped")
     ap.add_argument("--skip-compile", action="store_true")

@@ -504,9 +504,10 @@ def unroll_for(k: int, block_k: int, want: int) -> int:
     return 1
 
 
-# GEMV W-tile unroll of the megakernel (1: the plain loop, tl.range pipelined where Triton
-# does it; 2 / 4: that many W tiles loaded before the first is used); PHOTON_MK_UNROLL
-UNROLL = int(os.environ.get("PHOTON_MK_UNROLL", "4"))
+# GEMV W-tile unroll when none is given (1: the plain loop, tl.range pipelined where Triton
+# does it; 2 / 4: that many W tiles loaded before the first is used); MegakernelStep picks
+# per bucket (megakernel_step.py)
+UNROLL = 4
 
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None) -> dict:

@@ -28,7 +28,7 @@ from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W
                            OP_GEMV_W2, Operand, ProgramOp)
 
 
-GEMV_CHOICES = ("fused", "fma")
+GEMV_CHOICES = ("fused", "fma", "small")
 
 
 def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
@@ -36,12 +36,24 @@ def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
     """The GEMV block shapes per GEMV op. "fused": the fused backend's picks (its residual
     GEMV in deterministic mode: no split-K), so each output is summed in the same order as
     there; "fma" (b=1): FMA tiles of 8 rows x 512 K, 4 per step (K % 2048 == 0), streamed
-    double-buffered (kernel._gemv_stream) where the shape allows."""
+    double-buffered (kernel._gemv_stream) where the shape allows (b > 1: as "small");
+    "small": register-light tensor-core tiles (64 x 64; 16 x 128 for the residual GEMV)."""
     cfg = {
         OP_GEMV_W1: G.pick(b, n1, d, G.EPI_QKV_GELU),
         OP_GEMV_W2: G.pick(b, d, kw2, G.EPI_RESIDUAL, deterministic=True),
         OP_GEMV_LM: G.pick(b, vocab, d, G.EPI_STORE),
     }
+    if gemv == "small" or (gemv == "fma" and b > 1):
+        # register-light tensor-core tiles (sm_90, 8 warps, with unroll 4: W1 / lm 64 x 64 ->
+        # 32 KB per group; the residual GEMV 16 x 128 -> 16 KB, N = dim is small); tl.dot adds
+        # each output's K products in order whatever the tile, as the fused picks do
+        for op, (n, k, epi, c) in (
+                (OP_GEMV_W1, (n1, d, G.EPI_QKV_GELU, G.GemvConfig(64, 64, 1, 8, 1, True))),
+                (OP_GEMV_W2, (d, kw2, G.EPI_RESIDUAL, G.GemvConfig(16, 128, 1, 8, 1, True))),
+                (OP_GEMV_LM, (vocab, d, G.EPI_STORE, G.GemvConfig(64, 64, 1, 8, 1, True)))):
+            split = n_split if op == OP_GEMV_W1 else 0
+            if c.fits(b, n, k, epi) and split % c.block_n == 0:
+                cfg[op] = c
     if gemv == "fma" and b == 1:
         for op, (n, k, epi) in ((OP_GEMV_W1, (n1, d, G.EPI_QKV_GELU)),
                                 (OP_GEMV_W2, (d, kw2, G.EPI_RESIDUAL)),
@@ -66,10 +78,7 @@ class ProgramLowering:
 
     def __init__(self, fd, st, b: int, n_sm: int, gemv: str = "fused"):
         """n_sm: programs at most (each gets a private LayerNorm scratch of b rows).
-        gemv: the GEMV block shapes: "fused" = the fused backend's picks (each output
-        summed in the same order as there); "fma" = at b=1, FMA tiles of 16 rows x 1024 K
-        (32 KB of weights per step and no shared-memory round trip of tl.dot; a different
-        summation order than the fused backend) where the shape allows, else "fused"."""
+        gemv: the GEMV block shapes, GEMV_CHOICES (gemv_configs)."""
         if gemv not in GEMV_CHOICES:
             raise ValueError(f"gemv must be one of {GEMV_CHOICES}, not {gemv!r}")
         p = self.program = fd.program

@@ -5,6 +5,8 @@ of fast/fused_backend.py, in one kernel (reference_step below is that sequence).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..ops.row_advance import row_advance
@@ -12,6 +14,8 @@ from .compiler import Compiled, compile_program
 from .kernel import interpreted, launch
 from .lowering import ProgramLowering
 from .python_vm import PythonVM
+
+UNROLL_ENV = int(os.environ.get("PHOTON_MK_UNROLL", "0"))
 
 
 def sm_count(device) -> int:
@@ -33,8 +37,17 @@ def reference_step(fd, st, b: int, feed: bool = True) -> None:
 
 class MegakernelStep:
     def __init__(self, fd, st, b: int, n_sm: int | None = None,
-                 attn_per: int | None = None, gemv: str = "fused"):
+                 attn_per: int | None = None, gemv: str = "auto",
+                 unroll: int | None = None, num_warps: int | None = None):
+        """gemv: lowering.GEMV_CHOICES or "auto" (b=1: "fma", else "small": no register
+        spills at 8 warps in sm_90 builds, bench/compile_megakernel.py); unroll: GEMV W
+        tiles per group (None: PHOTON_MK_UNROLL, else 4 at b=1, 2 above)."""
         self.fd, self.st, self.b = fd, st, b
+        if gemv == "auto":
+            gemv = "fma" if b == 1 else "small"
+        self.gemv = gemv
+        self.unroll = unroll or (UNROLL_ENV or (4 if b == 1 else 2))
+        self.num_warps = num_warps
         dev = fd.x.device
         if n_sm is None:
             n_sm = 1 if interpreted() else sm_count(dev)
@@ -48,6 +61,8 @@ class MegakernelStep:
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
+        kw.setdefault("unroll", self.unroll)
+        kw.setdefault("num_warps", self.num_warps)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):
