@@ -167,7 +167,7 @@ def _load_group(w_ptr, s, n_steps, n0, n1, K: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, UNROLL: tl.constexpr):
     """Step s of a streamed tile: block s // KG, K group s % KG (UNROLL tiles of [BN, BK]);
     s >= n_steps loads nothing (all masked)."""
-    KG: tl.constexpr = K // (BK * UNROLL)
+    KG = K // (BK * UNROLL)
     offs_n = n0 + (s // KG) * BN + tl.arange(0, BN)
     ok = ((offs_n < n1) & ((offs_n * 0 + s) < n_steps))[:, None]
     rows = w_ptr + offs_n[:, None].to(tl.int64) * K + (s % KG) * (BK * UNROLL)
@@ -194,7 +194,7 @@ def _gemv_stream(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
     computed, so a group is always in flight. c0..c3: step 0's group, prefetched before the
     instruction waited. Per block the products are added in K order into [BN, BK] and
     summed at the end (the fused FMA GEMV's order)."""
-    KG: tl.constexpr = K // (BK * UNROLL)
+    KG = K // (BK * UNROLL)
     n_steps = ((n1 - n0 + BN - 1) // BN) * KG
     k0 = tl.arange(0, BK)
     offs_b = tl.arange(0, 1)
