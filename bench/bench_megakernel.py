@@ -11,8 +11,8 @@ Phases (child processes):
   fused     copy bandwidth -> floor = (decoder weights incl. lm head + k/v at positions
             POS - r) / bandwidth;
             per batch (1, 8): step = forward (feedback, decoder, row advance) + lm head pick,
-              fused graph (pdl off / on), each the median of 5 x (20 back-to-back replays
-              between two events) / 20; greedy: 64 steps from the same state, text rows:
+              fused graph (pdl off / on; deterministic mode and the default split-K mode),
+              each the median of 5 x (20 back-to-back replays between two events) / 20; greedy: 64 steps from the same state, text rows:
               fused (pdl off) = reference, fused pdl on must give the same bits
   mk        (its own process: a hang cannot lose the numbers above) the megakernel graph
             (feed + one launch), timed the same way; greedy vs the fused reference: tokens
@@ -241,16 +241,21 @@ def _fused_baselines(c, b, args, row, wbytes, bw, pdl_check=True):
               for p in c.st.pos[:b].tolist())
     floor = (wbytes + kvb) / bw * 1e3
     row["floor_ms"] = floor
-    for pdl in (False, True):
-        key = "fused_pdl_ms" if pdl else "fused_ms"
-        try:
-            g = _graph(torch, lambda: c.fused_step(b, pdl))
-            row[key] = _timed(torch, g.replay)
-            del g
-            say(f"b={b} {key} {row[key]:.4f} ({row[key] / floor:.2f}x floor {floor:.4f})")
-        except Exception:  # noqa: BLE001
-            row[key + "_error"] = traceback.format_exc()[-1500:]
-            say(f"b={b} {key} failed: {row[key + '_error']}")
+    # deterministic (no split-K: what the megakernel is diffed against) and the default
+    # (split-K residual GEMV, fp32 atomics), each without and with PDL
+    for det in (True, False):
+        c.fd.deterministic = det
+        for pdl in (False, True):
+            key = "fused" + ("" if det else "_nd") + ("_pdl" if pdl else "") + "_ms"
+            try:
+                g = _graph(torch, lambda: c.fused_step(b, pdl))
+                row[key] = _timed(torch, g.replay)
+                del g
+                say(f"b={b} {key} {row[key]:.4f} ({row[key] / floor:.2f}x floor {floor:.4f})")
+            except Exception:  # noqa: BLE001
+                row[key + "_error"] = traceback.format_exc()[-1500:]
+                say(f"b={b} {key} failed: {row[key + '_error']}")
+    c.fd.deterministic = True
     c.fd.pdl = False
     return s0, ref
 
@@ -428,6 +433,12 @@ def table(out, args) -> list[str]:
                      f"{g(pg)} | {g(mg)} |")
     for bb in (1, 8):
         r = b.get(f"b{bb}", {})
+        nd, ndp = r.get("fused_nd_ms"), r.get("fused_nd_pdl_ms")
+        fl = r.get("floor_ms")
+        if nd and fl:
+            lines.append(f"- b={bb} fused, default mode (split-K): {nd:.3f} ms "
+                         f"({nd / fl:.2f}x floor); with PDL "
+                         f"{'-' if not ndp else f'{ndp:.3f} ms ({ndp / fl:.2f}x)'}")
         for k, v in sorted(r.items()):
             if k.startswith("mk_w") and (k.endswith("_ms") or k.endswith("_greedy")):
                 lines.append(f"- b={bb} {k}: {v if not isinstance(v, float) else round(v, 4)}")
