@@ -43,6 +43,9 @@ class EngineOptions:
       graphs: bit-identical to the reference encode), "fast" (fused GELU epilogues, prefix
       attention without the mask: close, not bitwise), "auto" (fast on CUDA).
     deterministic: repeatable bits run to run (no split-K atomics; slightly slower).
+    pdl: the fused backend's kernels launch with programmatic dependent launch (Hopper+,
+      a Triton with triton.language.extra.cuda.gdc_*; ops/pdl.py): each starts while the one
+      before finishes. Same results; ignored elsewhere (CPU, interpreter, older GPUs).
     max_batch: rows (batch slots) of the fast path; kv_capacity: positions per row
       (None: 1024 on the GPU, the model's context on the CPU).
     """
@@ -53,6 +56,7 @@ class EngineOptions:
     crops: str = "overlap"
     encoder: str = "auto"
     deterministic: bool = False
+    pdl: bool = False
     max_batch: int = 8
     kv_capacity: int | None = None
 
@@ -68,6 +72,8 @@ class EngineOptions:
             raise ValueError(f"crops must be 'overlap' or 'global', not {self.crops!r}")
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, not {self.encoder!r}")
+        if not isinstance(self.pdl, bool):
+            raise ValueError(f"pdl must be a bool, not {self.pdl!r}")
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, not {self.max_batch!r}")
 

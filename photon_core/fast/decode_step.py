@@ -64,7 +64,8 @@ class StepState:
         self.fused = None
         if use_fused(options.fused, dev, dt):
             from .fused_backend import FusedBackend
-            self.fused = FusedBackend(spec, w, kv, rows, deterministic=options.deterministic)
+            self.fused = FusedBackend(spec, w, kv, rows, deterministic=options.deterministic,
+                                      pdl=options.pdl)
         self.backend = self.fused or self.eager
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, kind: int,

@@ -19,6 +19,9 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
                  their kernels (ops/*: batched over rows) are wired in here
 Around the blocks: feedback (ops/feedback_embedding.py, or the token embedding), the row
 advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked argmax.
+pdl (EngineOptions.pdl): every Triton kernel is launched with programmatic dependent launch
+(ops/pdl.py): it starts while the previous kernel finishes (GEMVs load their first weight
+tile meanwhile) and waits for it in-kernel; the torch ops in between launch as before.
 
 For Moondream 2, per block: LN(x) -> GEMV [Wqkv; Wfc1] (+ GELU on the fc1 part) -> attention
 -> combine -> split-K GEMV [Wproj, Wfc2] over u = [qkv | a | g]'s [a | g] into x.
@@ -49,8 +52,10 @@ ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.
 
 class FusedBackend:
     def __init__(self, spec, weights, kv, rows: int, attn_chunk: int = ATTN_CHUNK,
-                 deterministic: bool = False):
+                 deterministic: bool = False, pdl: bool = False):
         p = self.program = spec.program
+        # programmatic dependent launch of every kernel (ops/pdl.py; EngineOptions.pdl)
+        self.pdl = pdl
         self.spec, self.w, self.kv, self.rows = spec, weights, kv, rows
         dev, dt = kv.data.device, kv.data.dtype
         # no split-K GEMV (its fp32 atomics add in a varying order): bitwise repeatable steps
@@ -72,6 +77,9 @@ class FusedBackend:
         self.hybrid = state_ops.uses_state_ops(p)
         self.plain_attention = any(op.kind == "attention" for op in p.ops)
         self.row_ids = torch.arange(rows, device=dev)
+        # op -> what its one fused GEMV runs (w, bias, out buffer, column, n_split, gap, epi,
+        # in buffer, in column): other backends reuse these tensors (megakernel/lowering.py)
+        self.fused_gemvs: dict[Op, dict] = {}
         self.lowered = [self._lower(op) for op in p.ops]
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
 
@@ -123,8 +131,9 @@ class FusedBackend:
             if op.norm == "layer":
                 bias = bias.contiguous()
                 return lambda b, env: layer_norm(self._src(src, env, b), wt, bias,
-                                                 self._view(dst, b), eps)
-            return lambda b, env: rms_norm(self._src(src, env, b), wt, self._view(dst, b), eps)
+                                                 self._view(dst, b), eps, pdl=self.pdl)
+            return lambda b, env: rms_norm(self._src(src, env, b), wt, self._view(dst, b), eps,
+                                           pdl=self.pdl)
         if k == "linear":
             return self._lower_linear(op)
         if k == "attention":
@@ -161,9 +170,11 @@ class FusedBackend:
                 w = torch.cat([t for t, _ in ws]).contiguous()
                 bias = torch.cat([bb for _, bb in ws]) if ws[0][1] is not None else None
                 epi = EPI_QKV_GELU if gelu_last else EPI_STORE
+                self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=n_split,
+                                            gap=gap, epi=epi, src=src)
                 return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                            self.bufs[buf][:b, off:], epi, n_split=n_split,
-                                           gap=gap)
+                                           gap=gap, pdl=self.pdl)
         parts = []                              # one output at a time
         for d, (t, bb), act in zip(op.dst, ws, acts):
             buf, off, _ = self.program.segment(d)
@@ -171,7 +182,8 @@ class FusedBackend:
             if act in (None, "gelu_tanh"):
                 epi = EPI_STORE if act is None else EPI_QKV_GELU
                 parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off, epi=epi: gemv(
-                    self._src(src, env, b), t, bb, self.bufs[buf][:b, off:], epi))
+                    self._src(src, env, b), t, bb, self.bufs[buf][:b, off:], epi,
+                    pdl=self.pdl))
             else:                               # no kernel epilogue: the torch op
                 parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(
                     d, b).copy_(act(F.linear(self._src(src, env, b), t, bb))))
@@ -194,15 +206,17 @@ class FusedBackend:
                 for bb in biases[1:]:
                     bias = bias + bb.float()
             buf, off, width = place
+            self.fused_gemvs[op] = dict(w=w, bias=bias, buf="x", off=0, n_split=0, gap=0,
+                                        epi=EPI_RESIDUAL, src_buf=buf, src_off=off)
             return lambda b, env: gemv(self.bufs[buf][:b, off:off + width], w, bias,
                                        self.x[:b], EPI_RESIDUAL,
-                                       deterministic=self.deterministic)
+                                       deterministic=self.deterministic, pdl=self.pdl)
         parts = []
         for s, (t, bb) in zip(op.src, ws):
             t = t.contiguous()
             parts.append(lambda b, env, s=s, t=t, bb=bb: gemv(
                 self._view(s, b), t, None if bb is None else bb.float(), self.x[:b],
-                EPI_RESIDUAL, deterministic=self.deterministic))
+                EPI_RESIDUAL, deterministic=self.deterministic, pdl=self.pdl))
 
         def run(b, env):
             for f in parts:
@@ -220,7 +234,8 @@ class FusedBackend:
 
         def attend(slot, qkv, out):
             decode_attention(qkv, pos, self.cos, self.sin, kv.data[slot, 0], kv.data[slot, 1],
-                             out, self.scratch, a.n_heads, a.n_kv_heads, a.head_dim)
+                             out, self.scratch, a.n_heads, a.n_kv_heads, a.head_dim,
+                             pdl=self.pdl)
         env = {"attend": attend}
         if self.hybrid:
             env["stateful"] = state_ops.decode_ops(
@@ -234,7 +249,8 @@ class FusedBackend:
     def feed(self, st, b: int) -> None:
         """GPU-resident feedback: each row's next input embedding into the residual x."""
         if self.program.feedback.kind == "region":
-            feedback_embedding(self.feedback, st.out[:b], st.phase[:b], self.x[:b])
+            feedback_embedding(self.feedback, st.out[:b], st.phase[:b], self.x[:b],
+                               pdl=self.pdl)
         else:
             self.x[:b].copy_(F.embedding(st.out[:b, 0], self.feedback))
 
@@ -242,7 +258,7 @@ class FusedBackend:
         self.feed(st, b)
         self.decoder(st.pos[:b], b, st.pos_offset[:b], st.active[:b], attn_len)
         row_advance(self.x[:b], st.hidden[:b], st.active[:b], st.pos[:b], st.phase[:b],
-                    st.kind[:b], st.first[:b], st.phase_next)
+                    st.kind[:b], st.first[:b], st.phase_next, pdl=self.pdl)
 
     def head_logits(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
         """A head's logits [b, n] (a view of a buffer) from hidden [b, dim]."""
@@ -260,9 +276,9 @@ class FusedBackend:
         if h.mask_answer and self.spec.answer_id is not None:
             masked_argmax(logits, st.out, h.col, mask_col=self.spec.answer_id,
                           phase=st.phase[:b], first=st.first[:b],
-                          mask_phase=self.spec.answer_phase)
+                          mask_phase=self.spec.answer_phase, pdl=self.pdl)
         else:
-            masked_argmax(logits, st.out, h.col, segments=h.segments)
+            masked_argmax(logits, st.out, h.col, segments=h.segments, pdl=self.pdl)
 
     # -- a prompt prefill (T <= GEMV_MAX_ROWS tokens) into one row --------------------------
     def prefill(self, x: torch.Tensor, row: torch.Tensor, pos: torch.Tensor, offset=None,

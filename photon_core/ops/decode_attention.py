@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ._triton import tl, triton
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 FUSE_COMBINE = False     # H200: in-kernel merge 7.87 us/layer vs 7.44 with the combine kernel (b=1)
@@ -53,7 +54,10 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
                            m_ptr, l_ptr, acc_ptr, scale, cnt_ptr, out_ptr, stride_out,
                            NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
                            HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
-                           SPLIT_P2: tl.constexpr, COMBINE: tl.constexpr):
+                           SPLIT_P2: tl.constexpr, COMBINE: tl.constexpr,
+                           GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     row = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
@@ -124,7 +128,9 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out,
                     NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-                    SPLIT_P2: tl.constexpr):
+                    SPLIT_P2: tl.constexpr, GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, tl.program_id(0), tl.program_id(1),
            NH, HD, NSPLIT, SPLIT_P2)
 
@@ -146,7 +152,8 @@ class AttentionScratch:
 def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor,
                      scratch: AttentionScratch, n_heads: int, n_kv_heads: int,
-                     head_dim: int, fuse_combine: bool | None = None) -> torch.Tensor:
+                     head_dim: int, fuse_combine: bool | None = None,
+                     pdl: bool = False) -> torch.Tensor:
     """qkv [b, >= (nh+2nkv)hd]; pos [b] long; cos/sin [n_table, rot/2] fp32 (rope_angles of
     0..n_table-1); kc/vc [rows >= b, nkv, capacity, hd] views of one layer of the static
     cache (unit stride on hd); out [b, >= nh*hd]."""
@@ -157,16 +164,17 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     assert capacity <= scratch.n_split * scratch.chunk
     fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
     p2 = triton.next_power_of_2(scratch.n_split)
+    _, gdc, launch_kw = pdl_launch(pdl, qkv)
     _attend_partial_kernel[(b, n_heads, scratch.n_split)](
         qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0), kc.stride(1),
         kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc, head_dim ** -0.5,
         scratch.count, out, out.stride(0),
         NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=scratch.chunk,
-        NSPLIT=scratch.n_split, SPLIT_P2=p2, COMBINE=fuse, num_warps=4)
+        NSPLIT=scratch.n_split, SPLIT_P2=p2, COMBINE=fuse, GDC=gdc, num_warps=4, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
                                       NH=n_heads, HD=head_dim, NSPLIT=scratch.n_split,
-                                      SPLIT_P2=p2, num_warps=2)
+                                      SPLIT_P2=p2, GDC=gdc, num_warps=2, **launch_kw)
     return out
 
 

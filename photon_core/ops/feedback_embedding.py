@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ._triton import tl, triton
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 TWO_PI = 6.283185307179586
 
@@ -55,7 +56,9 @@ def _feedback_kernel(out_ptr, phase_ptr, wte_ptr, ctab_ptr, stab_ptr,
                      cfeat_ptr, cw_ptr, cb_ptr, sfeat_ptr, sw_ptr, sb_ptr, x_ptr,
                      D, stride_x, CF: tl.constexpr, SF: tl.constexpr,
                      BLOCK_D: tl.constexpr, TOKEN_PHASE: tl.constexpr = 0,
-                     SIZE_PHASE: tl.constexpr = 3):
+                     SIZE_PHASE: tl.constexpr = 3, GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = offs < D
@@ -104,14 +107,16 @@ class FeedbackWeights:
 
 
 def feedback_embedding(fw: FeedbackWeights, out: torch.Tensor, phase: torch.Tensor,
-                       x: torch.Tensor, block_d: int = 32) -> torch.Tensor:
+                       x: torch.Tensor, block_d: int = 32, pdl: bool = False) -> torch.Tensor:
     """out [b, 4] int64, phase [b] int64 -> x [b, dim] (fp32) = each row's next embedding."""
     b, d = x.shape
     assert out.is_contiguous() and out.shape[1] == 4 and x.stride(1) == 1
+    _, gdc, launch_kw = pdl_launch(pdl, x)
     _feedback_kernel[(b, triton.cdiv(d, block_d))](
         out, phase, fw.wte, fw.coord_table, fw.size_table, fw.cfeat, fw.cw, fw.cb, fw.sfeat,
         fw.sw, fw.sb, x, d, x.stride(0), CF=fw.cf, SF=fw.sf, BLOCK_D=block_d,
-        TOKEN_PHASE=fw.token_phase, SIZE_PHASE=fw.size_phase, num_warps=4)
+        TOKEN_PHASE=fw.token_phase, SIZE_PHASE=fw.size_phase, GDC=gdc, num_warps=4,
+        **launch_kw)
     return x
 
 

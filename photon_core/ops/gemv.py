@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ._triton import tl, triton
 
 from . import GEMV_MAX_ROWS
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL = 0, 1, 2
 
@@ -56,7 +57,8 @@ class GemvConfig:
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT: tl.constexpr):
+                 DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -71,7 +73,18 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     else:
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for kk in range(k_start, k_start + k_len, BLOCK_K):
+    k_first = k_start
+    if PDL:     # the first weight tile is loaded before waiting for the previous kernel
+        offs_k = k_start + tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        pdl_wait(GDC)
+        x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
+        if DOT:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        else:
+            acc2 += w.to(tl.float32) * x.to(tl.float32)
+        k_first = k_start + BLOCK_K
+    for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
@@ -176,10 +189,13 @@ def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvC
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
          epi: int = EPI_STORE, n_split: int = 0, gap: int = 0,
-         cfg: GemvConfig | None = None, deterministic: bool = False) -> torch.Tensor:
+         cfg: GemvConfig | None = None, deterministic: bool = False,
+         pdl: bool = False) -> torch.Tensor:
     """x [b, K] (row stride free, unit column stride), w [N, K] contiguous, y [b, *] with
     unit column stride (fp32 for EPI_RESIDUAL).
-    deterministic: never split K (split-K adds with fp32 atomics in a varying order)."""
+    deterministic: never split K (split-K adds with fp32 atomics in a varying order).
+    pdl: programmatic dependent launch (ops/pdl.py): the first weight tile loads while the
+    previous kernel finishes."""
     b, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
@@ -188,11 +204,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    shape, gdc, launch_kw = pdl_launch(pdl, w)
     _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k,
                        x.stride(0), y.stride(0), n_split, gap, EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
-                       BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
-                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                       BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
+                       GDC=gdc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                       **launch_kw)
     return y
 
 

@@ -10,11 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from ._triton import tl, triton
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
 def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, D, stride_x, stride_y, eps,
-                      BLOCK: tl.constexpr):
+                      BLOCK: tl.constexpr, GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < D
@@ -30,7 +33,10 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, D, stride_x, stride_y, eps,
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK: tl.constexpr,
+                    GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < D
@@ -42,13 +48,14 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK: tl.c
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
-             eps: float = 1e-6) -> torch.Tensor:
-    """Triton RMSNorm of x [b, D] rows into y [b, D]."""
+             eps: float = 1e-6, pdl: bool = False) -> torch.Tensor:
+    """Triton RMSNorm of x [b, D] rows into y [b, D] (pdl: ops/pdl.py)."""
     b, d = x.shape
     assert x.stride(1) == 1 and y.stride(1) == 1
     block = triton.next_power_of_2(d)
+    _, gdc, launch_kw = pdl_launch(pdl, x)
     _rmsnorm_kernel[(b,)](x, weight, y, d, x.stride(0), y.stride(0), eps, BLOCK=block,
-                          num_warps=4 if block <= 2048 else 8)
+                          GDC=gdc, num_warps=4 if block <= 2048 else 8, **launch_kw)
     return y
 
 
@@ -67,10 +74,11 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y: torch.Tensor,
-               eps: float = 1e-5) -> torch.Tensor:
+               eps: float = 1e-5, pdl: bool = False) -> torch.Tensor:
     b, d = x.shape
     assert x.stride(1) == 1 and y.stride(1) == 1
     block = triton.next_power_of_2(d)
+    _, gdc, launch_kw = pdl_launch(pdl, x)
     _layernorm_kernel[(b,)](x, weight, bias, y, d, x.stride(0), y.stride(0), eps, BLOCK=block,
-                            num_warps=4 if block <= 2048 else 8)
+                            GDC=gdc, num_warps=4 if block <= 2048 else 8, **launch_kw)
     return y

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import torch
 from ._triton import tl, triton
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
 def _argmax_kernel(x_ptr, stride_x, L, out_ptr, stride_out, col0, mask_col, phase_ptr,
                    first_ptr, MASK: tl.constexpr, BLOCK: tl.constexpr,
-                   MASK_PHASE: tl.constexpr = 0):
+                   MASK_PHASE: tl.constexpr = 0, GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     row = tl.program_id(0)
     seg = tl.program_id(1)
     base = x_ptr + row * stride_x + seg * L
@@ -42,17 +45,19 @@ def _argmax_kernel(x_ptr, stride_x, L, out_ptr, stride_out, col0, mask_col, phas
 def masked_argmax(x: torch.Tensor, out: torch.Tensor, col0: int, segments: int = 1,
                   mask_col: int | None = None, phase: torch.Tensor | None = None,
                   first: torch.Tensor | None = None, block: int = 4096,
-                  mask_phase: int = 0) -> torch.Tensor:
+                  mask_phase: int = 0, pdl: bool = False) -> torch.Tensor:
     """x [b, segments * L] -> out[:b, col0 : col0 + segments] (int64, row stride free)."""
     b, n = x.shape
     assert x.stride(1) == 1 and n % segments == 0 and out.dtype == torch.int64
     length = n // segments
     masked = mask_col is not None
     block = min(block, triton.next_power_of_2(length))
+    _, gdc, launch_kw = pdl_launch(pdl, x)
     _argmax_kernel[(b, segments)](
         x, x.stride(0), length, out, out.stride(0), col0, mask_col if masked else -1,
         phase if masked else out, first.view(torch.uint8) if masked else out,
-        MASK=masked, BLOCK=block, MASK_PHASE=mask_phase, num_warps=8 if block >= 4096 else 4)
+        MASK=masked, BLOCK=block, MASK_PHASE=mask_phase, GDC=gdc,
+        num_warps=8 if block >= 4096 else 4, **launch_kw)
     return out
 
 

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import torch
 from ._triton import tl, triton
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
 def _advance_kernel(x_ptr, stride_x, h_ptr, stride_h, active_ptr, pos_ptr, phase_ptr,
-                    kind_ptr, first_ptr, table_ptr, n_kinds, D, BLOCK_D: tl.constexpr):
+                    kind_ptr, first_ptr, table_ptr, n_kinds, D, BLOCK_D: tl.constexpr,
+                    GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     row = tl.program_id(0)
     blk = tl.program_id(1)
     act = tl.load(active_ptr + row)
@@ -34,15 +38,16 @@ def _advance_kernel(x_ptr, stride_x, h_ptr, stride_h, active_ptr, pos_ptr, phase
 
 def row_advance(x: torch.Tensor, hidden: torch.Tensor, active: torch.Tensor, pos: torch.Tensor,
                 phase: torch.Tensor, kind: torch.Tensor, first: torch.Tensor,
-                phase_next: torch.Tensor, block_d: int = 512) -> None:
+                phase_next: torch.Tensor, block_d: int = 512, pdl: bool = False) -> None:
     """x [b, dim] (the decoder's output), the first b rows of the StepState tensors
     (bool tensors are read/written as uint8), phase_next [P, K] int64 contiguous."""
     b, d = x.shape
     assert x.stride(1) == 1 and hidden.stride(1) == 1 and phase_next.is_contiguous()
+    _, gdc, launch_kw = pdl_launch(pdl, x)
     _advance_kernel[(b, triton.cdiv(d, block_d))](
         x, x.stride(0), hidden, hidden.stride(0), active.view(torch.uint8), pos, phase,
         kind, first.view(torch.uint8), phase_next, phase_next.shape[1], d, BLOCK_D=block_d,
-        num_warps=4)
+        GDC=gdc, num_warps=4, **launch_kw)
 
 
 def row_advance_reference(x: torch.Tensor, hidden: torch.Tensor, active: torch.Tensor,

@@ -1,0 +1,514 @@
+"""Decode step on the H200, Moondream 2 shapes, random bf16 weights, deterministic mode, all in
+one run against same-run baselines: the bandwidth floor, the fused backend's CUDA graph, the
+same with programmatic dependent launch (EngineOptions.pdl), and the megakernel
+(photon_core/megakernel) at batch 1 and 8; its compile time (cold / cached); greedy agreement
+over 64 steps. Every GPU phase runs in a child process under a timeout (a watchdog: a
+deadlocked persistent kernel cannot hang the run); the parent prints one table at the end.
+
+Phases (child processes):
+  compile   cold: a fresh TRITON_CACHE_DIR, build + first launch of the megakernel (b=1,
+            default variant) = its compile; warm: the same in a new process = the cached start
+  fused     copy bandwidth -> floor = (decoder weights incl. lm head + k/v at positions
+            POS - r) / bandwidth;
+            per batch (1, 8): step = forward (feedback, decoder, row advance) + lm head pick,
+              fused graph (pdl off / on; deterministic mode and the default split-K mode),
+              each the median of 5 x (20 back-to-back replays between two events) / 20; greedy: 64 steps from the same state, text rows:
+              fused (pdl off) = reference, fused pdl on must give the same bits
+  mk        (its own process: a hang cannot lose the numbers above) the megakernel graph
+            (feed + one launch), timed the same way; greedy vs the fused reference: tokens
+            equal per step (first divergent step), max |hidden diff|, bitwise;
+            megakernel variants (num_warps:unroll:gemv, --variants1 / --variants8), the
+              first of each first; variants left when the child's time budget is spent are
+              skipped (reported), so the table always prints.
+
+Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 420] [--steps 64]
+           [--variants1 8:4:fma,8:4:fused,8:1:fused] [--variants8 8:2:small,8:1:fused]
+           [--skip-compile]
+       PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/bench_megakernel.py --smoke
+           (CPU: the same code paths on the tiny fp32 model, no graphs, no timing value)
+Writes $OUT/bench_megakernel.json and .md when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+KV = 832
+POS = 785
+LINES: list[str] = []
+
+
+def say(s=""):
+    print(s, flush=True)
+    LINES.append(s)
+
+
+# ---------------------------------------------------------------- child side
+class Ctx:
+    """The engine under test: a FastEngine (deterministic, no warm-up graphs) on CUDA, or the
+    tiny fp32 model on the CPU (--smoke)."""
+
+    def __init__(self, smoke: bool, b_max: int = 8):
+        import torch
+
+        from photon_core.fast import FastEngine
+        self.torch, self.smoke = torch, smoke
+        torch.manual_seed(0)
+        if smoke:
+            from photon_core.moondream.model import build_random_model
+            from photon_core.moondream.test_model import tiny_config
+            self.model = build_random_model(tiny_config(fast=True), device="cpu",
+                                            dtype="fp32", seed=0)
+            self.kv_cap, self.pos0 = 64, 50
+        else:
+            from photon_core.moondream.config import MoondreamConfig
+            from photon_core.moondream.model import build_random_model
+            self.model = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16",
+                                            seed=0)
+            self.kv_cap, self.pos0 = KV, POS
+        self.eng = FastEngine(self.model, max_batch=b_max, kv_capacity=self.kv_cap,
+                              deterministic=True, fused="on", graphed_prefill=False,
+                              graphed_encoder=False, detok_thread=False, warmup=False)
+        self.st = self.eng.state
+        self.fd = self.st.fused
+        assert self.fd is not None and self.fd.deterministic
+        self.dev = self.st.hidden.device
+
+    def sync(self):
+        if not self.smoke:
+            self.torch.cuda.synchronize()
+
+    def state_for(self, b: int, active: bool = True, seed: int = 1):
+        """rows [0, b): text phase, first pick done, positions pos0 - r, random k/v."""
+        torch, st = self.torch, self.st
+        g = torch.Generator(device=self.dev).manual_seed(seed)
+        self.eng.kv.data.normal_(generator=g)
+        st.hidden.normal_(generator=g)
+        st.pos.zero_()
+        st.pos[:b] = torch.arange(self.pos0, self.pos0 - b, -1, device=self.dev)
+        st.phase.zero_()
+        st.kind.zero_()
+        st.first.zero_()
+        st.active.zero_()
+        st.active[:b] = active
+        st.out.zero_()
+        self.fd.x.zero_()
+
+    def snap(self):
+        st = self.st
+        s = {n: getattr(st, n).clone() for n in ("hidden", "pos", "phase", "first", "active",
+                                                 "out")}
+        s["kv"], s["x"] = self.eng.kv.data.clone(), self.fd.x.clone()
+        return s
+
+    def restore(self, s):
+        st = self.st
+        for n in ("hidden", "pos", "phase", "first", "active", "out"):
+            getattr(st, n).copy_(s[n])
+        self.eng.kv.data.copy_(s["kv"])
+        self.fd.x.copy_(s["x"])
+
+    # one decode step = the forward (feedback of out, decoder, row advance) + the lm head's
+    # greedy pick (the runtime launches the pick first, then the forward: the same work);
+    # in this order it is what one megakernel step (feed + launch) computes
+    def fused_step(self, b: int, pdl: bool):
+        from photon_core.fast import decode_step as ds
+        self.fd.pdl = pdl
+        ds.forward(self.st, b)
+        ds.lm_greedy(self.st, b)
+
+    def mk(self, b: int, gemv: str = "fused"):
+        from photon_core.megakernel.megakernel_step import MegakernelStep
+        return MegakernelStep(self.fd, self.st, b, gemv=gemv)
+
+
+def _timed(torch, fn, reps=20, rounds=5):
+    """median over rounds of (reps back-to-back calls between two events) / reps, in ms."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(rounds):
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        e.synchronize()
+        out.append(a.elapsed_time(e) / reps)
+    return statistics.median(out)
+
+
+def _graph(torch, fn):
+    """fn captured in a CUDA graph (after two warm-up calls on a side stream)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g
+
+
+def child_compile(args):
+    t0 = time.perf_counter()
+    c = Ctx(args.smoke, 1)
+    from photon_core.megakernel.kernel import launch
+    w, u, gk = _variants(args)[0]
+    t1 = time.perf_counter()
+    mk = c.mk(1, gk)
+    t2 = time.perf_counter()
+    c.st.active.zero_()
+    launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+    c.sync()
+    t3 = time.perf_counter()
+    cc = mk.compiled
+    print("RESULT " + json.dumps({
+        "setup_s": round(t1 - t0, 2), "schedule_s": round(t2 - t1, 3),
+        "first_launch_s": round(t3 - t2, 3), "instructions": len(cc.instrs),
+        "programs": cc.n_programs, "aligned": cc.aligned,
+        "est_makespan_us": round(cc.makespan_us, 1)}), flush=True)
+
+
+def _variants(args, b: int = 1):
+    """--variants1 / --variants8 "w:u[:gemv],...": num_warps, GEMV unroll, GEMV shapes
+    (megakernel/lowering.py GEMV_CHOICES: fused | fma | small)."""
+    out = []
+    for v in (args.variants1 if b == 1 else args.variants8).split(","):
+        f = v.split(":")
+        out.append((int(f[0]), int(f[1]), f[2] if len(f) > 2 else "fused"))
+    return out
+
+
+def _greedy(c, b, steps, step_fn):
+    """tokens [steps][b] and hidden states of `steps` steps from the current state."""
+    toks, hid = [], []
+    for _ in range(steps):
+        step_fn()
+        toks.append(c.st.out[:b, 0].clone())
+        hid.append(c.st.hidden[:b].clone())
+    c.sync()
+    return toks, hid
+
+
+def _agreement(ref, got):
+    (rt, rh), (gt, gh) = ref, got
+    first_bad = next((k for k, (a, b) in enumerate(zip(rt, gt))
+                      if not bool((a == b).all())), None)
+    same = sum(int((a == b).sum()) for a, b in zip(rt, gt))
+    hdiff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(rh, gh))
+    bitwise = all(bool((a == b).all()) for a, b in zip(rh, gh))
+    return {"first_divergent_step": first_bad, "tokens_equal": same,
+            "tokens_total": sum(int(a.numel()) for a in rt), "max_hidden_diff": hdiff,
+            "hidden_bitwise": bitwise}
+
+
+def _fused_baselines(c, b, args, row, wbytes, bw, pdl_check=True):
+    """Greedy reference (fused, pdl off), PDL agreement, floor and fused graph timings at b;
+    returns (state s0, reference)."""
+    torch = c.torch
+    c.state_for(b)
+    c.fused_step(b, False)          # one step so that every row has a token to feed
+    s0 = c.snap()
+    ref = _greedy(c, b, args.steps, lambda: c.fused_step(b, False))
+    c.restore(s0)
+    if not pdl_check:
+        return s0, ref
+    row["pdl_vs_fused"] = _agreement(ref, _greedy(c, b, args.steps,
+                                                  lambda: c.fused_step(b, True)))
+    say(f"b={b} greedy {args.steps} steps, fused+PDL vs fused: {row['pdl_vs_fused']}")
+    c.fd.pdl = False
+    if args.smoke:
+        return s0, ref
+    t = c.model.config.text
+    c.state_for(b, active=False)    # inactive rows: nothing advances, every replay the same
+    kvb = sum(t.n_layers * 2 * t.n_kv_heads * (int(p) + 1) * t.head_dim * 2
+              for p in c.st.pos[:b].tolist())
+    floor = (wbytes + kvb) / bw * 1e3
+    row["floor_ms"] = floor
+    # deterministic (no split-K: what the megakernel is diffed against) and the default
+    # (split-K residual GEMV, fp32 atomics), each without and with PDL
+    for det in (True, False):
+        c.fd.deterministic = det
+        for pdl in (False, True):
+            key = "fused" + ("" if det else "_nd") + ("_pdl" if pdl else "") + "_ms"
+            try:
+                g = _graph(torch, lambda: c.fused_step(b, pdl))
+                row[key] = _timed(torch, g.replay)
+                del g
+                say(f"b={b} {key} {row[key]:.4f} ({row[key] / floor:.2f}x floor {floor:.4f})")
+            except Exception:  # noqa: BLE001
+                row[key + "_error"] = traceback.format_exc()[-1500:]
+                say(f"b={b} {key} failed: {row[key + '_error']}")
+    c.fd.deterministic = True
+    c.fd.pdl = False
+    return s0, ref
+
+
+def _megakernel_variant(c, b, w, u, gk, args, row, mks, s0, ref):
+    from photon_core.megakernel.kernel import launch
+    torch = c.torch
+    name = f"mk_w{w}_u{u}_{gk}"
+    if gk not in mks:
+        mks[gk] = c.mk(b, gk)
+        cm = mks[gk].compiled
+        row[f"mk_{gk}_instructions"] = len(cm.instrs)
+        row[f"mk_{gk}_programs"] = cm.n_programs
+        row[f"mk_{gk}_est_makespan_us"] = round(cm.makespan_us, 1)
+        row[f"mk_{gk}_gemv_cfg"] = str(mks[gk].low.gemv_cfg)
+    mk = mks[gk]
+    c.fd.pdl = False
+
+    def mk_step():
+        mk.feed()
+        launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+    c.restore(s0)
+    t0 = time.perf_counter()
+    mk_step()
+    c.sync()
+    row[f"{name}_first_launch_s"] = round(time.perf_counter() - t0, 2)
+    c.restore(s0)
+    row[f"{name}_greedy"] = _agreement(ref, _greedy(c, b, args.steps, mk_step))
+    row[f"{name}_counters_reset"] = int(mk.compiled.counters.abs().sum()) == 0
+    say(f"b={b} greedy {args.steps} steps, megakernel {name} vs fused: "
+        f"{row[f'{name}_greedy']} (first launch {row[f'{name}_first_launch_s']} s)")
+    if args.smoke:
+        return
+    c.state_for(b, active=False)
+    row[f"{name}_launch_ms"] = _timed(torch, mk_step)
+    try:
+        g = _graph(torch, mk_step)
+        row[f"{name}_graph_ms"] = _timed(torch, g.replay)
+        del g
+    except Exception:  # noqa: BLE001
+        row[f"{name}_graph_error"] = traceback.format_exc()[-1500:]
+        say(f"b={b} {name} graph failed: {row[f'{name}_graph_error']}")
+    fl = row.get("floor_ms")
+    say(f"b={b} {name}: launch {row[f'{name}_launch_ms']:.4f} ms, graph "
+        f"{row.get(f'{name}_graph_ms')} ms, floor {fl}")
+    try:
+        kern = launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+        row[f"{name}_regs_spills"] = (getattr(kern, "n_regs", None),
+                                      getattr(kern, "n_spills", None))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _bandwidth_and_bytes(c, args):
+    torch = c.torch
+    if not args.smoke:
+        n = 2 ** 30
+        a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        z = torch.empty_like(a)
+        ms = _timed(torch, lambda: z.copy_(a), reps=5, rounds=5)
+        bw = 2 * a.numel() * 2 / (ms * 1e-3)
+        del a, z
+        torch.cuda.empty_cache()
+    else:
+        bw = 1e12
+    wbytes = sum(t.numel() * t.element_size() for nm, t in c.model.weights.items()
+                 if nm.startswith("text.") and nm != "text.wte")
+    return bw, wbytes
+
+
+def child_fused(args):
+    """floor, fused graph, fused+PDL graph, PDL greedy agreement at b=1 and b=8."""
+    c = Ctx(args.smoke, 8)
+    bw, wbytes = _bandwidth_and_bytes(c, args)
+    res = {"copy_TBps": bw / 1e12, "decoder_GB": wbytes / 1e9}
+    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
+    for b in (1, 8):
+        row = res.setdefault(f"b{b}", {})
+        try:
+            _fused_baselines(c, b, args, row, wbytes, bw)
+        except Exception:  # noqa: BLE001
+            row["fused_error"] = traceback.format_exc()[-2000:]
+            say(f"b={b} fused failed: {row['fused_error']}")
+    print("RESULT " + json.dumps(res, default=str), flush=True)
+
+
+def child_mk(args):
+    """The megakernel variants: greedy agreement with the fused backend (pdl off), timing."""
+    t_start = time.perf_counter()
+    c = Ctx(args.smoke, 8)
+    res = {"variants1": args.variants1, "variants8": args.variants8}
+    v1, v8 = _variants(args, 1), _variants(args, 8)
+    # jobs in priority order: the first variant at b=1 and b=8, then the others
+    jobs = [(1, v1[0]), (8, v8[0])] + [(1, v) for v in v1[1:]] + [(8, v) for v in v8[1:]]
+    base, mks = {}, {1: {}, 8: {}}
+
+    for b, (w, u, gk) in jobs:
+        row = res.setdefault(f"b{b}", {})
+        name = f"mk_w{w}_u{u}_{gk}"
+        if time.perf_counter() - t_start > args.budget:
+            row[f"{name}_error"] = "skipped: over the child's time budget"
+            say(f"b={b} {name} skipped (time budget)")
+            continue
+        try:
+            if b not in base:
+                base[b] = _fused_baselines(c, b, args, {}, 0, 1.0, pdl_check=False)
+            _megakernel_variant(c, b, w, u, gk, args, row, mks[b], *base[b])
+        except Exception:  # noqa: BLE001
+            row[f"{name}_error"] = traceback.format_exc()[-2000:]
+            say(f"b={b} {name} failed: {row[f'{name}_error']}")
+    print("RESULT " + json.dumps(res, default=str), flush=True)
+
+
+# ---------------------------------------------------------------- parent side
+def run_child(mode, args, env, timeout):
+    t0 = time.perf_counter()
+    cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
+           "--variants1", args.variants1, "--variants8", args.variants8,
+           "--budget", str(max(10.0, timeout - 90))] + (
+        ["--smoke"] if args.smoke else [])
+    try:
+        p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True,
+                           cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"")
+        out = out.decode() if isinstance(out, bytes) else out
+        say(f"[{mode}] TIMEOUT after {timeout:.0f} s (deadlock or slow compile); output:\n"
+            + out[-3000:])
+        return {"timeout": True}
+    wall = time.perf_counter() - t0
+    for line in p.stdout.splitlines():
+        if not line.startswith("RESULT "):
+            say(f"[{mode}] {line}")
+    if p.returncode != 0:
+        say(f"[{mode}] exit {p.returncode}; stderr tail:\n{p.stderr[-3000:]}")
+    res = {"wall_s": round(wall, 1), "rc": p.returncode}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            res.update(json.loads(line[7:]))
+    return res
+
+
+def _f(v, nd=3):
+    return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+
+
+def table(out, args) -> list[str]:
+    b = out.get("bench", {})
+    lines = ["| b | floor ms | fused ms (x floor) | fused+PDL ms (x floor) | megakernel ms "
+             "(x floor) [variant] | fused / mk | greedy 64: PDL | greedy 64: mk |",
+             "|---|---|---|---|---|---|---|---|"]
+    for bb in (1, 8):
+        r = b.get(f"b{bb}", {})
+        fl = r.get("floor_ms")
+
+        def x(v):
+            return "-" if v is None or not fl else f"{v:.3f} ({v / fl:.2f}x)"
+        mks = {k[:-len("_graph_ms")]: v for k, v in r.items() if k.endswith("_graph_ms")}
+        best = min(mks.items(), key=lambda kv: kv[1]) if mks else (None, None)
+        fused = r.get("fused_ms")
+        pg = r.get("pdl_vs_fused", {})
+        mg = r.get(f"{best[0]}_greedy", {}) if best[0] else {}
+        if not mg:
+            first = next((k for k in r if k.endswith("_greedy")), None)
+            mg = r.get(first, {}) if first else {}
+
+        def g(a):
+            if not a:
+                return "-"
+            return (f"{a['tokens_equal']}/{a['tokens_total']} tokens, first diff step "
+                    f"{a['first_divergent_step']}, bitwise {a['hidden_bitwise']}")
+        lines.append(f"| {bb} | {_f(fl)} | {x(fused)} | {x(r.get('fused_pdl_ms'))} | "
+                     f"{x(best[1])} [{best[0]}] | "
+                     f"{'-' if not (fused and best[1]) else f'{fused / best[1]:.2f}'} | "
+                     f"{g(pg)} | {g(mg)} |")
+    for bb in (1, 8):
+        r = b.get(f"b{bb}", {})
+        nd, ndp = r.get("fused_nd_ms"), r.get("fused_nd_pdl_ms")
+        fl = r.get("floor_ms")
+        if nd and fl:
+            lines.append(f"- b={bb} fused, default mode (split-K): {nd:.3f} ms "
+                         f"({nd / fl:.2f}x floor); with PDL "
+                         f"{'-' if not ndp else f'{ndp:.3f} ms ({ndp / fl:.2f}x)'}")
+        for k, v in sorted(r.items()):
+            if k.startswith("mk_w") and (k.endswith("_ms") or k.endswith("_greedy")):
+                lines.append(f"- b={bb} {k}: {v if not isinstance(v, float) else round(v, 4)}")
+    cc, cw = out.get("compile_cold", {}), out.get("compile_warm", {})
+    lines.append(f"- megakernel compile (b=1, first variant): cold first launch "
+                 f"{_f(cc.get('first_launch_s'), 2)} s (process {_f(cc.get('wall_s'), 1)} s), "
+                 f"cached {_f(cw.get('first_launch_s'), 3)} s; schedule "
+                 f"{_f(cc.get('schedule_s'), 3)} s; {cc.get('instructions')} instructions on "
+                 f"{cc.get('programs')} programs")
+    lines.append(f"- copy bandwidth {_f(b.get('copy_TBps'), 2)} TB/s, decoder + lm head "
+                 f"{_f(b.get('decoder_GB'), 2)} GB, KV capacity {KV}, positions {POS} - r")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", default=None)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--timeout", type=float, default=420)
+    ap.add_argument("--variants1", default="8:4:fma,8:4:fused,8:1:fused",
+                    help="megakernel num_warps:unroll:gemv list at b=1 (gemv: fused | fma |"
+                         " small); the first is MegakernelStep's default")
+    ap.add_argument("--variants8", default="8:2:small,8:1:fused",
+                    help="the same at b=8")
+    ap.add_argument("--budget", type=float, default=1e9,
+                    help="(child) seconds after which further megakernel variants are skipped")
+    ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, no timing")
+    args = ap.parse_args()
+    if args.child == "compile":
+        return child_compile(args)
+    if args.child == "fused":
+        return child_fused(args)
+    if args.child == "mk":
+        return child_mk(args)
+    if args.smoke:
+        args.steps = min(args.steps, 4)
+    deadline = time.perf_counter() + args.timeout
+    out = {}
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    if not args.smoke:
+        env.pop("TRITON_INTERPRET", None)
+    cache = tempfile.mkdtemp(prefix="mk_triton_cache_")
+    if not args.skip_compile:
+        env_c = dict(env, TRITON_CACHE_DIR=cache)
+        for mode in ("cold", "warm"):
+            left = deadline - time.perf_counter()
+            r = run_child("compile", args, env_c, max(10, min(150, left - 120)))
+            out[f"compile_{mode}"] = r
+            say(f"compile {mode}: " + json.dumps(r, default=str))
+            if r.get("timeout") or r.get("rc"):
+                break
+        env = dict(env, TRITON_CACHE_DIR=cache)
+    left = deadline - time.perf_counter()
+    fused = run_child("fused", args, env, max(10, min(150, left - 60)))
+    left = deadline - time.perf_counter()
+    mk = run_child("mk", args, env, max(10, left - 5))
+    bench = {k: v for k, v in fused.items() if not k.startswith("b")}
+    for bb in ("b1", "b8"):
+        bench[bb] = dict(fused.get(bb, {}), **mk.get(bb, {}))
+    bench["mk_child"] = {k: v for k, v in mk.items() if not k.startswith("b")}
+    out["bench"] = bench
+    say("\n# bench_megakernel (H200, deterministic mode, step = forward + lm pick)")
+    for line in table(out, args):
+        say(line)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_megakernel.json").write_text(
+            json.dumps(out, indent=1, default=str))
+        Path(os.environ["OUT"], "bench_megakernel.md").write_text("\n".join(LINES) + "\n")
+
+
+if __name__ == "__main__":
+    main()

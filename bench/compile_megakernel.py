@@ -1,0 +1,130 @@
+"""Compile the megakernel (and the fused backend's GEMV with / without PDL) for sm_90 ahead of
+time, on any machine (no GPU: Triton's bundled ptxas), at Moondream 2's shapes: the compile
+time, registers, spills (local memory), shared memory per variant and batch bucket, and
+whether the PDL builds carry griddepcontrol. What it cannot say: speed.
+
+Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants 8:4:fused,8:1:fused,...]
+       [--b 1,8] [--kv 832]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def usage(k) -> str:
+    """cuobjdump's resource line of a compiled kernel (REG, LOCAL = spill stack, SHARED)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
+                         text=True).stdout
+    os.unlink(f.name)
+    return next((ln.split(":", 1)[-1].strip() if "Function" in ln else ln.strip()
+                 for ln in out.splitlines() if "REG" in ln), out[-200:])
+
+
+def _aligned_ptrs(fn, sig: dict, ints: tuple = ()) -> dict:
+    """What a launch specializes on with real tensors: 16-byte aligned pointers (and the
+    given ints divisible by 16), so loads vectorize as they will on the GPU."""
+    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
+            for n, t in sig.items() if t.startswith("*") or n in ints}
+
+
+def moondream_shape(b: int, cap: int, chunk: int = 128) -> tuple[dict, dict]:
+    """The lowering's shape dict (megakernel/lowering.py) and (n1, d, kw2, vocab, n_split)
+    for Moondream 2 at bucket b, without weights."""
+    from photon_core.moondream.config import MoondreamConfig
+    from photon_core.models.moondream2.skill_protocol import NEXT_PHASE
+    cfg = MoondreamConfig()
+    t, r = cfg.text, cfg.region
+    nh, nkv, hd = t.n_heads, t.n_kv_heads, t.head_dim
+    n_qkv = (nh + 2 * nkv) * hd
+    ls = max(r.coord_out_dim, r.size_out_dim, t.vocab_size)
+    ns = math.ceil(cap / chunk)
+    sh = dict(B=b, D=t.dim, SU=n_qkv + nh * hd + t.ff_dim, KW2=nh * hd + t.ff_dim,
+              N1=n_qkv + t.ff_dim, V=t.vocab_size, LS=ls, NH=nh, NKV=nkv, HD=hd,
+              HALF=t.rot_dim // 2, CAP=cap, N_TABLE=cap + 1, CHUNK=chunk, NSPLIT=ns,
+              S_ROW=nkv * cap * hd, S_HEAD=cap * hd, S_POS=hd, NK=len(NEXT_PHASE[0]),
+              OUT_COL=0)
+    return sh, dict(n1=sh["N1"], d=t.dim, kw2=sh["KW2"], vocab=t.vocab_size, n_split=n_qkv)
+
+
+def compile_megakernel(b: int, warps: int, unroll: int, gemv: str, cap: int,
+                       stages: int = 3):
+    from photon_core.megakernel.kernel import constexprs, megakernel
+    from photon_core.megakernel.lowering import gemv_configs
+    sh, dims = moondream_shape(b, cap)
+    kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), True, unroll)
+    kw["STAGES"] = stages
+    sig = {}
+    types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",
+             "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32"}
+    for name in megakernel.arg_names:
+        sig[name] = "constexpr" if name in kw else types.get(name, "i64")
+    t0 = time.perf_counter()
+    k = triton.compile(ASTSource(megakernel, sig, kw, attrs=_aligned_ptrs(megakernel, sig)),
+                       target=TARGET,
+                       options=dict(num_warps=warps, num_stages=stages,
+                                    launch_cooperative_grid=True))
+    return time.perf_counter() - t0, k, kw
+
+
+def compile_gemv(pdl: bool):
+    from photon_core.ops.gemv import _gemv_kernel
+    sig = {n: "constexpr" for n in ("EPI", "HAS_BIAS", "SPLIT_K", "BLOCK_B", "BLOCK_N",
+                                    "BLOCK_K", "DOT", "PDL", "GDC")}
+    sig.update({"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*bf16"})
+    for n in ("B", "N", "K", "stride_xb", "stride_yb", "n_split", "gap"):
+        sig[n] = "i32"
+    const = dict(EPI=1, HAS_BIAS=True, SPLIT_K=1, BLOCK_B=16, BLOCK_N=64, BLOCK_K=128,
+                 DOT=True, PDL=pdl, GDC=pdl)
+    t0 = time.perf_counter()
+    k = triton.compile(ASTSource(_gemv_kernel, sig, const,
+                                 attrs=_aligned_ptrs(_gemv_kernel, sig, ("K",))),
+                       target=TARGET,
+                       options=dict(num_warps=4, num_stages=3, launch_pdl=pdl))
+    return time.perf_counter() - t0, k
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="8:4:fused,8:1:fused,8:2:fma,4:4:fused")
+    ap.add_argument("--b", default="1,8")
+    ap.add_argument("--kv", type=int, default=832)
+    a = ap.parse_args()
+    print(f"triton {triton.__version__}, target sm_90", flush=True)
+    for pdl in (False, True):
+        dt, k = compile_gemv(pdl)
+        print(f"gemv [qkv|fc1] 64x128 dot pdl={pdl}: {dt:.1f} s, {usage(k)}, griddepcontrol "
+              f"in PTX: {'griddepcontrol' in k.asm['ptx']}", flush=True)
+    for b in (int(x) for x in a.b.split(",")):
+        for v in a.variants.split(","):
+            w, u, g = (v.split(":") + ["fused"])[:3]
+            try:
+                dt, k, kw = compile_megakernel(b, int(w), int(u), g, a.kv)
+                un = {n: kw[f"{n}_UN"] for n in ("W1", "W2", "LM")}
+                print(f"megakernel b={b} warps={w} unroll={u} gemv={g} {un}: compile "
+                      f"{dt:.1f} s, {usage(k)}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"megakernel b={b} {v}: FAILED {type(e).__name__}: {str(e)[:1500]}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Step program -> instruction list -> static per-SM schedule -> the kernel's tensors.
+
+1. split (split_ops): each ProgramOp becomes instructions. GEMVs are cut into row tiles of
+   whole BLOCK_N blocks, about one tile per SM per op (so every SM has work in every GEMV);
+   advance / argmax one instruction per row; attention one per (row, head, group of key
+   splits), the groups sized so that one layer's attention fills the SMs about once (b=1:
+   2 of 7 splits per instruction; b=8: all of them), the last of a (row, head) to finish
+   merging its splits (a per-(row, head) counter).
+   Each instruction waits on the counters of the ops listed in its op's `after` (until each
+   reaches that op's instruction count) and signals its own op's counter.
+2. schedule: list scheduling in topological (program) order: each instruction goes to the SM
+   where it can start first (max of the SM's free time and the end of its dependencies),
+   by the cost model below. Every SM's queue is therefore in topological order, which with
+   all programs resident (cooperative launch) cannot deadlock: the earliest unfinished
+   instruction in that order always has its dependencies done and sits at the head of its
+   queue.
+3. tensors: the int64 instruction table (instructions.py layout) sorted by queue, the
+   queue offsets [n_programs + 1] (int32) and the counters (int32): one per op, one per
+   (row, head) of attention, and last the count of finished programs (the last program to
+   finish zeroes all of them, so the next launch starts from 0). A GEMV with a fused
+   LayerNorm gets its program's private scratch rows as its input (offset by program).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .instructions import (ARENAS, F_A, F_B, F_N0, F_N1, F_OP, F_P0, F_P1, F_P2, F_P3,
+                           F_SIG, F_TGT0, F_TGT1, F_W, F_WAIT0, F_WAIT1, F_Y, N_FIELDS,
+                           NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
+                           OP_GEMV_W2, F_P4, F_P5, F_P6, F_P7, Instr, Operand, ProgramOp)
+
+GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
+# cost model (us): bytes at one SM's share of the copy bandwidth + a fixed cost per
+# instruction (wait, fetch, signal); H200: 4.26 TB/s over 132 SMs
+SM_BYTES_PER_US = 4.26e6 / 132
+INSTR_US = 0.6
+
+
+def arena_of(t: torch.Tensor, model_dtype: torch.dtype) -> str:
+    if t.dtype == torch.float32 and model_dtype != torch.float32:
+        return "f"
+    if t.dtype == model_dtype:
+        return "w"
+    return {torch.float32: "f", torch.int64: "i", torch.uint8: "u"}[t.dtype]
+
+
+@dataclass
+class Compiled:
+    instrs: list[Instr]              # in queue order (SM 0's queue first)
+    ops: list[ProgramOp]
+    table: torch.Tensor              # int64 [n_instr, N_FIELDS]
+    queue: torch.Tensor              # int32 [n_programs + 1]
+    counters: torch.Tensor           # int32 [n_ops + n_layers * b * n_heads + 1]
+    n_programs: int
+    bases: dict[str, torch.Tensor]   # arena -> base tensor
+    offsets: dict[str, int]          # buffer name -> element offset in its arena
+    makespan_us: float               # the scheduler's estimate
+    aligned: bool                    # every operand offset a multiple of 16 elements
+
+    def queues(self) -> list[list[Instr]]:
+        q = self.queue.tolist()
+        return [self.instrs[q[p]:q[p + 1]] for p in range(self.n_programs)]
+
+
+def attn_splits_per_instr(b: int, shape: dict, n_sm: int) -> int:
+    """Key splits per attention instruction: the fewest instructions that still give every
+    SM one (b * heads * splits / n_sm, at least 1, at most all of a head's splits)."""
+    total = b * shape["NH"] * shape["NSPLIT"]
+    return max(1, min(shape["NSPLIT"], math.ceil(total / n_sm)))
+
+
+def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: int,
+              elsize: int, attn_per: int | None = None) -> list[Instr]:
+    names = {op.name: k for k, op in enumerate(ops)}
+    counts: list[int] = []
+    out: list[Instr] = []
+    for k, op in enumerate(ops):
+        waits = []
+        for a in op.after:
+            j = names[a]
+            assert j < k, f"{op.name} comes before {a}: the program must be in order"
+            waits.append((j, counts[j]))
+        assert len(waits) <= 2, f"{op.name}: at most 2 dependencies per instruction"
+        tiles, costs, subs, n_sub = [], [], [], 1
+        if op.kind in GEMV_OPS:
+            cfg = gemv_cfg[op.kind]
+            kdim = shape["KW2"] if op.kind == OP_GEMV_W2 else shape["D"]
+            n0, n1 = op.rows
+            assert n0 % cfg.block_n == 0, (op.name, n0, cfg.block_n)
+            blocks = math.ceil((n1 - n0) / cfg.block_n)
+            per = max(1, math.ceil(blocks / n_sm))
+            for t0 in range(0, blocks, per):
+                r0 = n0 + t0 * cfg.block_n
+                r1 = min(n1, n0 + (t0 + per) * cfg.block_n)
+                tiles.append((r0, r1))
+                ln = b * shape["D"] * 4 / SM_BYTES_PER_US if "ln_inp" in op.args else 0.0
+                costs.append((r1 - r0) * kdim * elsize / SM_BYTES_PER_US + INSTR_US + ln)
+        elif op.kind == OP_ATTN:
+            per = attn_per or attn_splits_per_instr(b, shape, n_sm)
+            ns = shape["NSPLIT"]
+            n_sub = math.ceil(ns / per)
+            kv = 2 * shape["CHUNK"] * shape["HD"] * elsize    # one split (a full cache)
+            merge = ns * (shape["HD"] + 2) * 4 / SM_BYTES_PER_US
+            for r in range(b):
+                for h in range(shape["NH"]):
+                    for s0 in range(0, ns, per):
+                        s1 = min(ns, s0 + per)
+                        tiles.append((r, h))
+                        subs.append((s0, s1))
+                        costs.append((s1 - s0) * kv / SM_BYTES_PER_US + INSTR_US + merge)
+        else:
+            width = shape["V"] if op.kind == OP_ARGMAX else shape["D"]
+            for r in range(b):
+                tiles.append((r, r + 1))
+                costs.append(width * 4 / SM_BYTES_PER_US + INSTR_US)
+        subs = subs or [(0, 0)] * len(tiles)
+        for t, c, sb in zip(tiles, costs, subs):
+            out.append(Instr(op.kind, op.name, t, op.args, op.params, tuple(waits), k, c,
+                             sub=sb, n_sub=n_sub, index=len(out)))
+        counts.append(len(tiles))
+    return out
+
+
+def schedule(instrs: list[Instr], n_sm: int) -> float:
+    """Greedy list scheduling in topological order; sets sm/start/end; returns the makespan."""
+    free = [0.0] * n_sm
+    op_end: dict[int, float] = {}
+    for ins in instrs:
+        ready = max((op_end[c] for c, _ in ins.waits), default=0.0)
+        sm = min(range(n_sm), key=lambda s: (max(free[s], ready), s))
+        ins.sm, ins.start = sm, max(free[sm], ready)
+        ins.end = ins.start + ins.cost
+        free[sm] = ins.end
+        op_end[ins.signal] = max(op_end.get(ins.signal, 0.0), ins.end)
+    return max(free)
+
+
+def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,
+                    shape: dict, gemv_cfg: dict, n_sm: int,
+                    model_dtype: torch.dtype, attn_per: int | None = None) -> Compiled:
+    elsize = torch.tensor([], dtype=model_dtype).element_size()
+    instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per)
+    makespan = schedule(instrs, n_sm)
+    # compact the SMs that got work into programs 0..P-1; queue order = topological order
+    used = sorted({i.sm for i in instrs})
+    prog = {s: p for p, s in enumerate(used)}
+    queues: list[list[Instr]] = [[] for _ in used]
+    for ins in instrs:                       # instrs is in topological order
+        ins.sm = prog[ins.sm]
+        queues[ins.sm].append(ins)
+    ordered = [i for q in queues for i in q]
+    queue = [0]
+    for q in queues:
+        queue.append(queue[-1] + len(q))
+    # arenas: one base tensor per dtype class, every buffer an element offset from it
+    dev = next(iter(buffers.values())).device
+    bases: dict[str, torch.Tensor] = {}
+    offsets: dict[str, int] = {}
+    aligned = True
+    for name, t in buffers.items():
+        a = arena_of(t, model_dtype)
+        base = bases.setdefault(a, t)
+        diff = t.data_ptr() - base.data_ptr()
+        assert diff % t.element_size() == 0, name
+        offsets[name] = diff // t.element_size()
+        aligned &= offsets[name] % 16 == 0
+    if model_dtype == torch.float32:         # fp32 model: the "f" operands live in "w"
+        bases["f"] = bases["w"]
+    for a in ARENAS:                         # an unused arena still needs a pointer
+        bases.setdefault(a, torch.zeros(16, device=dev, dtype={
+            "w": model_dtype, "f": torch.float32, "i": torch.int64, "u": torch.uint8}[a]))
+
+    def off(o: Operand) -> int:
+        v = offsets[o.buf] + o.offset
+        return v
+
+    d = shape["D"]
+    rows = []
+    for ins in ordered:
+        r = [0] * N_FIELDS
+        r[F_OP] = ins.op
+        r[F_N0], r[F_N1] = ins.tile
+        a = ins.args
+        if ins.op in GEMV_OPS:
+            r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["inp"]), off(a["w"]), off(a["bias"]),
+                                              off(a["out"]))
+            r[F_P0] = ins.params.get("n_split", 0)
+            r[F_P1] = ins.params.get("gap", 0)
+            r[F_P7] = -1            # no LayerNorm (operand offsets may be negative)
+            if "ln_inp" in a:       # LayerNorm fused: into this program's rows of hs
+                assert a["inp"].buf == "hs"
+                r[F_A] = off(a["inp"]) + ins.sm * b * d
+                r[F_P4], r[F_P5], r[F_P6] = (off(a["ln_inp"]), off(a["ln_gamma"]),
+                                             off(a["ln_beta"]))
+                r[F_P7] = ins.params["ln_in_f32"]
+        elif ins.op == OP_ATTN:
+            r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
+                                              off(a["out"]))
+            r[F_P0] = off(a["pos"])
+            r[F_P1], r[F_P2] = ins.sub
+            r[F_P3] = ins.n_sub
+            r[F_P4] = ins.params["layer"]       # its (layer, row, head) merge counter
+        elif ins.op == OP_ADVANCE:
+            r[F_A], r[F_Y] = off(a["x"]), off(a["out_hidden"])
+            r[F_W], r[F_B] = off(a["active"]), off(a["out_first"])
+            r[F_P0], r[F_P1], r[F_P2], r[F_P3] = (off(a["out_pos"]), off(a["out_phase"]),
+                                                  off(a["kind"]), off(a["table"]))
+        elif ins.op == OP_ARGMAX:
+            r[F_A], r[F_Y] = off(a["logits"]), off(a["out"])
+            r[F_P0], r[F_P1], r[F_P2] = (off(a["phase"]), off(a["first"]),
+                                         ins.params["mask_col"])
+        else:
+            raise ValueError(ins.op)
+        (r[F_WAIT0], r[F_TGT0]), (r[F_WAIT1], r[F_TGT1]) = (
+            list(ins.waits) + [(NO_WAIT, 0)] * 2)[:2]
+        r[F_SIG] = ins.signal
+        rows.append(r)
+    table = torch.tensor(rows, dtype=torch.int64, device=dev)
+    n_attn = sum(1 for op in ops if op.kind == OP_ATTN)
+    assert sorted(op.params["layer"] for op in ops if op.kind == OP_ATTN) == list(range(n_attn))
+    return Compiled(ordered, ops, table,
+                    torch.tensor(queue, dtype=torch.int32, device=dev),
+                    torch.zeros(len(ops) + n_attn * b * shape["NH"] + 1,
+                                dtype=torch.int32, device=dev),
+                    len(queues), bases, offsets, makespan, aligned)

@@ -1,0 +1,563 @@
+"""The persistent megakernel: one program per SM (or fewer), each walks its own queue of the
+instruction table (compiler.py) and runs every instruction with an op switch.
+
+Synchronization (no grid-wide barrier): every instruction
+  - waits for up to two op counters to reach their targets: a per-thread volatile load spin
+    (no atomic, so no bar.sync per iteration), then one acquire load (an atomic add of 0)
+    that orders the reads after it;
+  - runs its op; activations are read with .cg (L2, not a stale L1 line of an earlier layer);
+  - publishes: a CTA barrier (all threads' stores issued) then one release atomic add on its
+    op's counter.
+The last program to finish (a counter of finished programs) zeroes all counters, so the next
+launch (stream-ordered) starts from 0: a CUDA graph can replay it.
+On CUDA the launch is cooperative (launch_cooperative_grid=True): a grid larger than what
+can be resident at once fails at launch instead of spinning forever. Under TRITON_INTERPRET=1
+programs run one after another, so only a one-program schedule can run there.
+
+Ops (arithmetic as the fused backend's kernels, ops/*.py, with the same block shapes, so
+each output is summed in the same order):
+  LN        one row: F.layer_norm in fp32, rounded to the model dtype (layernorm.py)
+  GEMV_W1   rows [n0, n1) of [Wqkv; Wfc1]: qkv store / gelu_tanh into u (gemv.py EPI 1)
+  GEMV_W2   rows [n0, n1) of [Wproj, Wfc2]: x += (EPI 2, no split-K)
+  GEMV_LM   rows [n0, n1) of the lm head (EPI 0)
+  ATTN      key splits [s0, s1) of one (row, head): rotary, k/v write, the split partials of
+            decode_attention.py, one split after another, into the scratch
+  COMBINE   one (row, head): decode_attention.py's _merge of the splits into u[:, a]
+  ADVANCE   one row: row_advance.py (phase by the program's phase table)
+  ARGMAX    one row: masked_argmax.py (the answer-marker rule)
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops.decode_attention import _merge
+
+_STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
+
+
+@triton.jit
+def _wait(cnt_ptr, idx, target):
+    if idx >= 0:
+        while tl.load(cnt_ptr + idx, volatile=True) < target:
+            pass
+        tl.atomic_add(cnt_ptr + idx, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _aligned(off, ALIGNED: tl.constexpr):
+    if ALIGNED:
+        off = tl.multiple_of(off, 16)
+    return off
+
+
+@triton.jit
+def _gemv_prefetch(w_ptr, n0, n1, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   UNROLL: tl.constexpr):
+    """The first K group (UNROLL tiles of [BN, BK]) of the tile's first block: loaded before
+    the instruction waits for its inputs (weights never change during a step)."""
+    offs_n = n0 + tl.arange(0, BN)
+    n_ok = offs_n < n1
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    k0 = tl.arange(0, BK)
+    w0 = tl.load(w_rows + k0[None, :], mask=n_ok[:, None], other=0.0)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if UNROLL >= 2:
+        w1 = tl.load(w_rows + BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+    if UNROLL == 4:
+        w2 = tl.load(w_rows + 2 * BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+        w3 = tl.load(w_rows + 3 * BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _mac(acc, w, x_rows, k0, b_ok, DOT: tl.constexpr):
+    """acc += the products of one [BN, BK] weight tile with the activations at k0."""
+    x = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+    if DOT:
+        acc += tl.dot(x.to(w.dtype), tl.trans(w))
+    else:
+        acc += w.to(tl.float32) * x.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stride_y,
+                p0, p1, p2, p3,
+                K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+                STAGES: tl.constexpr, UNROLL: tl.constexpr, PRE: tl.constexpr):
+    """Rows [nb, nb + BN) of y = x W^T (+ epilogue), K in groups of UNROLL tiles of BK (1, 2,
+    4; divides K / BK): a group's tiles are all loaded before the first is used (more bytes
+    in flight per SM where Triton does not pipeline the loop). PRE: the first group is
+    p0..p3 (prefetched by _gemv_prefetch). The products are added in the same order for
+    every UNROLL and PRE, so the result is the same bits."""
+    offs_n = nb + tl.arange(0, BN)
+    n_ok = offs_n < n1
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    k0 = tl.arange(0, BK)
+    offs_b = tl.arange(0, BLOCK_B)
+    if DOT:
+        acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BN, BK], dtype=tl.float32)
+    k_first = BK * UNROLL if PRE else 0
+    if PRE:
+        acc = _mac(acc, p0, x_rows, k0, b_ok, DOT)
+        if UNROLL >= 2:
+            acc = _mac(acc, p1, x_rows, BK + k0, b_ok, DOT)
+        if UNROLL == 4:
+            acc = _mac(acc, p2, x_rows, 2 * BK + k0, b_ok, DOT)
+            acc = _mac(acc, p3, x_rows, 3 * BK + k0, b_ok, DOT)
+    if UNROLL == 1:
+        for kk in tl.range(k_first, K, BK, num_stages=STAGES):
+            w = tl.load(w_rows + kk + k0[None, :], mask=n_ok[:, None], other=0.0)
+            acc = _mac(acc, w, x_rows, kk + k0, b_ok, DOT)
+    else:
+        for kk in range(k_first, K, BK * UNROLL):
+            w0 = tl.load(w_rows + kk + k0[None, :], mask=n_ok[:, None], other=0.0)
+            w1 = tl.load(w_rows + kk + BK + k0[None, :], mask=n_ok[:, None], other=0.0)
+            if UNROLL == 4:
+                w2 = tl.load(w_rows + kk + 2 * BK + k0[None, :], mask=n_ok[:, None],
+                             other=0.0)
+                w3 = tl.load(w_rows + kk + 3 * BK + k0[None, :], mask=n_ok[:, None],
+                             other=0.0)
+            acc = _mac(acc, w0, x_rows, kk + k0, b_ok, DOT)
+            acc = _mac(acc, w1, x_rows, kk + BK + k0, b_ok, DOT)
+            if UNROLL == 4:
+                acc = _mac(acc, w2, x_rows, kk + 2 * BK + k0, b_ok, DOT)
+                acc = _mac(acc, w3, x_rows, kk + 3 * BK + k0, b_ok, DOT)
+    if not DOT:
+        acc = tl.sum(acc, axis=1)[None, :]
+    _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap, EPI)
+
+
+@triton.jit
+def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap,
+              EPI: tl.constexpr):
+    """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI)."""
+    mask = b_ok[:, None] & n_ok[None, :]
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    acc += bias[None, :]
+    if EPI == 2:
+        ptrs = y_ptr + offs_b[:, None] * stride_y + offs_n[None, :]
+        tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
+                 mask=mask)
+    else:
+        col = offs_n[None, :]
+        val = acc
+        if EPI == 1:
+            t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+            u = 0.7978845608028654 * (t + 0.044715 * t * t * t)
+            g = t / (1.0 + tl.exp(-2.0 * u))
+            hi = col >= n_split
+            val = tl.where(hi, g, t)
+            col = col + tl.where(hi, gap, 0)
+        tl.store(y_ptr + offs_b[:, None] * stride_y + col,
+                 val.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_group(w_ptr, s, n_steps, n0, n1, K: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, UNROLL: tl.constexpr):
+    """Step s of a streamed tile: block s // KG, K group s % KG (UNROLL tiles of [BN, BK]);
+    s >= n_steps loads nothing (all masked)."""
+    KG = K // (BK * UNROLL)
+    offs_n = n0 + (s // KG) * BN + tl.arange(0, BN)
+    ok = ((offs_n < n1) & ((offs_n * 0 + s) < n_steps))[:, None]
+    rows = w_ptr + offs_n[:, None].to(tl.int64) * K + (s % KG) * (BK * UNROLL)
+    k0 = tl.arange(0, BK)[None, :]
+    w0 = tl.load(rows + k0, mask=ok, other=0.0)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if UNROLL >= 2:
+        w1 = tl.load(rows + BK + k0, mask=ok, other=0.0)
+    if UNROLL == 4:
+        w2 = tl.load(rows + 2 * BK + k0, mask=ok, other=0.0)
+        w3 = tl.load(rows + 3 * BK + k0, mask=ok, other=0.0)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _gemv_stream(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
+                 c0, c1, c2, c3,
+                 K: tl.constexpr, EPI: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 UNROLL: tl.constexpr):
+    """b=1, FMA: rows [n0, n1) as one stream of steps (block, K group of UNROLL tiles),
+    double-buffered in registers: step s + 1's weights are loaded before step s is
+    computed, so a group is always in flight. c0..c3: step 0's group, prefetched before the
+    instruction waited. Per block the products are added in K order into [BN, BK] and
+    summed at the end (the fused FMA GEMV's order)."""
+    KG = K // (BK * UNROLL)
+    n_steps = ((n1 - n0 + BN - 1) // BN) * KG
+    k0 = tl.arange(0, BK)
+    offs_b = tl.arange(0, 1)
+    b_ok = offs_b < 1
+    x_rows = x_ptr + offs_b[:, None] * 0
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for s in range(0, n_steps):
+        d0, d1, d2, d3 = _load_group(w_ptr, s + 1, n_steps, n0, n1, K, BN, BK, UNROLL)
+        kb = (s % KG) * (BK * UNROLL)
+        acc = _mac(acc, c0, x_rows, kb + k0, b_ok, False)
+        if UNROLL >= 2:
+            acc = _mac(acc, c1, x_rows, kb + BK + k0, b_ok, False)
+        if UNROLL == 4:
+            acc = _mac(acc, c2, x_rows, kb + 2 * BK + k0, b_ok, False)
+            acc = _mac(acc, c3, x_rows, kb + 3 * BK + k0, b_ok, False)
+        if s % KG == KG - 1:
+            offs_n = n0 + (s // KG) * BN + tl.arange(0, BN)
+            _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, offs_n < n1,
+                      bias_ptr, y_ptr, stride_y, n_split, gap, EPI)
+            acc = tl.zeros([BN, BK], dtype=tl.float32)
+        c0, c1, c2, c3 = d0, d1, d2, d3
+
+
+@triton.jit
+def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
+               p0, p1, p2, p3,
+               B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+               STAGES: tl.constexpr, UNROLL: tl.constexpr):
+    """Rows [n0, n1) (whole BN blocks but the last): the first block with the prefetched
+    group p0..p3, then the others."""
+    offs_b = tl.arange(0, BLOCK_B)
+    b_ok = offs_b < B
+    x_rows = x_ptr + offs_b[:, None] * stride_x
+    _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
+                p0, p1, p2, p3, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL, True)
+    for nb in range(n0 + BN, n1, BN):
+        _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stride_y,
+                    p0, p1, p2, p3, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL, False)
+
+
+@triton.jit
+def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap,
+             stride_x, stride_y, eps,
+             B: tl.constexpr, D: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr,
+             BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+             STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr):
+    """One GEMV instruction: prefetch its first weights, wait for its inputs, the fused
+    LayerNorm of the bucket's rows into this program's scratch (fields 16..19: input, gamma,
+    beta, input is fp32 (1) / model dtype (0) / no LayerNorm (-1)), then the tile."""
+    if (not DOT) and B == 1:
+        p0, p1, p2, p3 = _load_group(w_ptr, 0, 1, n0, n1, K, BN, BK, UNROLL)
+    else:
+        p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
+    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
+    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+    in_f32 = tl.load(rec + 19)
+    if in_f32 >= 0:
+        ln_in = tl.load(rec + 16)
+        g_off = tl.load(rec + 17)
+        be_off = tl.load(rec + 18)
+        for r in range(B):
+            _ln_row(wb, fb, ln_in, in_f32, wb + g_off, wb + be_off, wb + a_off, r, eps,
+                    D, LN_BLOCK)
+        tl.debug_barrier()
+    if (not DOT) and B == 1:
+        _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
+                     p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
+    else:
+        _gemv_tile(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
+                   stride_y, p0, p1, p2, p3, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL)
+
+
+@triton.jit
+def _ln_row(wb, fb, a_off, in_f32, g_ptr, b_ptr, y_ptr, row, eps,
+            D: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    ok = offs < D
+    if in_f32 != 0:
+        x = tl.load(fb + a_off + row * D + offs, mask=ok, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+    else:
+        x = tl.load(wb + a_off + row * D + offs, mask=ok, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+    mean = tl.sum(x, axis=0) / D
+    xc = tl.where(ok, x - mean, 0.0)
+    var = tl.sum(xc * xc, axis=0) / D
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, acc_ptr, row, h,
+                NH: tl.constexpr, HD: tl.constexpr, CHUNK: tl.constexpr,
+                NSPLIT: tl.constexpr):
+    """decode_attention.py attend_partial's softmax partials of one split."""
+    d = tl.arange(0, HD)
+    j = sp * CHUNK + tl.arange(0, CHUNK)
+    sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
+    cur = j == pw
+    sc = tl.where(cur, sc_new, sc)
+    valid = j <= pw
+    sc = tl.where(valid, sc, float("-inf"))
+    m = tl.max(sc, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.where(valid, tl.exp(sc - m_safe), 0.0)
+    lsum = tl.sum(p, axis=0)
+    p_cur = tl.sum(tl.where(cur, p, 0.0), axis=0)
+    acc = tl.sum(p[:, None] * vt.to(tl.float32), axis=0) + p_cur * v_new.to(tl.float32)
+    idx = (row * NH + h) * NSPLIT + sp
+    tl.store(m_ptr + idx, m)
+    tl.store(l_ptr + idx, lsum)
+    tl.store(acc_ptr + idx * HD + d, acc)
+
+
+@triton.jit
+def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+             m_ptr, l_ptr, acc_ptr, out_ptr, row, h, s0, s1, n_sub, scale,
+             B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
+             HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
+             CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+             S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr):
+    """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
+    each split (rotary, the new k/v written by the split that holds the row's position, the
+    split's softmax partials into the scratch), one split after another; the first split's
+    cached keys / values are loaded before waiting for q/k/v (the cache below the row's
+    position does not change during a step; the position changes only in the step's
+    advance, after every attention). The last of the n_sub instructions of this (row, head)
+    to finish merges the splits into out (decode_attention._merge)."""
+    kvh = h // (NH // NKV)
+    pos = tl.load(pos_ptr + row, cache_modifier=".cg")
+    pw = tl.minimum(pos, CAP - 1)
+    ti = tl.minimum(pos, N_TABLE - 1)
+    d = tl.arange(0, HD)
+    cache_off = row * S_ROW + kvh * S_HEAD
+    j = s0 * CHUNK + tl.arange(0, CHUNK)
+    kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
+                 mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
+    vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
+                 mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
+    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
+    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+    rot = d < 2 * HALF
+    even = (d % 2) == 0
+    fi = tl.where(rot, d // 2, 0)
+    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
+    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
+    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
+    s = tl.load(sin_ptr + ti * HALF + fi)
+    s = tl.where(rot, tl.where(even, -s, s), 0.0)
+    base = qkv_ptr + row * SU
+    q_off = h * HD
+    k_off = NH * HD + kvh * HD
+    v_off = (NH + NKV) * HD + kvh * HD
+    q = tl.load(base + q_off + src_c, cache_modifier=".cg").to(tl.float32) * c \
+        + tl.load(base + q_off + src_s, cache_modifier=".cg").to(tl.float32) * s
+    k_new = tl.load(base + k_off + src_c, cache_modifier=".cg").to(tl.float32) * c \
+        + tl.load(base + k_off + src_s, cache_modifier=".cg").to(tl.float32) * s
+    v_new = tl.load(base + v_off + d, cache_modifier=".cg")
+    q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)
+    k_new = k_new.to(kc_ptr.dtype.element_ty)
+    if (pw >= s0 * CHUNK) & (pw < s1 * CHUNK) & (h % (NH // NKV) == 0):
+        tl.store(kc_ptr + cache_off + pw * S_POS + d, k_new)
+        tl.store(vc_ptr + cache_off + pw * S_POS + d, v_new.to(vc_ptr.dtype.element_ty))
+    sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
+    _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr, row,
+                h, NH, HD, CHUNK, NSPLIT)
+    for sp in range(s0 + 1, s1):
+        j = sp * CHUNK + tl.arange(0, CHUNK)
+        kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
+                     mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
+        vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
+                     mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
+        _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, acc_ptr,
+                    row, h, NH, HD, CHUNK, NSPLIT)
+    tl.debug_barrier()
+    done = n_sub - 1
+    if n_sub > 1:     # release our partials, acquire the others'
+        layer = tl.load(rec + 16).to(tl.int32)
+        done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
+                             sem="acq_rel", scope="gpu")
+    if done == n_sub - 1:
+        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2)
+
+
+@triton.jit
+def _advance_row(x_ptr, h_ptr, active_ptr, pos_ptr, phase_ptr, kind_ptr, table_ptr,
+                 first_ptr, row, NK: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """ops/row_advance.py for one row (every channel block)."""
+    act = tl.load(active_ptr + row, cache_modifier=".cg")
+    if act != 0:
+        offs = tl.arange(0, BLOCK)
+        ok = offs < D
+        x = tl.load(x_ptr + row * D + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(h_ptr + row * D + offs, x.to(h_ptr.dtype.element_ty), mask=ok)
+        tl.store(pos_ptr + row, tl.load(pos_ptr + row, cache_modifier=".cg") + 1)
+        ph = tl.load(phase_ptr + row, cache_modifier=".cg")
+        kind = tl.load(kind_ptr + row, cache_modifier=".cg")
+        tl.store(phase_ptr + row, tl.load(table_ptr + ph * NK + kind))
+        tl.store(first_ptr + row, tl.zeros([], dtype=tl.uint8))
+
+
+@triton.jit
+def _argmax_row(x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row,
+                V: tl.constexpr, LS: tl.constexpr, OUT_COL: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """ops/masked_argmax.py for one row (the answer-marker rule)."""
+    base = x_ptr + row * LS
+    drop = (tl.load(phase_ptr + row, cache_modifier=".cg") == 0) & \
+        (tl.load(first_ptr + row, cache_modifier=".cg") == 0)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.zeros([], dtype=tl.int64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        v = tl.load(base + offs, mask=offs < V, other=float("-inf"),
+                    cache_modifier=".cg").to(tl.float32)
+        v = tl.where((offs == mask_col) & drop, float("-inf"), v)
+        m = tl.max(v, axis=0)
+        i = tl.argmax(v, axis=0).to(tl.int64) + start
+        better = m > best
+        best_i = tl.where(better, i, best_i)
+        best = tl.where(better, m, best)
+    tl.store(out_ptr + row * 4 + OUT_COL, best_i)
+
+
+@triton.jit
+def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
+               cos_off, sin_off, m_off, l_off, acc_off, n_prog, n_cnt, hc_base, eps, scale,
+               B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, KW2: tl.constexpr,
+               V: tl.constexpr, LS: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+               HD: tl.constexpr, HALF: tl.constexpr, CAP: tl.constexpr,
+               N_TABLE: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
+               SPLIT_P2: tl.constexpr, S_ROW: tl.constexpr, S_HEAD: tl.constexpr,
+               S_POS: tl.constexpr, NK: tl.constexpr, OUT_COL: tl.constexpr,
+               W1_BB: tl.constexpr, W1_BN: tl.constexpr, W1_BK: tl.constexpr,
+               W1_DOT: tl.constexpr, W1_UN: tl.constexpr,
+               W2_BB: tl.constexpr, W2_BN: tl.constexpr, W2_BK: tl.constexpr,
+               W2_DOT: tl.constexpr, W2_UN: tl.constexpr,
+               LM_BB: tl.constexpr, LM_BN: tl.constexpr, LM_BK: tl.constexpr,
+               LM_DOT: tl.constexpr, LM_UN: tl.constexpr,
+               LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
+               STAGES: tl.constexpr):
+    pid = tl.program_id(0)
+    q0 = tl.load(queue_ptr + pid)
+    q1 = tl.load(queue_ptr + pid + 1)
+    for i in range(q0, q1):
+        rec = table_ptr + i * _STRIDE
+        op = tl.load(rec + 0)
+        a_off = _aligned(tl.load(rec + 1), ALIGNED)
+        w_off = _aligned(tl.load(rec + 2), ALIGNED)
+        b_off = tl.load(rec + 3)
+        y_off = _aligned(tl.load(rec + 4), ALIGNED)
+        n0 = tl.load(rec + 5).to(tl.int32)
+        n1 = tl.load(rec + 6).to(tl.int32)
+        p0 = tl.load(rec + 7)
+        p1 = tl.load(rec + 8)
+        p2 = tl.load(rec + 9)
+        p3 = tl.load(rec + 10)
+        if op == 0:      # OP_GEMV_W1 (LayerNorm of x fused)
+            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
+                     p0.to(tl.int32), p1.to(tl.int32), D, SU, eps, B, D, D, 1, W1_BB, W1_BN,
+                     W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK)
+        elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
+            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, fb + b_off, fb + y_off, n0, n1,
+                     0, 0, SU, D, eps, B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
+                     W2_UN, LN_BLOCK)
+        elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
+            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
+                     0, 0, D, LS, eps, B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
+                     LM_UN, LN_BLOCK)
+        elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
+            _attn_op(rec, cnt_ptr, hc_base, wb + a_off, ib + p0, fb + cos_off, fb + sin_off,
+                     wb + w_off, wb + b_off, fb + m_off, fb + l_off, fb + acc_off, wb + y_off,
+                     n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
+                     NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
+                     S_POS)
+        else:
+            _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
+            _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+            if op == 4:    # OP_ADVANCE
+                _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
+                             ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
+            else:          # OP_ARGMAX
+                _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS,
+                            OUT_COL, ARG_BLOCK)
+        tl.debug_barrier()
+        tl.atomic_add(cnt_ptr + tl.load(rec + 15), 1, sem="release", scope="gpu")
+    done = tl.atomic_add(cnt_ptr + n_cnt - 1, 1, sem="acq_rel", scope="gpu")
+    if done == n_prog - 1:          # every program is past its queue: reset for next launch
+        for c0 in range(0, n_cnt, 128):
+            offs = c0 + tl.arange(0, 128)
+            tl.store(cnt_ptr + offs, tl.zeros([128], dtype=tl.int32), mask=offs < n_cnt)
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def unroll_for(k: int, block_k: int, want: int) -> int:
+    """The largest of want, 2, 1 (powers of two <= 4) that divides the K loop's trip count."""
+    trips = k // block_k
+    for u in (4, 2, 1):
+        if u <= want and trips % u == 0:
+            return u
+    return 1
+
+
+# GEMV W-tile unroll when none is given (1: the plain loop, tl.range pipelined where Triton
+# does it; 2 / 4: that many W tiles loaded before the first is used); MegakernelStep picks
+# per bucket (megakernel_step.py)
+UNROLL = 4
+
+
+def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None) -> dict:
+    """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
+    compile it ahead of time without a GPU: bench/compile_megakernel.py)."""
+    from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
+
+    unroll = UNROLL if unroll is None else unroll
+    kw = {k: sh[k] for k in ("B", "D", "SU", "KW2", "V", "LS", "NH", "NKV", "HD", "HALF",
+                             "CAP", "N_TABLE", "CHUNK", "NSPLIT", "S_ROW", "S_HEAD", "S_POS",
+                             "NK", "OUT_COL")}
+    kw["SPLIT_P2"] = triton.next_power_of_2(sh["NSPLIT"])
+    for name, op, k in (("W1", OP_GEMV_W1, sh["D"]), ("W2", OP_GEMV_W2, sh["KW2"]),
+                        ("LM", OP_GEMV_LM, sh["D"])):
+        g = gemv_cfg[op]
+        kw.update({f"{name}_BB": 16 if g.dot else 1, f"{name}_BN": g.block_n,
+                   f"{name}_BK": g.block_k, f"{name}_DOT": g.dot,
+                   f"{name}_UN": unroll_for(k, g.block_k, unroll)})
+    kw["LN_BLOCK"] = triton.next_power_of_2(sh["D"])
+    kw["ARG_BLOCK"] = min(4096, triton.next_power_of_2(sh["V"]))
+    kw["ALIGNED"] = bool(aligned)
+    return kw
+
+
+def kernel_args(c, low, unroll: int | None = None) -> tuple[tuple, dict]:
+    """Positional args and constexprs of megakernel for a Compiled c and its lowering."""
+    off = c.offsets
+    args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
+            c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
+            c.n_programs, c.counters.numel(), len(c.ops), 1e-5, low.shape["HD"] ** -0.5)
+    return args, constexprs(low.shape, low.gemv_cfg, c.aligned, unroll)
+
+
+# warps / pipelining depth of the megakernel (one value for every op: its registers are the
+# maximum over all ops); PHOTON_MK_WARPS / PHOTON_MK_STAGES override (bench sweeps)
+NUM_WARPS = int(os.environ.get("PHOTON_MK_WARPS", "8"))
+NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
+
+
+def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
+           unroll: int | None = None):
+    """One step: the whole instruction table in one launch (grid = c.n_programs)."""
+    num_warps = num_warps or NUM_WARPS
+    num_stages = num_stages or NUM_STAGES
+    args, kw = kernel_args(c, low, unroll)
+    kw["STAGES"] = num_stages
+    if interpreted():
+        assert c.n_programs == 1, "the interpreter runs programs one after another: " \
+                                  "compile with n_sm=1"
+    else:
+        kw["launch_cooperative_grid"] = True
+    return megakernel[(c.n_programs,)](*args, **kw, num_warps=num_warps,
+                                       num_stages=num_stages)

@@ -1,0 +1,190 @@
+"""The Python twin of the megakernel: executes the same instruction list with torch ops, in
+the schedule's order.
+
+The SM queues are interleaved as the GPU would run them: round after round, each queue whose
+head instruction has its counters at their targets runs that instruction and signals; a round
+in which no queue can move is a deadlock (raised: the schedule is wrong). Each op reads and
+writes the same operands (buffer + element offset + the kernel's row strides) as kernel.py,
+so a diff between the two localizes a kernel bug to one op.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
+                           OP_GEMV_W2, Instr)
+
+
+class Deadlock(RuntimeError):
+    pass
+
+
+class PythonVM:
+    def __init__(self, compiled, lowering):
+        self.c, self.low = compiled, lowering
+        self.sh = lowering.shape
+        self.bufs = lowering.buffers
+        for name, t in self.bufs.items():
+            assert t.is_contiguous(), name
+
+    def flat(self, operand) -> torch.Tensor:
+        return self.bufs[operand.buf].view(-1)[operand.offset:]
+
+    def rows(self, operand, stride: int, n_rows: int, width: int) -> torch.Tensor:
+        f = self.flat(operand)
+        return f.as_strided((n_rows, width), (stride, 1))
+
+    def run(self) -> list[Instr]:
+        """Execute every queue; returns the instructions in the order they ran."""
+        self.heads_done: dict = {}
+        queues = self.c.queues()
+        counters = [0] * len(self.c.ops)
+        heads = [0] * len(queues)
+        done: list[Instr] = []
+        while len(done) < len(self.c.instrs):
+            moved = False
+            for p, q in enumerate(queues):
+                if heads[p] == len(q):
+                    continue
+                ins = q[heads[p]]
+                if all(counters[w] >= t for w, t in ins.waits):
+                    self.execute(ins)
+                    counters[ins.signal] += 1
+                    heads[p] += 1
+                    done.append(ins)
+                    moved = True
+            if not moved:
+                raise Deadlock(f"no queue can move after {len(done)} instructions")
+        return done
+
+    # -- the ops ----------------------------------------------------------------------
+    def execute(self, ins: Instr) -> None:
+        sh, a = self.sh, ins.args
+        D, B, dt = sh["D"], sh["B"], self.bufs["hidden"].dtype
+        if ins.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM):
+            n0, n1 = ins.tile
+            k = sh["KW2"] if ins.op == OP_GEMV_W2 else D
+            sx = sh["SU"] if ins.op == OP_GEMV_W2 else D
+            if "ln_inp" in a:       # the fused LayerNorm of the bucket's rows
+                xin = self.rows(a["ln_inp"], D, B, D).float()
+                x = F.layer_norm(xin, (D,), self.flat(a["ln_gamma"])[:D].float(),
+                                 self.flat(a["ln_beta"])[:D].float(), 1e-5).to(dt).float()
+            else:
+                x = self.rows(a["inp"], sx, B, k).float()
+            w = self.rows(a["w"], k, n1, k)[n0:].float()
+            acc = x @ w.T + self.flat(a["bias"])[n0:n1].float()
+            if ins.op == OP_GEMV_W2:
+                y = self.rows(a["out"], D, B, D)
+                y[:, n0:n1] += acc
+            elif ins.op == OP_GEMV_LM:
+                self.rows(a["out"], sh["LS"], B, n1)[:, n0:n1] = acc.to(dt)
+            else:
+                n_split, gap = ins.params["n_split"], ins.params["gap"]
+                y = self.rows(a["out"], sh["SU"], B, sh["SU"])
+                t = acc.to(dt)
+                cols = torch.arange(n0, n1)
+                lo, hi = cols < n_split, cols >= n_split
+                y[:, cols[lo]] = t[:, lo]
+                y[:, cols[hi] + gap] = F.gelu(t[:, hi].float(), approximate="tanh").to(dt)
+        elif ins.op == OP_ATTN:
+            self._attention(ins)
+            key = (ins.op_name,) + ins.tile
+            self.heads_done[key] = self.heads_done.get(key, 0) + 1
+            if self.heads_done[key] == ins.n_sub:     # the last of this (row, head): merge
+                self._combine(ins)
+        elif ins.op == OP_ADVANCE:
+            r = ins.tile[0]
+            if self.flat(a["active"])[r] != 0:
+                self.flat(a["out_hidden"])[r * D:(r + 1) * D] = \
+                    self.flat(a["x"])[r * D:(r + 1) * D].to(dt)
+                self.flat(a["out_pos"])[r] += 1
+                ph = int(self.flat(a["out_phase"])[r])
+                kind = int(self.flat(a["kind"])[r])
+                self.flat(a["out_phase"])[r] = self.flat(a["table"])[ph * sh["NK"] + kind]
+                self.flat(a["out_first"])[r] = 0
+        elif ins.op == OP_ARGMAX:
+            r, v = ins.tile[0], sh["V"]
+            ls = sh["LS"]
+            logits = self.flat(a["logits"])[r * ls:r * ls + v].float().clone()
+            if int(self.flat(a["phase"])[r]) == 0 and int(self.flat(a["first"])[r]) == 0 \
+                    and ins.params["mask_col"] >= 0:
+                logits[ins.params["mask_col"]] = float("-inf")
+            self.flat(a["out"])[r * 4 + sh["OUT_COL"]] = logits.argmax()
+        else:
+            raise ValueError(ins.op)
+
+    def _attention(self, ins: Instr) -> None:
+        """Key splits [s0, s1) of one (row, head): their softmax partials (max, sum, weighted
+        values) into the scratch, over the keys j <= the row's position (key pw = the new k/v
+        from qkv, written into the cache by the split that holds it)."""
+        sh, a = self.sh, ins.args
+        nh, nkv, hd, half = sh["NH"], sh["NKV"], sh["HD"], sh["HALF"]
+        chunk, ns = sh["CHUNK"], sh["NSPLIT"]
+        row, h = ins.tile
+        s0, s1 = ins.sub
+        kvh = h // (nh // nkv)
+        pos = int(self.flat(a["pos"])[row])
+        pw = min(pos, sh["CAP"] - 1)
+        ti = min(pos, sh["N_TABLE"] - 1)
+        qkv = self.flat(a["qkv"])[row * sh["SU"]:][:(nh + 2 * nkv) * hd]
+        cos = self.bufs["cos"][ti].float()
+        sin = self.bufs["sin"][ti].float()
+
+        def rope(x):    # rope.apply_rope's order: rotated pairs interleaved
+            x = x.float()
+            re, im = x[:half], x[half:2 * half]
+            out = x.clone()
+            out[0:2 * half:2] = re * cos - im * sin
+            out[1:2 * half:2] = im * cos + re * sin
+            return out
+
+        def cache(op):      # as_strided's offset counts from the storage's start
+            f = self.flat(op)
+            return f.as_strided((sh["CAP"], hd), (sh["S_POS"], 1), f.storage_offset()
+                                + row * sh["S_ROW"] + kvh * sh["S_HEAD"])
+
+        kc, vc = cache(a["kc"]), cache(a["vc"])
+        dt = kc.dtype
+        q = rope(qkv[h * hd:(h + 1) * hd]).to(dt).float()
+        k_new = rope(qkv[(nh + kvh) * hd:(nh + kvh + 1) * hd]).to(dt)
+        v_new = qkv[(nh + nkv + kvh) * hd:(nh + nkv + kvh + 1) * hd]
+        if s0 * chunk <= pw < s1 * chunk and h % (nh // nkv) == 0:
+            kc[pw] = k_new
+            vc[pw] = v_new.to(dt)
+        scale = hd ** -0.5
+        m_, l_, acc_ = self.bufs["sc_m"], self.bufs["sc_l"], self.bufs["sc_acc"]
+        for sp in range(s0, s1):
+            j0, j1 = sp * chunk, min((sp + 1) * chunk, pw + 1)
+            idx = (row * nh + h) * ns + sp
+            if j1 <= j0:              # the split holds no key of this row
+                m_[idx], l_[idx] = float("-inf"), 0.0
+                acc_[idx * hd:(idx + 1) * hd] = 0.0
+                continue
+            keys = kc[j0:j1].float().clone()
+            vals = vc[j0:j1].float().clone()
+            if j1 == pw + 1:          # the new key / value from registers
+                keys[-1], vals[-1] = k_new.float(), v_new.float()
+            sc = keys @ q * scale
+            m = sc.max()
+            p = torch.exp(sc - m)
+            m_[idx], l_[idx] = m, p.sum()
+            acc_[idx * hd:(idx + 1) * hd] = p @ vals
+
+    def _combine(self, ins: Instr) -> None:
+        """decode_attention._merge: the splits' partials of one (row, head) -> its output."""
+        sh, a = self.sh, ins.args
+        nh, hd, ns = sh["NH"], sh["HD"], sh["NSPLIT"]
+        row, h = ins.tile
+        base = (row * nh + h) * ns
+        m = self.bufs["sc_m"][base:base + ns]
+        l = self.bufs["sc_l"][base:base + ns]
+        acc = self.bufs["sc_acc"][base * hd:(base + ns) * hd].view(ns, hd)
+        mx = m.max()
+        wt = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - mx))
+        o = (acc * wt[:, None]).sum(0) / (l * wt).sum()
+        out = self.flat(a["out"])[row * sh["SU"] + h * hd:][:hd]
+        out.copy_(o.to(out.dtype))
+        assert not math.isnan(float(out.float().sum()))

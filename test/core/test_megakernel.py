@@ -1,0 +1,243 @@
+"""The megakernel backend (photon_core/megakernel) on the CPU: the compiler's schedule, the
+Python twin (python_vm.py) and the persistent kernel (kernel.py, TRITON_INTERPRET=1, one
+program) against the fused backend's step (fast/fused_backend.py), field by field, on the
+tiny fp32 model. The H200 check at full size in bf16: bench/bench_megakernel.py."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
+                                os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests")
+
+FIELDS = ("x", "hidden", "logits", "out", "pos", "phase", "first", "kv")
+
+
+def _setup(rows=2, b=2, seed=0, chunk=16):
+    """The tiny fp32 model's StepState with a fused backend (deterministic, attention chunks
+    of `chunk` keys: 4 splits over the 64-position cache), rows [0, b) active at different
+    positions and phases."""
+    from photon_core.engine import EngineOptions
+    from photon_core.fast import decode_step as ds
+    from photon_core.fast.fused_backend import FusedBackend
+    from photon_core.fast.static_kv_cache import StaticKVCache
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import tiny_config
+
+    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=seed)
+    cfg = m.config.text
+    kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, 64, cfg.head_dim, "cpu",
+                       torch.float32)
+    g = torch.Generator().manual_seed(seed + 1)
+    kv.data.normal_(generator=g)
+    st = ds.StepState(m, rows, kv, EngineOptions(fused="off"))
+    fd = FusedBackend(st.spec, st.w, kv, rows, attn_chunk=chunk, deterministic=True)
+    st.fused = st.backend = fd
+    st.pos[:b] = torch.tensor([5, 40, 63, 12][:b])
+    st.active[:b] = True
+    st.first[:b] = torch.tensor([True, False, False, True][:b])
+    st.phase[:b] = torch.tensor([0, 2, 1, 0][:b])
+    st.kind[:b] = torch.tensor([0, 1, 1, 0][:b])
+    st.hidden.normal_(generator=g)
+    fd.x.normal_(generator=g)
+    return m, st, fd
+
+
+def _snapshot(st, fd):
+    return {"x": fd.x.clone(), "hidden": st.hidden.clone(),
+            "logits": fd.bufs["logits"].clone(), "out": st.out.clone(), "pos": st.pos.clone(),
+            "phase": st.phase.clone(), "first": st.first.clone(), "kv": fd.kv.data.clone(),
+            "active": st.active.clone()}
+
+
+def _restore(st, fd, s):
+    fd.x.copy_(s["x"]), st.hidden.copy_(s["hidden"]), fd.bufs["logits"].copy_(s["logits"])
+    st.out.copy_(s["out"]), st.pos.copy_(s["pos"]), st.phase.copy_(s["phase"])
+    st.first.copy_(s["first"]), fd.kv.data.copy_(s["kv"]), st.active.copy_(s["active"])
+
+
+def _fused_step(m, st, fd, b):
+    from photon_core.megakernel.megakernel_step import reference_step
+    reference_step(fd, st, b, feed=False)
+
+
+def _close(name, a, b, tol=2e-4):
+    assert a.shape == b.shape, name
+    if a.dtype in (torch.int64, torch.bool, torch.uint8):
+        assert torch.equal(a, b), (name, a, b)
+        return
+    err = (a.float() - b.float()).abs().max().item()
+    assert err <= tol * (1 + b.float().abs().max().item()), (name, err)
+
+
+def test_compiler_schedule_covers_every_tile_in_topological_queues():
+    from photon_core.megakernel.instructions import N_FIELDS, OP_GEMV_W1
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    mk = MegakernelStep(fd, st, 2, n_sm=5)
+    c = mk.compiled
+    assert 1 < c.n_programs <= 5
+    assert c.table.shape == (len(c.instrs), N_FIELDS)
+    for q in c.queues():                   # each queue in topological order
+        idx = [i.index for i in q]
+        assert idx == sorted(idx)
+    # the two W1 ops of layer 0 tile rows [0, n1) exactly once
+    rows = sorted(i.tile for i in c.instrs if i.op == OP_GEMV_W1 and i.op_name.endswith(".0"))
+    assert rows[0][0] == 0 and rows[-1][1] == mk.low.layers[0]["w1"]["w"].shape[0]
+    assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+    # attention: each (row, head) of a layer covers the key splits [0, NSPLIT) exactly once,
+    # its instructions know how many they are (the last to finish merges)
+    ns = mk.low.shape["NSPLIT"]
+    assert ns == 4
+    for r in range(2):
+        for h in range(mk.low.shape["NH"]):
+            mine = [i for i in c.instrs if i.op_name == "attn.0" and i.tile == (r, h)]
+            subs = sorted(i.sub for i in mine)
+            assert subs[0][0] == 0 and subs[-1][1] == ns
+            assert all(a[1] == b[0] for a, b in zip(subs, subs[1:]))
+            assert all(i.n_sub == len(mine) for i in mine)
+    # three stages per layer: the W1 GEMVs (LayerNorm fused) wait for the previous W2 only
+    assert {i.op_name.split(".")[0] for i in c.instrs} == {"w1qkv", "w1fc1", "attn", "w2",
+                                                           "advance", "lm", "argmax"}
+    names = [op.name for op in c.ops]
+    w1 = next(i for i in c.instrs if i.op_name == "w1qkv.1")
+    assert [names[w] for w, _ in w1.waits] == ["w2.0"] and "ln_inp" in w1.args
+    # GEMVs with a fused LayerNorm read their own program's rows of the scratch
+    from photon_core.megakernel.instructions import F_A
+    hs = c.offsets["hs"]
+    d, rows = mk.low.shape["D"], 2
+    for k, ins in enumerate(c.instrs):
+        if "ln_inp" in ins.args:
+            assert int(c.table[k, F_A]) == hs + ins.sm * rows * d
+    # every wait targets the producer op's full instruction count
+    count = {}
+    for i in c.instrs:
+        count[i.signal] = count.get(i.signal, 0) + 1
+    for i in c.instrs:
+        for w, t in i.waits:
+            assert count[w] == t
+    assert c.makespan_us > 0
+
+
+def test_python_vm_matches_fused_step_and_detects_a_bad_schedule():
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+    from photon_core.megakernel.python_vm import Deadlock, PythonVM
+
+    m, st, fd = _setup()
+    b = 2
+    s0 = _snapshot(st, fd)
+    _fused_step(m, st, fd, b)
+    ref = _snapshot(st, fd)
+    results = []
+    for n_sm in (1, 7):                    # the result does not depend on the schedule
+        _restore(st, fd, s0)
+        mk = MegakernelStep(fd, st, b, n_sm=n_sm)
+        mk.run_vm()
+        got = _snapshot(st, fd)
+        for f in FIELDS:
+            _close(f, got[f][:b] if f != "kv" else got[f], ref[f][:b] if f != "kv" else ref[f])
+        results.append(got)
+    for f in FIELDS:
+        assert torch.equal(results[0][f], results[1][f]), f
+    # a queue whose order breaks a dependency cannot run: the VM says so
+    c = MegakernelStep(fd, st, b, n_sm=1).compiled
+    c.instrs[0], c.instrs[1] = c.instrs[1], c.instrs[0]   # w1 tile before its layernorm
+    c.instrs.insert(0, c.instrs.pop(next(k for k, i in enumerate(c.instrs) if i.waits)))
+    with pytest.raises(Deadlock):
+        PythonVM(c, MegakernelStep(fd, st, b, n_sm=1).low).run()
+
+
+@pytest.mark.parametrize("b,attn_per,base", [(1, None, "low"), (2, None, "high"),
+                                             (2, 1, "low"), (2, 3, "high")])
+def test_megakernel_matches_vm_and_fused_step(b, attn_per, base):
+    """One persistent program runs the whole instruction list (the interpreter runs programs
+    one after another): hidden state, logits, token, k/v, position/phase/first vs the fused
+    backend's feed-less step and vs the Python twin; a second launch works (the kernel reset
+    its counters). attn_per: key splits per attention instruction (None: all 4 of a head; 1, 3:
+a head's splits over several instructions, the last to finish merging them). base: each
+dtype arena's base tensor is its lowest ("low": every operand offset >= 0) or its highest
+("high": every other offset negative) buffer."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    s0 = _snapshot(st, fd)
+    _fused_step(m, st, fd, b)
+    ref = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    from photon_core.megakernel.compiler import compile_program
+
+    mk = MegakernelStep(fd, st, b, attn_per=attn_per)
+    bufs = dict(sorted(mk.low.buffers.items(), key=lambda kv: kv[1].data_ptr(),
+                       reverse=base == "high"))
+    mk.compiled = compile_program(mk.low.ops, bufs, b, mk.low.shape, mk.low.gemv_cfg, 1,
+                                  torch.float32, attn_per)
+    offs = list(mk.compiled.offsets.values())
+    assert min(offs) < 0 if base == "high" else min(offs) >= 0
+    assert mk.compiled.n_programs == 1
+    mk.run_vm()
+    vm = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    mk.run_kernel()
+    got = _snapshot(st, fd)
+    assert int(mk.compiled.counters.abs().sum()) == 0      # reset for the next launch
+    for f in FIELDS:
+        sl = slice(None) if f == "kv" else slice(0, b)
+        _close(f, got[f][sl], ref[f][sl])
+        _close(f, got[f][sl], vm[f][sl])
+    assert torch.equal(got["x"][b:], s0["x"][b:])          # rows outside the bucket untouched
+    # a second step through the same compiled kernel: still equal to the fused backend
+    _fused_again = _snapshot(st, fd)
+    mk.run_kernel()
+    got2 = _snapshot(st, fd)
+    _restore(st, fd, _fused_again)
+    _fused_step(m, st, fd, b)
+    ref2 = _snapshot(st, fd)
+    for f in FIELDS:
+        sl = slice(None) if f == "kv" else slice(0, b)
+        _close(f, got2[f][sl], ref2[f][sl])
+
+
+@pytest.mark.parametrize("dot", [True, False])
+def test_gemv_unroll_gives_the_same_bits(dot):
+    """The GEMV W-tile unroll (2, 4 tiles loaded before the first is used) adds the products
+    in the plain loop's order: the same bits as unroll 1, and the Python twin's values;
+    K / BLOCK_K = 4 (W1, lm) and 12 (W2) trips. dot=False: the b=1 FMA form."""
+    from photon_core.megakernel.compiler import compile_program
+    from photon_core.megakernel.instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
+    from photon_core.megakernel.kernel import kernel_args
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+    from photon_core.ops.gemv import GemvConfig
+
+    m, st, fd = _setup()
+    b = 2 if dot else 1
+    s0 = _snapshot(st, fd)
+    mk = MegakernelStep(fd, st, b)
+    cfg = GemvConfig(16, 32, 1, 4, 1, dot)
+    mk.low.gemv_cfg = {OP_GEMV_W1: cfg, OP_GEMV_W2: cfg, OP_GEMV_LM: cfg}
+    mk.compiled = compile_program(mk.low.ops, mk.low.buffers, b, mk.low.shape,
+                                  mk.low.gemv_cfg, 1, torch.float32)
+    mk.run_vm()
+    vm = _snapshot(st, fd)
+    results = {}
+    for un in (1, 2, 4):
+        _restore(st, fd, s0)
+        kw = kernel_args(mk.compiled, mk.low, un)[1]
+        assert kw["W1_UN"] == un and kw["W2_UN"] == un and kw["LM_UN"] == un
+        mk.run_kernel(unroll=un)
+        results[un] = _snapshot(st, fd)
+        for f in FIELDS:
+            sl = slice(None) if f == "kv" else slice(0, b)
+            _close(f, results[un][f][sl], vm[f][sl])
+    for un in (2, 4):
+        for f in FIELDS:
+            assert torch.equal(results[un][f], results[1][f]), (un, f)
