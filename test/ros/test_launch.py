@@ -25,6 +25,8 @@ from node_helpers import (REPO, child_env, moondream_available, tiny_model_dir, 
                           write_config)
 
 BIN = Path(sys.executable).parent
+# the pip route installs into this environment's prefix; a sourced ROS setup sets it already
+os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)
 HERE = Path(__file__).resolve().parent
 
 
@@ -70,6 +72,23 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _stop_group(p: subprocess.Popen) -> str:
+    """SIGINT to `ros2 run` and the node it started (its own process group), then SIGKILL:
+    the node must not outlive the test holding our pipe."""
+    import signal
+
+    for sig, wait in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return p.communicate(timeout=wait)[0]
+        except subprocess.TimeoutExpired:
+            continue
+    return p.communicate(timeout=10)[0]
+
+
 def test_installed_launch_file_is_this_checkouts():
     """`ros2 launch photon_ros ...` runs the installed copy: it must be this checkout's."""
     from ament_index_python.packages import get_package_share_directory
@@ -105,7 +124,7 @@ def test_params_file_alone_gives_the_cameras_and_the_log_names_it(tmp_path_facto
                           "--params-file", str(cfg), "-p", "auto_activate:=false",
                           "-r", "__node:=pf_node"],
                          env=_env(ROS_LOG_DIR=str(tmp_path / "log")), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         lc = [str(BIN / "ros2"), "lifecycle", "set", "--no-daemon", "--spin-time", "5",
               "/pf_node", "configure"]
@@ -119,12 +138,7 @@ def test_params_file_alone_gives_the_cameras_and_the_log_names_it(tmp_path_facto
                            text=True, timeout=60)
         assert "/pf/left" in r.stdout, r.stdout + r.stderr
     finally:
-        p.send_signal(2)
-        try:
-            out, _ = p.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
+        out = _stop_group(p)
     assert f"configuration from the node's parameters (--params-file {cfg})" in out, out
     assert "left <- /pf/left (1 tasks)" in out, out
     assert "unknown parameters ignored" not in out, out
