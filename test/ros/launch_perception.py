@@ -48,10 +48,16 @@ def generate_test_description():
     ])
 
 
-def ros2(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    """The `ros2` command beside this Python, without the daemon."""
+def ros2(*args: str, timeout: float = 60.0, attempts: int = 5) -> subprocess.CompletedProcess:
+    """The `ros2` command beside this Python (pass --no-daemon). Discovery of the node can
+    take longer than --spin-time on a loaded machine: "Node not found" is tried again."""
     exe = os.path.join(os.path.dirname(sys.executable), "ros2")
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+    for _ in range(attempts):
+        r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+        if "not found" not in (r.stdout + r.stderr).lower():
+            break
+        time.sleep(1.0)
+    return r
 
 
 def until(pred, timeout: float = TIMEOUT, period: float = 0.1):
@@ -166,7 +172,7 @@ class TestPerceptionLaunch(unittest.TestCase):
 
     def test_1_node_comes_up_active(self):
         def active():
-            r = ros2("lifecycle", "get", "--no-daemon", "--spin-time", "2", NODE)
+            r = ros2("lifecycle", "get", "--no-daemon", "--spin-time", "5", NODE)
             return r.returncode == 0 and r.stdout.startswith("active")
         self.assertTrue(until(active, timeout=180, period=1.0),
                         ros2("lifecycle", "get", "--no-daemon", NODE).stdout)
@@ -194,12 +200,15 @@ class TestPerceptionLaunch(unittest.TestCase):
     def test_3_arguments_took_effect(self):
         for name, want in (("use_sim_time", "True"), ("camera_topic", CAMERA_TOPIC),
                            ("rear.topic", REAR_TOPIC)):
-            r = ros2("param", "get", "--no-daemon", "--spin-time", "3", NODE, name)
+            r = ros2("param", "get", "--no-daemon", "--spin-time", "5", NODE, name)
             self.assertIn(want, r.stdout, (name, r.stdout, r.stderr))
         # the params file's second camera is subscribed; the YAML's own front topic is not
-        r = ros2("topic", "info", "--no-daemon", "--spin-time", "3", REAR_TOPIC)
-        self.assertIn("Subscription count: 1", r.stdout, r.stdout + r.stderr)
-        r = ros2("topic", "info", "--no-daemon", "--spin-time", "3", "/not/this/one")
+        def rear_subscribed():
+            r = ros2("topic", "info", "--no-daemon", "--spin-time", "5", REAR_TOPIC)
+            return "Subscription count: 1" in r.stdout and r
+        self.assertTrue(until(rear_subscribed, timeout=60, period=1.0),
+                        ros2("topic", "info", "--no-daemon", REAR_TOPIC).stdout)
+        r = ros2("topic", "info", "--no-daemon", "--spin-time", "5", "/not/this/one")
         self.assertNotIn("Subscription count: 1", r.stdout)
 
     def test_4_topic_echo_of_each_result_type(self):
@@ -215,7 +224,7 @@ class TestPerceptionLaunch(unittest.TestCase):
 
     def test_5_lifecycle_set_frees_the_model_and_activate_serves_again(self):
         d = self.drive
-        r = ros2("lifecycle", "set", "--no-daemon", "--spin-time", "3", NODE, "deactivate",
+        r = ros2("lifecycle", "set", "--no-daemon", "--spin-time", "5", NODE, "deactivate",
                  timeout=90)
         self.assertIn("Transitioning successful", r.stdout, r.stdout + r.stderr)
         self.assertTrue(until(lambda: (d.node_diag() or {}).get("model_loaded") == "false",
@@ -225,7 +234,7 @@ class TestPerceptionLaunch(unittest.TestCase):
         d.clear()
         time.sleep(2.0)
         self.assertEqual(d.msgs("detections"), [], "inactive, yet detections were published")
-        r = ros2("lifecycle", "set", "--no-daemon", "--spin-time", "3", NODE, "activate",
+        r = ros2("lifecycle", "set", "--no-daemon", "--spin-time", "5", NODE, "activate",
                  timeout=180)
         self.assertIn("Transitioning successful", r.stdout, r.stdout + r.stderr)
         self.assertTrue(until(lambda: d.msgs("detections")), "no results after activate")

@@ -50,7 +50,7 @@ pytestmark = [
 ]
 
 PARAMS = {
-    "default_deadline_ms": 10000.0,
+    "default_deadline_ms": 30000.0,      # generous: a loaded CI machine calibrates slow
     "cameras": ["front", "rear"],
     "front": {"topic": "/not/this/one", "tasks": ["people", "hands", "scene"],
               "people": {"skill": "detect", "object": "person", "max_objects": 1},
