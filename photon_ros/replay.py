@@ -15,7 +15,8 @@ offline (default): every frame, every due task, run to the end through
   bag differs run to run in those three fields only).
 realtime: frames arrive at their recorded timing and the deadline scheduler
   (photon_core.scheduler: calibrated cost model, latest frame wins, admission, on_miss)
-  decides what runs, as in the node (same HookedEngine, calibration, task specs, publishing
+  decides what runs, as in the node (the same `live_pipeline.build_live_pipeline`: HookedEngine,
+  calibration, scheduler, frame sequencing; the same task specs and publishing
   rules). The scheduler's clock is the recording's timeline driven by the wall clock: engine
   work takes its real time (x --rate: with --rate 4 frames arrive 4x faster, i.e. the engine
   looks 4x slower), idle time until the next frame is skipped. Each result is logged at its
@@ -185,43 +186,28 @@ class _ResultSink:
         self.stats.results += 1
 
 
-class _FrameIndex:
-    """Per-camera frame numbering as the node does it: a stamp that jumps back by more than
-    JUMP_BACK_S (bag loop) restarts the camera (index 0, cadence reset, new epoch); a stamp
-    not newer than the last one is a stale frame and is dropped."""
+def _frame_ticket(accept, camera: str, stamp_s: float, stats: ReplayStats):
+    """Number a frame as the node does (`accept`: live_pipeline's FrameSequencer.next or
+    LivePipeline.accept): a clock jump back is counted, a stale frame is dropped (None)."""
+    from .live_pipeline import JUMP, STALE
 
-    def __init__(self, pipeline, stats: ReplayStats):
-        from .pipeline import JUMP_BACK_S
-
-        self.jump = JUMP_BACK_S
-        self.pipeline, self.stats = pipeline, stats
-        self.last: dict[str, float] = {}
-        self.index: Counter = Counter()
-        self.epoch: Counter = Counter()
-
-    def next(self, camera: str, stamp_s: float) -> tuple[int, int] | None:
-        """-> (frame index, epoch), or None for a stale frame."""
-        last = self.last.get(camera)
-        if last is not None and stamp_s < last - self.jump:
-            self.epoch[camera] += 1
-            self.index[camera] = 0
-            self.pipeline.cadence.reset(camera)
-            self.stats.clock_jumps += 1
-        elif last is not None and stamp_s <= last:
-            self.stats.drops["stale_frames"] += 1
-            return None
-        self.last[camera] = stamp_s
-        i = self.index[camera]
-        self.index[camera] += 1
-        return i, self.epoch[camera]
+    ticket = accept(camera, stamp_s)
+    if ticket.event == STALE:
+        stats.drops["stale_frames"] += 1
+        return None
+    if ticket.event == JUMP:
+        stats.clock_jumps += 1
+    return ticket
 
 
 # -- offline ---------------------------------------------------------------------------
 def _offline(reader: BagReader, cams: list[CameraInput], pipeline, sink: _ResultSink,
              stats: ReplayStats, max_pixels: int, bar, max_frames: int | None,
              copy_images: BagWriter | None) -> None:
+    from .live_pipeline import FrameSequencer
+
     by_topic = {c.topic: c for c in cams}
-    frames = _FrameIndex(pipeline, stats)
+    frames = FrameSequencer(on_jump=pipeline.cadence.reset)
     for m in reader.messages(list(by_topic)):
         if max_frames is not None and stats.frames >= max_frames:
             break
@@ -233,15 +219,16 @@ def _offline(reader: BagReader, cams: list[CameraInput], pipeline, sink: _Result
         if frame is None:
             continue
         img_msg, rgb, stamp_ns = frame
-        nxt = frames.next(cam.name, stamp_ns / 1e9)
-        if nxt is None:
+        ticket = _frame_ticket(frames.next, cam.name, stamp_ns / 1e9, stats)
+        if ticket is None:
             continue
         t0 = time.perf_counter()
         try:
-            out = pipeline.process_frame(cam.name, img_msg.header, rgb, nxt[0])
+            out = pipeline.process_frame(cam.name, img_msg.header, rgb, ticket.index)
         except Exception as e:  # noqa: BLE001 - counted, reported, replay goes on
             stats.drops["engine_error"] += 1
-            stats.warning = f"engine error on {cam.name} frame {nxt[0]}: {type(e).__name__}: {e}"
+            stats.warning = (f"engine error on {cam.name} frame {ticket.index}: "
+                             f"{type(e).__name__}: {e}")
             continue
         elapsed_ms = (time.perf_counter() - t0) * 1e3
         if out:
@@ -277,19 +264,12 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
               sink: _ResultSink, stats: ReplayStats, max_pixels: int, bar, rate: float,
               max_frames: int | None, copy_images: BagWriter | None,
               calibrate: bool = True) -> None:
-    from photon_core.scheduler.cost_model import CostModel
-    from photon_core.scheduler.request import Status, TaskSpec
-    from photon_core.scheduler.scheduler import Scheduler
+    from photon_core.scheduler.request import Status
 
-    from .engine_adapter import HookedEngine
+    from .live_pipeline import build_live_pipeline
 
     clock = SkipIdleClock(rate)
-    engine = HookedEngine(model, getattr(config, "debug_ignore_eos", False),
-                          getattr(config, "debug_step_delay_ms", 0.0))
-    sizes = tuple(b for b in (1, 2, 4, 8) if b <= config.max_batch) or (1,)
-    cost = CostModel.calibrate(engine, clock, batch_sizes=sizes) if calibrate else CostModel()
     by_topic = {c.topic: c for c in cams}
-    index = _FrameIndex(pipeline, stats)
     frames: dict[tuple, tuple] = {}     # (camera, key) -> header, w, h, log_ns, arrival
     status_names = {Status.SUPERSEDED: "superseded", Status.SKIPPED: "skipped",
                     Status.DEADLINE: "deadline", Status.ERROR: "engine_error",
@@ -304,16 +284,20 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
             # the result's bag time is its frame's recorded arrival + the time it took
             t_ns = log_ns + int((o.end_time - arrival) * 1e9)
             enc = float(o.timings.get("encode_ms", 0.0))
-            msg = pipeline.message_for(o.stream, o.task_name, o.result, header, w, h,
-                                       engine_ms=o.engine_ms + enc, queue_ms=o.queue_ms,
-                                       latency_ms=(t_ns - stamp_ns) / 1e6)
+            msg = live.pipeline.message_for(o.stream, o.task_name, o.result, header, w, h,
+                                            engine_ms=o.engine_ms + enc, queue_ms=o.queue_ms,
+                                            latency_ms=(t_ns - stamp_ns) / 1e6)
             sink.write(o.stream, msg, t_ns)
         if o.status is not Status.DONE:
             stats.drops[status_names.get(o.status, str(o.status))] += 1
         if o.missed_deadline and o.status is Status.DONE:
             stats.late += 1
 
-    sched = Scheduler(engine, cost, clock=clock, max_batch=config.max_batch, on_result=on_result)
+    # the node's live pipeline (HookedEngine, calibration, scheduler, frame sequencing), on
+    # the recording's clock and stepped here instead of on a thread
+    live = build_live_pipeline(config, model, clock=clock, threaded=False, calibrate=calibrate,
+                               on_result=on_result, model_id=pipeline.model_id)
+    sched = live.scheduler
     it = reader.messages(list(by_topic))
     t_first: int | None = None
     clock_origin = clock.now()
@@ -338,19 +322,13 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
         if frame is None:
             return
         img_msg, rgb, stamp_ns = frame
-        nxt = index.next(cam.name, stamp_ns / 1e9)
-        if nxt is None:
-            return
-        i, epoch = nxt
-        due = pipeline.due_tasks(cam.name, i, stamp_ns / 1e9)
-        if not due:
+        ticket = _frame_ticket(live.accept, cam.name, stamp_ns / 1e9, stats)
+        if ticket is None or not ticket.due:
             return
         stats.frames_processed += 1
         h, w = rgb.shape[:2]
-        key = (epoch, stamp_ns / 1e9)
-        frames[(cam.name, key)] = (img_msg.header, w, h, m.log_time_ns, arrival, stamp_ns)
-        specs = [TaskSpec(t.name, t.to_task(), t.deadline_ms / 1e3, t.on_miss) for t in due]
-        sched.submit_frame(cam.name, key, rgb, specs, capture_time=arrival)
+        frames[(cam.name, ticket.key)] = (img_msg.header, w, h, m.log_time_ns, arrival, stamp_ns)
+        live.submit(cam.name, ticket, rgb, arrival)
 
     pending = next_frame()
     while pending is not None or sched.has_work():

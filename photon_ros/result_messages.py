@@ -7,6 +7,7 @@ no confidence, so every score is NaN.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -99,25 +100,62 @@ def build_result(result: TaskResult, header, camera: str, task_name: str, model_
     raise ValueError(f"unknown skill {skill!r}")
 
 
-def to_vision_msgs(msg: DetectionArray):
-    """DetectionArray -> vision_msgs/Detection2DArray, or None when vision_msgs is missing
-    (it is not on PyPI; a normal ROS install has it)."""
+# -- vision_msgs (the standard detector output planners consume) ---------------------------
+# Convention, per camera:
+#   <camera>/detections_2d  vision_msgs/Detection2DArray: one Detection2D per box; bbox
+#       center/size in pixels of the source image (theta 0); one hypothesis: class_id = the
+#       object named in the task, score = the model's confidence where it gives one, else 1.0
+#       (Moondream gives none: the detection is asserted, and score filters written for
+#       detectors such as YOLO keep it); id = the task name.
+#   <camera>/points_2d      vision_msgs/Detection2DArray: one Detection2D per point; bbox
+#       center = the point in pixels, size 0 x 0; hypothesis as above.
+# Both carry the source image header (stamp and frame_id) on the array and on each detection.
+@functools.lru_cache(maxsize=1)
+def vision_msgs_missing() -> str | None:
+    """None when vision_msgs is importable, else why not."""
     try:
-        from vision_msgs.msg import Detection2D, Detection2DArray, ObjectHypothesisWithPose
-    except ImportError:
-        return None
+        from vision_msgs.msg import Detection2DArray  # noqa: F401
+    except ImportError as e:
+        return str(e) or type(e).__name__
+    return None
+
+
+def _score(v) -> float:
+    v = float(v)
+    return v if math.isfinite(v) else 1.0
+
+
+def _vision_array(msg, items):
+    """items: (center_x, center_y, size_x, size_y, label, score) in pixels."""
+    from vision_msgs.msg import Detection2D, Detection2DArray, ObjectHypothesisWithPose
+
     out = Detection2DArray(header=msg.header)
-    for d in msg.detections:
-        v = Detection2D(header=msg.header)
-        v.bbox.center.position.x = d.bbox.center_x
-        v.bbox.center.position.y = d.bbox.center_y
-        v.bbox.size_x, v.bbox.size_y = d.bbox.size_x, d.bbox.size_y
+    for cx, cy, sx, sy, label, score in items:
+        v = Detection2D(header=msg.header, id=msg.task.name)
+        v.bbox.center.position.x, v.bbox.center.position.y = float(cx), float(cy)
+        v.bbox.size_x, v.bbox.size_y = float(sx), float(sy)
         hyp = ObjectHypothesisWithPose()
-        hyp.hypothesis.class_id = d.label
-        hyp.hypothesis.score = float("nan")
+        hyp.hypothesis.class_id = label
+        hyp.hypothesis.score = _score(score)
         v.results.append(hyp)
         out.detections.append(v)
     return out
+
+
+def to_vision_msgs(msg: DetectionArray):
+    """DetectionArray -> vision_msgs/Detection2DArray, or None when vision_msgs is missing
+    (it is not on PyPI; a normal ROS install has it)."""
+    if vision_msgs_missing() is not None:
+        return None
+    return _vision_array(msg, ((d.bbox.center_x, d.bbox.center_y, d.bbox.size_x, d.bbox.size_y,
+                                d.label, d.score) for d in msg.detections))
+
+
+def points_to_vision_msgs(msg: PointArray):
+    """PointArray -> vision_msgs/Detection2DArray (0 x 0 boxes at the points), or None."""
+    if vision_msgs_missing() is not None:
+        return None
+    return _vision_array(msg, ((p.x, p.y, 0.0, 0.0, p.label, float("nan")) for p in msg.points))
 
 
 def stamp_to_s(stamp) -> float:

@@ -48,7 +48,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "deterministic": False,        # fast path: same bits every run (no split-K atomics)
     "max_batch": 4,
     "annotate": False,
-    "publish_vision_msgs": False,
+    "publish_vision_msgs": True,   # vision_msgs/Detection2DArray too, where importable
     "default_deadline_ms": 500.0,
     "on_demand_deadline_ms": 5000.0,
     "default_on_miss": "cancel",
@@ -126,7 +126,7 @@ class PerceptionConfig:
     deterministic: bool = False
     max_batch: int = 4
     annotate: bool = False
-    publish_vision_msgs: bool = False
+    publish_vision_msgs: bool = True
     default_deadline_ms: float = 500.0
     on_demand_deadline_ms: float = 5000.0
     default_on_miss: str = "cancel"

@@ -25,3 +25,13 @@ fi
 # The package itself: msg/srv/action build (CMake) + photon_core + photon_ros.
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 python -m pip install -q --no-build-isolation --no-deps "${PHOTON_PIP_EDITABLE:-.}"
+# The ROS 2 launch system and command line (ros2 launch/run/topic/lifecycle/..., launch_testing,
+# vision_msgs) are not on PyPI: CI lays a copy of shared/ beside the clone with their sources.
+# Where that copy is missing (a user's machine) the launch and CLI tests skip and say why.
+KIT=${PHOTON_ROS2_CLI:-../shared/ros2-cli}
+if [ -f "$KIT/install.sh" ]; then
+  bash "$KIT/install.sh" "$(command -v python)"
+else
+  echo "install.sh: no $KIT (the ROS 2 launch system and command line): the launch and CLI" \
+       "tests will be skipped"
+fi

@@ -15,7 +15,10 @@ rclpy = pytest.importorskip("rclpy")
 
 from sensor_msgs.msg import Image  # noqa: E402
 
+from photon_ros import image_conversion  # noqa: E402
 from photon_ros import perception_node as pn  # noqa: E402
+from photon_ros.executor import InlineGroupExecutor  # noqa: E402
+from photon_ros.live_pipeline import LivePipeline  # noqa: E402
 from photon_ros.pipeline import PerceptionPipeline  # noqa: E402
 from photon_ros.task_config import ConfigError, config_from_params  # noqa: E402
 
@@ -52,7 +55,7 @@ def test_executor_reports_callback_exceptions_and_keeps_spinning(ctx):
         raise RuntimeError(where)
     t1 = node.create_timer(0.01, lambda: boom("pool"))
     t2 = node.create_timer(0.01, lambda: boom("inline"), callback_group=inline)
-    ex = pn.InlineGroupExecutor(inline, num_threads=2, context=ctx, on_error=errors.append)
+    ex = InlineGroupExecutor(inline, num_threads=2, context=ctx, on_error=errors.append)
     ex.add_node(node)
     try:
         end = time.monotonic() + 5
@@ -65,6 +68,11 @@ def test_executor_reports_callback_exceptions_and_keeps_spinning(ctx):
         node.destroy_node()
     assert calls["pool"] >= 3 and calls["inline"] >= 3
     assert {str(e) for e in errors} == {"pool", "inline"}
+
+
+class FakeEngine:
+    def hook(self, task, stream=None, cancelled=None):
+        pass
 
 
 class FakeScheduler:
@@ -80,10 +88,11 @@ class FakeScheduler:
 def active_node(ctx):
     node = pn.PerceptionNode("rb_node", context=ctx)
     cfg = config_from_params(PARAMS)
-    node._cfg = cfg
-    node.pipeline = PerceptionPipeline(cfg, None, model_id="")
-    node._cams = {"front": pn.CameraState("front")}
-    node._sched, node._engine, node._active = FakeScheduler(), object(), True
+    node.config = cfg
+    node.live = LivePipeline(PerceptionPipeline(cfg, None, model_id=""), None, FakeEngine(),
+                             None, FakeScheduler())
+    node.cameras.reset(["front"])
+    node.active = True
     return node
 
 
@@ -97,15 +106,15 @@ def rgb8(stamp_s: float) -> Image:
 
 def test_image_callback_survives_a_concurrent_deactivate(ctx, monkeypatch):
     node = active_node(ctx)
-    sched = node._sched
-    real = pn.image_to_rgb
+    sched = node.live.scheduler
+    real = image_conversion.image_to_rgb
 
     def convert_while_deactivating(msg, max_pixels):
-        node._sched, node.pipeline = None, None       # deactivate + cleanup on a pool thread
+        node.live, node.config = None, None           # deactivate + cleanup on a pool thread
         return real(msg, max_pixels)
-    monkeypatch.setattr(pn, "image_to_rgb", convert_while_deactivating)
+    monkeypatch.setattr(image_conversion, "image_to_rgb", convert_while_deactivating)
     try:
-        node._on_image("front", rgb8(10.0))           # AttributeError on None before
+        node.cameras.on_image("front", rgb8(10.0))    # AttributeError on None before
         assert len(sched.submitted) == 1              # went to the scheduler it started with
     finally:
         node.destroy_node()
@@ -113,14 +122,14 @@ def test_image_callback_survives_a_concurrent_deactivate(ctx, monkeypatch):
 
 def test_on_demand_request_shares_the_periodic_frame(ctx):
     node = active_node(ctx)
-    sched = node._sched
+    sched = node.live.scheduler
     try:
-        node._on_image("front", rgb8(10.0))
+        node.cameras.on_image("front", rgb8(10.0))
         periodic = sched.submitted[-1]
-        st = node._cams["front"]
+        st = node.cameras.get("front")
         st.latest.arrival -= 0.25                     # the frame arrived 250 ms ago
         t0 = time.monotonic()
-        node._on_demand("front", {"skill": "caption"}, 1000.0)
+        node.on_demand.submit("front", {"skill": "caption"}, 1000.0)
         od = sched.submitted[-1]
         assert od["kind"] == "on_demand"
         # same frame key as the periodic tasks: the scheduler shares frame and encoding

@@ -1,0 +1,79 @@
+"""The node's /diagnostics: one status for the node (lifecycle state, model, counters,
+scheduler metrics) and one per camera (rates, latency percentiles, drop counters, problems)."""
+from __future__ import annotations
+
+import time
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+
+STALE_INPUT_S = 3.0       # a camera warns when active and it sent nothing for this long
+CAMERA_COUNTERS = ("frames_in", "frames_processed", "results_published", "tasks_submitted",
+                   "superseded", "skipped", "deadline_misses", "cancelled", "errors",
+                   "clock_jumps_back", "stale_frames", "qos_incompatible")
+SCHEDULER_KEYS = ("submitted", "done", "late", "superseded", "skipped", "deadline_misses",
+                  "errors", "waiting", "running")
+
+
+def node_status(name: str, state: str, model: str, model_loaded: bool, counts: dict,
+                scheduler=None) -> DiagnosticStatus:
+    values = {"state": state, "model": model, "model_loaded": str(model_loaded).lower(),
+              **{k: str(v) for k, v in sorted(counts.items())}}
+    if scheduler is not None:
+        try:
+            m = scheduler.metrics()
+            for k in SCHEDULER_KEYS:
+                values[f"scheduler.{k}"] = str(m.get(k, ""))
+        except Exception:  # noqa: BLE001 - the scheduler may be stopping
+            pass
+    return DiagnosticStatus(name=f"{name}: node", hardware_id=name, level=DiagnosticStatus.OK,
+                            message=state,
+                            values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
+
+
+def camera_status(name: str, camera: str, topic: str, snap: dict, active: bool) -> DiagnosticStatus:
+    c = snap["counts"]
+    vals = {"input_fps": f"{snap['input_fps']:.2f}",
+            "processed_fps": f"{snap['processed_fps']:.2f}",
+            "latency_p50_ms": f"{snap['latency_p50_ms']:.2f}",
+            "latency_p99_ms": f"{snap['latency_p99_ms']:.2f}"}
+    vals.update({k: str(c.get(k, 0)) for k in CAMERA_COUNTERS})
+    vals.update({k: str(v) for k, v in sorted(c.items()) if k.startswith("error.")})
+    problems = []
+    if active and snap["since_input_s"] is not None and snap["since_input_s"] > STALE_INPUT_S:
+        problems.append(f"no frames for {snap['since_input_s']:.0f} s")
+    elif active and snap["since_input_s"] is None:
+        problems.append("no frames yet")
+    if c.get("qos_incompatible"):
+        problems.append("incompatible QoS publisher")
+    if c.get("errors"):
+        problems.append(f"{c['errors']} bad frames/errors")
+    return DiagnosticStatus(name=f"{name}: camera {camera}", hardware_id=topic,
+                            level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
+                            message="; ".join(problems) or "ok",
+                            values=[KeyValue(key=k, value=v) for k, v in vals.items()])
+
+
+def publish_diagnostics(node) -> None:
+    """Timer callback (~1 Hz) of the perception node."""
+    try:
+        node.cameras.check_topics()
+    except Exception as e:  # noqa: BLE001
+        node.get_logger().debug(f"topic check failed: {e}")
+    now = time.monotonic()
+    cfg, live = node.config, node.live
+    name = node.get_fully_qualified_name()
+    state = "active" if node.active else ("inactive" if cfg is not None else "unconfigured")
+    arr = DiagnosticArray()
+    arr.header.stamp = node.get_clock().now().to_msg()
+    arr.status.append(node_status(name, state, cfg.model if cfg else "",
+                                  live is not None and live.model is not None, dict(node.counts),
+                                  live.scheduler if live is not None else None))
+    for st in node.cameras.all():
+        topic = ""
+        if cfg is not None:
+            try:
+                topic = cfg.camera(st.name).topic
+            except KeyError:
+                pass
+        arr.status.append(camera_status(name, st.name, topic, st.stats.snapshot(now), node.active))
+    node.diag_pub.publish(arr)
