@@ -164,7 +164,8 @@ class OnDemand:
              "max_tokens": req.max_tokens}
         try:
             if req.skill not in ("query", "caption"):
-                raise ValueError(f"stream_answer runs query or caption, not {req.skill!r}")
+                raise ValueError("stream_answer runs query or caption, not "
+                                 f"{cut_message(repr(req.skill), MAX_QUOTED_CHARS)}")
             tc, task, frame, done, box, deadline_ms, live = self.submit(
                 req.camera, d, req.deadline_ms, stream=lambda t, n: deltas.put((t, n)),
                 cancelled=cancel.is_set)
