@@ -14,7 +14,8 @@ Tasks per camera (mixed): detect every frame, point every 3rd, caption every 15t
 
 At the end the cameras stop, the node drains, and the node's own per-camera counters
 (diagnostics) must add up, per camera:
-    tasks_submitted == answered (results published) + superseded + skipped + cancelled + errored
+    tasks_submitted == answered (results published) + superseded + skipped + cancelled +
+    deadline_cancelled + errored
 and every frame the node received either was converted (or counted as a bad frame). Sent vs
 received shows what DDS dropped before the node (reliable QoS keep-last: 0 expected).
 Also checked: every on-demand call got a response, the queue stayed bounded, the RSS at the
@@ -121,22 +122,25 @@ class Diagnostics:
 
 
 def account(cams: dict, sent: dict) -> dict:
-    """Per camera: requests in == answered + superseded + skipped + cancelled + errored."""
+    """Per camera: requests in == answered + superseded + skipped + cancelled +
+    deadline_cancelled (detect/point cut at the deadline) + errored."""
     out = {}
     for name, v in sorted(cams.items()):
         g = {k: int(float(v.get(k, 0) or 0)) for k in (
             "frames_in", "tasks_submitted", "results_published", "superseded", "skipped",
-            "cancelled", "errors", "error.engine", "stale_frames", "deadline_misses")}
+            "cancelled", "deadline_cancelled", "errors", "error.engine", "stale_frames",
+            "deadline_misses")}
         bad_frames = sum(int(float(x)) for k, x in v.items()
                          if k.startswith("error.") and k != "error.engine")
         outcomes = (g["results_published"] + g["superseded"] + g["skipped"] + g["cancelled"]
-                    + g["error.engine"])
+                    + g["deadline_cancelled"] + g["error.engine"])
         out[name] = {"sent": sent.get(name, 0), "received": g["frames_in"],
                      "transport_dropped": sent.get(name, 0) - g["frames_in"],
                      "bad_frames": bad_frames, "stale_frames": g["stale_frames"],
                      "requests": g["tasks_submitted"], "answered": g["results_published"],
                      "superseded": g["superseded"], "skipped": g["skipped"],
-                     "cancelled": g["cancelled"], "errored": g["error.engine"],
+                     "cancelled": g["cancelled"],
+                     "deadline_cancelled": g["deadline_cancelled"], "errored": g["error.engine"],
                      "deadline_misses": g["deadline_misses"],
                      "unaccounted": g["tasks_submitted"] - outcomes}
     return out
@@ -300,8 +304,8 @@ def main(argv=None) -> int:
             "wall_s": round(time.monotonic() - t_start, 1), "cameras": acc,
             "totals": {k: sum(a[k] for a in acc.values()) for k in (
                 "sent", "received", "transport_dropped", "bad_frames", "requests", "answered",
-                "superseded", "skipped", "cancelled", "errored", "unaccounted",
-                "deadline_misses")},
+                "superseded", "skipped", "cancelled", "deadline_cancelled", "errored",
+                "unaccounted", "deadline_misses")},
             "on_demand": {**calls, "fail_reasons": fail_reasons},
             "queue": {"waiting_max": waiting_max,
                       "running_max": max((s["running"] for s in samples), default=0),

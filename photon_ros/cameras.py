@@ -257,6 +257,8 @@ class Cameras:
             self.publish(st, outcome, header, key, w, h)
         elif status in ("superseded", "skipped", "cancelled"):
             stats.count(status)
+        elif status == "deadline":            # detect/point cut at the deadline: nothing published
+            stats.count("deadline_cancelled")
         elif status == "error":
             stats.count("errors")
             stats.count("error.engine")

@@ -7,9 +7,11 @@ import time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 STALE_INPUT_S = 3.0       # a camera warns when active and it sent nothing for this long
+# tasks_submitted = results_published + superseded + skipped + cancelled + deadline_cancelled
+#                   + error.engine (+ the ones still open)
 CAMERA_COUNTERS = ("frames_in", "frames_processed", "results_published", "tasks_submitted",
-                   "superseded", "skipped", "deadline_misses", "cancelled", "errors",
-                   "clock_jumps_back", "stale_frames", "qos_incompatible")
+                   "superseded", "skipped", "deadline_misses", "cancelled", "deadline_cancelled",
+                   "errors", "clock_jumps_back", "stale_frames", "qos_incompatible")
 SCHEDULER_KEYS = ("submitted", "done", "late", "superseded", "skipped", "deadline_misses",
                   "errors", "waiting", "running")
 
@@ -30,7 +32,14 @@ def node_status(name: str, state: str, model: str, model_loaded: bool, counts: d
                             values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
 
 
-def camera_status(name: str, camera: str, topic: str, snap: dict, active: bool) -> DiagnosticStatus:
+def _fmt(v) -> str:
+    return "none" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def camera_status(name: str, camera: str, topic: str, snap: dict, active: bool,
+                  health=None) -> DiagnosticStatus:
+    """`health`: the scheduler's StreamHealth of this camera (stream_health()[camera]) or
+    None (no scheduler, or it has not seen the camera yet)."""
     c = snap["counts"]
     vals = {"input_fps": f"{snap['input_fps']:.2f}",
             "processed_fps": f"{snap['processed_fps']:.2f}",
@@ -47,6 +56,12 @@ def camera_status(name: str, camera: str, topic: str, snap: dict, active: bool) 
         problems.append("incompatible QoS publisher")
     if c.get("errors"):
         problems.append(f"{c['errors']} bad frames/errors")
+    if health is not None:
+        for k in ("result_rate_hz", "skipped_frac", "since_last_result_s"):
+            vals[f"scheduler.{k}"] = _fmt(getattr(health, k, None))
+        vals["scheduler.health"] = str(health.level)
+        if active and health.level == "warn":
+            problems.append(f"scheduler: {health.reason}")
     return DiagnosticStatus(name=f"{name}: camera {camera}", hardware_id=topic,
                             level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
                             message="; ".join(problems) or "ok",
@@ -68,6 +83,12 @@ def publish_diagnostics(node) -> None:
     arr.status.append(node_status(name, state, cfg.model if cfg else "",
                                   live is not None and live.model is not None, dict(node.counts),
                                   live.scheduler if live is not None else None))
+    health = {}
+    if live is not None and live.scheduler is not None:
+        try:
+            health = live.scheduler.stream_health()
+        except Exception as e:  # noqa: BLE001 - the scheduler may be stopping
+            node.get_logger().debug(f"stream health failed: {e}")
     for st in node.cameras.all():
         topic = ""
         if cfg is not None:
@@ -75,5 +96,6 @@ def publish_diagnostics(node) -> None:
                 topic = cfg.camera(st.name).topic
             except KeyError:
                 pass
-        arr.status.append(camera_status(name, st.name, topic, st.stats.snapshot(now), node.active))
+        arr.status.append(camera_status(name, st.name, topic, st.stats.snapshot(now), node.active,
+                                        health.get(st.name)))
     node.diag_pub.publish(arr)

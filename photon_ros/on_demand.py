@@ -11,11 +11,22 @@ import time
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 
+from photon_core.task import cut_message
 from photon_ros.action import StreamAnswer
 from photon_ros.msg import Answer
 from photon_ros.result_messages import ResultTiming, build_answer, stamp_to_s
 from photon_ros.srv import Query, SetTasks
 from photon_ros.task_config import make_task, tasks_from_specs
+
+
+MAX_QUOTED_CHARS = 80      # what a reply quotes of a name the caller sent
+
+
+def unknown_camera(camera: str, names) -> str:
+    """The reply to an unknown camera name: the name quoted, cut to MAX_QUOTED_CHARS (a
+    request may carry megabytes), and the cameras there are."""
+    quoted = cut_message(repr(camera), MAX_QUOTED_CHARS)
+    return cut_message(f"unknown camera {quoted}; cameras: {', '.join(names) or 'none'}")
 
 
 class OnDemand:
@@ -56,8 +67,7 @@ class OnDemand:
             raise ValueError("the node is not active")
         st = node.cameras.get(camera)
         if st is None:
-            raise ValueError(f"unknown camera {camera!r}; cameras: "
-                             f"{', '.join(cfg.camera_names) or 'none'}")
+            raise ValueError(unknown_camera(camera, cfg.camera_names))
         frame = st.latest
         if frame is None:
             raise ValueError(f"no frame received yet from camera {camera!r}")
@@ -132,8 +142,7 @@ class OnDemand:
             if cfg is None:
                 raise ValueError("the node is not configured")
             if req.camera not in cfg.camera_names:
-                raise ValueError(f"unknown camera {req.camera!r}; cameras: "
-                                 f"{', '.join(cfg.camera_names) or 'none'}")
+                raise ValueError(unknown_camera(req.camera, cfg.camera_names))
             tasks = tasks_from_specs(req.tasks, cfg, req.camera)
             new = cfg.with_tasks(req.camera, tasks)
         except ValueError as e:
@@ -155,7 +164,8 @@ class OnDemand:
              "max_tokens": req.max_tokens}
         try:
             if req.skill not in ("query", "caption"):
-                raise ValueError(f"stream_answer runs query or caption, not {req.skill!r}")
+                raise ValueError("stream_answer runs query or caption, not "
+                                 f"{cut_message(repr(req.skill), MAX_QUOTED_CHARS)}")
             tc, task, frame, done, box, deadline_ms, live = self.submit(
                 req.camera, d, req.deadline_ms, stream=lambda t, n: deltas.put((t, n)),
                 cancelled=cancel.is_set)

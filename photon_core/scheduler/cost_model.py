@@ -37,6 +37,14 @@ def moondream_crops(shape: tuple[int, int] | None, crop: int = 378, max_crops: i
     return 1 + min(max_crops, math.ceil(h / crop) * math.ceil(w / crop))
 
 
+# Online correction (CostModel._toward): measured / predicted ratios are clamped to
+# MIN_RATIO..MAX_RATIO; a measurement far cheaper than believed moves a factor FAST_RATE of
+# the way at once.
+MIN_RATIO = 0.01
+MAX_RATIO = 5.0
+FAST_RATE = 0.5
+
+
 @dataclass
 class CostModel:
     """Milliseconds. decode_step_ms maps batch size -> one step of that many runs."""
@@ -105,11 +113,25 @@ class CostModel:
         return self.batch_factor(len(images)) * sum(self.encode_ms(im) for im in images)
 
     # -- online correction ----------------------------------------------------------
+    def _toward(self, old: float | None, r: float) -> float:
+        """One online correction of a factor `old` (None: none yet) by a measured ratio r
+        (actual / uncorrected prediction). Dearer than believed: the usual small EMA step, the
+        ratio capped at MAX_RATIO (a one-off slow outlier moves it little; misses that follow
+        an underestimate keep correcting it). Much cheaper than believed (r below half the
+        factor): halfway at once. An overestimate is the dangerous error: admission skips the
+        work it thinks hopeless and so gets no further measurements (a calibration on a loaded
+        machine once silenced a node for good), so fresh cheap measurements are believed
+        quickly, down to MIN_RATIO."""
+        r = min(MAX_RATIO, max(MIN_RATIO, r))
+        if old is None:
+            return r
+        rate = max(self.ema, FAST_RATE) if r < 0.5 * old else self.ema
+        return old + rate * (r - old)
+
     def _upd(self, name: str, predicted_base: float, actual: float) -> None:
         if self.ema <= 0 or predicted_base <= 0 or actual <= 0:
             return
-        r = min(5.0, max(0.2, actual / predicted_base))
-        setattr(self, name, (1 - self.ema) * getattr(self, name) + self.ema * r)
+        setattr(self, name, self._toward(getattr(self, name), actual / predicted_base))
 
     def observe_encode(self, image: Any, ms: float) -> None:
         shape = image_shape(image)
@@ -128,10 +150,8 @@ class CostModel:
     def observe_step(self, batch: int, ms: float) -> None:
         b = max(1, batch)
         self._upd("f_step", self._step_base(b), ms)
-        if self.ema > 0 and ms > 0:
-            r = min(5.0, max(0.2, ms / self._step_base(b)))
-            old = self.f_step_b.get(b)
-            self.f_step_b[b] = r if old is None else (1 - self.ema) * old + self.ema * r
+        if self.ema > 0 and ms > 0 and self._step_base(b) > 0:
+            self.f_step_b[b] = self._toward(self.f_step_b.get(b), ms / self._step_base(b))
 
     def observe_encode_batch(self, images: list, ms: float) -> None:
         """One encode call took `ms` for `images` (n > 1: learns the batch factor)."""

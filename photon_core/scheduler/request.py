@@ -98,6 +98,7 @@ class TaskRequest:
     preempted_steps: int = 0
     start_failures: int = 0      # engine.start / encode raised while other runs were open
     ended: bool = False
+    probe: bool = False          # started although the cost model called it hopeless (a task probe)
 
     @property
     def stream(self) -> str:
@@ -138,6 +139,7 @@ class Outcome:
     timings: dict[str, float] = field(default_factory=dict)  # encode_ms, prefill_ms, ...
     steps: int = 0
     missed_deadline: bool = False   # DONE after the deadline, or DEADLINE
+    probe: bool = False          # a task probe: started to re-measure costs (scheduler.py)
 
     @property
     def age_s(self) -> float:

@@ -63,6 +63,16 @@ class Policy:
     # measured this long ago, the frame is encoded anyway (an encode probe: no task is
     # started on a hopeless estimate) and the decision is made again. 0 disables.
     probe_after_s: float = 2.0
+    # The same for the costs of running a task (prefill, decode steps): when no task of a
+    # stream has started for task_probe_after_s (all skipped as hopeless: e.g. calibration ran
+    # on a loaded CPU or through a GPU hiccup and every estimate is too high) and nothing runs,
+    # one of its requests is started anyway (a task probe: published if it makes its deadline,
+    # else on_miss decides) so prefill and step costs are measured again. Bounded: one probe at
+    # a time, only on an idle engine, at most one per stream per task_probe_after_s, and after
+    # a probe the next waits so that probes take at most task_probe_share of the engine's
+    # time. 0 disables.
+    task_probe_after_s: float = 2.0
+    task_probe_share: float = 0.25
     # Fairness between streams (fairness.py): periodic work of the stream with the fewest
     # frames served lately first, then EDF; equal-urgency ties (deadlines within fair_tie_s)
     # go to the stream served least recently; under pressure (a periodic skip / supersede /
@@ -81,6 +91,8 @@ class Policy:
     def __post_init__(self):
         if not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
             raise ValueError(f"max_batch must be in 1..{MAX_BATCH_LIMIT}")
+        if not 0 < self.task_probe_share <= 1:
+            raise ValueError("task_probe_share must be in (0, 1]")
 
 
 EDF_POLICY = Policy()
@@ -127,6 +139,8 @@ class Scheduler:
         self._prompt_cache: dict[tuple, int] = {}
         self.counts: Counter = Counter()
         self._encode_seen_at: dict = {}               # image shape -> last encode measured
+        self._stream_started: dict[str, float] = {}   # stream -> last periodic start (or first submit)
+        self._task_probe_ok_at = float("-inf")        # no task probe before this (probe share)
         self._t0 = self.clock.now()
         self.per_stream: dict[str, Counter] = defaultdict(Counter)
         self.batch_sizes: Counter = Counter()
@@ -154,6 +168,7 @@ class Scheduler:
         tasks = list(tasks)
         if kind == PERIODIC:
             self.health.note_submit(stream, now, len(tasks))
+            self._stream_started.setdefault(stream, now)
         ids = []
         for t in tasks:
             spec = TaskSpec.of(t)
@@ -272,7 +287,7 @@ class Scheduler:
     def _load(self, r: TaskRequest, now: float) -> admission.Load:
         est = self.tokens.estimate(r.key, r.spec.task, conservative=True)
         return admission.Load(max(1.0, est - r.steps), r.deadline, self._rank(r),
-                              check=now <= r.deadline,
+                              check=now <= r.deadline and not r.probe,   # a probe: ours to learn from
                               margin=self.policy.margin_frac * r.spec.deadline_s)
 
     def _cancel_run(self, r: TaskRequest, reason: str):
@@ -298,7 +313,8 @@ class Scheduler:
                     continue
                 steps = self.tokens.estimate(r.key, r.spec.task, conservative=False)
                 if admission.hopeless(now, self._start_ms(r), steps, r.deadline,
-                                      self.cost.step_ms) and not self._probe_due(r, now):
+                                      self.cost.step_ms) and not self._probe_due(r, now) \
+                        and not self._task_probe_due(r, now):
                     self._end(r, Status.SKIPPED)    # (a due probe is left to _admit)
 
     def _admit(self) -> None:
@@ -340,7 +356,8 @@ class Scheduler:
                     self._encode_probe(r, now):             # re-measured: decide again
                 now, start_ms = self.clock.now(), self._start_ms(r)
             if admission.hopeless(now, start_ms, steps, r.deadline, self.cost.step_ms):
-                self._end(r, Status.SKIPPED)
+                if not self._task_probe(r, now):
+                    self._end(r, Status.SKIPPED)
                 continue
             cand = self._load(r, now)
             live = [self._load(x, now) for x in self.live]
@@ -355,7 +372,8 @@ class Scheduler:
             if not self.live:                     # nothing else running: it alone would miss
                 if self._encode_probe(r, now):    # re-measured: decide again next round
                     continue
-                self._end(r, Status.SKIPPED)
+                if not self._task_probe(r, now):
+                    self._end(r, Status.SKIPPED)
                 continue
             if r.kind == ON_DEMAND and p.preempt:
                 solo = (start_ms + cand.remaining * self.cost.step_ms(mb)) * p.safety / 1e3
@@ -439,6 +457,30 @@ class Scheduler:
             return False
         return True
 
+    def _task_probe_due(self, r: TaskRequest, now: float) -> bool:
+        """A task probe is due (see Policy.task_probe_after_s): r is periodic and can still
+        make its deadline if the estimates are wrong, nothing runs, no task of its stream
+        started for task_probe_after_s, and the pause after the last probe is over."""
+        p = self.policy.task_probe_after_s
+        return (p > 0 and r.kind == PERIODIC and not self.live and not r.started
+                and now < r.deadline and now >= self._task_probe_ok_at
+                and now - self._stream_started.get(r.stream, now) >= p)
+
+    def _task_probe(self, r: TaskRequest, now: float) -> bool:
+        """Start r although the cost model calls it hopeless, if a task probe is due; True if
+        it was started (or ended trying). Its encode, prefill and steps are measured as any
+        run's; it is not protected by admission (its Load is not checked)."""
+        if not self._task_probe_due(r, now):
+            return False
+        r.probe = True
+        self.counts["task_probes"] += 1
+        log.info("task probe: %s/%s started although estimated hopeless (estimates re-measured)",
+                 r.stream, r.spec.name)
+        self._start(r)
+        if not r.started and not r.ended:        # start failed and was re-queued
+            r.probe = False
+        return r.started or r.ended
+
     def _encode(self, frame: Frame) -> None:
         t0 = self.clock.now()
         enc = self.engine.encode_image(frame.image)
@@ -477,6 +519,8 @@ class Scheduler:
             self._end(r, Status.ERROR, error=f"{type(e).__name__}: {e}")
             return
         r.run, r.start_time, r.engine_ms = run, t_start, r.prefill_ms
+        if r.kind == PERIODIC:
+            self._stream_started[r.stream] = t_start
         self.queue.remove(r)
         self.latest.take(r)
         self.queue.note_started(r, t_start)
@@ -562,6 +606,10 @@ class Scheduler:
         missed = (status is Status.DEADLINE) or (status is Status.DONE and now > r.deadline)
         if r.kind == PERIODIC and status in (Status.SKIPPED, Status.SUPERSEDED, Status.DEADLINE):
             self.fair.note_pressure(now)
+        if r.probe:                               # probes take at most task_probe_share of the time
+            took = now - (r.start_time if r.start_time is not None else now)
+            share = self.policy.task_probe_share
+            self._task_probe_ok_at = now + took * (1 - share) / share
         if status is Status.DONE:
             self.latest.publish(r)
             self.per_stream[r.stream]["processed"] += 1
@@ -579,7 +627,7 @@ class Scheduler:
             engine_ms=r.engine_ms,
             timings={"encode_ms": f.encode_ms if r.started else 0.0, "prefill_ms": r.prefill_ms,
                      "decode_ms": decode_ms, "preempted_steps": float(r.preempted_steps)},
-            steps=r.steps, missed_deadline=missed)
+            steps=r.steps, missed_deadline=missed, probe=r.probe)
         self.health.note_outcome(out)
         for cb in (r.on_result, self.on_result):
             if cb is None:
@@ -605,6 +653,7 @@ class Scheduler:
             "deadline_misses": c["deadline_misses"], "errors": c["error"],
             "callback_errors": c["callback_errors"], "preempted_steps": c["preempted_steps"],
             "preempting_starts": c["preempting_starts"], "probes": c["probes"],
+            "task_probes": c["task_probes"],
             "fair_holds": c["fair_holds"], "sheds": c["sheds"],
             "batch_limit": self.limiter.limit(self.clock.now()),
             "encodes": c["encodes"],

@@ -509,15 +509,16 @@ def test_encode_probe_recovers_from_an_overestimate():
     """The scheduler believes a camera's frames cost 10 s to encode (really 10 ms), so every
     frame (100 ms deadline) is skipped; after probe_after_s it encodes one frame anyway,
     learns the real cost and answers the following frames. No task is started on the wrong
-    estimate, so nothing admitted misses its deadline; with probes off the camera stays
-    silent."""
+    estimate, so nothing admitted misses its deadline; with probes off (encode and task
+    probes, test_scheduler_probe.py) the camera stays silent."""
     for probe in (2.0, 0.0):
         clock = VirtualClock()
         eng = SimEngine(clock, COST.scaled(1.0), jitter=0.0)
         outs: list[Outcome] = []
         cm = CostModel(0.0, 10.0, 1.0, 0.0, dict(COST.decode_step_ms), ema=0.1)
         cm.encode_seen[(300, 300)] = 10_000.0
-        s = Scheduler(eng, cm, clock=clock, policy=Policy(probe_after_s=probe),
+        s = Scheduler(eng, cm, clock=clock,
+                      policy=Policy(probe_after_s=probe, task_probe_after_s=probe),
                       on_result=outs.append)
         for i in range(40):                      # 4 s at 10 fps
             s.submit_frame("cam", i, img(person=4), [("det", DET, 0.1)])

@@ -258,40 +258,59 @@ def test_replay_interrupted_mid_bag_leaves_a_readable_bag(tmp_path_factory, tmp_
     assert n == summary["results"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "node bug: a periodic detect/point task cancelled at its deadline (on_miss=cancel, "
-    "status 'deadline', no result published) is counted nowhere in the camera diagnostics, "
-    "so tasks_submitted != published + superseded + skipped + cancelled + errors (bench_soak "
-    "--on-miss cancel --deadline-ms 200 shows 'unaccounted'). Fix: in _on_outcome count "
-    "status 'deadline' without a published result as 'deadline_cancelled' and list it in "
-    "the diagnostics keys."))
 def test_deadline_cancelled_periodic_tasks_are_counted():
+    """A periodic detect/point task cut at its deadline (on_miss=cancel: status 'deadline',
+    nothing published) is counted as `deadline_cancelled`, so a camera's counters add up:
+    tasks_submitted = results_published + superseded + skipped + cancelled +
+    deadline_cancelled + error.engine (bench_soak --on-miss cancel showed 'unaccounted').
+    A query cut at its deadline is still published (partial answer)."""
     import rclpy
-    from sensor_msgs.msg import Image
+    from std_msgs.msg import Header
 
     from photon_core.scheduler.request import Outcome, Status
     from photon_core.task import Task, TaskResult
     from photon_ros import perception_node as pn
-    from photon_ros.pipeline import PerceptionPipeline
+    from photon_ros.diagnostics import CAMERA_COUNTERS, camera_status
     from photon_ros.task_config import config_from_params
 
     ctx = rclpy.Context()
     rclpy.init(context=ctx)
     node = pn.PerceptionNode("flt_unit", context=ctx)
     try:
-        cfg = config_from_params(CONFIG)
-        node._cfg = cfg
-        node.pipeline = PerceptionPipeline(cfg, None, model_id="")
-        node._cams = {"front": pn.CameraState("front")}
-        task = Task("detect", object="person", max_objects=2)
-        partial = TaskResult(task=task, output={"objects": []}, finish_reason="deadline")
-        o = Outcome(request_id=1, stream="front", stamp=(0, 1.0), task_name="people",
-                    kind="periodic", status=Status.DEADLINE, result=partial, missed_deadline=True)
-        node._on_outcome("front", Image().header, (0, 1.0), 64, 48, o)
-        c = node._cams["front"].stats.snapshot(time.monotonic())["counts"]
+        node.config = config_from_params(CONFIG)
+        node.cameras.reset(["front"])
+        published = []
+
+        def publish(st, outcome, header, key, w, h):      # no publishers in this unit test
+            published.append(outcome)
+            st.stats.published(key, 1.0, time.monotonic())
+        node.cameras.publish = publish
+        det = Task("detect", object="person", max_objects=2)
+        ask = Task("query", question="What is here?")
+        cut = TaskResult(task=det, output={"objects": []}, finish_reason="deadline")
+        cases = [(Status.DEADLINE, cut), (Status.DEADLINE, None), (Status.DONE, cut),
+                 (Status.SUPERSEDED, None), (Status.SKIPPED, None), (Status.CANCELLED, None),
+                 (Status.ERROR, None),
+                 (Status.DEADLINE, TaskResult(task=ask, output={"answer": "a"},
+                                              finish_reason="deadline"))]
+        for i, (status, res) in enumerate(cases):
+            key = (0, float(i))
+            o = Outcome(request_id=i, stream="front", stamp=key, task_name="people",
+                        kind="periodic", status=status, result=res,
+                        missed_deadline=status is Status.DEADLINE)
+            node.cameras.states["front"].stats.count("tasks_submitted")
+            node.cameras.on_outcome("front", Header(), key, 64, 48, o)
+        snap = node.cameras.states["front"].stats.snapshot(time.monotonic())
+        c = snap["counts"]
+        assert c.get("deadline_cancelled") == 2, c
+        assert len(published) == 2                       # the DONE one and the partial answer
         accounted = sum(c.get(k, 0) for k in ("results_published", "superseded", "skipped",
                                               "cancelled", "error.engine", "deadline_cancelled"))
-        assert accounted == 1, c
+        assert accounted == c["tasks_submitted"] == len(cases), c
+        assert "deadline_cancelled" in CAMERA_COUNTERS
+        vals = {kv.key: kv.value for kv in
+                camera_status("n", "front", TOPIC, snap, True).values}
+        assert vals["deadline_cancelled"] == "2"
     finally:
         node.destroy_node()
         rclpy.try_shutdown(context=ctx)

@@ -161,3 +161,67 @@ def test_frame_sequencer_epochs_and_stale_frames():
     assert t[4].key == (0, 10.2) and t[5].key == (1, 3.0) and t[6].key == (1, 3.1)
     assert math.isclose(t[5].jumped_s, 7.2) and resets == ["c"]
     assert seq.next("other", 1.0).index == 0           # per camera
+
+
+# -- diagnostics: the scheduler's view of each camera ------------------------------------------
+def test_camera_diagnostics_warn_with_the_scheduler_reason(ctx):
+    """A camera whose tasks the scheduler skips (it cannot meet the deadline) reports WARN with
+    the scheduler's reason and its values (result_rate_hz, skipped_frac, since_last_result_s);
+    a camera the scheduler serves stays OK with the same values; one it has not seen has none."""
+    import time
+    from types import SimpleNamespace
+
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    from photon_core.scheduler import CostModel, Policy, Scheduler, VirtualClock
+    from photon_core.scheduler.simulator import SimEngine, SimImage
+    from photon_ros.diagnostics import publish_diagnostics
+
+    clock = VirtualClock()
+    cost = CostModel(encode_base_ms=0.0, encode_per_crop_ms=10.0, prefill_base_ms=1.0,
+                     prefill_per_token_ms=0.0, decode_step_ms={1: 2.0}, ema=0.0)
+    sched = Scheduler(SimEngine(clock, cost, jitter=0.0), cost, clock=clock,
+                      policy=Policy(probe_after_s=0.0, task_probe_after_s=0.0))
+    det = Task("detect", object="person")
+    for k in range(40):                       # 4 s at 10 fps
+        sched.submit_frame("front", k, SimImage((300, 300), (("person", 3),)),
+                           [("people", det, 0.005)])          # 5 ms: never makes it
+        sched.submit_frame("rear", k, SimImage((300, 300), (("person", 3),)),
+                           [("people", det, 0.5)])
+        sched.run_until_idle()
+        clock.advance(0.1)
+    cfg = config_from_params({"cameras": ["front", "rear", "side"],
+                              **{c: {"topic": f"/d/{c}", "tasks": ["people"],
+                                     "people": {"skill": "detect", "object": "person"}}
+                                 for c in ("front", "rear", "side")}})
+    node = PerceptionNode("diag_health", context=ctx)
+    sent = []
+    try:
+        node.config = cfg
+        node.cameras.reset(cfg.camera_names)
+        for st in node.cameras.all():
+            st.stats.frame_in(time.monotonic())
+        node.live = SimpleNamespace(scheduler=sched, model=None)
+        node.active = True
+        node.diag_pub = SimpleNamespace(publish=sent.append)
+        publish_diagnostics(node)
+    finally:
+        node.active, node.live = False, None
+        node.destroy_node()
+    status = {s.name.rsplit(" ", 1)[-1]: s for s in sent[0].status}
+    health = sched.stream_health()
+    front, rear, side = status["front"], status["rear"], status["side"]
+    vals = {kv.key: kv.value for kv in front.values}
+    assert health["front"].level == "warn"
+    assert front.level == DiagnosticStatus.WARN
+    assert health["front"].reason in front.message and "scheduler" in front.message
+    assert float(vals["scheduler.skipped_frac"]) == pytest.approx(1.0)
+    assert float(vals["scheduler.result_rate_hz"]) == 0.0
+    assert vals["scheduler.since_last_result_s"] == "none"
+    rvals = {kv.key: kv.value for kv in rear.values}
+    assert rear.level == DiagnosticStatus.OK, rear.message
+    assert float(rvals["scheduler.result_rate_hz"]) > 5.0
+    assert float(rvals["scheduler.skipped_frac"]) == 0.0
+    assert float(rvals["scheduler.since_last_result_s"]) < 1.0
+    assert side.level == DiagnosticStatus.OK
+    assert not [kv for kv in side.values if kv.key.startswith("scheduler.")]

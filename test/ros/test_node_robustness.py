@@ -140,3 +140,30 @@ def test_on_demand_request_shares_the_periodic_frame(ctx):
         assert t0 + 1.0 - 0.01 <= deadline <= time.monotonic() + 1.0 + 0.01
     finally:
         node.destroy_node()
+
+
+def test_unknown_camera_replies_quote_a_bounded_name(ctx):
+    """Query / SetTasks / StreamAnswer with an unknown camera name of a megabyte: the reply
+    (and the log line) quotes a cut name, not all of it, and still says which cameras exist."""
+    from photon_ros.srv import Query, SetTasks
+
+    node = pn.PerceptionNode("rb_unknown_cam", context=ctx)
+    try:
+        node.config = config_from_params(PARAMS)
+        node.cameras.reset(["front"])
+        node.active, node.live = True, object()      # past the "not active" check
+        for name in ("x" * 1_000_000, "nope"):
+            res = node.on_demand.on_query(
+                Query.Request(camera=name, skill="detect", object="cup"), Query.Response())
+            res2 = node.on_demand.on_set_tasks(SetTasks.Request(camera=name, tasks=[]),
+                                               SetTasks.Response())
+            for r in (res, res2):
+                assert not r.success and "unknown camera" in r.message
+                assert "cameras: front" in r.message
+                assert len(r.message) <= 160, len(r.message)     # the name cut to 80
+            if name == "nope":
+                assert "'nope'" in res.message and "'nope'" in res2.message
+        assert node.counts["invalid_requests"] == 4
+    finally:
+        node.active, node.live = False, None
+        node.destroy_node()

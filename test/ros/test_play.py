@@ -88,14 +88,19 @@ def test_play_to_node_over_dds(tmp_path_factory):
             d = diag_values(diags[-1], "camera front") if diags else None
             if not d or d["frames_in"] != "10":
                 return False
-            ended = sum(int(d[k]) for k in ("results_published", "superseded", "skipped",
-                                             "deadline_misses", "cancelled", "errors"))
+            # each task ends exactly one way (a late result is published *and* counted in
+            # deadline_misses, so deadline_misses is not one of the ways)
+            ended = sum(int(d.get(k, "0")) for k in (
+                "results_published", "superseded", "skipped", "deadline_cancelled",
+                "cancelled", "error.engine"))
             return ended == int(d["tasks_submitted"]) and int(d["results_published"]) >= 3
-        assert wait_for(accounted, timeout=45), diag_values(col.msgs("/diagnostics")[-1],
-                                                             "camera front")
+        # generous waits on conditions: a loaded 2-core machine may take long for the node to
+        # work through the played frames and for DDS to deliver its results
+        assert wait_for(accounted, timeout=120), diag_values(col.msgs("/diagnostics")[-1],
+                                                              "camera front")
         d = diag_values(col.msgs("/diagnostics")[-1], "camera front")
         assert wait_for(lambda: len(col.msgs("/front/detections")) +
-                        len(col.msgs("/front/answer")) >= int(d["results_published"]), timeout=10)
+                        len(col.msgs("/front/answer")) >= int(d["results_published"]), timeout=60)
         dets = col.msgs("/front/detections")
         assert len(dets) >= 2, f"only {len(dets)} detection results"
         assert {stamp_of(d) for d in dets} <= src           # results carry the bag's headers
