@@ -70,27 +70,79 @@ def fused_launches(dtype=torch.bfloat16, layers=35, kv_shared=20, vocab=262144,
     return launches
 
 
+def qwen3_5_launches(dtype=torch.bfloat16):
+    """The launches of test_qwen3_5_kernels.py::test_real_sizes_on_gpu (recorded, not run)."""
+    from photon_core.ops import causal_conv1d, gqa_attention, mrope, rmsnorm_gated
+    from photon_core.ops import gated_delta_rule as gdr
+    from photon_core.ops import rmsnorm_zero_centred as rzc
+    from photon_core.ops.launch_resources import record_launches
+
+    def e(*shape, dt=dtype):
+        return torch.empty(*shape, dtype=dt)
+    with torch.inference_mode(), record_launches() as launches:
+        causal_conv1d.causal_conv1d_step_triton(e(1, 6144), e(6144, 4), e(1, 6144, 3))
+        rzc.rmsnorm_zero_centred_triton(e(1, 2048), e(2048), 1e-6, delta=e(1, 2048))
+        rmsnorm_gated.rmsnorm_gated_triton(e(16, 128), e(16, 128), e(128))
+        pos = torch.tensor([[900], [905], [911]])
+        cos, sin = mrope.mrope_cos_sin(pos, 64, 1e7, (11, 11, 10), dtype)
+        mrope.qk_norm_rope_triton(e(8, 256), e(2, 256), e(256), e(256), cos[0], sin[0])
+        gqa_attention.gated_gqa_decode_triton(e(8, 256), e(2, 1100, 256), e(2, 1100, 256),
+                                              1000, e(8, 256))
+        t, h, d = 1000, 16, 128
+        q, k, v = e(1, t, h, d), e(1, t, h, d), e(1, t, h, d)
+        g, beta = e(1, t, h, dt=torch.float32), e(1, t, h, dt=torch.float32)
+        s0 = e(1, h, d, d, dt=torch.float32)
+        gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
+        gdr.gated_delta_step_triton(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], s0)
+    return launches
+
+
+def check(what: str, dtype: torch.dtype, **kw) -> list:
+    """Compile the launches of `what` ("gemma4" / "qwen3_5") -> [Resources]."""
+    from photon_core.ops.launch_resources import compile_launches
+    launches = fused_launches(dtype, **kw) if what == "gemma4" else qwen3_5_launches(dtype)
+    return compile_launches(launches)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--what", default="gemma4,qwen3_5")
+    ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--layers", type=int, default=35)
     ap.add_argument("--kv-shared", type=int, default=20)
     ap.add_argument("--vocab", type=int, default=262144)
     ap.add_argument("--b", default="1,4,16")
+    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    from photon_core.ops.launch_resources import SM90_SHARED_LIMIT, compile_launches, distinct
+    import json
+
     import triton
-    launches = fused_launches(DTYPES[a.dtype], a.layers, a.kv_shared, a.vocab,
-                              tuple(int(x) for x in a.b.split(",")))
-    print(f"triton {triton.__version__}, sm_90, {a.dtype}: {len(launches)} launches, "
-          f"{len(distinct(launches))} distinct", flush=True)
-    bad = 0
-    for r in compile_launches(launches):
-        status = "ok" if r.fits else "DOES NOT FIT"
-        bad += not r.fits
-        print(f"{status:12s} shared {r.shared:7d} regs {r.registers:3d} spill {r.spill:5d}  "
-              f"{r.launch.describe()}" + (f"  {r.error}" if r.error else ""), flush=True)
-    print(f"limit {SM90_SHARED_LIMIT} bytes; {bad} launches do not fit")
+
+    from photon_core.ops.launch_resources import SM90_SHARED_LIMIT
+    gemma_kw = dict(layers=a.layers, kv_shared=a.kv_shared, vocab=a.vocab,
+                    batches=tuple(int(x) for x in a.b.split(",")))
+    rows, bad = [], 0
+    for what in a.what.split(","):
+        for dt in a.dtype.split(","):
+            res = check(what, DTYPES[dt], **(gemma_kw if what == "gemma4" else {}))
+            if not a.json:
+                print(f"triton {triton.__version__}, sm_90, {what} {dt}: {len(res)} distinct "
+                      "launches", flush=True)
+            for r in res:
+                bad += not r.fits
+                rows.append(dict(what=what, dtype=dt, kernel=r.launch.name,
+                                 launch=r.launch.describe(), shared=r.shared,
+                                 registers=r.registers, spill=r.spill, error=r.error,
+                                 fits=r.fits))
+                if not a.json:
+                    status = "ok" if r.fits else "DOES NOT FIT"
+                    print(f"{status:12s} shared {r.shared:7d} regs {r.registers:3d} spill "
+                          f"{r.spill:5d}  {r.launch.describe()}"
+                          + (f"  {r.error}" if r.error else ""), flush=True)
+    if a.json:
+        print(json.dumps(rows))
+    else:
+        print(f"limit {SM90_SHARED_LIMIT} bytes; {bad} launches do not fit")
     sys.exit(1 if bad else 0)
 
 
