@@ -133,11 +133,11 @@ def main():
                 rows.append(dict(what=what, dtype=dt, kernel=r.launch.name,
                                  launch=r.launch.describe(), shared=r.shared,
                                  registers=r.registers, spill=r.spill, error=r.error,
-                                 fits=r.fits))
+                                 fits=r.fits, tf32=r.tf32))
                 if not a.json:
                     status = "ok" if r.fits else "DOES NOT FIT"
                     print(f"{status:12s} shared {r.shared:7d} regs {r.registers:3d} spill "
-                          f"{r.spill:5d}  {r.launch.describe()}"
+                          f"{r.spill:5d}{' tf32' if r.tf32 else ''}  {r.launch.describe()}"
                           + (f"  {r.error}" if r.error else ""), flush=True)
     if a.json:
         print(json.dumps(rows))

@@ -66,6 +66,7 @@ class Resources:
     spill: int = 0                    # bytes of stack + local memory per thread (spills)
     shared: int = 0                   # bytes of shared memory per block
     error: str | None = None
+    tf32: bool = False                # the PTX has TF32 tensor-core math (fp32 dot, not ieee)
     raw: str = field(default="", repr=False)
 
     @property
@@ -179,8 +180,10 @@ def compile_launch(la: Launch, arch: int = 90) -> Resources:
     except Exception as e:  # noqa: BLE001 - reported, e.g. OutOfResources at compile time
         return Resources(la, error=f"{type(e).__name__}: {str(e)[:400]}")
     line = _usage(k.asm["cubin"])
-    return Resources(la, registers=_field(line, "REG"), spill=_field(line, "STACK") + _field(line, "LOCAL"),
-                     shared=int(k.metadata.shared), raw=line.strip())
+    return Resources(la, registers=_field(line, "REG"),
+                     spill=_field(line, "STACK") + _field(line, "LOCAL"),
+                     shared=int(k.metadata.shared), tf32=".tf32" in k.asm["ptx"],
+                     raw=line.strip())
 
 
 def compile_launches(launches: list[Launch], arch: int = 90) -> list[Resources]:
