@@ -326,5 +326,27 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
     bv = max(16, min(block_v, dv_p2))
     _gdr_chunk_scan_kernel[(b * hv, triton.cdiv(dv, bv))](
         q, k, u, w, cum, s, o, t, tp, nc, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2, BV=bv,
-        C=chunk, PREC=precision, num_warps=8)
+        C=chunk, PREC=precision, num_warps=8,
+        num_stages=chunk_scan_stages(chunk, dk_p2, bv, q.element_size()))
     return o, s
+
+
+# a block's shared memory on sm_90 is 227 KB (232,448 bytes); the estimate below is within a
+# few KB of what Triton asks for, so the budget leaves ~10 KB for version-to-version drift
+CHUNK_SCAN_SMEM_BUDGET = 216 * 1024
+
+
+def chunk_scan_stages(chunk: int, dk_p2: int, bv: int, elem: int) -> int:
+    """num_stages of `_gdr_chunk_scan_kernel`: its loop over chunks is software-pipelined, each
+    stage beyond the first buffers one chunk's q, k (input dtype, `elem` bytes), w (fp32
+    [C, Dk]), u (fp32 [C, BV]) and cum in shared memory, on top of ~3 [C, Dk] fp32 tiles of
+    dot scratch. At Qwen 3.5's sizes (C 64, Dk 128, BV 32) fp32 inputs asked 296,960 bytes with
+    3 stages (over the H200's limit; 189,440 with 2) and 16-bit inputs 231,424 (1 KB under
+    it; 156,672 with 2): the most stages whose estimate fits CHUNK_SCAN_SMEM_BUDGET (checked
+    by compiling for sm_90 on the CPU: bench/compile_sm90.py, test_sm90_resources.py)."""
+    base = 3 * chunk * dk_p2 * 4
+    per_stage = chunk * dk_p2 * (2 * elem + 4) + chunk * bv * 4 + chunk * 4
+    for stages in (3, 2):
+        if base + (stages - 1) * per_stage <= CHUNK_SCAN_SMEM_BUDGET:
+            return stages
+    return 1

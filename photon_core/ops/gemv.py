@@ -1,6 +1,10 @@
 """Weight GEMV / skinny GEMM for decode: y[b, n] = sum_k x[b, k] * W[n, k] (+ bias), b <= 16.
 
-Weights are [N, K] row-major (the torch Linear layout). Each program owns BLOCK_N output
+Weights are [N, K] row-major (the torch Linear layout). fp32 weights: tl.dot in exact fp32
+(input_precision="ieee"; Triton's default on the GPU is TF32, whose 10-bit mantissas moved
+the fp32 tiny Gemma 4 model's logits by 0.022 on the H200 where the reference and the
+interpreter agree to 3e-5; emulating TF32 truncation of the GEMV inputs on the CPU gives the
+same 0.022). bf16 / fp16 weights are unaffected. Each program owns BLOCK_N output
 rows and streams its K range (K / SPLIT_K) in [BLOCK_N, BLOCK_K] tiles; the activations are
 tiny and stay in L2. Two inner-product forms: `dot` (tl.dot on [16, BLOCK_K] x [BLOCK_K,
 BLOCK_N], tensor cores, any b <= 16) and `fma` (b == 1: elementwise multiply into a
@@ -57,7 +61,8 @@ class GemvConfig:
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False):
+                 DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
+                 IEEE: tl.constexpr = False):
     pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -80,7 +85,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         pdl_wait(GDC)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+            if IEEE:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w))
         else:
             acc2 += w.to(tl.float32) * x.to(tl.float32)
         k_first = k_start + BLOCK_K
@@ -89,7 +97,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+            if IEEE:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w))
         else:
             acc2 += w.to(tl.float32) * x.to(tl.float32)
     if not DOT:
@@ -209,7 +220,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
                        x.stride(0), y.stride(0), n_split, gap, EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
-                       GDC=gdc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                       GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
+                       num_stages=cfg.num_stages,
                        **launch_kw)
     return y
 

@@ -274,10 +274,34 @@ def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     n = S if (ring or attn_len is None) else min(attn_len, S)
     masked = window is not None and not ring
     block_n = max(16, min(block_n, triton.next_power_of_2(min(n, window) if masked else n)))
+    block_d = max(16, triton.next_power_of_2(d))
+    block_n, stages, warps = rows_decode_launch(block_d, k_cache.element_size(), block_n)
     _rows_decode_kernel[(b, hkv)](
         q, k_cache, v_cache, out, rows, pos, n, window if masked else 1 << 30, float(scale),
         q.stride(0), out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        hq // hkv, D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n,
+        hq // hkv, D=d, BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(hq // hkv)),
-        IEEE=q.dtype == torch.float32)
+        IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     return out
+
+
+# what the k/v tiles in flight may take of a block's shared memory (sm_90 has 227 KB; the
+# kernel's own scratch comes on top: ~18 KB at D = 512)
+ROWS_DECODE_SMEM_BUDGET = 160 * 1024
+
+
+def rows_decode_launch(block_d: int, elem: int, block_n: int = 64) -> tuple[int, int, int]:
+    """(BLOCK_N, num_stages, num_warps) of `_rows_decode_kernel` for a head of block_d
+    channels of `elem` bytes: the software pipeline keeps (stages - 1) k and v tiles of
+    [BLOCK_N, block_d] in shared memory, so wide heads (Gemma 4's global 512) or fp32 get
+    fewer stages, then narrower key tiles, to stay within ROWS_DECODE_SMEM_BUDGET; 8 warps
+    once a row of the tile is over 512 bytes (fewer registers per thread: no spills).
+    Checked by compiling for sm_90 on the CPU (test_gemma4_ops.py, ops/launch_resources)."""
+    warps = 4 if block_d * elem <= 512 else 8
+    while True:
+        for stages in (3, 2, 1):
+            if max(stages - 1, 1) * block_n * block_d * elem * 2 <= ROWS_DECODE_SMEM_BUDGET:
+                return block_n, stages, warps
+        if block_n <= 16:
+            return block_n, 1, warps
+        block_n //= 2

@@ -1,0 +1,150 @@
+"""Compile every Triton launch of Gemma 4's fused step executor (models/gemma4/backend_ext.py)
+for sm_90 on any machine (no GPU: Triton's bundled ptxas), at E2B shapes: decode steps at
+batch 1 / 4 / 16, the lm head (GEMV, softcap, argmax) and a 16-token prefill. The launches
+are recorded, not run (ops/launch_resources.py), so weights are uninitialized memory of the
+real shapes. Prints registers, spills and shared memory per distinct launch and fails (exit
+1) when one asks for more shared memory than the H200 has (232,448 bytes per block).
+
+Usage: PYTHONPATH=. python3 bench/compile_gemma4.py [--dtype bf16] [--layers 35]
+       [--kv-shared 20] [--vocab 262144] [--b 1,4,16]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def e2b_text_config(layers=35, kv_shared=20, vocab=262144, kv_heads=1) -> dict:
+    """E2B's text shapes (bench/bench_gemma4.py's e2b_config) on the tiny model's dict."""
+    from photon_core.models.gemma4.test_model import tiny_config_dict
+    types = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
+             for i in range(layers)]
+    base = tiny_config_dict(512)
+    t = {**base["text_config"], "vocab_size": vocab, "vocab_size_per_layer_input": vocab,
+         "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": layers,
+         "num_attention_heads": 8, "num_key_value_heads": kv_heads, "head_dim": 256,
+         "layer_types": types,
+         "per_layer_config": {str(i): {"head_dim": 512} for i, ty in enumerate(types)
+                              if ty == "full_attention"},
+         "sliding_window": 512, "hidden_size_per_layer_input": 256,
+         "num_kv_shared_layers": kv_shared, "use_double_wide_mlp": True,
+         "max_position_embeddings": 131072}
+    return {**base, "text_config": t}
+
+
+def fused_launches(dtype=torch.bfloat16, layers=35, kv_shared=20, vocab=262144,
+                   batches=(1, 4, 16), capacity=1024, prefill=16):
+    """Every launch the fused executor makes at these shapes (recorded, not run)."""
+    from photon_core.fast import decode_step as ds
+    from photon_core.models.gemma4.backend_ext import Gemma4StepState
+    from photon_core.models.gemma4.config import parse_config
+    from photon_core.models.gemma4.program import step_program
+    from photon_core.models.gemma4.weights import expected_shapes
+    from photon_core.ops.launch_resources import record_launches
+    from photon_core.program import StepSpec
+
+    cfg = parse_config(e2b_text_config(layers, kv_shared, vocab))
+    # uninitialized (never touched: the 4.7 GB per-layer table costs no memory)
+    weights = {k: torch.empty(s, dtype=dtype) for k, s in expected_shapes(cfg).items()
+               if k.startswith("language_model.")}
+    spec = StepSpec(step_program(cfg.text, cfg.tied), phase_next=((0,),))
+    rows = max(batches)
+    with torch.inference_mode(), record_launches() as launches:
+        st = Gemma4StepState(spec, weights, rows=rows, capacity=capacity, fused=True)
+        st.pos.fill_(capacity // 2)
+        for b in batches:
+            st.active[:b] = True
+            ds.lm_greedy(st, b)
+            ds.forward(st, b)
+        if prefill:
+            st.backend.prefill(torch.arange(prefill), 0, 0)
+    return launches
+
+
+def qwen3_5_launches(dtype=torch.bfloat16):
+    """The launches of test_qwen3_5_kernels.py::test_real_sizes_on_gpu (recorded, not run)."""
+    from photon_core.ops import causal_conv1d, gqa_attention, mrope, rmsnorm_gated
+    from photon_core.ops import gated_delta_rule as gdr
+    from photon_core.ops import rmsnorm_zero_centred as rzc
+    from photon_core.ops.launch_resources import record_launches
+
+    def e(*shape, dt=dtype):
+        return torch.empty(*shape, dtype=dt)
+    with torch.inference_mode(), record_launches() as launches:
+        causal_conv1d.causal_conv1d_step_triton(e(1, 6144), e(6144, 4), e(1, 6144, 3))
+        rzc.rmsnorm_zero_centred_triton(e(1, 2048), e(2048), 1e-6, delta=e(1, 2048))
+        rmsnorm_gated.rmsnorm_gated_triton(e(16, 128), e(16, 128), e(128))
+        pos = torch.tensor([[900], [905], [911]])
+        cos, sin = mrope.mrope_cos_sin(pos, 64, 1e7, (11, 11, 10), dtype)
+        mrope.qk_norm_rope_triton(e(8, 256), e(2, 256), e(256), e(256), cos[0], sin[0])
+        gqa_attention.gated_gqa_decode_triton(e(8, 256), e(2, 1100, 256), e(2, 1100, 256),
+                                              1000, e(8, 256))
+        t, h, d = 1000, 16, 128
+        q, k, v = e(1, t, h, d), e(1, t, h, d), e(1, t, h, d)
+        g, beta = e(1, t, h, dt=torch.float32), e(1, t, h, dt=torch.float32)
+        s0 = e(1, h, d, d, dt=torch.float32)
+        gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
+        gdr.gated_delta_step_triton(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], s0)
+    return launches
+
+
+def check(what: str, dtype: torch.dtype, **kw) -> list:
+    """Compile the launches of `what` ("gemma4" / "qwen3_5") -> [Resources]."""
+    from photon_core.ops.launch_resources import compile_launches
+    launches = fused_launches(dtype, **kw) if what == "gemma4" else qwen3_5_launches(dtype)
+    return compile_launches(launches)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--what", default="gemma4,qwen3_5")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--layers", type=int, default=35)
+    ap.add_argument("--kv-shared", type=int, default=20)
+    ap.add_argument("--vocab", type=int, default=262144)
+    ap.add_argument("--b", default="1,4,16")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    import json
+
+    import triton
+
+    from photon_core.ops.launch_resources import SM90_SHARED_LIMIT
+    gemma_kw = dict(layers=a.layers, kv_shared=a.kv_shared, vocab=a.vocab,
+                    batches=tuple(int(x) for x in a.b.split(",")))
+    rows, bad = [], 0
+    for what in a.what.split(","):
+        for dt in a.dtype.split(","):
+            res = check(what, DTYPES[dt], **(gemma_kw if what == "gemma4" else {}))
+            if not a.json:
+                print(f"triton {triton.__version__}, sm_90, {what} {dt}: {len(res)} distinct "
+                      "launches", flush=True)
+            for r in res:
+                bad += not r.fits
+                rows.append(dict(what=what, dtype=dt, kernel=r.launch.name,
+                                 launch=r.launch.describe(), shared=r.shared,
+                                 registers=r.registers, spill=r.spill, error=r.error,
+                                 fits=r.fits, tf32=r.tf32))
+                if not a.json:
+                    status = "ok" if r.fits else "DOES NOT FIT"
+                    print(f"{status:12s} shared {r.shared:7d} regs {r.registers:3d} spill "
+                          f"{r.spill:5d}{' tf32' if r.tf32 else ''}  {r.launch.describe()}"
+                          + (f"  {r.error}" if r.error else ""), flush=True)
+    if a.json:
+        print(json.dumps(rows))
+    else:
+        print(f"limit {SM90_SHARED_LIMIT} bytes; {bad} launches do not fit")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
