@@ -229,7 +229,9 @@ def test_replay_interrupted_mid_bag_leaves_a_readable_bag(tmp_path_factory, tmp_
 
     model = tiny_model_dir(tmp_path_factory.getbasetemp())
     bag = tmp_path / "in"
-    make_sample_bag(bag, seconds=30.0, fps=10.0, width=320, height=240)
+    # 1200 frames: the tiny model replays ~60-100 frames/s, so the replay is still running
+    # when the signal comes (300 frames ended within the wait on an idle machine)
+    make_sample_bag(bag, seconds=120.0, fps=10.0, width=320, height=240)
     cfg = write_config(tmp_path / "r.yaml", {"cameras": ["front"], "front": {
         "topic": "/camera/image_raw", "tasks": ["people"],
         "people": {"skill": "detect", "object": "person", "max_objects": 2}}})
@@ -241,7 +243,7 @@ def test_replay_interrupted_mid_bag_leaves_a_readable_bag(tmp_path_factory, tmp_
     try:
         # mid-stream: the output bag exists and the replay has been running for a while
         assert wait_for(lambda: any(out.glob("*.mcap")), timeout=90)
-        time.sleep(4.0)
+        time.sleep(1.0)
         assert p.poll() is None, "the replay ended before it could be interrupted"
         p.send_signal(sig)
         text = p.communicate(timeout=60)[0]
@@ -251,7 +253,7 @@ def test_replay_interrupted_mid_bag_leaves_a_readable_bag(tmp_path_factory, tmp_
     assert "Traceback" not in text, text[-3000:]
     assert p.returncode != 0 and "interrupted" in text, (p.returncode, text[-2000:])
     summary = json.loads((out / "replay_summary.json").read_text())
-    assert summary["error"] == "interrupted" and 0 < summary["results"] < 300, summary
+    assert summary["error"] == "interrupted" and 0 < summary["results"] < 1200, summary
     with BagReader(out) as r:                               # closed: metadata + footer
         assert not r.salvaged
         n = sum(1 for m in r.messages() if m.topic == "/front/detections")
