@@ -120,12 +120,13 @@ if triton is not None:
         acc = tl.sum(window * w, axis=1)
         out = acc / (1.0 + tl.exp(-acc))                             # SiLU
         tl.store(o_ptr + bi * so_b + c, out.to(o_ptr.dtype.element_ty), mask=cmask)
-        write = m2
+        go = 1
         if HAS_ACTIVE:
-            write = write & (tl.load(act_ptr + bi) != 0)
-        nxt = tl.load(sp + ss_k, mask=cmask[:, None] & (j < K - 2)[None, :], other=0.0)
-        nxt = tl.where((j == K - 2)[None, :], x.to(s_ptr.dtype.element_ty)[:, None], nxt)
-        tl.store(sp, nxt, mask=write)
+            go = tl.load(act_ptr + bi)
+        if go != 0:
+            nxt = tl.load(sp + ss_k, mask=cmask[:, None] & (j < K - 2)[None, :], other=0.0)
+            nxt = tl.where((j == K - 2)[None, :], x.to(s_ptr.dtype.element_ty)[:, None], nxt)
+            tl.store(sp, nxt, mask=m2)
 
 
 def causal_conv1d_rows_triton(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,

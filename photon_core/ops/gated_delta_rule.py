@@ -370,10 +370,11 @@ if triton is not None:
         s = tl.load(sp, mask=smask, other=0.0) * tl.exp(g)
         pred = tl.sum(s * k[:, None], axis=0)
         s = s + k[:, None] * ((v - pred) * beta)[None, :]
-        wmask = smask
+        go = 1
         if HAS_ACTIVE:
-            wmask = wmask & (tl.load(act_ptr + bi) != 0)
-        tl.store(sp, s, mask=wmask)
+            go = tl.load(act_ptr + bi)
+        if go != 0:
+            tl.store(sp, s, mask=smask)
         o = tl.sum(s * q[:, None], axis=0)
         tl.store(o_ptr + bi * s_o + h * DV + dv, o.to(o_ptr.dtype.element_ty), mask=vmask)
 

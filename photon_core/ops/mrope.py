@@ -160,10 +160,10 @@ if triton is not None:
                             cos_row, sin_row, D, R, eps, BD)
         else:
             j = h - HQ
-            go = True
+            go = 1
             if HAS_ACTIVE:
-                go = tl.load(act_ptr + r) != 0
-            if go:
+                go = tl.load(act_ptr + r)
+            if go != 0:
                 slot = tl.minimum(pos, CAP - 1)
                 _norm_rope_head(k_ptr + r * sk_b + j * sk_h, kw_ptr,
                                 kc_ptr + r * skc_b + j * skc_h + slot * skc_s, cos_row, sin_row,
