@@ -230,11 +230,14 @@ class RowsAttentionScratch:
     over up to `attn_len` positions (allocated once: graph-capturable)."""
 
     def __init__(self, rows: int, n_heads: int, head_dim: int, attn_len: int, device,
-                 block_s: int | None = None, programs: int = 256):
+                 block_s: int | None = None, programs: int | None = None):
         bd = triton.next_power_of_2(head_dim)
         self.block_s = bs = block_s or max(16, min(64, 8192 // bd))
         tiles = triton.cdiv(attn_len, bs)
-        # ~`programs` programs at batch 1 (the bucket's rows add more)
+        # ~`programs` programs at batch 1 (the bucket's rows add more); default: 256 on a GPU,
+        # one split per head elsewhere (the CPU's interpreter runs programs one by one)
+        if programs is None:
+            programs = 256 if torch.device(device).type == "cuda" else n_heads
         ns = max(1, min(tiles, programs // n_heads))
         self.split = triton.cdiv(tiles, ns) * bs
         self.n_splits = ns = triton.cdiv(attn_len, self.split)
