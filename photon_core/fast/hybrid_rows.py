@@ -10,6 +10,7 @@ and writing the backend's buffers as strided views (no copies), the state cache 
                    k/v into the row's cache slot) + gated_gqa_decode_rows_triton (split
                    attention over min(pos + 1, attn_len) positions, combine x sigmoid(gate))
                                                          3 launches (decode)
+  act_mul "silu"   silu_gate_triton (ops/silu_gate.py)   1 launch (decode and prefill)
 The stateful ops of a prefill (one row's prompt) stay the torch references of state_ops.py.
 Row states and cache slots are written only for active rows (no clone of the state); every
 per-step value (positions, offsets, active) is read on the device and the launch shapes
@@ -25,6 +26,7 @@ from ..ops.gqa_attention import RowsAttentionScratch, gated_gqa_decode_rows_trit
 from ..ops.mrope import qk_norm_rope_rows_triton, rope_table
 from ..ops.rmsnorm_gated import rmsnorm_gated_rows_triton
 from ..ops.rmsnorm_zero_centred import rmsnorm_zero_centred_rows_triton
+from ..ops.silu_gate import silu_gate_triton
 
 
 class RowsStep:
@@ -74,6 +76,11 @@ class RowsLowering:
             return self._norm(op)
         if k == "gated_norm":
             return self._gated_norm(op)
+        if k == "act_mul" and op.acts[0] == "silu":
+            be = self.be
+            (g, u), dst = op.src, op.dst[0]
+            return lambda b, env: silu_gate_triton(be._view(g, b), be._view(u, b),
+                                                   out=be._view(dst, b))
         if k == "conv1d":
             return self._decode_or_torch(op, self._conv1d(op))
         if k == "delta_rule":

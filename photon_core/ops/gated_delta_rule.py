@@ -364,7 +364,7 @@ if triton is not None:
         g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * sp_x
         braw = tl.load(b_ptr + bi * s_b + h)
         beta = 1.0 / (1.0 + tl.exp(-braw.to(tl.float32)))
-        beta = beta.to(braw.dtype).to(tl.float32)                   # sigmoid in b's dtype
+        beta = beta.to(b_ptr.dtype.element_ty).to(tl.float32)      # sigmoid in b's dtype
         sp = s_ptr + bi * s_s + h * DK * DV + dk[:, None] * DV + dv[None, :]
         smask = kmask[:, None] & vmask[None, :]
         s = tl.load(sp, mask=smask, other=0.0) * tl.exp(g)

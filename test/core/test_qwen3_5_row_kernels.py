@@ -17,7 +17,7 @@ if not os.environ.get("TRITON_INTERPRET") and not torch.cuda.is_available():
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
 from photon_core.ops import causal_conv1d, gated_delta_rule, gqa_attention, mrope  # noqa: E402
-from photon_core.ops import rmsnorm_gated, rmsnorm_zero_centred as rzc  # noqa: E402
+from photon_core.ops import rmsnorm_gated, rmsnorm_zero_centred as rzc, silu_gate  # noqa: E402
 from photon_core.ops.gated_attention import gated_attention_rows  # noqa: E402
 from photon_core.ops.gated_delta_net import conv1d_rows, delta_rule_rows  # noqa: E402
 from photon_core.program import AttentionSpec  # noqa: E402
@@ -58,7 +58,7 @@ def strided_input(b, width, dtype):
     return rnd(b, width + 7, dtype=dtype)[:, 4:4 + width]
 
 
-ACTIVE = [None, [True, False, True], [False, True, True]]
+ACTIVE = [None, [False, True, True]]       # row 0 inactive, rows after it active
 
 
 def mask(act, b):
@@ -215,6 +215,16 @@ def test_rmsnorm_gated_rows(dtype, h, d):
     rmsnorm_gated.rmsnorm_gated_rows_triton(o, z, w, out, 1e-6)
     close(out, want.reshape(b, h * d), dtype)
     around_untouched(buf, 3, h * d)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,n", [(3, 96), (1, 1000), (17, 40)])
+def test_silu_gate(dtype, b, n):
+    g, u = strided_input(b, n, dtype), strided_input(b, n, dtype)
+    out, buf = view(b, n, dtype)
+    silu_gate.silu_gate_triton(g, u, out=out, block=256)
+    close(out, silu_gate.silu_gate(g.float(), u.float()).to(dtype), dtype)
+    around_untouched(buf, 3, n)
 
 
 def test_row_wrappers_reject_bad_shapes():
