@@ -246,3 +246,49 @@ def test_row_wrappers_reject_bad_shapes():
                                                                device=DEV), 9, q)
     with pytest.raises(ValueError, match="do not fit"):
         rmsnorm_gated.rmsnorm_gated_rows_triton(rnd(2, 10), rnd(2, 10), rnd(4), rnd(2, 10))
+
+
+# -- wired into the fused backend: one decode step vs the eager backend -------------------------
+def test_fused_backend_step_matches_eager_and_keeps_inactive_rows(tmp_path):
+    """One decode step of the tiny Qwen 3.5 program over 3 rows at different positions and
+    rotary offsets, row 1 inactive: the fused backend (rows kernels) gives the eager backend's
+    hidden states and row states for the active rows; the inactive row's hidden, position,
+    conv / recurrent states and k/v cache are untouched, bit for bit."""
+    pytest.importorskip("transformers")
+    from photon_core.engine import EngineOptions
+    from photon_core.fast.decode_step import StepState
+    from photon_core.fast.static_kv_cache import StaticKVCache
+    from photon_core.models import qwen3_5
+
+    model = qwen3_5.load_model(str(qwen3_5.make_test_model(tmp_path, seed=3)), device=DEV)
+    fam = model.fast_family()
+    prog = fam.spec.program
+    rows, cap = 3, 64
+    states = {}
+    for fused in ("on", "off"):
+        kv = StaticKVCache.for_program(prog, rows, cap, DEV, model.dtype)
+        g = torch.Generator().manual_seed(7)       # the same random caches for both
+        kv.data.copy_(torch.randn(kv.data.shape, generator=g) * 0.5)
+        for t in kv.recurrent:
+            t.copy_(torch.randn(t.shape, generator=g) * 0.3)
+        st = StepState(fam, rows, kv, EngineOptions(fused=fused))
+        assert (st.fused is not None and st.fused.rows_lowering is not None) == (fused == "on")
+        st.out[:, 0] = torch.tensor([5, 17, 200])
+        st.pos.copy_(torch.tensor([7, 20, 63]))
+        st.pos_offset.copy_(torch.tensor([0, -4, -30]))
+        st.active.copy_(torch.tensor([True, False, True]))
+        st.hidden.copy_(torch.randn(st.hidden.shape, generator=g))
+        before = (st.hidden.clone(), kv.data.clone(), [t.clone() for t in kv.recurrent])
+        st.backend.forward(st, rows, cap)
+        states[fused] = (st, kv, before)
+    (sf, kvf, (h0, data0, rec0)), (se, kve, _) = states["on"], states["off"]
+    tol = dict(atol=1e-4, rtol=1e-4)
+    for r in (0, 2):
+        torch.testing.assert_close(sf.hidden[r], se.hidden[r], **tol)
+        for a, b in zip(kvf.recurrent, kve.recurrent):
+            torch.testing.assert_close(a[r], b[r], **tol)
+        torch.testing.assert_close(kvf.data[:, :, r], kve.data[:, :, r], **tol)
+    assert sf.pos.tolist() == se.pos.tolist() == [8, 20, 64]
+    assert torch.equal(sf.hidden[1], h0[1]) and torch.equal(kvf.data[:, :, 1], data0[:, :, 1])
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(kvf.recurrent, rec0))
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(kvf.recurrent, rec0))
