@@ -56,9 +56,10 @@ def graph_step_ms(fe, b, device, iters):
                        iters)
 
 
-def step_kernels(fe, b):
+def step_kernels(fe, b, top=0):
     """CUDA kernels launched by one graph replay of a step (lm + forward) at batch b
-    (torch profiler, as bench/ab_step.py); None off CUDA."""
+    (torch profiler, as bench/ab_step.py); None off CUDA. top > 0: also say the `top`
+    kernels by their summed CUDA time in that step (name, launches, us)."""
     if not torch.cuda.is_available():
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -68,7 +69,16 @@ def step_kernels(fe, b):
         fe.runner.run("lm", b)
         fe.runner.run("forward", b)
         torch.cuda.synchronize()
-    return sum(1 for ev in prof.events() if ev.device_type.name == "CUDA")
+    evs = [ev for ev in prof.events() if ev.device_type.name == "CUDA"]
+    if top:
+        per: dict[str, list] = {}
+        for ev in evs:
+            t = per.setdefault(ev.name[:60], [0, 0.0])
+            t[0] += 1
+            t[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+        for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
+            say(f"    {us:9.1f} us  {n:4d} x  {name}")
+    return len(evs)
 
 
 def torch_lowering_engine(model, kv):
@@ -118,7 +128,9 @@ def bench_size(size, device, dtype, args, bw, tok, prompts, results):
         # rows at position ctx (the graphs attend over the whole capacity with a mask)
         fe.state.pos.fill_(args.ctx)
         r[f"graph_step_ms_b{b}"] = graph_step_ms(fe, b, device, args.iters)
-        r[f"kernels_per_step_b{b}"] = step_kernels(fe, b)
+        if torch.cuda.is_available():
+            say(f"b={b}: the step's kernels by CUDA time (one replay, profiled):")
+        r[f"kernels_per_step_b{b}"] = step_kernels(fe, b, top=12)
     r["floor_ms_b1"] = floor
     n_layers = cfg.text.num_hidden_layers
     r["rows_lowering"] = fe.state.fused is not None and fe.state.fused.rows_lowering is not None

@@ -382,12 +382,15 @@ if triton is not None:
 def gated_delta_rows_triton(qkv: torch.Tensor, b_in: torch.Tensor, a_in: torch.Tensor,
                             a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
                             dims: tuple[int, int, int, int], active: torch.Tensor | None = None,
-                            out: torch.Tensor | None = None, block_v: int = 32) -> torch.Tensor:
+                            out: torch.Tensor | None = None, block_v: int | None = None
+                            ) -> torch.Tensor:
     """A decode step over rows 0 .. b-1 (the runtime's form of gated_delta_net.delta_rule_rows):
     qkv [b, 2 Hk Dk + Hv Dv] (after the conv), b_in / a_in [b, Hv] (raw projections), a_log /
     dt_bias [Hv], state [>= b, Hv, Dk, Dv] fp32 (row r in slot r, inner dims contiguous;
     updated in place for the active rows), dims (Hk, Hv, Dk, Dv), active [b] bool or None (all),
-    out [b, Hv Dv] (new when None; unit last stride) -> out in qkv's dtype."""
+    out [b, Hv Dv] (new when None; unit last stride) -> out in qkv's dtype. block_v None: 32
+    value columns per program, 16 when that gives fewer than ~128 programs (batch 1: the
+    state is read and written once, so the step wants enough programs to fill the GPU)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     hk, hv, dk, dv = dims
@@ -406,6 +409,8 @@ def gated_delta_rows_triton(qkv: torch.Tensor, b_in: torch.Tensor, a_in: torch.T
         out = torch.empty(b, hv * dv, dtype=qkv.dtype, device=qkv.device)
     elif out.shape != (b, hv * dv) or out.stride(-1) != 1:
         raise ValueError(f"out must be [{b}, {hv * dv}] with unit last stride")
+    if block_v is None:
+        block_v = 32 if b * hv * triton.cdiv(dv, 32) >= 128 else 16
     bv = min(block_v, triton.next_power_of_2(dv))
     act = active.view(torch.uint8) if active is not None else qkv
     _gated_delta_rows_kernel[(b, hv, triton.cdiv(dv, bv))](
