@@ -75,7 +75,7 @@ def step_kernels(fe, b, top=0):
         for ev in evs:
             t = per.setdefault(ev.name[:60], [0, 0.0])
             t[0] += 1
-            t[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+            t[1] += ev.time_range.elapsed_us()
         for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
             say(f"    {us:9.1f} us  {n:4d} x  {name}")
     return len(evs)

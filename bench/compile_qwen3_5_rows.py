@@ -78,9 +78,10 @@ def kernels(size: str, capacity: int, b: int):
     block_r = min(16, P2(b))
     yield "conv1d_rows", causal_conv1d._causal_conv1d_rows_kernel, u8, dict(
         HAS_ACTIVE=True, K=K, K_P2=P2(K), BC=min(256, P2(conv_dim)))
-    yield "delta_rows", gated_delta_rule._gated_delta_rows_kernel, {
-        **u8, "s_ptr": "*fp32"}, dict(HAS_ACTIVE=True, HK=HK, HV=HV, DK=DK, DV=DV,
-                                      DK_P2=P2(DK), BV=min(32, P2(DV)))
+    for bv in (16, 32):          # the wrapper's choice at batch 1 / larger buckets
+        yield f"delta_rows(BV={bv})", gated_delta_rule._gated_delta_rows_kernel, {
+            **u8, "s_ptr": "*fp32"}, dict(HAS_ACTIVE=True, HK=HK, HV=HV, DK=DK, DV=DV,
+                                          DK_P2=P2(DK), BV=bv)
     yield "qk_norm_rope_rows", mrope._qk_norm_rope_rows_kernel, {
         **u8, "pos_ptr": "*i64", "off_ptr": "*i64"}, dict(HAS_ACTIVE=True, BD=P2(D))
     fp = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}
