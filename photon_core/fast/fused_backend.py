@@ -13,7 +13,7 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
   residual    -> one split-K GEMV adding into the fp32 residual stream x, over the sources
                  when they are one contiguous K range (the weights concatenated along K, the
                  biases summed); else one GEMV per source
-  act_mul     -> the op's torch reference (no kernel yet)
+  act_mul     -> the op's torch reference (hybrid programs' "silu": ops/silu_gate.py, 1 launch)
   norm "rms_zc", gated_norm (Qwen 3.5) -> the rows kernels of ops/rmsnorm_zero_centred.py,
                  ops/rmsnorm_gated.py (strided buffer views in and out: one launch each)
   conv1d, delta_rule, gated_attention (the stateful hybrid ops of Qwen 3.5), decode: the
@@ -21,7 +21,8 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
                  gates 1, q/k norm + M-RoPE + k/v write 1, split gated attention + combine 2;
                  row states written only for active rows, positions / offsets / lengths
                  read on the device); prefill: the torch references (state_ops.py).
-                 row_kernels=False: the torch references for decode too (the A/B baseline)
+                 row_kernels=False: the torch references for decode too (the A/B baseline).
+                 The rows kernels take no PDL launch (pdl=True: they launch plainly)
 Around the blocks: feedback (ops/feedback_embedding.py, or the token embedding), the row
 advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked argmax.
 pdl (EngineOptions.pdl): every Triton kernel is launched with programmatic dependent launch
