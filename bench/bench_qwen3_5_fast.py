@@ -2,15 +2,19 @@
 pipelined decoding, fused backend) at real 0.8B / 2B shapes with random weights (bf16, GPU),
 against the reference engine and the bandwidth floor of bench_qwen3_5.py, in one run:
 
-  - graph replay of one decode step (lm pick + forward) at batch 1 and 8, context --ctx;
+  - graph replay of one decode step (lm pick + forward) at batch 1 and 8, context --ctx,
+    and the CUDA kernels launched per step (torch profiler, as bench/ab_step.py; per layer);
+  - the same for the fused backend's previous lowering of the hybrid ops (their torch row
+    forms instead of the rows kernels of fast/hybrid_rows.py: the A/B in one run; --no-ab
+    skips it);
   - the pipelined loop (wall ms per step, GPU idle per step) at batch 1;
   - a 640x480 frame: encode + query(32 forced tokens), encode + 150 forced tokens (~ the JSON
     of 5 boxes), FastEngine vs the reference engine;
   - agreement: greedy tokens of a 32-token query, fast vs reference (bf16: the first
     divergence, if any, is reported, not asserted).
-The hybrid ops (gated attention, conv, delta rule) run their torch references inside the
-graphs until batched kernels are wired into the fused backend, so this is the fast path's
-baseline for Qwen.
+The hybrid ops (gated attention, conv, delta rule, the norms, the SwiGLU gate) run as the
+rows kernels of fast/hybrid_rows.py inside the graphs (decode); prefills keep their torch
+references.
 
 Usage (GPU):  PYTHONPATH=. python3 bench/bench_qwen3_5_fast.py [--sizes 0.8b,2b] [--iters 20]
 Smoke (CPU):  PYTHONPATH=. python3 bench/bench_qwen3_5_fast.py --smoke
@@ -52,6 +56,43 @@ def graph_step_ms(fe, b, device, iters):
                        iters)
 
 
+def step_kernels(fe, b, top=0):
+    """CUDA kernels launched by one graph replay of a step (lm + forward) at batch b
+    (torch profiler, as bench/ab_step.py); None off CUDA. top > 0: also say the `top`
+    kernels by their summed CUDA time in that step (name, launches, us)."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    fe.state.active.zero_()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fe.runner.run("lm", b)
+        fe.runner.run("forward", b)
+        torch.cuda.synchronize()
+    evs = [ev for ev in prof.events() if ev.device_type.name == "CUDA"]
+    if top:
+        per: dict[str, list] = {}
+        for ev in evs:
+            t = per.setdefault(ev.name[:60], [0, 0.0])
+            t[0] += 1
+            t[1] += ev.time_range.elapsed_us()
+        for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
+            say(f"    {us:9.1f} us  {n:4d} x  {name}")
+    return len(evs)
+
+
+def torch_lowering_engine(model, kv):
+    """A FastEngine whose fused backend runs the hybrid ops' torch row forms (the lowering
+    before fast/hybrid_rows.py): the A/B baseline, built with the rows lowering switched off."""
+    from photon_core.fast import fused_backend
+    keep = fused_backend.hybrid_rows.RowsLowering
+    fused_backend.hybrid_rows.RowsLowering = lambda *a, **k: None
+    try:
+        return FastEngine(model, max_batch=8, kv_capacity=kv)
+    finally:
+        fused_backend.hybrid_rows.RowsLowering = keep
+
+
 def loop_ms(fe, enc, steps=40, warm=4):
     runs = [fe.start(enc, Task("query", question=QUESTION, max_tokens=steps + warm + 8),
                      ignore_eos=True)]
@@ -87,7 +128,27 @@ def bench_size(size, device, dtype, args, bw, tok, prompts, results):
         # rows at position ctx (the graphs attend over the whole capacity with a mask)
         fe.state.pos.fill_(args.ctx)
         r[f"graph_step_ms_b{b}"] = graph_step_ms(fe, b, device, args.iters)
+        if torch.cuda.is_available():
+            say(f"b={b}: the step's kernels by CUDA time (one replay, profiled):")
+        r[f"kernels_per_step_b{b}"] = step_kernels(fe, b, top=12)
     r["floor_ms_b1"] = floor
+    n_layers = cfg.text.num_hidden_layers
+    r["rows_lowering"] = fe.state.fused is not None and fe.state.fused.rows_lowering is not None
+    k1 = r["kernels_per_step_b1"]
+    say(f"kernels per step (b=1): {k1} ({k1 / n_layers:.1f} per layer, {n_layers} layers)"
+        if k1 is not None else "kernels per step: no CUDA profiler")
+    if args.ab:
+        old = torch_lowering_engine(model, args.kv)
+        for b in (1, 8):
+            old.state.pos.fill_(args.ctx)
+            r[f"torch_lowering_graph_step_ms_b{b}"] = graph_step_ms(old, b, device, args.iters)
+            r[f"torch_lowering_kernels_per_step_b{b}"] = step_kernels(old, b)
+        old.close()
+        del old
+        say(f"A/B: hybrid ops as torch row forms: graph step b=1 "
+            f"{r['torch_lowering_graph_step_ms_b1']:.3f} ms, b=8 "
+            f"{r['torch_lowering_graph_step_ms_b8']:.3f} ms, kernels per step (b=1) "
+            f"{r['torch_lowering_kernels_per_step_b1']}")
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
     enc = fe.encode_image(frame)
     r["loop_wall_ms_b1"], r["gpu_idle_ms_b1"] = loop_ms(fe, enc)
@@ -143,6 +204,8 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, default=512, help="row position of the timed step")
     ap.add_argument("--kv", type=int, default=1024, help="state-cache positions per row")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, fp32")
+    ap.add_argument("--no-ab", dest="ab", action="store_false",
+                    help="skip the A/B against the hybrid ops' torch row forms")
     args = ap.parse_args(argv)
     if args.smoke:
         device, dtype, sizes = torch.device("cpu"), torch.float32, ["tiny"]

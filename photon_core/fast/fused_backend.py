@@ -13,10 +13,16 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
   residual    -> one split-K GEMV adding into the fp32 residual stream x, over the sources
                  when they are one contiguous K range (the weights concatenated along K, the
                  biases summed); else one GEMV per source
-  act_mul     -> the op's torch reference (no kernel yet)
-  norm "rms_zc", gated_norm, gated_attention, conv1d, delta_rule (the hybrid ops of Qwen 3.5)
-              -> their torch references over the backend's buffers (state_ops.py), until
-                 their kernels (ops/*: batched over rows) are wired in here
+  act_mul     -> the op's torch reference (hybrid programs' "silu": ops/silu_gate.py, 1 launch)
+  norm "rms_zc", gated_norm (Qwen 3.5) -> the rows kernels of ops/rmsnorm_zero_centred.py,
+                 ops/rmsnorm_gated.py (strided buffer views in and out: one launch each)
+  conv1d, delta_rule, gated_attention (the stateful hybrid ops of Qwen 3.5), decode: the
+                 rows kernels (hybrid_rows.py: conv step 1 launch, delta rule step with its
+                 gates 1, q/k norm + M-RoPE + k/v write 1, split gated attention + combine 2;
+                 row states written only for active rows, positions / offsets / lengths
+                 read on the device); prefill: the torch references (state_ops.py).
+                 row_kernels=False: the torch references for decode too (the A/B baseline).
+                 The rows kernels take no PDL launch (pdl=True: they launch plainly)
 Around the blocks: feedback (ops/feedback_embedding.py, or the token embedding), the row
 advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked argmax.
 pdl (EngineOptions.pdl): every Triton kernel is launched with programmatic dependent launch
@@ -43,7 +49,7 @@ from ..ops.layernorm import layer_norm, rms_norm
 from ..ops.masked_argmax import masked_argmax
 from ..ops.rope import rope_angles
 from ..ops.row_advance import row_advance
-from . import state_ops
+from . import hybrid_rows, state_ops
 from .eager_backend import ACTS, feedback_weights, prefill_mask
 from ..program import Op
 
@@ -52,7 +58,7 @@ ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.
 
 class FusedBackend:
     def __init__(self, spec, weights, kv, rows: int, attn_chunk: int = ATTN_CHUNK,
-                 deterministic: bool = False, pdl: bool = False):
+                 deterministic: bool = False, pdl: bool = False, row_kernels: bool = True):
         p = self.program = spec.program
         # programmatic dependent launch of every kernel (ops/pdl.py; EngineOptions.pdl)
         self.pdl = pdl
@@ -77,6 +83,9 @@ class FusedBackend:
         self.hybrid = state_ops.uses_state_ops(p)
         self.plain_attention = any(op.kind == "attention" for op in p.ops)
         self.row_ids = torch.arange(rows, device=dev)
+        # the hybrid ops' rows kernels (Qwen 3.5): their tables, q and attention scratch
+        self.rows_lowering = hybrid_rows.RowsLowering(self, rows) \
+            if self.hybrid and row_kernels else None
         # op -> what its one fused GEMV runs (w, bias, out buffer, column, n_split, gap, epi,
         # in buffer, in column): other backends reuse these tensors (megakernel/lowering.py)
         self.fused_gemvs: dict[Op, dict] = {}
@@ -112,6 +121,10 @@ class FusedBackend:
 
     def _lower(self, op: Op):
         k = op.kind
+        if self.rows_lowering is not None:
+            f = self.rows_lowering.lower(op)
+            if f is not None:
+                return f
         if k == "norm" and op.norm not in ("layer", "rms"):        # no kernel yet
             src, dst = op.src[0], op.dst[0]
             return lambda b, env: self._view(dst, b).copy_(
@@ -237,7 +250,9 @@ class FusedBackend:
                              out, self.scratch, a.n_heads, a.n_kv_heads, a.head_dim,
                              pdl=self.pdl)
         env = {"attend": attend}
-        if self.hybrid:
+        if self.rows_lowering is not None:
+            env["rows"] = self.rows_lowering.step(pos, offset, active, attn_len or kv.capacity)
+        elif self.hybrid:
             env["stateful"] = state_ops.decode_ops(
                 self.program, self.w, kv, self.row_ids[:b], pos,
                 offset if offset is not None else torch.zeros_like(pos), active,

@@ -92,3 +92,69 @@ def causal_conv1d_step_triton(x: torch.Tensor, weight: torch.Tensor, state: torc
         x, weight, state, out, c, x.stride(0), state.stride(0), state.stride(1), state.stride(2),
         out.stride(0), K=k, K_P2=triton.next_power_of_2(k), BC=bc)
     return out
+
+
+# -- Triton: the one-token step over a decode bucket's rows -------------------------------------
+# grid (b, cdiv(C, BC)): as the step kernel, for rows 0 .. b-1 of the runtime's state cache (row
+# r's state in slot r of a [rows, C, K-1] tensor, any strides), x and the output strided views
+# of the backend's buffers (unit channel stride). Every row's output is computed; the new
+# state is stored only where active[r] (an inactive row riding along in the bucket keeps its
+# state exactly: no clone, no copy-back). active is read on the device (CUDA-graph friendly).
+if triton is not None:
+    @triton.jit
+    def _causal_conv1d_rows_kernel(x_ptr, w_ptr, s_ptr, o_ptr, act_ptr, C, sx_b, ss_b, ss_c,
+                                   ss_k, so_b, HAS_ACTIVE: tl.constexpr, K: tl.constexpr,
+                                   K_P2: tl.constexpr, BC: tl.constexpr):
+        bi = tl.program_id(0)
+        c = tl.program_id(1) * BC + tl.arange(0, BC)
+        cmask = c < C
+        j = tl.arange(0, K_P2)
+        hist = j < K - 1
+        m2 = cmask[:, None] & hist[None, :]
+        sp = s_ptr + bi * ss_b + c[:, None] * ss_c + j[None, :] * ss_k
+        window = tl.load(sp, mask=m2, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + bi * sx_b + c, mask=cmask, other=0.0)
+        window = tl.where((j == K - 1)[None, :], x.to(tl.float32)[:, None], window)
+        w = tl.load(w_ptr + c[:, None] * K + j[None, :], mask=cmask[:, None] & (j < K)[None, :],
+                    other=0.0).to(tl.float32)
+        acc = tl.sum(window * w, axis=1)
+        out = acc / (1.0 + tl.exp(-acc))                             # SiLU
+        tl.store(o_ptr + bi * so_b + c, out.to(o_ptr.dtype.element_ty), mask=cmask)
+        go = 1
+        if HAS_ACTIVE:
+            go = tl.load(act_ptr + bi)
+        if go != 0:
+            nxt = tl.load(sp + ss_k, mask=cmask[:, None] & (j < K - 2)[None, :], other=0.0)
+            nxt = tl.where((j == K - 2)[None, :], x.to(s_ptr.dtype.element_ty)[:, None], nxt)
+            tl.store(sp, nxt, mask=m2)
+
+
+def causal_conv1d_rows_triton(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
+                              active: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                              block_c: int = 256) -> torch.Tensor:
+    """A decode step over rows 0 .. b-1 (the runtime's form of gated_delta_net.conv1d_rows):
+    x [b, C] (unit channel stride, any row stride), weight [C, K], state [>= b, C, K-1] (row r
+    in slot r; updated in place for the rows with active[r], all rows when active is None),
+    active [b] bool on x's device, out [b, C] (written; new when None) -> out."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    b, c = x.shape
+    k = weight.shape[-1]
+    weight = weight.reshape(c, k).contiguous()
+    if state.dim() != 3 or state.shape[0] < b or state.shape[1:] != (c, k - 1) or k < 2:
+        raise ValueError(f"state shape {tuple(state.shape)} does not fit [>={b}, {c}, {k - 1}] "
+                         "(kernel of at least 2 taps)")
+    if active is not None and (active.shape != (b,) or active.dtype != torch.bool):
+        raise ValueError(f"active must be a [{b}] bool tensor")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if out is None:
+        out = torch.empty(b, c, dtype=x.dtype, device=x.device)
+    elif out.shape != (b, c) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [{b}, {c}] with unit last stride")
+    bc = min(block_c, triton.next_power_of_2(c))
+    act = active.view(torch.uint8) if active is not None else x
+    _causal_conv1d_rows_kernel[(b, triton.cdiv(c, bc))](
+        x, weight, state, out, act, c, x.stride(0), state.stride(0), state.stride(1),
+        state.stride(2), out.stride(0), HAS_ACTIVE=active is not None, K=k,
+        K_P2=triton.next_power_of_2(k), BC=bc)
+    return out

@@ -188,6 +188,97 @@ def gated_delta_step_triton(q, k, v, g, beta, state: torch.Tensor, block_v: int 
     return out
 
 
+# -- Triton: the one-token step over a decode bucket's rows -------------------------------------
+# grid (b, Hv, cdiv(Dv, BV)): as the one-token step with the gates in the kernel, for rows
+# 0 .. b-1 of the runtime's state cache: q | k | v read straight from the conv output row
+# (qkv [b, 2 Hk Dk + Hv Dv], any row stride), the raw projections b_in / a_in [b, Hv] (any row
+# stride), row r's fp32 state in slot r of [rows, Hv, Dk, Dv], the output into a strided
+# [b, Hv Dv] view. Every row's output is computed; the new state is stored only where
+# active[r] (inactive rows keep theirs: no clone of the state).
+if triton is not None:
+    @triton.jit
+    def _gated_delta_rows_kernel(qkv_ptr, b_ptr, a_ptr, s_ptr, o_ptr, alog_ptr, dtb_ptr,
+                                 act_ptr, s_qkv, s_b, s_a, s_o, s_s,
+                                 HAS_ACTIVE: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+                                 DK: tl.constexpr, DV: tl.constexpr, DK_P2: tl.constexpr,
+                                 BV: tl.constexpr):
+        bi = tl.program_id(0)
+        h = tl.program_id(1)
+        vb = tl.program_id(2)
+        hk = h // (HV // HK)
+        dk = tl.arange(0, DK_P2)
+        kmask = dk < DK
+        dv = vb * BV + tl.arange(0, BV)
+        vmask = dv < DV
+        row = qkv_ptr + bi * s_qkv
+        q = tl.load(row + hk * DK + dk, mask=kmask, other=0.0).to(tl.float32)
+        k = tl.load(row + (HK + hk) * DK + dk, mask=kmask, other=0.0).to(tl.float32)
+        v = tl.load(row + 2 * HK * DK + h * DV + dv, mask=vmask, other=0.0).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        # the gates of delta_gates: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
+        x = tl.load(a_ptr + bi * s_a + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
+        sp_x = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * sp_x
+        braw = tl.load(b_ptr + bi * s_b + h)
+        beta = 1.0 / (1.0 + tl.exp(-braw.to(tl.float32)))
+        beta = beta.to(b_ptr.dtype.element_ty).to(tl.float32)      # sigmoid in b's dtype
+        sp = s_ptr + bi * s_s + h * DK * DV + dk[:, None] * DV + dv[None, :]
+        smask = kmask[:, None] & vmask[None, :]
+        s = tl.load(sp, mask=smask, other=0.0) * tl.exp(g)
+        pred = tl.sum(s * k[:, None], axis=0)
+        s = s + k[:, None] * ((v - pred) * beta)[None, :]
+        go = 1
+        if HAS_ACTIVE:
+            go = tl.load(act_ptr + bi)
+        if go != 0:
+            tl.store(sp, s, mask=smask)
+        o = tl.sum(s * q[:, None], axis=0)
+        tl.store(o_ptr + bi * s_o + h * DV + dv, o.to(o_ptr.dtype.element_ty), mask=vmask)
+
+
+def gated_delta_rows_triton(qkv: torch.Tensor, b_in: torch.Tensor, a_in: torch.Tensor,
+                            a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
+                            dims: tuple[int, int, int, int], active: torch.Tensor | None = None,
+                            out: torch.Tensor | None = None, block_v: int | None = None
+                            ) -> torch.Tensor:
+    """A decode step over rows 0 .. b-1 (the runtime's form of gated_delta_net.delta_rule_rows):
+    qkv [b, 2 Hk Dk + Hv Dv] (after the conv), b_in / a_in [b, Hv] (raw projections), a_log /
+    dt_bias [Hv], state [>= b, Hv, Dk, Dv] fp32 (row r in slot r, inner dims contiguous;
+    updated in place for the active rows), dims (Hk, Hv, Dk, Dv), active [b] bool or None (all),
+    out [b, Hv Dv] (new when None; unit last stride) -> out in qkv's dtype. block_v None: 32
+    value columns per program, 16 when that gives fewer than ~128 programs (batch 1: the
+    state is read and written once, so the step wants enough programs to fill the GPU)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    hk, hv, dk, dv = dims
+    b = qkv.shape[0]
+    if qkv.shape != (b, 2 * hk * dk + hv * dv) or b_in.shape != (b, hv) or \
+            a_in.shape != (b, hv) or hv % hk or a_log.shape != (hv,) or dt_bias.shape != (hv,):
+        raise ValueError(f"gated_delta_rows_triton: shapes qkv {tuple(qkv.shape)}, b_in "
+                         f"{tuple(b_in.shape)}, a_in {tuple(a_in.shape)} do not fit {dims}")
+    if state.dtype != torch.float32 or state.shape[0] < b or state.shape[1:] != (hv, dk, dv) \
+            or state[0].stride() != (dk * dv, dv, 1):
+        raise ValueError(f"state must be fp32 [>={b}, {hv}, {dk}, {dv}], inner dims contiguous")
+    if active is not None and (active.shape != (b,) or active.dtype != torch.bool):
+        raise ValueError(f"active must be a [{b}] bool tensor")
+    qkv, b_in, a_in = (t if t.stride(-1) == 1 else t.contiguous() for t in (qkv, b_in, a_in))
+    if out is None:
+        out = torch.empty(b, hv * dv, dtype=qkv.dtype, device=qkv.device)
+    elif out.shape != (b, hv * dv) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [{b}, {hv * dv}] with unit last stride")
+    if block_v is None:
+        block_v = 32 if b * hv * triton.cdiv(dv, 32) >= 128 else 16
+    bv = min(block_v, triton.next_power_of_2(dv))
+    act = active.view(torch.uint8) if active is not None else qkv
+    _gated_delta_rows_kernel[(b, hv, triton.cdiv(dv, bv))](
+        qkv, b_in, a_in, state, out, a_log.contiguous(), dt_bias.contiguous(), act,
+        qkv.stride(0), b_in.stride(0), a_in.stride(0), out.stride(0), state.stride(0),
+        HAS_ACTIVE=active is not None, HK=hk, HV=hv, DK=dk, DV=dv,
+        DK_P2=triton.next_power_of_2(dk), BV=bv)
+    return out
+
+
 # -- Triton: the chunked prefill ----------------------------------------------------------------
 # Two kernels, the same algebra as gated_delta_chunked:
 #  1. grid (chunks, B*Hv), every chunk at once: normalise k, cumulative log decay, the strictly

@@ -155,3 +155,135 @@ def gated_gqa_decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         gate.stride(0) if gate is not None else 0, out.stride(0), HAS_GATE=gate is not None,
         NS_P2=triton.next_power_of_2(ns), BD=bd)
     return out
+
+
+# -- Triton: split-sequence gated attention over a decode bucket's rows -------------------------
+# Phase 1, grid (b, Hq, splits): program (r, h, s) runs the online softmax of row r's query head
+# h over its span of the row's cache (k/v head h // (Hq/Hkv) of slot r), up to the row's length
+# min(pos[r] + 1, attn_len) read on the device, and writes its partial m, l, acc (fp32) into
+# the scratch. Phase 2, grid (b, Hq): combines the splits, multiplies by sigmoid(gate) and
+# stores into the output view. The split plan depends only on attn_len (fixed per graph), so
+# one launch pair serves every step; splits past a row's length are empty and weigh 0.
+if triton is not None:
+    @triton.jit
+    def _gqa_rows_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, ATTN,
+                               SPLIT, D, scale, sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                               HQ, NS, REP: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        sp = tl.program_id(2)
+        length = tl.minimum(tl.load(pos_ptr + r) + 1, ATTN).to(tl.int32)
+        kvh = h // REP
+        d = tl.arange(0, BD)
+        dm = d < D
+        q = tl.load(q_ptr + r * sq_b + h * sq_h + d, mask=dm, other=0.0).to(tl.float32) * scale
+        lo = sp * SPLIT
+        hi = tl.minimum(lo + SPLIT, length)
+        kb = k_ptr + r * sk_b + kvh * sk_h
+        vb = v_ptr + r * sv_b + kvh * sv_h
+        m = tl.full([], float("-inf"), tl.float32)
+        l = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BD], tl.float32)
+        for t0 in range(lo, hi, BS):
+            p_ = t0 + tl.arange(0, BS)
+            pm = p_ < hi
+            msk = pm[:, None] & dm[None, :]
+            kt = tl.load(kb + p_[:, None] * sk_s + d[None, :], mask=msk, other=0.0).to(tl.float32)
+            s = tl.sum(kt * q[None, :], axis=1)
+            s = tl.where(pm, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new)
+            vt = tl.load(vb + p_[:, None] * sv_s + d[None, :], mask=msk, other=0.0).to(tl.float32)
+            l = l * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
+            m = m_new
+        i = (r * HQ + h) * NS + sp
+        tl.store(m_ptr + i, m)
+        tl.store(l_ptr + i, l)
+        tl.store(acc_ptr + i * D + d, acc, mask=dm)
+
+    @triton.jit
+    def _gqa_rows_combine_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, o_ptr, HQ, NS, D, sg_b, sg_h,
+                                 so_b, so_h, NS_P2: tl.constexpr, BD: tl.constexpr):
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.arange(0, NS_P2)
+        sm = s < NS
+        d = tl.arange(0, BD)
+        dm = d < D
+        base = (r * HQ + h) * NS
+        m = tl.load(m_ptr + base + s, mask=sm, other=float("-inf"))
+        l = tl.load(l_ptr + base + s, mask=sm, other=0.0)
+        acc = tl.load(acc_ptr + (base + s)[:, None] * D + d[None, :],
+                      mask=sm[:, None] & dm[None, :], other=0.0)
+        mx = tl.max(m, axis=0)
+        wt = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)     # empty splits weigh 0
+        o = tl.sum(wt[:, None] * acc, axis=0) / tl.sum(wt * l, axis=0)
+        g = tl.load(g_ptr + r * sg_b + h * sg_h + d, mask=dm, other=0.0).to(tl.float32)
+        o = o / (1.0 + tl.exp(-g))
+        tl.store(o_ptr + r * so_b + h * so_h + d, o.to(o_ptr.dtype.element_ty), mask=dm)
+
+
+class RowsAttentionScratch:
+    """The split plan and fp32 partials of gated_gqa_decode_rows_triton for up to `rows` rows
+    over up to `attn_len` positions (allocated once: graph-capturable)."""
+
+    def __init__(self, rows: int, n_heads: int, head_dim: int, attn_len: int, device,
+                 block_s: int | None = None, programs: int | None = None):
+        bd = triton.next_power_of_2(head_dim)
+        self.block_s = bs = block_s or max(16, min(64, 8192 // bd))
+        tiles = triton.cdiv(attn_len, bs)
+        # ~`programs` programs at batch 1 (the bucket's rows add more); default: 256 on a GPU,
+        # one split per head elsewhere (the CPU's interpreter runs programs one by one)
+        if programs is None:
+            programs = 256 if torch.device(device).type == "cuda" else n_heads
+        ns = max(1, min(tiles, programs // n_heads))
+        self.split = triton.cdiv(tiles, ns) * bs
+        self.n_splits = ns = triton.cdiv(attn_len, self.split)
+        self.attn_len, self.rows, self.n_heads, self.head_dim = attn_len, rows, n_heads, head_dim
+        self.m = torch.empty(rows, n_heads, ns, dtype=torch.float32, device=device)
+        self.l = torch.empty(rows, n_heads, ns, dtype=torch.float32, device=device)
+        self.acc = torch.empty(rows, n_heads, ns, head_dim, dtype=torch.float32, device=device)
+
+
+def gated_gqa_decode_rows_triton(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                                 pos: torch.Tensor, attn_len: int, gate: torch.Tensor,
+                                 out: torch.Tensor | None = None,
+                                 scratch: RowsAttentionScratch | None = None) -> torch.Tensor:
+    """A decode step over rows 0 .. b-1 (the attention part of
+    gated_attention.gated_attention_rows): q [b, Hq, D] (normed, rotated), kc, vc [>= b, Hkv,
+    capacity, D] (row r in slot r, its new k/v already written), pos [b] int on q's device
+    (row r attends over positions 0 .. min(pos[r], attn_len - 1)), gate [b, Hq, D] (any row /
+    head strides) -> out [b, Hq, D] (or a strided view; new when None) = softmax(q k^T / sqrt
+    D) v * sigmoid(gate). scratch: a RowsAttentionScratch for >= b rows and this attn_len."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    b, hq, d = q.shape
+    hkv, cap = kc.shape[1], kc.shape[2]
+    if hq % hkv or kc.shape[0] < b or kc.shape[3] != d or vc.shape != kc.shape or \
+            not 0 < attn_len <= cap or gate.shape != (b, hq, d) or pos.shape != (b,):
+        raise ValueError(f"gated_gqa_decode_rows_triton: shapes q {tuple(q.shape)}, kc "
+                         f"{tuple(kc.shape)}, gate {tuple(gate.shape)}, pos {tuple(pos.shape)}, "
+                         f"attn_len {attn_len} do not fit")
+    if any(t.stride(-1) != 1 for t in (q, kc, vc, gate)):
+        raise ValueError("q, kc, vc, gate need a unit last stride")
+    if scratch is None:
+        scratch = RowsAttentionScratch(b, hq, d, attn_len, q.device)
+    elif scratch.rows < b or scratch.n_heads != hq or scratch.head_dim != d or \
+            scratch.attn_len != attn_len:
+        raise ValueError("the scratch was planned for other shapes")
+    if out is None:
+        out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
+    elif out.shape != (b, hq, d) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [{b}, {hq}, {d}] with unit last stride")
+    ns, bd = scratch.n_splits, triton.next_power_of_2(d)
+    _gqa_rows_split_kernel[(b, hq, ns)](
+        q, kc, vc, pos, scratch.m, scratch.l, scratch.acc, attn_len, scratch.split, d,
+        d ** -0.5, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2), hq, ns, REP=hq // hkv, BS=scratch.block_s,
+        BD=bd)
+    _gqa_rows_combine_kernel[(b, hq)](
+        scratch.m, scratch.l, scratch.acc, gate, out, hq, ns, d, gate.stride(0),
+        gate.stride(1), out.stride(0), out.stride(1), NS_P2=triton.next_power_of_2(ns), BD=bd)
+    return out

@@ -124,3 +124,95 @@ def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor
                                       q_out.stride(0), k_out.stride(0), eps,
                                       BD=triton.next_power_of_2(d))
     return q_out, k_out
+
+
+def rope_table(n: int, rot_dim: int, theta: float, sections, dtype=torch.float32, device=None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, rot_dim] of text positions 0 .. n-1 (three equal M-RoPE rows), exactly the
+    values mrope_cos_sin gives a token at that position: the rows kernel below indexes them."""
+    pos = torch.arange(n, device=device)[None].expand(3, n)
+    cos, sin = mrope_cos_sin(pos, rot_dim, theta, sections, dtype)
+    return cos.contiguous(), sin.contiguous()
+
+
+# -- Triton: q/k norm + rotary over a decode bucket's rows, k/v into the cache -------------------
+# grid (b, Hq + Hkv): program (r, h < Hq) normalises and rotates query head h of row r into
+# q_out; program (r, Hq + j) does key head j and stores it, with value head j copied as is,
+# into the row's cache slot at position min(pos[r], capacity - 1) (only when active[r]: an
+# inactive row's cache is untouched). The rotary position pos[r] + offset[r] (text tokens:
+# three equal M-RoPE rows) indexes cos/sin tables [n, R] (rope_table; clamped to 0 .. n-1);
+# positions and offsets are read on the device (CUDA-graph friendly).
+if triton is not None:
+    @triton.jit
+    def _qk_norm_rope_rows_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, qo_ptr, kc_ptr, vc_ptr,
+                                  cos_ptr, sin_ptr, pos_ptr, off_ptr, act_ptr, HQ, D, R, NTAB,
+                                  CAP, sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sqo_b, sqo_h,
+                                  skc_b, skc_h, skc_s, svc_b, svc_h, svc_s, eps,
+                                  HAS_ACTIVE: tl.constexpr, BD: tl.constexpr):
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        pos = tl.load(pos_ptr + r)
+        rp = tl.minimum(tl.maximum(pos + tl.load(off_ptr + r), 0), NTAB - 1)
+        cos_row = cos_ptr + rp * R
+        sin_row = sin_ptr + rp * R
+        if h < HQ:
+            _norm_rope_head(q_ptr + r * sq_b + h * sq_h, qw_ptr, qo_ptr + r * sqo_b + h * sqo_h,
+                            cos_row, sin_row, D, R, eps, BD)
+        else:
+            j = h - HQ
+            go = 1
+            if HAS_ACTIVE:
+                go = tl.load(act_ptr + r)
+            if go != 0:
+                slot = tl.minimum(pos, CAP - 1)
+                _norm_rope_head(k_ptr + r * sk_b + j * sk_h, kw_ptr,
+                                kc_ptr + r * skc_b + j * skc_h + slot * skc_s, cos_row, sin_row,
+                                D, R, eps, BD)
+                i = tl.arange(0, BD)
+                m = i < D
+                v = tl.load(v_ptr + r * sv_b + j * sv_h + i, mask=m, other=0.0)
+                tl.store(vc_ptr + r * svc_b + j * svc_h + slot * svc_s + i,
+                         v.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+def qk_norm_rope_rows_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             q_weight: torch.Tensor, k_weight: torch.Tensor, kc: torch.Tensor,
+                             vc: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor,
+                             cos: torch.Tensor, sin: torch.Tensor, eps: float = 1e-6,
+                             active: torch.Tensor | None = None,
+                             q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """A decode step over rows 0 .. b-1 (the q/k part of gated_attention.gated_attention_rows):
+    q [b, Hq, D], k, v [b, Hkv, D] (any row / head strides, unit last stride; e.g. views of
+    the projections' buffer), kc, vc [>= b, Hkv, capacity, D] (one layer of the state cache,
+    row r in slot r), pos, offset [b] int (cache position; rotary position pos + offset),
+    cos, sin [n, R] tables (rope_table), active [b] bool or None (all rows write their k/v).
+    -> q_out [b, Hq, D] (normed, rotated; new when None)."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed")
+    b, hq, d = q.shape
+    hkv = k.shape[1]
+    n, r = cos.shape
+    cap = kc.shape[2]
+    if k.shape != (b, hkv, d) or v.shape != k.shape or kc.shape[0] < b or \
+            kc.shape[1:] != (hkv, cap, d) or vc.shape != kc.shape or r > d or r % 2 or \
+            sin.shape != cos.shape or pos.shape != (b,) or offset.shape != (b,):
+        raise ValueError(f"qk_norm_rope_rows_triton: shapes q {tuple(q.shape)}, k "
+                         f"{tuple(k.shape)}, v {tuple(v.shape)}, kc {tuple(kc.shape)}, cos "
+                         f"{tuple(cos.shape)}, pos {tuple(pos.shape)} do not fit")
+    if active is not None and (active.shape != (b,) or active.dtype != torch.bool):
+        raise ValueError(f"active must be a [{b}] bool tensor")
+    if any(t.stride(-1) != 1 for t in (q, k, v, kc, vc)):
+        raise ValueError("q, k, v, kc, vc need a unit last stride")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    if q_out is None:
+        q_out = torch.empty(b, hq, d, dtype=q.dtype, device=q.device)
+    elif q_out.shape != (b, hq, d) or q_out.stride(-1) != 1:
+        raise ValueError(f"q_out must be [{b}, {hq}, {d}] with unit last stride")
+    act = active.view(torch.uint8) if active is not None else pos
+    _qk_norm_rope_rows_kernel[(b, hq + hkv)](
+        q, k, v, q_weight.contiguous(), k_weight.contiguous(), q_out, kc, vc, cos, sin, pos,
+        offset, act, hq, d, r, n, cap, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1), kc.stride(0), kc.stride(1),
+        kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), eps,
+        HAS_ACTIVE=active is not None, BD=triton.next_power_of_2(d))
+    return q_out

@@ -100,6 +100,8 @@ def test_fast_path_matches_reference(model, encs, fused):
     tasks = TASKS if fused == "off" else TASKS[:3]
     fe = FastEngine(model, max_batch=2, kv_capacity=KV, fused=fused)
     assert (fe.state.fused is not None) == (fused == "on")
+    if fused == "on":      # decode steps through the rows kernels (fast/hybrid_rows.py)
+        assert fe.state.fused.rows_lowering is not None
     refs = {}
 
     def want(i, k):

@@ -1,0 +1,161 @@
+"""The fused backend's lowering of a hybrid program's ops (Qwen 3.5) to the rows kernels of
+photon_core/ops/: each op one or two Triton launches over the decode bucket's rows, reading
+and writing the backend's buffers as strided views (no copies), the state cache in place.
+
+  norm "rms_zc"    rmsnorm_zero_centred_rows_triton      1 launch (decode and prefill)
+  gated_norm       rmsnorm_gated_rows_triton             1 launch (decode and prefill)
+  conv1d           causal_conv1d_rows_triton             1 launch (decode)
+  delta_rule       gated_delta_rows_triton (gates in it) 1 launch (decode)
+  gated_attention  qk_norm_rope_rows_triton (q/k norms, M-RoPE at pos + offset from a table,
+                   k/v into the row's cache slot) + gated_gqa_decode_rows_triton (split
+                   attention over min(pos + 1, attn_len) positions, combine x sigmoid(gate))
+                                                         3 launches (decode)
+  act_mul "silu"   silu_gate_triton (ops/silu_gate.py)   1 launch (decode and prefill)
+The stateful ops of a prefill (one row's prompt) stay the torch references of state_ops.py.
+Row states and cache slots are written only for active rows (no clone of the state); every
+per-step value (positions, offsets, active) is read on the device and the launch shapes
+depend only on the bucket and attn_len: the step is capturable in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops.causal_conv1d import causal_conv1d_rows_triton
+from ..ops.gated_delta_rule import gated_delta_rows_triton
+from ..ops.gqa_attention import RowsAttentionScratch, gated_gqa_decode_rows_triton
+from ..ops.mrope import qk_norm_rope_rows_triton, rope_table
+from ..ops.rmsnorm_gated import rmsnorm_gated_rows_triton
+from ..ops.rmsnorm_zero_centred import rmsnorm_zero_centred_rows_triton
+from ..ops.silu_gate import silu_gate_triton
+
+
+class RowsStep:
+    """A decode step's per-row device tensors (the env's "rows")."""
+
+    def __init__(self, pos, offset, active, attn_len: int):
+        self.pos, self.offset, self.active, self.attn_len = pos, offset, active, attn_len
+
+
+class RowsLowering:
+    def __init__(self, backend, rows: int):
+        self.be = backend
+        p, kv = backend.program, backend.kv
+        a = p.attention
+        dev, dt = kv.data.device, kv.data.dtype
+        self.a = a
+        # rotary tables over every cache position (rotary positions pos + offset <= pos: the
+        # M-RoPE position of text after an image is at most its cache position)
+        self.cos, self.sin = rope_table(kv.capacity + 1, a.rot_dim, a.theta, a.mrope_section,
+                                        dt, dev)
+        self.q = torch.zeros(rows, a.n_heads, a.head_dim, device=dev, dtype=dt)
+        self.zero_offset = torch.zeros(rows, device=dev, dtype=torch.long)
+        self.rows, self.device = rows, dev
+        self.scratch: dict[int, RowsAttentionScratch] = {}
+        self._scratch(kv.capacity)                          # the graphs' attn_len
+        self.dims = ((p.delta.n_k_heads, p.delta.n_v_heads, p.delta.k_dim, p.delta.v_dim)
+                     if p.delta is not None else None)
+
+    def _scratch(self, attn_len: int) -> RowsAttentionScratch:
+        s = self.scratch.get(attn_len)
+        if s is None:
+            s = self.scratch[attn_len] = RowsAttentionScratch(
+                self.rows, self.a.n_heads, self.a.head_dim, attn_len, self.device)
+        return s
+
+    def step(self, pos, offset, active, attn_len: int) -> RowsStep:
+        b = pos.shape[0]
+        self._scratch(attn_len)
+        return RowsStep(pos, offset if offset is not None else self.zero_offset[:b], active,
+                        attn_len)
+
+    # -- lowering -----------------------------------------------------------------------
+    def lower(self, op):
+        """The op's closure (b, env), or None when the op is not a hybrid one."""
+        k = op.kind
+        if k == "norm" and op.norm == "rms_zc":
+            return self._norm(op)
+        if k == "gated_norm":
+            return self._gated_norm(op)
+        if k == "act_mul" and op.acts[0] == "silu":
+            be = self.be
+            (g, u), dst = op.src, op.dst[0]
+            return lambda b, env: silu_gate_triton(be._view(g, b), be._view(u, b),
+                                                   out=be._view(dst, b))
+        if k == "conv1d":
+            return self._decode_or_torch(op, self._conv1d(op))
+        if k == "delta_rule":
+            return self._decode_or_torch(op, self._delta_rule(op))
+        if k == "gated_attention":
+            return self._decode_or_torch(op, self._gated_attention(op))
+        return None
+
+    def _decode_or_torch(self, op, kernel):
+        """Decode: the kernel; a prefill (no "rows" in env): the op's torch reference."""
+        be, k = self.be, op.kind
+        srcs, dst = op.src, op.dst[0]
+
+        def run(b, env):
+            rows = env.get("rows")
+            if rows is not None:
+                kernel(b, rows)
+            else:
+                be._view(dst, b).copy_(env["stateful"][k](op, [be._src(s, env, b)
+                                                                for s in srcs]))
+        return run
+
+    def _norm(self, op):
+        be = self.be
+        w = be.w[op.weights[0] + ".weight"].contiguous()
+        src, dst, eps = op.src[0], op.dst[0], op.eps
+        return lambda b, env: rmsnorm_zero_centred_rows_triton(be._src(src, env, b), w,
+                                                               be._view(dst, b), eps)
+
+    def _gated_norm(self, op):
+        be = self.be
+        w = be.w[op.weights[0] + ".weight"].contiguous()
+        if w.shape != (op.size,):
+            raise ValueError(f"gated_norm weight {tuple(w.shape)} != ({op.size},)")
+        (o, z), dst, eps = op.src, op.dst[0], op.eps
+        return lambda b, env: rmsnorm_gated_rows_triton(be._view(o, b), be._view(z, b), w,
+                                                        be._view(dst, b), eps)
+
+    def _conv1d(self, op):
+        be = self.be
+        w = be.w[op.weights[0] + ".weight"]
+        w = (w[:, 0] if w.dim() == 3 else w).contiguous()
+        state = be.kv.states[("conv", op.layer)]
+        src, dst = op.src[0], op.dst[0]
+        return lambda b, r: causal_conv1d_rows_triton(be._view(src, b), w, state, r.active,
+                                                      out=be._view(dst, b))
+
+    def _delta_rule(self, op):
+        be = self.be
+        a_log = be.w[op.weights[0]].contiguous()
+        dt_bias = be.w[op.weights[1]].contiguous()
+        state = be.kv.states[("recurrent", op.layer)]
+        (qkv, bi, ai), dst = op.src, op.dst[0]
+        dims = self.dims
+        return lambda b, r: gated_delta_rows_triton(be._view(qkv, b), be._view(bi, b),
+                                                    be._view(ai, b), a_log, dt_bias, state,
+                                                    dims, r.active, out=be._view(dst, b))
+
+    def _gated_attention(self, op):
+        be, a = self.be, self.a
+        hq, hkv, d = a.n_heads, a.n_kv_heads, a.head_dim
+        qn = be.w[op.weights[0] + ".weight"].contiguous()
+        kn = be.w[op.weights[1] + ".weight"].contiguous()
+        slot = be.layer_slot[op.layer]
+        kc, vc = be.kv.data[slot, 0], be.kv.data[slot, 1]
+        (qg, k, v), dst, eps = op.src, op.dst[0], op.eps
+
+        def run(b, r):
+            qgh = be._view(qg, b).unflatten(1, (hq, 2 * d))
+            q = self.q[:b]
+            qk_norm_rope_rows_triton(qgh[..., :d], be._view(k, b).unflatten(1, (hkv, d)),
+                                     be._view(v, b).unflatten(1, (hkv, d)), qn, kn, kc, vc,
+                                     r.pos, r.offset, self.cos, self.sin, eps, r.active,
+                                     q_out=q)
+            gated_gqa_decode_rows_triton(q, kc, vc, r.pos, r.attn_len, qgh[..., d:],
+                                         out=be._view(dst, b).unflatten(1, (hq, d)),
+                                         scratch=self.scratch[r.attn_len])
+        return run
