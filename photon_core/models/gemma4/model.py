@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ...moondream.image_input import MAX_SIDE, to_rgb_array
+from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task, TaskError
 from . import text, vision
@@ -30,21 +31,11 @@ from .weights import PER_LAYER_TABLE, load_weights, shard_files
 SKILLS = frozenset({"query", "caption"})
 UNSUPPORTED = ("Gemma 4 (E2B/E4B) does not support {skill}: the model has no documented "
                "box/point output; this model serves query and caption only")
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 DEFAULT_MAX_CONTEXT = 4096
 
 
 class CheckpointNotFound(ValueError):
     pass
-
-
-def parse_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
-    return DTYPES[dtype]
 
 
 @dataclass(frozen=True)

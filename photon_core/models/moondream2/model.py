@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ...engine import PrefixState
+from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task
 from . import hub, text, vision
@@ -22,18 +23,6 @@ from .layers import Weights
 from .run import TaskRun, _sync
 from .tokenizer import Tokenizer
 from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_metadata
-
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-
-
-def parse_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
-    return DTYPES[dtype]
-
 
 def parse_device(device) -> torch.device:
     """"cpu", "cuda", "cuda:N" (or a torch.device) -> torch.device; a ValueError otherwise."""

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from . import checkpoint, decoder, vision
+from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
@@ -20,17 +21,7 @@ from .prompts import ChatPrompts, instruction
 from .run import TaskRun, _sync
 from .state import HybridState
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 MAX_CONTEXT = 8192   # per task (image prefix + prompt + answer); real models allow far more
-
-
-def parse_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
-    return DTYPES[dtype]
 
 
 @dataclass(frozen=True)
