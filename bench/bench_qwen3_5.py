@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import bench_timing  # noqa: E402
+from bench.bench_timing import median_ms  # noqa: E402
 from photon_core.models.qwen3_5 import decoder  # noqa: E402
 from photon_core.models.qwen3_5.checkpoint import expected_shapes  # noqa: E402
 from photon_core.models.qwen3_5.config import Qwen35Config  # noqa: E402
@@ -78,32 +78,12 @@ def say(s=""):
 
 
 def timed_ms(fn, device, iters, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_ms(fn, device, iters, warmup)
 
 
 def copy_bandwidth(device) -> float:
-    """bytes/s of a device-to-device copy (read + write)."""
-    if device.type != "cuda":
-        return float("nan")
-    a = torch.empty(256 << 20, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    ms = timed_ms(lambda: b.copy_(a), device, 20)
-    return 2 * a.numel() / (ms / 1e3)
+    """bytes/s of a device-to-device copy (read + write); NaN off CUDA."""
+    return bench_timing.copy_bandwidth(device, 20, 2) if device.type == "cuda" else float("nan")
 
 
 def build(size: str, device, dtype, tok):
