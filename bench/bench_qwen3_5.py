@@ -187,26 +187,42 @@ def bench_size(size, device, dtype, args, bw, tok, prompts, results):
         torch.cuda.empty_cache()
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_size_args(ap, ctx_help: str) -> None:
+    """--sizes / --iters / --ctx of bench_qwen3_5*.py."""
     ap.add_argument("--sizes", default="0.8b,2b")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--ctx", type=int, default=512, help="context of the timed decode step")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, fp32, few iterations")
-    args = ap.parse_args(argv)
+    ap.add_argument("--ctx", type=int, default=512, help=ctx_help)
+
+
+def device_dtype_sizes(args):
+    """--smoke: the CPU in fp32 at tiny shapes; else the GPU in bf16 at --sizes (exits
+    without CUDA)."""
     if args.smoke:
-        device, dtype, sizes = torch.device("cpu"), torch.float32, ["tiny"]
-        args.iters, args.ctx = 3, 40
-    else:
-        if not torch.cuda.is_available():
-            sys.exit("no CUDA device; use --smoke for the CPU smoke test")
-        device, dtype, sizes = torch.device("cuda"), torch.bfloat16, args.sizes.split(",")
+        return torch.device("cpu"), torch.float32, ["tiny"]
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device; use --smoke for the CPU smoke test")
+    return torch.device("cuda"), torch.bfloat16, args.sizes.split(",")
+
+
+def bench_prompts():
+    """-> (the test tokenizer, ChatPrompts over it with the test chat template)."""
     tok = build_test_tokenizer()
     d = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_qwen3_5_tok"
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
-    prompts = ChatPrompts(d / "tokenizer.json", CHAT_TEMPLATE, tok.token_to_id("<|image_pad|>"),
-                          tok.token_to_id("<|vision_end|>"))
+    return tok, ChatPrompts(d / "tokenizer.json", CHAT_TEMPLATE,
+                            tok.token_to_id("<|image_pad|>"), tok.token_to_id("<|vision_end|>"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_size_args(ap, "context of the timed decode step")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, fp32, few iterations")
+    args = ap.parse_args(argv)
+    device, dtype, sizes = device_dtype_sizes(args)
+    if args.smoke:
+        args.iters, args.ctx = 3, 40
+    tok, prompts = bench_prompts()
     bw = copy_bandwidth(device)
     say(f"# bench_qwen3_5 ({device}{', ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''})")
     say(f"copy bandwidth {bw / 1e9:.0f} GB/s")
