@@ -214,6 +214,16 @@ def bench_prompts():
                             tok.token_to_id("<|image_pad|>"), tok.token_to_id("<|vision_end|>"))
 
 
+def write_out(name: str, bw: float, results: list, lines: list[str], default=None) -> None:
+    """$OUT/<name>.json ({bandwidth, results}) and $OUT/<name>.md (the printed lines) when OUT
+    is set."""
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, f"{name}.json").write_text(json.dumps(
+            {"bandwidth": bw, "results": results}, indent=1, default=default))
+        Path(out, f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_size_args(ap, "context of the timed decode step")
@@ -230,11 +240,7 @@ def main(argv=None):
     with torch.inference_mode():
         for size in sizes:
             bench_size(size, device, dtype, args, bw, tok, prompts, results)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "bench_qwen3_5.json").write_text(json.dumps(
-            {"bandwidth": bw, "results": results}, indent=1))
-        Path(out, "bench_qwen3_5.md").write_text("\n".join(LINES) + "\n")
+    write_out("bench_qwen3_5", bw, results, LINES)
     return results
 
 

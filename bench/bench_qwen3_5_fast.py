@@ -19,8 +19,6 @@ Writes $OUT/bench_qwen3_5_fast.json and .md when OUT is set.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -153,11 +151,7 @@ def main(argv=None):
     with torch.inference_mode():
         for size in sizes:
             bench_size(size, device, dtype, args, bw, tok, prompts, results)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "bench_qwen3_5_fast.json").write_text(json.dumps(
-            {"bandwidth": bw, "results": results}, indent=1, default=str))
-        Path(out, "bench_qwen3_5_fast.md").write_text("\n".join(LINES) + "\n")
+    bq.write_out("bench_qwen3_5_fast", bw, results, LINES, default=str)
     return results
 
 
