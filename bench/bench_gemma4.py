@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_timing import copy_bandwidth, median_ms as timed  # noqa: E402
 from photon_core.models.gemma4.config import SLIDING, parse_config  # noqa: E402
 from photon_core.models.gemma4.kv_cache import KVCache  # noqa: E402
 from photon_core.models.gemma4.model import Gemma4Model  # noqa: E402
@@ -65,34 +65,6 @@ def e2b_config(vocab_ids: dict, layers=35, kv_shared=20, kv_heads=1) -> dict:
          "num_hidden_layers": 16, "num_attention_heads": 12, "num_key_value_heads": 12,
          "head_dim": 64, "patch_size": 16, "position_embedding_size": 10240}
     return {**base, "text_config": t, "vision_config": v, **vocab_ids}
-
-
-def copy_bandwidth(device) -> float:
-    """Bytes/s of a large device-to-device copy (read + write)."""
-    a = torch.empty(1 << 28, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    ms = timed(lambda: b.copy_(a), device, iters=10)
-    return 2 * a.numel() / (ms / 1e3)
-
-
-def timed(fn, device, iters=20, warmup=3) -> float:
-    """Median ms of fn()."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def step_bytes(model: Gemma4Model, pos: int) -> int:

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import bench_timing  # noqa: E402
+from bench.bench_timing import median_ms  # noqa: E402
 from photon_core.models.qwen3_5 import decoder  # noqa: E402
 from photon_core.models.qwen3_5.checkpoint import expected_shapes  # noqa: E402
 from photon_core.models.qwen3_5.config import Qwen35Config  # noqa: E402
@@ -78,32 +78,12 @@ def say(s=""):
 
 
 def timed_ms(fn, device, iters, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_ms(fn, device, iters, warmup)
 
 
 def copy_bandwidth(device) -> float:
-    """bytes/s of a device-to-device copy (read + write)."""
-    if device.type != "cuda":
-        return float("nan")
-    a = torch.empty(256 << 20, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    ms = timed_ms(lambda: b.copy_(a), device, 20)
-    return 2 * a.numel() / (ms / 1e3)
+    """bytes/s of a device-to-device copy (read + write); NaN off CUDA."""
+    return bench_timing.copy_bandwidth(device, 20, 2) if device.type == "cuda" else float("nan")
 
 
 def build(size: str, device, dtype, tok):
@@ -207,26 +187,52 @@ def bench_size(size, device, dtype, args, bw, tok, prompts, results):
         torch.cuda.empty_cache()
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_size_args(ap, ctx_help: str) -> None:
+    """--sizes / --iters / --ctx of bench_qwen3_5*.py."""
     ap.add_argument("--sizes", default="0.8b,2b")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--ctx", type=int, default=512, help="context of the timed decode step")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, fp32, few iterations")
-    args = ap.parse_args(argv)
+    ap.add_argument("--ctx", type=int, default=512, help=ctx_help)
+
+
+def device_dtype_sizes(args):
+    """--smoke: the CPU in fp32 at tiny shapes; else the GPU in bf16 at --sizes (exits
+    without CUDA)."""
     if args.smoke:
-        device, dtype, sizes = torch.device("cpu"), torch.float32, ["tiny"]
-        args.iters, args.ctx = 3, 40
-    else:
-        if not torch.cuda.is_available():
-            sys.exit("no CUDA device; use --smoke for the CPU smoke test")
-        device, dtype, sizes = torch.device("cuda"), torch.bfloat16, args.sizes.split(",")
+        return torch.device("cpu"), torch.float32, ["tiny"]
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device; use --smoke for the CPU smoke test")
+    return torch.device("cuda"), torch.bfloat16, args.sizes.split(",")
+
+
+def bench_prompts():
+    """-> (the test tokenizer, ChatPrompts over it with the test chat template)."""
     tok = build_test_tokenizer()
     d = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_qwen3_5_tok"
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
-    prompts = ChatPrompts(d / "tokenizer.json", CHAT_TEMPLATE, tok.token_to_id("<|image_pad|>"),
-                          tok.token_to_id("<|vision_end|>"))
+    return tok, ChatPrompts(d / "tokenizer.json", CHAT_TEMPLATE,
+                            tok.token_to_id("<|image_pad|>"), tok.token_to_id("<|vision_end|>"))
+
+
+def write_out(name: str, bw: float, results: list, lines: list[str], default=None) -> None:
+    """$OUT/<name>.json ({bandwidth, results}) and $OUT/<name>.md (the printed lines) when OUT
+    is set."""
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, f"{name}.json").write_text(json.dumps(
+            {"bandwidth": bw, "results": results}, indent=1, default=default))
+        Path(out, f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_size_args(ap, "context of the timed decode step")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, fp32, few iterations")
+    args = ap.parse_args(argv)
+    device, dtype, sizes = device_dtype_sizes(args)
+    if args.smoke:
+        args.iters, args.ctx = 3, 40
+    tok, prompts = bench_prompts()
     bw = copy_bandwidth(device)
     say(f"# bench_qwen3_5 ({device}{', ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''})")
     say(f"copy bandwidth {bw / 1e9:.0f} GB/s")
@@ -234,11 +240,7 @@ def main(argv=None):
     with torch.inference_mode():
         for size in sizes:
             bench_size(size, device, dtype, args, bw, tok, prompts, results)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "bench_qwen3_5.json").write_text(json.dumps(
-            {"bandwidth": bw, "results": results}, indent=1))
-        Path(out, "bench_qwen3_5.md").write_text("\n".join(LINES) + "\n")
+    write_out("bench_qwen3_5", bw, results, LINES)
     return results
 
 

@@ -23,8 +23,6 @@ Writes $OUT/bench_qwen3_5_fast.json and .md when OUT is set.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -199,27 +197,16 @@ def bench_size(size, device, dtype, args, bw, tok, prompts, results):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="0.8b,2b")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--ctx", type=int, default=512, help="row position of the timed step")
+    bq.add_size_args(ap, "row position of the timed step")
     ap.add_argument("--kv", type=int, default=1024, help="state-cache positions per row")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, fp32")
     ap.add_argument("--no-ab", dest="ab", action="store_false",
                     help="skip the A/B against the hybrid ops' torch row forms")
     args = ap.parse_args(argv)
+    device, dtype, sizes = bq.device_dtype_sizes(args)
     if args.smoke:
-        device, dtype, sizes = torch.device("cpu"), torch.float32, ["tiny"]
         args.iters, args.ctx, args.kv = 2, 40, 512
-    else:
-        if not torch.cuda.is_available():
-            sys.exit("no CUDA device; use --smoke for the CPU smoke test")
-        device, dtype, sizes = torch.device("cuda"), torch.bfloat16, args.sizes.split(",")
-    tok = bq.build_test_tokenizer()
-    d = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_qwen3_5_tok"
-    d.mkdir(parents=True, exist_ok=True)
-    tok.save(str(d / "tokenizer.json"))
-    prompts = bq.ChatPrompts(d / "tokenizer.json", bq.CHAT_TEMPLATE,
-                             tok.token_to_id("<|image_pad|>"), tok.token_to_id("<|vision_end|>"))
+    tok, prompts = bq.bench_prompts()
     bw = bq.copy_bandwidth(device)
     say(f"# bench_qwen3_5_fast ({device}"
         f"{', ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''})")
@@ -227,11 +214,7 @@ def main(argv=None):
     with torch.inference_mode():
         for size in sizes:
             bench_size(size, device, dtype, args, bw, tok, prompts, results)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "bench_qwen3_5_fast.json").write_text(json.dumps(
-            {"bandwidth": bw, "results": results}, indent=1, default=str))
-        Path(out, "bench_qwen3_5_fast.md").write_text("\n".join(LINES) + "\n")
+    bq.write_out("bench_qwen3_5_fast", bw, results, LINES, default=str)
     return results
 
 

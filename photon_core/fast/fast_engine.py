@@ -25,6 +25,7 @@ import torch
 
 from ..encode_request import unwrap
 from ..engine import EngineOptions, PrefixState
+from ..engine_conveniences import EngineConveniences
 from ..task import Task, TaskResult
 from .cuda_graph_runner import CudaGraphRunner
 from .decode_step import StepState
@@ -56,7 +57,7 @@ def _own_stream(device, taken: list) -> torch.cuda.Stream:
     return s
 
 
-class FastEngine:
+class FastEngine(EngineConveniences):
     def __init__(self, model, max_batch: int | None = None, kv_capacity: int | None = None,
                  use_graphs: bool | None = None, pipelined: bool = True,
                  detok_thread: bool = True, warmup: bool = True,
@@ -236,18 +237,9 @@ class FastEngine:
         with self._compute_stream_ctx(), torch.inference_mode():
             self.decoder.drain()
 
-    def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
-            should_stop: Callable[[], str | None] | None = None,
-            ignore_eos: bool = False) -> TaskResult:
-        r = self.start(enc, task, stream, ignore_eos)
-        while not r.finished:
-            reason = should_stop() if should_stop is not None else None
-            if reason:
-                r.cancel(reason)
-                break
-            self.step_batch([r])
+    def _after_run(self) -> None:
+        """run() (EngineConveniences): commit the launched steps, zombies included."""
         self.drain()
-        return r.result()
 
     def run_batch(self, enc_tasks, ignore_eos: bool = False) -> list[TaskResult]:
         """Start every (enc, task) and decode them together until all finish."""
@@ -256,19 +248,6 @@ class FastEngine:
             pass
         self.drain()
         return [r.result() for r in runs]
-
-    def detect(self, image, object: str, max_objects: int = 50) -> dict:
-        return self.run(image, Task("detect", object=object, max_objects=max_objects)).output
-
-    def point(self, image, object: str, max_objects: int = 50) -> dict:
-        return self.run(image, Task("point", object=object, max_objects=max_objects)).output
-
-    def query(self, image, question: str, stream=None, **sampling) -> dict:
-        return self.run(image, Task("query", question=question, **sampling), stream).output
-
-    def caption(self, image, length: str = "normal", stream=None, **sampling) -> dict:
-        return self.run(image, Task("caption", caption_length=length, **sampling),
-                        stream).output
 
     def metrics(self) -> dict:
         d = self.idle.summary()

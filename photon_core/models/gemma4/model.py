@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from ...moondream.image_input import MAX_SIDE, to_rgb_array
-from ...task import Task, TaskError, TaskResult
+from ...dtype_names import parse_dtype
+from ...engine_conveniences import EngineConveniences
+from ...task import Task, TaskError
 from . import text, vision
 from .config import Gemma4Cfg, parse_config
 from .kv_cache import KVCache
@@ -29,21 +31,11 @@ from .weights import PER_LAYER_TABLE, load_weights, shard_files
 SKILLS = frozenset({"query", "caption"})
 UNSUPPORTED = ("Gemma 4 (E2B/E4B) does not support {skill}: the model has no documented "
                "box/point output; this model serves query and caption only")
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 DEFAULT_MAX_CONTEXT = 4096
 
 
 class CheckpointNotFound(ValueError):
     pass
-
-
-def parse_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
-    return DTYPES[dtype]
 
 
 @dataclass(frozen=True)
@@ -62,7 +54,7 @@ class EncodedImage:
     n_crops: int = 1            # one variable-resolution image (for the scheduler's cost model)
 
 
-class Gemma4Model:
+class Gemma4Model(EngineConveniences):
     max_runs = None      # the reference engine: no limit on open runs (photon_core.engine.Engine)
 
     def __init__(self, config: Gemma4Cfg, weights: dict[str, torch.Tensor], prompter: Prompter,
@@ -182,29 +174,6 @@ class Gemma4Model:
 
     def step_batch(self, runs: list[TaskRun]) -> list[bool]:
         return [r.step() for r in runs]
-
-    def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
-            should_stop: Callable[[], str | None] | None = None) -> TaskResult:
-        r = self.start(enc, task, stream)
-        while not r.finished:
-            reason = should_stop() if should_stop is not None else None
-            if reason:
-                r.cancel(reason)
-                break
-            r.step()
-        return r.result()
-
-    def detect(self, image, object: str, max_objects: int = 50) -> dict:
-        return self.run(image, Task("detect", object=object, max_objects=max_objects)).output
-
-    def point(self, image, object: str, max_objects: int = 50) -> dict:
-        return self.run(image, Task("point", object=object, max_objects=max_objects)).output
-
-    def query(self, image, question: str, stream=None, **sampling) -> dict:
-        return self.run(image, Task("query", question=question, **sampling), stream).output
-
-    def caption(self, image, length: str = "normal", stream=None, **sampling) -> dict:
-        return self.run(image, Task("caption", caption_length=length, **sampling), stream).output
 
 
 HUB_PATTERNS = ["config.json", "generation_config.json", "processor_config.json",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..test_tokenizer import train_bpe_tokenizer
 from .config import parse_config
 from .weights import expected_shapes
 
@@ -44,16 +45,7 @@ The sky is clear and the sun is shining over the mountains. Is there a bottle? Y
 
 
 def build_test_tokenizer(vocab_size: int = TEST_VOCAB_SIZE):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator([line for line in _CORPUS.splitlines() if line] * 4, trainer)
-    return tok
+    return train_bpe_tokenizer(SPECIAL_TOKENS, _CORPUS, vocab_size)
 
 
 def tiny_config_dict(vocab_size: int, text: dict | None = None, vision: dict | None = None) -> dict:

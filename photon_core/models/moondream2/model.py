@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 from ...engine import PrefixState
-from ...task import Task, TaskResult
+from ...dtype_names import parse_dtype
+from ...engine_conveniences import EngineConveniences
+from ...task import Task
 from . import hub, text, vision
 from .config import MoondreamConfig
 from ...encode_request import unwrap
@@ -21,18 +23,6 @@ from .layers import Weights
 from .run import TaskRun, _sync
 from .tokenizer import Tokenizer
 from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_metadata
-
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-
-
-def parse_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
-    return DTYPES[dtype]
-
 
 def parse_device(device) -> torch.device:
     """"cpu", "cuda", "cuda:N" (or a torch.device) -> torch.device; a ValueError otherwise."""
@@ -70,7 +60,7 @@ class EncodedImage(PrefixState):
         object.__setattr__(self, "n_crops", n)
 
 
-class MoondreamModel:
+class MoondreamModel(EngineConveniences):
     def __init__(self, config: MoondreamConfig, weights: Weights, tokenizer: Tokenizer,
                  model_id: str = "moondream2", max_image_side: int = MAX_SIDE):
         self.config, self.weights, self.tokenizer = config, weights, tokenizer
@@ -187,34 +177,6 @@ class MoondreamModel:
     def step_batch(self, runs: list[TaskRun]) -> list[bool]:
         """One step of every run (the reference path steps them one after another)."""
         return [r.step() for r in runs]
-
-    def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
-            should_stop: Callable[[], str | None] | None = None) -> TaskResult:
-        """Run a task to the end. should_stop() is asked before every decode step; a
-        non-None answer (e.g. "cancelled", "deadline") ends the task with that reason."""
-        r = self.start(enc, task, stream)
-        while not r.finished:
-            reason = should_stop() if should_stop is not None else None
-            if reason:
-                r.cancel(reason)
-                break
-            r.step()
-        return r.result()
-
-    # -- conveniences returning the standard dicts ---------------------------------------
-    def detect(self, image, object: str, max_objects: int = 50) -> dict:
-        return self.run(image, Task("detect", object=object, max_objects=max_objects)).output
-
-    def point(self, image, object: str, max_objects: int = 50) -> dict:
-        return self.run(image, Task("point", object=object, max_objects=max_objects)).output
-
-    def query(self, image, question: str, stream: Callable[[str], None] | None = None,
-              **sampling) -> dict:
-        return self.run(image, Task("query", question=question, **sampling), stream).output
-
-    def caption(self, image, length: str = "normal",
-                stream: Callable[[str], None] | None = None, **sampling) -> dict:
-        return self.run(image, Task("caption", caption_length=length, **sampling), stream).output
 
 
 def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str | None = None,

@@ -13,52 +13,36 @@ detect: per object three steps, all greedy:
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
 
-from ...task import FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, build_result
+from ...task import FINISH_LENGTH, FINISH_STOP, Task, TaskError
+from ..task_run_base import TaskRunBase, _sync  # noqa: F401  (_sync: model.py's)
 from . import region, text
 from . import skill_protocol as sp
 from .kv_cache import KVCache
 from .sampling import sample
-from .streaming import TextStreamer
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class TaskRun:
+class TaskRun(TaskRunBase):
     def __init__(self, model, enc, task: Task, stream: Callable[[str], None] | None = None,
                  ignore_eos: bool = False):
         task.validate()
-        self.ignore_eos = ignore_eos   # test/benchmark hook: run to max_tokens/max_objects
-        self.model, self.enc, self.task, self.stream = model, enc, task, stream
         cfg, w = model.config, model.weights
-        self.is_text = sp.is_text(task.skill)
         prompt = model.tokenizer.prompt(task.skill, task.target)
         prefix = enc.kv.shape[4]
         if prefix + len(prompt) + 1 > cfg.text.max_context:
             raise TaskError(f"prompt is {len(prompt)} tokens; with the {prefix}-token image "
                             f"prefix it does not fit the {cfg.text.max_context}-token context")
+        super().__init__(model, enc, task, stream, ignore_eos, sp.is_text(task.skill),
+                         model.tokenizer.decode, task.max_tokens)
         self.capacity = min(cfg.text.max_context, prefix + len(prompt) + sp.step_budget(task))
-        self.generator = None
-        if task.seed is not None and self.is_text:
-            self.generator = torch.Generator(device=w.device).manual_seed(task.seed)
-
-        self.finish_reason: str | None = None
-        self.steps = 0
         self.region = sp.RegionCollector(task.skill)
         self.objects = self.region.objects
         self.phase = sp.first_phase(task.skill)
-        self.streamer = TextStreamer(model.tokenizer.decode)
-        self.timings = {"encode_ms": enc.encode_ms, "prefill_ms": 0.0, "decode_ms": 0.0}
 
-        t0 = time.perf_counter()
-        with torch.inference_mode():
+        def prefill() -> int:
             # storage for the whole context: attention always spans max_context positions
             # (text.py), so decode steps read a view instead of a padded copy
             self.cache = KVCache(cfg.text.n_layers, cfg.text.n_kv_heads, cfg.text.max_context,
@@ -69,46 +53,17 @@ class TaskRun:
                                   model.prefix_len)
             self.hidden = hidden[:, -1:]
             self.pos = prefix + len(prompt)
-            self.next_token = self._pick(text.lm_head(w, self.hidden[0, 0]), first=True)
-        self._check_end()
-        _sync(w.device)
-        self.timings["prefill_ms"] = (time.perf_counter() - t0) * 1e3
-
-    # -- public -------------------------------------------------------------------------
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def text_so_far(self) -> str:
-        return self.streamer.text + self.streamer.pending()
-
-    def step(self) -> bool:
-        """One decoder forward pass. Returns False once the task has finished."""
-        if self.finished:
-            return False
-        t0 = time.perf_counter()
-        self.steps += 1
-        with torch.inference_mode():
-            if self.is_text:
-                self._text_step()
-            else:
-                self._region_step()
-        _sync(self.model.weights.device)
-        self.timings["decode_ms"] += (time.perf_counter() - t0) * 1e3
-        return not self.finished
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        if not self.finished:
-            self._finish(reason)
-
-    def result(self) -> TaskResult:
-        if not self.finished:
-            raise RuntimeError("result() before the task finished; step() it or cancel() it")
-        return build_result(self.task, self.objects, self.streamer.text, self.finish_reason,
-                            self.steps, self.timings)
+            return self._pick(text.lm_head(w, self.hidden[0, 0]), first=True)
+        self._prefill_timed(prefill)
 
     # -- mechanics ----------------------------------------------------------------------
+    def _advance(self) -> None:
+        with torch.inference_mode():
+            if self.is_text:
+                super()._advance()
+            else:
+                self._region_step()
+
     def _pick(self, logits: torch.Tensor, first: bool = False) -> int:
         tk = self.model.config.tokenizer
         if not self.is_text:
@@ -124,15 +79,6 @@ class TaskRun:
                                    m.prefix_len)
         self.pos += 1
 
-    def _finish(self, reason: str) -> None:
-        self.finish_reason = reason
-        if self.is_text:
-            self._emit(self.streamer.finish())
-
-    def _emit(self, delta: str) -> None:
-        if delta and self.stream is not None:
-            self.stream(delta)
-
     def _check_end(self) -> None:
         """After a token was picked: eos ends the task; so do exhausted budgets."""
         if self.next_token == self.model.config.tokenizer.eos_id and not self.ignore_eos:
@@ -142,16 +88,10 @@ class TaskRun:
         elif self.pos >= self.capacity:
             self._finish(FINISH_LENGTH)
 
-    def _text_step(self) -> None:
+    def _feed(self, token: int) -> int:
         w = self.model.weights
-        token = self.next_token
-        self._emit(self.streamer.push(token))
-        if self.steps >= self.task.max_tokens:   # this token was the last one allowed
-            self._finish(FINISH_LENGTH)
-            return
         self._forward(text.embed(w, torch.tensor([[token]], device=w.device)))
-        self.next_token = self._pick(text.lm_head(w, self.hidden[0, 0]))
-        self._check_end()
+        return self._pick(text.lm_head(w, self.hidden[0, 0]))
 
     def _region_step(self) -> None:
         """One step of an object's phase (skill_protocol.py): decode the phase's value with its

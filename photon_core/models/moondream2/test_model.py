@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..test_tokenizer import train_bpe_tokenizer
 from .config import MoondreamConfig, RegionConfig, TextConfig, TokenizerConfig, VisionConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|md_1|>", "<|md_2|>", "<|answer|>", "<|thinking|>",
@@ -32,16 +33,7 @@ caption short normal long query detect point person car dog cat cup bottle box f
 
 def build_test_tokenizer(vocab_size: int = TEST_VOCAB_SIZE):
     """A byte-level BPE tokenizer (tokenizers library) with Moondream's special ids 0..9."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator([line for line in _CORPUS.splitlines() if line] * 4, trainer)
-    return tok
+    return train_bpe_tokenizer(SPECIAL_TOKENS, _CORPUS, vocab_size)
 
 
 def test_templates(tok) -> dict:

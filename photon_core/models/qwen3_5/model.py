@@ -12,24 +12,16 @@ import numpy as np
 import torch
 
 from . import checkpoint, decoder, vision
-from ._shared import Task, TaskResult, to_rgb_array
+from ...dtype_names import parse_dtype
+from ...engine_conveniences import EngineConveniences
+from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
 from .image_processor import ImageProcessorConfig, preprocess
 from .prompts import ChatPrompts, instruction
 from .run import TaskRun, _sync
 from .state import HybridState
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 MAX_CONTEXT = 8192   # per task (image prefix + prompt + answer); real models allow far more
-
-
-def parse_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected fp32, bf16 or fp16")
-    return DTYPES[dtype]
 
 
 @dataclass(frozen=True)
@@ -60,7 +52,7 @@ def image_positions(start: int, gh: int, gw: int, device) -> torch.Tensor:
     return torch.stack([torch.zeros_like(rows), rows, cols]) + start
 
 
-class Qwen35Model:
+class Qwen35Model(EngineConveniences):
     def __init__(self, config: Qwen35Config, weights: dict, prompts: ChatPrompts,
                  image_config: ImageProcessorConfig, model_id: str = "qwen3.5",
                  max_context: int = MAX_CONTEXT):
@@ -137,30 +129,6 @@ class Qwen35Model:
         """Tokens a task prefills after the image prefix (the scheduler's cost model)."""
         pre, rest = self.prompts.split(instruction(task.skill, task.target))
         return len(self.prompts.encode(rest))
-
-    def run(self, enc, task: Task, stream: Callable[[str], None] | None = None,
-            should_stop: Callable[[], str | None] | None = None) -> TaskResult:
-        r = self.start(enc, task, stream)
-        while not r.finished:
-            reason = should_stop() if should_stop is not None else None
-            if reason:
-                r.cancel(reason)
-                break
-            r.step()
-        return r.result()
-
-    # -- conveniences ---------------------------------------------------------------------
-    def detect(self, image, object: str, max_objects: int = 50) -> dict:
-        return self.run(image, Task("detect", object=object, max_objects=max_objects)).output
-
-    def point(self, image, object: str, max_objects: int = 50) -> dict:
-        return self.run(image, Task("point", object=object, max_objects=max_objects)).output
-
-    def query(self, image, question: str, stream=None, **sampling) -> dict:
-        return self.run(image, Task("query", question=question, **sampling), stream).output
-
-    def caption(self, image, length: str = "normal", stream=None, **sampling) -> dict:
-        return self.run(image, Task("caption", caption_length=length, **sampling), stream).output
 
 
 def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision: str | None = None,

@@ -10,95 +10,38 @@ JSON entries. detect/point are greedy; their text is parsed by grounding_json at
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
 
 from ..grounding_json import parse_grounding
-from ._shared import (FINISH_LENGTH, FINISH_STOP, Task, TaskError, TaskResult, TextStreamer,
-                      build_result, sample)
+from ..task_run_base import TaskRunBase, _sync  # noqa: F401  (_sync: model.py's)
+from ._shared import FINISH_LENGTH, FINISH_STOP, Task, TaskError, sample
 from . import decoder
 
 TOKENS_PER_OBJECT = 40   # a real-tokenizer JSON box entry is ~30 tokens (digits one by one)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class TaskRun:
+class TaskRun(TaskRunBase):
     def __init__(self, model, enc, task: Task, stream: Callable[[str], None] | None = None,
                  ignore_eos: bool = False):
         task.validate()
-        self.model, self.enc, self.task, self.stream = model, enc, task, stream
-        self.ignore_eos = ignore_eos
-        self.is_text = task.skill in ("query", "caption")
-        cfg, w = model.config.text, model.weights
+        is_text = task.skill in ("query", "caption")
         prompt = model.prompts.task(task.skill, task.target, enc.prefix_text)
-        budget = task.max_tokens if self.is_text else TOKENS_PER_OBJECT * task.max_objects + 16
+        budget = task.max_tokens if is_text else TOKENS_PER_OBJECT * task.max_objects + 16
         prefix = enc.state.length
         limit = model.max_context
         if prefix + len(prompt) + 1 > limit:
             raise TaskError(f"prompt is {len(prompt)} tokens; with the {prefix}-token image "
                             f"prefix it does not fit the {limit}-token context")
-        self.budget = min(budget, limit - prefix - len(prompt))
-        self.generator = None
-        if task.seed is not None and self.is_text:
-            self.generator = torch.Generator(device=w["lm_head.weight"].device).manual_seed(task.seed)
-        self.finish_reason: str | None = None
-        self.steps = 0
-        self.tokens: list[int] = []
-        self.objects: list[dict] = []
+        super().__init__(model, enc, task, stream, ignore_eos, is_text, model.prompts.decode,
+                         min(budget, limit - prefix - len(prompt)))
         self.parse_error: str | None = None
-        self.streamer = TextStreamer(model.prompts.decode)
-        self.timings = {"encode_ms": enc.encode_ms, "prefill_ms": 0.0, "decode_ms": 0.0}
 
-        t0 = time.perf_counter()
-        with torch.inference_mode():
+        def prefill() -> int:
             self.state = enc.state.copy(prefix + len(prompt) + self.budget + 1)
-            self.next_token = self._forward(prompt)
-        self._check_end()
-        _sync(model.device)
-        self.timings["prefill_ms"] = (time.perf_counter() - t0) * 1e3
-
-    # -- public ---------------------------------------------------------------------------
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def text_so_far(self) -> str:
-        return self.streamer.text + self.streamer.pending()
-
-    def step(self) -> bool:
-        if self.finished:
-            return False
-        t0 = time.perf_counter()
-        self.steps += 1
-        token = self.next_token
-        self.tokens.append(token)
-        self._emit(self.streamer.push(token))
-        if self.steps >= self.budget:
-            self._finish(FINISH_LENGTH)
-        else:
-            with torch.inference_mode():
-                self.next_token = self._forward([token])
-            self._check_end()
-        _sync(self.model.device)
-        self.timings["decode_ms"] += (time.perf_counter() - t0) * 1e3
-        return not self.finished
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        if not self.finished:
-            self._finish(reason)
-
-    def result(self) -> TaskResult:
-        if not self.finished:
-            raise RuntimeError("result() before the task finished; step() it or cancel() it")
-        return build_result(self.task, self.objects, self.streamer.text, self.finish_reason,
-                            self.steps, self.timings)
+            return self._forward(prompt)
+        self._prefill_timed(prefill)
 
     # -- mechanics ------------------------------------------------------------------------
     def _forward(self, ids: list[int]) -> int:
@@ -112,17 +55,15 @@ class TaskRun:
             return int(logits.argmax())
         return sample(logits, self.task.temperature, self.task.top_p, self.generator)
 
+    def _feed(self, token: int) -> int:
+        return self._forward([token])
+
     def _check_end(self) -> None:
         if self.next_token in self.model.prompts.stop_ids and not self.ignore_eos:
             self._finish(FINISH_STOP)
 
-    def _emit(self, delta: str) -> None:
-        if delta and self.stream is not None and self.is_text:
-            self.stream(delta)
-
     def _finish(self, reason: str) -> None:
-        self.finish_reason = reason
-        self._emit(self.streamer.finish())
+        super()._finish(reason)
         if not self.is_text:
             g = parse_grounding(self.streamer.text, self.task.skill, self.task.max_objects,
                                 salvage=reason == FINISH_LENGTH)

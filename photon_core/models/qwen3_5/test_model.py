@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..test_tokenizer import train_bpe_tokenizer
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                   "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<think>", "</think>"]
 TEST_VOCAB_SIZE = 400
@@ -53,16 +55,7 @@ CHAT_TEMPLATE = """{%- for message in messages %}
 
 
 def build_test_tokenizer(vocab_size: int = TEST_VOCAB_SIZE):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator([line for line in _CORPUS.splitlines() if line] * 4, trainer)
-    return tok
+    return train_bpe_tokenizer(SPECIAL_TOKENS, _CORPUS, vocab_size)
 
 
 def tiny_hf_config(tok, **kw):

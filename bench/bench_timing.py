@@ -1,0 +1,37 @@
+"""Timing shared by the family benchmarks (bench_qwen3_5*.py, bench_gemma4.py): the median
+time of a callable on a device, and the device's copy bandwidth (the decode-step floor)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def median_ms(fn, device, iters: int = 20, warmup: int = 3) -> float:
+    """Median ms of fn() over `iters` calls after `warmup` calls: CUDA events around each call
+    on a CUDA device (the host waits for the device after each), perf_counter elsewhere."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            torch.cuda.synchronize()
+            times.append(s.elapsed_time(e))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device, iters: int = 10, warmup: int = 3) -> float:
+    """Bytes/s of a 256 MiB device-to-device copy (read + write), median of `iters`."""
+    a = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    ms = median_ms(lambda: b.copy_(a), device, iters, warmup)
+    return 2 * a.numel() / (ms / 1e3)
