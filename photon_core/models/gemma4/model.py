@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from ...moondream.image_input import MAX_SIDE, to_rgb_array
-from ...task import Task, TaskError, TaskResult
+from ...engine import Capabilities
+from ...task import Task, TaskResult
 from . import text, vision
 from .config import Gemma4Cfg, parse_config
 from .kv_cache import KVCache
@@ -29,6 +30,8 @@ from .weights import PER_LAYER_TABLE, load_weights, shard_files
 SKILLS = frozenset({"query", "caption"})
 UNSUPPORTED = ("Gemma 4 (E2B/E4B) does not support {skill}: the model has no documented "
                "box/point output; this model serves query and caption only")
+# what the family serves (photon_core.engine.Capabilities): its own refusal of the rest
+CAPABILITIES = Capabilities("gemma4", "Gemma 4 (E2B/E4B)", SKILLS, unsupported=UNSUPPORTED)
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 DEFAULT_MAX_CONTEXT = 4096
@@ -64,6 +67,7 @@ class EncodedImage:
 
 class Gemma4Model:
     max_runs = None      # the reference engine: no limit on open runs (photon_core.engine.Engine)
+    capabilities = CAPABILITIES
 
     def __init__(self, config: Gemma4Cfg, weights: dict[str, torch.Tensor], prompter: Prompter,
                  model_id: str = "gemma4", max_soft_tokens: int = vision.DEFAULT_SOFT_TOKENS,
@@ -168,8 +172,7 @@ class Gemma4Model:
 
     @staticmethod
     def check_skill(skill: str) -> None:
-        if skill not in SKILLS:
-            raise TaskError(UNSUPPORTED.format(skill=skill))
+        CAPABILITIES.check_skill(skill)
 
     def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
               ignore_eos: bool = False, record_logits: bool = False) -> TaskRun:

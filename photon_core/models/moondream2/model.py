@@ -8,7 +8,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...engine import PrefixState
+from ...engine import Capabilities, PrefixState
+from ...task import SKILLS as ALL_SKILLS
 from ...task import Task, TaskResult
 from . import hub, text, vision
 from .config import MoondreamConfig
@@ -22,6 +23,10 @@ from .run import TaskRun, _sync
 from .tokenizer import Tokenizer
 from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_metadata
 
+# what the family serves (photon_core.engine.Capabilities): every skill natively, and the
+# "global" crop mode (photon_core/encode_request.py)
+CAPABILITIES = Capabilities("moondream2", "Moondream 2", frozenset(ALL_SKILLS),
+                            crop_modes=("overlap", "global"))
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
@@ -88,6 +93,7 @@ class MoondreamModel:
         self.crops = "overlap"
 
     max_runs = None     # the reference engine holds any number of runs (engine.Engine)
+    capabilities = CAPABILITIES
 
     @property
     def device(self) -> torch.device:

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ...engine import Capabilities
 from . import checkpoint, decoder, vision
 from ._shared import Task, TaskResult, to_rgb_array
 from .config import Qwen35Config
@@ -21,6 +22,9 @@ from .state import HybridState
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+# every skill (detect/point through grounding JSON); whole-image encode only (no crop modes)
+CAPABILITIES = Capabilities("qwen3.5", "Qwen 3.5",
+                            frozenset({"query", "caption", "detect", "point"}))
 MAX_CONTEXT = 8192   # per task (image prefix + prompt + answer); real models allow far more
 
 
@@ -61,6 +65,8 @@ def image_positions(start: int, gh: int, gw: int, device) -> torch.Tensor:
 
 
 class Qwen35Model:
+    capabilities = CAPABILITIES
+
     def __init__(self, config: Qwen35Config, weights: dict, prompts: ChatPrompts,
                  image_config: ImageProcessorConfig, model_id: str = "qwen3.5",
                  max_context: int = MAX_CONTEXT):
