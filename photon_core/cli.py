@@ -147,7 +147,8 @@ def register_builtin(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="photon", formatter_class=_Help,
-        description="photon: Moondream 2 perception engine and ROS 2 tools.\n"
+        description="photon: vision-language perception engine (Moondream 2, Qwen 3.5, Gemma 4) "
+                    "and ROS 2 tools.\n"
                     "One image:   photon detect --model DIR_OR_ID --image IMG --object person\n"
                     "Try it all:  photon demo   (sample bag -> pipeline -> result bag + report)\n"
                     "`photon COMMAND --help` shows each command's options and defaults.")
