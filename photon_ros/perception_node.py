@@ -142,7 +142,7 @@ class PerceptionNode(LifecycleNode):
         self.capabilities = self.params.capabilities = caps
         for r in cfg.refused:
             self.counts["refused_tasks" if r.task else "refused_settings"] += 1
-            self.get_logger().error(f"{r} (the other tasks are served)")
+            self.get_logger().error(f"{r} ({r.outcome})")
         return cfg
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:

@@ -389,7 +389,7 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
     stats = ReplayStats(mode, str(in_bag), str(out_bag), model_id=pipeline.model_id, rate=rate,
                         timing_zeroed=bool(zero_timing), refused=[str(r) for r in config.refused])
     for r in config.refused:
-        log(f"photon replay: {r} (the other tasks are replayed)")
+        log(f"photon replay: {r} ({r.outcome})")
     t0 = time.perf_counter()
     with BagReader(in_bag) as reader:
         if reader.warning:

@@ -188,6 +188,12 @@ class Refusal:
     def __str__(self) -> str:
         return f"{self.where} refused: {self.message}"
 
+    @property
+    def outcome(self) -> str:
+        """What is served instead (for the log)."""
+        return "the other tasks are served" if self.task else \
+            f"camera {self.camera} is served with crops 'overlap'"
+
 
 def restrict(cfg: PerceptionConfig, caps: Any) -> PerceptionConfig:
     """`cfg` with what the model's family (photon_core.engine.Capabilities) does not serve

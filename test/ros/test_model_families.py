@@ -55,6 +55,8 @@ def test_restrict_refuses_what_the_family_does_not_serve():
     assert msgs["front.people"].startswith(GEMMA_DETECT)
     assert "does not support crops 'global'" in msgs["front.crops"]
     assert str(g.refused[0]).startswith("front.people refused: Gemma 4")
+    assert [r.outcome for r in g.refused] == ["the other tasks are served",
+                                              "camera front is served with crops 'overlap'"]
     q = restrict(cfg, QWEN)                      # every skill; whole-image encode only
     assert [t.name for t in q.camera("front").tasks] == ["people", "scene"]
     assert [r.where for r in q.refused] == ["front.crops"]
