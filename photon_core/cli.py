@@ -46,8 +46,9 @@ SKILL_HELP = {
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
-                   help="Moondream 2 folder (model.safetensors + tokenizer.json [+ config.json]) "
-                        "or Hugging Face id, e.g. vikhyatk/moondream2")
+                   help="model folder (Hugging Face layout: config.json, safetensors, "
+                        "tokenizer.json) or Hugging Face id, e.g. vikhyatk/moondream2; the "
+                        "family (Moondream 2, Qwen 3.5, Gemma 4) comes from its config.json")
     p.add_argument("--revision", default=None, help="Hugging Face revision (branch, tag, commit)")
     p.add_argument("--image", required=True, help="image file (png, jpeg, ...)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -68,12 +69,15 @@ def _run_skill(args) -> int:
         kw = {"caption_length": args.length, "max_tokens": args.max_tokens,
               "temperature": args.temperature, "top_p": args.top_p}
     task = Task(args.skill, **kw).validate()
+    from .models import capabilities
+    # a skill the checkpoint's family does not serve: its own message, before any loading
+    capabilities(args.model, args.revision).check_skill(task.skill)
     model = load_model(args.model, device=args.device, dtype=args.dtype,
                        revision=args.revision, progress=sys.stderr.isatty())
     note = getattr(model, "test_model_note", None)
     if note:
-        print(f"photon {args.skill}: WARNING: {args.model} is a {note}; pass real Moondream 2 "
-              "weights (e.g. --model vikhyatk/moondream2) for real results", file=sys.stderr)
+        print(f"photon {args.skill}: WARNING: {args.model} is a {note}; pass real weights "
+              "(e.g. --model vikhyatk/moondream2) for real results", file=sys.stderr)
     res = model.run(model.encode_image(args.image), task)
     out = {**res.output, "finish_reason": res.finish_reason, "tokens": res.tokens,
            "timings": {k: round(v, 3) for k, v in res.timings.items()}}
@@ -124,23 +128,27 @@ def register_builtin(sub) -> None:
         p.set_defaults(func=_run_skill, skill=skill)
 
     p = sub.add_parser("make-test-model", help="write a tiny RANDOM checkpoint (tests, demos)",
-                       description="Write a tiny random checkpoint in the real Moondream 2 layout "
-                       "(model.safetensors, config.json, tokenizer.json). Its answers are "
-                       "meaningless: it exercises the plumbing, not perception.",
+                       description="Write a tiny random checkpoint in the family's real Hugging "
+                       "Face layout (config.json, safetensors, tokenizer.json, chat template "
+                       "where the family has one). Its answers are meaningless: it exercises "
+                       "the plumbing, not perception.",
                        formatter_class=_Help)
-    p.add_argument("family", help="model family: moondream2")
+    p.add_argument("family", help="model family: moondream2, qwen3.5 or gemma4")
     p.add_argument("dir", help="output folder (created)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights")
     p.add_argument("--fast", action="store_true",
-                   help="smaller vision tower (faster; the reference code cannot load it)")
-    p.add_argument("--old-layout", action="store_true", help="use the older tensor names")
+                   help="moondream2: smaller vision tower (faster; the upstream reference code "
+                        "cannot load it)")
+    p.add_argument("--old-layout", action="store_true",
+                   help="moondream2: use the older tensor names")
     p.set_defaults(func=_make_test_model)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="photon", formatter_class=_Help,
-        description="photon: Moondream 2 perception engine and ROS 2 tools.\n"
+        description="photon: vision-language perception engine (Moondream 2, Qwen 3.5, Gemma 4) "
+                    "and ROS 2 tools.\n"
                     "One image:   photon detect --model DIR_OR_ID --image IMG --object person\n"
                     "Try it all:  photon demo   (sample bag -> pipeline -> result bag + report)\n"
                     "`photon COMMAND --help` shows each command's options and defaults.")

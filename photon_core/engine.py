@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from .task import Task, TaskResult
+from .encode_request import CROP_MODES
+from .task import SKILLS as ALL_SKILLS
+from .task import Task, TaskError, TaskResult
 
 ENGINES = ("auto", "reference", "fast")
 CHOICES = ("auto", "on", "off")
@@ -82,6 +84,59 @@ class EngineOptions:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model family serves, known before its weights load (the registry reads the
+    checkpoint's config.json: photon_core.models.capabilities(path)) and on every engine
+    (`engine.capabilities`: the family's reference engine, FastEngine from its family).
+
+    family: the family name ("moondream2", "qwen3.5", "gemma4"); name: for messages.
+    skills: the skills it serves (a subset of photon_core.task.SKILLS).
+    crop_modes: the encode crop modes it serves (photon_core.encode_request): ("overlap",)
+      = whole-image encode only; Moondream 2 also "global".
+    unsupported: the family's own refusal of a skill, with {skill} (and optionally {name},
+      {skills}) to fill in; "" = a generic one.
+    """
+    family: str
+    name: str
+    skills: frozenset = frozenset(ALL_SKILLS)
+    crop_modes: tuple = ("overlap",)
+    unsupported: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "skills", frozenset(self.skills))
+        bad = sorted(set(self.skills) - set(ALL_SKILLS))
+        if bad:
+            raise ValueError(f"unknown skills {bad} in the capabilities of {self.family}")
+        bad = sorted(set(self.crop_modes) - set(CROP_MODES))
+        if bad or "overlap" not in self.crop_modes:
+            raise ValueError(f"crop modes of {self.family} must include 'overlap' and be among "
+                             f"{CROP_MODES}, got {self.crop_modes}")
+
+    def served(self) -> str:
+        return ", ".join(s for s in ALL_SKILLS if s in self.skills)
+
+    def skill_refusal(self, skill: str) -> str:
+        """"" when the skill is served, else the family's message saying it is not."""
+        if skill in self.skills or skill not in ALL_SKILLS:
+            return ""       # unknown skills are Task.validate's to refuse
+        template = self.unsupported or "{name} does not support {skill}; it serves {skills}"
+        return template.format(skill=skill, name=self.name, skills=self.served())
+
+    def crops_refusal(self, crops: str) -> str:
+        """"" when the crop mode is served, else why not."""
+        if crops in self.crop_modes or crops not in CROP_MODES:
+            return ""       # unknown modes are check_crops' to refuse
+        return (f"{self.name} does not support crops {crops!r}: it encodes the whole image "
+                f"(crop modes: {', '.join(self.crop_modes)}; 'global' is Moondream 2's)")
+
+    def check_skill(self, skill: str) -> None:
+        """TaskError with the family's message when the skill is not served."""
+        why = self.skill_refusal(skill)
+        if why:
+            raise TaskError(why)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PrefixState:
     """An encoded image: the decoder's state after the image prefix, shared read-only by every
@@ -138,6 +193,8 @@ class Engine(Protocol):
     model_id: str
     # most runs open at once (the fast path's rows); None: no limit
     max_runs: int | None
+    # the family's skills and crop modes (refuse the rest at configuration time)
+    capabilities: Capabilities
 
     def encode_image(self, image: Any) -> Any:
         """-> PrefixState (or the engine's own encoded-image type), shared by its tasks."""
@@ -152,4 +209,4 @@ class Engine(Protocol):
         """Prompt tokens the task prefills after the image prefix (a cost hint)."""
 
 
-__all__ = ["ATTENTIONS", "CHOICES", "ENCODERS", "ENGINES", "Engine", "EngineOptions", "PrefixState", "Run"]
+__all__ = ["ATTENTIONS", "CHOICES", "Capabilities", "ENCODERS", "ENGINES", "Engine", "EngineOptions", "PrefixState", "Run"]

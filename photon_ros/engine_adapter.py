@@ -5,6 +5,12 @@ request can carry extras keyed by that object: a streaming callback (text deltas
 StreamAnswer action) and a cancel flag (the action's cancel). A cancelled run is stopped
 between decode steps with finish_reason "cancelled"; the scheduler then delivers it like
 any finished run. Everything else is forwarded to the model.
+
+Forwarded explicitly: `capabilities` (the family's skills and crop modes,
+photon_core.engine.Capabilities), `encode_image` and, where the model has it, `encode_batch`
+(several cameras' frames in one engine call, photon_core/scheduler/encode_batch.py: an engine
+without it keeps encoding frame by frame, so the adapter has the method only then). Frames may
+be photon_core.encode_request.EncodeRequests (a camera's crops mode): passed on untouched.
 """
 from __future__ import annotations
 
@@ -46,6 +52,10 @@ class HookedEngine:
         self.step_delay_s = max(0.0, step_delay_ms) / 1e3
         self._hooks: dict[int, tuple] = {}
         self._lock = threading.Lock()
+        self.capabilities = model.capabilities
+        self.encode_batches = 0                 # encode_batch calls forwarded (diagnostics)
+        if callable(getattr(model, "encode_batch", None)):
+            self.encode_batch = self._encode_batch
 
     def hook(self, task, stream: Callable[[str], None] | None = None,
              cancelled: Callable[[], bool] | None = None) -> None:
@@ -58,6 +68,11 @@ class HookedEngine:
 
     def encode_image(self, image):
         return self.model.encode_image(image)
+
+    def _encode_batch(self, images: list) -> list:
+        """The model's encode_batch (bound as `encode_batch` only where the model has one)."""
+        self.encode_batches += 1
+        return self.model.encode_batch(list(images))
 
     def _start(self, enc, task, stream=None):
         kw = {"ignore_eos": True} if self.ignore_eos else {}

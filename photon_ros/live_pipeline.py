@@ -106,9 +106,24 @@ class LivePipeline:
 
         specs = [TaskSpec(t.name, t.to_task(), t.deadline_ms / 1e3, t.on_miss) for t in ticket.due]
         if specs:
-            self.scheduler.submit_frame(camera, ticket.key, image, specs, kind=PERIODIC,
-                                        on_result=on_result, capture_time=arrival)
+            self.scheduler.submit_frame(camera, ticket.key, self.encode_input(camera, image),
+                                        specs, kind=PERIODIC, on_result=on_result,
+                                        capture_time=arrival)
         return len(specs)
+
+    def encode_input(self, camera: str, image):
+        """The frame as the scheduler hands it to the engine: with the camera's crops mode
+        (an EncodeRequest) where the family has crop modes (PerceptionPipeline.encode_input).
+        On-demand requests on a camera's latest frame go through this too."""
+        return self.pipeline.encode_input(camera, image)
+
+    def prepare(self) -> int:
+        """Capture the encode graphs of every configured camera size and crop mode now
+        (engines with prepare_encode: the fast path), not in live traffic; returns how many."""
+        prepare = getattr(self.model, "prepare_encode", None)
+        if prepare is None:
+            return 0
+        return prepare_encodes(prepare, self.config)
 
     def stop(self) -> None:
         """Stop the scheduler (threaded: open requests end as cancelled) and drop the model."""
@@ -117,6 +132,23 @@ class LivePipeline:
             stop(drain=False)
         self.scheduler = self.engine = self.model = None
         self.pipeline.model = None
+
+
+def prepare_encodes(prepare: Callable, config: PerceptionConfig) -> int:
+    """engine.prepare_encode for each configured camera size (<camera>.width/height) with its
+    crops mode: frames per batched encode 1, 2, 4, 8 up to the cameras of that size and mode
+    (and max_batch); returns the graphs captured."""
+    groups: dict[tuple, int] = {}
+    for c in config.cameras:
+        if c.width and c.height:
+            key = (c.crops, c.height, c.width)
+            groups[key] = groups.get(key, 0) + 1
+    n = 0
+    for (mode, h, w), cams in sorted(groups.items()):
+        most = max(1, min(cams, config.max_batch))
+        sizes = tuple(b for b in (1, 2, 4, 8) if b <= most)
+        n += int(prepare(shapes=((h, w),), batch_sizes=sizes, crops=(mode,)) or 0)
+    return n
 
 
 def load_model(config: PerceptionConfig, progress: bool = False):
@@ -133,8 +165,9 @@ def build_live_pipeline(config: PerceptionConfig, model: Any = None, *, clock: A
                         on_result: Callable | None = None,
                         model_id: str | None = None) -> LivePipeline:
     """Load the model (unless given), wrap it for per-request hooks (HookedEngine, with the
-    config's debug_* hooks), calibrate the cost model on it (on `clock`), and build the
-    deadline scheduler with the config's max_batch."""
+    config's debug_* hooks), prepare the encode graphs of the configured camera sizes (engines
+    with prepare_encode), calibrate the cost model on it (on `clock`), and build the deadline
+    scheduler with the config's max_batch."""
     from photon_core.scheduler import CostModel, Scheduler, ThreadedScheduler
 
     from photon_ros.engine_adapter import HookedEngine
@@ -142,6 +175,9 @@ def build_live_pipeline(config: PerceptionConfig, model: Any = None, *, clock: A
     if model is None:
         model = load_model(config)
     engine = HookedEngine(model, config.debug_ignore_eos, config.debug_step_delay_ms)
+    prepare = getattr(model, "prepare_encode", None)     # the fast path: encode graphs of
+    if prepare is not None:                              # the cameras' sizes, captured now
+        prepare_encodes(prepare, config)
     sizes = tuple(b for b in (1, 2, 4, 8) if b <= config.max_batch) or (1,)
     cost = CostModel.calibrate(engine, clock, batch_sizes=sizes) if calibrate else CostModel()
     sched = Scheduler(engine, cost, clock=clock, max_batch=config.max_batch, on_result=on_result)

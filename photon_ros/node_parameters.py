@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 
 from photon_ros.task_config import (NODE_DEFAULTS, ConfigError, PerceptionConfig,
-                                    config_from_params, flatten, params_from_file)
+                                    config_from_params, flatten, new_refusals, params_from_file,
+                                    restrict)
 
 # Every key of every configured camera and task becomes a parameter (0 / "" = the node
 # default), so `ros2 param set front.people.every_n 3` works for keys the YAML left out.
@@ -68,6 +69,9 @@ class NodeParameters:
         self.params_files = list(params_files)       # the --params-file arguments given
         self.counts = counts if counts is not None else {}
         self.configured = False
+        # what the model's family serves (photon_core.engine.Capabilities; the node sets it at
+        # configure): an update adding a task it does not serve is rejected with its message
+        self.capabilities = None
         self.source = ""                              # what the log names
         self._declared: list[str] = []
         self._pending: PerceptionConfig | None = None
@@ -115,7 +119,8 @@ class NodeParameters:
         cfg = config_from_params(self.values())
         for cam in cfg.cameras:
             keys = {f"{cam.name}.type": cam.type, f"{cam.name}.qos_reliable": cam.qos_reliable,
-                    f"{cam.name}.qos_depth": cam.qos_depth}
+                    f"{cam.name}.qos_depth": cam.qos_depth, f"{cam.name}.crops": cam.crops,
+                    f"{cam.name}.width": cam.width, f"{cam.name}.height": cam.height}
             for t in cam.tasks:
                 keys.update({f"{cam.name}.{t.name}.{k}": v for k, v in _TASK_UNSET.items()})
             for name, value in keys.items():
@@ -135,7 +140,10 @@ class NodeParameters:
             return SetParametersResult(successful=True)
         changed = {p.name: p.value for p in params}
         try:
-            cfg = config_from_params({**self.values(), **changed})
+            cfg = restrict(config_from_params({**self.values(), **changed}), self.capabilities)
+            fresh = new_refusals(self.node.config, cfg)
+            if fresh:
+                raise ConfigError("; ".join(str(r) for r in fresh))
         except ConfigError as e:
             self.counts["rejected_parameter_updates"] += 1
             self.node.get_logger().warning(f"parameter update rejected: {e}")

@@ -74,7 +74,7 @@ class OnDemand:
         deadline_ms = float(deadline_ms) or cfg.on_demand_deadline_ms
         if not math.isfinite(deadline_ms) or deadline_ms < 0:
             raise ValueError(f"deadline_ms must be >= 0, got {deadline_ms}")
-        tc = make_task("on_demand", d, cfg, "request")
+        tc = make_task("on_demand", d, cfg, "request", caps=node.capabilities)
         from photon_core.scheduler import ON_DEMAND, TaskSpec as SchedSpec
 
         task = tc.to_task()
@@ -91,7 +91,7 @@ class OnDemand:
         # frame's capture time there, so the frame's age is added: this deadline still counts
         # from the request.
         age_s = max(0.0, time.monotonic() - frame.arrival)
-        live.scheduler.submit_frame(camera, frame.key, frame.image,
+        live.scheduler.submit_frame(camera, frame.key, live.encode_input(camera, frame.image),
                            [SchedSpec("on_demand", task, deadline_ms / 1e3 + age_s, "cancel")],
                            kind=ON_DEMAND, on_result=on_result, capture_time=frame.arrival)
         return tc, task, frame, done, box, deadline_ms, live
@@ -143,7 +143,7 @@ class OnDemand:
                 raise ValueError("the node is not configured")
             if req.camera not in cfg.camera_names:
                 raise ValueError(unknown_camera(req.camera, cfg.camera_names))
-            tasks = tasks_from_specs(req.tasks, cfg, req.camera)
+            tasks = tasks_from_specs(req.tasks, cfg, req.camera, caps=self.node.capabilities)
             new = cfg.with_tasks(req.camera, tasks)
         except ValueError as e:
             self.invalid("set_tasks", str(e))

@@ -37,7 +37,7 @@ from photon_ros.executor import InlineGroupExecutor
 from photon_ros.live_pipeline import LivePipeline, build_live_pipeline
 from photon_ros.node_parameters import NodeParameters, params_files_in_args
 from photon_ros.on_demand import OnDemand
-from photon_ros.task_config import ConfigError, PerceptionConfig
+from photon_ros.task_config import ConfigError, PerceptionConfig, config_from_params, restrict
 
 NODE_NAME = "perception_node"
 LOG_EVERY_S = 2.0         # throttle for repeated bad-input warnings (per camera and reason)
@@ -49,6 +49,8 @@ class PerceptionNode(LifecycleNode):
         super().__init__(node_name, **kw)
         self.config: PerceptionConfig | None = None
         self.live: LivePipeline | None = None
+        # what the model's family serves (photon_core.engine.Capabilities), from configure on
+        self.capabilities = None
         self.active = False
         self.counts: collections.Counter = collections.Counter()
         self._log_last: dict[tuple, list] = {}
@@ -111,6 +113,14 @@ class PerceptionNode(LifecycleNode):
             self.counts["configure_failures"] += 1
             self.get_logger().error(f"configure failed: {problem}")
             return TransitionCallbackReturn.FAILURE
+        try:
+            from photon_core.models import capabilities
+            caps = capabilities(cfg.model)
+        except ValueError as e:          # a model_type no family serves
+            self.counts["configure_failures"] += 1
+            self.get_logger().error(f"configure failed: {e}")
+            return TransitionCallbackReturn.FAILURE
+        cfg = self._restrict(cfg, caps)
         if not cfg.cameras:
             self.get_logger().warning("no cameras configured: only services and the action work "
                                       "once cameras are added by parameters")
@@ -125,6 +135,16 @@ class PerceptionNode(LifecycleNode):
                                     for c in cfg.cameras) or "none"))
         return TransitionCallbackReturn.SUCCESS
 
+    def _restrict(self, cfg: PerceptionConfig, caps) -> PerceptionConfig:
+        """Refuse what the model's family does not serve (its message in the log, counted
+        `refused_tasks`); the node serves the rest."""
+        cfg = restrict(cfg, caps)
+        self.capabilities = self.params.capabilities = caps
+        for r in cfg.refused:
+            self.counts["refused_tasks" if r.task else "refused_settings"] += 1
+            self.get_logger().error(f"{r} ({r.outcome})")
+        return cfg
+
     def on_activate(self, state: State) -> TransitionCallbackReturn:
         cfg = self.config
         t0 = time.monotonic()
@@ -138,6 +158,15 @@ class PerceptionNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         self.counts["model_loads"] += 1
         self.get_logger().info(f"model loaded and calibrated in {time.monotonic() - t0:.1f} s")
+        caps = self.live.engine.capabilities
+        if caps != self.capabilities:    # e.g. a Hugging Face id whose config.json was not
+            try:                         # readable at configure: the loaded model decides
+                cfg = self._restrict(config_from_params(self.params.values()), caps)
+            except ConfigError as e:
+                self.get_logger().error(f"activate: {e}")
+            else:
+                self.config = cfg
+                self.live.set_config(cfg)
         self.on_demand.start()
         with self.cameras.lock:
             self.active = True

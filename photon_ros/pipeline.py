@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from photon_core.encode_request import EncodeRequest
 from photon_ros.result_messages import ResultTiming, build_result, stamp_to_s
 from photon_ros.task_config import PerceptionConfig, TaskConfig
 
@@ -96,6 +97,19 @@ class PerceptionPipeline:
                              f"{', '.join(self._config.camera_names) or 'none'}") from None
         return self.cadence.due(camera, tasks, frame_index, stamp_s)
 
+    def encode_input(self, camera: str, image: Any) -> Any:
+        """The frame as the engine encodes it: for a family with crop modes (Moondream 2,
+        photon_core.engine.Capabilities.crop_modes) an EncodeRequest carrying the camera's
+        `crops`; for the others (whole-image encode) the bare image."""
+        caps = self.model.capabilities if self.model is not None else None
+        if caps is None or tuple(caps.crop_modes) == ("overlap",):
+            return image
+        try:
+            crops = self._config.camera(camera).crops
+        except KeyError:
+            return image
+        return EncodeRequest(image, crops=crops) if crops in caps.crop_modes else image
+
     # -- messages --------------------------------------------------------------------------
     def message_for(self, camera: str, task_name: str, result, header, width: int, height: int,
                     engine_ms: float | None = None, queue_ms: float = 0.0,
@@ -119,7 +133,7 @@ class PerceptionPipeline:
         if not due:
             return []
         h, w = image_rgb.shape[:2]
-        enc = self.model.encode_image(image_rgb)
+        enc = self.model.encode_image(self.encode_input(camera, image_rgb))
         t0 = time.perf_counter()
         out = []
         for t in due:

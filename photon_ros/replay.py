@@ -44,6 +44,7 @@ from .bag_io import (COMPRESSED_IMAGE, IMAGE, BagError, BagReader, BagWriter, ca
                      deserialize, msgtype_of, serialize)
 from .cli import parse_pairs
 from .progress import progress_bar
+from .task_config import restrict
 
 SUMMARY_TOPIC = "/photon/replay/summary"
 SUMMARY_SIDECAR = "replay_summary.json"
@@ -85,6 +86,7 @@ class ReplayStats:
     late: int = 0                    # realtime: results published after their deadline
     error: str | None = None
     warning: str | None = None
+    refused: list = field(default_factory=list)   # tasks the model's family does not serve
     wall_s: float = 0.0
     rate: float = 1.0
     timing_zeroed: bool = False      # the result messages' timing fields were written as 0
@@ -109,7 +111,8 @@ class ReplayStats:
                 "scheduler": self.scheduler, "clock_jumps_back": self.clock_jumps,
                 "late_results": self.late,
                 "rate": self.rate, "timing_zeroed": self.timing_zeroed, "error": self.error,
-                "warning": self.warning, "wall_s": round(self.wall_s, 3)}
+                "warning": self.warning, "refused": list(self.refused),
+                "wall_s": round(self.wall_s, 3)}
 
 
 def find_cameras(config, bag_topics: dict[str, str], overrides: dict[str, str] | None = None
@@ -379,9 +382,14 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
     if zero_timing is None:
         zero_timing = mode == "offline"
     log = log or (lambda s: print(s, file=sys.stderr))
+    # what the model's family does not serve (e.g. Gemma 4: detect, point) is refused with
+    # its message, as the node does; the other tasks are replayed
+    config = restrict(config, model.capabilities if model is not None else None)
     pipeline = PerceptionPipeline(config, model, model_id=model_id)
     stats = ReplayStats(mode, str(in_bag), str(out_bag), model_id=pipeline.model_id, rate=rate,
-                        timing_zeroed=bool(zero_timing))
+                        timing_zeroed=bool(zero_timing), refused=[str(r) for r in config.refused])
+    for r in config.refused:
+        log(f"photon replay: {r} ({r.outcome})")
     t0 = time.perf_counter()
     with BagReader(in_bag) as reader:
         if reader.warning:

@@ -12,6 +12,9 @@ One file format, the ROS 2 parameters file (config/perception.yaml):
           type: image              # image | compressed
           qos_reliable: false      # false: sensor-data QoS (best effort)
           qos_depth: 1
+          crops: overlap           # overlap (all crops) | global (one crop: faster, less detail)
+          width: 640               # optional: the frames' size, so encodes are prepared ahead
+          height: 480
           tasks: ["people", "scene"]
           people: {skill: detect, object: person, every_n: 1}
           scene: {skill: caption, caption_length: short, every_n: 30, deadline_ms: 3000.0}
@@ -21,6 +24,12 @@ Every value is an ordinary ROS parameter (`front.people.object`), so `-p`, launc
 the node builds the same flat dict from its parameters and calls `config_from_params`.
 SetTasks requests are validated by `tasks_from_specs` with the same rules.
 Everything returns plain frozen dataclasses; problems raise ConfigError naming the entry.
+
+What the model serves (photon_core.engine.Capabilities: the family's skills and crop modes,
+known from the checkpoint's config.json before loading) is applied by `restrict`: a task of a
+skill the family does not serve, or a camera's crops mode it does not serve, is refused with
+the family's own message (`PerceptionConfig.refused`) and the rest is served; `make_task` /
+`tasks_from_specs` with `caps` refuse such a request outright (Query, SetTasks).
 """
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from photon_core import ENGINES
+from photon_core.encode_request import CROP_MODES
 from photon_core.task import (CAPTION_LENGTHS, cut_message, DEFAULT_MAX_OBJECTS, DEFAULT_MAX_TOKENS,
                               MAX_OBJECTS_LIMIT, MAX_QUESTION_CHARS, MAX_TOKENS_LIMIT, SKILLS,
                               Task, TaskError)
@@ -62,7 +72,8 @@ NODE_DEFAULTS: dict[str, Any] = {
     "debug_ignore_eos": False,
     "debug_step_delay_ms": 0.0,
 }
-CAMERA_KEYS = ("topic", "type", "qos_reliable", "qos_depth", "tasks")
+CAMERA_KEYS = ("topic", "type", "qos_reliable", "qos_depth", "crops", "width", "height",
+               "tasks")
 TASK_KEYS = ("skill", "object", "question", "caption_length", "every_n", "hz", "deadline_ms",
              "on_miss", "max_objects", "max_tokens")
 
@@ -107,6 +118,9 @@ class CameraConfig:
     type: str = "image"
     qos_reliable: bool = False
     qos_depth: int = 1
+    crops: str = "overlap"        # encode crop mode (photon_core/encode_request.py)
+    width: int = 0                # the frames' size where known (0: unknown): encode graphs
+    height: int = 0               # are prepared for it at activation (fast path)
     tasks: tuple[TaskConfig, ...] = ()
 
     def task(self, name: str) -> TaskConfig:
@@ -137,6 +151,9 @@ class PerceptionConfig:
     debug_ignore_eos: bool = False
     debug_step_delay_ms: float = 0.0
     extra: dict = field(default_factory=dict, compare=False)   # unrecognised keys (warned)
+    # what `restrict` refused for the model (Refusal: camera, task or "" for the camera's
+    # crops, the family's message); the tasks / settings above are what is served
+    refused: tuple = field(default=(), compare=False)
 
     def camera(self, name: str) -> CameraConfig:
         for c in self.cameras:
@@ -155,6 +172,58 @@ class PerceptionConfig:
         _check_unique([t.name for t in tasks], f"camera {camera!r}: task")
         cams = tuple(replace(c, tasks=tasks) if c is cam else c for c in self.cameras)
         return replace(self, cameras=cams)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A task (or, with task "", a camera's crops mode) the model's family does not serve."""
+    camera: str
+    task: str
+    message: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.camera}.{self.task}" if self.task else f"{self.camera}.crops"
+
+    def __str__(self) -> str:
+        return f"{self.where} refused: {self.message}"
+
+    @property
+    def outcome(self) -> str:
+        """What is served instead (for the log)."""
+        return "the other tasks are served" if self.task else \
+            f"camera {self.camera} is served with crops 'overlap'"
+
+
+def restrict(cfg: PerceptionConfig, caps: Any) -> PerceptionConfig:
+    """`cfg` with what the model's family (photon_core.engine.Capabilities) does not serve
+    taken out: such tasks are dropped and such a camera's crops mode falls back to "overlap",
+    each listed in `refused` with the family's message. caps None: cfg unchanged."""
+    if caps is None:
+        return cfg
+    refused, cams = [], []
+    for c in cfg.cameras:
+        keep = []
+        for t in c.tasks:
+            why = caps.skill_refusal(t.skill)
+            if why:
+                refused.append(Refusal(c.name, t.name, why))
+            else:
+                keep.append(t)
+        crops = c.crops
+        why = caps.crops_refusal(crops)
+        if why:
+            refused.append(Refusal(c.name, "", why))
+            crops = "overlap"
+        cams.append(replace(c, tasks=tuple(keep), crops=crops))
+    return replace(cfg, cameras=tuple(cams), refused=tuple(refused))
+
+
+def new_refusals(old: PerceptionConfig | None, new: PerceptionConfig) -> list[Refusal]:
+    """Refusals of `new` that `old` did not have already (a parameter update introducing
+    an unsupported task is rejected; one refused at configure stays refused, quietly)."""
+    before = {(r.camera, r.task, r.message) for r in (old.refused if old is not None else ())}
+    return [r for r in new.refused if (r.camera, r.task, r.message) not in before]
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -241,8 +310,10 @@ def _check_unique(names: list[str], what: str) -> None:
 
 
 def make_task(name: str, d: Mapping[str, Any], defaults: PerceptionConfig,
-              where: str | None = None) -> TaskConfig:
-    """One task entry (dict with TASK_KEYS) -> validated TaskConfig. 0 / empty = default."""
+              where: str | None = None, caps: Any = None) -> TaskConfig:
+    """One task entry (dict with TASK_KEYS) -> validated TaskConfig. 0 / empty = default.
+    caps (photon_core.engine.Capabilities): a skill the model's family does not serve is
+    refused with its message."""
     where = where or f"task {name!r}"
     _check_name(name, f"{where}:")
     unknown = sorted(set(d) - set(TASK_KEYS))
@@ -252,6 +323,9 @@ def make_task(name: str, d: Mapping[str, Any], defaults: PerceptionConfig,
     skill = _as_str(d.get("skill", ""), f"{where}.skill").strip()
     if skill not in SKILLS:
         raise ConfigError(f"{where}: unknown skill {skill!r}; expected one of {', '.join(SKILLS)}")
+    why = caps.skill_refusal(skill) if caps is not None else ""
+    if why:
+        raise ConfigError(f"{where}: {why}")
     every_n = _as_int(d.get("every_n", 0), f"{where}.every_n", 0)
     hz = _as_float(d.get("hz", 0.0), f"{where}.hz", 0.0)
     if every_n > 1 and hz > 0:
@@ -282,13 +356,14 @@ def make_task(name: str, d: Mapping[str, Any], defaults: PerceptionConfig,
 
 
 def tasks_from_specs(specs: Iterable[Any], defaults: PerceptionConfig,
-                     camera: str = "") -> tuple[TaskConfig, ...]:
-    """photon_ros/TaskSpec messages (SetTasks) -> validated TaskConfigs (all or nothing)."""
+                     camera: str = "", caps: Any = None) -> tuple[TaskConfig, ...]:
+    """photon_ros/TaskSpec messages (SetTasks) -> validated TaskConfigs (all or nothing;
+    caps: the model's family, see make_task)."""
     out = []
     for i, s in enumerate(specs):
         where = f"tasks[{i}] ({s.name!r})"
         d = {k: getattr(s, k) for k in TASK_KEYS}
-        out.append(make_task(s.name, d, defaults, where))
+        out.append(make_task(s.name, d, defaults, where, caps))
     _check_unique([t.name for t in out], f"camera {camera!r}: task" if camera else "task")
     return tuple(out)
 
@@ -383,11 +458,22 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
                 raise ConfigError(f"{where}: task {t!r} is listed in tasks but not defined "
                                   f"({name}.{t}.skill, ...)")
             tasks.append(make_task(t, d, defaults, f"{where} task {t!r}"))
+        crops = _as_str(c.get("crops", "") or "overlap", f"{where}.crops").strip()
+        if crops not in CROP_MODES:
+            raise ConfigError(f"{where}: crops must be one of {', '.join(CROP_MODES)}, got "
+                              f"{_short(crops)}")
+        width = _as_int(c.get("width", 0), f"{where}.width", 0)
+        height = _as_int(c.get("height", 0), f"{where}.height", 0)
+        if (width == 0) != (height == 0):
+            raise ConfigError(f"{where}: give both width and height (the frames' size) or "
+                              f"neither, got {width}x{height}")
+        if width * height > MAX_PIXELS_LIMIT:
+            raise ConfigError(f"{where}: {width}x{height} is larger than any frame served")
         cameras.append(CameraConfig(
             name=name, topic=topic, type=ctype,
             qos_reliable=_as_bool(c.get("qos_reliable", False), f"{where}.qos_reliable"),
             qos_depth=_as_int(c.get("qos_depth", 1), f"{where}.qos_depth", 1),
-            tasks=tuple(tasks)))
+            crops=crops, width=width, height=height, tasks=tuple(tasks)))
     extra = {k: v for k, v in p.items()
              if k not in NODE_DEFAULTS and k != "cameras" and k not in names
              and k not in ("use_sim_time", "auto_activate", "params_file", "config",

@@ -75,6 +75,8 @@ class FastEngine(EngineConveniences):
         deterministic = options.deterministic
         self.model = model
         self.family = fam = fast_family(model)       # the family's runtime view
+        # what the family serves (skills, crop modes): its reference engine's
+        self.capabilities = model.capabilities
         dev = torch.device(fam.device)
         self.cuda = dev.type == "cuda"
         if kv_capacity is None:

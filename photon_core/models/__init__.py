@@ -1,6 +1,8 @@
 """Model families as plugins: the registry.
 
 Each family is a package `photon_core/models/<family>/` exposing FAMILY, MODEL_TYPES, SKILLS,
+CAPABILITIES (photon_core.engine.Capabilities: skills, crop modes, refusal message; its
+reference engine's `capabilities`),
 load_model(path_or_id, device, dtype, revision, **kw) -> its reference engine, and
 make_test_model(out_dir, seed) (docs/architecture.md, "Adding a model family"), and
 FAST_PATH: whether photon_core.fast serves it (False: the reference engine serves it on every
@@ -88,10 +90,18 @@ def load_model(path_or_id: str, device: str = "cpu", dtype="fp32", revision=None
     return fam.load_model(path_or_id, device=device, dtype=dtype, revision=revision, **kw)
 
 
+def capabilities(path_or_id: str, revision: str | None = None):
+    """What the checkpoint's family serves (photon_core.engine.Capabilities: skills, crop
+    modes, its refusal message), from its config.json without loading weights: for refusing
+    tasks at configuration time. A Hugging Face id that cannot be read (offline) counts as the
+    fallback family's; the loaded engine's `capabilities` is authoritative."""
+    return family_for(read_model_type(path_or_id, revision)).CAPABILITIES
+
+
 def has_fast_path(family: ModuleType) -> bool:
     """Whether photon_core.fast (the GPU fast path) serves this family."""
     return bool(getattr(family, "FAST_PATH", False))
 
 
-__all__ = ["FALLBACK", "PACKAGES", "UnknownModelType", "families", "family_for",
+__all__ = ["FALLBACK", "PACKAGES", "UnknownModelType", "capabilities", "families", "family_for",
            "family_module", "has_fast_path", "load_model", "read_model_type"]

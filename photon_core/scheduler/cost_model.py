@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from photon_core.task import Task
 
+from ..encode_request import EncodeRequest
 from .engine import count_prompt_tokens, encoded_crops, engine_capacity, step_batch
 
 
@@ -24,6 +25,16 @@ def image_shape(image: Any) -> tuple[int, int] | None:
     if isinstance(size, tuple) and len(size) == 2:
         return int(size[1]), int(size[0])
     return None
+
+
+def encode_key(image: Any):
+    """The encode cost key of an image: its (height, width); a frame wrapped in an
+    EncodeRequest with crops other than "overlap" (a global-crop camera) adds the mode, so
+    two cameras of one size but different crop modes are costed apart."""
+    shape = image_shape(image)
+    if isinstance(image, EncodeRequest) and image.crops != "overlap" and shape is not None:
+        return (*shape, image.crops)
+    return shape
 
 
 def moondream_crops(shape: tuple[int, int] | None, crop: int = 378, max_crops: int = 12) -> int:
@@ -74,11 +85,15 @@ class CostModel:
 
     # -- predictions --------------------------------------------------------------
     def encode_ms(self, image: Any = None, shape: tuple[int, int] | None = None) -> float:
-        shape = shape if shape is not None else image_shape(image)
+        shape = shape if shape is not None else encode_key(image)
         seen = self.encode_seen.get(shape)
         if seen is not None:                  # cameras keep their size: what it last cost
             return seen
-        return self.f_encode * (self.encode_base_ms + self.encode_per_crop_ms * self.crops(shape))
+        return self.f_encode * (self.encode_base_ms + self.encode_per_crop_ms * self._crops(shape))
+
+    def _crops(self, key) -> int:
+        """Crops of an encode_key: 1 for a global-crop frame, else self.crops(shape)."""
+        return 1 if key is not None and len(key) == 3 else self.crops(key)
 
     def prefill_ms(self, tokens: int) -> float:
         return self.f_prefill * (self.prefill_base_ms + self.prefill_per_token_ms * tokens)
@@ -134,8 +149,8 @@ class CostModel:
         setattr(self, name, self._toward(getattr(self, name), actual / predicted_base))
 
     def observe_encode(self, image: Any, ms: float) -> None:
-        shape = image_shape(image)
-        n = self.crops(shape)
+        shape = encode_key(image)
+        n = self._crops(shape)
         self._upd("f_encode", self.encode_base_ms + self.encode_per_crop_ms * n, ms)
         if self.ema > 0 and shape is not None and ms > 0:
             old = self.encode_seen.get(shape)

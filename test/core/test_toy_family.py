@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from photon_core.engine import EngineOptions
+from photon_core.engine import Capabilities, EngineOptions
 from photon_core.fast.cuda_graph_runner import CudaGraphRunner
 from photon_core.fast.decode_step import StepState
 from photon_core.fast.graphed_prefill import GraphedPrefill
@@ -123,6 +123,7 @@ class ToyFamily:
 class ToyModel:
     """The toy family's reference engine, as far as the runtime needs it."""
     model_id = "toy"
+    capabilities = Capabilities("toy", "the toy family", frozenset({"query"}))
 
     def __init__(self, weights):
         self.weights = weights

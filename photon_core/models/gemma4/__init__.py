@@ -4,11 +4,11 @@ Files: config.py (config.json), weights.py (tensor names/shapes, sharded safeten
 prompt.py (tokenizer.json + chat template), vision.py (preprocess + tower), text.py (decoder),
 kv_cache.py, run.py (TaskRun), model.py (engine, load_model), test_model.py (tiny checkpoints).
 """
-from .model import SKILLS, Gemma4Model, load_model
+from .model import CAPABILITIES, SKILLS, Gemma4Model, load_model
 from .test_model import make_test_model
 
 FAMILY = "gemma4"
 FAST_PATH = False    # served by its reference engine; the fast path does not serve it yet
 MODEL_TYPES = ("gemma4",)
 
-__all__ = ["FAMILY", "MODEL_TYPES", "SKILLS", "Gemma4Model", "load_model", "make_test_model"]
+__all__ = ["CAPABILITIES", "FAMILY", "MODEL_TYPES", "SKILLS", "Gemma4Model", "load_model", "make_test_model"]

@@ -20,7 +20,8 @@ import torch
 from ...moondream.image_input import MAX_SIDE, to_rgb_array
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
-from ...task import Task, TaskError
+from ...task import Task
+from ...engine import Capabilities
 from . import text, vision
 from .config import Gemma4Cfg, parse_config
 from .kv_cache import KVCache
@@ -31,6 +32,8 @@ from .weights import PER_LAYER_TABLE, load_weights, shard_files
 SKILLS = frozenset({"query", "caption"})
 UNSUPPORTED = ("Gemma 4 (E2B/E4B) does not support {skill}: the model has no documented "
                "box/point output; this model serves query and caption only")
+# what the family serves (photon_core.engine.Capabilities): its own refusal of the rest
+CAPABILITIES = Capabilities("gemma4", "Gemma 4 (E2B/E4B)", SKILLS, unsupported=UNSUPPORTED)
 DEFAULT_MAX_CONTEXT = 4096
 
 
@@ -56,6 +59,7 @@ class EncodedImage:
 
 class Gemma4Model(EngineConveniences):
     max_runs = None      # the reference engine: no limit on open runs (photon_core.engine.Engine)
+    capabilities = CAPABILITIES
 
     def __init__(self, config: Gemma4Cfg, weights: dict[str, torch.Tensor], prompter: Prompter,
                  model_id: str = "gemma4", max_soft_tokens: int = vision.DEFAULT_SOFT_TOKENS,
@@ -160,8 +164,7 @@ class Gemma4Model(EngineConveniences):
 
     @staticmethod
     def check_skill(skill: str) -> None:
-        if skill not in SKILLS:
-            raise TaskError(UNSUPPORTED.format(skill=skill))
+        CAPABILITIES.check_skill(skill)
 
     def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
               ignore_eos: bool = False, record_logits: bool = False) -> TaskRun:

@@ -8,10 +8,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...engine import PrefixState
+from ...engine import Capabilities, PrefixState
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task
+from ...task import SKILLS as ALL_SKILLS
 from . import hub, text, vision
 from .config import MoondreamConfig
 from ...encode_request import unwrap
@@ -23,6 +24,12 @@ from .layers import Weights
 from .run import TaskRun, _sync
 from .tokenizer import Tokenizer
 from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_metadata
+
+# what the family serves (photon_core.engine.Capabilities): every skill natively, and the
+# "global" crop mode (photon_core/encode_request.py)
+CAPABILITIES = Capabilities("moondream2", "Moondream 2", frozenset(ALL_SKILLS),
+                            crop_modes=("overlap", "global"))
+
 
 def parse_device(device) -> torch.device:
     """"cpu", "cuda", "cuda:N" (or a torch.device) -> torch.device; a ValueError otherwise."""
@@ -78,6 +85,7 @@ class MoondreamModel(EngineConveniences):
         self.crops = "overlap"
 
     max_runs = None     # the reference engine holds any number of runs (engine.Engine)
+    capabilities = CAPABILITIES
 
     @property
     def device(self) -> torch.device:

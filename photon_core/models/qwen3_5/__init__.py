@@ -6,12 +6,12 @@ See photon_core/models/qwen3_5/*.py docstrings and ../../../docs for the engine 
 """
 from .config import MODEL_TYPES, ConfigError, Qwen35Config
 from .checkpoint import CheckpointError
-from .model import EncodedImage, Qwen35Model, load_model
+from .model import CAPABILITIES, EncodedImage, Qwen35Model, load_model
 from .test_model import make_test_model
 
 FAMILY = "qwen3.5"
 FAST_PATH = True     # photon_core.fast serves it (models/qwen3_5/program.py, fast_family.py)
-SKILLS = frozenset({"query", "caption", "detect", "point"})
+SKILLS = CAPABILITIES.skills     # query, caption, detect, point
 
-__all__ = ["FAMILY", "MODEL_TYPES", "SKILLS", "CheckpointError", "ConfigError", "EncodedImage",
+__all__ = ["CAPABILITIES", "FAMILY", "MODEL_TYPES", "SKILLS", "CheckpointError", "ConfigError", "EncodedImage",
            "Qwen35Config", "Qwen35Model", "load_model", "make_test_model"]

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ...engine import Capabilities
 from . import checkpoint, decoder, vision
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
@@ -21,6 +22,9 @@ from .prompts import ChatPrompts, instruction
 from .run import TaskRun, _sync
 from .state import HybridState
 
+# every skill (detect/point through grounding JSON); whole-image encode only (no crop modes)
+CAPABILITIES = Capabilities("qwen3.5", "Qwen 3.5",
+                            frozenset({"query", "caption", "detect", "point"}))
 MAX_CONTEXT = 8192   # per task (image prefix + prompt + answer); real models allow far more
 
 
@@ -53,6 +57,8 @@ def image_positions(start: int, gh: int, gw: int, device) -> torch.Tensor:
 
 
 class Qwen35Model(EngineConveniences):
+    capabilities = CAPABILITIES
+
     def __init__(self, config: Qwen35Config, weights: dict, prompts: ChatPrompts,
                  image_config: ImageProcessorConfig, model_id: str = "qwen3.5",
                  max_context: int = MAX_CONTEXT):
