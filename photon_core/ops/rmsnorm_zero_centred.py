@@ -84,24 +84,6 @@ def rmsnorm_zero_centred_triton(x: torch.Tensor, weight: torch.Tensor, eps: floa
 # backend), plus delta (when given: x += delta in x's dtype, stored back in place), normalised
 # in fp32, scaled by (1 + w) and stored into out's row (any row stride, out's dtype: a view of
 # the backend's buffer).
-if triton is not None:
-    @triton.jit
-    def _rmsnorm_zc_rows_kernel(x_ptr, d_ptr, w_ptr, y_ptr, D, sx, sd, sy, eps,
-                                HAS_DELTA: tl.constexpr, BD: tl.constexpr):
-        row = tl.program_id(0)
-        i = tl.arange(0, BD)
-        m = i < D
-        x = tl.load(x_ptr + row * sx + i, mask=m, other=0.0)
-        if HAS_DELTA:
-            dl = tl.load(d_ptr + row * sd + i, mask=m, other=0.0)
-            x = (x.to(tl.float32) + dl.to(tl.float32)).to(x_ptr.dtype.element_ty)
-            tl.store(x_ptr + row * sx + i, x, mask=m)
-        xf = x.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
-        w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * sy + i, (xf * rstd * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=m)
-
-
 def rmsnorm_zero_centred_rows_triton(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
                                      eps: float = 1e-6, delta: torch.Tensor | None = None
                                      ) -> torch.Tensor:
@@ -118,8 +100,9 @@ def rmsnorm_zero_centred_rows_triton(x: torch.Tensor, weight: torch.Tensor, out:
         raise ValueError("x and out need a unit last stride")
     if delta is not None and delta.stride(-1) != 1:
         delta = delta.contiguous()
-    _rmsnorm_zc_rows_kernel[(b,)](
-        x, delta if delta is not None else x, weight.contiguous(), out, d, x.stride(0),
-        delta.stride(0) if delta is not None else 0, out.stride(0), eps,
+    # the one-sequence kernel with the sum stored back into x (s = x)
+    _rmsnorm_zc_kernel[(b,)](
+        x, delta if delta is not None else x, weight.contiguous(), x, out, d, x.stride(0),
+        delta.stride(0) if delta is not None else 0, x.stride(0), out.stride(0), eps,
         HAS_DELTA=delta is not None, BD=triton.next_power_of_2(d))
     return out
