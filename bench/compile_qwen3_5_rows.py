@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from photon_core.ops import causal_conv1d, gated_delta_rule, gqa_attention, mrope  # noqa: E402
-from photon_core.ops import rmsnorm_gated, rmsnorm_zero_centred, silu_gate  # noqa: E402
+from photon_core.ops import gated_activation, rmsnorm_gated, rmsnorm_zero_centred  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 # the text shapes of bench_qwen3_5.py (TEXT_REAL + SHAPES)
@@ -89,11 +89,12 @@ def kernels(size: str, capacity: int, b: int):
         **fp, "pos_ptr": "*i64"}, dict(REP=HQ // HKV, BS=bs, BD=P2(D))
     yield "gqa_rows_combine", gqa_attention._gqa_rows_combine_kernel, fp, dict(
         NS_P2=P2(ns), BD=P2(D))
-    yield "rmsnorm_zc_rows", rmsnorm_zero_centred._rmsnorm_zc_rows_kernel, {
-        "x_ptr": "*fp32", "d_ptr": "*fp32"}, dict(HAS_DELTA=False, BD=P2(s["hidden"]))
+    yield "rmsnorm_zc_rows", rmsnorm_zero_centred._rmsnorm_zc_kernel, {
+        "x_ptr": "*fp32", "d_ptr": "*fp32", "s_ptr": "*fp32"}, dict(HAS_DELTA=False,
+                                                                      BD=P2(s["hidden"]))
     yield "rmsnorm_gated_rows", rmsnorm_gated._rmsnorm_gated_rows_kernel, {}, dict(BD=P2(DV))
-    yield "silu_gate", silu_gate._silu_gate_kernel, {}, dict(
-        BLOCK_R=block_r, BLOCK=max(16, min(1024, P2(s["ff"])) // block_r))
+    yield "silu_gate", gated_activation._gated_act_kernel, {}, dict(
+        BLOCK_R=block_r, BLOCK=max(16, min(1024, P2(s["ff"])) // block_r), GELU=False)
 
 
 def main(argv=None) -> int:

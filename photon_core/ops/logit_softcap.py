@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import tl, triton
-from .gelu_tanh_gate import _tanh
+from .gated_activation import _tanh
 
 
 def logit_softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
