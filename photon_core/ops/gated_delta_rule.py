@@ -127,6 +127,31 @@ except ImportError:   # the torch reference above needs no Triton
     triton = None
 
 if triton is not None:
+    # the one-token math shared by the step kernel and the rows kernel
+    @triton.jit
+    def _unit_qk(q, k, DK: tl.constexpr):
+        """q, k L2-normalised (eps 1e-6), q scaled by DK^-0.5."""
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        return q, k
+
+    @triton.jit
+    def _raw_delta_gates(x, a_log, b, b_ptr):
+        """delta_gates: x = a + dt_bias -> g = -exp(A_log) softplus(x); beta = sigmoid(b),
+        rounded to b's dtype (b_ptr's element type)."""
+        sp_x = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        g = -tl.exp(a_log) * sp_x
+        beta = 1.0 / (1.0 + tl.exp(-b))
+        return g, beta.to(b_ptr.dtype.element_ty).to(tl.float32)
+
+    @triton.jit
+    def _delta_update(s, k, v, g, beta):
+        """S' = exp(g) S + k ((v - k^T exp(g) S) beta)^T over a [DK, BV] tile of S."""
+        s = s * tl.exp(g)
+        pred = tl.sum(s * k[:, None], axis=0)
+        return s + k[:, None] * ((v - pred) * beta)[None, :]
+
+if triton is not None:
     @triton.jit
     def _gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, alog_ptr,
                                  dtb_ptr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
@@ -142,22 +167,16 @@ if triton is not None:
         vmask = dv < DV
         q = tl.load(q_ptr + (bi * HK + hk) * DK + dk, mask=kmask, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + (bi * HK + hk) * DK + dk, mask=kmask, other=0.0).to(tl.float32)
-        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
-        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q, k = _unit_qk(q, k, DK)
         v = tl.load(v_ptr + (bi * HV + h) * DV + dv, mask=vmask, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + bi * HV + h).to(tl.float32)
         beta = tl.load(b_ptr + bi * HV + h).to(tl.float32)
         if RAW_GATES:   # g_ptr / b_ptr hold the projections a / b: the gates of delta_gates
-            x = g + tl.load(dtb_ptr + h).to(tl.float32)
-            sp_x = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-            g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * sp_x
-            beta = 1.0 / (1.0 + tl.exp(-beta))
-            beta = beta.to(b_ptr.dtype.element_ty).to(tl.float32)   # sigmoid in b's dtype
+            g, beta = _raw_delta_gates(g + tl.load(dtb_ptr + h).to(tl.float32),
+                                       tl.load(alog_ptr + h).to(tl.float32), beta, b_ptr)
         sp = s_ptr + (bi * HV + h) * DK * DV + dk[:, None] * DV + dv[None, :]
         smask = kmask[:, None] & vmask[None, :]
-        s = tl.load(sp, mask=smask, other=0.0) * tl.exp(g)
-        pred = tl.sum(s * k[:, None], axis=0)
-        s = s + k[:, None] * ((v - pred) * beta)[None, :]
+        s = _delta_update(tl.load(sp, mask=smask, other=0.0), k, v, g, beta)
         tl.store(sp, s, mask=smask)
         o = tl.sum(s * q[:, None], axis=0)
         tl.store(o_ptr + (bi * HV + h) * DV + dv, o.to(o_ptr.dtype.element_ty), mask=vmask)
@@ -214,20 +233,15 @@ if triton is not None:
         q = tl.load(row + hk * DK + dk, mask=kmask, other=0.0).to(tl.float32)
         k = tl.load(row + (HK + hk) * DK + dk, mask=kmask, other=0.0).to(tl.float32)
         v = tl.load(row + 2 * HK * DK + h * DV + dv, mask=vmask, other=0.0).to(tl.float32)
-        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
-        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q, k = _unit_qk(q, k, DK)
         # the gates of delta_gates: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
-        x = tl.load(a_ptr + bi * s_a + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
-        sp_x = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-        g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * sp_x
-        braw = tl.load(b_ptr + bi * s_b + h)
-        beta = 1.0 / (1.0 + tl.exp(-braw.to(tl.float32)))
-        beta = beta.to(b_ptr.dtype.element_ty).to(tl.float32)      # sigmoid in b's dtype
+        g, beta = _raw_delta_gates(
+            tl.load(a_ptr + bi * s_a + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32),
+            tl.load(alog_ptr + h).to(tl.float32),
+            tl.load(b_ptr + bi * s_b + h).to(tl.float32), b_ptr)
         sp = s_ptr + bi * s_s + h * DK * DV + dk[:, None] * DV + dv[None, :]
         smask = kmask[:, None] & vmask[None, :]
-        s = tl.load(sp, mask=smask, other=0.0) * tl.exp(g)
-        pred = tl.sum(s * k[:, None], axis=0)
-        s = s + k[:, None] * ((v - pred) * beta)[None, :]
+        s = _delta_update(tl.load(sp, mask=smask, other=0.0), k, v, g, beta)
         go = 1
         if HAS_ACTIVE:
             go = tl.load(act_ptr + bi)
