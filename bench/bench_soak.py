@@ -223,6 +223,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "on cpu)")
     ap.add_argument("--vision-msgs", default="auto", choices=["auto", "on", "off"],
                     help="publish_vision_msgs of the node (auto: on where vision_msgs imports)")
+    ap.add_argument("--fastdds-profile", default="auto",
+                    help="FASTDDS_DEFAULT_PROFILES_FILE for this process and the node (auto: "
+                         "config/fastdds_large_images.xml when a frame is over 512 KiB, as "
+                         "README.md advises for raw camera frames; 'none': FastDDS defaults)")
     ap.add_argument("--deadline-ms", type=float, default=2000.0, help="periodic task deadline")
     ap.add_argument("--on-miss", default="finish", choices=["finish", "cancel"],
                     help="what a started periodic task does past its deadline")
@@ -249,6 +253,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.vision_msgs == "auto":
         import importlib.util
         args.vision_msgs = "on" if importlib.util.find_spec("vision_msgs") else "off"
+    if args.fastdds_profile == "auto":
+        big = args.width * args.height * 3 > 512 * 1024
+        args.fastdds_profile = (os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE")
+                                or (str(REPO / "config" / "fastdds_large_images.xml") if big
+                                    else "none"))
     if args.detach and not args.run_dir:
         ap.error("--detach needs --run-dir")
     if args.run_dir and not args.progress_s:
@@ -354,6 +363,8 @@ def soak(args) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else tmp
     run_dir.mkdir(parents=True, exist_ok=True)
 
+    if args.fastdds_profile != "none":     # read when rclpy makes its participant: set first
+        os.environ["FASTDDS_DEFAULT_PROFILES_FILE"] = args.fastdds_profile
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
     from rclpy.qos import QoSProfile, ReliabilityPolicy
@@ -373,7 +384,8 @@ def soak(args) -> int:
     samples_file = open(run_dir / "samples.jsonl", "w") if args.run_dir else None
     say(f"model {model} on {args.device}/{args.dtype}, {args.cameras} cameras x {args.fps:g} fps "
         f"{args.width}x{args.height}, {args.duration:g} s (+{args.warmup:g} s warm-up), "
-        f"vision_msgs {args.vision_msgs}, files in {run_dir}")
+        f"vision_msgs {args.vision_msgs}, FastDDS profile {args.fastdds_profile}, files in "
+        f"{run_dir}")
     proc = subprocess.Popen([sys.executable, "-m", "photon_ros.perception_node", "--ros-args",
                              "-p", f"model:={model}", "-p", f"params_file:={cfg}",
                              "-r", f"__node:={node_name}"], cwd=REPO, stdout=log,

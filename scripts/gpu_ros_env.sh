@@ -6,7 +6,8 @@
 #       Here, with PyPI: the wheels the node needs at run time and to build msg/ with CMake,
 #       for CPython PYVER (default 3.12, the GPU machine's) on x86-64, into DIR (keep it at an
 #       ignored path of the repo, e.g. .ros312/, and name it in the device call's `carry`),
-#       plus a source copy of vision_msgs (../shared/ros2-cli/src/vision_msgs). About 28 MB.
+#       plus a source copy of vision_msgs (../shared/ros2-cli/src/vision_msgs). About 45 MB
+#       (ros_fastdds alone is 19 MB).
 #   scripts/gpu_ros_env.sh DIR [VENV]
 #       There, offline: a venv (default /tmp/photon-ros-venv) made with --system-site-packages
 #       that also sees the packages of the Python it is made from (torch, numpy, ...: a venv's
@@ -155,6 +156,7 @@ install_offline() {
     fi
     say "installing $(ls "$dir"/*.whl | wc -l) wheels into $venv (offline)"
     "$vpy" -m pip install -q --no-index --no-deps --ignore-installed --no-compile "$dir"/*.whl
+    say "wheels installed ($((SECONDS - t0)) s)"
     export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
     local work
     work=$(mktemp -d)
@@ -164,6 +166,7 @@ install_offline() {
       "$vpy" -m pip install -q --no-index --no-deps --no-build-isolation "$work/vision_msgs" \
         >"$work/vision_msgs.log" 2>&1 \
         || { tail -30 "$work/vision_msgs.log"; die "building vision_msgs failed"; }
+      say "vision_msgs built ($((SECONDS - t0)) s)"
     else
       say "no $dir/src/vision_msgs: the node will say that vision_msgs output is off"
     fi
