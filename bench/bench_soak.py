@@ -39,7 +39,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -238,6 +237,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--progress-s", type=float, default=0.0,
                     help="print a progress line every this many seconds (0: none; default 30 "
                          "with --run-dir)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="no node process and no DDS: drive the node's live pipeline from this "
+                         "process (same load, same accounting; the messages must be built)")
     ap.add_argument("--json", default="", help="write the summary here too")
     ap.add_argument("--run-dir", default="", help="write soak.json, node.log, samples.jsonl here")
     ap.add_argument("--detach", action="store_true",
@@ -303,6 +305,7 @@ def wait_for(run_dir: Path, timeout: float, copy_to: str) -> int:
         print(f"no detached soak in {run_dir} (no soak.pid)", file=sys.stderr)
         return 2
     pid = int(pid_file.read_text().strip())
+    timeout = max(timeout, 1.0)
     t0, pos, state = time.monotonic(), 0, "running"
     while True:
         if log.is_file():
@@ -351,7 +354,49 @@ def main(argv=None) -> int:
         return wait_for(Path(args.wait), args.timeout, args.copy_to)
     if args.detach:
         return detach(argv, Path(args.run_dir).resolve())
-    return soak(args)
+    return soak_in_process(args) if args.in_process else soak(args)
+
+
+def fill_summary(summary: dict, args, acc: dict, calls: dict, fail_reasons: dict,
+                 samples: list, rss_start, rss_end, nv: dict, gpu) -> None:
+    """Totals, queue, memory and the checks (both modes). nv: the node's (or in-process
+    scheduler's) values, "scheduler.waiting" etc. as strings."""
+    rss = [s["rss_mib"] for s in samples if s["rss_mib"] == s["rss_mib"]]
+    waiting_max = max((s["waiting"] for s in samples), default=0)
+    max_queue = args.max_queue or 4 * args.cameras + 8
+    summary.update({
+        "cameras": acc,
+        "totals": {k: sum(a[k] for a in acc.values()) for k in (
+            "sent", "received", "transport_dropped", "bad_frames", "requests", "answered",
+            "superseded", "skipped", "cancelled", "deadline_cancelled", "errored",
+            "unaccounted", "deadline_misses")},
+        "on_demand": {**calls, "fail_reasons": fail_reasons},
+        "queue": {"waiting_max": waiting_max,
+                  "running_max": max((s["running"] for s in samples), default=0),
+                  "waiting_end": int(float(nv.get("scheduler.waiting", 0) or 0))},
+        "rss_mib": {"start": rss_start, "end": rss_end, "peak": max(rss, default=None)},
+        "node": {k: v for k, v in nv.items() if not k.startswith("scheduler.")
+                 or k in ("scheduler.done", "scheduler.submitted")},
+    })
+    if gpu is not None:
+        g = [s.get("gpu_mib") for s in samples if s.get("gpu_mib") is not None]
+        g_end = gpu.latest()[0]                      # after the drain
+        g_end = g_end if g_end is not None else (g[-1] if g else None)
+        summary["gpu_mib"] = {"start": g[min(len(g) - 1, int(args.warmup))] if g else None,
+                              "end": g_end, "peak": max(g + [g_end or 0], default=None),
+                              "source": sorted({s.get("gpu_src") for s in samples
+                                                if s.get("gpu_mib") is not None})}
+    t = summary["totals"]
+    checks = summary["checks"]
+    checks["requests_accounted"] = t["unaccounted"] == 0 and t["requests"] > 0
+    checks["answers_flowing"] = t["answered"] > 0
+    checks["frames_received"] = t["received"] > 0 and t["bad_frames"] == 0
+    checks["on_demand_all_answered"] = calls["no_response"] == 0
+    checks["queue_bounded"] = waiting_max <= max_queue and summary["queue"]["waiting_end"] == 0
+    checks["rss_flat"] = bool(rss_start) and rss_end <= rss_start * 1.25 + 64
+    if "gpu_mib" in summary and summary["gpu_mib"]["start"]:
+        gm = summary["gpu_mib"]
+        checks["gpu_memory_flat"] = gm["end"] <= gm["start"] * 1.10 + 256
 
 
 def say(msg: str) -> None:
@@ -523,46 +568,12 @@ def soak(args) -> int:
                   and nv.get("scheduler.running") == "0"):
                 break
         summary["drain_s"] = round(time.monotonic() - t_drain, 1)
+        summary["wall_s"] = round(time.monotonic() - t_start, 1)
         nv, cams, _ = diag.snapshot()
         acc = account(cams, sent)
-        rss = [s["rss_mib"] for s in samples if s["rss_mib"] == s["rss_mib"]]
-        rss_end = rss_mib(proc.pid)
-        waiting_max = max((s["waiting"] for s in samples), default=0)
-        max_queue = args.max_queue or 4 * args.cameras + 8
-        summary.update({
-            "wall_s": round(time.monotonic() - t_start, 1), "cameras": acc,
-            "totals": {k: sum(a[k] for a in acc.values()) for k in (
-                "sent", "received", "transport_dropped", "bad_frames", "requests", "answered",
-                "superseded", "skipped", "cancelled", "deadline_cancelled", "errored",
-                "unaccounted", "deadline_misses")},
-            "on_demand": {**calls, "fail_reasons": fail_reasons},
-            "queue": {"waiting_max": waiting_max,
-                      "running_max": max((s["running"] for s in samples), default=0),
-                      "waiting_end": int(float(nv.get("scheduler.waiting", 0) or 0))},
-            "rss_mib": {"start": rss_start, "end": rss_end, "peak": max(rss, default=None)},
-            "node": {k: v for k, v in nv.items() if not k.startswith("scheduler.")
-                     or k in ("scheduler.done", "scheduler.submitted")},
-        })
-        if gpu is not None:
-            g = [s.get("gpu_mib") for s in samples if s.get("gpu_mib") is not None]
-            g_end = gpu.latest()[0]                      # after the drain
-            g_end = g_end if g_end is not None else (g[-1] if g else None)
-            summary["gpu_mib"] = {"start": g[min(len(g) - 1, int(args.warmup))] if g else None,
-                                  "end": g_end, "peak": max(g + [g_end or 0], default=None),
-                                  "source": sorted({s.get("gpu_src") for s in samples
-                                                    if s.get("gpu_mib") is not None})}
-        t = summary["totals"]
-        checks = summary["checks"]
-        checks["requests_accounted"] = t["unaccounted"] == 0 and t["requests"] > 0
-        checks["answers_flowing"] = t["answered"] > 0
-        checks["frames_received"] = t["received"] > 0 and t["bad_frames"] == 0
-        checks["on_demand_all_answered"] = calls["no_response"] == 0
-        checks["queue_bounded"] = waiting_max <= max_queue and summary["queue"]["waiting_end"] == 0
-        checks["rss_flat"] = bool(rss_start) and rss_end <= rss_start * 1.25 + 64
-        if "gpu_mib" in summary and summary["gpu_mib"]["start"]:
-            gm = summary["gpu_mib"]
-            checks["gpu_memory_flat"] = gm["end"] <= gm["start"] * 1.10 + 256
-        checks["node_alive"] = proc.poll() is None
+        fill_summary(summary, args, acc, calls, fail_reasons, samples, rss_start,
+                     rss_mib(proc.pid), nv, gpu)
+        summary["checks"]["node_alive"] = proc.poll() is None
     except Exception as e:  # noqa: BLE001 - reported in the summary, exit 1
         failures.append(f"{type(e).__name__}: {e}")
     finally:
@@ -587,9 +598,14 @@ def soak(args) -> int:
     summary["node_exit_code"] = proc.returncode
     if "Traceback" in out:
         summary["node_traceback"] = out[out.index("Traceback"):][:3000]
-    failures += [f"check failed: {k}" for k, ok in summary["checks"].items() if not ok]
-    if failures:
+    if failures or not all(summary["checks"].values()):
         summary["node_log_tail"] = out[-3000:]
+    return finish(summary, failures, args, run_dir)
+
+
+def finish(summary: dict, failures: list, args, run_dir: Path) -> int:
+    """Verdict, the summary printed and written (soak.json last), exit status."""
+    failures += [f"check failed: {k}" for k, ok in summary["checks"].items() if not ok]
     summary["failures"] = failures
     summary["passed"] = not failures
     text = json.dumps(summary, indent=1, default=str)
@@ -602,6 +618,199 @@ def soak(args) -> int:
         tmp_json.replace(run_dir / "soak.json")
     say(f"{'PASSED' if not failures else 'FAILED'} {failures or ''}")
     return 0 if not failures else 1
+
+
+def soak_in_process(args) -> int:
+    """--in-process: the node's live pipeline (photon_ros.live_pipeline: model, prepared
+    encodes, calibration, threaded deadline scheduler, task cadence) driven from this process:
+    frames handed over as arrays, on-demand requests on each camera's latest frame, outcomes
+    counted as the node counts them (photon_ros.cameras.Cameras.on_outcome). No DDS, no
+    rclpy.init; the generated messages must still import (the pipeline builds result
+    messages), so this needs the same build (scripts/install.sh or gpu_ros_env.sh)."""
+    from collections import Counter
+    from functools import partial
+
+    from photon_core.scheduler import ON_DEMAND, TaskSpec
+    from photon_ros.live_pipeline import STALE, build_live_pipeline
+    from photon_ros.task_config import config_from_params, make_task
+
+    tmp = Path(tempfile.mkdtemp(prefix="photon-soak-"))
+    run_dir = Path(args.run_dir) if args.run_dir else tmp
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = args.model
+    if not model:
+        model = str(tmp / "model")
+        subprocess.run([sys.executable, "-m", "photon_core.cli", "make-test-model", "moondream2",
+                        model, "--fast"], check=True, cwd=REPO, capture_output=True)
+    samples_file = open(run_dir / "samples.jsonl", "w") if args.run_dir else None
+    say(f"IN-PROCESS: model {model} on {args.device}/{args.dtype}, {args.cameras} cameras x "
+        f"{args.fps:g} fps {args.width}x{args.height}, {args.duration:g} s (+{args.warmup:g} s "
+        f"warm-up), files in {run_dir}")
+    summary: dict = {"args": vars(args), "mode": "in-process", "checks": {}}
+    failures: list[str] = []
+    names = [f"c{i}" for i in range(args.cameras)]
+    counts = {c: Counter() for c in names}
+    lock = threading.Lock()
+
+    def on_outcome(cam: str, o) -> None:          # the node's mapping of a periodic outcome
+        status = str(o.status)
+        with lock:
+            c = counts[cam]
+            c["deadline_misses"] += bool(o.missed_deadline)
+            if status == "done" or (status == "deadline" and o.result is not None
+                                    and o.result.task.skill in ("query", "caption")):
+                c["results_published"] += 1
+            elif status in ("superseded", "skipped", "cancelled"):
+                c[status] += 1
+            elif status == "deadline":
+                c["deadline_cancelled"] += 1
+            else:
+                c["errors"] += 1
+                c["error.engine" if status == "error" else f"error.status_{status}"] += 1
+
+    gpu = GpuSampler(os.getpid()) if args.device.startswith("cuda") else None
+    live = None
+    try:
+        cfg = config_from_params({**node_config(args), "model": model})
+        t_up = time.monotonic()
+        live = build_live_pipeline(cfg)
+        summary["startup_s"] = round(time.monotonic() - t_up, 1)
+        say(f"pipeline built (model loaded, encodes prepared, calibrated) in "
+            f"{summary['startup_s']} s; load starts")
+        caps = live.engine.capabilities
+        rng = np.random.default_rng(0)
+        frames = [rng.integers(0, 256, (args.height, args.width, 3), dtype=np.uint8)
+                  for _ in range(8)]
+        offset = {c: k * 3 for k, c in enumerate(names)}
+        sent = {c: 0 for c in names}
+        latest: dict = {}
+        calls = {"sent": 0, "success": 0, "failed": 0, "no_response": 0}
+        fail_reasons: dict[str, int] = {}
+        pending: list = []
+        samples: list = []
+        t_start = time.monotonic()
+        t_next, t_query, t_sample = t_start, t_start + args.warmup, t_start
+        t_progress = t_start + (args.progress_s or float("inf"))
+        rss_start, period, i = None, 1.0 / args.fps, 0
+
+        def metrics() -> dict:
+            m = live.scheduler.metrics()
+            return {f"scheduler.{k}": str(v) for k, v in m.items()}
+
+        while time.monotonic() - t_start < args.warmup + args.duration:
+            stamp = time.time()
+            for c in names:
+                rgb = frames[(i + offset[c]) % len(frames)]
+                sent[c] += 1
+                arrival = time.monotonic()
+                ticket = live.accept(c, stamp)
+                with lock:
+                    counts[c]["frames_in"] += 1
+                if ticket.event == STALE:
+                    with lock:
+                        counts[c]["stale_frames"] += 1
+                    continue
+                latest[c] = (rgb, ticket.key, arrival)
+                if ticket.due:
+                    n = live.submit(c, ticket, rgb, arrival, on_result=partial(on_outcome, c))
+                    with lock:
+                        counts[c]["tasks_submitted"] += n
+            i += 1
+            now = time.monotonic()
+            if args.query_hz > 0 and now >= t_query:
+                t_query += 1.0 / args.query_hz
+                k = calls["sent"]
+                cam = names[k % len(names)]
+                d = {"skill": SKILLS[k % len(SKILLS)], "object": "person",
+                     "question": "What is here?", "caption_length": "short", "max_objects": 2,
+                     "max_tokens": 6}
+                box, done = {}, threading.Event()
+
+                def on_result(o, box=box, done=done):
+                    box["o"] = o
+                    done.set()
+                rgb, key, arrival = latest[cam]
+                task = make_task("on_demand", d, cfg, "request", caps=caps).to_task()
+                live.scheduler.submit_frame(
+                    cam, key, live.encode_input(cam, rgb),
+                    [TaskSpec("on_demand", task, 3.0 + max(0.0, now - arrival), "cancel")],
+                    kind=ON_DEMAND, on_result=on_result, capture_time=arrival)
+                pending.append((done, box, now))
+                calls["sent"] += 1
+            still = []
+            for done, box, t0 in pending:
+                if done.is_set():
+                    st = str(box["o"].status)
+                    calls["success" if st == "done" else "failed"] += 1
+                    if st != "done":
+                        fail_reasons[st] = fail_reasons.get(st, 0) + 1
+                elif now - t0 > 20.0:
+                    calls["no_response"] += 1
+                else:
+                    still.append((done, box, t0))
+            pending = still
+            if now >= t_sample:
+                t_sample += 1.0
+                m = live.scheduler.metrics()
+                smp = {"t": round(now - t_start, 1), "rss_mib": rss_mib(os.getpid()),
+                       "waiting": int(m.get("waiting", 0)), "running": int(m.get("running", 0))}
+                if gpu is not None:
+                    smp["gpu_mib"], smp["gpu_src"] = gpu.latest()
+                samples.append(smp)
+                if samples_file is not None:
+                    samples_file.write(json.dumps(smp) + "\n")
+                    samples_file.flush()
+                if rss_start is None and now - t_start >= args.warmup:
+                    rss_start = smp["rss_mib"]
+                if now >= t_progress:
+                    t_progress += args.progress_s
+                    with lock:
+                        cams = {c: dict(v) for c, v in counts.items()}
+                    say(progress_line(smp, sent, cams, calls))
+                err = getattr(live.scheduler, "error", None)
+                if err is not None:
+                    raise RuntimeError(f"the scheduler thread died: {err!r}")
+            t_next += period
+            time.sleep(max(0.0, t_next - time.monotonic()))
+        say(f"load done after {time.monotonic() - t_start:.0f} s: cameras stopped, draining")
+        t_drain = time.monotonic()
+        last, stable_since = None, t_drain
+        while time.monotonic() - t_drain < 60:
+            time.sleep(0.5)
+            for done, box, t0 in list(pending):
+                if done.is_set():
+                    st = str(box["o"].status)
+                    calls["success" if st == "done" else "failed"] += 1
+                    pending.remove((done, box, t0))
+            with lock:
+                key = json.dumps({c: dict(v) for c, v in counts.items()}, sort_keys=True)
+            m = live.scheduler.metrics()
+            if key != last:
+                last, stable_since = key, time.monotonic()
+            elif (not pending and time.monotonic() - stable_since > 2.5
+                  and m.get("waiting") == 0 and m.get("running") == 0):
+                break
+        calls["no_response"] += len(pending)
+        summary["drain_s"] = round(time.monotonic() - t_drain, 1)
+        summary["wall_s"] = round(time.monotonic() - t_start, 1)
+        with lock:
+            cams = {c: {k: str(v) for k, v in cnt.items()} for c, cnt in counts.items()}
+        acc = account(cams, sent)
+        fill_summary(summary, args, acc, calls, fail_reasons, samples, rss_start,
+                     rss_mib(os.getpid()), metrics(), gpu)
+        summary["checks"]["scheduler_alive"] = getattr(live.scheduler, "error", None) is None
+    except Exception as e:  # noqa: BLE001 - reported in the summary, exit 1
+        import traceback
+        failures.append(f"{type(e).__name__}: {e}")
+        summary["traceback"] = traceback.format_exc()[-3000:]
+    finally:
+        if gpu is not None:
+            gpu.stop()
+        if samples_file is not None:
+            samples_file.close()
+        if live is not None:
+            live.stop()
+    return finish(summary, failures, args, run_dir)
 
 
 if __name__ == "__main__":

@@ -158,22 +158,29 @@ install_offline() {
     "$vpy" -m pip install -q --no-index --no-deps --ignore-installed --no-compile "$dir"/*.whl
     say "wheels installed ($((SECONDS - t0)) s)"
     export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-    local work
+    local work vpid=""
     work=$(mktemp -d)
+    # vision_msgs and photon_ros are independent CMake builds: side by side
     if [ -d "$dir/src/vision_msgs" ]; then
-      say "building vision_msgs (CMake, $CMAKE_BUILD_PARALLEL_LEVEL jobs)"
+      say "building vision_msgs and photon_ros (msg/srv/action) side by side (CMake," \
+          "$CMAKE_BUILD_PARALLEL_LEVEL jobs each)"
       cp -r "$dir/src/vision_msgs" "$work/"
       "$vpy" -m pip install -q --no-index --no-deps --no-build-isolation "$work/vision_msgs" \
-        >"$work/vision_msgs.log" 2>&1 \
-        || { tail -30 "$work/vision_msgs.log"; die "building vision_msgs failed"; }
-      say "vision_msgs built ($((SECONDS - t0)) s)"
+        >"$work/vision_msgs.log" 2>&1 &
+      vpid=$!
     else
       say "no $dir/src/vision_msgs: the node will say that vision_msgs output is off"
+      say "building photon_ros (msg/srv/action via CMake, $CMAKE_BUILD_PARALLEL_LEVEL jobs)"
     fi
-    say "building photon_ros (msg/srv/action via CMake, $CMAKE_BUILD_PARALLEL_LEVEL jobs)"
     (cd "$REPO" && "$vpy" -m pip install -q --no-index --no-deps --no-build-isolation \
         --ignore-installed . >"$work/photon_ros.log" 2>&1) \
-      || { tail -40 "$work/photon_ros.log"; die "building photon_ros failed (log above)"; }
+      || { tail -40 "$work/photon_ros.log"; [ -z "$vpid" ] || wait "$vpid" || true
+           die "building photon_ros failed (log above)"; }
+    say "photon_ros built ($((SECONDS - t0)) s)"
+    if [ -n "$vpid" ]; then
+      wait "$vpid" || { tail -30 "$work/vision_msgs.log"; die "building vision_msgs failed"; }
+      say "vision_msgs built ($((SECONDS - t0)) s)"
+    fi
     rm -rf "$work"
     touch "$venv/.photon-gpu-ros-$stamp"
     say "installed and built in $((SECONDS - t0)) s"
