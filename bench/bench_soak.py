@@ -452,12 +452,20 @@ def soak(args) -> int:
     try:
         say(f"node pid {proc.pid}: waiting for it to load the model and become active "
             f"(up to {args.startup_timeout:g} s)")
-        t_up = time.monotonic()
+        t_up, t_active = time.monotonic(), None
         while not client.wait_for_service(timeout_sec=1.0):   # the services exist once active
             if proc.poll() is not None:
                 raise RuntimeError(f"the node exited (rc {proc.returncode}) before it was active")
             if time.monotonic() - t_up > args.startup_timeout:
                 raise RuntimeError(f"the node was not active after {args.startup_timeout:g} s")
+            if t_active is None and "]: active: model" in (run_dir / "node.log").read_text():
+                t_active = time.monotonic()
+                say("the node says it is active (node.log); waiting for its services over DDS")
+            if t_active is not None and time.monotonic() - t_active > 60:
+                raise RuntimeError("the node is active (node.log) but its query service is not "
+                                   "visible over DDS after 60 s: discovery between processes "
+                                   "fails on this machine; --in-process runs the same load "
+                                   "without DDS")
         summary["startup_s"] = round(time.monotonic() - t_up, 1)
         say(f"node active after {summary['startup_s']} s; load starts")
         end = time.monotonic() + 60
