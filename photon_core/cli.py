@@ -156,8 +156,8 @@ def register_builtin(sub) -> None:
     p.add_argument("--old-layout", action="store_true",
                    help="moondream2: use the older tensor names")
     p.add_argument("--real-shapes", action="store_true",
-                   help="moondream2: the real model's shapes (1.9 B parameters, ~3.7 GB bf16) "
-                        "with random weights, for GPU benchmarks and soaks")
+                   help="moondream2: the real model's shapes (1.93 B parameters, 3.85 GB "
+                        "in bf16) with random weights, for GPU benchmarks and soaks")
     p.add_argument("--device", default="cpu",
                    help="with --real-shapes: where the random weights are generated (cuda: "
                         "seconds; cpu: about a minute and ~8 GB of memory)")

@@ -7,7 +7,7 @@ patches (729 image tokens), 27 vision layers (it pools to enc_n_layers x enc_n_l
 64-dim text heads (its rotary code assumes 32 rotated dims) and a 2048-token context.
 `fast=True` gives a smaller, faster (not reference-loadable) vision tower for unit tests.
 `real_shapes=True` gives Moondream 2's real shapes (MoondreamConfig() defaults: 1.9 B
-parameters, about 3.7 GB in bf16) with random weights, for benchmarks and soaks on a GPU where
+parameters, 3.85 GB in bf16) with random weights, for benchmarks and soaks on a GPU where
 the real weights cannot be downloaded; generated on `device` (a GPU takes seconds). Its
 tokenizer is still the small test one (generated ids it does not know decode to nothing).
 """
