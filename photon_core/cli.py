@@ -95,7 +95,21 @@ def _make_test_model(args) -> int:
         print(f"unknown model family {args.family!r}; known: {', '.join(sorted(fams))}",
               file=sys.stderr)
         return 2
-    kw = {"fast": args.fast, "old_layout": args.old_layout} if args.family == "moondream2" else {}
+    if args.family == "moondream2":
+        kw = {"fast": args.fast, "old_layout": args.old_layout}
+        if args.real_shapes:
+            from .models.moondream2.model import parse_device
+            try:
+                kw.update(real_shapes=True, device=parse_device(args.device))
+            except ValueError as e:
+                print(f"photon make-test-model: error: {e}", file=sys.stderr)
+                return 2
+    elif args.real_shapes:
+        print("photon make-test-model: error: --real-shapes is for moondream2 only",
+              file=sys.stderr)
+        return 2
+    else:
+        kw = {}
     out = fams[args.family].make_test_model(args.dir, seed=args.seed, **kw)
     print(json.dumps({"written": str(out)}))
     return 0
@@ -141,6 +155,12 @@ def register_builtin(sub) -> None:
                         "cannot load it)")
     p.add_argument("--old-layout", action="store_true",
                    help="moondream2: use the older tensor names")
+    p.add_argument("--real-shapes", action="store_true",
+                   help="moondream2: the real model's shapes (1.93 B parameters, 3.85 GB "
+                        "in bf16) with random weights, for GPU benchmarks and soaks")
+    p.add_argument("--device", default="cpu",
+                   help="with --real-shapes: where the random weights are generated (cuda: "
+                        "seconds; cpu: about a minute and ~8 GB of memory)")
     p.set_defaults(func=_make_test_model)
 
 

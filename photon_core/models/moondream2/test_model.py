@@ -6,6 +6,10 @@ The default tiny config keeps what the reference hard-codes: 378-pixel crops of 
 patches (729 image tokens), 27 vision layers (it pools to enc_n_layers x enc_n_layers),
 64-dim text heads (its rotary code assumes 32 rotated dims) and a 2048-token context.
 `fast=True` gives a smaller, faster (not reference-loadable) vision tower for unit tests.
+`real_shapes=True` gives Moondream 2's real shapes (MoondreamConfig() defaults: 1.9 B
+parameters, 3.85 GB in bf16) with random weights, for benchmarks and soaks on a GPU where
+the real weights cannot be downloaded; generated on `device` (a GPU takes seconds). Its
+tokenizer is still the small test one (generated ids it does not know decode to nothing).
 """
 from __future__ import annotations
 
@@ -74,26 +78,42 @@ TEST_EOS_BIAS = {"fast": 2.5, "reference": 3.0}
 
 
 def make_test_model(out_dir, seed: int = 0, fast: bool = False, old_layout: bool = False,
-                    dtype=torch.float32) -> Path:
-    """Write model.safetensors + config.json + tokenizer.json of a tiny random model."""
+                    dtype=None, real_shapes: bool = False, device="cpu",
+                    config: MoondreamConfig | None = None) -> Path:
+    """Write model.safetensors + config.json + tokenizer.json of a random model: tiny by
+    default, Moondream 2's real shapes with `real_shapes` (bf16 unless `dtype` says otherwise),
+    or the shapes of `config`. Tensors are generated on `device` and written one by one."""
     from safetensors.torch import save_file
 
-    from .weights import old_layout_name, random_weights, _OLD_TRANSPOSED
+    from .weights import TEST_MODEL_KEY, _OLD_TRANSPOSED, old_layout_name, random_weights
 
+    if real_shapes and (fast or config is not None):
+        raise ValueError("real_shapes cannot be combined with fast or config")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_test_tokenizer()
-    cfg = tiny_config(tok, fast=fast)
-    w = random_weights(cfg, "cpu", dtype, seed, eos_bias=TEST_EOS_BIAS["fast" if fast else "reference"])
-    if old_layout:
-        tensors = {old_layout_name(k): (v.T if k in _OLD_TRANSPOSED else v).contiguous()
-                   for k, v in w.items()}
+    if real_shapes:
+        cfg = MoondreamConfig()          # every field the real Moondream 2 default
+    elif config is not None:
+        cfg = config
     else:
-        tensors = {"model." + k: v for k, v in w.items()}
-    from .weights import TEST_MODEL_KEY
-
-    note = (f"tiny random test model (seed {seed}{', fast' if fast else ''}): its answers are "
-            "meaningless")
+        cfg = tiny_config(tok, fast=fast)
+    if dtype is None:
+        dtype = torch.bfloat16 if real_shapes else torch.float32
+    # random real-shape models get no eos bias: every answer runs to its limit (the worst case)
+    bias = 0.0 if real_shapes or config is not None else TEST_EOS_BIAS["fast" if fast else "reference"]
+    w = random_weights(cfg, device, dtype, seed, eos_bias=bias)
+    tensors = {}
+    for k in list(w.keys()):
+        v = w[k]
+        del w[k]                          # keep one copy of each tensor, not two
+        if old_layout:
+            tensors[old_layout_name(k)] = (v.T if k in _OLD_TRANSPOSED else v).contiguous().cpu()
+        else:
+            tensors["model." + k] = v.cpu()
+    kind = ("real-shape (Moondream 2) random model" if real_shapes
+            else "random test model" if config is not None else "tiny random test model")
+    note = (f"{kind} (seed {seed}{', fast' if fast else ''}): its answers are meaningless")
     save_file(tensors, str(out / "model.safetensors"), metadata={TEST_MODEL_KEY: note})
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     tok.save(str(out / "tokenizer.json"))
