@@ -50,7 +50,7 @@ def _wait(cnt_ptr, idx, target):
 @triton.jit
 def _aligned(off, ALIGNED: tl.constexpr):
     if ALIGNED:
-        off = tl.multiple_of(off, 16)
+        off = (off // 16) * 16
     return off
 
 
