@@ -58,7 +58,7 @@ class Compiled:
     bases: dict[str, torch.Tensor]   # arena -> base tensor
     offsets: dict[str, int]          # buffer name -> element offset in its arena
     makespan_us: float               # the scheduler's estimate
-    aligned: bool                    # every operand offset a multiple of 16 elements
+    aligned: bool                    # every offset the kernel hints a multiple of 16 elements
 
     def queues(self) -> list[list[Instr]]:
         q = self.queue.tolist()
@@ -159,14 +159,12 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
     dev = next(iter(buffers.values())).device
     bases: dict[str, torch.Tensor] = {}
     offsets: dict[str, int] = {}
-    aligned = True
     for name, t in buffers.items():
         a = arena_of(t, model_dtype)
         base = bases.setdefault(a, t)
         diff = t.data_ptr() - base.data_ptr()
         assert diff % t.element_size() == 0, name
         offsets[name] = diff // t.element_size()
-        aligned &= offsets[name] % 16 == 0
     if model_dtype == torch.float32:         # fp32 model: the "f" operands live in "w"
         bases["f"] = bases["w"]
     for a in ARENAS:                         # an unused arena still needs a pointer
@@ -218,6 +216,11 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             list(ins.waits) + [(NO_WAIT, 0)] * 2)[:2]
         r[F_SIG] = ins.signal
         rows.append(r)
+    # the kernel hints every instruction's a / w / b / y offsets (and a GEMV's LayerNorm
+    # operands) as multiples of 16 elements (16-byte vector loads): only where all are
+    hinted = [r[f] for r in rows for f in (F_A, F_W, F_B, F_Y)] + [
+        r[f] for r in rows if r[F_OP] in GEMV_OPS for f in (F_P4, F_P5, F_P6)]
+    aligned = all(v % 16 == 0 for v in hinted)
     table = torch.tensor(rows, dtype=torch.int64, device=dev)
     n_attn = sum(1 for op in ops if op.kind == OP_ATTN)
     assert sorted(op.params["layer"] for op in ops if op.kind == OP_ATTN) == list(range(n_attn))
