@@ -89,6 +89,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
     else:
         acc = tl.zeros([BN, BK], dtype=tl.float32)
+    xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
     for s in tl.range(0, n_steps, num_stages=STAGES):
         blk = s // KT
         kk = (s - blk * KT) * BK
@@ -96,7 +97,13 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         n_ok = offs_n < n1
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * K + kk + k0[None, :],
                     mask=n_ok[:, None], other=0.0)
-        acc = _mac(acc, w, x_rows, kk + k0, b_ok, DOT)
+        # the next step's activations (L2) are loaded before this step's products: their
+        # latency is not on the per-step chain
+        kn = ((s + 1) % KT) * BK
+        xn = tl.load(x_rows + kn + k0[None, :], mask=b_ok[:, None], other=0.0,
+                     cache_modifier=".cg")
+        acc = _mac_x(acc, w, xk, DOT)
+        xk = xn
         if kk == K - BK:
             if DOT:
                 _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
@@ -133,6 +140,12 @@ def _gemv_prefetch(w_ptr, n0, n1, K: tl.constexpr, BN: tl.constexpr, BK: tl.cons
 def _mac(acc, w, x_rows, k0, b_ok, DOT: tl.constexpr):
     """acc += the products of one [BN, BK] weight tile with the activations at k0."""
     x = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+    return _mac_x(acc, w, x, DOT)
+
+
+@triton.jit
+def _mac_x(acc, w, x, DOT: tl.constexpr):
+    """acc += the products of one [BN, BK] weight tile with the activation tile x."""
     if DOT:
         acc += tl.dot(x.to(w.dtype), tl.trans(w))
     else:

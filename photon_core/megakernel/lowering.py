@@ -28,7 +28,7 @@ from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W
                            OP_GEMV_W2, Operand, ProgramOp)
 
 
-GEMV_CHOICES = ("fused", "fma", "small", "pipe", "pipe_fma")
+GEMV_CHOICES = ("fused", "fma", "small", "pipe", "pipe_fma", "pipe_same")
 PIPE_TILE = (16, 256)       # "pipe" / "pipe_fma" rows x K per step unless "@ROWSxK" is given
 
 
@@ -58,8 +58,19 @@ def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
     "small": register-light tensor-core tiles (64 x 64; 16 x 128 for the residual GEMV);
     "pipe" / "pipe_fma" (kernel._gemv_pipe): tiles of PIPE_TILE (or "@ROWSxK") rows x K per
     pipelined step for every GEMV, tensor cores ("pipe") or at b=1 FMA ("pipe_fma"; b > 1:
-    tensor cores); 16 rows give ~128 row tiles per op on 132 SMs."""
+    tensor cores); 16 rows give ~128 row tiles per op on 132 SMs; "pipe_same": the fused
+    picks' K tiles (the same sums as the fused backend), as pipelined streams."""
     gemv, (rows, bk) = parse_gemv(gemv)
+    if gemv == "pipe_same":
+        # the fused backend's picks run as pipelined streams, each output summed in the
+        # same order: tl.dot tiles keep their BLOCK_K (the row count does not change the
+        # sums) but take 16 rows; FMA tiles keep their shape (their final reduction's tree
+        # follows the tile; with the fused kernels' 4 warps it is the same)
+        cfg = gemv_configs(b, n1, d, kw2, vocab, n_split, "fused")
+        for op, c in cfg.items():
+            if c.dot and (op != OP_GEMV_W1 or n_split % 16 == 0):
+                cfg[op] = G.GemvConfig(16, c.block_k, 1, c.num_warps, 1, True)
+        return cfg
     if gemv.startswith("pipe"):
         dot = gemv == "pipe" or b > 1
         cfg = {}

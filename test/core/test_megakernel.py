@@ -244,7 +244,7 @@ def test_gemv_unroll_gives_the_same_bits(dot):
 
 
 @pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
-                                           ("pipe@16x64", 1, 2)])
+                                           ("pipe@16x64", 1, 2), ("pipe_same", 1, 3)])
 def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
     """kernel._gemv_pipe (every GEMV instruction as one software-pipelined loop over its
     (row block, K tile) steps, the epilogue at each block's last K tile): the same fields as
