@@ -400,6 +400,10 @@ def child_mk(args):
         except Exception:  # noqa: BLE001
             row[f"{name}_error"] = traceback.format_exc()[-2000:]
             say(f"b={b} {name} failed: {row[f'{name}_error']}")
+        # what is measured so far, should a later variant hang (the parent reads these)
+        print("PARTIAL " + json.dumps({f"b{b}": {k: v for k, v in row.items()
+                                                 if k.startswith(name)}}, default=str),
+              flush=True)
     print("RESULT " + json.dumps(res, default=str), flush=True)
 
 
@@ -417,11 +421,17 @@ def run_child(mode, args, env, timeout):
         out = (e.stdout or b"")
         out = out.decode() if isinstance(out, bytes) else out
         say(f"[{mode}] TIMEOUT after {timeout:.0f} s (deadlock or slow compile); output:\n"
-            + out[-3000:])
-        return {"timeout": True}
+            + "\n".join(ln for ln in out.splitlines()[-40:]
+                         if not ln.startswith(("PARTIAL ", "RESULT "))))
+        res = {"timeout": True}
+        for line in out.splitlines():       # the variants measured before the hang
+            if line.startswith("PARTIAL "):
+                for bb, r in json.loads(line[8:]).items():
+                    res.setdefault(bb, {}).update(r)
+        return res
     wall = time.perf_counter() - t0
     for line in p.stdout.splitlines():
-        if not line.startswith("RESULT "):
+        if not line.startswith(("RESULT ", "PARTIAL ")):
             say(f"[{mode}] {line}")
     if p.returncode != 0:
         say(f"[{mode}] exit {p.returncode}; stderr tail:\n{p.stderr[-3000:]}")

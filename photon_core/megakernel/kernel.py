@@ -635,8 +635,9 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["ARG_BLOCK"] = min(4096, triton.next_power_of_2(sh["V"]))
     kw["ALIGNED"] = bool(aligned)
     kw["PIPE"] = bool(pipe)
-    kw["PF"] = 0 if interpreted() else int(pf)
-    kw["PFN"] = 0 if interpreted() else int(pfn)
+    # (bulk prefetches need 16-byte aligned addresses: only with an aligned table)
+    kw["PF"] = 0 if interpreted() or not aligned else int(pf)
+    kw["PFN"] = 0 if interpreted() or not aligned else int(pfn)
     kw["NT"] = 32 * num_warps
     return kw
 
