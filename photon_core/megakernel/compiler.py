@@ -138,6 +138,29 @@ def schedule(instrs: list[Instr], n_sm: int) -> float:
     return max(free)
 
 
+def ln_key(ins: Instr):
+    """What a GEMV's fused LayerNorm computes: its operands and the counter states it waits
+    for (None: no LayerNorm)."""
+    a = ins.args
+    if ins.op not in GEMV_OPS or "ln_inp" not in a:
+        return None
+    return a["ln_inp"], a["ln_gamma"], a["ln_beta"], ins.waits
+
+
+def mark_ln_reuse(queues: list[list[Instr]]) -> None:
+    """A GEMV whose fused LayerNorm is the one the previous instruction of its queue just
+    computed into the program's scratch (same operands, same waits: e.g. w1fc1.i after
+    w1qkv.i) reads the scratch instead of computing it again (one LayerNorm, its x reads and
+    its CTA barrier less per layer and program). Same waits = the same version of the
+    input: anything writing it in between would race with the first instruction's read."""
+    for q in queues:
+        last = None
+        for ins in q:
+            key = ln_key(ins)
+            ins.ln_reuse = key is not None and key == last
+            last = key
+
+
 def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,
                     shape: dict, gemv_cfg: dict, n_sm: int,
                     model_dtype: torch.dtype, attn_per: int | None = None) -> Compiled:
@@ -151,6 +174,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
     for ins in instrs:                       # instrs is in topological order
         ins.sm = prog[ins.sm]
         queues[ins.sm].append(ins)
+    mark_ln_reuse(queues)
     ordered = [i for q in queues for i in q]
     queue = [0]
     for q in queues:
@@ -193,7 +217,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                 r[F_A] = off(a["inp"]) + ins.sm * b * d
                 r[F_P4], r[F_P5], r[F_P6] = (off(a["ln_inp"]), off(a["ln_gamma"]),
                                              off(a["ln_beta"]))
-                r[F_P7] = ins.params["ln_in_f32"]
+                r[F_P7] = -1 if ins.ln_reuse else ins.params["ln_in_f32"]
         elif ins.op == OP_ATTN:
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))

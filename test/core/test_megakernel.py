@@ -119,6 +119,20 @@ def test_compiler_schedule_covers_every_tile_in_topological_queues():
     for k, ins in enumerate(c.instrs):
         if "ln_inp" in ins.args:
             assert int(c.table[k, F_A]) == hs + ins.sm * rows * d
+    # a GEMV reuses its program's LayerNorm scratch only right after an instruction of the
+    # same queue that computed the same LayerNorm (operands and waits); the table says so
+    from photon_core.megakernel.compiler import ln_key
+    from photon_core.megakernel.instructions import F_P7
+    n_reuse = 0
+    for q in c.queues():
+        for prev, ins in zip([None] + q[:-1], q):
+            if ins.ln_reuse:
+                n_reuse += 1
+                assert prev is not None and ln_key(prev) == ln_key(ins) is not None
+    assert n_reuse > 0
+    for k, ins in enumerate(c.instrs):
+        if "ln_inp" in ins.args:
+            assert (int(c.table[k, F_P7]) == -1) == ins.ln_reuse
     # every wait targets the producer op's full instruction count
     count = {}
     for i in c.instrs:
