@@ -402,7 +402,7 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
              HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
-             PF: tl.constexpr, NT: tl.constexpr):
+             PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
@@ -419,7 +419,8 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
     if PF > 0:      # the cached keys / values of the splits below the position into L2
         esz: tl.constexpr = kc_ptr.dtype.element_ty.primitive_bitwidth // 8
         kv_lo = s0 * CHUNK
-        kv_n = ((tl.minimum(s1 * CHUNK, pw) - kv_lo) * (S_POS * esz)).to(tl.int64)
+        kv_n = tl.minimum(((tl.minimum(s1 * CHUNK, pw) - kv_lo) * (S_POS * esz)).to(tl.int64),
+                          PF)
         _l2_prefetch(kc_ptr + cache_off + kv_lo * S_POS, kv_n, NT)
         _l2_prefetch(vc_ptr + cache_off + kv_lo * S_POS, kv_n, NT)
     j = s0 * CHUNK + tl.arange(0, CHUNK)
@@ -454,7 +455,7 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
     sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
     _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr, row,
                 h, NH, HD, CHUNK, NSPLIT)
-    for sp in range(s0 + 1, s1):
+    for sp in tl.range(s0 + 1, s1, num_stages=STAGES if B > 1 else 1):
         j = sp * CHUNK + tl.arange(0, CHUNK)
         kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                      mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
@@ -573,7 +574,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                      wb + w_off, wb + b_off, fb + m_off, fb + l_off, fb + acc_off, wb + y_off,
                      n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
                      NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                     S_POS, PF, NT)
+                     S_POS, PF, NT, STAGES)
         else:
             _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
             _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
