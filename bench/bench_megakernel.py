@@ -51,7 +51,7 @@ LINES: list[str] = []
 # wait (pf) and of the next instruction (pfn), fewer warps
 VARIANTS1 = ",".join((
     "pipe_fma@16x512/w8/s4/pf32/pfn64", "fma/w8/s3/u4/noalign", "fma/w8/s3/u4",
-    "pipe_fma@16x512/w8/s4", "pipe_fma@16x512/w8/s6/pf64/pfn128", "pipe_fma/w8/s6/pf32/pfn64",
+    "pipe_fma@16x512/w8/s4", "pipe_fma@16x512/w8/s6/pf64/pfn128", "pipe_fma@16x512/w8/s4/pf32/pfn64/sl100",
     "pipe_fma@16x1024/w8/s3/pf64/pfn128", "pipe@16x512/w4/s4/pf32/pfn64",
     "pipe_same/w4/s4/pf32/pfn64"))
 VARIANTS8 = ",".join((
@@ -295,7 +295,7 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
     mk = mks[gk]
     c.fd.pdl = False
     kw = dict(num_warps=v.warps, num_stages=v.stages, unroll=v.unroll or mk.unroll,
-              pf=v.pf, pfn=v.pfn, align=v.align)
+              pf=v.pf, pfn=v.pfn, align=v.align, sleep=v.sleep)
 
     def mk_step():
         mk.feed()

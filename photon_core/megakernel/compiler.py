@@ -15,7 +15,8 @@
    instruction in that order always has its dependencies done and sits at the head of its
    queue.
 3. tensors: the int64 instruction table (instructions.py layout) sorted by queue, the
-   queue offsets [n_programs + 1] (int32) and the counters (int32): one per op, one per
+   queue offsets [n_programs + 1] (int32) and the counters (int32): one per op (CNT_STRIDE
+   apart), one per
    (row, head) of attention, and last the count of finished programs (the last program to
    finish zeroes all of them, so the next launch starts from 0). A GEMV with a fused
    LayerNorm gets its program's private scratch rows as its input (offset by program).
@@ -37,6 +38,11 @@ GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
 # instruction (wait, fetch, signal); H200: 4.26 TB/s over 132 SMs
 SM_BYTES_PER_US = 4.26e6 / 132
 INSTR_US = 0.6
+# op counters lie CNT_STRIDE int32 apart (128 bytes: one L2 line each), so the spinning
+# reads of one op's counter do not share a line with the atomic adds on another's; the
+# table's wait / signal fields hold the scaled index, the per-(layer, row, head) merge
+# counters follow at len(ops) * CNT_STRIDE
+CNT_STRIDE = 32
 
 
 def arena_of(t: torch.Tensor, model_dtype: torch.dtype) -> str:
@@ -53,7 +59,7 @@ class Compiled:
     ops: list[ProgramOp]
     table: torch.Tensor              # int64 [n_instr, N_FIELDS]
     queue: torch.Tensor              # int32 [n_programs + 1]
-    counters: torch.Tensor           # int32 [n_ops + n_layers * b * n_heads + 1]
+    counters: torch.Tensor           # int32 [n_ops * CNT_STRIDE + n_layers * b * n_heads + 1]
     n_programs: int
     bases: dict[str, torch.Tensor]   # arena -> base tensor
     offsets: dict[str, int]          # buffer name -> element offset in its arena
@@ -237,8 +243,8 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         else:
             raise ValueError(ins.op)
         (r[F_WAIT0], r[F_TGT0]), (r[F_WAIT1], r[F_TGT1]) = (
-            list(ins.waits) + [(NO_WAIT, 0)] * 2)[:2]
-        r[F_SIG] = ins.signal
+            [(w * CNT_STRIDE, t) for w, t in ins.waits] + [(NO_WAIT, 0)] * 2)[:2]
+        r[F_SIG] = ins.signal * CNT_STRIDE
         rows.append(r)
     # the kernel hints every instruction's a / w / b / y offsets (and a GEMV's LayerNorm
     # operands) as multiples of 16 elements (16-byte vector loads): only where all are
@@ -250,6 +256,6 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
     assert sorted(op.params["layer"] for op in ops if op.kind == OP_ATTN) == list(range(n_attn))
     return Compiled(ordered, ops, table,
                     torch.tensor(queue, dtype=torch.int32, device=dev),
-                    torch.zeros(len(ops) + n_attn * b * shape["NH"] + 1,
+                    torch.zeros(len(ops) * CNT_STRIDE + n_attn * b * shape["NH"] + 1,
                                 dtype=torch.int32, device=dev),
                     len(queues), bases, offsets, makespan, aligned)

@@ -35,16 +35,27 @@ import triton
 import triton.language as tl
 
 from ..ops.decode_attention import _merge
+from .compiler import CNT_STRIDE
 
 _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
 
 
 @triton.jit
-def _wait(cnt_ptr, idx, target):
+def _wait(cnt_ptr, idx, target, SLEEP: tl.constexpr):
     if idx >= 0:
         while tl.load(cnt_ptr + idx, volatile=True) < target:
-            pass
+            if SLEEP > 0:     # back off: fewer polls of the counter's L2 line
+                tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
+                                          [tl.full([], SLEEP, tl.int32)], dtype=tl.int32,
+                                          is_pure=False, pack=1)
         tl.atomic_add(cnt_ptr + idx, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _waits(rec, cnt_ptr, SLEEP: tl.constexpr):
+    """The instruction's (up to) two waits: table fields 11..14 (counter, target)."""
+    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32), SLEEP)
+    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32), SLEEP)
 
 
 @triton.jit
@@ -310,7 +321,7 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
              BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
-             ALIGNED: tl.constexpr):
+             ALIGNED: tl.constexpr, SLEEP: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (fields 16..19: input, gamma, beta, input
@@ -329,8 +340,7 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
         p0, p1, p2, p3 = _load_group(w_ptr, 0, 1, n0, n1, K, BN, BK, UNROLL)
     else:
         p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
-    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
-    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+    _waits(rec, cnt_ptr, SLEEP)
     in_f32 = tl.load(rec + 19)
     if in_f32 >= 0:
         ln_in = _aligned(tl.load(rec + 16), ALIGNED)
@@ -402,7 +412,8 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
              HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
-             PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr):
+             PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
+             SLEEP: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
@@ -428,8 +439,7 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
                  mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
     vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                  mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
-    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
-    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+    _waits(rec, cnt_ptr, SLEEP)
     rot = d < 2 * HALF
     even = (d % 2) == 0
     fi = tl.where(rot, d // 2, 0)
@@ -530,7 +540,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LM_DOT: tl.constexpr, LM_UN: tl.constexpr,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
-               PFN: tl.constexpr, NT: tl.constexpr):
+               PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -560,24 +570,23 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         if op == 0:      # OP_GEMV_W1 (LayerNorm of x fused)
             _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
                      p0.to(tl.int32), p1.to(tl.int32), D, SU, eps, B, D, D, 1, W1_BB, W1_BN,
-                     W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED)
+                     W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
         elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
             _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, fb + b_off, fb + y_off, n0, n1,
                      0, 0, SU, D, eps, B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                     W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED)
+                     W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
         elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
             _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
                      0, 0, D, LS, eps, B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                     LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED)
+                     LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
         elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
             _attn_op(rec, cnt_ptr, hc_base, wb + a_off, ib + p0, fb + cos_off, fb + sin_off,
                      wb + w_off, wb + b_off, fb + m_off, fb + l_off, fb + acc_off, wb + y_off,
                      n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
                      NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                     S_POS, PF, NT, STAGES)
+                     S_POS, PF, NT, STAGES, SLEEP)
         else:
-            _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
-            _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+            _waits(rec, cnt_ptr, SLEEP)
             if op == 4:    # OP_ADVANCE
                 _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                              ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
@@ -613,7 +622,8 @@ UNROLL = 4
 
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
-               pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8) -> dict:
+               pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
+               sleep: int = 0) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -640,20 +650,23 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["PF"] = 0 if interpreted() or not aligned else int(pf)
     kw["PFN"] = 0 if interpreted() or not aligned else int(pfn)
     kw["NT"] = 32 * num_warps
+    kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
-                num_warps: int = 8, align: bool = True) -> tuple[tuple, dict]:
+                num_warps: int = 8, align: bool = True, sleep: int = 0
+                ) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3)."""
     off = c.offsets
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
-            c.n_programs, c.counters.numel(), len(c.ops), 1e-5, low.shape["HD"] ** -0.5)
+            c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
+            low.shape["HD"] ** -0.5)
     return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                            getattr(low, "pipe", False), pf, pfn, num_warps)
+                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -663,11 +676,12 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
-           unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True):
+           unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
+           sleep: int = 0):
     """One step: the whole instruction table in one launch (grid = c.n_programs)."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align)
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

@@ -24,8 +24,9 @@ class Variant:
     """One build of the megakernel: the GEMV shapes (lowering.GEMV_CHOICES, "pipe*@RxK", or
     "auto"), warps, software-pipelining stages, register unroll of the non-pipe GEMVs (0:
     MegakernelStep's default), L2 prefetch bytes of an instruction's own weights / k/v
-    before its wait (pf) and of the next instruction's weights (pfn), alignment hints.
-    Written "gemv/w8/s4/u2/pf32/pfn64/noalign" (any order after the GEMV; pf in KiB)."""
+    before its wait (pf) and of the next instruction's weights (pfn), alignment hints,
+    nanoseconds of back-off per counter poll (sleep). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/noalign" (any order after the GEMV; pf in KiB)."""
     gemv: str = "auto"
     warps: int = 8
     stages: int = 3
@@ -33,6 +34,7 @@ class Variant:
     pf: int = 0
     pfn: int = 0
     align: bool = True
+    sleep: int = 0
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -40,8 +42,8 @@ class Variant:
         kw: dict = {"gemv": parts[0]}
         for p in parts[1:]:
             for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024),
-                                     ("w", "warps", 1), ("s", "stages", 1),
-                                     ("u", "unroll", 1)):
+                                     ("sl", "sleep", 1), ("w", "warps", 1),
+                                     ("s", "stages", 1), ("u", "unroll", 1)):
                 if p.startswith(key) and p[len(key):].isdigit():
                     kw[name] = int(p[len(key):]) * scale
                     break
@@ -56,6 +58,7 @@ class Variant:
         s += f"/u{self.unroll}" if self.unroll else ""
         s += f"/pf{self.pf // 1024}" if self.pf else ""
         s += f"/pfn{self.pfn // 1024}" if self.pfn else ""
+        s += f"/sl{self.sleep}" if self.sleep else ""
         return s + ("" if self.align else "/noalign")
 
 
@@ -115,6 +118,7 @@ class MegakernelStep:
             kw.setdefault("pf", v.pf)
             kw.setdefault("pfn", v.pfn)
             kw.setdefault("align", v.align)
+            kw.setdefault("sleep", v.sleep)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):
