@@ -246,9 +246,11 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             [(w * CNT_STRIDE, t) for w, t in ins.waits] + [(NO_WAIT, 0)] * 2)[:2]
         r[F_SIG] = ins.signal * CNT_STRIDE
         rows.append(r)
-    # the kernel hints every instruction's a / w / b / y offsets (and a GEMV's LayerNorm
-    # operands) as multiples of 16 elements (16-byte vector loads): only where all are
-    hinted = [r[f] for r in rows for f in (F_A, F_W, F_B, F_Y)] + [
+    # the kernel hints the a / w / b / y offsets of GEMV and attention instructions (and a
+    # GEMV's LayerNorm operands) as multiples of 16 elements (16-byte vector loads): only
+    # where all are
+    hinted = [r[f] for r in rows if r[F_OP] in GEMV_OPS + (OP_ATTN,)
+              for f in (F_A, F_W, F_B, F_Y)] + [
         r[f] for r in rows if r[F_OP] in GEMV_OPS for f in (F_P4, F_P5, F_P6)]
     aligned = all(v % 16 == 0 for v in hinted)
     table = torch.tensor(rows, dtype=torch.int64, device=dev)

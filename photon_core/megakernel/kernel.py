@@ -547,10 +547,10 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
     for i in range(q0, q1):
         rec = table_ptr + i * _STRIDE
         op = tl.load(rec + 0)
-        a_off = _aligned(tl.load(rec + 1), ALIGNED)
-        w_off = _aligned(tl.load(rec + 2), ALIGNED)
-        b_off = _aligned(tl.load(rec + 3), ALIGNED)
-        y_off = _aligned(tl.load(rec + 4), ALIGNED)
+        a_off = tl.load(rec + 1)
+        w_off = tl.load(rec + 2)
+        b_off = tl.load(rec + 3)
+        y_off = tl.load(rec + 4)
         n0 = tl.load(rec + 5).to(tl.int32)
         n1 = tl.load(rec + 6).to(tl.int32)
         p0 = tl.load(rec + 7)
@@ -567,24 +567,30 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                     esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
                     _l2_prefetch(wb + _aligned(tl.load(nrec + 2), ALIGNED) + nn0 * nk,
                                  tl.minimum((tl.load(nrec + 6) - nn0) * nk * esz, PFN), NT)
-        if op == 0:      # OP_GEMV_W1 (LayerNorm of x fused)
-            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
-                     p0.to(tl.int32), p1.to(tl.int32), D, SU, eps, B, D, D, 1, W1_BB, W1_BN,
-                     W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
-        elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
-            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, fb + b_off, fb + y_off, n0, n1,
-                     0, 0, SU, D, eps, B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                     W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
-        elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
-            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
-                     0, 0, D, LS, eps, B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                     LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
-        elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
-            _attn_op(rec, cnt_ptr, hc_base, wb + a_off, ib + p0, fb + cos_off, fb + sin_off,
-                     wb + w_off, wb + b_off, fb + m_off, fb + l_off, fb + acc_off, wb + y_off,
-                     n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
-                     NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                     S_POS, PF, NT, STAGES, SLEEP)
+        if op <= 3:      # GEMV / attention: 16-element aligned operands (vector loads);
+            # (hinted inside the branch: a value merged from two branches loses the hint)
+            a_al = _aligned(a_off, ALIGNED)
+            w_al = _aligned(w_off, ALIGNED)
+            b_al = _aligned(b_off, ALIGNED)
+            y_al = _aligned(y_off, ALIGNED)
+            if op == 0:      # OP_GEMV_W1 (LayerNorm of x fused)
+                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
+                         p0.to(tl.int32), p1.to(tl.int32), D, SU, eps, B, D, D, 1, W1_BB, W1_BN,
+                         W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
+            elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
+                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
+                         0, 0, SU, D, eps, B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
+                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
+            elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
+                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
+                         0, 0, D, LS, eps, B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
+                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
+            elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
+                _attn_op(rec, cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
+                         wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
+                         n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
+                         NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
+                         S_POS, PF, NT, STAGES, SLEEP)
         else:
             _waits(rec, cnt_ptr, SLEEP)
             if op == 4:    # OP_ADVANCE

@@ -316,7 +316,9 @@ def test_variant_strings_and_alignment_flag():
     mk = MegakernelStep(fd, st, 2)
     t = mk.compiled.table
     # (CPU allocations are not always 16-element aligned: the flag follows the table)
-    assert not mk.compiled.aligned or bool((t[:, [F_A, F_W, F_B, F_Y]] % 16 == 0).all())
+    from photon_core.megakernel.instructions import F_OP
+    hinted = t[t[:, F_OP] <= 3][:, [F_A, F_W, F_B, F_Y]]      # GEMV and attention rows
+    assert not mk.compiled.aligned or bool((hinted % 16 == 0).all())
     ops = list(mk.low.ops)
     k = next(i for i, op in enumerate(ops) if op.name == "attn.0")
     a = dict(ops[k].args)
