@@ -346,9 +346,10 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
         ln_in = _aligned(tl.load(rec + 16), ALIGNED)
         g_off = _aligned(tl.load(rec + 17), ALIGNED)
         be_off = _aligned(tl.load(rec + 18), ALIGNED)
-        for r in range(B):
-            _ln_row(wb, fb, ln_in, in_f32, wb + g_off, wb + be_off, wb + a_off, r, eps,
-                    D, LN_BLOCK)
+        if in_f32 != 0:
+            _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
+        else:
+            _ln_rows(wb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
         tl.debug_barrier()
     if PIPE:
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
@@ -362,23 +363,26 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
 
 
 @triton.jit
-def _ln_row(wb, fb, a_off, in_f32, g_ptr, b_ptr, y_ptr, row, eps,
-            D: tl.constexpr, BLOCK: tl.constexpr):
+def _ln_rows(x_ptr, g_ptr, b_ptr, y_ptr, eps, B: tl.constexpr, D: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """LayerNorm of rows [0, B) of x into y (layernorm.py's per-row math, fp32 statistics);
+    gamma / beta loaded once, row r + 1 loaded before row r's reductions (its L2 latency off
+    the chain)."""
     offs = tl.arange(0, BLOCK)
     ok = offs < D
-    if in_f32 != 0:
-        x = tl.load(fb + a_off + row * D + offs, mask=ok, other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
-    else:
-        x = tl.load(wb + a_off + row * D + offs, mask=ok, other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
-    mean = tl.sum(x, axis=0) / D
-    xc = tl.where(ok, x - mean, 0.0)
-    var = tl.sum(xc * xc, axis=0) / D
-    rstd = 1.0 / tl.sqrt(var + eps)
     w = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
+    xn = tl.load(x_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    for r in range(B):
+        x = xn
+        xn = tl.load(x_ptr + tl.minimum(r + 1, B - 1) * D + offs, mask=ok, other=0.0,
+                     cache_modifier=".cg").to(tl.float32)
+        mean = tl.sum(x, axis=0) / D
+        xc = tl.where(ok, x - mean, 0.0)
+        var = tl.sum(xc * xc, axis=0) / D
+        rstd = 1.0 / tl.sqrt(var + eps)
+        tl.store(y_ptr + r * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty),
+                 mask=ok)
 
 
 @triton.jit
