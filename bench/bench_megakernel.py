@@ -277,7 +277,8 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
     import sys as _sys
     _sys.path.insert(0, str(ROOT / "bench"))
     from diag_megakernel import subset
-    from photon_core.megakernel.instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
+    from photon_core.megakernel.instructions import (OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
+                                                     OP_GEMV_W2)
     from photon_core.megakernel.kernel import launch
     from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
     torch = c.torch
@@ -323,7 +324,8 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
         row[f"{name}_graph_error"] = traceback.format_exc()[-1500:]
         say(f"b={b} {name} graph failed: {row[f'{name}_graph_error']}")
     for key, keep in (("nowait", lambda i: True),
-                      ("gemv_nowait", lambda i: i.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM))):
+                      ("gemv_nowait", lambda i: i.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)),
+                      ("attn_nowait", lambda i: i.op == OP_ATTN)):
         try:
             sub = subset(mk.compiled, keep)
             row[f"{name}_{key}_ms"] = _timed(torch, lambda: launch(sub, mk.low, **kw))
@@ -332,7 +334,8 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
     fl = row.get("floor_ms")
     say(f"b={b} {name}: graph {row.get(f'{name}_graph_ms')} ms, launch "
         f"{row[f'{name}_launch_ms']:.4f} ms, no waits {row.get(f'{name}_nowait_ms')} ms, "
-        f"GEMVs only (no waits) {row.get(f'{name}_gemv_nowait_ms')} ms, floor {fl}")
+        f"GEMVs only (no waits) {row.get(f'{name}_gemv_nowait_ms')} ms, attention only "
+        f"{row.get(f'{name}_attn_nowait_ms')} ms, floor {fl}")
     try:
         kern = launch(mk.compiled, mk.low, **kw)
         row[f"{name}_regs_spills_shared"] = (getattr(kern, "n_regs", None),
@@ -466,8 +469,8 @@ def table(out, args) -> list[str]:
                      f"+PDL {x(r.get('fused_pdl_ms'))}; default split-K {x(r.get('fused_nd_ms'))}"
                      f"; greedy PDL vs fused {g(r.get('pdl_vs_fused'))}")
     lines += ["", "| b | variant | graph ms (x floor) | fused / mk | no waits ms | GEMVs only, "
-              "no waits ms | regs, spills, smem | greedy 64 vs fused (tokens equal) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "no waits ms | attention only ms | regs, spills, smem | greedy vs fused "
+              "(tokens equal) |", "|---|---|---|---|---|---|---|---|---|"]
     for bb in (1, 8):
         r = b.get(f"b{bb}", {})
         fl, fused = r.get("floor_ms"), r.get("fused_ms")
@@ -475,13 +478,14 @@ def table(out, args) -> list[str]:
             n = f"mk[{vs}]"
             if f"{n}_error" in r and f"{n}_greedy" not in r:
                 lines.append(f"| {bb} | {vs} | error: "
-                             f"{r[f'{n}_error'].strip().splitlines()[-1][:120]} | | | | | |")
+                             f"{r[f'{n}_error'].strip().splitlines()[-1][:120]} | | | | | | |")
                 continue
             gm = r.get(f"{n}_graph_ms")
             xf = "-" if gm is None or not fl else f"{gm:.3f} ({gm / fl:.2f}x)"
             sp = "-" if not (fused and gm) else f"{fused / gm:.2f}"
             lines.append(f"| {bb} | {vs} | {xf} | {sp} | {_f(r.get(f'{n}_nowait_ms'))} | "
                          f"{_f(r.get(f'{n}_gemv_nowait_ms'))} | "
+                         f"{_f(r.get(f'{n}_attn_nowait_ms'))} | "
                          f"{r.get(f'{n}_regs_spills_shared', '-')} | "
                          f"{g(r.get(f'{n}_greedy'))} |")
     lines.append("")
