@@ -22,7 +22,7 @@ Phases (child processes):
               skipped (reported), so the table always prints.
 
 Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 420] [--steps 64]
-           [--variants1 8:4:fma,8:4:fused,8:1:fused] [--variants8 8:2:small,8:1:fused]
+           [--variants1 V,V,...] [--variants8 V,...]   (V: megakernel_step.Variant strings)
            [--skip-compile]
        PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/bench_megakernel.py --smoke
            (CPU: the same code paths on the tiny fp32 model, no graphs, no timing value)
@@ -46,6 +46,17 @@ sys.path.insert(0, str(ROOT))
 KV = 832
 POS = 785
 LINES: list[str] = []
+# the sweep (session 4): the session-3 build (2-byte loads: noalign), the same aligned, the
+# pipelined GEMV stream (FMA / tensor cores, tile sizes, stages), L2 prefetch before the
+# wait (pf) and of the next instruction (pfn), fewer warps
+VARIANTS1 = ",".join((
+    "pipe_fma@16x512/w8/s4/pf32/pfn64", "fma/w8/s3/u4/noalign", "fma/w8/s3/u4",
+    "pipe_fma@16x512/w8/s4", "pipe_fma@16x512/w8/s6/pf64/pfn128",
+    "pipe_fma@16x512/w8/s4/pf32/pfn64/sl100", "pipe_fma@16x1024/w8/s3/pf64/pfn128", "pipe@16x512/w4/s4/pf32/pfn64",
+    "pipe_same/w4/s4/pf32/pfn64"))
+VARIANTS8 = ",".join((
+    "pipe@16x512/w4/s4/pf32/pfn64", "small/w8/s3/u2/noalign", "pipe_same/w4/s4/pf32/pfn64",
+    "pipe@16x256/w4/s6/pf32/pfn64", "pipe@16x512/w8/s4/pf32/pfn64", "small/w8/s3/u2"))
 
 
 def say(s=""):
@@ -127,9 +138,10 @@ class Ctx:
         ds.forward(self.st, b)
         ds.lm_greedy(self.st, b)
 
-    def mk(self, b: int, gemv: str = "fused"):
+    def mk(self, b: int, variant: str = "auto"):
+        """A MegakernelStep for a Variant string (or a bare GEMV choice)."""
         from photon_core.megakernel.megakernel_step import MegakernelStep
-        return MegakernelStep(self.fd, self.st, b, gemv=gemv)
+        return MegakernelStep(self.fd, self.st, b, variant=variant)
 
 
 def _timed(torch, fn, reps=20, rounds=5):
@@ -168,13 +180,12 @@ def _graph(torch, fn):
 def child_compile(args):
     t0 = time.perf_counter()
     c = Ctx(args.smoke, 1)
-    from photon_core.megakernel.kernel import launch
-    w, u, gk = _variants(args)[0]
+    v = _variants(args)[0]
     t1 = time.perf_counter()
-    mk = c.mk(1, gk)
+    mk = c.mk(1, v)
     t2 = time.perf_counter()
     c.st.active.zero_()
-    launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+    mk.run_kernel()
     c.sync()
     t3 = time.perf_counter()
     cc = mk.compiled
@@ -185,14 +196,12 @@ def child_compile(args):
         "est_makespan_us": round(cc.makespan_us, 1)}), flush=True)
 
 
-def _variants(args, b: int = 1):
-    """--variants1 / --variants8 "w:u[:gemv],...": num_warps, GEMV unroll, GEMV shapes
-    (megakernel/lowering.py GEMV_CHOICES: fused | fma | small)."""
-    out = []
-    for v in (args.variants1 if b == 1 else args.variants8).split(","):
-        f = v.split(":")
-        out.append((int(f[0]), int(f[1]), f[2] if len(f) > 2 else "fused"))
-    return out
+def _variants(args, b: int = 1) -> list[str]:
+    """--variants1 / --variants8: comma-separated megakernel_step.Variant strings
+    ("gemv[@RxK]/w8/s4/u2/pf32/pfn64/noalign")."""
+    from photon_core.megakernel.megakernel_step import Variant
+    return [str(Variant.parse(v)) for v in
+            (args.variants1 if b == 1 else args.variants8).split(",")]
 
 
 def _greedy(c, b, steps, step_fn):
@@ -260,23 +269,38 @@ def _fused_baselines(c, b, args, row, wbytes, bw, pdl_check=True):
     return s0, ref
 
 
-def _megakernel_variant(c, b, w, u, gk, args, row, mks, s0, ref):
+def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
+    """One variant: greedy agreement with the fused reference over args.steps steps, then
+    (GPU) graph replay time, launch time, the same table with every wait dropped (the
+    instructions' own time: no dependency stalls; values garbage), only its GEMVs without
+    waits, registers / spills."""
+    import sys as _sys
+    _sys.path.insert(0, str(ROOT / "bench"))
+    from diag_megakernel import subset
+    from photon_core.megakernel.instructions import (OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
+                                                     OP_GEMV_W2)
     from photon_core.megakernel.kernel import launch
+    from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
     torch = c.torch
-    name = f"mk_w{w}_u{u}_{gk}"
+    v = Variant.parse(vs)
+    name = f"mk[{vs}]"
+    gk = v.gemv
     if gk not in mks:
-        mks[gk] = c.mk(b, gk)
+        mks[gk] = MegakernelStep(c.fd, c.st, b, variant=v)
         cm = mks[gk].compiled
         row[f"mk_{gk}_instructions"] = len(cm.instrs)
         row[f"mk_{gk}_programs"] = cm.n_programs
+        row[f"mk_{gk}_aligned"] = cm.aligned
         row[f"mk_{gk}_est_makespan_us"] = round(cm.makespan_us, 1)
         row[f"mk_{gk}_gemv_cfg"] = str(mks[gk].low.gemv_cfg)
     mk = mks[gk]
     c.fd.pdl = False
+    kw = dict(num_warps=v.warps, num_stages=v.stages, unroll=v.unroll or mk.unroll,
+              pf=v.pf, pfn=v.pfn, align=v.align, sleep=v.sleep)
 
     def mk_step():
         mk.feed()
-        launch(mk.compiled, mk.low, num_warps=w, unroll=u)
+        launch(mk.compiled, mk.low, **kw)
     c.restore(s0)
     t0 = time.perf_counter()
     mk_step()
@@ -286,7 +310,8 @@ def _megakernel_variant(c, b, w, u, gk, args, row, mks, s0, ref):
     row[f"{name}_greedy"] = _agreement(ref, _greedy(c, b, args.steps, mk_step))
     row[f"{name}_counters_reset"] = int(mk.compiled.counters.abs().sum()) == 0
     say(f"b={b} greedy {args.steps} steps, megakernel {name} vs fused: "
-        f"{row[f'{name}_greedy']} (first launch {row[f'{name}_first_launch_s']} s)")
+        f"{row[f'{name}_greedy']} (first launch {row[f'{name}_first_launch_s']} s, "
+        f"aligned {mk.compiled.aligned})")
     if args.smoke:
         return
     c.state_for(b, active=False)
@@ -298,13 +323,25 @@ def _megakernel_variant(c, b, w, u, gk, args, row, mks, s0, ref):
     except Exception:  # noqa: BLE001
         row[f"{name}_graph_error"] = traceback.format_exc()[-1500:]
         say(f"b={b} {name} graph failed: {row[f'{name}_graph_error']}")
+    for key, keep in (("nowait", lambda i: True),
+                      ("gemv_nowait", lambda i: i.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)),
+                      ("attn_nowait", lambda i: i.op == OP_ATTN)):
+        try:
+            sub = subset(mk.compiled, keep)
+            row[f"{name}_{key}_ms"] = _timed(torch, lambda: launch(sub, mk.low, **kw))
+        except Exception:  # noqa: BLE001
+            row[f"{name}_{key}_error"] = traceback.format_exc()[-800:]
     fl = row.get("floor_ms")
-    say(f"b={b} {name}: launch {row[f'{name}_launch_ms']:.4f} ms, graph "
-        f"{row.get(f'{name}_graph_ms')} ms, floor {fl}")
+    say(f"b={b} {name}: graph {row.get(f'{name}_graph_ms')} ms, launch "
+        f"{row[f'{name}_launch_ms']:.4f} ms, no waits {row.get(f'{name}_nowait_ms')} ms, "
+        f"GEMVs only (no waits) {row.get(f'{name}_gemv_nowait_ms')} ms, attention only "
+        f"{row.get(f'{name}_attn_nowait_ms')} ms, floor {fl}")
     try:
-        kern = launch(mk.compiled, mk.low, num_warps=w, unroll=u)
-        row[f"{name}_regs_spills"] = (getattr(kern, "n_regs", None),
-                                      getattr(kern, "n_spills", None))
+        kern = launch(mk.compiled, mk.low, **kw)
+        row[f"{name}_regs_spills_shared"] = (getattr(kern, "n_regs", None),
+                                             getattr(kern, "n_spills", None),
+                                             getattr(getattr(kern, "metadata", None),
+                                                     "shared", None))
     except Exception:  # noqa: BLE001
         pass
 
@@ -352,9 +389,9 @@ def child_mk(args):
     jobs = [(1, v1[0]), (8, v8[0])] + [(1, v) for v in v1[1:]] + [(8, v) for v in v8[1:]]
     base, mks = {}, {1: {}, 8: {}}
 
-    for b, (w, u, gk) in jobs:
+    for b, vs in jobs:
         row = res.setdefault(f"b{b}", {})
-        name = f"mk_w{w}_u{u}_{gk}"
+        name = f"mk[{vs}]"
         if time.perf_counter() - t_start > args.budget:
             row[f"{name}_error"] = "skipped: over the child's time budget"
             say(f"b={b} {name} skipped (time budget)")
@@ -362,10 +399,14 @@ def child_mk(args):
         try:
             if b not in base:
                 base[b] = _fused_baselines(c, b, args, {}, 0, 1.0, pdl_check=False)
-            _megakernel_variant(c, b, w, u, gk, args, row, mks[b], *base[b])
+            _megakernel_variant(c, b, vs, args, row, mks[b], *base[b])
         except Exception:  # noqa: BLE001
             row[f"{name}_error"] = traceback.format_exc()[-2000:]
             say(f"b={b} {name} failed: {row[f'{name}_error']}")
+        # what is measured so far, should a later variant hang (the parent reads these)
+        print("PARTIAL " + json.dumps({f"b{b}": {k: v for k, v in row.items()
+                                                 if k.startswith(name)}}, default=str),
+              flush=True)
     print("RESULT " + json.dumps(res, default=str), flush=True)
 
 
@@ -383,11 +424,17 @@ def run_child(mode, args, env, timeout):
         out = (e.stdout or b"")
         out = out.decode() if isinstance(out, bytes) else out
         say(f"[{mode}] TIMEOUT after {timeout:.0f} s (deadlock or slow compile); output:\n"
-            + out[-3000:])
-        return {"timeout": True}
+            + "\n".join(ln for ln in out.splitlines()[-40:]
+                         if not ln.startswith(("PARTIAL ", "RESULT "))))
+        res = {"timeout": True}
+        for line in out.splitlines():       # the variants measured before the hang
+            if line.startswith("PARTIAL "):
+                for bb, r in json.loads(line[8:]).items():
+                    res.setdefault(bb, {}).update(r)
+        return res
     wall = time.perf_counter() - t0
     for line in p.stdout.splitlines():
-        if not line.startswith("RESULT "):
+        if not line.startswith(("RESULT ", "PARTIAL ")):
             say(f"[{mode}] {line}")
     if p.returncode != 0:
         say(f"[{mode}] exit {p.returncode}; stderr tail:\n{p.stderr[-3000:]}")
@@ -404,44 +451,49 @@ def _f(v, nd=3):
 
 def table(out, args) -> list[str]:
     b = out.get("bench", {})
-    lines = ["| b | floor ms | fused ms (x floor) | fused+PDL ms (x floor) | megakernel ms "
-             "(x floor) [variant] | fused / mk | greedy 64: PDL | greedy 64: mk |",
-             "|---|---|---|---|---|---|---|---|"]
+
+    def g(a):
+        if not a:
+            return "-"
+        return (f"{a['tokens_equal']}/{a['tokens_total']} (first diff "
+                f"{a['first_divergent_step']}, hidden max diff {a['max_hidden_diff']:.3g}, "
+                f"bitwise {a['hidden_bitwise']})")
+    lines = []
     for bb in (1, 8):
         r = b.get(f"b{bb}", {})
-        fl = r.get("floor_ms")
+        fl, fused = r.get("floor_ms"), r.get("fused_ms")
 
         def x(v):
             return "-" if v is None or not fl else f"{v:.3f} ({v / fl:.2f}x)"
-        mks = {k[:-len("_graph_ms")]: v for k, v in r.items() if k.endswith("_graph_ms")}
-        best = min(mks.items(), key=lambda kv: kv[1]) if mks else (None, None)
-        fused = r.get("fused_ms")
-        pg = r.get("pdl_vs_fused", {})
-        mg = r.get(f"{best[0]}_greedy", {}) if best[0] else {}
-        if not mg:
-            first = next((k for k in r if k.endswith("_greedy")), None)
-            mg = r.get(first, {}) if first else {}
-
-        def g(a):
-            if not a:
-                return "-"
-            return (f"{a['tokens_equal']}/{a['tokens_total']} tokens, first diff step "
-                    f"{a['first_divergent_step']}, bitwise {a['hidden_bitwise']}")
-        lines.append(f"| {bb} | {_f(fl)} | {x(fused)} | {x(r.get('fused_pdl_ms'))} | "
-                     f"{x(best[1])} [{best[0]}] | "
-                     f"{'-' if not (fused and best[1]) else f'{fused / best[1]:.2f}'} | "
-                     f"{g(pg)} | {g(mg)} |")
+        lines.append(f"b={bb}: floor {_f(fl)} ms; fused graph (deterministic) {x(fused)}; "
+                     f"+PDL {x(r.get('fused_pdl_ms'))}; default split-K {x(r.get('fused_nd_ms'))}"
+                     f"; greedy PDL vs fused {g(r.get('pdl_vs_fused'))}")
+    lines += ["", "| b | variant | graph ms (x floor) | fused / mk | no waits ms | GEMVs only, "
+              "no waits ms | attention only ms | regs, spills, smem | greedy vs fused "
+              "(tokens equal) |", "|---|---|---|---|---|---|---|---|---|"]
     for bb in (1, 8):
         r = b.get(f"b{bb}", {})
-        nd, ndp = r.get("fused_nd_ms"), r.get("fused_nd_pdl_ms")
-        fl = r.get("floor_ms")
-        if nd and fl:
-            lines.append(f"- b={bb} fused, default mode (split-K): {nd:.3f} ms "
-                         f"({nd / fl:.2f}x floor); with PDL "
-                         f"{'-' if not ndp else f'{ndp:.3f} ms ({ndp / fl:.2f}x)'}")
+        fl, fused = r.get("floor_ms"), r.get("fused_ms")
+        for vs in _variants(args, bb):
+            n = f"mk[{vs}]"
+            if f"{n}_error" in r and f"{n}_greedy" not in r:
+                lines.append(f"| {bb} | {vs} | error: "
+                             f"{r[f'{n}_error'].strip().splitlines()[-1][:120]} | | | | | | |")
+                continue
+            gm = r.get(f"{n}_graph_ms")
+            xf = "-" if gm is None or not fl else f"{gm:.3f} ({gm / fl:.2f}x)"
+            sp = "-" if not (fused and gm) else f"{fused / gm:.2f}"
+            lines.append(f"| {bb} | {vs} | {xf} | {sp} | {_f(r.get(f'{n}_nowait_ms'))} | "
+                         f"{_f(r.get(f'{n}_gemv_nowait_ms'))} | "
+                         f"{_f(r.get(f'{n}_attn_nowait_ms'))} | "
+                         f"{r.get(f'{n}_regs_spills_shared', '-')} | "
+                         f"{g(r.get(f'{n}_greedy'))} |")
+    lines.append("")
+    for bb in (1, 8):
+        r = b.get(f"b{bb}", {})
         for k, v in sorted(r.items()):
-            if k.startswith("mk_w") and (k.endswith("_ms") or k.endswith("_greedy")):
-                lines.append(f"- b={bb} {k}: {v if not isinstance(v, float) else round(v, 4)}")
+            if k.startswith("mk_") and k.endswith(("_aligned", "_instructions")):
+                lines.append(f"- b={bb} {k}: {v}")
     cc, cw = out.get("compile_cold", {}), out.get("compile_warm", {})
     lines.append(f"- megakernel compile (b=1, first variant): cold first launch "
                  f"{_f(cc.get('first_launch_s'), 2)} s (process {_f(cc.get('wall_s'), 1)} s), "
@@ -458,11 +510,10 @@ def main():
     ap.add_argument("--child", default=None)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=420)
-    ap.add_argument("--variants1", default="8:4:fma,8:4:fused,8:1:fused",
-                    help="megakernel num_warps:unroll:gemv list at b=1 (gemv: fused | fma |"
-                         " small); the first is MegakernelStep's default")
-    ap.add_argument("--variants8", default="8:2:small,8:1:fused",
-                    help="the same at b=8")
+    ap.add_argument("--variants1", default=VARIANTS1,
+                    help="megakernel_step.Variant strings at b=1, comma-separated (the first "
+                         "also for the compile-time phase)")
+    ap.add_argument("--variants8", default=VARIANTS8, help="the same at b=8")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="(child) seconds after which further megakernel variants are skipped")
     ap.add_argument("--skip-compile", action="store_true")

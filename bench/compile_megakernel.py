@@ -3,8 +3,9 @@ time, on any machine (no GPU: Triton's bundled ptxas), at Moondream 2's shapes: 
 time, registers, spills (local memory), shared memory per variant and batch bucket, and
 whether the PDL builds carry griddepcontrol. What it cannot say: speed.
 
-Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants 8:4:fused,8:1:fused,...]
-       [--b 1,8] [--kv 832]
+Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants fma/w8/s3/u4,pipe/w4/s4,...]
+       [--b 1,8] [--kv 832] [--gemv-pdl]
+(variants: photon_core/megakernel/megakernel_step.py Variant strings)
 """
 from __future__ import annotations
 
@@ -65,13 +66,18 @@ def moondream_shape(b: int, cap: int, chunk: int = 128) -> tuple[dict, dict]:
     return sh, dict(n1=sh["N1"], d=t.dim, kw2=sh["KW2"], vocab=t.vocab_size, n_split=n_qkv)
 
 
-def compile_megakernel(b: int, warps: int, unroll: int, gemv: str, cap: int,
-                       stages: int = 3):
+def compile_megakernel(b: int, variant, cap: int):
+    """variant: megakernel_step.Variant or its string; returns (seconds, kernel, constexprs)."""
     from photon_core.megakernel.kernel import constexprs, megakernel
-    from photon_core.megakernel.lowering import gemv_configs
+    from photon_core.megakernel.lowering import gemv_configs, is_pipe
+    from photon_core.megakernel.megakernel_step import Variant
+    v = Variant.parse(variant) if isinstance(variant, str) else variant
+    gemv = v.gemv if v.gemv != "auto" else ("fma" if b == 1 else "small")
+    unroll = v.unroll or (4 if b == 1 else 2)
     sh, dims = moondream_shape(b, cap)
-    kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), True, unroll)
-    kw["STAGES"] = stages
+    kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), v.align, unroll, is_pipe(gemv),
+                    v.pf, v.pfn, v.warps, v.sleep)
+    kw["STAGES"] = v.stages
     sig = {}
     types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",
              "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32"}
@@ -80,9 +86,22 @@ def compile_megakernel(b: int, warps: int, unroll: int, gemv: str, cap: int,
     t0 = time.perf_counter()
     k = triton.compile(ASTSource(megakernel, sig, kw, attrs=_aligned_ptrs(megakernel, sig)),
                        target=TARGET,
-                       options=dict(num_warps=warps, num_stages=stages,
+                       options=dict(num_warps=v.warps, num_stages=v.stages,
                                     launch_cooperative_grid=True))
     return time.perf_counter() - t0, k, kw
+
+
+PTX_COUNTS = (("v4", "ld.global.v4"), ("v2", "ld.global.v2"), ("b16", "ld.global.b16"),
+              ("cp.async", "cp.async.cg"), ("l2pf", "cp.async.bulk.prefetch"),
+              ("mma", "mma.sync"))
+
+
+def describe(k) -> str:
+    """Registers / spills / static shared (cuobjdump), Triton's shared memory (incl. the
+    pipeline buffers), and how the loads came out in the PTX (instruction counts)."""
+    ptx = k.asm["ptx"]
+    counts = " ".join(f"{n}={ptx.count(pat)}" for n, pat in PTX_COUNTS)
+    return f"{usage(k)} | triton shared {k.metadata.shared} B | PTX {counts}"
 
 
 def compile_gemv(pdl: bool):
@@ -102,25 +121,31 @@ def compile_gemv(pdl: bool):
     return time.perf_counter() - t0, k
 
 
+DEFAULT_VARIANTS = ("fma/w8/s3/u4/noalign,fma/w8/s3/u4,pipe_fma/w8/s4,pipe_fma/w8/s4/pf32/pfn64,"
+                    "pipe/w4/s4/pf32/pfn64,fused/w8/s3/u1")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="8:4:fused,8:1:fused,8:2:fma,4:4:fused")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS,
+                    help="megakernel_step.Variant strings, comma-separated")
     ap.add_argument("--b", default="1,8")
     ap.add_argument("--kv", type=int, default=832)
+    ap.add_argument("--gemv-pdl", action="store_true", help="also the fused GEMV +- PDL")
     a = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90", flush=True)
-    for pdl in (False, True):
-        dt, k = compile_gemv(pdl)
-        print(f"gemv [qkv|fc1] 64x128 dot pdl={pdl}: {dt:.1f} s, {usage(k)}, griddepcontrol "
-              f"in PTX: {'griddepcontrol' in k.asm['ptx']}", flush=True)
+    if a.gemv_pdl:
+        for pdl in (False, True):
+            dt, k = compile_gemv(pdl)
+            print(f"gemv [qkv|fc1] 64x128 dot pdl={pdl}: {dt:.1f} s, {usage(k)}, "
+                  f"griddepcontrol in PTX: {'griddepcontrol' in k.asm['ptx']}", flush=True)
     for b in (int(x) for x in a.b.split(",")):
         for v in a.variants.split(","):
-            w, u, g = (v.split(":") + ["fused"])[:3]
             try:
-                dt, k, kw = compile_megakernel(b, int(w), int(u), g, a.kv)
+                dt, k, kw = compile_megakernel(b, v, a.kv)
                 un = {n: kw[f"{n}_UN"] for n in ("W1", "W2", "LM")}
-                print(f"megakernel b={b} warps={w} unroll={u} gemv={g} {un}: compile "
-                      f"{dt:.1f} s, {usage(k)}", flush=True)
+                print(f"megakernel b={b} {v} unroll {un}: compile {dt:.1f} s, {describe(k)}",
+                      flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"megakernel b={b} {v}: FAILED {type(e).__name__}: {str(e)[:1500]}",
                       flush=True)

@@ -15,7 +15,8 @@
    instruction in that order always has its dependencies done and sits at the head of its
    queue.
 3. tensors: the int64 instruction table (instructions.py layout) sorted by queue, the
-   queue offsets [n_programs + 1] (int32) and the counters (int32): one per op, one per
+   queue offsets [n_programs + 1] (int32) and the counters (int32): one per op (CNT_STRIDE
+   apart), one per
    (row, head) of attention, and last the count of finished programs (the last program to
    finish zeroes all of them, so the next launch starts from 0). A GEMV with a fused
    LayerNorm gets its program's private scratch rows as its input (offset by program).
@@ -37,6 +38,11 @@ GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
 # instruction (wait, fetch, signal); H200: 4.26 TB/s over 132 SMs
 SM_BYTES_PER_US = 4.26e6 / 132
 INSTR_US = 0.6
+# op counters lie CNT_STRIDE int32 apart (128 bytes: one L2 line each), so the spinning
+# reads of one op's counter do not share a line with the atomic adds on another's; the
+# table's wait / signal fields hold the scaled index, the per-(layer, row, head) merge
+# counters follow at len(ops) * CNT_STRIDE
+CNT_STRIDE = 32
 
 
 def arena_of(t: torch.Tensor, model_dtype: torch.dtype) -> str:
@@ -53,12 +59,12 @@ class Compiled:
     ops: list[ProgramOp]
     table: torch.Tensor              # int64 [n_instr, N_FIELDS]
     queue: torch.Tensor              # int32 [n_programs + 1]
-    counters: torch.Tensor           # int32 [n_ops + n_layers * b * n_heads + 1]
+    counters: torch.Tensor           # int32 [n_ops * CNT_STRIDE + n_layers * b * n_heads + 1]
     n_programs: int
     bases: dict[str, torch.Tensor]   # arena -> base tensor
     offsets: dict[str, int]          # buffer name -> element offset in its arena
     makespan_us: float               # the scheduler's estimate
-    aligned: bool                    # every operand offset a multiple of 16 elements
+    aligned: bool                    # every offset the kernel hints a multiple of 16 elements
 
     def queues(self) -> list[list[Instr]]:
         q = self.queue.tolist()
@@ -138,6 +144,29 @@ def schedule(instrs: list[Instr], n_sm: int) -> float:
     return max(free)
 
 
+def ln_key(ins: Instr):
+    """What a GEMV's fused LayerNorm computes: its operands and the counter states it waits
+    for (None: no LayerNorm)."""
+    a = ins.args
+    if ins.op not in GEMV_OPS or "ln_inp" not in a:
+        return None
+    return a["ln_inp"], a["ln_gamma"], a["ln_beta"], ins.waits
+
+
+def mark_ln_reuse(queues: list[list[Instr]]) -> None:
+    """A GEMV whose fused LayerNorm is the one the previous instruction of its queue just
+    computed into the program's scratch (same operands, same waits: e.g. w1fc1.i after
+    w1qkv.i) reads the scratch instead of computing it again (one LayerNorm, its x reads and
+    its CTA barrier less per layer and program). Same waits = the same version of the
+    input: anything writing it in between would race with the first instruction's read."""
+    for q in queues:
+        last = None
+        for ins in q:
+            key = ln_key(ins)
+            ins.ln_reuse = key is not None and key == last
+            last = key
+
+
 def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,
                     shape: dict, gemv_cfg: dict, n_sm: int,
                     model_dtype: torch.dtype, attn_per: int | None = None) -> Compiled:
@@ -151,6 +180,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
     for ins in instrs:                       # instrs is in topological order
         ins.sm = prog[ins.sm]
         queues[ins.sm].append(ins)
+    mark_ln_reuse(queues)
     ordered = [i for q in queues for i in q]
     queue = [0]
     for q in queues:
@@ -159,14 +189,12 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
     dev = next(iter(buffers.values())).device
     bases: dict[str, torch.Tensor] = {}
     offsets: dict[str, int] = {}
-    aligned = True
     for name, t in buffers.items():
         a = arena_of(t, model_dtype)
         base = bases.setdefault(a, t)
         diff = t.data_ptr() - base.data_ptr()
         assert diff % t.element_size() == 0, name
         offsets[name] = diff // t.element_size()
-        aligned &= offsets[name] % 16 == 0
     if model_dtype == torch.float32:         # fp32 model: the "f" operands live in "w"
         bases["f"] = bases["w"]
     for a in ARENAS:                         # an unused arena still needs a pointer
@@ -195,7 +223,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                 r[F_A] = off(a["inp"]) + ins.sm * b * d
                 r[F_P4], r[F_P5], r[F_P6] = (off(a["ln_inp"]), off(a["ln_gamma"]),
                                              off(a["ln_beta"]))
-                r[F_P7] = ins.params["ln_in_f32"]
+                r[F_P7] = -1 if ins.ln_reuse else ins.params["ln_in_f32"]
         elif ins.op == OP_ATTN:
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))
@@ -215,14 +243,21 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         else:
             raise ValueError(ins.op)
         (r[F_WAIT0], r[F_TGT0]), (r[F_WAIT1], r[F_TGT1]) = (
-            list(ins.waits) + [(NO_WAIT, 0)] * 2)[:2]
-        r[F_SIG] = ins.signal
+            [(w * CNT_STRIDE, t) for w, t in ins.waits] + [(NO_WAIT, 0)] * 2)[:2]
+        r[F_SIG] = ins.signal * CNT_STRIDE
         rows.append(r)
+    # the kernel hints the a / w / b / y offsets of GEMV and attention instructions (and a
+    # GEMV's LayerNorm operands) as multiples of 16 elements (16-byte vector loads): only
+    # where all are
+    hinted = [r[f] for r in rows if r[F_OP] in GEMV_OPS + (OP_ATTN,)
+              for f in (F_A, F_W, F_B, F_Y)] + [
+        r[f] for r in rows if r[F_OP] in GEMV_OPS for f in (F_P4, F_P5, F_P6)]
+    aligned = all(v % 16 == 0 for v in hinted)
     table = torch.tensor(rows, dtype=torch.int64, device=dev)
     n_attn = sum(1 for op in ops if op.kind == OP_ATTN)
     assert sorted(op.params["layer"] for op in ops if op.kind == OP_ATTN) == list(range(n_attn))
     return Compiled(ordered, ops, table,
                     torch.tensor(queue, dtype=torch.int32, device=dev),
-                    torch.zeros(len(ops) + n_attn * b * shape["NH"] + 1,
+                    torch.zeros(len(ops) * CNT_STRIDE + n_attn * b * shape["NH"] + 1,
                                 dtype=torch.int32, device=dev),
                     len(queues), bases, offsets, makespan, aligned)

@@ -72,6 +72,8 @@ class Instr:
     sm: int = -1             # assigned by the scheduler
     start: float = 0.0       # the scheduler's estimated start / end (us)
     end: float = 0.0
+    ln_reuse: bool = False   # GEMV with a fused LayerNorm: its program's scratch already
+    #                          holds it (the previous instruction of the queue computed it)
 
     @property
     def inputs(self) -> tuple[Operand, ...]:

@@ -35,23 +35,95 @@ import triton
 import triton.language as tl
 
 from ..ops.decode_attention import _merge
+from .compiler import CNT_STRIDE
 
 _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
 
 
 @triton.jit
-def _wait(cnt_ptr, idx, target):
+def _wait(cnt_ptr, idx, target, SLEEP: tl.constexpr):
     if idx >= 0:
         while tl.load(cnt_ptr + idx, volatile=True) < target:
-            pass
+            if SLEEP > 0:     # back off: fewer polls of the counter's L2 line
+                tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
+                                          [tl.full([], SLEEP, tl.int32)], dtype=tl.int32,
+                                          is_pure=False, pack=1)
         tl.atomic_add(cnt_ptr + idx, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _waits(rec, cnt_ptr, SLEEP: tl.constexpr):
+    """The instruction's (up to) two waits: table fields 11..14 (counter, target)."""
+    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32), SLEEP)
+    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32), SLEEP)
 
 
 @triton.jit
 def _aligned(off, ALIGNED: tl.constexpr):
     if ALIGNED:
-        off = tl.multiple_of(off, 16)
+        off = (off // 16) * 16
     return off
+
+
+@triton.jit
+def _l2_prefetch(ptr, nbytes, NT: tl.constexpr):
+    """Bulk-prefetch the bytes [ptr, ptr + nbytes) into L2 (cp.async.bulk.prefetch.L2, sm_90):
+    NT chunks of whole 16-byte units, one per thread; a hint: no result, no ordering. The
+    weights never change during a step, so this may run before the instruction waits (its
+    HBM reads then overlap the wait), or for the next instruction of the queue."""
+    chunk = (nbytes // NT) // 16 * 16
+    if chunk > 0:
+        t = tl.arange(0, NT)
+        addr = ptr.to(tl.pointer_type(tl.int8), bitcast=True) + t.to(tl.int64) * chunk
+        tl.inline_asm_elementwise(
+            "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+            [addr.to(tl.int64, bitcast=True), (t * 0 + chunk).to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
+               B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr):
+    """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
+    (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
+    cp.async, across row-block boundaries: no pipeline drain per block). Each block's
+    products are added in K order (tl.dot: [BLOCK_B, BK] x [BK, BN]; FMA (b=1): into
+    [BN, BK], summed at the end), then its epilogue."""
+    KT: tl.constexpr = K // BK
+    n_steps = ((n1 - n0 + BN - 1) // BN) * KT
+    offs_b = tl.arange(0, BLOCK_B)
+    b_ok = offs_b < B
+    x_rows = x_ptr + offs_b[:, None] * stride_x
+    k0 = tl.arange(0, BK)
+    if DOT:
+        acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BN, BK], dtype=tl.float32)
+    xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+    for s in tl.range(0, n_steps, num_stages=STAGES):
+        blk = s // KT
+        kk = (s - blk * KT) * BK
+        offs_n = n0 + blk * BN + tl.arange(0, BN)
+        n_ok = offs_n < n1
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * K + kk + k0[None, :],
+                    mask=n_ok[:, None], other=0.0)
+        # the next step's activations (L2) are loaded before this step's products: their
+        # latency is not on the per-step chain
+        kn = ((s + 1) % KT) * BK
+        xn = tl.load(x_rows + kn + k0[None, :], mask=b_ok[:, None], other=0.0,
+                     cache_modifier=".cg")
+        acc = _mac_x(acc, w, xk, DOT)
+        xk = xn
+        if kk == K - BK:
+            if DOT:
+                _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
+                          n_split, gap, EPI)
+                acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
+            else:
+                _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, n_ok,
+                          bias_ptr, y_ptr, stride_y, n_split, gap, EPI)
+                acc = tl.zeros([BN, BK], dtype=tl.float32)
 
 
 @triton.jit
@@ -79,6 +151,12 @@ def _gemv_prefetch(w_ptr, n0, n1, K: tl.constexpr, BN: tl.constexpr, BK: tl.cons
 def _mac(acc, w, x_rows, k0, b_ok, DOT: tl.constexpr):
     """acc += the products of one [BN, BK] weight tile with the activations at k0."""
     x = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+    return _mac_x(acc, w, x, DOT)
+
+
+@triton.jit
+def _mac_x(acc, w, x, DOT: tl.constexpr):
+    """acc += the products of one [BN, BK] weight tile with the activation tile x."""
     if DOT:
         acc += tl.dot(x.to(w.dtype), tl.trans(w))
     else:
@@ -241,26 +319,42 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
              stride_x, stride_y, eps,
              B: tl.constexpr, D: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr,
              BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
-             STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr):
-    """One GEMV instruction: prefetch its first weights, wait for its inputs, the fused
-    LayerNorm of the bucket's rows into this program's scratch (fields 16..19: input, gamma,
-    beta, input is fp32 (1) / model dtype (0) / no LayerNorm (-1)), then the tile."""
-    if (not DOT) and B == 1:
+             STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
+             PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
+             ALIGNED: tl.constexpr, SLEEP: tl.constexpr):
+    """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
+    not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
+    the bucket's rows into this program's scratch (fields 16..19: input, gamma, beta, input
+    is fp32 (1) / model dtype (0) / no LayerNorm (-1)), then the tile (PIPE: _gemv_pipe; else
+    b=1 FMA: _gemv_stream, else _gemv_tile)."""
+    if PF > 0:
+        esz: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        _l2_prefetch(w_ptr + n0.to(tl.int64) * K,
+                     tl.minimum((n1 - n0).to(tl.int64) * (K * esz), PF), NT)
+    if PIPE:
+        p0 = 0
+        p1 = 0
+        p2 = 0
+        p3 = 0
+    elif (not DOT) and B == 1:
         p0, p1, p2, p3 = _load_group(w_ptr, 0, 1, n0, n1, K, BN, BK, UNROLL)
     else:
         p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
-    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
-    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+    _waits(rec, cnt_ptr, SLEEP)
     in_f32 = tl.load(rec + 19)
     if in_f32 >= 0:
-        ln_in = tl.load(rec + 16)
-        g_off = tl.load(rec + 17)
-        be_off = tl.load(rec + 18)
-        for r in range(B):
-            _ln_row(wb, fb, ln_in, in_f32, wb + g_off, wb + be_off, wb + a_off, r, eps,
-                    D, LN_BLOCK)
+        ln_in = _aligned(tl.load(rec + 16), ALIGNED)
+        g_off = _aligned(tl.load(rec + 17), ALIGNED)
+        be_off = _aligned(tl.load(rec + 18), ALIGNED)
+        if in_f32 != 0:
+            _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
+        else:
+            _ln_rows(wb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
         tl.debug_barrier()
-    if (not DOT) and B == 1:
+    if PIPE:
+        _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
+                   stride_y, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES)
+    elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
     else:
@@ -269,23 +363,26 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
 
 
 @triton.jit
-def _ln_row(wb, fb, a_off, in_f32, g_ptr, b_ptr, y_ptr, row, eps,
-            D: tl.constexpr, BLOCK: tl.constexpr):
+def _ln_rows(x_ptr, g_ptr, b_ptr, y_ptr, eps, B: tl.constexpr, D: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """LayerNorm of rows [0, B) of x into y (layernorm.py's per-row math, fp32 statistics);
+    gamma / beta loaded once, row r + 1 loaded before row r's reductions (its L2 latency off
+    the chain)."""
     offs = tl.arange(0, BLOCK)
     ok = offs < D
-    if in_f32 != 0:
-        x = tl.load(fb + a_off + row * D + offs, mask=ok, other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
-    else:
-        x = tl.load(wb + a_off + row * D + offs, mask=ok, other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
-    mean = tl.sum(x, axis=0) / D
-    xc = tl.where(ok, x - mean, 0.0)
-    var = tl.sum(xc * xc, axis=0) / D
-    rstd = 1.0 / tl.sqrt(var + eps)
     w = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
+    xn = tl.load(x_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    for r in range(B):
+        x = xn
+        xn = tl.load(x_ptr + tl.minimum(r + 1, B - 1) * D + offs, mask=ok, other=0.0,
+                     cache_modifier=".cg").to(tl.float32)
+        mean = tl.sum(x, axis=0) / D
+        xc = tl.where(ok, x - mean, 0.0)
+        var = tl.sum(xc * xc, axis=0) / D
+        rstd = 1.0 / tl.sqrt(var + eps)
+        tl.store(y_ptr + r * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty),
+                 mask=ok)
 
 
 @triton.jit
@@ -318,7 +415,9 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
              B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
              HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
-             S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr):
+             S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
+             PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
+             SLEEP: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
@@ -332,13 +431,19 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
     ti = tl.minimum(pos, N_TABLE - 1)
     d = tl.arange(0, HD)
     cache_off = row * S_ROW + kvh * S_HEAD
+    if PF > 0:      # the cached keys / values of the splits below the position into L2
+        esz: tl.constexpr = kc_ptr.dtype.element_ty.primitive_bitwidth // 8
+        kv_lo = s0 * CHUNK
+        kv_n = tl.minimum(((tl.minimum(s1 * CHUNK, pw) - kv_lo) * (S_POS * esz)).to(tl.int64),
+                          PF)
+        _l2_prefetch(kc_ptr + cache_off + kv_lo * S_POS, kv_n, NT)
+        _l2_prefetch(vc_ptr + cache_off + kv_lo * S_POS, kv_n, NT)
     j = s0 * CHUNK + tl.arange(0, CHUNK)
     kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                  mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
     vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                  mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
-    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
-    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+    _waits(rec, cnt_ptr, SLEEP)
     rot = d < 2 * HALF
     even = (d % 2) == 0
     fi = tl.where(rot, d // 2, 0)
@@ -364,7 +469,7 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
     sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
     _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr, row,
                 h, NH, HD, CHUNK, NSPLIT)
-    for sp in range(s0 + 1, s1):
+    for sp in tl.range(s0 + 1, s1, num_stages=STAGES if B > 1 else 1):
         j = sp * CHUNK + tl.arange(0, CHUNK)
         kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                      mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
@@ -438,44 +543,60 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LM_BB: tl.constexpr, LM_BN: tl.constexpr, LM_BK: tl.constexpr,
                LM_DOT: tl.constexpr, LM_UN: tl.constexpr,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
+               PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
     for i in range(q0, q1):
         rec = table_ptr + i * _STRIDE
         op = tl.load(rec + 0)
-        a_off = _aligned(tl.load(rec + 1), ALIGNED)
-        w_off = _aligned(tl.load(rec + 2), ALIGNED)
+        a_off = tl.load(rec + 1)
+        w_off = tl.load(rec + 2)
         b_off = tl.load(rec + 3)
-        y_off = _aligned(tl.load(rec + 4), ALIGNED)
+        y_off = tl.load(rec + 4)
         n0 = tl.load(rec + 5).to(tl.int32)
         n1 = tl.load(rec + 6).to(tl.int32)
         p0 = tl.load(rec + 7)
         p1 = tl.load(rec + 8)
         p2 = tl.load(rec + 9)
         p3 = tl.load(rec + 10)
-        if op == 0:      # OP_GEMV_W1 (LayerNorm of x fused)
-            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
-                     p0.to(tl.int32), p1.to(tl.int32), D, SU, eps, B, D, D, 1, W1_BB, W1_BN,
-                     W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK)
-        elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
-            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, fb + b_off, fb + y_off, n0, n1,
-                     0, 0, SU, D, eps, B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                     W2_UN, LN_BLOCK)
-        elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
-            _gemv_op(rec, cnt_ptr, wb, fb, a_off, wb + w_off, wb + b_off, wb + y_off, n0, n1,
-                     0, 0, D, LS, eps, B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                     LM_UN, LN_BLOCK)
-        elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
-            _attn_op(rec, cnt_ptr, hc_base, wb + a_off, ib + p0, fb + cos_off, fb + sin_off,
-                     wb + w_off, wb + b_off, fb + m_off, fb + l_off, fb + acc_off, wb + y_off,
-                     n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
-                     NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                     S_POS)
+        if PFN > 0:      # the next instruction's first PFN weight bytes into L2
+            if i + 1 < q1:
+                nrec = rec + _STRIDE
+                nop = tl.load(nrec + 0)
+                if nop <= 2:
+                    nk = tl.where(nop == 1, KW2, D).to(tl.int64)
+                    nn0 = tl.load(nrec + 5)
+                    esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
+                    _l2_prefetch(wb + _aligned(tl.load(nrec + 2), ALIGNED) + nn0 * nk,
+                                 tl.minimum((tl.load(nrec + 6) - nn0) * nk * esz, PFN), NT)
+        if op <= 3:      # GEMV / attention: 16-element aligned operands (vector loads);
+            # (hinted inside the branch: a value merged from two branches loses the hint)
+            a_al = _aligned(a_off, ALIGNED)
+            w_al = _aligned(w_off, ALIGNED)
+            b_al = _aligned(b_off, ALIGNED)
+            y_al = _aligned(y_off, ALIGNED)
+            if op == 0:      # OP_GEMV_W1 (LayerNorm of x fused)
+                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
+                         p0.to(tl.int32), p1.to(tl.int32), D, SU, eps, B, D, D, 1, W1_BB, W1_BN,
+                         W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
+            elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
+                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
+                         0, 0, SU, D, eps, B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
+                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
+            elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
+                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
+                         0, 0, D, LS, eps, B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
+                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP)
+            elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
+                _attn_op(rec, cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
+                         wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
+                         n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
+                         NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
+                         S_POS, PF, NT, STAGES, SLEEP)
         else:
-            _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32))
-            _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32))
+            _waits(rec, cnt_ptr, SLEEP)
             if op == 4:    # OP_ADVANCE
                 _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                              ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
@@ -510,9 +631,14 @@ def unroll_for(k: int, block_k: int, want: int) -> int:
 UNROLL = 4
 
 
-def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None) -> dict:
+def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
+               pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
+               sleep: int = 0) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
-    compile it ahead of time without a GPU: bench/compile_megakernel.py)."""
+    compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
+    _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
+    attention's k/v) before its wait / of the next instruction's weights (0: none; always 0
+    under the interpreter, which has no inline PTX)."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
     unroll = UNROLL if unroll is None else unroll
@@ -529,16 +655,28 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["LN_BLOCK"] = triton.next_power_of_2(sh["D"])
     kw["ARG_BLOCK"] = min(4096, triton.next_power_of_2(sh["V"]))
     kw["ALIGNED"] = bool(aligned)
+    kw["PIPE"] = bool(pipe)
+    # (bulk prefetches need 16-byte aligned addresses: only with an aligned table)
+    kw["PF"] = 0 if interpreted() or not aligned else int(pf)
+    kw["PFN"] = 0 if interpreted() or not aligned else int(pfn)
+    kw["NT"] = 32 * num_warps
+    kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     return kw
 
 
-def kernel_args(c, low, unroll: int | None = None) -> tuple[tuple, dict]:
-    """Positional args and constexprs of megakernel for a Compiled c and its lowering."""
+def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
+                num_warps: int = 8, align: bool = True, sleep: int = 0
+                ) -> tuple[tuple, dict]:
+    """Positional args and constexprs of megakernel for a Compiled c and its lowering
+    (align=False: no alignment hints even where the table allows them: 2-byte loads, the
+    build measured in session 3)."""
     off = c.offsets
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
-            c.n_programs, c.counters.numel(), len(c.ops), 1e-5, low.shape["HD"] ** -0.5)
-    return args, constexprs(low.shape, low.gemv_cfg, c.aligned, unroll)
+            c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
+            low.shape["HD"] ** -0.5)
+    return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
+                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -548,11 +686,12 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
-           unroll: int | None = None):
+           unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
+           sleep: int = 0):
     """One step: the whole instruction table in one launch (grid = c.n_programs)."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll)
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

@@ -28,7 +28,25 @@ from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W
                            OP_GEMV_W2, Operand, ProgramOp)
 
 
-GEMV_CHOICES = ("fused", "fma", "small")
+GEMV_CHOICES = ("fused", "fma", "small", "pipe", "pipe_fma", "pipe_same")
+PIPE_TILE = (16, 256)       # "pipe" / "pipe_fma" rows x K per step unless "@ROWSxK" is given
+
+
+def parse_gemv(gemv: str) -> tuple[str, tuple[int, int]]:
+    """"pipe_fma@16x512" -> ("pipe_fma", (16, 512)); other choices take no tile."""
+    name, _, tile = gemv.partition("@")
+    if name not in GEMV_CHOICES or (tile and not name.startswith("pipe")):
+        raise ValueError(f"gemv must be one of {GEMV_CHOICES} (pipe*: optionally "
+                         f"@ROWSxK), not {gemv!r}")
+    if not tile:
+        return name, PIPE_TILE
+    rows, k = (int(v) for v in tile.split("x"))
+    return name, (rows, k)
+
+
+def is_pipe(gemv: str) -> bool:
+    """The GEMVs run as kernel._gemv_pipe (one software-pipelined stream per instruction)."""
+    return parse_gemv(gemv)[0].startswith("pipe")
 
 
 def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
@@ -37,7 +55,34 @@ def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
     GEMV in deterministic mode: no split-K), so each output is summed in the same order as
     there; "fma" (b=1): FMA tiles of 8 rows x 512 K, 4 per step (K % 2048 == 0), streamed
     double-buffered (kernel._gemv_stream) where the shape allows (b > 1: as "small");
-    "small": register-light tensor-core tiles (64 x 64; 16 x 128 for the residual GEMV)."""
+    "small": register-light tensor-core tiles (64 x 64; 16 x 128 for the residual GEMV);
+    "pipe" / "pipe_fma" (kernel._gemv_pipe): tiles of PIPE_TILE (or "@ROWSxK") rows x K per
+    pipelined step for every GEMV, tensor cores ("pipe") or at b=1 FMA ("pipe_fma"; b > 1:
+    tensor cores); 16 rows give ~128 row tiles per op on 132 SMs; "pipe_same": the fused
+    picks' K tiles (the same sums as the fused backend), as pipelined streams."""
+    gemv, (rows, bk) = parse_gemv(gemv)
+    if gemv == "pipe_same":
+        # the fused backend's picks run as pipelined streams, each output summed in the
+        # same order: tl.dot tiles keep their BLOCK_K (the row count does not change the
+        # sums) but take 16 rows; FMA tiles keep their shape (their final reduction's tree
+        # follows the tile; with the fused kernels' 4 warps it is the same)
+        cfg = gemv_configs(b, n1, d, kw2, vocab, n_split, "fused")
+        for op, c in cfg.items():
+            if c.dot and (op != OP_GEMV_W1 or n_split % 16 == 0):
+                cfg[op] = G.GemvConfig(16, c.block_k, 1, c.num_warps, 1, True)
+        return cfg
+    if gemv.startswith("pipe"):
+        dot = gemv == "pipe" or b > 1
+        cfg = {}
+        for op, (n, k, epi) in ((OP_GEMV_W1, (n1, d, G.EPI_QKV_GELU)),
+                                (OP_GEMV_W2, (d, kw2, G.EPI_RESIDUAL)),
+                                (OP_GEMV_LM, (vocab, d, G.EPI_STORE))):
+            c = G.GemvConfig(rows, bk, 1, 8, 1, dot)
+            split = n_split if op == OP_GEMV_W1 else 0
+            if not (c.fits(b, n, k, epi) and split % rows == 0):
+                raise Unsupported(f"gemv {gemv}@{rows}x{bk} does not fit n={n} k={k}")
+            cfg[op] = c
+        return cfg
     cfg = {
         OP_GEMV_W1: G.pick(b, n1, d, G.EPI_QKV_GELU),
         OP_GEMV_W2: G.pick(b, d, kw2, G.EPI_RESIDUAL, deterministic=True),
@@ -79,8 +124,8 @@ class ProgramLowering:
     def __init__(self, fd, st, b: int, n_sm: int, gemv: str = "fused"):
         """n_sm: programs at most (each gets a private LayerNorm scratch of b rows).
         gemv: the GEMV block shapes, GEMV_CHOICES (gemv_configs)."""
-        if gemv not in GEMV_CHOICES:
-            raise ValueError(f"gemv must be one of {GEMV_CHOICES}, not {gemv!r}")
+        parse_gemv(gemv)
+        self.pipe = is_pipe(gemv)
         p = self.program = fd.program
         a = p.attention
         self.b = b

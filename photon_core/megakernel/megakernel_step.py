@@ -6,6 +6,7 @@ of fast/fused_backend.py, in one kernel (reference_step below is that sequence).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +17,49 @@ from .lowering import ProgramLowering
 from .python_vm import PythonVM
 
 UNROLL_ENV = int(os.environ.get("PHOTON_MK_UNROLL", "0"))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the megakernel: the GEMV shapes (lowering.GEMV_CHOICES, "pipe*@RxK", or
+    "auto"), warps, software-pipelining stages, register unroll of the non-pipe GEMVs (0:
+    MegakernelStep's default), L2 prefetch bytes of an instruction's own weights / k/v
+    before its wait (pf) and of the next instruction's weights (pfn), alignment hints,
+    nanoseconds of back-off per counter poll (sleep). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/noalign" (any order after the GEMV; pf in KiB)."""
+    gemv: str = "auto"
+    warps: int = 8
+    stages: int = 3
+    unroll: int = 0
+    pf: int = 0
+    pfn: int = 0
+    align: bool = True
+    sleep: int = 0
+
+    @classmethod
+    def parse(cls, spec: str) -> "Variant":
+        parts = spec.strip().split("/")
+        kw: dict = {"gemv": parts[0]}
+        for p in parts[1:]:
+            for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024),
+                                     ("sl", "sleep", 1), ("w", "warps", 1),
+                                     ("s", "stages", 1), ("u", "unroll", 1)):
+                if p.startswith(key) and p[len(key):].isdigit():
+                    kw[name] = int(p[len(key):]) * scale
+                    break
+            else:
+                if p != "noalign":
+                    raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
+                kw["align"] = False
+        return cls(**kw)
+
+    def __str__(self) -> str:
+        s = f"{self.gemv}/w{self.warps}/s{self.stages}"
+        s += f"/u{self.unroll}" if self.unroll else ""
+        s += f"/pf{self.pf // 1024}" if self.pf else ""
+        s += f"/pfn{self.pfn // 1024}" if self.pfn else ""
+        s += f"/sl{self.sleep}" if self.sleep else ""
+        return s + ("" if self.align else "/noalign")
 
 
 def sm_count(device) -> int:
@@ -37,17 +81,22 @@ def reference_step(fd, st, b: int, feed: bool = True) -> None:
 
 class MegakernelStep:
     def __init__(self, fd, st, b: int, n_sm: int | None = None,
-                 attn_per: int | None = None, gemv: str = "auto",
-                 unroll: int | None = None, num_warps: int | None = None):
-        """gemv: lowering.GEMV_CHOICES or "auto" (b=1: "fma", else "small": no register
+                 attn_per: int | None = None, gemv: str | None = None,
+                 unroll: int | None = None, num_warps: int | None = None,
+                 variant: Variant | str | None = None):
+        """variant: a Variant (or its string); gemv / unroll / num_warps override its fields.
+        gemv: lowering.GEMV_CHOICES or "auto" (b=1: "fma", else "small": no register
         spills at 8 warps in sm_90 builds, bench/compile_megakernel.py); unroll: GEMV W
         tiles per group (None: PHOTON_MK_UNROLL, else 4 at b=1, 2 above)."""
         self.fd, self.st, self.b = fd, st, b
+        v = Variant.parse(variant) if isinstance(variant, str) else (variant or Variant())
+        gemv = gemv or v.gemv
         if gemv == "auto":
             gemv = "fma" if b == 1 else "small"
         self.gemv = gemv
-        self.unroll = unroll or (UNROLL_ENV or (4 if b == 1 else 2))
-        self.num_warps = num_warps
+        self.unroll = unroll or v.unroll or (UNROLL_ENV or (4 if b == 1 else 2))
+        self.num_warps = num_warps or (v.warps if variant is not None else None)
+        self.variant = v
         dev = fd.x.device
         if n_sm is None:
             n_sm = 1 if interpreted() else sm_count(dev)
@@ -63,6 +112,13 @@ class MegakernelStep:
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
+        v = self.variant
+        if v != Variant():
+            kw.setdefault("num_stages", v.stages)
+            kw.setdefault("pf", v.pf)
+            kw.setdefault("pfn", v.pfn)
+            kw.setdefault("align", v.align)
+            kw.setdefault("sleep", v.sleep)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

@@ -69,9 +69,14 @@ class PythonVM:
             k = sh["KW2"] if ins.op == OP_GEMV_W2 else D
             sx = sh["SU"] if ins.op == OP_GEMV_W2 else D
             if "ln_inp" in a:       # the fused LayerNorm of the bucket's rows
-                xin = self.rows(a["ln_inp"], D, B, D).float()
-                x = F.layer_norm(xin, (D,), self.flat(a["ln_gamma"])[:D].float(),
-                                 self.flat(a["ln_beta"])[:D].float(), 1e-5).to(dt).float()
+                # in the program's own scratch rows (hs), as the kernel: an instruction
+                # marked ln_reuse reads what the program's previous one left there
+                hs = self.bufs["hs"].view(-1)[ins.sm * B * D:(ins.sm + 1) * B * D].view(B, D)
+                if not ins.ln_reuse:
+                    xin = self.rows(a["ln_inp"], D, B, D).float()
+                    hs.copy_(F.layer_norm(xin, (D,), self.flat(a["ln_gamma"])[:D].float(),
+                                          self.flat(a["ln_beta"])[:D].float(), 1e-5).to(dt))
+                x = hs.float()
             else:
                 x = self.rows(a["inp"], sx, B, k).float()
             w = self.rows(a["w"], k, n1, k)[n0:].float()

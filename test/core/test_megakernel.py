@@ -119,6 +119,20 @@ def test_compiler_schedule_covers_every_tile_in_topological_queues():
     for k, ins in enumerate(c.instrs):
         if "ln_inp" in ins.args:
             assert int(c.table[k, F_A]) == hs + ins.sm * rows * d
+    # a GEMV reuses its program's LayerNorm scratch only right after an instruction of the
+    # same queue that computed the same LayerNorm (operands and waits); the table says so
+    from photon_core.megakernel.compiler import ln_key
+    from photon_core.megakernel.instructions import F_P7
+    n_reuse = 0
+    for q in c.queues():
+        for prev, ins in zip([None] + q[:-1], q):
+            if ins.ln_reuse:
+                n_reuse += 1
+                assert prev is not None and ln_key(prev) == ln_key(ins) is not None
+    assert n_reuse > 0
+    for k, ins in enumerate(c.instrs):
+        if "ln_inp" in ins.args:
+            assert (int(c.table[k, F_P7]) == -1) == ins.ln_reuse
     # every wait targets the producer op's full instruction count
     count = {}
     for i in c.instrs:
@@ -241,3 +255,75 @@ def test_gemv_unroll_gives_the_same_bits(dot):
     for un in (2, 4):
         for f in FIELDS:
             assert torch.equal(results[un][f], results[1][f]), (un, f)
+
+
+@pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
+                                           ("pipe@16x64", 1, 2), ("pipe_same", 1, 3)])
+def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
+    """kernel._gemv_pipe (every GEMV instruction as one software-pipelined loop over its
+    (row block, K tile) steps, the epilogue at each block's last K tile): the same fields as
+    the fused step and the Python twin, two launches in a row; row blocks that end inside
+    the tile (vocab 486 = 30 x 16 + 6) are masked."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    s0 = _snapshot(st, fd)
+    _fused_step(m, st, fd, b)
+    ref = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    mk = MegakernelStep(fd, st, b, variant=f"{gemv}/w4/s{stages}")
+    assert mk.low.pipe
+    mk.run_vm()
+    vm = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    mk.run_kernel()
+    got = _snapshot(st, fd)
+    assert int(mk.compiled.counters.abs().sum()) == 0
+    for f in FIELDS:
+        sl = slice(None) if f == "kv" else slice(0, b)
+        _close(f, got[f][sl], ref[f][sl])
+        _close(f, got[f][sl], vm[f][sl])
+    mk.run_kernel()
+    got2 = _snapshot(st, fd)
+    _restore(st, fd, got)
+    _fused_step(m, st, fd, b)
+    ref2 = _snapshot(st, fd)
+    for f in FIELDS:
+        sl = slice(None) if f == "kv" else slice(0, b)
+        _close(f, got2[f][sl], ref2[f][sl])
+
+
+def test_variant_strings_and_alignment_flag():
+    """Variant strings round-trip; the kernel's 16-element alignment hints are on only when
+    every hinted offset of the table is a multiple of 16 (one odd operand turns them off)."""
+    from photon_core.megakernel.compiler import compile_program
+    from photon_core.megakernel.instructions import Operand
+    from photon_core.megakernel.lowering import Unsupported, gemv_configs
+    from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
+
+    v = Variant.parse("pipe_fma@16x512/w8/s4/pf32/pfn64")
+    assert (v.gemv, v.warps, v.stages, v.pf, v.pfn, v.align) == (
+        "pipe_fma@16x512", 8, 4, 32768, 65536, True)
+    assert Variant.parse(str(v)) == v
+    assert not Variant.parse("fma/u4/noalign").align
+    with pytest.raises(ValueError):
+        Variant.parse("pipe/x3")
+    with pytest.raises(Unsupported):      # K = 100 is no multiple of 64
+        gemv_configs(1, 640, 100, 384, 486, 384, "pipe@16x64")
+    from photon_core.megakernel.instructions import F_A, F_B, F_W, F_Y
+
+    m, st, fd = _setup()
+    mk = MegakernelStep(fd, st, 2)
+    t = mk.compiled.table
+    # (CPU allocations are not always 16-element aligned: the flag follows the table)
+    from photon_core.megakernel.instructions import F_OP
+    hinted = t[t[:, F_OP] <= 3][:, [F_A, F_W, F_B, F_Y]]      # GEMV and attention rows
+    assert not mk.compiled.aligned or bool((hinted % 16 == 0).all())
+    ops = list(mk.low.ops)
+    k = next(i for i, op in enumerate(ops) if op.name == "attn.0")
+    a = dict(ops[k].args)
+    a["out"] = Operand(a["out"].buf, a["out"].offset + 3)
+    ops[k] = type(ops[k])(**{**ops[k].__dict__, "args": a})
+    c = compile_program(ops, mk.low.buffers, 2, mk.low.shape, mk.low.gemv_cfg, 1,
+                        torch.float32)
+    assert not c.aligned
