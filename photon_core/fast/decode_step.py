@@ -92,13 +92,14 @@ class StepState:
         """A prompt of any length through the eager backend's prefill of the step program
         (unpadded, not graphed): the runtime's long-prompt prefill for families without
         their own. Returns the last token's hidden state."""
+        from .eager_backend import embed_ids
         dev = self.hidden.device
         ids = torch.tensor(prompt, device=dev)
-        x = torch.nn.functional.embedding(ids, self.w[dict(self.program.feedback.weights)["wte"]])
+        inputs = embed_ids(self.eager.feedback, ids)     # the family's feedback embedding
         pos = start + torch.arange(len(prompt), device=dev)
         r = torch.tensor([row], device=dev)
         off = torch.tensor([offset], device=dev)
-        return self.eager.prefill(x, r, pos, off)[-1]
+        return self.eager.prefill(inputs.pop("x"), r, pos, off, extra=inputs)[-1]
 
 
 def use_fused(fused: str, device, dtype) -> bool:
