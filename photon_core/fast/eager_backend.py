@@ -17,7 +17,7 @@ from ..ops.rope import rope_angles, rope_perms, rope_tables
 from ..ops.logit_softcap import logit_softcap
 from ..ops.per_layer_input import per_layer_input
 from ..ops.row_advance import row_advance_reference
-from ..ops.scaled_embedding import scaled_embedding
+from ..ops.scaled_embedding import scale_tensor, scaled_embedding
 from . import state_ops, window_state_ops
 
 
@@ -28,10 +28,12 @@ class ScaledTokenFeedback:
 
     def __init__(self, fb, weights):
         names = dict(fb.weights)
-        self.wte, self.scale = weights[names["wte"]], fb.param("scale", 1.0)
+        self.wte = weights[names["wte"]]
+        self.scale = scale_tensor(self.wte, fb.param("scale", 1.0))
         self.extra = weights[names["extra"]] if "extra" in names else None
         self.segment = fb.param("extra_segment")
-        self.extra_scale = fb.param("extra_scale", 1.0)
+        self.extra_scale = scale_tensor(self.extra, fb.param("extra_scale", 1.0)) \
+            if self.extra is not None else None
 
     def embed(self, ids: torch.Tensor) -> dict:
         """ids [n] -> {"x": [n, dim], segment: [n, width]} in the table's dtype."""

@@ -9,9 +9,16 @@ from __future__ import annotations
 import torch
 
 
-def scaled_embedding(table: torch.Tensor, ids: torch.Tensor, scale: float,
+def scale_tensor(table: torch.Tensor, scale: float) -> torch.Tensor:
+    """The scale as a 0-d tensor in the table's dtype, on its device (made once: inside a
+    CUDA graph no host value may be copied over)."""
+    return torch.tensor(scale, dtype=table.dtype, device=table.device)
+
+
+def scaled_embedding(table: torch.Tensor, ids: torch.Tensor, scale,
                      device=None) -> torch.Tensor:
-    """ids [n] -> [n, width] on `device` (default: the ids')."""
-    s = torch.tensor(scale, dtype=table.dtype, device=table.device)
+    """ids [n] -> [n, width] on `device` (default: the ids'); scale: a float or
+    scale_tensor's."""
+    s = scale if isinstance(scale, torch.Tensor) else scale_tensor(table, scale)
     rows = table[ids.to(table.device)] * s
     return rows.to(ids.device if device is None else device, non_blocking=True)

@@ -211,3 +211,18 @@ def test_keys_equal_values_variant(tmp_path):
     for (e, t), got in zip(pairs, _fast(fe, pairs)):
         assert _same(got, _reference(m, e, t))
     fe.close()
+
+
+def test_registry_and_load_engine_serve_it_fast(model):
+    """FAST_PATH: the registry says so, and load_engine(engine="fast") builds FastEngine
+    (on CUDA, engine "auto" does: the node's default)."""
+    from photon_core import EngineOptions, load_engine
+    from photon_core.models import families, has_fast_path
+
+    assert has_fast_path(families()["gemma4"])
+    fe = load_engine(model.model_id, engine="fast",
+                     options=EngineOptions(max_batch=1, kv_capacity=KV), max_soft_tokens=70)
+    assert isinstance(fe, FastEngine) and fe.max_runs == 1
+    assert fe.capabilities.family == "gemma4" and fe.capabilities.skills == {"query",
+                                                                             "caption"}
+    fe.close()

@@ -16,12 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from types import SimpleNamespace
-
 from photon_core.engine import EngineOptions
 from photon_core.fast import decode_step as ds
-from photon_core.fast.eager_backend import embed_ids
-from photon_core.fast.static_kv_cache import StaticKVCache
 from photon_core.models.gemma4 import load_model, make_test_model, text
 from photon_core.models.gemma4.kv_cache import KVCache
 from photon_core.models.gemma4.program import layer_attentions, step_program
@@ -72,19 +68,14 @@ def reference_after_prefix(model, enc, tail: list[int], steps: int):
 
 def make_state(model, rows: int, capacity: int, fused: bool = False, spec=None):
     """The runtime's StepState over a state cache of the program's declared state."""
-    spec = spec or model.step_spec()
-    fam = SimpleNamespace(spec=spec, weights=model.weights, device=model.device,
-                          dtype=model.dtype)
-    kv = StaticKVCache.for_program(spec.program, rows, capacity, model.device, model.dtype)
-    return ds.StepState(fam, rows, kv, EngineOptions(fused="on" if fused else "off"))
+    return ds.StepState.of_spec(spec or model.step_spec(), model.weights, rows, capacity,
+                                EngineOptions(fused="on" if fused else "off"))
 
 
 def prefill(st, ids, row: int, start: int, fused: bool = False):
     """ids at positions start.. of `row` through a backend's prefill -> hidden [T, dim]."""
-    inputs = embed_ids(st.eager.feedback, torch.tensor(ids))
-    backend = st.fused if fused else st.eager
-    return backend.prefill(inputs.pop("x"), torch.tensor([row]),
-                           start + torch.arange(len(ids)), extra=inputs)
+    return st.prefill_tokens(row, start, torch.tensor(ids),
+                             backend=st.fused if fused else st.eager)
 
 
 def set_row(st, row, hidden, pos):
