@@ -112,6 +112,10 @@ class FusedBackend:
         self.fused_norm_adds = 0          # sandwich norms lowered with their add (+ scale)
         self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
+        # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
+        # softcap, keep the width)
+        self.head_width = {name: self.w[[op for op in h.ops if op.weights][-1].weights[0]
+                                        + ".weight"].shape[0] for name, h in p.heads}
 
     # -- lowering -------------------------------------------------------------------------
     def _view(self, seg: str, b: int) -> torch.Tensor:
@@ -389,9 +393,7 @@ class FusedBackend:
         env = {"hidden": hidden}
         for f in fns:
             f(b, env)
-        last = next(op for op in reversed(h.ops) if op.weights)   # the head's projection
-        n = self.w[last.weights[0] + ".weight"].shape[0]
-        return self._view(h.logits, b)[:, :n]
+        return self._view(h.logits, b)[:, :self.head_width[name]]
 
     def head_pick(self, name: str, st, b: int) -> None:
         h = self.program.head(name)
