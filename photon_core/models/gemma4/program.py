@@ -1,7 +1,7 @@
 """Gemma 4's decode step as a step program (photon_core/program.py): the decoder of text.py
 written once as ops over the checkpoint's weight names, row buffers and per-layer state, for
-the runtime's backends (today: backend_ext.py, the eager and fused executors of the op kinds
-below, until the runtime is model-agnostic).
+the runtime's backends (fast/eager_backend.py, fast/fused_backend.py), decode steps and
+prompt prefills alike.
 
 Per layer i (sandwich norms; every norm is Gemma's RMSNorm times w):
   norm        x -> h                              input_layernorm
