@@ -25,9 +25,9 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
                  The rows kernels take no PDL launch (pdl=True: they launch plainly)
   Per-layer attention programs (Gemma 4):
   window_attention -> fast/window_state_ops.py lower_fused: q|k per-head norm + rotary (one
-                 launch, a weight per head), v's scale-free norm, the k/v index write (torch),
-                 the rows' window attention kernel over a ring or the capacity (decode); the
-                 torch chunk form for prompts
+                 launch, a weight per head), v's scale-free norm, the k/v slot write (one
+                 launch), the rows' window attention kernel over a ring or the capacity
+                 (decode); the torch chunk form for prompts
   norm + add (+ scale)  a sandwich norm `norm o -> h; add x += h` (and the layer scalar
                  `scale x` right after) -> one rmsnorm_residual kernel into the fp32 x
   add, scale  torch in place on x; softcap -> its kernel; act_mul gelu_tanh -> its kernel

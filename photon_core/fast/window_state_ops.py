@@ -14,8 +14,8 @@ RoPE, window, the source layer whose state it reads (KV-shared layers compute no
 Forms:
   decode   rows [0, b) at their own positions (device tensors: graph-capturable);
            eager: `decode_ops` (the ops' torch references), fused: `lower_fused` (the norm +
-           rotary kernel with a weight per head for q|k side by side, the rows' window
-           attention kernel; the k/v index write in torch).
+           rotary kernel with a weight per head for q|k side by side, the k/v slot write
+           (ops/kv_slot_write.py), the rows' window attention kernel).
   prefill  one row's prompt chunk at device positions pos [T], the first n_valid tokens real
            (padding after them: graphed prompt buckets). A ring keeps the last S REAL
            positions (each slot takes the latest real token landing on it, else keeps its
@@ -158,6 +158,7 @@ def prefill_ops(program, w, kv, tables: RotaryTables, row, pos, n_valid) -> dict
 def lower_fused(be, op):
     """The fused backend's lowering of one window_attention op -> fn(b, env); env["window"]
     = ("decode", rows, pos, attn_len) or ("prefill", row, pos, n_valid, views)."""
+    from ..ops.kv_slot_write import kv_slot_write_triton
     from ..ops.rotary_half import norm_rotary_triton
     from ..ops.sliding_window_attention import rows_decode_triton
     la = op.param("attn")
@@ -190,9 +191,8 @@ def lower_fused(be, op):
         out = be._view(op.dst[0], b)
         if form[0] == "decode":
             rows, attn_len = form[1], form[3]
-            if k is not None:
-                write_rows(kv, src, rows, pos, k.view(b, la.n_kv_heads, D),
-                           v.view(b, la.n_kv_heads, D))
+            if k is not None:         # k and v at each row's slot: one launch
+                kv_slot_write_triton(k, v, kv.k[src], kv.v[src], rows, pos, kv.ring[src])
             rows_decode_triton(q, kv.k[src], kv.v[src], rows, pos, la.window, kv.ring[src],
                                la.scale, out, attn_len)
         else:
