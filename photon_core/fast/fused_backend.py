@@ -58,9 +58,9 @@ from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
 from ..ops.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
 from ..ops.layernorm import layer_norm, rms_norm
 from ..ops.logit_softcap import logit_softcap_triton
+from ..ops.masked_argmax import masked_argmax
 from ..ops.per_layer_input import per_layer_input_tail
 from ..ops.rmsnorm_residual import rmsnorm_residual_triton
-from ..ops.masked_argmax import masked_argmax
 from ..ops.rope import rope_angles
 from ..ops.row_advance import row_advance
 from . import hybrid_rows, state_ops, window_state_ops
