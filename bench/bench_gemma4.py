@@ -10,8 +10,8 @@
   - a 640x480 frame: encode (vision tower + prefix prefill) + query(32 tokens, ignore_eos),
     ours vs transformers generate(min_new_tokens=32) on the same pixels;
   - a bf16 sanity check: our prefill logits vs transformers' on the same prompt;
-  - the step program (models/gemma4/program.py) through backend_ext's eager and fused
-    executors: decode step at batch 1 and 4, eager launches and a CUDA graph, and the fused
+  - the step program (models/gemma4/program.py) through the runtime's eager and fused
+    backends (StepState.of_spec): decode step at batch 1 and 4, eager launches and a CUDA graph, and the fused
     executor's logits vs the eager one's.
 
 E2B shapes (overridable): 35 layers (4 sliding : 1 global), hidden 1536, MLP 6144 (x2 on
@@ -258,11 +258,11 @@ def main():
 
 
 def bench_program(model, enc, tail, device, args) -> dict:
-    """The decode step as a step program, through backend_ext's eager and fused executors
+    """The decode step as a step program, through the runtime's eager and fused backends
     (decode_step's lm_greedy + forward), batch 1 and 4, eager launches and one CUDA graph;
-    and the fused executor against the eager one from the same state (8 greedy steps)."""
+    and the fused backend against the eager one from the same state (8 greedy steps)."""
+    from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
-    from photon_core.models.gemma4.backend_ext import Gemma4StepState
 
     res: dict = {}
     spec = model.step_spec()
@@ -270,11 +270,13 @@ def bench_program(model, enc, tail, device, args) -> dict:
     tail_t = torch.tensor(tail, device=device)
 
     def ready(b, fused):
-        st = Gemma4StepState(spec, model.weights, rows=b, capacity=cap, fused=fused)
+        st = ds.StepState.of_spec(spec, model.weights, b, cap,
+                                  EngineOptions(fused="on" if fused else "off"))
+        prefix = model.fast_family().prefix(enc)
         for r in range(b):
-            st.kv.load_prefix(r, enc.cache.k, enc.cache.v, enc.length)
-            h = st.eager.prefill(tail_t, r, enc.length)
-            st.set_row(r, h[-1], enc.length + len(tail))
+            st.kv.load_prefix(r, prefix)
+            h = st.prefill_tokens(r, enc.length, tail_t)
+            st.set_row(r, h[-1], enc.length + len(tail), 0, 0, 0.0, 1.0)
         st.active[:b] = True
         return st
 

@@ -1,4 +1,4 @@
-"""Compile every Triton launch of Gemma 4's fused step executor (models/gemma4/backend_ext.py)
+"""Compile every Triton launch of Gemma 4's step program in the runtime's fused backend
 for sm_90 on any machine (no GPU: Triton's bundled ptxas), at E2B shapes: decode steps at
 batch 1 / 4 / 16, the lm head (GEMV, softcap, argmax) and a 16-token prefill. The launches
 are recorded, not run (ops/launch_resources.py), so weights are uninitialized memory of the
@@ -44,8 +44,8 @@ def e2b_text_config(layers=35, kv_shared=20, vocab=262144, kv_heads=1) -> dict:
 def fused_launches(dtype=torch.bfloat16, layers=35, kv_shared=20, vocab=262144,
                    batches=(1, 4, 16), capacity=1024, prefill=16):
     """Every launch the fused executor makes at these shapes (recorded, not run)."""
+    from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
-    from photon_core.models.gemma4.backend_ext import Gemma4StepState
     from photon_core.models.gemma4.config import parse_config
     from photon_core.models.gemma4.program import step_program
     from photon_core.models.gemma4.weights import expected_shapes
@@ -59,14 +59,14 @@ def fused_launches(dtype=torch.bfloat16, layers=35, kv_shared=20, vocab=262144,
     spec = StepSpec(step_program(cfg.text, cfg.tied), phase_next=((0,),))
     rows = max(batches)
     with torch.inference_mode(), record_launches() as launches:
-        st = Gemma4StepState(spec, weights, rows=rows, capacity=capacity, fused=True)
+        st = ds.StepState.of_spec(spec, weights, rows, capacity, EngineOptions(fused="on"))
         st.pos.fill_(capacity // 2)
         for b in batches:
             st.active[:b] = True
             ds.lm_greedy(st, b)
             ds.forward(st, b)
         if prefill:
-            st.backend.prefill(torch.arange(prefill), 0, 0)
+            st.prefill_tokens(0, 0, torch.arange(prefill), backend=st.fused)
     return launches
 
 

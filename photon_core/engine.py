@@ -143,7 +143,8 @@ class PrefixState:
     task started on it (each task copies it into its own cache row).
 
     kv: attention k/v of the prefix tokens, [n_attention_layers, 2, 1, n_kv_heads, T, head_dim]
-      (T: any number of prefix tokens; None for a family without attention layers).
+      (T: any number of prefix tokens; None for a family without attention layers), or a
+      tuple of [2, 1, Hkv_i, T, D_i] per attention layer (layers of their own shapes).
     recurrent: per recurrent layer (e.g. Gated DeltaNet), its state after the prefix
       (family-defined tensors; () for pure-attention families such as Moondream 2).
     n_tokens: T when kv is None.
@@ -167,7 +168,9 @@ class PrefixState:
     @property
     def length(self) -> int:
         """Prefix tokens (positions the prompt starts after)."""
-        return int(self.kv.shape[4]) if self.kv is not None else self.n_tokens
+        if self.kv is None:
+            return self.n_tokens
+        return int(self.kv.shape[4]) if hasattr(self.kv, "shape") else int(self.kv[0].shape[-2])
 
 
 @runtime_checkable

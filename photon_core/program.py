@@ -29,6 +29,18 @@ Ops (kind: fields):
   gated_attention  src (q|gate per head, k, v) -> dst: per-head q/k zero-centred RMSNorm
               (weights q_norm, k_norm), rotate-half (M-)RoPE at the row's position + its
               position offset, k/v into the layer's cache, causal GQA, times sigmoid(gate)
+  Per-layer attention / embeddings (Gemma 4; models/gemma4/program.py):
+  add         dst += src (a residual add of a buffer segment)
+  scale       dst *= the tensor named weights[0] (its full name, e.g. a layer scalar)
+  softcap     dst = cap * tanh(src / cap), params ("cap", value) (None: copy)
+  per_layer_input  (x, tok) -> dsts (n per-layer segments of width P): per layer
+              (RMSNorm_P(x W^T * dim^-0.5) * w_norm + tok_layer) * 2^-0.5; weights: the
+              projection and its norm (ops/per_layer_input.py)
+  window_attention (q, k, v) -> dst; params ("attn", LayerAttention): the layer's own heads,
+              head size, RoPE, window, k/v source layer; q/k norms (weights q_norm, k_norm),
+              scale-free v norm, rotate-half RoPE at the row's position, k/v written into
+              the layer's state ("ring" or "kv" with its own shape) unless KV-shared, then
+              attention over the source layer's state (fast/window_state_ops.py)
 Recurrent state (conv, recurrent) is only updated for the step's active rows: a row that
 rides along in a bucket keeps its state (k/v writes land on positions not yet valid).
 Heads (`Head`): a short op list from `hidden` to logits, then a pick: argmax of `segments`
@@ -53,6 +65,13 @@ class Op:
     norm: str = "layer"
     eps: float = 1e-5
     size: int = 0            # gated_norm: channels per group (one head)
+    params: tuple = ()       # per-op parameters: ((name, value), ...) (hashable values)
+
+    def param(self, name: str, default=None):
+        for k, v in self.params:
+            if k == name:
+                return v
+        return default
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,32 @@ class AttentionSpec:
     rot_dim: int            # rotated channels per head (partial rotary: < head_dim)
     theta: float = 10000.0
     mrope_section: tuple[int, ...] = ()   # gated_attention: M-RoPE sections (text rows equal)
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention parameters (the window_attention op's "attn" param): its own
+    head counts and head size, rotate-half RoPE (theta, rotated fraction of the pairs,
+    frequency factor), `window` (sliding layers: keys within the last `window` positions) or
+    None (global), `source` the layer whose state it reads (itself unless KV-shared),
+    `writes` False for a KV-shared layer (it computes no k/v), `k_eq_v` (v is the raw k),
+    the score scale."""
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    theta: float
+    rotary_fraction: float = 1.0
+    factor: float = 1.0
+    window: int | None = None
+    source: int = 0
+    writes: bool = True
+    k_eq_v: bool = False
+    scale: float = 1.0
+
+    @property
+    def rope(self) -> tuple:
+        """The rotary table's key: layers with equal keys share one table."""
+        return (self.head_dim, self.theta, self.rotary_fraction, self.factor)
 
 
 @dataclass(frozen=True)
@@ -77,7 +122,9 @@ class DeltaSpec:
 @dataclass(frozen=True)
 class LayerState:
     """What one layer keeps per row between steps: "kv" (attention k/v, n_kv_heads x
-    capacity x head_dim), or a fixed-size state of `shape`: "recurrent" (e.g. DeltaNet's
+    capacity x head_dim: the AttentionSpec's, or shape (n_kv_heads, head_dim) of its own),
+    "ring" (a sliding layer's k/v in `window` slots, shape (n_kv_heads, window, head_dim):
+    position p in slot p % window), or a fixed-size state of `shape`: "recurrent" (e.g. DeltaNet's
     [Hv, Dk, Dv]), "conv" (a causal conv's last inputs [C, K-1]). dtype None = the model's,
     "fp32" for states kept in fp32."""
     kind: str
@@ -97,13 +144,20 @@ class Head:
 
 @dataclass(frozen=True)
 class Feedback:
-    """kind "token": wte[out[:, 0]]; "region": by phase, the token embedding or the
+    """kind "token": wte[out[:, 0]]; "scaled_token": x = wte[id] * params "scale" (rounded to
+    the table's dtype) and, with weights "extra" and params "extra_segment" / "extra_scale",
+    that segment = extra[id] * extra_scale (Gemma 4: sqrt(hidden), the per-layer token part
+    into "ple_tok"); "region": by phase, the token embedding or the
     coordinate / size encoder of the value sampled (ops/feedback_embedding.py), `by_phase[p]`
     naming what a step of phase p feeds back ("token" | "coord" | "size": the family's skill
     protocol). weights: name -> checkpoint tensor name."""
     kind: str
     weights: tuple[tuple[str, str], ...]
     by_phase: tuple[str, ...] = ()
+    params: tuple = ()
+
+    def param(self, name: str, default=None):
+        return dict(self.params).get(name, default)
 
     def phase_of(self, value: str) -> int:
         """The one phase feeding back `value` (the region kernel takes it as an argument)."""
@@ -111,6 +165,9 @@ class Feedback:
         if len(ps) != 1:
             raise ValueError(f"feedback {self.kind!r}: {len(ps)} phases feed back {value!r}")
         return ps[0]
+
+
+ATTENTION_STATES = ("kv", "ring")
 
 
 @dataclass(frozen=True)
@@ -147,9 +204,14 @@ class Program:
         return tuple(s.layer for s in self.state if s.kind == "kv")
 
     @property
+    def attention_states(self) -> tuple[LayerState, ...]:
+        """The k/v states ("kv" and "ring"), in the program's order (PrefixState.kv's)."""
+        return tuple(s for s in self.state if s.kind in ATTENTION_STATES)
+
+    @property
     def row_states(self) -> tuple[LayerState, ...]:
         """The fixed-size (non-k/v) states, in the program's order."""
-        return tuple(s for s in self.state if s.kind != "kv")
+        return tuple(s for s in self.state if s.kind not in ATTENTION_STATES)
 
 
 @dataclass
@@ -185,6 +247,24 @@ class ProgramBuilder:
     def gated_attention(self, qg, k, v, dst, q_norm, k_norm, layer, eps=1e-6):
         self.ops.append(Op("gated_attention", (qg, k, v), (dst,), (q_norm, k_norm),
                            layer=layer, eps=eps))
+
+    def add(self, src, dst="x"):
+        self.ops.append(Op("add", (src,), (dst,)))
+
+    def scale(self, dst, tensor):
+        self.ops.append(Op("scale", (dst,), (dst,), (tensor,)))
+
+    def softcap(self, src, dst, cap):
+        self.ops.append(Op("softcap", (src,), (dst,), params=(("cap", cap),)))
+
+    def per_layer_input(self, x, tok, dsts, projection, norm, eps=1e-6):
+        self.ops.append(Op("per_layer_input", (x, tok), tuple(dsts), (projection, norm),
+                           norm="rms", eps=eps))
+
+    def window_attention(self, q, k, v, dst, q_norm, k_norm, layer, attn: LayerAttention,
+                         eps=1e-6):
+        self.ops.append(Op("window_attention", (q, k, v), (dst,), (q_norm, k_norm),
+                           layer=layer, norm="rms", eps=eps, params=(("attn", attn),)))
 
     def build(self) -> tuple[Op, ...]:
         return tuple(self.ops)

@@ -87,18 +87,37 @@ class StepState:
         # (on the CPU, sampling rows draw with their torch.Generator: the seed is unused)
         self.generators[row] = generator
 
+    @classmethod
+    def of_spec(cls, spec, weights, rows: int, capacity: int, options=None) -> "StepState":
+        """A StepState over its own state cache for a bare step spec and its weights (no
+        family view: tests, benchmarks, compile checks)."""
+        from types import SimpleNamespace
+        w0 = next(iter(weights.values()))
+        emb = weights.get(dict(spec.program.feedback.weights)["wte"], w0)
+        fam = SimpleNamespace(spec=spec, weights=weights, device=emb.device, dtype=emb.dtype)
+        kv = StaticKVCache.for_program(spec.program, rows, capacity, emb.device, emb.dtype)
+        return cls(fam, rows, kv, options)
+
+    def prefill_tokens(self, row: int, start: int, ids: torch.Tensor, offset: int = 0,
+                       backend=None) -> torch.Tensor:
+        """Token ids [T] at positions start.. of `row` through a backend's prefill of the
+        step program (default the eager one; unpadded, not graphed), the inputs made by the
+        family's feedback embedding. Returns every token's hidden state [T, dim]."""
+        from .eager_backend import embed_ids
+        dev = self.hidden.device
+        ids = ids.to(dev)
+        inputs = embed_ids(self.eager.feedback, ids)
+        pos = start + torch.arange(ids.shape[0], device=dev)
+        r = torch.tensor([row], device=dev)
+        off = torch.tensor([offset], device=dev)
+        return (backend or self.eager).prefill(inputs.pop("x"), r, pos, off, extra=inputs)
+
     def prefill_eager(self, row: int, start: int, prompt: list[int], offset: int = 0
                       ) -> torch.Tensor:
         """A prompt of any length through the eager backend's prefill of the step program
         (unpadded, not graphed): the runtime's long-prompt prefill for families without
         their own. Returns the last token's hidden state."""
-        dev = self.hidden.device
-        ids = torch.tensor(prompt, device=dev)
-        x = torch.nn.functional.embedding(ids, self.w[dict(self.program.feedback.weights)["wte"]])
-        pos = start + torch.arange(len(prompt), device=dev)
-        r = torch.tensor([row], device=dev)
-        off = torch.tensor([offset], device=dev)
-        return self.eager.prefill(x, r, pos, off)[-1]
+        return self.prefill_tokens(row, start, torch.tensor(prompt), offset)[-1]
 
 
 def use_fused(fused: str, device, dtype) -> bool:

@@ -227,6 +227,7 @@ class FastEngine(EngineConveniences):
 
     def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
               ignore_eos: bool = False) -> FastRun:
+        self.capabilities.check_skill(task.skill)   # the family's refusal, before any encode
         enc = self.encode_image(enc)       # an encoded image is returned as is
         return FastRun(self, enc, task, stream, ignore_eos)
 

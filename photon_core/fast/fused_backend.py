@@ -23,6 +23,16 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
                  read on the device); prefill: the torch references (state_ops.py).
                  row_kernels=False: the torch references for decode too (the A/B baseline).
                  The rows kernels take no PDL launch (pdl=True: they launch plainly)
+  Per-layer attention programs (Gemma 4):
+  window_attention -> fast/window_state_ops.py lower_fused: q|k per-head norm + rotary (one
+                 launch, a weight per head), v's scale-free norm, the k/v slot write (one
+                 launch), the rows' window attention kernel over a ring or the capacity
+                 (decode); the torch chunk form for prompts
+  norm + add (+ scale)  a sandwich norm `norm o -> h; add x += h` (and the layer scalar
+                 `scale x` right after) -> one rmsnorm_residual kernel into the fp32 x
+  add, scale  torch in place on x; softcap -> its kernel; act_mul gelu_tanh -> its kernel
+  per_layer_input -> the projection's GEMV, then its torch tail (ops/per_layer_input.py)
+  linear      whose K fits no GEMV tile (K % 16) -> torch's linear (counted: torch_linears)
 Around the blocks: feedback (ops/feedback_embedding.py, or the token embedding), the row
 advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked argmax.
 pdl (EngineOptions.pdl): every Triton kernel is launched with programmatic dependent launch
@@ -44,13 +54,17 @@ from ..ops import GEMV_MAX_ROWS
 from ..ops.decode_attention import AttentionScratch, decode_attention, prefill_attention_reference
 from ..ops.eager import gated_norm_reference, norm_reference
 from ..ops.feedback_embedding import feedback_embedding
+from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
 from ..ops.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
 from ..ops.layernorm import layer_norm, rms_norm
+from ..ops.logit_softcap import logit_softcap_triton
 from ..ops.masked_argmax import masked_argmax
+from ..ops.per_layer_input import per_layer_input_tail
+from ..ops.rmsnorm_residual import rmsnorm_residual_triton
 from ..ops.rope import rope_angles
 from ..ops.row_advance import row_advance
-from . import hybrid_rows, state_ops
-from .eager_backend import ACTS, feedback_weights, prefill_mask
+from . import hybrid_rows, state_ops, window_state_ops
+from .eager_backend import ACTS, ScaledTokenFeedback, feedback_weights, prefill_mask
 from ..program import Op
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
@@ -63,7 +77,8 @@ class FusedBackend:
         # programmatic dependent launch of every kernel (ops/pdl.py; EngineOptions.pdl)
         self.pdl = pdl
         self.spec, self.w, self.kv, self.rows = spec, weights, kv, rows
-        dev, dt = kv.data.device, kv.data.dtype
+        dev, dt = kv.device, kv.dtype
+        self.dtype = dt
         # no split-K GEMV (its fp32 atomics add in a varying order): bitwise repeatable steps
         self.deterministic = deterministic
         a = p.attention
@@ -89,8 +104,18 @@ class FusedBackend:
         # op -> what its one fused GEMV runs (w, bias, out buffer, column, n_split, gap, epi,
         # in buffer, in column): other backends reuse these tensors (megakernel/lowering.py)
         self.fused_gemvs: dict[Op, dict] = {}
-        self.lowered = [self._lower(op) for op in p.ops]
+        # per-layer attention over the state cache's rings / own shapes (Gemma 4)
+        self.window = window_state_ops.uses_window_attention(p)
+        self.rotary = window_state_ops.RotaryTables(p, kv.capacity, dev, dt) \
+            if self.window else None
+        self.torch_linears: list = []     # linears without a GEMV tile (K % 16)
+        self.fused_norm_adds = 0          # sandwich norms lowered with their add (+ scale)
+        self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
+        # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
+        # softcap, keep the width)
+        self.head_width = {name: self.w[[op for op in h.ops if op.weights][-1].weights[0]
+                                        + ".weight"].shape[0] for name, h in p.heads}
 
     # -- lowering -------------------------------------------------------------------------
     def _view(self, seg: str, b: int) -> torch.Tensor:
@@ -118,6 +143,28 @@ class FusedBackend:
 
     def _weight(self, name: str):
         return self.w[name + ".weight"], self.w.get(name + ".bias")
+
+    def _lower_ops(self, ops) -> list:
+        """Op by op, except a sandwich norm: `norm o -> h; add x += h` (and a `scale x` right
+        after) -> one rmsnorm_residual kernel into the fp32 x."""
+        out, i = [], 0
+        while i < len(ops):
+            op = ops[i]
+            nxt = ops[i + 1] if i + 1 < len(ops) else None
+            if (op.kind == "norm" and op.norm == "rms" and nxt is not None
+                    and nxt.kind == "add" and nxt.src == op.dst and nxt.dst == ("x",)):
+                after = ops[i + 2] if i + 2 < len(ops) else None
+                scaled = after is not None and after.kind == "scale" and after.dst == ("x",)
+                wt = self.w[op.weights[0] + ".weight"].contiguous()
+                sc = self.w[after.weights[0]].float() if scaled else None
+                out.append(lambda b, env, op=op, wt=wt, sc=sc: rmsnorm_residual_triton(
+                    self._src(op.src[0], env, b), wt, self.x[:b], op.eps, sc))
+                self.fused_norm_adds += 1
+                i += 3 if scaled else 2
+                continue
+            out.append(self._lower(op))
+            i += 1
+        return out
 
     def _lower(self, op: Op):
         k = op.kind
@@ -155,16 +202,53 @@ class FusedBackend:
             return lambda b, env: env["attend"](slot, self._view(src, b), self._view(dst, b))
         if k == "residual":
             return self._lower_residual(op)
+        if k == "act_mul" and op.acts[0] == "gelu_tanh":
+            (g, u), dst = op.src, op.dst[0]
+            return lambda b, env: gelu_tanh_gate_triton(self._view(g, b), self._view(u, b),
+                                                        out=self._view(dst, b))
         if k == "act_mul":
             act = ACTS[op.acts[0]]
             (g, u), dst = op.src, op.dst[0]
             return lambda b, env: self._view(dst, b).copy_(
                 act(self._view(g, b)) * self._view(u, b))
+        if k == "window_attention":
+            return window_state_ops.lower_fused(self, op)
+        if k == "add":
+            src, dst = op.src[0], op.dst[0]
+            return lambda b, env: self._view(dst, b).add_(self._src(src, env, b))
+        if k == "scale":
+            sc = self.w[op.weights[0]].float()
+            return lambda b, env: self._view(op.dst[0], b).mul_(sc)
+        if k == "softcap":
+            cap, src, dst = op.param("cap"), op.src[0], op.dst[0]
+            return lambda b, env: logit_softcap_triton(self._view(src, b), cap,
+                                                       out=self._view(dst, b))
+        if k == "per_layer_input":
+            return self._lower_per_layer_input(op)
         raise ValueError(f"the fused backend has no lowering for op {k!r}")
+
+    def _lower_per_layer_input(self, op: Op):
+        (x, tok), n = op.src, len(op.dst)
+        place = self._contiguous(op.dst)
+        if place is None:
+            raise ValueError("per_layer_input: its segments must lie side by side")
+        buf, off, width = place
+        wp = self.w[op.weights[0] + ".weight"].contiguous()
+        wn = self.w[op.weights[1] + ".weight"].contiguous()
+        dim, dt = self.program.dim, self.dtype
+
+        def run(b, env):
+            out = self.bufs[buf][:b, off:off + width]
+            gemv(self._src(x, env, b).to(dt), wp, None, out, EPI_STORE, pdl=self.pdl)
+            out.copy_(per_layer_input_tail(out, self._src(tok, env, b), wn, n, width // n,
+                                           dim, op.eps))
+        return run
 
     def _lower_linear(self, op: Op):
         src, acts = op.src[0], list(op.acts)
         ws = [self._weight(n) for n in op.weights]
+        if src == "x" or ws[0][0].shape[1] % 16:
+            return self._lower_linear_plain(op, ws)
         n_plain = next((i for i, a in enumerate(acts) if a is not None), len(acts))
         plain = self._contiguous(op.dst[:n_plain]) if n_plain else None
         gelu_last = acts[n_plain:] == ["gelu_tanh"]
@@ -200,6 +284,28 @@ class FusedBackend:
             else:                               # no kernel epilogue: the torch op
                 parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(
                     d, b).copy_(act(F.linear(self._src(src, env, b), t, bb))))
+
+        def run(b, env):
+            for f in parts:
+                f(b, env)
+        return run
+
+    def _lower_linear_plain(self, op: Op, ws):
+        """A linear reading the fp32 residual x (cast to the model dtype), or whose K fits no
+        GEMV tile (torch's linear, counted in torch_linears): one output at a time."""
+        src, dt = op.src[0], self.dtype
+        parts = []
+        for d, (t, bb), act in zip(op.dst, ws, op.acts):
+            buf, off, width = self.program.segment(d)
+            t = t.contiguous()
+            if t.shape[1] % 16 == 0 and act is None:
+                parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off: gemv(
+                    self._src(src, env, b).to(dt), t, bb, self.bufs[buf][:b, off:],
+                    EPI_STORE, pdl=self.pdl))
+            else:
+                self.torch_linears.append(op.weights)
+                parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(
+                    d, b).copy_(act(F.linear(self._src(src, env, b).to(dt), t, bb))))
 
         def run(b, env):
             for f in parts:
@@ -250,6 +356,9 @@ class FusedBackend:
                              out, self.scratch, a.n_heads, a.n_kv_heads, a.head_dim,
                              pdl=self.pdl)
         env = {"attend": attend}
+        if self.window:
+            env["window"] = ("decode", self.row_ids[:b], pos.clamp(max=kv.capacity - 1),
+                             attn_len or kv.capacity)
         if self.rows_lowering is not None:
             env["rows"] = self.rows_lowering.step(pos, offset, active, attn_len or kv.capacity)
         elif self.hybrid:
@@ -266,6 +375,8 @@ class FusedBackend:
         if self.program.feedback.kind == "region":
             feedback_embedding(self.feedback, st.out[:b], st.phase[:b], self.x[:b],
                                pdl=self.pdl)
+        elif isinstance(self.feedback, ScaledTokenFeedback):
+            self._inputs(self.feedback.embed(st.out[:b, 0]), b)
         else:
             self.x[:b].copy_(F.embedding(st.out[:b, 0], self.feedback))
 
@@ -282,8 +393,7 @@ class FusedBackend:
         env = {"hidden": hidden}
         for f in fns:
             f(b, env)
-        n = self.w[h.ops[-1].weights[0] + ".weight"].shape[0]
-        return self._view(h.logits, b)[:, :n]
+        return self._view(h.logits, b)[:, :self.head_width[name]]
 
     def head_pick(self, name: str, st, b: int) -> None:
         h = self.program.head(name)
@@ -296,8 +406,14 @@ class FusedBackend:
             masked_argmax(logits, st.out, h.col, segments=h.segments, pdl=self.pdl)
 
     # -- a prompt prefill (T <= GEMV_MAX_ROWS tokens) into one row --------------------------
+    def _inputs(self, inputs: dict, b: int) -> None:
+        """The program's inputs (embed_ids / the feedback's) into x and their segments."""
+        for name, t in inputs.items():
+            (self.x[:b] if name == "x" else self._view(name, b)).copy_(t)
+
     def prefill(self, x: torch.Tensor, row: torch.Tensor, pos: torch.Tensor, offset=None,
-                n_valid: torch.Tensor | None = None) -> torch.Tensor:
+                n_valid: torch.Tensor | None = None, extra: dict | None = None
+                ) -> torch.Tensor:
         """x [T, dim] at positions pos [T] of row `row`: the GEMVs over the T token rows,
         attention with the op's torch reference; returns the fp32 residual [T, dim]
         (offset, n_valid: as the eager backend's prefill)."""
@@ -317,7 +433,11 @@ class FusedBackend:
         if self.hybrid:
             env["stateful"] = state_ops.prefill_ops(self.program, self.w, kv, row, pos,
                                                     0 if offset is None else offset, n_valid)
+        if self.window:
+            env["window"] = ("prefill", row, pos, n_valid, {})
         self.x[:T].copy_(x)
+        if extra:
+            self._inputs(extra, T)
         for f in self.lowered:
             f(T, env)
         return self.x[:T]

@@ -16,7 +16,9 @@ recurrent row states (hybrid programs) take only the real tokens (the backends' 
 Prompts longer than the largest bucket use the eager reference prefill. On the CPU the same
 code runs eagerly (tests compare it with the reference).
 
-The prefill runs the family's step program (program.py) over the T token rows of one row:
+The prompt's ids become the program's inputs through the family's feedback (embed_ids: the
+token embedding, or Gemma's scaled one with its per-layer token part); the positions reach
+the attention ops as device tensors (start + i). The prefill runs the family's step program (program.py) over the T token rows of one row:
 with the fused backend (the default on CUDA in bf16/fp16) for buckets of up to FUSED_MAX_T (16)
 tokens - its norm and GEMV kernels over the token rows (the weights streamed once per layer
 at GEMV speed instead of cuBLAS's small-M GEMMs and ~10 more launches per layer), the
@@ -25,10 +27,10 @@ attention op's torch prefill form - else with the eager backend (the ops' torch 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..ops import GEMV_MAX_ROWS
 from . import state_ops
+from .eager_backend import embed_ids
 
 BUCKETS = (8, 16, 32, 64, 128)
 FUSED_MAX_T = GEMV_MAX_ROWS   # prompt tokens the fused GEMV takes in one pass
@@ -45,7 +47,7 @@ class GraphedPrefill:
         self.meta = torch.zeros(4 + tmax, dtype=torch.long, device=dev)
         self.hidden_out = torch.zeros(st.program.dim, device=dev, dtype=st.hidden.dtype)
         self.token_ids = torch.arange(tmax, device=dev)
-        self.wte = st.w[dict(st.program.feedback.weights)["wte"]]
+        self.feedback = st.eager.feedback     # ids -> the program's inputs (embed_ids)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # None: the eager backend for every bucket; else the fused backend (its buffers are
         # free between decode steps, all on one stream) for buckets <= FUSED_MAX_T
@@ -63,11 +65,11 @@ class GraphedPrefill:
     def _run(self, T: int) -> None:
         row, start, length = self.meta[0:1], self.meta[1:2], self.meta[2:3]
         offset = self.meta[3:4]
-        x = F.embedding(self.meta[4:4 + T], self.wte)                     # [T, dim]
+        inputs = embed_ids(self.feedback, self.meta[4:4 + T])           # x [T, dim], ...
         pos = start + self.token_ids[:T]
         backend = self.fused if self.fused is not None and T <= FUSED_MAX_T \
             else self.state.eager
-        last = backend.prefill(x, row, pos, offset, length)
+        last = backend.prefill(inputs.pop("x"), row, pos, offset, length, extra=inputs)
         self.hidden_out.copy_(last.index_select(0, length - 1)[0])
 
     def capture(self) -> None:

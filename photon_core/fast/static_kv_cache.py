@@ -9,6 +9,12 @@ committed (zombie_refcount.py). Nothing is allocated per step: a decode step wri
 row's new k/v at that row's own position (an index write with device-side positions, so it
 can be captured in a CUDA graph) and attends over the first `attn_len` positions of rows
 [0, bucket) with a per-row mask (key index <= position).
+
+Layers of their own shapes (a program whose "kv" states carry a shape, or "ring" states:
+Gemma 4's sliding layers at 256-wide heads in rings of `window` slots, its global layers at
+512-wide heads over the capacity): one k and one v tensor per layer [rows, Hkv, S, D]
+(`k[layer]`, `v[layer]`, `ring[layer]`; `data` is None). A uniform cache has the same
+per-layer views into `data`. A ring layer's prefix keeps its last S positions (slot p % S).
 """
 from __future__ import annotations
 
@@ -23,7 +29,13 @@ class StaticKVCache:
         shape of its state (one row each), in the program's order; recurrent_dtypes: their
         dtypes (default the cache's); recurrent_keys: their (kind, layer)."""
         self.data = torch.zeros(n_layers, 2, rows, n_kv_heads, capacity, head_dim,
-                                device=device, dtype=dtype)
+                                device=device, dtype=dtype) if n_layers else None
+        self.device, self.dtype = torch.device(device), dtype
+        self.layers: tuple[int, ...] = tuple(range(n_layers))   # attention layers, in order
+        # per attention layer: k, v [rows, Hkv, S, D] (views of data here), ring or not
+        self.k = {i: self.data[i, 0] for i in range(n_layers)}
+        self.v = {i: self.data[i, 1] for i in range(n_layers)}
+        self.ring = {i: False for i in range(n_layers)}
         dts = tuple(recurrent_dtypes) or (None,) * len(recurrent_shapes)
         self.recurrent = [torch.zeros(rows, *shape, device=device, dtype=dt or dtype)
                           for shape, dt in zip(recurrent_shapes, dts)]
@@ -37,14 +49,38 @@ class StaticKVCache:
         a = program.attention
         rs = program.row_states
         dts = tuple(torch.float32 if s.dtype == "fp32" else None for s in rs)
-        return cls(len(program.kv_layers), a.n_kv_heads, rows, capacity, a.head_dim, device,
-                   dtype, tuple(s.shape for s in rs), dts, tuple((s.kind, s.layer) for s in rs))
+        att = program.attention_states
+        per_layer = any(s.kind == "ring" or s.shape for s in att)
+        cache = cls(0 if per_layer else len(program.kv_layers), a.n_kv_heads, rows, capacity,
+                    a.head_dim, device, dtype, tuple(s.shape for s in rs), dts,
+                    tuple((s.kind, s.layer) for s in rs))
+        if per_layer:
+            cache._per_layer(att)
+        return cache
+
+    def _per_layer(self, states) -> None:
+        """One k and one v tensor per attention layer, of the layer's own shape (keyed by the
+        model layer): "ring" (Hkv, window, D) -> min(window, capacity) slots, "kv" (Hkv, D)
+        -> capacity slots."""
+        self.layers = tuple(s.layer for s in states)
+        self.k, self.v, self.ring = {}, {}, {}
+        for s in states:
+            ring = s.kind == "ring"
+            hkv, d = s.shape[0], s.shape[-1]
+            n = min(s.shape[1], self.capacity) if ring else self.capacity
+            for store in (self.k, self.v):
+                store[s.layer] = torch.zeros(self.rows, hkv, n, d, device=self.device,
+                                             dtype=self.dtype)
+            self.ring[s.layer] = ring
 
     def load_prefix(self, row: int, prefix) -> int:
         """Copy a PrefixState (photon_core.engine) into a row: its k/v at positions [0, T) of
         every attention layer, its recurrent state into every recurrent layer's row.
-        Returns T, where the prompt starts."""
-        if prefix.kv is not None:
+        Returns T, where the prompt starts. A per-layer cache takes kv as a sequence of
+        [2, 1, Hkv, T, D] per attention layer (in the program's order)."""
+        if prefix.kv is not None and self.data is None:
+            self._load_layers(row, prefix.kv)
+        elif prefix.kv is not None:
             t = prefix.kv.shape[4]
             if t > self.capacity:
                 raise ValueError(f"a {t}-token prefix does not fit the {self.capacity}-position "
@@ -57,9 +93,29 @@ class StaticKVCache:
             dst[row].copy_(src.reshape(dst.shape[1:]))
         return prefix.length
 
+    def _load_layers(self, row: int, kv) -> None:
+        if len(kv) != len(self.layers):
+            raise ValueError(f"the prefix has k/v of {len(kv)} layers, the program "
+                             f"{len(self.layers)}")
+        for layer, t in zip(self.layers, kv):
+            n_pos = t.shape[-2]
+            if n_pos > self.capacity:
+                raise ValueError(f"a {n_pos}-token prefix does not fit the {self.capacity}-"
+                                 "position state cache")
+            kc = self.k[layer]
+            n = kc.shape[2]
+            if self.ring[layer]:                 # the last n positions, slot p % n
+                p = torch.arange(max(0, n_pos - n), n_pos, device=kc.device)
+                slots = torch.remainder(p, n)
+            else:
+                p = slots = torch.arange(n_pos, device=kc.device)
+            kc[row][:, slots] = t[0, 0][:, p].to(kc.dtype)
+            self.v[layer][row][:, slots] = t[1, 0][:, p].to(kc.dtype)
+
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values())
+                   ) if self.data is None else self.data.numel() * self.data.element_size()
 
     def row_view(self, row: int) -> torch.Tensor:
         """The k/v of one row, [n_layers, 2, 1, Hkv, capacity, D] (a view: a family's

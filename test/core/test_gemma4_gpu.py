@@ -53,9 +53,11 @@ def test_triton_rmsnorm_bf16():
 def test_per_layer_table_in_host_memory(tmp_path):
     """load_model(ple_on_cpu=True): the per-layer embedding table stays in host memory, every
     other weight on the GPU; answers and logits equal the all-GPU model's (reference engine
-    and the step program's eager executor)."""
+    and the step program's prefill in the runtime's eager backend: the scaled-token
+    feedback gathers the table's rows on the host); FastEngine refuses such a model."""
+    from photon_core.fast import FastEngine
+    from photon_core.fast.decode_step import StepState
     from photon_core.models.gemma4 import load_model, make_test_model
-    from photon_core.models.gemma4.backend_ext import Gemma4StepState
     from photon_core.models.gemma4.program import step_program
     from photon_core.models.gemma4.weights import PER_LAYER_TABLE
     from photon_core.program import StepSpec
@@ -72,9 +74,13 @@ def test_per_layer_table_in_host_memory(tmp_path):
                                               max_tokens=12), ignore_eos=True, record_logits=True)
         while r.step():
             pass
-        st = Gemma4StepState(StepSpec(step_program(m.config.text), ((0,),)), m.weights, 1, 64)
-        h = st.eager.prefill(torch.tensor([2, 40, 41, 42], device="cuda"), 0, 0)
+        st = StepState.of_spec(StepSpec(step_program(m.config.text), ((0,),)), m.weights, 1,
+                               64)
+        h = st.prefill_tokens(0, 0, torch.tensor([2, 40, 41, 42]))
         outs.append((r.result().output, torch.stack(r.logits), h))
+        if on_cpu:
+            with pytest.raises(ValueError, match="per-layer embedding table"):
+                FastEngine(m, max_batch=1, kv_capacity=64)
     assert outs[0][0] == outs[1][0]
     torch.testing.assert_close(outs[1][1], outs[0][1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[1][2], outs[0][2], atol=1e-5, rtol=1e-5)
@@ -100,21 +106,22 @@ def test_rows_decode_kernel_bf16(window, ring):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
 def test_program_executors_on_cuda_match_the_reference(tmp_path, fused):
-    """The step program through backend_ext's executors on the GPU (fp32, the real Triton
+    """The step program through the runtime's backends on the GPU (fp32, the real Triton
     kernels): the reference engine's 16 greedy tokens and logits, a prompt longer than the
     window; and the same decode step captured in a CUDA graph gives the same tokens."""
+    from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
     from photon_core.models.gemma4 import load_model, make_test_model
-    from photon_core.models.gemma4.backend_ext import Gemma4StepState
 
     m = load_model(str(make_test_model(tmp_path, seed=3)), device="cuda")
     ids = [2] + list(range(40, 53))
     ref_logits, ref_toks = m.greedy(ids, 16)
     for graphed in (False, True):
-        st = Gemma4StepState(m.step_spec(), m.weights, rows=2, capacity=64, fused=fused)
+        st = ds.StepState.of_spec(m.step_spec(), m.weights, 2, 64,
+                                  EngineOptions(fused="on" if fused else "off"))
         with torch.inference_mode():
-            h = st.backend.prefill(torch.tensor(ids, device="cuda"), 1, 0)
-            st.set_row(1, h[-1], len(ids))
+            h = st.prefill_tokens(1, 0, torch.tensor(ids), backend=st.backend)
+            st.set_row(1, h[-1], len(ids), 0, 0, 0.0, 1.0)
             st.active[1] = True
             b = 2
 

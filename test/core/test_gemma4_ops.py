@@ -4,6 +4,7 @@ fp16 under TRITON_INTERPRET=1), RMSNorm / proportional RoPE against their formul
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -276,3 +277,28 @@ def test_triton_norm_rotary_a_weight_per_head():
         ref = apply_rotary_half(rmsnorm_scaled(x[:, sl].view(2, h, d), w, 1e-6), cos_t[pos],
                                 sin_t[pos]).reshape(2, -1)
         torch.testing.assert_close(out[:, sl], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ring", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_kv_slot_write_kernel(ring, dtype):
+    """One launch writes each row's k and v at its slot (pos % S on a ring), from strided
+    buffer views; the other rows and slots stay as they were."""
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+    from photon_core.ops.kv_slot_write import kv_slot_write_reference, kv_slot_write_triton
+    g = torch.Generator().manual_seed(4)
+    hkv, S, d = 2, 8 if ring else 40, 32
+    buf = torch.randn(3, 5 * hkv * d, generator=g).to(dtype)
+    k, v = buf[:, hkv * d:2 * hkv * d], buf[:, 3 * hkv * d:4 * hkv * d]
+    ks = torch.randn(4, hkv, S, d, generator=g).to(dtype)
+    vs = torch.randn(4, hkv, S, d, generator=g).to(dtype)
+    rows, pos = torch.tensor([2, 0, 3]), torch.tensor([29, 3, 17])
+    before = ks.clone()
+    want_k, want_v = ks.clone(), vs.clone()
+    kv_slot_write_reference(k, v, want_k, want_v, rows, pos, ring)
+    kv_slot_write_triton(k, v, ks, vs, rows, pos, ring)
+    assert torch.equal(ks, want_k) and torch.equal(vs, want_v)
+    changed = (ks != before).any(dim=(1, 3))            # [rows, slots] written
+    assert changed.sum() == 3 and changed[1].sum() == 0   # row 1 untouched
+    assert bool(changed[2, 29 % S if ring else 29])

@@ -1,6 +1,7 @@
-"""Gemma 4's decode step as a step program (models/gemma4/program.py) through the eager and
-the fused executors (models/gemma4/backend_ext.py: the runtime's backends extended by the op
-kinds Gemma adds), driven by the runtime's own step pieces (fast/decode_step.py lm_greedy and
+"""Gemma 4's decode step as a step program (models/gemma4/program.py) through the runtime's
+eager and fused backends (fast/eager_backend.py, fast/fused_backend.py, with the
+window_attention op of fast/window_state_ops.py over fast/static_kv_cache.py's per-layer
+rings), driven by the runtime's own step pieces (fast/decode_step.py lm_greedy and
 forward) over a state cache of two rows at different positions: one text-only prompt, one
 image prefix (the reference engine's encode_image) + a question. Both must match the Gemma
 reference engine: the logits of the prefill's last token and of 16 greedy steps, and the 17
@@ -15,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from photon_core.engine import EngineOptions
 from photon_core.fast import decode_step as ds
 from photon_core.models.gemma4 import load_model, make_test_model, text
-from photon_core.models.gemma4.backend_ext import Gemma4StepState
 from photon_core.models.gemma4.kv_cache import KVCache
-from photon_core.models.gemma4.program import step_program
+from photon_core.models.gemma4.program import layer_attentions, step_program
 from photon_core.program import StepSpec
 
 STEPS = 16
@@ -65,24 +66,40 @@ def reference_after_prefix(model, enc, tail: list[int], steps: int):
     return torch.stack(out), toks
 
 
+def make_state(model, rows: int, capacity: int, fused: bool = False, spec=None):
+    """The runtime's StepState over a state cache of the program's declared state."""
+    return ds.StepState.of_spec(spec or model.step_spec(), model.weights, rows, capacity,
+                                EngineOptions(fused="on" if fused else "off"))
+
+
+def prefill(st, ids, row: int, start: int, fused: bool = False):
+    """ids at positions start.. of `row` through a backend's prefill -> hidden [T, dim]."""
+    return st.prefill_tokens(row, start, torch.tensor(ids),
+                             backend=st.fused if fused else st.eager)
+
+
+def set_row(st, row, hidden, pos):
+    st.set_row(row, hidden, pos, 0, 0, 0.0, 1.0)
+
+
 def program_generate(model, enc, rows_input, steps: int, fused: bool, chunks=None):
     """rows_input: per row (prefix or None, prompt ids). -> per row (logits, tokens)."""
     spec = model.step_spec()
     cap = 128
     assert all((0 if p is None else p.length) + len(i) + steps <= cap for p, i in rows_input)
-    st = Gemma4StepState(spec, model.weights, rows=2, capacity=cap, fused=fused)
+    st = make_state(model, 2, cap, fused, spec)
     logits = [[] for _ in rows_input]
     toks = [[] for _ in rows_input]
     with torch.inference_mode():
         for row, (prefix, ids) in enumerate(rows_input):
-            start = 0 if prefix is None else st.kv.load_prefix(row, prefix.cache.k,
-                                                               prefix.cache.v, prefix.length)
+            start = 0 if prefix is None else st.kv.load_prefix(
+                row, model.fast_family().prefix(prefix))
             parts = chunks or [len(ids)]
             at = 0
             for n in parts:                  # the prompt in chunks (ring wraps inside one)
-                h = st.backend.prefill(torch.tensor(ids[at:at + n]), row, start + at)
+                h = prefill(st, ids[at:at + n], row, start + at, fused)
                 at += n
-            st.set_row(row, h[-1], start + len(ids))
+            set_row(st, row, h[-1], start + len(ids))
         b = len(rows_input)
         st.active[:b] = True
         for s in range(steps + 1):
@@ -150,9 +167,9 @@ def test_state_is_rings_for_sliding_layers_and_full_for_global(model):
     W = cfg.sliding_window
     assert kinds == {0: ("ring", (2, W, 16)), 1: ("ring", (2, W, 16)), 2: ("kv", (2, 32)),
                      3: ("ring", (2, W, 16))}               # layers 4, 5 KV-shared: no state
-    assert [la.source for la in prog.layers] == [0, 1, 2, 3, 3, 2]
-    assert [la.writes for la in prog.layers] == [True] * 4 + [False] * 2
-    st = Gemma4StepState(StepSpec(prog, ((0,),)), model.weights, rows=2, capacity=96)
+    assert [la.source for la in layer_attentions(prog)] == [0, 1, 2, 3, 3, 2]
+    assert [la.writes for la in layer_attentions(prog)] == [True] * 4 + [False] * 2
+    st = make_state(model, 2, 96, spec=StepSpec(prog, ((0,),)))
     assert st.kv.k[0].shape == (2, 2, W, 16) and st.kv.k[2].shape == (2, 2, 96, 32)
 
 
@@ -160,7 +177,7 @@ def test_keys_equal_values_variant(tmp_path):
     """attention_k_eq_v: global layers take v from the raw k (no v_proj), through the program."""
     m = load_model(str(make_test_model(tmp_path, seed=5, text={"attention_k_eq_v": True})))
     assert "language_model.layers.2.self_attn.v_proj.weight" not in m.weights
-    assert m.step_spec().program.layers[2].k_eq_v
+    assert layer_attentions(m.step_spec().program)[2].k_eq_v
     ids = text_ids(m)
     check(program_generate(m, None, [(None, ids)], STEPS, fused=False)[0],
           m.greedy(ids, STEPS), 2e-4)
@@ -171,11 +188,11 @@ def test_a_reused_row_ignores_the_previous_task_state(model):
     prompt: the stale slots are never read (the ring's s <= pos rule, the global mask)."""
     ids = text_ids(model)
     short = ids[:5]
-    st = Gemma4StepState(model.step_spec(), model.weights, rows=1, capacity=64)
+    st = make_state(model, 1, 64)
     with torch.inference_mode():
-        st.eager.prefill(torch.tensor(ids + ids + ids), 0, 0)      # 39 positions of junk
-        h = st.eager.prefill(torch.tensor(short), 0, 0)
-        st.set_row(0, h[-1], len(short))
+        prefill(st, ids + ids + ids, 0, 0)                          # 39 positions of junk
+        h = prefill(st, short, 0, 0)
+        set_row(st, 0, h[-1], len(short))
         st.active[0] = True
         toks, logits = [], []
         for s in range(STEPS + 1):

@@ -4,7 +4,10 @@ head) with a text-only skill - runs through the runtime's eager and fused backen
 cache rows, prompt prefill, graph-runner pieces, feedback, row advance) and through
 FastEngine itself (its FastFamily view: prefix state, prompts, TextTask protocol; pipelined
 decoding, batches, zombies, the long-prompt prefill), nothing in photon_core changed for it,
-and matches its own reference: greedy tokens, and the hidden states to fp32 rounding."""
+and matches its own reference: greedy tokens, and the hidden states to fp32 rounding. A
+second toy program (defined here too) takes the per-layer attention path: a sliding layer as
+a ring, a global layer of its own head size and RoPE, a KV-shared layer, scaled-token
+feedback, a soft-capped head, through the same runtime files."""
 from __future__ import annotations
 
 import os
@@ -15,7 +18,7 @@ import torch.nn.functional as F
 
 from photon_core.engine import Capabilities, EngineOptions
 from photon_core.fast.cuda_graph_runner import CudaGraphRunner
-from photon_core.fast.decode_step import StepState
+from photon_core.fast.decode_step import StepState, lm_greedy
 from photon_core.fast.graphed_prefill import GraphedPrefill
 from photon_core.fast.static_kv_cache import StaticKVCache
 from photon_core.ops.rope import apply_rope, rope_angles
@@ -305,3 +308,157 @@ def test_toy_family_runs_through_fast_engine(fused):
         for (p, t), res in zip(group, fe.run_batch([(encs[p], t) for p, t in group])):
             check(p, t, res)
     fe.close()
+
+
+# -- a second toy: per-layer attention over rings (the runtime's window_attention op) --------
+# layer 0: sliding (window 6, a ring), 4 x 16 heads, 2 k/v heads; layer 1: global, 2 x 32
+# heads, 1 k/v head, half the pairs rotated at theta 1e6; layer 2: KV-shared (reads layer
+# 0's ring). Scaled token embeddings, plain adds, a soft-capped lm head. Its reference below
+# recomputes the whole sequence without a cache (a mask for the window).
+WIN = 6
+WLAYERS = (dict(nh=4, nkv=2, hd=16, theta=1e4, frac=1.0, window=WIN, source=0),
+           dict(nh=2, nkv=1, hd=32, theta=1e6, frac=0.5, window=None, source=1),
+           dict(nh=4, nkv=2, hd=16, theta=1e4, frac=1.0, window=WIN, source=0))
+CAP = 5.0
+
+
+def window_weights(seed=1) -> ToyWeights:
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, s=0.2):
+        return torch.randn(*shape, generator=g) * s
+    w = ToyWeights({"tok.wte": r(VOCAB, DIM, s=1.0), "final.weight": 1 + r(DIM, s=0.1),
+                    "lm_head.weight": r(VOCAB, DIM)})
+    for i, L in enumerate(WLAYERS):
+        p, qd, kd = f"l.{i}", L["nh"] * L["hd"], L["nkv"] * L["hd"]
+        w.update({f"{p}.ln1.weight": 1 + r(DIM, s=0.1), f"{p}.q.weight": r(qd, DIM),
+                  f"{p}.qn.weight": 1 + r(L["hd"], s=0.1),
+                  f"{p}.kn.weight": 1 + r(L["hd"], s=0.1), f"{p}.o.weight": r(DIM, qd),
+                  f"{p}.ln2.weight": 1 + r(DIM, s=0.1), f"{p}.up.weight": r(FF, DIM),
+                  f"{p}.gate.weight": r(FF, DIM), f"{p}.down.weight": r(DIM, FF)})
+        if L["source"] == i:
+            w.update({f"{p}.k.weight": r(kd, DIM), f"{p}.v.weight": r(kd, DIM)})
+    return w
+
+
+def window_program() -> Program:
+    from photon_core.program import LayerAttention
+    b = ProgramBuilder()
+    segs = {}
+    for i, L in enumerate(WLAYERS):
+        p, t = f"l.{i}", "s" if L["window"] else "f"
+        la = LayerAttention(L["nh"], L["nkv"], L["hd"], L["theta"], L["frac"],
+                            window=L["window"], source=L["source"], writes=L["source"] == i)
+        segs.setdefault(t, L)
+        b.norm("x", "h", p + ".ln1", kind="rms", eps=EPS)
+        names = ["q", "k", "v"] if la.writes else ["q"]
+        b.linear("h", [n + t for n in names], [f"{p}.{n}" for n in names])
+        b.window_attention("q" + t, "k" + t, "v" + t, "a" + t, p + ".qn", p + ".kn", i, la,
+                           eps=EPS)
+        b.linear("a" + t, ["o"], [p + ".o"])
+        b.add("o")
+        b.norm("x", "h", p + ".ln2", kind="rms", eps=EPS)
+        b.linear("h", ["gate", "up"], [p + ".gate", p + ".up"])
+        b.act_mul("gate", "up", "m", "gelu_tanh")
+        b.residual(["m"], [p + ".down"])
+    lm = ProgramBuilder()
+    lm.norm("hidden", "h", "final", kind="rms", eps=EPS)
+    lm.linear("h", ["logits"], ["lm_head"])
+    lm.softcap("logits", "logits", CAP)
+    u = []
+    for t, L in segs.items():
+        u += [("q" + t, L["nh"] * L["hd"]), ("k" + t, L["nkv"] * L["hd"]),
+              ("v" + t, L["nkv"] * L["hd"]), ("a" + t, L["nh"] * L["hd"])]
+    state = tuple(LayerState("ring", i, (L["nkv"], WIN, L["hd"])) if L["window"]
+                  else LayerState("kv", i, (L["nkv"], L["hd"]))
+                  for i, L in enumerate(WLAYERS) if L["source"] == i)
+    return Program(
+        dim=DIM, buffers=(("h", (("h", DIM), ("o", DIM))),
+                          ("u", tuple(u) + (("gate", FF), ("up", FF), ("m", FF))),
+                          ("logits", (("logits", VOCAB),))),
+        ops=b.build(), attention=AttentionSpec(4, 2, 16, rot_dim=16), state=state,
+        heads=(("lm", Head(lm.build(), "logits", col=0)),),
+        feedback=Feedback("scaled_token", (("wte", "tok.wte"),),
+                          params=(("scale", DIM ** 0.5),)), vocab=VOCAB)
+
+
+def _rotate(x, pos, hd, theta, frac):
+    n = int(frac * hd // 2)
+    f = torch.cat([1.0 / theta ** (torch.arange(0, 2 * n, 2).float() / hd),
+                   torch.zeros(hd // 2 - n)])
+    ang = pos.float()[:, None] * f[None]
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+    return x * cos[:, None] + torch.cat([-x2, x1], -1) * sin[:, None]
+
+
+def window_reference_logits(w, ids: list[int]) -> torch.Tensor:
+    """The last token's logits, the whole sequence recomputed (no cache)."""
+    T = len(ids)
+    pos = torch.arange(T)
+    x = w["tok.wte"][torch.tensor(ids)] * torch.tensor(DIM ** 0.5)
+    kv = {}
+    for i, L in enumerate(WLAYERS):
+        p, hd = f"l.{i}", L["hd"]
+        h = rms(x, w[p + ".ln1.weight"])
+        q = _rotate(rms(F.linear(h, w[p + ".q.weight"]).view(T, -1, hd), w[p + ".qn.weight"]),
+                    pos, hd, L["theta"], L["frac"])
+        if L["source"] == i:
+            k = rms(F.linear(h, w[p + ".k.weight"]).view(T, -1, hd), w[p + ".kn.weight"])
+            v = F.linear(h, w[p + ".v.weight"]).view(T, -1, hd)
+            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + EPS)
+            kv[i] = (_rotate(k, pos, hd, L["theta"], L["frac"]), v)
+        k, v = kv[L["source"]]
+        rep = L["nh"] // L["nkv"]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        seen = pos[None, :] <= pos[:, None]
+        if L["window"]:
+            seen = seen & (pos[None, :] > pos[:, None] - L["window"])
+        s = torch.einsum("thd,shd->hts", q, k).masked_fill(~seen[None], float("-inf"))
+        a = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, -1)
+        x = x + F.linear(a, w[p + ".o.weight"])
+        h = rms(x, w[p + ".ln2.weight"])
+        m = F.gelu(F.linear(h, w[p + ".gate.weight"]), approximate="tanh") * \
+            F.linear(h, w[p + ".up.weight"])
+        x = x + F.linear(m, w[p + ".down.weight"])
+    lg = F.linear(rms(x[-1], w["final.weight"]), w["lm_head.weight"])
+    return torch.tanh(lg / CAP) * CAP
+
+
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_window_attention_toy_on_the_runtime(fused):
+    """A second family's per-layer attention (ring, global with its own head size and
+    RoPE, KV-shared), scaled-token feedback and soft-capped head through the runtime's
+    state cache, padded prompt prefill (the rings wrap inside one bucket) and decode steps:
+    its reference's greedy tokens, and its logits to fp32 rounding."""
+    if fused == "on":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+    w = window_weights()
+    spec = StepSpec(window_program(), phase_next=((0,),), answer_id=None)
+    st = StepState.of_spec(spec, w, 2, 40, EngineOptions(fused=fused))
+    assert st.kv.k[0].shape == (2, 2, WIN, 16) and st.kv.k[1].shape == (2, 1, 40, 32)
+    assert 2 not in st.kv.k
+    prefill = GraphedPrefill(st, use_graphs=False)
+    prompts, n = [[3, 17, 42, 5, 9, 70, 8, 1, 44, 23, 61], [11, 2, 60]], 12
+    with torch.inference_mode():
+        for row, prompt in enumerate(prompts):     # 11 tokens: bucket 16, 5 of padding
+            st.set_row(row, prefill.run(row, 0, prompt).clone(), len(prompt), 0, 0, 0.0, 1.0)
+        st.active[:2] = True
+        toks, logits = [[], []], [[], []]
+        for step in range(n):
+            lg = st.backend.head_logits("lm", st.hidden[:2]).float().clone()
+            lm_greedy(st, 2)
+            for r in range(2):
+                toks[r].append(int(st.out[r, 0]))
+                logits[r].append(lg[r])
+            st.backend.forward(st, 2, st.kv.capacity)
+    for r, prompt in enumerate(prompts):
+        ids = list(prompt)
+        for s in range(n):
+            want = window_reference_logits(w, ids)
+            torch.testing.assert_close(logits[r][s], want, atol=2e-4, rtol=1e-4)
+            assert toks[r][s] == int(want.argmax())
+            ids.append(toks[r][s])
+    assert len(prompts[0]) + n > 2 * WIN                    # the ring wrapped, twice

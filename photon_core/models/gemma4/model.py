@@ -77,9 +77,15 @@ class Gemma4Model(EngineConveniences):
     def step_spec(self):
         """The decode step as a step program (program.py) for the runtime's backends: one
         text phase feeding back its token, no answer-marker rule."""
-        from ...program import StepSpec
-        from .program import step_program
-        return StepSpec(step_program(self.config.text, self.config.tied), phase_next=((0,),))
+        from .program import step_spec
+        return step_spec(self.config.text, self.config.tied)
+
+    def fast_family(self):
+        """The runtime's view of this model (fast_family.py), built once."""
+        if getattr(self, "_fast", None) is None:
+            from .fast_family import Gemma4Fast
+            self._fast = Gemma4Fast(self)
+        return self._fast
 
     # -- decoder over token ids ------------------------------------------------------------
     def forward_ids(self, ids: torch.Tensor, pos0: int, cache: KVCache,

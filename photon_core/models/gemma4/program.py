@@ -1,7 +1,7 @@
 """Gemma 4's decode step as a step program (photon_core/program.py): the decoder of text.py
 written once as ops over the checkpoint's weight names, row buffers and per-layer state, for
-the runtime's backends (today: backend_ext.py, the eager and fused executors of the op kinds
-below, until the runtime is model-agnostic).
+the runtime's backends (fast/eager_backend.py, fast/fused_backend.py), decode steps and
+prompt prefills alike.
 
 Per layer i (sandwich norms; every norm is Gemma's RMSNorm times w):
   norm        x -> h                              input_layernorm
@@ -25,63 +25,22 @@ Before layer 0: per_layer_input (x, ple_tok) -> ple.0 .. ple.{L-1}: RMSNorm per 
 2^-0.5. The feedback ("gemma_token") turns the sampled token into x = embed[id] * sqrt(hidden)
 and ple_tok = embed_per_layer[id] * sqrt(P). The lm head: norm, the tied lm_head, softcap.
 
-New op kinds (beyond program.py's norm / linear / attention / residual / act_mul): add, scale,
-per_layer_input, window_attention, softcap; the per-layer attention parameters live in
-`Gemma4Program.layers` (program.py has one AttentionSpec for every layer); the state declares
-"ring" layers (LayerState kind "ring", shape (n_kv_heads, window, head_dim)) besides "kv"
-(shape (n_kv_heads, head_dim), capacity positions). docs/gemma4.md lists what program.py and
-the backends need to run it.
+The op kinds add, scale, per_layer_input, window_attention, softcap, the per-layer attention
+parameters (program.LayerAttention, the window_attention op's "attn" param), the "ring"
+state and the "scaled_token" feedback are the runtime's (photon_core/program.py): the
+runtime (fast/eager_backend.py, fast/fused_backend.py, fast/window_state_ops.py,
+fast/static_kv_cache.py) runs this program like any other.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ...program import AttentionSpec, Feedback, Head, LayerState, Op, Program, ProgramBuilder
+from ...program import (AttentionSpec, Feedback, Head, LayerAttention, LayerState, Program,
+                        ProgramBuilder, StepSpec)
 from .config import SLIDING, TextCfg
 from .weights import text_layer
 
 EMBED = "language_model.embed_tokens.weight"
 EMBED_PER_LAYER = "language_model.embed_tokens_per_layer.weight"
-
-
-@dataclass(frozen=True)
-class LayerAttention:
-    """One layer's attention: its own head size, k/v heads and RoPE; `window` (sliding
-    layers) or None (global); `source` the layer whose state it reads (itself unless
-    KV-shared); `writes` False for KV-shared layers; `k_eq_v`: v is the raw k."""
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    theta: float
-    rotary_fraction: float
-    factor: float
-    window: int | None
-    source: int
-    writes: bool
-    k_eq_v: bool
-    scale: float = 1.0
-
-    @property
-    def kind(self) -> str:
-        return "s" if self.window is not None else "f"
-
-
-@dataclass(frozen=True)
-class Gemma4Program(Program):
-    layers: tuple[LayerAttention, ...] = ()
-    softcap: float | None = None
-    n_layers: int = 0
-    ple_dim: int = 0
-    eps: float = 1e-6
-
-    def layer_state(self, layer: int) -> LayerState:
-        return next(s for s in self.state if s.layer == layer)
-
-
-class _Builder(ProgramBuilder):
-    def op(self, kind, src, dst=(), weights=(), acts=(), layer=-1, eps=1e-6):
-        self.ops.append(Op(kind, tuple(src), tuple(dst), tuple(weights), tuple(acts), layer,
-                           "rms", eps))
+PHASE_NEXT = ((0,),)         # one text phase, one row kind
 
 
 def layer_attention(cfg: TextCfg, i: int) -> LayerAttention:
@@ -94,50 +53,60 @@ def layer_attention(cfg: TextCfg, i: int) -> LayerAttention:
         writes=i < cfg.first_shared, k_eq_v=cfg.k_eq_v_of(i))
 
 
-def step_program(cfg: TextCfg, tied: bool = True) -> Gemma4Program:
+def kind(la: LayerAttention) -> str:
+    """"s" (sliding) or "f" (global): the layer type's buffer segments."""
+    return "s" if la.window is not None else "f"
+
+
+def layer_attentions(program: Program) -> tuple[LayerAttention, ...]:
+    """The window_attention ops' per-layer parameters, by layer."""
+    return tuple(op.param("attn") for op in program.ops if op.kind == "window_attention")
+
+
+def step_program(cfg: TextCfg, tied: bool = True) -> Program:
     H, L, P, eps = cfg.hidden, cfg.n_layers, cfg.ple_dim, cfg.eps
     layers = tuple(layer_attention(cfg, i) for i in range(L))
-    b = _Builder()
+    b = ProgramBuilder()
     if P:
-        b.op("per_layer_input", ("x", "ple_tok"), [f"ple.{i}" for i in range(L)],
-             ("language_model.per_layer_model_projection",
-              "language_model.per_layer_projection_norm"), eps=eps)
+        b.per_layer_input("x", "ple_tok", [f"ple.{i}" for i in range(L)],
+                          "language_model.per_layer_model_projection",
+                          "language_model.per_layer_projection_norm", eps=eps)
     for i, la in enumerate(layers):
         def w(name):
             return text_layer(i, name)
-        t = la.kind
+        t = kind(la)
         b.norm("x", "h", w("input_layernorm"), kind="rms", eps=eps)
         qkv = [f"q{t}"] + ([f"k{t}"] if la.writes else []) + \
             ([f"v{t}"] if la.writes and not la.k_eq_v else [])
         b.linear("h", qkv, [w("self_attn." + n + "_proj") for n in "qkv"[:len(qkv)]])
-        b.op("window_attention", (f"q{t}", f"k{t}", f"v{t}"), (f"a{t}",),
-             (w("self_attn.q_norm"), w("self_attn.k_norm")), layer=i, eps=eps)
+        b.window_attention(f"q{t}", f"k{t}", f"v{t}", f"a{t}", w("self_attn.q_norm"),
+                           w("self_attn.k_norm"), i, la, eps=eps)
         b.linear(f"a{t}", ["o"], [w("self_attn.o_proj")])
         b.norm("o", "h", w("post_attention_layernorm"), kind="rms", eps=eps)
-        b.op("add", ("h",), ("x",))
+        b.add("h")
         n = cfg.mlp_width(i)
         b.norm("x", "h", w("pre_feedforward_layernorm"), kind="rms", eps=eps)
         b.linear("h", [f"gate.{n}", f"up.{n}"], [w("mlp.gate_proj"), w("mlp.up_proj")])
         b.act_mul(f"gate.{n}", f"up.{n}", f"m.{n}", "gelu_tanh")
         b.linear(f"m.{n}", ["o"], [w("mlp.down_proj")])
         b.norm("o", "h", w("post_feedforward_layernorm"), kind="rms", eps=eps)
-        b.op("add", ("h",), ("x",))
+        b.add("h")
         if P:
             b.linear("x", ["pg"], [w("per_layer_input_gate")])
             b.act_mul("pg", f"ple.{i}", "pm", "gelu_tanh")
             b.linear("pm", ["o"], [w("per_layer_projection")])
             b.norm("o", "h", w("post_per_layer_input_norm"), kind="rms", eps=eps)
-            b.op("add", ("h",), ("x",))
-        b.op("scale", ("x",), ("x",), (w("layer_scalar"),))
-    lm = _Builder()
+            b.add("h")
+        b.scale("x", w("layer_scalar"))
+    lm = ProgramBuilder()
     lm.norm("hidden", "h", "language_model.norm", kind="rms", eps=eps)
     lm.linear("h", ["logits"], ["language_model.embed_tokens" if tied else "lm_head"])
-    lm.op("softcap", ("logits",), ("logits",))
+    lm.softcap("logits", "logits", cfg.final_softcap)
 
     # buffers: every op's segments side by side where one GEMV writes them together
     u = []
     for t in ("s", "f"):
-        las = [la for la in layers if la.kind == t]
+        las = [la for la in layers if kind(la) == t]
         if las:
             la = las[0]
             u += [(f"q{t}", la.n_heads * la.head_dim), (f"k{t}", la.n_kv_heads * la.head_dim),
@@ -155,12 +124,18 @@ def step_program(cfg: TextCfg, tied: bool = True) -> Gemma4Program:
         else LayerState("kv", i, (la.n_kv_heads, la.head_dim))
         for i, la in enumerate(layers) if la.writes)
     first = layers[0]
-    return Gemma4Program(
+    return Program(
         dim=H, buffers=tuple(buffers), ops=b.build(),
         attention=AttentionSpec(first.n_heads, first.n_kv_heads, first.head_dim,
                                 int(first.rotary_fraction * first.head_dim), first.theta),
         state=state, heads=(("lm", Head(lm.build(), "logits", col=0)),),
-        feedback=Feedback("gemma_token", (("wte", EMBED),) + (
-            (("wte_pl", EMBED_PER_LAYER),) if P else ())),
-        final_norm="language_model.norm", vocab=cfg.vocab_size,
-        layers=layers, softcap=cfg.final_softcap, n_layers=L, ple_dim=P, eps=eps)
+        feedback=Feedback("scaled_token", (("wte", EMBED),) + (
+            (("extra", EMBED_PER_LAYER),) if P else ()),
+            params=(("scale", H ** 0.5),) + (
+                (("extra_segment", "ple_tok"), ("extra_scale", P ** 0.5)) if P else ())),
+        final_norm="language_model.norm", vocab=cfg.vocab_size)
+
+
+def step_spec(cfg: TextCfg, tied: bool = True) -> StepSpec:
+    """The runtime's view of the decoder: the program, a one-phase table, no answer marker."""
+    return StepSpec(step_program(cfg, tied), PHASE_NEXT, answer_id=None)

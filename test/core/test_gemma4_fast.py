@@ -1,0 +1,228 @@
+"""Gemma 4 on the fast path (photon_core.fast.FastEngine over the family's FastFamily view,
+models/gemma4/fast_family.py: the step program with per-layer attention over ring and
+full-length state of their own head sizes, per-layer embeddings, the scaled-token feedback):
+on the tiny random fp32 checkpoint the fast path gives the reference engine's greedy tokens,
+text and finish reasons for query and caption at batch 1, 2 and 4 (the eager backend on the
+CPU; the fused backend's Triton kernels under TRITON_INTERPRET=1). The tiny model's sliding
+window is 8 and every context is longer (image prefixes of 70+ tokens, prompts of 10-150
+tokens), layers 4 and 5 are KV-shared; a run cancelled mid-flight leaves a zombie step whose
+row is released at its commit; detect / point are refused with the family's message."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from photon_core.fast import FastEngine
+from photon_core.models import gemma4
+from photon_core.task import Task, TaskError
+
+KV = 256      # state-cache positions per row (the CPU default, max_context 4096, is slow)
+TASKS = [Task("query", question="What color is the cup?", max_tokens=10),
+         Task("caption", caption_length="short", max_tokens=8),
+         Task("query", question="Describe everything you can see on the table in detail.",
+              max_tokens=14),
+         Task("caption", caption_length="long", max_tokens=5)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    ckpt = gemma4.make_test_model(tmp_path_factory.mktemp("g4f"), seed=3)
+    return gemma4.load_model(str(ckpt), max_soft_tokens=70)
+
+
+@pytest.fixture(scope="module")
+def encs(model):
+    rng = np.random.default_rng(11)
+    return [model.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((36, 30), (48, 64))]
+
+
+_REFS: dict = {}
+
+
+def _reference(model, enc, task, ignore_eos=False):
+    key = (id(model), id(enc), repr(task), ignore_eos)
+    if key not in _REFS:
+        r = model.start(enc, task, ignore_eos=ignore_eos)
+        while r.step():
+            pass
+        _REFS[key] = (r.result(), r.streamer.text)
+    return _REFS[key]
+
+
+def _fast(fe, pairs, ignore_eos=False):
+    runs = [fe.start(e, t, ignore_eos=ignore_eos) for e, t in pairs]
+    while any(fe.step_batch(runs)):
+        pass
+    fe.drain()
+    assert all(o is None for o in fe.rows.owner)          # every row released
+    return [(r.result(), r.text_so_far) for r in runs]
+
+
+def _same(a, b):
+    (ra, ta), (rb, tb) = a, b
+    return (ra.output, ra.tokens, ra.finish_reason, ta) == (rb.output, rb.tokens,
+                                                            rb.finish_reason, tb)
+
+
+def _fused_ok(fused):
+    if fused == "on":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+
+
+def test_fast_family_view(model, encs):
+    """The program's state: rings of `window` slots for the sliding layers that compute k/v,
+    full-length wider heads for the global one, nothing for the KV-shared layers; the
+    prefix holds every such layer's k/v of the image prefix (longer than the window)."""
+    fam = model.fast_family()
+    assert fam is model.fast_family()
+    cfg = model.config.text
+    W = cfg.sliding_window
+    prog = fam.spec.program
+    assert [(s.kind, s.layer, s.shape) for s in prog.state] == [
+        ("ring", 0, (2, W, 16)), ("ring", 1, (2, W, 16)), ("kv", 2, (2, 32)),
+        ("ring", 3, (2, W, 16))]                          # layers 4, 5: KV-shared
+    atts = [op.param("attn") for op in prog.ops if op.kind == "window_attention"]
+    assert [a.source for a in atts] == [0, 1, 2, 3, 3, 2]
+    p = fam.prefix(encs[0])
+    assert fam.prefix(encs[0]) is p and p.length == encs[0].length > W
+    assert [t.shape for t in p.kv] == [(2, 1, 2, p.length, 16)] * 2 + [
+        (2, 1, 2, p.length, 32), (2, 1, 2, p.length, 16)]
+    for t in TASKS:
+        assert fam.count_prompt_tokens(t) == len(fam.prompt(t, encs[0]))
+    fe = FastEngine(model, max_batch=2, kv_capacity=KV)
+    assert fe.kv.data is None and fe.kv.k[0].shape == (2, 2, W, 16)
+    assert fe.kv.k[2].shape == (2, 2, KV, 32) and 4 not in fe.kv.k
+    # a ring row keeps the prefix's last W positions, slot p % W
+    fe.kv.load_prefix(1, p)
+    n = p.length
+    for q in range(n - W, n):
+        torch.testing.assert_close(fe.kv.k[3][1, :, q % W], encs[0].cache.k[3][:, q],
+                                   atol=0, rtol=0)
+    torch.testing.assert_close(fe.kv.v[2][1, :, :n], encs[0].cache.v[2][:, :n], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="different model"):
+        fe.start(encs[0].__class__(**{**encs[0].__dict__, "model_id": "other"}), TASKS[0])
+    fe.close()
+
+
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_fast_path_matches_reference(model, encs, fused):
+    _fused_ok(fused)
+    fe = FastEngine(model, max_batch=4, kv_capacity=KV, fused=fused)
+    assert (fe.state.fused is not None) == (fused == "on")
+    if fused == "on":     # what ran outside the kernels: only the per-layer projection (K 8)
+        f = fe.state.fused
+        assert {w[0].rsplit(".", 1)[-1] for w in f.torch_linears} == {"per_layer_projection"}
+        assert f.fused_norm_adds == 3 * model.config.text.n_layers
+    tasks = TASKS if fused == "off" else TASKS[:2]
+    for i, enc in enumerate(encs if fused == "off" else encs[:1]):          # batch 1
+        for t in tasks:
+            got = _fast(fe, [(enc, t)])[0]
+            assert _same(got, _reference(model, enc, t)), (i, t)
+    for batch in (2, 4):          # two frames, mixed skills and lengths in one batch
+        pairs = [(encs[j % 2], TASKS[j % len(TASKS)]) for j in range(batch)]
+        for (e, t), got in zip(pairs, _fast(fe, pairs)):
+            assert _same(got, _reference(model, e, t)), (batch, t)
+    fe.close()
+
+
+def test_long_prompt_sampling_and_streaming(model, encs):
+    """A question of more than 128 prompt tokens takes the generic eager prefill (through
+    the family's feedback embedding); a seeded sampled query draws the reference's tokens;
+    streamed deltas concatenate to the answer."""
+    fe = FastEngine(model, max_batch=2, kv_capacity=KV)
+    q = "What color is the cup next to the red car on the busy street? " * 10
+    t = Task("query", question=q, max_tokens=6)
+    assert fe.count_prompt_tokens(t) > 128
+    assert _same(_fast(fe, [(encs[0], t)])[0], _reference(model, encs[0], t))
+    t = Task("query", question="Color?", temperature=0.8, top_p=0.9, seed=5, max_tokens=8)
+    assert _same(_fast(fe, [(encs[1], t)])[0], _reference(model, encs[1], t))
+    deltas = []
+    got = fe.run(encs[0], TASKS[0], stream=deltas.append)
+    assert "".join(deltas) == got.output["answer"] == _reference(model, encs[0],
+                                                                 TASKS[0])[0].output["answer"]
+    fe.close()
+
+
+def test_cancel_mid_flight_leaves_a_zombie(model, encs):
+    """A run cancelled while its next step is in flight: that step commits as a zombie (its
+    row released then); the tokens it had are the reference's first ones; the run beside
+    it is unaffected."""
+    fe = FastEngine(model, max_batch=2, kv_capacity=KV)
+    ta = Task("query", question="What is on the table?", max_tokens=20)
+    tb = Task("caption", caption_length="normal", max_tokens=12)
+    a, b = fe.start(encs[0], ta, ignore_eos=True), fe.start(encs[1], tb, ignore_eos=True)
+    for _ in range(5):
+        fe.step_batch([a, b])
+    row = a.row
+    a.cancel("deadline")
+    assert a.finished and fe.rows.owner[row] is a          # its launched step still holds it
+    fe.step_batch([a, b])                                  # commits that step: zombie released
+    assert fe.rows.owner[row] is None and a.committed > a.steps
+    res = a.result()
+    ref = _reference(model, encs[0], ta, ignore_eos=True)[0]
+    assert res.finish_reason == "deadline" and 0 < res.tokens < ref.tokens
+    ids = model.prompter.tok.encode(ref.output["answer"], add_special_tokens=False).ids
+    assert res.output["answer"] == model.prompter.decode(ids[:res.tokens]) or \
+        ref.output["answer"].startswith(res.output["answer"])
+    while b.step():
+        pass
+    fe.drain()
+    assert _same((b.result(), b.text_so_far), _reference(model, encs[1], tb, ignore_eos=True))
+    fe.close()
+
+
+def test_reused_row_after_a_longer_task(model, encs):
+    """Rows reused by a shorter context than their previous task (full rings, k/v far
+    beyond): the stale slots are never read."""
+    fe = FastEngine(model, max_batch=1, kv_capacity=KV)
+    long_t = Task("query", question="Describe everything. " * 12, max_tokens=30)
+    _fast(fe, [(encs[1], long_t)], ignore_eos=True)
+    assert _same(_fast(fe, [(encs[0], TASKS[1])])[0], _reference(model, encs[0], TASKS[1]))
+    fe.close()
+
+
+@pytest.mark.parametrize("skill", ["detect", "point"])
+def test_detect_and_point_refused_with_the_family_message(model, encs, skill):
+    fe = FastEngine(model, max_batch=1, kv_capacity=KV)
+    task = Task(skill, object="person")
+    with pytest.raises(TaskError, match=f"Gemma 4 \\(E2B/E4B\\) does not support {skill}"):
+        fe.start(encs[0], task)
+    with pytest.raises(TaskError, match="does not support"):     # before any encode work
+        fe.start(np.zeros((8, 8, 3), np.uint8), task)
+    assert all(o is None for o in fe.rows.owner)
+    assert fe.capabilities.skill_refusal(skill) == model.capabilities.skill_refusal(skill)
+    fe.close()
+
+
+def test_keys_equal_values_variant(tmp_path):
+    """attention_k_eq_v (global layers take v from the raw k, no v_proj) on the fast path."""
+    m = gemma4.load_model(str(gemma4.make_test_model(tmp_path, seed=5,
+                                                     text={"attention_k_eq_v": True})),
+                          max_soft_tokens=70)
+    enc = m.encode_image(np.random.default_rng(2).integers(0, 256, (40, 40, 3), np.uint8))
+    fe = FastEngine(m, max_batch=2, kv_capacity=KV)
+    pairs = [(enc, TASKS[0]), (enc, TASKS[1])]
+    for (e, t), got in zip(pairs, _fast(fe, pairs)):
+        assert _same(got, _reference(m, e, t))
+    fe.close()
+
+
+def test_registry_and_load_engine_serve_it_fast(model):
+    """FAST_PATH: the registry says so, and load_engine(engine="fast") builds FastEngine
+    (on CUDA, engine "auto" does: the node's default)."""
+    from photon_core import EngineOptions, load_engine
+    from photon_core.models import families, has_fast_path
+
+    assert has_fast_path(families()["gemma4"])
+    fe = load_engine(model.model_id, engine="fast",
+                     options=EngineOptions(max_batch=1, kv_capacity=KV), max_soft_tokens=70)
+    assert isinstance(fe, FastEngine) and fe.max_runs == 1
+    assert fe.capabilities.family == "gemma4" and fe.capabilities.skills == {"query",
+                                                                             "caption"}
+    fe.close()

@@ -1,0 +1,112 @@
+"""Gemma 4 on the fast path on a GPU (skipped without CUDA), the tiny checkpoint: FastEngine's
+CUDA graphs (decode pieces per batch bucket, prompt-prefill buckets) over the step program
+give the reference engine's greedy results in fp32 (eager backend, and fused="on": the real
+Triton kernels with IEEE fp32 GEMVs) at batch 1 and 4; a bf16 engine (fused backend, graphs:
+load_engine's default for gemma4 on CUDA) picks at every step a token the bf16 reference,
+teacher-forced along the fast path's tokens, ranks as (near) best, and its graphs give the
+same tokens as the same engine without graphs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+KV = 512
+
+
+def _tasks():
+    from photon_core.task import Task
+    return [Task("query", question="What color is the cup?", max_tokens=16),
+            Task("caption", caption_length="short", max_tokens=12),
+            Task("query", question="Describe everything you can see on the table. " * 3,
+                 max_tokens=20),
+            Task("caption", caption_length="long", max_tokens=24)]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from photon_core.models import gemma4
+    return gemma4.make_test_model(tmp_path_factory.mktemp("g4g"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return np.random.default_rng(11).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+
+
+def _key(r):
+    return (r.output, r.tokens, r.finish_reason)
+
+
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_graphs_match_reference_fp32(ckpt, frame, fused):
+    from photon_core.fast import FastEngine
+    from photon_core.models import gemma4
+
+    m = gemma4.load_model(str(ckpt), device="cuda", dtype="fp32", max_soft_tokens=70)
+    fe = FastEngine(m, max_batch=4, kv_capacity=KV, fused=fused)
+    assert fe.use_graphs and len(fe.runner.graphs) > 0 and len(fe.prefill.graphs) > 0
+    assert (fe.state.fused is not None) == (fused == "on")
+    enc = fe.encode_image(frame)
+    assert enc.length > m.config.text.sliding_window
+    tasks = _tasks()
+    refs = [m.run(enc, t) for t in tasks]
+    for r, ref, t in zip(fe.run_batch([(enc, t) for t in tasks]), refs, tasks):   # batch 4
+        assert _key(r) == _key(ref), t
+    for ref, t in zip(refs, tasks):                                            # batch 1
+        assert _key(fe.run(enc, t)) == _key(ref), t
+    fe.close()
+
+
+def _reference_logits_along(model, enc, task, toks):
+    """The reference engine's logits before each of `toks` (teacher-forced)."""
+    from photon_core.models.gemma4 import text
+    from photon_core.models.gemma4.kv_cache import KVCache
+    tail = model.prompter.task_tail(task.skill, task.target)
+    cache = KVCache(model.config.text, enc.length + len(tail) + len(toks) + 1, model.device,
+                    model.dtype)
+    cache.load_prefix(enc.cache, enc.length)
+    out = []
+    with torch.inference_mode():
+        h = model.forward_ids(torch.tensor(tail, device="cuda"), enc.length, cache)
+        pos = enc.length + len(tail)
+        for tok in toks:
+            out.append(text.logits(model.weights, model.config.text, h[-1]).float())
+            h = model.forward_ids(torch.tensor([tok], device="cuda"), pos, cache)
+            pos += 1
+    return out
+
+
+def test_bf16_graphs_follow_the_reference(ckpt, frame):
+    from photon_core import EngineOptions, load_engine
+    from photon_core.fast import FastEngine
+
+    opts = EngineOptions(max_batch=4, kv_capacity=KV, deterministic=True)
+    fe = load_engine(str(ckpt), device="cuda", dtype="bf16", options=opts,
+                     max_soft_tokens=70)
+    assert isinstance(fe, FastEngine) and fe.state.fused is not None and fe.use_graphs
+    m = fe.model
+    enc = fe.encode_image(frame)
+    tasks = _tasks()
+    runs = [fe.start(enc, t, ignore_eos=True) for t in tasks]
+    toks = [[] for _ in runs]
+    for r, seen in zip(runs, toks):       # the token ids each run emits (its commits)
+        r.emit = lambda tok, emit=r.emit, seen=seen: (seen.append(tok), emit(tok))
+    while any(fe.step_batch(runs)):
+        pass
+    fe.drain()
+    plain = FastEngine(m, max_batch=4, kv_capacity=KV, use_graphs=False, options=opts)
+    again = plain.run_batch([(enc, t) for t in tasks], ignore_eos=True)
+    for r, a, t in zip(runs, again, tasks):
+        assert _key(r.result()) == _key(a), t          # graphs = the same steps without
+        assert r.result().tokens == t.max_tokens
+    plain.close()
+    # every fast token is one the bf16 reference ranks (near) best along the same tokens
+    for r, t, seq in zip(runs, tasks, toks):
+        assert len(seq) == t.max_tokens
+        for lg, tok in zip(_reference_logits_along(m, enc, t, seq), seq):
+            top, median = lg.max().item(), lg.median().item()
+            assert lg[tok].item() >= top - (0.05 * (top - median) + 0.02), (t, tok)
+    fe.close()
