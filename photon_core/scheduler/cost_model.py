@@ -296,6 +296,12 @@ class TokenEstimator:
 
     alpha: float = 0.25
     k: float = 1.5
+    # A (stream, task) key with fewer observations than this is estimated from the task
+    # name's pooled stats when those have more: one stream's first result must not give it a
+    # looser estimate (dev starts at a quarter of the steps) than the streams served longer,
+    # else under tight deadlines admission keeps preferring the served ones and the new
+    # stream starves on its own uncertainty (found by test_scheduler_properties).
+    min_own: int = 3
     stats: dict = field(default_factory=dict)     # key -> [mean, dev, n]
 
     def prior(self, task: Task) -> float:
@@ -305,10 +311,11 @@ class TokenEstimator:
         return min(float(task.max_tokens), p)
 
     def _get(self, key, name, task):
-        for k in (key, ("*", name)):
-            s = self.stats.get(k)
-            if s is not None:
-                return s
+        own, pooled = self.stats.get(key), self.stats.get(("*", name))
+        if own is not None and (own[2] >= self.min_own or pooled is None or pooled[2] <= own[2]):
+            return own
+        if pooled is not None:
+            return pooled
         p = self.prior(task)
         return [p, 0.5 * p, 0]
 

@@ -45,7 +45,8 @@ class RequestQueue:
             return (r.seq,)
         f = self.fair
         fr = r.frame
-        share = f.share_class(r.stream, now, fr.started / max(1, fr.tasks)) \
+        # a frame already being served rides: its other tasks rank as before its credit
+        share = f.share_class(r.stream, now, 1.0 if fr.started else 0.0) \
             if r.kind != ON_DEMAND else 0
         return (r.kind != ON_DEMAND, share, f.bucket(r.deadline), f.served(r.stream),
                 self.last_started.get(r.key, float("-inf")), r.seq)
@@ -60,5 +61,7 @@ class RequestQueue:
         if req.kind == ON_DEMAND:
             self.fair.note_started(req.stream, now, 0.0)
             return
+        # the unit is frames served: a frame counts once, when its first task starts,
+        # however many tasks it asks and however many of them start or are skipped
+        self.fair.note_started(req.stream, now, 0.0 if fr.started else 1.0)
         fr.started += 1
-        self.fair.note_started(req.stream, now, 1.0 / max(1, fr.tasks))

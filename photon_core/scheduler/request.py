@@ -69,8 +69,9 @@ class Frame:
     enc: Any = None
     encode_ms: float = 0.0
     refs: int = 0                # task requests not yet ended that use this frame
-    tasks: int = 0               # periodic task requests asked on it (fairness: 1/tasks each)
-    started: int = 0             # its periodic task requests started so far
+    tasks: int = 0               # periodic task requests asked on it
+    started: int = 0             # its periodic task requests started so far (fairness:
+                                 # the frame is served once the first one starts)
 
     @property
     def encoded(self) -> bool:

@@ -467,11 +467,19 @@ class Scheduler:
                 and now - self._stream_started.get(r.stream, now) >= p)
 
     def _task_probe(self, r: TaskRequest, now: float) -> bool:
-        """Start r although the cost model calls it hopeless, if a task probe is due; True if
-        it was started (or ended trying). Its encode, prefill and steps are measured as any
-        run's; it is not protected by admission (its Load is not checked)."""
+        """Start a task probe for r's stream if one is due; True if r was started (or ended
+        trying). The probe is the stream's waiting request with the most time left (a task
+        with a deadline no engine meets would teach nothing: cut at once, its stream's other
+        tasks never re-measured). Its encode, prefill and steps are measured as any run's; it
+        is not protected by admission (its Load is not checked)."""
         if not self._task_probe_due(r, now):
             return False
+        best = max((q for q in self.queue if q.stream == r.stream and not q.ended
+                    and self._task_probe_due(q, now)), key=lambda q: (q.deadline, -q.seq),
+                   default=r)
+        if best is not r:
+            self._task_probe(best, now)
+            return False                          # r itself: skipped as hopeless
         r.probe = True
         self.counts["task_probes"] += 1
         log.info("task probe: %s/%s started although estimated hopeless (estimates re-measured)",
