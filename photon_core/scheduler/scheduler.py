@@ -28,7 +28,7 @@ from photon_core.task import TaskError
 
 from . import admission
 from .clock import Clock, MonotonicClock
-from .cost_model import CostModel, TokenEstimator, image_shape
+from .cost_model import CostModel, TokenEstimator, encode_key
 from .edf_queue import EDF, FIFO, RequestQueue
 from .encode_batch import encode_batch, has_encode_batch
 from .engine import count_prompt_tokens, engine_capacity, step_batch
@@ -138,7 +138,7 @@ class Scheduler:
         self._seq = 0
         self._prompt_cache: dict[tuple, int] = {}
         self.counts: Counter = Counter()
-        self._encode_seen_at: dict = {}               # image shape -> last encode measured
+        self._encode_seen_at: dict = {}               # encode_key (size, crop mode) -> last encode measured
         self._stream_started: dict[str, float] = {}   # stream -> last periodic start (or first submit)
         self._task_probe_ok_at = float("-inf")        # no task probe before this (probe share)
         self._t0 = self.clock.now()
@@ -431,17 +431,19 @@ class Scheduler:
         self.cost.observe_encode_batch([f.image for f in frames], max(ms - setup, 0.0))
         for f, enc in zip(frames, encs):
             f.enc, f.encode_ms = enc, ms / len(frames)
-            self._encode_seen_at[image_shape(f.image)] = self.clock.now()
+            self._encode_seen_at[encode_key(f.image)] = self.clock.now()
         self.counts["encodes"] += len(frames)
         self.counts["encode_batches"] += 1
         self.encode_batch_sizes[len(frames)] += 1
 
     def _probe_due(self, r: TaskRequest, now: float) -> bool:
-        """An encode probe is due: frame not encoded, nothing running, and its size's encode
-        last measured probe_after_s ago (or never since the scheduler started)."""
+        """An encode probe is due: frame not encoded, nothing running, and the encode of its
+        size and crop mode (encode_key: a global-crop camera's cheap encodes do not stand in
+        for a full-crop camera of the same size) last measured probe_after_s ago (or never
+        since the scheduler started)."""
         p = self.policy.probe_after_s
         return (p > 0 and not self.live and not r.frame.encoded
-                and now - self._encode_seen_at.get(image_shape(r.frame.image), self._t0) >= p)
+                and now - self._encode_seen_at.get(encode_key(r.frame.image), self._t0) >= p)
 
     def _encode_probe(self, r: TaskRequest, now: float) -> bool:
         """Encode r's frame now to re-measure its cost (see Policy.probe_after_s); True if it
@@ -453,7 +455,7 @@ class Scheduler:
             self._encode(r.frame)
         except Exception as e:  # noqa: BLE001 - _start reports it if the request starts
             log.warning("encode probe of a %s frame failed: %r", r.frame.stream, e)
-            self._encode_seen_at[image_shape(r.frame.image)] = self.clock.now()
+            self._encode_seen_at[encode_key(r.frame.image)] = self.clock.now()
             return False
         return True
 
@@ -498,7 +500,7 @@ class Scheduler:
         # crop tiling: ~0.3 s once) is not what the next frame will cost
         setup = getattr(enc, "setup_ms", 0.0) or 0.0
         self.cost.observe_encode(frame.image, max(frame.encode_ms - setup, 0.0))
-        self._encode_seen_at[image_shape(frame.image)] = self.clock.now()
+        self._encode_seen_at[encode_key(frame.image)] = self.clock.now()
         self.counts["encodes"] += 1
 
     def _start(self, r: TaskRequest) -> None:

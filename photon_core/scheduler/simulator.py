@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from photon_core.task import FINISH_LENGTH, FINISH_STOP, Task, TaskResult
 
 from .clock import VirtualClock
-from .cost_model import CostModel
+from .cost_model import CostModel, encode_key
 from .cost_profiles import PROFILES
 from .fifo import fifo_policy
 from .request import ON_DEMAND, ON_MISS_CANCEL, ON_MISS_FINISH, PERIODIC, Outcome, Status, TaskSpec
@@ -41,6 +41,7 @@ IMAGE_SHAPE = (378, 672)          # 3 crops
 class SimImage:
     shape: tuple[int, int]
     steps: tuple[tuple[str, int], ...] = ()    # task target -> decode steps it will take
+    crops: str = "overlap"                     # crop mode (cost_model.encode_key): "global" = 1 crop
 
     def steps_for(self, task: Task) -> int:
         for k, v in self.steps:
@@ -103,8 +104,8 @@ class SimEngine:
 
     def encode_image(self, image: SimImage) -> SimEnc:
         self.calls["encode"] += 1
-        self._spend(self.cost.encode_ms(shape=image.shape))
-        return SimEnc(image, self.cost.crops(image.shape))
+        self._spend(self.cost.encode_ms(image))
+        return SimEnc(image, self.cost._crops(encode_key(image)))
 
     def start(self, enc: SimEnc, task: Task) -> SimRun:
         self.calls["start"] += 1
@@ -144,8 +145,8 @@ class BatchEncodeSimEngine(SimEngine):
         self.calls.setdefault("encode_batch", 0)
         self.calls["encode_batch"] += 1
         f = 1.0 - self.gain * (n - 1) / n
-        self._spend(f * sum(self.cost.encode_ms(shape=im.shape) for im in images))
-        return [SimEnc(im, self.cost.crops(im.shape)) for im in images]
+        self._spend(f * sum(self.cost.encode_ms(im) for im in images))
+        return [SimEnc(im, self.cost._crops(encode_key(im))) for im in images]
 
 
 # ---------------------------------------------------------------- traces
