@@ -145,6 +145,8 @@ class Scheduler:
         self.per_stream: dict[str, Counter] = defaultdict(Counter)
         self.batch_sizes: Counter = Counter()
         self.encode_batch_sizes: Counter = Counter()
+        # engine time as the scheduler measured it (ms): encode calls, prefills, decode steps
+        self.engine_ms: dict[str, float] = {"encode": 0.0, "prefill": 0.0, "decode": 0.0}
         self._batch_encode = has_encode_batch(engine)
 
     # -- submitting ------------------------------------------------------------------
@@ -429,6 +431,8 @@ class Scheduler:
         ms = (self.clock.now() - t0) * 1e3
         setup = sum(getattr(e, "setup_ms", 0.0) or 0.0 for e in encs)
         self.cost.observe_encode_batch([f.image for f in frames], max(ms - setup, 0.0))
+        self.engine_ms["encode"] += ms
+        self.counts["encode_calls"] += 1
         for f, enc in zip(frames, encs):
             f.enc, f.encode_ms = enc, ms / len(frames)
             self._encode_seen_at[encode_key(f.image)] = self.clock.now()
@@ -496,6 +500,8 @@ class Scheduler:
         enc = self.engine.encode_image(frame.image)
         frame.encode_ms = (self.clock.now() - t0) * 1e3
         frame.enc = enc
+        self.engine_ms["encode"] += frame.encode_ms
+        self.counts["encode_calls"] += 1
         # one-time setup inside this encode (the fast path captures a CUDA graph for a new
         # crop tiling: ~0.3 s once) is not what the next frame will cost
         setup = getattr(enc, "setup_ms", 0.0) or 0.0
@@ -512,6 +518,7 @@ class Scheduler:
             t0 = self.clock.now()
             run = self.engine.start(frame.enc, r.spec.task)
             r.prefill_ms = (self.clock.now() - t0) * 1e3
+            self.engine_ms["prefill"] += r.prefill_ms
             self.cost.observe_prefill(self._prompt_tokens(r.spec.task), r.prefill_ms)
         except Exception as e:  # noqa: BLE001 - reported as the request's outcome
             r.start_failures += 1
@@ -564,6 +571,7 @@ class Scheduler:
                           error=f"{type(e).__name__}: {e}")
             return
         ms = (self.clock.now() - t0) * 1e3
+        self.engine_ms["decode"] += ms
         self.cost.observe_step(len(batch), ms)
         self.counts["steps"] += 1
         self.batch_sizes[len(batch)] += 1
@@ -666,7 +674,8 @@ class Scheduler:
             "task_probes": c["task_probes"],
             "fair_holds": c["fair_holds"], "sheds": c["sheds"],
             "batch_limit": self.limiter.limit(self.clock.now()),
-            "encodes": c["encodes"],
+            "encodes": c["encodes"], "encode_calls": c["encode_calls"],
+            "engine_ms": {k: round(v, 3) for k, v in self.engine_ms.items()},
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
             "encode_batches": dict(sorted(self.encode_batch_sizes.items())),
             "waiting": len(self.queue), "running": len(self.live),
