@@ -84,6 +84,11 @@ class Policy:
     fair_gather_frac: float = 0.10
     fair_pressure_s: float = 2.0
     fair_halflife_s: float = 2.0   # recent service (frames started per stream) decays with this
+    # Regroup (batched-encode engines): when the request at the front of the queue can only
+    # start alone (it waited longest; sharing an encode would make it late) but other waiting
+    # frames make a group of two or more that fits, that group starts instead: under overload
+    # two frames served instead of one (measured: bench/sim_scheduler.py --set multicam).
+    regroup: bool = True
     # After an engine failure at batch > 1 (GPU out of memory), the batch limit is halved for
     # this long, then raised again (load_shedding.py).
     shed_hold_s: float = 5.0
@@ -392,16 +397,39 @@ class Scheduler:
                      step_fn, waiting: dict) -> None:
         """r was admitted: add the next queued requests with frames not encoded while the
         whole group (one batched encode, every prefill) still fits (encode_batch.py), encode
-        their frames in one engine call, then start them all."""
-        p = self.policy
+        their frames in one engine call, then start them all. If r can only go alone but
+        other waiting frames make a group of two or more that fits (r, the front of the queue,
+        has waited longest: no slack left to share an encode with anyone), that group starts
+        instead (Policy.regroup; r waits on, usually to be skipped)."""
         now = self.clock.now()
+        group, frames = self._form_group(r, start_ms, rest, live, mb, step_fn, waiting, now)
+        if self.policy.regroup and r.kind == PERIODIC and len(self.live) + len(group) < mb:
+            alt = self._regroup(r, rest, live, mb, step_fn, waiting, now, len(frames) + 1)
+            if alt is not None:
+                group, frames = alt
+                self.counts["regroups"] += 1
+        if len(frames) > 1:
+            try:
+                self._encode_many(frames)
+            except Exception as e:  # noqa: BLE001 - each request's own start reports it
+                log.warning("batched encode of %d frames failed: %r", len(frames), e)
+                group = group[:1]
+        for q in group:
+            if not q.ended and not q.started:
+                self._start(q)
+
+    def _form_group(self, r: TaskRequest, start_ms: float, rest: list, live: list, mb: int,
+                    step_fn, waiting: dict, now: float) -> tuple[list, list]:
+        """(requests, frames) of the group led by r: r, then the requests of `rest` (queue
+        order) with frames not encoded while admission says the whole group fits."""
+        p = self.policy
         group, loads = [r], [self._load(r, now)]
         frames = [r.frame]
-        prefill = start_ms - self.cost.encode_ms(r.frame.image)
+        prefill = start_ms - (0.0 if r.frame.encoded else self.cost.encode_ms(r.frame.image))
         for q in rest:
             if len(self.live) + len(group) >= mb:
                 break
-            if q.ended or q.started or q.frame.encoded:
+            if q.ended or q.started or q.frame.encoded or q is r:
                 continue
             if q.kind != ON_DEMAND and self.fair.hold_until(
                     q.stream, q.frame.capture_time, q.submit_time, q.spec.deadline_s, now,
@@ -415,15 +443,43 @@ class Scheduler:
                 group.append(q)
                 loads.append(cand)
                 frames, prefill = fr, pre
-        if len(frames) > 1:
-            try:
-                self._encode_many(frames)
-            except Exception as e:  # noqa: BLE001 - each request's own start reports it
-                log.warning("batched encode of %d frames failed: %r", len(frames), e)
-                group = group[:1]
-        for q in group:
-            if not q.ended and not q.started:
-                self._start(q)
+        return group, frames
+
+    def _regroup(self, r: TaskRequest, rest: list, live: list, mb: int, step_fn,
+                 waiting: dict, now: float, least: int = 2) -> tuple[list, list] | None:
+        """A group of >= 2 frames without r's frame that fits, led by the first request of
+        `rest` (queue order) that fits alone and can lead one; None if there is none."""
+        p = self.policy
+        others = [q for q in rest if q.kind == PERIODIC and not (q.ended or q.started)
+                  and not q.frame.encoded and q.frame is not r.frame]
+        for i, q in enumerate(others):
+            if self.fair.hold_until(q.stream, q.frame.capture_time, q.submit_time,
+                                    q.spec.deadline_s, now, waiting) is not None:
+                continue
+            start_ms = self._start_ms(q)
+            if not admission.fits(now, start_ms * p.safety, self._load(q, now), live, mb,
+                                  step_fn, p.margin_s):
+                continue
+            group, frames = self._form_group(q, start_ms, others[i + 1:], live, mb, step_fn,
+                                             waiting, now)
+            if len(frames) < least:
+                continue
+            # never at the cost of a camera that is behind the group's (fairness.py)
+            mine = self.fair.served_frames(r.stream, now)
+            if any(self.fair.served_frames(x.stream, now) > mine + 1.0 for x in group):
+                continue
+            # r first (projected to its end, with what runs now), then this group: if that
+            # fits too, nothing is gained by passing r over
+            t_r = max(admission.project(now + self._start_ms(r) * p.safety / 1e3,
+                                        live + [self._load(r, now)], mb, step_fn))
+            total = self.cost.encode_batch_ms([f.image for f in frames]) + \
+                sum(self.cost.prefill_ms(self._prompt_tokens(x.spec.task)) for x in group)
+            loads = [self._load(x, now) for x in group]
+            if admission.fits(t_r, total * p.safety, loads[-1], loads[:-1], mb, step_fn,
+                              p.margin_s):
+                return None
+            return group, frames
+        return None
 
     def _encode_many(self, frames: list[Frame]) -> None:
         t0 = self.clock.now()
@@ -672,7 +728,7 @@ class Scheduler:
             "callback_errors": c["callback_errors"], "preempted_steps": c["preempted_steps"],
             "preempting_starts": c["preempting_starts"], "probes": c["probes"],
             "task_probes": c["task_probes"],
-            "fair_holds": c["fair_holds"], "sheds": c["sheds"],
+            "fair_holds": c["fair_holds"], "sheds": c["sheds"], "regroups": c["regroups"],
             "batch_limit": self.limiter.limit(self.clock.now()),
             "encodes": c["encodes"], "encode_calls": c["encode_calls"],
             "engine_ms": {k: round(v, 3) for k, v in self.engine_ms.items()},

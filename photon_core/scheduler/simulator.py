@@ -211,6 +211,7 @@ class TraceSpec:
     task_names: tuple[str, ...] | None = None   # tasks of every camera, by name (NAMED_TASKS)
     encode_batch_gain: float | None = None      # engine with encode_batch (BatchEncodeSimEngine)
     crops: str = "overlap"            # every camera's crop mode ("global": 1 crop per frame)
+    even_phases: bool = False         # cameras evenly spread over a frame period (bench_live.py)
 
     @property
     def period(self) -> float:
@@ -231,7 +232,8 @@ class TraceSpec:
     def label(self) -> str:
         if self.profile:
             names = "+".join(self.task_names) if self.task_names else f"{len(self.tasks)} tasks"
-            crops = "" if self.crops == "overlap" else f" {self.crops} crops"
+            crops = ("" if self.crops == "overlap" else f" {self.crops} crops") + \
+                (" even phases" if self.even_phases else "")
             h, w = self.image_shape
             return (f"{self.cameras}cam@{self.fps:g}fps {w}x{h}{crops} {names} "
                     f"{1e3 * self.deadline:g}ms [{self.profile}]")
@@ -264,7 +266,9 @@ def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
     last_frame: dict[str, list[tuple[float, SimImage]]] = {}
     for c in range(spec.cameras):
         stream = f"cam{c}"
-        phase = rng.uniform(0, P)
+        phase = rng.uniform(0, P)                   # (drawn anyway: same trace otherwise)
+        if spec.even_phases:                        # bench_live.py: camera c at c x P / cameras
+            phase = c * P / spec.cameras
         scene = {pt.name: (0.0, 0) for pt in spec.tasks}     # name -> (valid until, count)
         frames = last_frame.setdefault(stream, [])
         k = 0
@@ -482,6 +486,8 @@ MULTICAM_SET = (
     (4, 15.0, ("person5",), 0.100),
     (4, 15.0, ("person5",), 0.100, "overlap", VGA),   # bench_live.py --preset issue13 row 1
     (4, 15.0, ("person5",), 0.100, "global", VGA),    # ... with --crops global
+    (4, 15.0, ("person5",), 0.100, "overlap", VGA, "even"),   # ... its cameras' phases
+    (4, 15.0, ("person5",), 0.100, "global", VGA, "even"),
     (4, 15.0, ("person", "obstacle"), 0.150),
     (4, 30.0, ("person",), 0.100),
     (6, 10.0, ("person", "path_clear", "handle"), 0.200),
@@ -489,6 +495,8 @@ MULTICAM_SET = (
     (8, 10.0, ("person5",), 0.150),
     (8, 10.0, ("person5",), 0.150, "overlap", VGA),   # bench_live.py --preset issue13 row 2
     (8, 10.0, ("person5",), 0.150, "global", VGA),
+    (8, 10.0, ("person5",), 0.150, "overlap", VGA, "even"),
+    (8, 10.0, ("person5",), 0.150, "global", VGA, "even"),
     (8, 30.0, ("person",), 0.100),
 )
 
@@ -511,7 +519,8 @@ def run_multicam(duration_s: float = 20.0, seed: int = 0, policies=("edf", "fifo
         crops, shape = (row[4], row[5]) if len(row) > 4 else ("overlap", IMAGE_SHAPE)
         spec = TraceSpec(cameras=cams, fps=fps, duration_s=duration_s, seed=seed, profile=profile,
                          deadline_s=dl, task_names=names, max_batch=max_batch,
-                         encode_batch_gain=encode_batch_gain, crops=crops, image_shape=shape)
+                         encode_batch_gain=encode_batch_gain, crops=crops, image_shape=shape,
+                         even_phases=len(row) > 6 and row[6] == "even")
         for p in policies:
             if p == "edf" and policy_kw:
                 out.append(simulate(spec, Policy(name="edf", max_batch=max_batch, **policy_kw)))
