@@ -69,9 +69,9 @@ class Frame:
     enc: Any = None
     encode_ms: float = 0.0
     refs: int = 0                # task requests not yet ended that use this frame
-    tasks: int = 0               # periodic task requests asked on it
-    started: int = 0             # its periodic task requests started so far (fairness:
-                                 # the frame is served once the first one starts)
+    tasks: int = 0               # its periodic task requests that could meet their deadline
+                                 # on arrival (fairness: each started one is 1/tasks of a frame)
+    started: int = 0             # its periodic task requests started so far
 
     @property
     def encoded(self) -> bool:

@@ -182,7 +182,6 @@ class Scheduler:
             self._seq += 1
             req = TaskRequest(frame, spec, kind, now, on_result, seq=self._seq)
             frame.refs += 1
-            frame.tasks += kind == PERIODIC
             self.frames[fkey] = frame
             ids.append(req.id)
             self.counts["submitted"] += 1
@@ -192,6 +191,8 @@ class Scheduler:
             except TaskError as e:
                 self._end(req, Status.ERROR, error=f"invalid task: {e}")
                 continue
+            if kind == PERIODIC and self._feasible(req, now):
+                frame.tasks += 1                  # the fairness share of each of its tasks
             try:
                 if kind == PERIODIC and self.policy.supersede:
                     out = self.latest.offer(req)      # may compare stamps: may raise
@@ -272,6 +273,18 @@ class Scheduler:
                     time.sleep(max(0.0, min(until - self.clock.now(), 0.05)))
 
     # -- internals -------------------------------------------------------------------
+    def _feasible(self, r: TaskRequest, now: float) -> bool:
+        """Could r meet its deadline on arrival, started at once on an idle engine (the cost
+        model's mean estimate)? A task that cannot (a deadline shorter than its own cost) is
+        left out of its frame's fairness share (fairness.py), so a camera is not counted as
+        under-served for tasks no engine could answer."""
+        try:
+            steps = self.tokens.estimate(r.key, r.spec.task, conservative=False)
+            return not admission.hopeless(now, self._start_ms(r), steps, r.deadline,
+                                          self.cost.step_ms)
+        except Exception:  # noqa: BLE001 - a cost hint only: count it
+            return True
+
     def _rank(self, r: TaskRequest) -> tuple:
         if self.policy.order == FIFO:
             return (r.seq,)

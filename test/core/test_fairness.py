@@ -168,14 +168,16 @@ def run_mixed(mixes, period=0.5, ticks=120, steps=7, cost=SLOW, deadline=0.5):
             served.setdefault(o.stream, set()).add(o.stamp)
     n = len(mixes)
     s.done_by_task = Counter((o.stream, o.task_name) for o in outs if o.status is Status.DONE)
+    s.started_by_frame = Counter((o.stream, o.stamp) for o in outs if o.start_time is not None)
     return [det[f"cam{c}"] for c in range(n)], [len(served.get(f"cam{c}", ())) for c in range(n)], s
 
 
 def test_skipped_extra_tasks_do_not_buy_a_camera_more_frames():
     """Issue 13's node skew, in the scheduler: cam3 also asks two tasks no engine can make
-    (1 ms deadline: skipped every frame). Counting a frame's started task as 1 / (its tasks)
-    made cam3 look a third served and gave it 1.5-2.3x the others' results; counting frames
-    served gives every camera an even share."""
+    (1 ms deadline: skipped every frame). Counting a frame's started task as 1 / (all its
+    tasks) made cam3 look a third served and gave it 2.5x the others' results (40 vs 16);
+    tasks that cannot meet their deadline on arrival are left out of the frame's share, and
+    every camera gets an even share."""
     det = ("det", DET, None)
     hopeless = [("doors", PT, 0.001), ("scene", Task("caption", caption_length="short"), 0.001)]
     got, frames, s = run_mixed([[det], [det], [det], [det] + hopeless], period=0.1)
@@ -187,18 +189,22 @@ def test_skipped_extra_tasks_do_not_buy_a_camera_more_frames():
 
 
 @pytest.mark.parametrize("period", [0.1, 0.2])
-def test_cameras_with_more_tasks_get_as_many_frames(period):
-    """Cameras asking detect + point on each frame next to cameras asking detect only: frames
-    served are even (the unit). A served frame of a two-task camera answers at least one of
-    its tasks (both when they fit; the engine here cannot batch, so often only one: its
-    tasks then take turns), so each of its tasks is answered too."""
+def test_cameras_with_more_tasks_get_an_even_share(period):
+    """Cameras asking detect + point on each frame next to cameras asking detect only, on an
+    engine that cannot batch (often only one task of a frame fits): the frame shares served
+    (each started task 1 / its frame's tasks) are even, and so are the detect results; the
+    two-task cameras' point task is answered too."""
     det, pt = ("det", DET, None), ("pt", PT, None)
-    got, frames, s = run_mixed([[det], [det, pt], [det], [det, pt]], period=period)
-    assert min(frames) >= 10, frames
-    assert min(frames) >= 0.8 * max(frames), (got, frames)
+    mixes = [[det], [det, pt], [det], [det, pt]]
+    got, frames, s = run_mixed(mixes, period=period)
+    assert min(got) >= 10, got
+    assert min(got) >= 0.8 * max(got), (got, frames)
+    share = [sum(s.started_by_frame[(f"cam{c}", k)] for k in range(1000)
+                 if (f"cam{c}", k) in s.started_by_frame) / len(mixes[c])
+             for c in range(len(mixes))]
+    assert min(share) >= 0.8 * max(share), (share, got, frames)
     for c in ("cam1", "cam3"):
-        d, p = s.done_by_task[(c, "det")], s.done_by_task[(c, "pt")]
-        assert d + p >= 0.9 * frames[int(c[-1])] and min(d, p) >= 0.3 * max(d, p), (c, d, p)
+        assert s.done_by_task[(c, "pt")] >= 0.3 * s.done_by_task[(c, "det")], s.done_by_task
 
 
 def test_a_new_streams_first_result_does_not_loosen_its_estimate():
