@@ -85,9 +85,11 @@ class Policy:
     fair_pressure_s: float = 2.0
     fair_halflife_s: float = 2.0   # recent service (frames started per stream) decays with this
     # Regroup (batched-encode engines): when the request at the front of the queue can only
-    # start alone (it waited longest; sharing an encode would make it late) but other waiting
-    # frames make a group of two or more that fits, that group starts instead: under overload
-    # two frames served instead of one (measured: bench/sim_scheduler.py --set multicam).
+    # start alone (it waited longest; sharing an encode would make it late) or in a small
+    # group, but other waiting frames make a larger group that fits now and would not fit
+    # after it, that group starts instead (its cameras not ahead of the front one's): under
+    # overload more frames served per encode and larger decode batches (docs/architecture.md,
+    # "Why decode batches stay small"; bench/sim_scheduler.py --set multicam).
     regroup: bool = True
     # After an engine failure at batch > 1 (GPU out of memory), the batch limit is halved for
     # this long, then raised again (load_shedding.py).
@@ -410,10 +412,11 @@ class Scheduler:
                      step_fn, waiting: dict) -> None:
         """r was admitted: add the next queued requests with frames not encoded while the
         whole group (one batched encode, every prefill) still fits (encode_batch.py), encode
-        their frames in one engine call, then start them all. If r can only go alone but
-        other waiting frames make a group of two or more that fits (r, the front of the queue,
-        has waited longest: no slack left to share an encode with anyone), that group starts
-        instead (Policy.regroup; r waits on, usually to be skipped)."""
+        their frames in one engine call, then start them all. If other waiting frames make a
+        larger group than r's that fits now but would not after r (r, the front of the queue,
+        has waited longest: typically no slack left to share an encode with anyone, so it
+        goes alone), that group starts instead (Policy.regroup; r waits on, usually to be
+        skipped)."""
         now = self.clock.now()
         group, frames = self._form_group(r, start_ms, rest, live, mb, step_fn, waiting, now)
         if self.policy.regroup and r.kind == PERIODIC and len(self.live) + len(group) < mb:
@@ -460,8 +463,9 @@ class Scheduler:
 
     def _regroup(self, r: TaskRequest, rest: list, live: list, mb: int, step_fn,
                  waiting: dict, now: float, least: int = 2) -> tuple[list, list] | None:
-        """A group of >= 2 frames without r's frame that fits, led by the first request of
-        `rest` (queue order) that fits alone and can lead one; None if there is none."""
+        """A group of >= `least` frames without r's frame that fits now, led by the first
+        request of `rest` (queue order) that fits alone and can lead one, whose cameras are
+        not more than a frame ahead of r's, and that would not fit after r; else None."""
         p = self.policy
         others = [q for q in rest if q.kind == PERIODIC and not (q.ended or q.started)
                   and not q.frame.encoded and q.frame is not r.frame]
