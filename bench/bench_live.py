@@ -9,13 +9,21 @@ Random weights of the real Moondream 2 shapes, bf16; the same weights for both e
 
 Per engine: results delivered on time per second, how every frame's task ended (done on
 time / done late / superseded / skipped / cancelled at the deadline / error), frame age at
-delivery p50/p90/p99, mean decode batch (and batched encodes when the engine has
-encode_batch), per camera: on-time % of its frames and the scheduler's health verdict
-(Scheduler.stream_health), fairness = worst camera's on-time rate / best camera's.
+delivery p50/p90/p99, mean decode batch, mean encode batch (frames per encode call; > 1 when
+the engine has encode_batch and frames of several cameras are encoded together), per camera:
+on-time % of its frames and the scheduler's health verdict (Scheduler.stream_health),
+fairness = worst camera's on-time rate / best camera's, and where the time goes: engine busy
+fraction = (encode + prefill + decode ms the scheduler measured around its engine calls) /
+wall time of the run, split by kind, with ms per encode call, per prefill, per decode step.
+
+--crops: every camera's crop mode (photon_core.encode_request): "overlap" (default: the full
+tiling, 9 crops at 640x480) or "global" (one crop, ~half the encode); a comma list runs each
+scenario once per mode (e.g. --crops global,overlap), "mixed" = half the cameras global.
 
 Usage: PYTHONPATH=. python3 bench/bench_live.py [--cams 2 --fps 10 --seconds 8 --deadline-ms 150]
        PYTHONPATH=. python3 bench/bench_live.py --preset issue13     # 4 x 15 fps / 100 ms and
                                                                        # 8 x 10 fps / 150 ms, fast path
+       PYTHONPATH=. python3 bench/bench_live.py --preset issue13 --crops global,overlap
 Issue 13's targets (4 x 15 fps, 100 ms): >= 90 % of frames on time, no camera below 80 % of
 the others' rate, mean decode batch reported. Writes $OUT/bench_live.json when OUT is set.
 """
@@ -35,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from photon_core.encode_request import EncodeRequest  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.moondream.config import MoondreamConfig  # noqa: E402
 from photon_core.moondream.model import build_random_model  # noqa: E402
@@ -47,11 +56,16 @@ def pct(xs, q):
     return float(np.percentile(xs, q)) if xs else None
 
 
+def cam_crops(mode: str, c: int) -> str:
+    """Crop mode of camera c under --crops `mode` ("mixed": even cameras global)."""
+    if mode == "mixed":
+        return "global" if c % 2 == 0 else "overlap"
+    return mode
+
+
 def run_live(engine, args, frames) -> dict:
     t0 = time.perf_counter()
     cost = CostModel.calibrate(engine)
-    if hasattr(engine, "prepare_encode"):   # batched-encode graphs now, not in live traffic
-        engine.prepare_encode(shapes=(frames[0].shape[:2],))
     calib_s = time.perf_counter() - t0
     sched = ThreadedScheduler(Scheduler(engine, cost, max_batch=args.max_batch))
     outcomes, lock = [], threading.Lock()
@@ -64,17 +78,21 @@ def run_live(engine, args, frames) -> dict:
     period = 1.0 / args.fps
     n_frames = int(args.seconds * args.fps)
     clock = sched.sched.clock
+    modes = [cam_crops(args.crops, c) for c in range(args.cams)]
+    # each camera's frames as the node hands them over: wrapped with the camera's crop mode
+    images = [[f if m == "overlap" else EncodeRequest(f, crops=m) for f in frames] for m in modes]
     start = clock.now() + 0.05
     for i in range(n_frames):              # the cameras, interleaved on one feeder thread
         for c in range(args.cams):
             t = start + i * period + c * period / args.cams
             while clock.now() < t:
                 time.sleep(min(0.002, max(0.0, t - clock.now())))
-            sched.submit_frame(f"cam{c}", (i, c), frames[(i + c) % len(frames)], [spec],
+            sched.submit_frame(f"cam{c}", (i, c), images[c][(i + c) % len(frames)], [spec],
                                on_result=on_result, capture_time=clock.now())
     time.sleep(args.deadline_ms / 1e3 + 0.5)    # let the last frames finish or expire
     health_at_end = sched.stream_health()
     sched.stop(drain=False)
+    wall_s = clock.now() - start
     m = sched.metrics()
     with lock:
         outs = list(outcomes)
@@ -85,7 +103,7 @@ def run_live(engine, args, frames) -> dict:
             status["done_late" if o.missed_deadline else "done_on_time"] += 1
             ages.append(o.age_s * 1e3)
         else:
-            status[str(o.status)] += 1
+            status[o.status.value] += 1
     submitted = n_frames * args.cams
     on_time = status["done_on_time"]
     bs = m.get("batch_sizes", {})
@@ -97,18 +115,45 @@ def run_live(engine, args, frames) -> dict:
         per_cam[f"cam{c}"] = round(100 * n_ok / n_frames, 1)
     rates = list(per_cam.values())
     health = {k: {"level": h.level, "reason": h.reason} for k, h in health_at_end.items()}
+    eng = m.get("engine_ms", {})
+    calls = m.get("encode_calls") or 0
+    prefills = sum(1 for o in outs if o.start_time is not None)
+    busy = {k: round(v / (1e3 * wall_s), 3) for k, v in eng.items()}
     return {"calibrate_s": round(calib_s, 2), "frames": submitted, "outcomes": len(outs),
-            "status": dict(status), "on_time_per_s": round(on_time / args.seconds, 2),
+            "crops": args.crops, "status": dict(status),
+            "on_time_per_s": round(on_time / args.seconds, 2),
             "on_time_pct_of_frames": round(100 * on_time / submitted, 1),
             "age_ms_p50": pct(ages, 50), "age_ms_p90": pct(ages, 90), "age_ms_p99": pct(ages, 99),
             "mean_batch": round(sum(k * v for k, v in bs.items()) / steps, 2) if steps else None,
+            "mean_encode_batch": round(m["encodes"] / calls, 2) if calls else None,
             "batch_sizes": bs, "encode_batches": m.get("encode_batches", {}),
             "per_camera_on_time_pct": per_cam,
             "fairness_min_max": round(min(rates) / max(rates), 3) if rates and max(rates) > 0 else None,
+            "skipped": status["skipped"], "superseded": status["superseded"],
+            "deadline_cancelled": status["deadline"],
+            "wall_s": round(wall_s, 2), "engine_ms": eng,
+            "busy_frac": round(sum(busy.values()), 3), "busy_frac_by_kind": busy,
+            "ms_per_encode_call": round(eng.get("encode", 0) / calls, 2) if calls else None,
+            "ms_per_prefill": round(eng.get("prefill", 0) / prefills, 2) if prefills else None,
+            "ms_per_decode_step": round(eng.get("decode", 0) / steps, 3) if steps else None,
             "health": health,
-            "scheduler": {k: m[k] for k in ("encodes", "probes", "decode_steps", "superseded", "skipped",
-                                            "deadline_cancelled", "errors", "fair_holds", "sheds",
-                                            "batch_limit")}}
+            "scheduler": {k: m[k] for k in ("encodes", "encode_calls", "probes", "task_probes",
+                                            "decode_steps", "superseded", "skipped",
+                                            "deadline_cancelled", "errors", "fair_holds",
+                                            "regroups", "sheds", "batch_limit")}}
+
+
+def summary(label: str, name: str, r: dict) -> str:
+    b = r["busy_frac_by_kind"]
+    return (f"{label} | {name} | crops {r['crops']}: on time {r['on_time_pct_of_frames']} % of "
+            f"{r['frames']} frames, per camera {r['per_camera_on_time_pct']}, fairness "
+            f"{r['fairness_min_max']}, mean decode batch {r['mean_batch']}, mean encode batch "
+            f"{r['mean_encode_batch']}, GPU busy {100 * r['busy_frac']:.0f} % (encode "
+            f"{100 * b.get('encode', 0):.0f} / prefill {100 * b.get('prefill', 0):.0f} / decode "
+            f"{100 * b.get('decode', 0):.0f} %; {r['ms_per_encode_call']} ms per encode call, "
+            f"{r['ms_per_prefill']} ms per prefill, {r['ms_per_decode_step']} ms per step), "
+            f"skipped {r['skipped']}, superseded {r['superseded']}, cancelled at deadline "
+            f"{r['deadline_cancelled']}")
 
 
 PRESETS = {"issue13": [dict(cams=4, fps=15.0, deadline_ms=100.0, max_batch=4),
@@ -122,34 +167,53 @@ def main():
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--deadline-ms", type=float, default=150.0)
     ap.add_argument("--max-batch", type=int, default=4, help="the scheduler's decode batch limit")
+    ap.add_argument("--crops", default="overlap",
+                    help="every camera's crop mode: overlap | global | mixed (half global); a "
+                         "comma list runs each scenario once per mode")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="run these configs one after the other (fast path only, unless --engines)")
     ap.add_argument("--engines", default=None, help="fast,reference (default: both; a preset: fast)")
     args = ap.parse_args()
+    crop_runs = [c.strip() for c in args.crops.split(",") if c.strip()]
+    for c in crop_runs:
+        if c not in ("overlap", "global", "mixed"):
+            ap.error(f"--crops: {c!r} is not overlap, global or mixed")
     engines = (args.engines or ("fast" if args.preset else "fast,reference")).split(",")
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"), "args": vars(args), "runs": []}
+    t0 = time.perf_counter()
     model = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(4)]
     fast = FastEngine(model, max_batch=8)
+    # batched-encode graphs now, not in live traffic: every crop mode used; with two modes
+    # frames per call 1/2/4 (the engine keeps at most 4 multi-frame graphs; 8 -> 4 + 4)
+    modes = sorted({m for c in crop_runs for m in (("global", "overlap") if c == "mixed" else (c,))})
+    sizes = (1, 2, 4, 8) if len(modes) == 1 else (1, 2, 4)
+    n_graphs = fast.prepare_encode(shapes=(frames[0].shape[:2],), batch_sizes=sizes,
+                                   crops=tuple(modes))
+    print(f"model + engine + {n_graphs} encode graphs ({', '.join(modes)}; frames per call "
+          f"{sizes}): {time.perf_counter() - t0:.1f} s", flush=True)
     configs = PRESETS[args.preset] if args.preset else [
         dict(cams=args.cams, fps=args.fps, deadline_ms=args.deadline_ms, max_batch=args.max_batch)]
+    lines = []
     for cfg in configs:
-        run_args = argparse.Namespace(**{**vars(args), **cfg})
-        label = (f"{cfg['cams']} cams x {cfg['fps']:g} fps, {cfg['deadline_ms']:g} ms, "
-                 f"max batch {cfg['max_batch']}")
-        for name, engine in (("fast", fast), ("reference", model)):
-            if name not in engines:
-                continue
-            res = run_live(engine, run_args, frames)
-            out["runs"].append({"config": label, "engine": name, **res})
-            if not args.preset:
-                out[name] = res
-            print(f"{label} | {name}: on time {res['on_time_pct_of_frames']} % of frames, per camera "
-                  f"{res['per_camera_on_time_pct']}, fairness {res['fairness_min_max']}, mean decode "
-                  f"batch {res['mean_batch']}\n  {res}", flush=True)
+        for crops in crop_runs:
+            run_args = argparse.Namespace(**{**vars(args), **cfg, "crops": crops})
+            label = (f"{cfg['cams']} cams x {cfg['fps']:g} fps, {cfg['deadline_ms']:g} ms, "
+                     f"max batch {cfg['max_batch']}")
+            for name, engine in (("fast", fast), ("reference", model)):
+                if name not in engines:
+                    continue
+                res = run_live(engine, run_args, frames)
+                out["runs"].append({"config": label, "engine": name, **res})
+                if not args.preset and len(crop_runs) == 1:
+                    out[name] = res
+                lines.append(summary(label, name, res))
+                print(lines[-1] + f"\n  {json.dumps(res)}", flush=True)
     fast.close()
+    print("\nsummary:\n" + "\n".join(lines))
+    print(f"(total {time.perf_counter() - t0:.0f} s)")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_live.json").write_text(json.dumps(out, indent=1))
 

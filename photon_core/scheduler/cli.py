@@ -22,7 +22,8 @@ def register(sub) -> None:
                         "multi-camera trace set (1-8 cameras, 5-30 fps) on measured GPU costs")
     p.add_argument("--profile", default="h200", help="cost profile of the multicam set")
     p.add_argument("--encode-batch-gain", type=float, default=None,
-                   help="multicam: a hypothetical engine with encode_batch saving this fraction")
+                   help="multicam: the engine's encode_batch saves this fraction (default: the "
+                        "profile's measured gain; < 0: an engine without encode_batch)")
     p.set_defaults(func=run)
 
 

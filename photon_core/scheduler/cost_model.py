@@ -12,7 +12,6 @@ from typing import Any, Callable
 
 from photon_core.task import Task
 
-from ..encode_request import EncodeRequest
 from .engine import count_prompt_tokens, encoded_crops, engine_capacity, step_batch
 
 
@@ -27,14 +26,28 @@ def image_shape(image: Any) -> tuple[int, int] | None:
     return None
 
 
+def crop_mode(image: Any) -> str:
+    """The crop mode a frame is encoded with: an EncodeRequest's (or anything's with a
+    `crops` string, e.g. the simulator's SimImage), else "overlap" (the engine's default)."""
+    crops = getattr(image, "crops", None)
+    return crops if isinstance(crops, str) and crops else "overlap"
+
+
 def encode_key(image: Any):
-    """The encode cost key of an image: its (height, width); a frame wrapped in an
-    EncodeRequest with crops other than "overlap" (a global-crop camera) adds the mode, so
-    two cameras of one size but different crop modes are costed apart."""
+    """The encode cost key of an image: its (height, width); a frame encoded with crops other
+    than "overlap" (a global-crop camera: EncodeRequest(crops="global")) adds the mode, so two
+    cameras of one size but different crop modes are costed (and probed) apart."""
     shape = image_shape(image)
-    if isinstance(image, EncodeRequest) and image.crops != "overlap" and shape is not None:
-        return (*shape, image.crops)
+    mode = crop_mode(image)
+    if mode != "overlap" and shape is not None:
+        return (*shape, mode)
     return shape
+
+
+def crop_modes(images: list) -> str:
+    """The crop modes of a batched encode's frames, e.g. "overlap", "global",
+    "global+overlap": a batched encode's gain is learned per such mix."""
+    return "+".join(sorted({crop_mode(im) for im in images}))
 
 
 def moondream_crops(shape: tuple[int, int] | None, crop: int = 378, max_crops: int = 12) -> int:
@@ -71,9 +84,10 @@ class CostModel:
     f_encode: float = 1.0
     f_prefill: float = 1.0
     f_step: float = 1.0
-    encode_seen: dict = field(default_factory=dict)   # image shape -> observed encode ms (EMA)
-    # batched costs, learned online: one encode call for n frames costs
-    # encode_batch_factor[n] x (the n frames one by one); a decode step of b runs costs
+    encode_seen: dict = field(default_factory=dict)   # encode_key -> observed encode ms (EMA)
+    # batched costs, learned online: one encode call for n frames of crop modes m costs
+    # encode_batch_factor[(n, m)] x (the n frames one by one) (m: crop_modes(), e.g.
+    # "overlap": one global crop batches far better than 9 crops); a decode step of b runs costs
     # decode_step_ms[b] x f_step_b[b] (f_step for a batch size not seen yet)
     encode_batch_factor: dict = field(default_factory=dict)
     f_step_b: dict = field(default_factory=dict)
@@ -115,17 +129,18 @@ class CostModel:
         b = max(1, batch)
         return self.f_step_b.get(b, self.f_step) * self._step_base(b)
 
-    def batch_factor(self, n: int) -> float:
-        """One encode call of n frames / n separate encodes (learned; 1.0 if never seen:
-        the nearest smaller n seen, else no gain assumed)."""
+    def batch_factor(self, n: int, modes: str = "overlap") -> float:
+        """One encode call of n frames of crop modes `modes` / n separate encodes (learned;
+        1.0 if never seen: the nearest smaller n seen for those modes, else no gain assumed)."""
         if n <= 1 or not self.encode_batch_factor:
             return 1.0
-        ks = [k for k in self.encode_batch_factor if k <= n]
-        return self.encode_batch_factor[max(ks)] if ks else 1.0
+        ks = [k for k, m in self.encode_batch_factor if k <= n and m == modes]
+        return self.encode_batch_factor[(max(ks), modes)] if ks else 1.0
 
     def encode_batch_ms(self, images: list) -> float:
         """Predicted time of one batched encode of `images` (engine.encode_batch)."""
-        return self.batch_factor(len(images)) * sum(self.encode_ms(im) for im in images)
+        return self.batch_factor(len(images), crop_modes(images)) * \
+            sum(self.encode_ms(im) for im in images)
 
     # -- online correction ----------------------------------------------------------
     def _toward(self, old: float | None, r: float) -> float:
@@ -178,8 +193,9 @@ class CostModel:
         if self.ema <= 0 or single <= 0 or ms <= 0:
             return
         r = min(2.0, max(0.1, ms / single))
-        old = self.encode_batch_factor.get(n)
-        self.encode_batch_factor[n] = r if old is None else (1 - self.ema) * old + self.ema * r
+        key = (n, crop_modes(images))
+        old = self.encode_batch_factor.get(key)
+        self.encode_batch_factor[key] = r if old is None else (1 - self.ema) * old + self.ema * r
 
     def scaled(self, k: float) -> "CostModel":
         """Every cost times k (the simulator sets load levels this way)."""
@@ -192,7 +208,8 @@ class CostModel:
         return {"encode_base_ms": self.encode_base_ms, "encode_per_crop_ms": self.encode_per_crop_ms,
                 "prefill_base_ms": self.prefill_base_ms, "prefill_per_token_ms": self.prefill_per_token_ms,
                 "decode_step_ms": dict(self.decode_step_ms),
-                "encode_batch_factor": dict(self.encode_batch_factor),
+                "encode_batch_factor": {f"{n} {m}": v for (n, m), v in
+                                        sorted(self.encode_batch_factor.items())},
                 "step_factor_by_batch": dict(self.f_step_b)}
 
     # -- calibration -----------------------------------------------------------------
@@ -296,6 +313,12 @@ class TokenEstimator:
 
     alpha: float = 0.25
     k: float = 1.5
+    # A (stream, task) key with fewer observations than this is estimated from the task
+    # name's pooled stats when those have more: one stream's first result must not give it a
+    # looser estimate (dev starts at a quarter of the steps) than the streams served longer,
+    # else under tight deadlines admission keeps preferring the served ones and the new
+    # stream starves on its own uncertainty (found by test_scheduler_properties).
+    min_own: int = 3
     stats: dict = field(default_factory=dict)     # key -> [mean, dev, n]
 
     def prior(self, task: Task) -> float:
@@ -305,10 +328,11 @@ class TokenEstimator:
         return min(float(task.max_tokens), p)
 
     def _get(self, key, name, task):
-        for k in (key, ("*", name)):
-            s = self.stats.get(k)
-            if s is not None:
-                return s
+        own, pooled = self.stats.get(key), self.stats.get(("*", name))
+        if own is not None and (own[2] >= self.min_own or pooled is None or pooled[2] <= own[2]):
+            return own
+        if pooled is not None:
+            return pooled
         p = self.prior(task)
         return [p, 0.5 * p, 0]
 

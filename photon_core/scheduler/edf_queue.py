@@ -45,6 +45,7 @@ class RequestQueue:
             return (r.seq,)
         f = self.fair
         fr = r.frame
+        # a frame already being served rides: its other tasks rank as before its credit
         share = f.share_class(r.stream, now, fr.started / max(1, fr.tasks)) \
             if r.kind != ON_DEMAND else 0
         return (r.kind != ON_DEMAND, share, f.bucket(r.deadline), f.served(r.stream),
@@ -60,5 +61,9 @@ class RequestQueue:
         if req.kind == ON_DEMAND:
             self.fair.note_started(req.stream, now, 0.0)
             return
+        # the unit is frames served: each started task adds its share of its frame, 1 / (the
+        # frame's tasks that could meet their deadline on arrival); at most 1 per frame
+        share = 1.0 / max(1, fr.tasks)
+        credit = max(0.0, min(share, 1.0 - fr.started * share))
+        self.fair.note_started(req.stream, now, credit)
         fr.started += 1
-        self.fair.note_started(req.stream, now, 1.0 / max(1, fr.tasks))

@@ -10,12 +10,27 @@ Admission control still checks every start against every deadline (and on-demand
 still goes first): the rule only decides who is *considered* first, so it never makes
 admitted work late; at light load everything is served and the order does not matter.
 
-- Service is counted in frames: each started periodic task adds 1 / (the periodic tasks
-  of its frame), so a camera with 4 tasks per frame is not penalised against one with 1,
-  and a frame half served counts half. The other tasks of a frame already being served
-  rank as if it were not served yet (they ride along: the encode is shared, finishing the
-  frame is cheap). Max-min fair: a 5 fps camera next to a 30 fps one gets all its frames
-  served before the faster one gets more.
+- The unit is **frames served**: each started periodic task adds its share of its frame,
+  1 / (the frame's periodic tasks that could meet their deadline on arrival: started at
+  once on an idle engine, by the cost model's mean estimate; Scheduler._feasible), at most
+  1 per frame. So a camera with 4 tasks per frame is not penalised against one with 1, a
+  frame half served counts half (cameras with the same task mix get even results per task),
+  and a camera whose extra tasks no engine can answer (a deadline shorter than their own
+  cost) does not look under-served: those tasks are not part of its frames' share. (The
+  earlier denominator, all the frame's tasks, made such a camera look a third served: it
+  got 1.5-2.5x the others' frames. Counting a frame 1 at its first started task instead
+  fixed that but let cameras with the same 3-4 task mix drift apart in results per task,
+  fairness 0.73-0.84 in the simulator's multi-task rows, because a frame with one task
+  answered counted as much as a fully answered one.) The other tasks of a frame already
+  being served rank as if it were not served yet (they ride along: the encode is shared,
+  finishing the frame is cheap). Max-min fair: a 5 fps camera next to a 30 fps one gets
+  all its frames served before the faster one gets more.
+- Why frames, not GPU time: a camera's task list is what answering one of its frames
+  means; fairness in GPU time would give a camera asking 3 tasks a third of the frame rate
+  of a camera asking one, i.e. answers three times staler, and it would charge a camera for
+  its scene (more objects, longer decodes) rather than for its request. With frames, a
+  camera with heavier tasks does take more GPU time; its tasks still pass admission like
+  any other, so it never makes the others' admitted work late.
 - Why counts, not EDF (measured, test_fairness.py): with latest frame wins and frames
   published in a fixed order, the first camera of a tick replaces its waiting frame first,
   so its request is always the youngest and plain EDF always prefers the others' older
@@ -64,8 +79,8 @@ class FairShare:
             self.last_submit[stream] = t
 
     def note_started(self, stream: str, t: float, frames: float = 1.0) -> None:
-        """A request of `stream` started: `frames` of service (1 / the tasks of its frame;
-        0 for on-demand work, which goes first anyway)."""
+        """A request of `stream` started: `frames` of service (its share of its frame, see
+        the module doc; 0 for on-demand work, which goes first anyway)."""
         self.last_started[stream] = t
         if frames and self.halflife_s > 0:
             self.count[stream] = (self.served_frames(stream, t) + frames, t)

@@ -69,7 +69,8 @@ class Frame:
     enc: Any = None
     encode_ms: float = 0.0
     refs: int = 0                # task requests not yet ended that use this frame
-    tasks: int = 0               # periodic task requests asked on it (fairness: 1/tasks each)
+    tasks: int = 0               # its periodic task requests that could meet their deadline
+                                 # on arrival (fairness: each started one is 1/tasks of a frame)
     started: int = 0             # its periodic task requests started so far
 
     @property

@@ -28,7 +28,7 @@ from photon_core.task import TaskError
 
 from . import admission
 from .clock import Clock, MonotonicClock
-from .cost_model import CostModel, TokenEstimator, image_shape
+from .cost_model import CostModel, TokenEstimator, encode_key
 from .edf_queue import EDF, FIFO, RequestQueue
 from .encode_batch import encode_batch, has_encode_batch
 from .engine import count_prompt_tokens, engine_capacity, step_batch
@@ -84,6 +84,13 @@ class Policy:
     fair_gather_frac: float = 0.10
     fair_pressure_s: float = 2.0
     fair_halflife_s: float = 2.0   # recent service (frames started per stream) decays with this
+    # Regroup (batched-encode engines): when the request at the front of the queue can only
+    # start alone (it waited longest; sharing an encode would make it late) or in a small
+    # group, but other waiting frames make a larger group that fits now and would not fit
+    # after it, that group starts instead (its cameras not ahead of the front one's): under
+    # overload more frames served per encode and larger decode batches (docs/architecture.md,
+    # "Why decode batches stay small"; bench/sim_scheduler.py --set multicam).
+    regroup: bool = True
     # After an engine failure at batch > 1 (GPU out of memory), the batch limit is halved for
     # this long, then raised again (load_shedding.py).
     shed_hold_s: float = 5.0
@@ -138,13 +145,15 @@ class Scheduler:
         self._seq = 0
         self._prompt_cache: dict[tuple, int] = {}
         self.counts: Counter = Counter()
-        self._encode_seen_at: dict = {}               # image shape -> last encode measured
+        self._encode_seen_at: dict = {}               # encode_key (size, crop mode) -> last encode measured
         self._stream_started: dict[str, float] = {}   # stream -> last periodic start (or first submit)
         self._task_probe_ok_at = float("-inf")        # no task probe before this (probe share)
         self._t0 = self.clock.now()
         self.per_stream: dict[str, Counter] = defaultdict(Counter)
         self.batch_sizes: Counter = Counter()
         self.encode_batch_sizes: Counter = Counter()
+        # engine time as the scheduler measured it (ms): encode calls, prefills, decode steps
+        self.engine_ms: dict[str, float] = {"encode": 0.0, "prefill": 0.0, "decode": 0.0}
         self._batch_encode = has_encode_batch(engine)
 
     # -- submitting ------------------------------------------------------------------
@@ -175,7 +184,6 @@ class Scheduler:
             self._seq += 1
             req = TaskRequest(frame, spec, kind, now, on_result, seq=self._seq)
             frame.refs += 1
-            frame.tasks += kind == PERIODIC
             self.frames[fkey] = frame
             ids.append(req.id)
             self.counts["submitted"] += 1
@@ -185,6 +193,8 @@ class Scheduler:
             except TaskError as e:
                 self._end(req, Status.ERROR, error=f"invalid task: {e}")
                 continue
+            if kind == PERIODIC and self._feasible(req, now):
+                frame.tasks += 1                  # the fairness share of each of its tasks
             try:
                 if kind == PERIODIC and self.policy.supersede:
                     out = self.latest.offer(req)      # may compare stamps: may raise
@@ -265,6 +275,18 @@ class Scheduler:
                     time.sleep(max(0.0, min(until - self.clock.now(), 0.05)))
 
     # -- internals -------------------------------------------------------------------
+    def _feasible(self, r: TaskRequest, now: float) -> bool:
+        """Could r meet its deadline on arrival, started at once on an idle engine (the cost
+        model's mean estimate)? A task that cannot (a deadline shorter than its own cost) is
+        left out of its frame's fairness share (fairness.py), so a camera is not counted as
+        under-served for tasks no engine could answer."""
+        try:
+            steps = self.tokens.estimate(r.key, r.spec.task, conservative=False)
+            return not admission.hopeless(now, self._start_ms(r), steps, r.deadline,
+                                          self.cost.step_ms)
+        except Exception:  # noqa: BLE001 - a cost hint only: count it
+            return True
+
     def _rank(self, r: TaskRequest) -> tuple:
         if self.policy.order == FIFO:
             return (r.seq,)
@@ -390,16 +412,40 @@ class Scheduler:
                      step_fn, waiting: dict) -> None:
         """r was admitted: add the next queued requests with frames not encoded while the
         whole group (one batched encode, every prefill) still fits (encode_batch.py), encode
-        their frames in one engine call, then start them all."""
-        p = self.policy
+        their frames in one engine call, then start them all. If other waiting frames make a
+        larger group than r's that fits now but would not after r (r, the front of the queue,
+        has waited longest: typically no slack left to share an encode with anyone, so it
+        goes alone), that group starts instead (Policy.regroup; r waits on, usually to be
+        skipped)."""
         now = self.clock.now()
+        group, frames = self._form_group(r, start_ms, rest, live, mb, step_fn, waiting, now)
+        if self.policy.regroup and r.kind == PERIODIC and len(self.live) + len(group) < mb:
+            alt = self._regroup(r, rest, live, mb, step_fn, waiting, now, len(frames) + 1)
+            if alt is not None:
+                group, frames = alt
+                self.counts["regroups"] += 1
+        if len(frames) > 1:
+            try:
+                self._encode_many(frames)
+            except Exception as e:  # noqa: BLE001 - each request's own start reports it
+                log.warning("batched encode of %d frames failed: %r", len(frames), e)
+                group = group[:1]
+        for q in group:
+            if not q.ended and not q.started:
+                self._start(q)
+
+    def _form_group(self, r: TaskRequest, start_ms: float, rest: list, live: list, mb: int,
+                    step_fn, waiting: dict, now: float) -> tuple[list, list]:
+        """(requests, frames) of the group led by r: r, then the requests of `rest` (queue
+        order) with frames not encoded while admission says the whole group fits."""
+        p = self.policy
         group, loads = [r], [self._load(r, now)]
         frames = [r.frame]
-        prefill = start_ms - self.cost.encode_ms(r.frame.image)
+        prefill = start_ms - (0.0 if r.frame.encoded else self.cost.encode_ms(r.frame.image))
         for q in rest:
             if len(self.live) + len(group) >= mb:
                 break
-            if q.ended or q.started or q.frame.encoded:
+            if q.ended or q.started or q.frame.encoded or q is r:
                 continue
             if q.kind != ON_DEMAND and self.fair.hold_until(
                     q.stream, q.frame.capture_time, q.submit_time, q.spec.deadline_s, now,
@@ -413,15 +459,44 @@ class Scheduler:
                 group.append(q)
                 loads.append(cand)
                 frames, prefill = fr, pre
-        if len(frames) > 1:
-            try:
-                self._encode_many(frames)
-            except Exception as e:  # noqa: BLE001 - each request's own start reports it
-                log.warning("batched encode of %d frames failed: %r", len(frames), e)
-                group = group[:1]
-        for q in group:
-            if not q.ended and not q.started:
-                self._start(q)
+        return group, frames
+
+    def _regroup(self, r: TaskRequest, rest: list, live: list, mb: int, step_fn,
+                 waiting: dict, now: float, least: int = 2) -> tuple[list, list] | None:
+        """A group of >= `least` frames without r's frame that fits now, led by the first
+        request of `rest` (queue order) that fits alone and can lead one, whose cameras are
+        not more than a frame ahead of r's, and that would not fit after r; else None."""
+        p = self.policy
+        others = [q for q in rest if q.kind == PERIODIC and not (q.ended or q.started)
+                  and not q.frame.encoded and q.frame is not r.frame]
+        for i, q in enumerate(others):
+            if self.fair.hold_until(q.stream, q.frame.capture_time, q.submit_time,
+                                    q.spec.deadline_s, now, waiting) is not None:
+                continue
+            start_ms = self._start_ms(q)
+            if not admission.fits(now, start_ms * p.safety, self._load(q, now), live, mb,
+                                  step_fn, p.margin_s):
+                continue
+            group, frames = self._form_group(q, start_ms, others[i + 1:], live, mb, step_fn,
+                                             waiting, now)
+            if len(frames) < least:
+                continue
+            # never at the cost of a camera that is behind the group's (fairness.py)
+            mine = self.fair.served_frames(r.stream, now)
+            if any(self.fair.served_frames(x.stream, now) > mine + 1.0 for x in group):
+                continue
+            # r first (projected to its end, with what runs now), then this group: if that
+            # fits too, nothing is gained by passing r over
+            t_r = max(admission.project(now + self._start_ms(r) * p.safety / 1e3,
+                                        live + [self._load(r, now)], mb, step_fn))
+            total = self.cost.encode_batch_ms([f.image for f in frames]) + \
+                sum(self.cost.prefill_ms(self._prompt_tokens(x.spec.task)) for x in group)
+            loads = [self._load(x, now) for x in group]
+            if admission.fits(t_r, total * p.safety, loads[-1], loads[:-1], mb, step_fn,
+                              p.margin_s):
+                return None
+            return group, frames
+        return None
 
     def _encode_many(self, frames: list[Frame]) -> None:
         t0 = self.clock.now()
@@ -429,19 +504,23 @@ class Scheduler:
         ms = (self.clock.now() - t0) * 1e3
         setup = sum(getattr(e, "setup_ms", 0.0) or 0.0 for e in encs)
         self.cost.observe_encode_batch([f.image for f in frames], max(ms - setup, 0.0))
+        self.engine_ms["encode"] += ms
+        self.counts["encode_calls"] += 1
         for f, enc in zip(frames, encs):
             f.enc, f.encode_ms = enc, ms / len(frames)
-            self._encode_seen_at[image_shape(f.image)] = self.clock.now()
+            self._encode_seen_at[encode_key(f.image)] = self.clock.now()
         self.counts["encodes"] += len(frames)
         self.counts["encode_batches"] += 1
         self.encode_batch_sizes[len(frames)] += 1
 
     def _probe_due(self, r: TaskRequest, now: float) -> bool:
-        """An encode probe is due: frame not encoded, nothing running, and its size's encode
-        last measured probe_after_s ago (or never since the scheduler started)."""
+        """An encode probe is due: frame not encoded, nothing running, and the encode of its
+        size and crop mode (encode_key: a global-crop camera's cheap encodes do not stand in
+        for a full-crop camera of the same size) last measured probe_after_s ago (or never
+        since the scheduler started)."""
         p = self.policy.probe_after_s
         return (p > 0 and not self.live and not r.frame.encoded
-                and now - self._encode_seen_at.get(image_shape(r.frame.image), self._t0) >= p)
+                and now - self._encode_seen_at.get(encode_key(r.frame.image), self._t0) >= p)
 
     def _encode_probe(self, r: TaskRequest, now: float) -> bool:
         """Encode r's frame now to re-measure its cost (see Policy.probe_after_s); True if it
@@ -453,7 +532,7 @@ class Scheduler:
             self._encode(r.frame)
         except Exception as e:  # noqa: BLE001 - _start reports it if the request starts
             log.warning("encode probe of a %s frame failed: %r", r.frame.stream, e)
-            self._encode_seen_at[image_shape(r.frame.image)] = self.clock.now()
+            self._encode_seen_at[encode_key(r.frame.image)] = self.clock.now()
             return False
         return True
 
@@ -467,11 +546,19 @@ class Scheduler:
                 and now - self._stream_started.get(r.stream, now) >= p)
 
     def _task_probe(self, r: TaskRequest, now: float) -> bool:
-        """Start r although the cost model calls it hopeless, if a task probe is due; True if
-        it was started (or ended trying). Its encode, prefill and steps are measured as any
-        run's; it is not protected by admission (its Load is not checked)."""
+        """Start a task probe for r's stream if one is due; True if r was started (or ended
+        trying). The probe is the stream's waiting request with the most time left (a task
+        with a deadline no engine meets would teach nothing: cut at once, its stream's other
+        tasks never re-measured). Its encode, prefill and steps are measured as any run's; it
+        is not protected by admission (its Load is not checked)."""
         if not self._task_probe_due(r, now):
             return False
+        best = max((q for q in self.queue if q.stream == r.stream and not q.ended
+                    and self._task_probe_due(q, now)), key=lambda q: (q.deadline, -q.seq),
+                   default=r)
+        if best is not r:
+            self._task_probe(best, now)
+            return False                          # r itself: skipped as hopeless
         r.probe = True
         self.counts["task_probes"] += 1
         log.info("task probe: %s/%s started although estimated hopeless (estimates re-measured)",
@@ -486,11 +573,13 @@ class Scheduler:
         enc = self.engine.encode_image(frame.image)
         frame.encode_ms = (self.clock.now() - t0) * 1e3
         frame.enc = enc
+        self.engine_ms["encode"] += frame.encode_ms
+        self.counts["encode_calls"] += 1
         # one-time setup inside this encode (the fast path captures a CUDA graph for a new
         # crop tiling: ~0.3 s once) is not what the next frame will cost
         setup = getattr(enc, "setup_ms", 0.0) or 0.0
         self.cost.observe_encode(frame.image, max(frame.encode_ms - setup, 0.0))
-        self._encode_seen_at[image_shape(frame.image)] = self.clock.now()
+        self._encode_seen_at[encode_key(frame.image)] = self.clock.now()
         self.counts["encodes"] += 1
 
     def _start(self, r: TaskRequest) -> None:
@@ -502,6 +591,7 @@ class Scheduler:
             t0 = self.clock.now()
             run = self.engine.start(frame.enc, r.spec.task)
             r.prefill_ms = (self.clock.now() - t0) * 1e3
+            self.engine_ms["prefill"] += r.prefill_ms
             self.cost.observe_prefill(self._prompt_tokens(r.spec.task), r.prefill_ms)
         except Exception as e:  # noqa: BLE001 - reported as the request's outcome
             r.start_failures += 1
@@ -554,6 +644,7 @@ class Scheduler:
                           error=f"{type(e).__name__}: {e}")
             return
         ms = (self.clock.now() - t0) * 1e3
+        self.engine_ms["decode"] += ms
         self.cost.observe_step(len(batch), ms)
         self.counts["steps"] += 1
         self.batch_sizes[len(batch)] += 1
@@ -654,9 +745,10 @@ class Scheduler:
             "callback_errors": c["callback_errors"], "preempted_steps": c["preempted_steps"],
             "preempting_starts": c["preempting_starts"], "probes": c["probes"],
             "task_probes": c["task_probes"],
-            "fair_holds": c["fair_holds"], "sheds": c["sheds"],
+            "fair_holds": c["fair_holds"], "sheds": c["sheds"], "regroups": c["regroups"],
             "batch_limit": self.limiter.limit(self.clock.now()),
-            "encodes": c["encodes"],
+            "encodes": c["encodes"], "encode_calls": c["encode_calls"],
+            "engine_ms": {k: round(v, 3) for k, v in self.engine_ms.items()},
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
             "encode_batches": dict(sorted(self.encode_batch_sizes.items())),
             "waiting": len(self.queue), "running": len(self.live),

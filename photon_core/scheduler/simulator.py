@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from photon_core.task import FINISH_LENGTH, FINISH_STOP, Task, TaskResult
 
 from .clock import VirtualClock
-from .cost_model import CostModel
+from .cost_model import CostModel, encode_key
 from .cost_profiles import PROFILES
 from .fifo import fifo_policy
 from .request import ON_DEMAND, ON_MISS_CANCEL, ON_MISS_FINISH, PERIODIC, Outcome, Status, TaskSpec
@@ -41,6 +41,7 @@ IMAGE_SHAPE = (378, 672)          # 3 crops
 class SimImage:
     shape: tuple[int, int]
     steps: tuple[tuple[str, int], ...] = ()    # task target -> decode steps it will take
+    crops: str = "overlap"                     # crop mode (cost_model.encode_key): "global" = 1 crop
 
     def steps_for(self, task: Task) -> int:
         for k, v in self.steps:
@@ -103,8 +104,8 @@ class SimEngine:
 
     def encode_image(self, image: SimImage) -> SimEnc:
         self.calls["encode"] += 1
-        self._spend(self.cost.encode_ms(shape=image.shape))
-        return SimEnc(image, self.cost.crops(image.shape))
+        self._spend(self.cost.encode_ms(image))
+        return SimEnc(image, self.cost._crops(encode_key(image)))
 
     def start(self, enc: SimEnc, task: Task) -> SimRun:
         self.calls["start"] += 1
@@ -144,8 +145,8 @@ class BatchEncodeSimEngine(SimEngine):
         self.calls.setdefault("encode_batch", 0)
         self.calls["encode_batch"] += 1
         f = 1.0 - self.gain * (n - 1) / n
-        self._spend(f * sum(self.cost.encode_ms(shape=im.shape) for im in images))
-        return [SimEnc(im, self.cost.crops(im.shape)) for im in images]
+        self._spend(f * sum(self.cost.encode_ms(im) for im in images))
+        return [SimEnc(im, self.cost._crops(encode_key(im))) for im in images]
 
 
 # ---------------------------------------------------------------- traces
@@ -209,6 +210,8 @@ class TraceSpec:
     deadline_s: float | None = None   # periodic deadline in seconds (overrides deadline_periods)
     task_names: tuple[str, ...] | None = None   # tasks of every camera, by name (NAMED_TASKS)
     encode_batch_gain: float | None = None      # engine with encode_batch (BatchEncodeSimEngine)
+    crops: str = "overlap"            # every camera's crop mode ("global": 1 crop per frame)
+    even_phases: bool = False         # cameras evenly spread over a frame period (bench_live.py)
 
     @property
     def period(self) -> float:
@@ -229,8 +232,11 @@ class TraceSpec:
     def label(self) -> str:
         if self.profile:
             names = "+".join(self.task_names) if self.task_names else f"{len(self.tasks)} tasks"
-            return (f"{self.cameras}cam@{self.fps:g}fps {names} {1e3 * self.deadline:g}ms "
-                    f"[{self.profile}]")
+            crops = ("" if self.crops == "overlap" else f" {self.crops} crops") + \
+                (" even phases" if self.even_phases else "")
+            h, w = self.image_shape
+            return (f"{self.cameras}cam@{self.fps:g}fps {w}x{h}{crops} {names} "
+                    f"{1e3 * self.deadline:g}ms [{self.profile}]")
         return f"{self.cameras}cam@{self.fps:g}fps x{self.load:g}"
 
 
@@ -260,7 +266,9 @@ def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
     last_frame: dict[str, list[tuple[float, SimImage]]] = {}
     for c in range(spec.cameras):
         stream = f"cam{c}"
-        phase = rng.uniform(0, P)
+        phase = rng.uniform(0, P)                   # (drawn anyway: same trace otherwise)
+        if spec.even_phases:                        # bench_live.py: camera c at c x P / cameras
+            phase = c * P / spec.cameras
         scene = {pt.name: (0.0, 0) for pt in spec.tasks}     # name -> (valid until, count)
         frames = last_frame.setdefault(stream, [])
         k = 0
@@ -279,7 +287,7 @@ def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
                     steps.append((pt.task.target, rng.randint(*pt.fixed_steps)))
             od = ON_DEMAND_TASK              # what the answer to an on-demand question costs
             steps.append((od.task.target, rng.randint(*od.fixed_steps)))
-            img = SimImage(spec.image_shape, tuple(steps))
+            img = SimImage(spec.image_shape, tuple(steps), spec.crops)
             specs = [TaskSpec(pt.name, pt.task, spec.deadline, pt.on_miss) for pt in spec.tasks]
             events.append(Event(t0 + t, stream, round(t, 9), img, PERIODIC, specs))
             frames.append((t, img))
@@ -304,7 +312,7 @@ def offered_ms_per_s(spec: TraceSpec, cost: CostModel) -> float:
     counted at full-batch efficiency (the optimistic capacity)."""
     b = spec.max_batch
     tok_ms = cost.step_ms(b) / b
-    per_frame = cost.encode_ms(shape=spec.image_shape) + sum(
+    per_frame = cost.encode_ms(SimImage(spec.image_shape, crops=spec.crops)) + sum(
         cost.prefill_ms(8 + (len(pt.task.target) + 3) // 4) + pt.mean_steps() * tok_ms
         for pt in spec.tasks)
     od = ON_DEMAND_TASK
@@ -440,6 +448,11 @@ def simulate(spec: TraceSpec, policy: str | Policy = "edf", base_cost: CostModel
     n = sum(bs.values())
     res.metrics["mean_batch"] = sum(k * v for k, v in bs.items()) / n if n else float("nan")
     res.metrics["offered_load"] = offered_ms_per_s(spec, truth) / 1000.0
+    sm = res.sched_metrics
+    calls = sm.get("encode_calls") or 0
+    res.metrics["mean_encode_batch"] = sm["encodes"] / calls if calls else float("nan")
+    span_ms = 1e3 * max(1e-9, clock.now() - t0)
+    res.metrics["busy"] = {k: v / span_ms for k, v in sm.get("engine_ms", {}).items()}
     return res
 
 
@@ -463,44 +476,74 @@ def run_grid(duration_s: float = 20.0, seed: int = 0, policies=("edf", "fifo"),
 
 # The multi-camera trace set (issue 13): 1-8 cameras, 5-30 fps, mixed tasks and on-demand
 # questions (0.5/s, 1 s deadline), on the costs measured on the H200 (cost_profiles.py).
-# (cameras, fps, tasks of each camera, periodic deadline s)
+# (cameras, fps, tasks of each camera, periodic deadline s[, crops, (height, width)]);
+# default frames IMAGE_SHAPE with full crops; bench_live.py's rows use its 640x480 frames.
+VGA = (480, 640)
 MULTICAM_SET = (
     (1, 30.0, ("person", "path_clear"), 0.100),
     (2, 15.0, ("person5",), 0.100),
     (2, 30.0, ("person", "handle"), 0.100),
-    (4, 15.0, ("person5",), 0.100),            # bench_live.py --cams 4 --fps 15 --deadline-ms 100
+    (4, 15.0, ("person5",), 0.100),
+    (4, 15.0, ("person5",), 0.100, "overlap", VGA),   # bench_live.py --preset issue13 row 1
+    (4, 15.0, ("person5",), 0.100, "global", VGA),    # ... with --crops global
+    (4, 15.0, ("person5",), 0.100, "overlap", VGA, "even"),   # ... its cameras' phases
+    (4, 15.0, ("person5",), 0.100, "global", VGA, "even"),
     (4, 15.0, ("person", "obstacle"), 0.150),
     (4, 30.0, ("person",), 0.100),
     (6, 10.0, ("person", "path_clear", "handle"), 0.200),
     (8, 5.0, ("person", "obstacle", "cup", "door_open"), 0.300),
-    (8, 10.0, ("person5",), 0.150),            # bench_live.py --cams 8 --fps 10 --deadline-ms 150
+    (8, 10.0, ("person5",), 0.150),
+    (8, 10.0, ("person5",), 0.150, "overlap", VGA),   # bench_live.py --preset issue13 row 2
+    (8, 10.0, ("person5",), 0.150, "global", VGA),
+    (8, 10.0, ("person5",), 0.150, "overlap", VGA, "even"),
+    (8, 10.0, ("person5",), 0.150, "global", VGA, "even"),
     (8, 30.0, ("person",), 0.100),
 )
 
 
 def run_multicam(duration_s: float = 20.0, seed: int = 0, policies=("edf", "fifo"),
                  profile: str = "h200", max_batch: int = 4,
-                 encode_batch_gain: float | None = None) -> list[SimResult]:
+                 encode_batch_gain: float | None = None, rows=None,
+                 policy_kw: dict | None = None) -> list[SimResult]:
+    """encode_batch_gain None: the profile's (cost_profiles.ENCODE_BATCH_GAIN; the engine has
+    encode_batch), < 0: an engine without encode_batch. rows: a subset of MULTICAM_SET.
+    policy_kw: Policy fields for the edf rows (A/B of a policy setting)."""
+    from .cost_profiles import ENCODE_BATCH_GAIN
+    if encode_batch_gain is None:
+        encode_batch_gain = ENCODE_BATCH_GAIN.get(profile)
+    elif encode_batch_gain < 0:
+        encode_batch_gain = None
     out = []
-    for cams, fps, names, dl in MULTICAM_SET:
+    for row in (rows or MULTICAM_SET):
+        cams, fps, names, dl = row[:4]
+        crops, shape = (row[4], row[5]) if len(row) > 4 else ("overlap", IMAGE_SHAPE)
         spec = TraceSpec(cameras=cams, fps=fps, duration_s=duration_s, seed=seed, profile=profile,
                          deadline_s=dl, task_names=names, max_batch=max_batch,
-                         encode_batch_gain=encode_batch_gain)
+                         encode_batch_gain=encode_batch_gain, crops=crops, image_shape=shape,
+                         even_phases=len(row) > 6 and row[6] == "even")
         for p in policies:
+            if p == "edf" and policy_kw:
+                out.append(simulate(spec, Policy(name="edf", max_batch=max_batch, **policy_kw)))
+                continue
             out.append(simulate(spec, p))
     return out
 
 
 def multicam_table(results: list[SimResult]) -> str:
     hdr = ("| trace | offered load | policy | on time % | per camera on time % | fairness min/max "
-           "| mean decode batch | miss % (admitted) | age p99 (periods) | on-demand on time % |")
+           "| mean decode batch | mean encode batch | engine busy % (encode / prefill / decode) "
+           "| skipped / superseded | miss % (admitted) | age p99 (periods) | on-demand on time % |")
     lines = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
     for r in results:
         m = r.metrics
         cams = " / ".join(f"{100 * v:.0f}" for v in m["cam_on_time"].values())
+        b = m.get("busy", {})
+        busy = (f"{100 * sum(b.values()):.0f} ({100 * b.get('encode', 0):.0f} / "
+                f"{100 * b.get('prefill', 0):.0f} / {100 * b.get('decode', 0):.0f})")
         lines.append(
             f"| {r.spec.label} | {m['offered_load']:.2f} | {r.policy} | {100 * m['on_time']:.1f} | {cams} "
-            f"| {m['fair_min_max']:.2f} | {m['mean_batch']:.2f} | {100 * m['miss_rate']:.2f} "
+            f"| {m['fair_min_max']:.2f} | {m['mean_batch']:.2f} | {m.get('mean_encode_batch', float('nan')):.2f} "
+            f"| {busy} | {m['skipped']} / {m['superseded']} | {100 * m['miss_rate']:.2f} "
             f"| {m['age_p99']:.2f} | {100 * m['on_demand_ok']:.0f} |")
     return "\n".join(lines)
 

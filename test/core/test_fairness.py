@@ -132,3 +132,93 @@ def test_threaded_scheduler_exposes_stream_health():
     assert set(h) == {"a"} and h["a"].submitted == 3 and h["a"].done >= 1
     assert set(h["a"].as_dict()) >= {"level", "reason", "result_rate_hz", "skipped_frac",
                                      "since_last_result_s"}
+
+
+# -- fairness across task mixes: the unit is frames served ---------------------------------
+PT = Task("point", object="door")
+
+
+def run_mixed(mixes, period=0.5, ticks=120, steps=7, cost=SLOW, deadline=0.5):
+    """Like run_ticks, but camera c asks the tasks mixes[c]: (name, task, deadline_s) tuples,
+    deadline None = the common one. Returns per camera: results of its "det" task, frames with
+    any task started; and the scheduler, and results per (camera, task)."""
+    clock = VirtualClock()
+    eng = SimEngine(clock, cost.scaled(1.0), jitter=0.0)
+    outs = []
+    s = Scheduler(eng, cost.scaled(1.0), clock=clock, on_result=outs.append)
+    for k in range(ticks):
+        t = k * period
+        clock.advance_to(t)
+        for c, mix in enumerate(mixes):
+            img = SimImage((300, 300), tuple((task.target, steps) for _, task, _ in mix))
+            s.submit_frame(f"cam{c}", k, img,
+                           [(n, task, deadline if d is None else d) for n, task, d in mix],
+                           capture_time=t)
+            s.step()
+        while s.has_work() and clock.now() < t + period:
+            s.step()
+            until = s.idle_until()
+            if until is not None:
+                clock.advance_to(min(until, t + period))
+    s.run_until_idle()
+    det = Counter(o.stream for o in outs if o.status is Status.DONE and o.task_name == "det")
+    served = {}
+    for o in outs:
+        if o.start_time is not None:
+            served.setdefault(o.stream, set()).add(o.stamp)
+    n = len(mixes)
+    s.done_by_task = Counter((o.stream, o.task_name) for o in outs if o.status is Status.DONE)
+    s.started_by_frame = Counter((o.stream, o.stamp) for o in outs if o.start_time is not None)
+    return [det[f"cam{c}"] for c in range(n)], [len(served.get(f"cam{c}", ())) for c in range(n)], s
+
+
+def test_skipped_extra_tasks_do_not_buy_a_camera_more_frames():
+    """Issue 13's node skew, in the scheduler: cam3 also asks two tasks no engine can make
+    (1 ms deadline: skipped every frame). Counting a frame's started task as 1 / (all its
+    tasks) made cam3 look a third served and gave it 2.5x the others' results (40 vs 16);
+    tasks that cannot meet their deadline on arrival are left out of the frame's share, and
+    every camera gets an even share."""
+    det = ("det", DET, None)
+    hopeless = [("doors", PT, 0.001), ("scene", Task("caption", caption_length="short"), 0.001)]
+    got, frames, s = run_mixed([[det], [det], [det], [det] + hopeless], period=0.1)
+    assert min(got) >= 10, got
+    assert min(got) >= 0.8 * max(got), (got, frames)
+    assert min(frames) >= 0.8 * max(frames), (got, frames)
+    h = s.stream_health()                 # the camera whose tasks are mostly skipped says so
+    assert h["cam3"].level == "warn" and "skipped" in h["cam3"].reason, h["cam3"]
+
+
+@pytest.mark.parametrize("period", [0.1, 0.2])
+def test_cameras_with_more_tasks_get_an_even_share(period):
+    """Cameras asking detect + point on each frame next to cameras asking detect only, on an
+    engine that cannot batch (often only one task of a frame fits): the frame shares served
+    (each started task 1 / its frame's tasks) are even, and so are the detect results; the
+    two-task cameras' point task is answered too."""
+    det, pt = ("det", DET, None), ("pt", PT, None)
+    mixes = [[det], [det, pt], [det], [det, pt]]
+    got, frames, s = run_mixed(mixes, period=period)
+    assert min(got) >= 10, got
+    assert min(got) >= 0.8 * max(got), (got, frames)
+    share = [sum(s.started_by_frame[(f"cam{c}", k)] for k in range(1000)
+                 if (f"cam{c}", k) in s.started_by_frame) / len(mixes[c])
+             for c in range(len(mixes))]
+    assert min(share) >= 0.8 * max(share), (share, got, frames)
+    for c in ("cam1", "cam3"):
+        assert s.done_by_task[(c, "pt")] >= 0.3 * s.done_by_task[(c, "det")], s.done_by_task
+
+
+def test_a_new_streams_first_result_does_not_loosen_its_estimate():
+    """TokenEstimator: a (stream, task) key with fewer than min_own results is estimated from
+    the task's pooled stats when those have more, so a camera served late is not held to a
+    looser estimate than the others (under tight deadlines that alone starved it)."""
+    from photon_core.scheduler import TokenEstimator
+    te = TokenEstimator()
+    for _ in range(10):
+        te.observe(("a", "det"), DET, 7)
+    te.observe(("b", "det"), DET, 7)
+    assert te.estimate(("b", "det"), DET) == te.estimate(("*", "det"), DET)
+    assert te.estimate(("b", "det"), DET) < te.stats[("b", "det")][0] + te.k * 1.75 + 1
+    for _ in range(3):                       # with min_own results of its own: its own stats
+        te.observe(("b", "det"), DET, 20)
+    assert te.estimate(("b", "det"), DET, conservative=False) > 10
+    assert te.estimate(("c", "det"), DET) == te.estimate(("*", "det"), DET)

@@ -133,3 +133,60 @@ def test_cost_model_decays_toward_a_much_cheaper_measurement():
     assert cm2.step_ms(1) == pytest.approx(9.9, abs=0.05)
     cm2.observe_step(1, 200.0)                  # a slow outlier moves it only a little
     assert cm2.step_ms(1) < 15.0
+
+
+# -- encode costs and probes are keyed by (size, crop mode) --------------------------------
+BIG = (480, 640)             # 5 crops by the scheduler's estimate (1 with crops="global")
+
+
+def test_cost_model_keys_encodes_by_size_and_crop_mode():
+    """A global-crop camera's cheap encodes do not lower the estimate of a full-crop camera of
+    the same size, and vice versa; batched-encode gains are learned per crop-mode mix."""
+    cm = CostModel(encode_base_ms=5.0, encode_per_crop_ms=10.0, ema=0.5)
+    full, glob = SimImage(BIG), SimImage(BIG, crops="global")
+    assert cm.encode_ms(full) == 55.0 and cm.encode_ms(glob) == 15.0
+    cm.observe_encode(full, 60.0)
+    for _ in range(5):
+        cm.observe_encode(glob, 9.0)
+    assert cm.encode_ms(glob) == 9.0 and cm.encode_ms(full) == 60.0
+    cm.observe_encode(full, 200.0)                  # dearer: a quarter of the way
+    assert cm.encode_ms(full) == pytest.approx(60.0 + 0.5 * 140.0)
+    assert cm.encode_ms(glob) == 9.0
+    cm.observe_encode_batch([glob] * 4, 0.5 * 4 * 9.0)
+    assert cm.batch_factor(4, "global") == 0.5 and cm.batch_factor(4) == 1.0
+    assert cm.encode_batch_ms([glob] * 4) == pytest.approx(18.0)
+    assert cm.encode_batch_ms([full] * 4) == pytest.approx(4 * cm.encode_ms(full))
+    assert cm.batch_factor(4, "global+overlap") == 1.0
+
+
+def test_encode_probe_per_crop_mode():
+    """Two cameras of one size: "g" global crops (cheap, served every frame), "o" full crops
+    whose encode estimate is a one-off slow outlier (1 s: e.g. a graph capture learned as its
+    cost), so its frames look hopeless. The encode probe re-measures o's (size, crop mode)
+    within probe_after_s; keyed by size only, g's encodes kept the timer fresh and o was never
+    probed (task probes off here, to see the encode probe alone)."""
+    clock = VirtualClock()
+    true = CostModel(encode_base_ms=5.0, encode_per_crop_ms=10.0, prefill_base_ms=1.0,
+                     prefill_per_token_ms=0.0, decode_step_ms={1: 2.0, 2: 2.5, 4: 3.5, 8: 5.5},
+                     ema=0.0)
+    eng = SimEngine(clock, true, jitter=0.0)
+    cm = true.scaled(1.0)
+    cm.ema = 0.1
+    cm.encode_seen[BIG] = 1000.0                     # the outlier, learned for o's key
+    outs: list[Outcome] = []
+    s = Scheduler(eng, cm, clock=clock, on_result=outs.append,
+                  policy=Policy(task_probe_after_s=0.0))
+    for k in range(80):                              # 8 s at 10 fps; o's frames 40 ms later
+        clock.advance_to(k * 0.1)
+        s.submit_frame("g", k, SimImage(BIG, (("person", 4),), crops="global"),
+                       [("det", DET, 0.15)], capture_time=clock.now())
+        s.run_until_idle()
+        clock.advance_to(k * 0.1 + 0.04)
+        s.submit_frame("o", k, SimImage(BIG, (("person", 4),)), [("det", DET, 0.15)],
+                       capture_time=clock.now())
+        s.run_until_idle()
+    done = {c: sum(o.status is Status.DONE and o.stream == c for o in outs) for c in "go"}
+    assert done["g"] >= 75, done
+    assert s.metrics()["probes"] >= 1 and cm.encode_ms(SimImage(BIG)) < 100.0
+    assert done["o"] >= 50, done                     # served from the first probe on (~2 s)
+    assert cm.encode_ms(SimImage(BIG, crops="global")) == pytest.approx(15.0)

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from photon_core.scheduler import CostModel, Policy, Scheduler, Status, VirtualClock
 from photon_core.scheduler.simulator import BatchEncodeSimEngine, SimEngine, SimImage
 from photon_core.task import Task
 
-TASKS = {"det": Task("detect", object="person"), "pt": Task("point", object="cup")}
+TASKS = {"det": Task("detect", object="person"), "pt": Task("point", object="cup"),
+         "never": Task("point", object="door")}     # asked with a 1 ms deadline: always skipped
+HOPELESS_S = 0.001
 
 
 class OOMAbove(BatchEncodeSimEngine):
@@ -27,7 +29,9 @@ class OOMAbove(BatchEncodeSimEngine):
 
 
 def run(cams, ticks, period, deadline, steps, names, encode_ms, step_ms, max_batch, engine,
-        room, stagger):
+        room, stagger, mixes=None):
+    """mixes: the task names of each camera (default: `names` for all); "never" is asked with
+    a deadline no engine meets."""
     cost = CostModel(encode_base_ms=0.0, encode_per_crop_ms=encode_ms, prefill_base_ms=1.0,
                      prefill_per_token_ms=0.0,
                      decode_step_ms={1: step_ms, 2: 1.1 * step_ms, 4: 1.3 * step_ms,
@@ -54,9 +58,11 @@ def run(cams, ticks, period, deadline, steps, names, encode_ms, step_ms, max_bat
         t = k * period
         clock.advance_to(t)
         for c in range(cams):                               # fixed order, same stamp
-            image = SimImage((300, 300), tuple((TASKS[n].target, steps) for n in names))
-            ids += s.submit_frame(f"cam{c}", k, image, [(n, TASKS[n], deadline) for n in names],
-                                  capture_time=t)
+            mine = mixes[c] if mixes else names
+            image = SimImage((300, 300), tuple((TASKS[n].target, steps) for n in mine))
+            ids += s.submit_frame(f"cam{c}", k, image,
+                                  [(n, TASKS[n], HOPELESS_S if n == "never" else deadline)
+                                   for n in mine], capture_time=t)
             if stagger and c == 0:
                 # like the threaded loop: the first camera's frame comes in alone and the
                 # scheduler steps (it may start encoding it); the others arrive meanwhile and
@@ -110,6 +116,11 @@ def test_every_request_one_outcome_and_batching_rules(cams, ticks, period, deadl
 @given(cams=st.integers(2, 6), period=st.sampled_from([0.05, 0.1, 0.2]),
        per_tick=st.floats(0.3, 0.9), steps=st.integers(2, 12), max_batch=st.sampled_from([1, 4]),
        stagger=st.booleans(), names=st.sampled_from([("det",), ("det", "pt")]))
+# found by hypothesis: deadlines so tight that 2 decode steps of estimate decide; the camera
+# served first learned a tight per-camera step estimate, the other kept its first loose one
+# and was skipped (30 / 4): TokenEstimator.min_own
+@example(cams=2, period=0.05, per_tick=0.33203125, steps=7, max_batch=1, stagger=False,
+         names=("det",))
 def test_no_camera_starves_under_overload(cams, period, per_tick, steps, max_batch, stagger, names):
     """The engine can do `per_tick` x a tick's frames (30-90 %): every camera gets results,
     and none gets less than half of the best-served camera's."""
@@ -121,3 +132,40 @@ def test_no_camera_starves_under_overload(cams, period, per_tick, steps, max_bat
     got = [done[f"cam{c}"] for c in range(cams)]
     if max(got) >= 10:
         assert min(got) >= 0.5 * max(got), got
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(period=st.sampled_from([0.05, 0.1, 0.2]), per_tick=st.floats(0.3, 0.9),
+       steps=st.integers(2, 12), max_batch=st.sampled_from([1, 4]), stagger=st.booleans(),
+       mixes=st.lists(st.sampled_from([("det",), ("det", "pt"), ("det", "never"),
+                                       ("det", "never", "never")]), min_size=2, max_size=5)
+       .filter(lambda m: len(set(m)) > 1))
+# found by hypothesis: the stream's task probe picked its 1 ms task (cut at once, nothing
+# learnt) and its detect was never re-measured (35 / 3 frames): the probe now takes the
+# stream's request with the most time left
+@example(period=0.05, per_tick=0.375, steps=4, max_batch=1, stagger=False,
+         mixes=[("det", "pt"), ("det", "never")])
+def test_even_frames_across_task_mixes(period, per_tick, steps, max_batch, stagger, mixes):
+    """Cameras with different task mixes, some asking extra tasks that are always skipped
+    (1 ms deadline), under overload: the frame shares served are even across cameras (the
+    fairness unit: each started task 1 / its frame's tasks that could meet their deadline,
+    so tasks no engine can answer neither count nor make a camera look under-served); and
+    the detect results of the one-task-per-frame cameras (detect only, or detect + hopeless
+    ones) are even too."""
+    cams = len(mixes)
+    frame_ms = 1e3 * period / (per_tick * cams)
+    encode_ms, step_ms = 0.6 * frame_ms, 0.4 * frame_ms / steps
+    s, eng, outs, ids, _ = run(cams, 150, period, 2 * period, steps, ("det",), encode_ms,
+                               step_ms, max_batch, "plain", 8, stagger, mixes=mixes)
+    share = Counter()
+    for o in outs:
+        if o.start_time is not None and o.kind == "periodic" and o.task_name != "never":
+            c = int(o.stream[3:])
+            share[c] += 1 / sum(n != "never" for n in mixes[c])
+    shares = [share[c] for c in range(cams)]
+    if max(shares) >= 10:
+        assert min(shares) >= 0.6 * max(shares), (mixes, shares)
+    det = Counter(o.stream for o in outs if o.status is Status.DONE and o.task_name == "det")
+    single = [det[f"cam{c}"] for c in range(cams) if "pt" not in mixes[c]]
+    if len(single) > 1 and max(single) >= 10:
+        assert min(single) >= 0.6 * max(single), (mixes, single, shares)

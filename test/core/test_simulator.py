@@ -153,3 +153,26 @@ def test_invariants_under_random_operations(ops, max_batch, preempt):
     assert m["submitted"] == len(ids)
     assert sum(m[k] for k in ("done", "superseded", "skipped", "cancelled", "deadline_cancelled",
                               "errors")) == len(ids)
+
+
+def test_multicam_crop_modes_and_engine_time():
+    """bench_live.py's 4 x 15 fps / 100 ms rows on the H200 profile (engine with encode_batch):
+    the invariants hold; a global-crop camera's encode costs 9.3 ms at 640x480 (the profile's
+    measurement), a full-crop one 19.3 ms; engine time (encode + prefill + decode, measured by
+    the scheduler around its engine calls) is at most the elapsed time, and global crops spend
+    a smaller share of it encoding and answer more frames."""
+    from photon_core.scheduler.cost_profiles import h200_moondream2
+    from photon_core.scheduler.simulator import MULTICAM_SET, run_multicam
+    cm = h200_moondream2()
+    assert cm.encode_ms(SimImage((480, 640), crops="global")) == pytest.approx(9.3)
+    assert cm.encode_ms(SimImage((480, 640))) == pytest.approx(19.3)
+    rows = [r for r in MULTICAM_SET if len(r) > 6 and r[0] == 4]
+    res = {r.spec.crops: r for r in run_multicam(duration_s=4, policies=("edf",), rows=rows)}
+    for r in res.values():
+        check_invariants(r, r.spec)
+        busy = r.metrics["busy"]
+        assert set(busy) == {"encode", "prefill", "decode"} and 0.5 < sum(busy.values()) <= 1.0 + 1e-6
+        assert r.metrics["mean_encode_batch"] >= 1.0
+        assert r.sched_metrics["encodes"] >= r.sched_metrics["encode_calls"] > 0
+    g, o = res["global"].metrics, res["overlap"].metrics
+    assert g["busy"]["encode"] < o["busy"]["encode"] and g["on_time"] > o["on_time"]

@@ -2,7 +2,9 @@
 tick and published in a fixed order (c0, c1, c2, c3: the order that once starved the last
 camera, 170 / 87 / 88 / 2 results in 180 s). Every camera gets results, and a camera whose
 tasks are mostly skipped (c3 also asks two tasks with a deadline no engine can meet) says so:
-its /diagnostics entry is WARN with the scheduler's reason. The real node in its own process,
+its /diagnostics entry is WARN with the scheduler's reason, and it gets an even share of
+frames, not more (the fairness unit is frames served: when a started task counted 1 / (tasks
+of its frame), c3 looked a third served and got 1.5-2.3x the others' results). The real node in its own process,
 the tiny random model, DDS on loopback; the frames come from this process."""
 from __future__ import annotations
 
@@ -95,10 +97,10 @@ def test_four_cameras_under_overload_all_served_and_the_skipped_one_warns(tmp_pa
             s = _status(diags[-1], "c3") if diags else None
             return s is not None and s.level == DiagnosticStatus.WARN and \
                 "not answered" in s.message
-        # served long enough to compare the cameras (>= 4 s of frames and 15 results each)
+        # served long enough to compare the cameras (>= 4 s of frames and 20 results each)
         t0 = time.monotonic()
-        ok = wait_for(lambda: time.monotonic() - t0 >= 4.0 and min(counts().values()) >= 15
-                      and c3_warns(), timeout=25)
+        ok = wait_for(lambda: time.monotonic() - t0 >= 4.0 and min(counts().values()) >= 20
+                      and c3_warns(), timeout=40)
         stop_pub.set()
         th.join(5)
         got = counts()
@@ -106,8 +108,10 @@ def test_four_cameras_under_overload_all_served_and_the_skipped_one_warns(tmp_pa
         last = {c: _status(diags[-1], c) for c in CAMS} if diags else {}
         info = (got, sent[0], {c: (s.level, s.message) for c, s in last.items() if s})
         assert ok, info
-        # fair: no camera far behind the best one (fixed order once gave 170 / 87 / 88 / 2)
-        assert min(got.values()) >= 0.3 * max(got.values()), info
+        # an even share: the fixed order once gave 170 / 87 / 88 / 2, and counting a started
+        # task as 1 / (tasks of its frame) gave c3, whose extra tasks are all skipped,
+        # 1.5-2.3x the others' results (min/max 0.43-0.67)
+        assert min(got.values()) >= 0.85 * max(got.values()), info
         s3 = last["c3"]
         v3 = {kv.key: kv.value for kv in s3.values}
         assert s3.level == DiagnosticStatus.WARN and "scheduler:" in s3.message, info
