@@ -163,3 +163,42 @@ def test_fused_prefill_fp16_close(model):
         prefill_prefix(w16, t, x.half(), fused, model.prefix_len, fast=True, kernels=True)
     err = (fused.float() - ref).abs().max().item()
     assert err <= 2e-2 * ref.abs().max().item(), err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,t,heads,hd,config", [(2, 37, 3, 72, (32, 16, 4, 1)),
+                                                 (1, 150, 2, 72, (64, 32, 4, 2)),
+                                                 (1, 29, 2, 16, (16, 16, 4, 1)),
+                                                 (3, 20, 1, 32, None)])
+def test_vision_attention_matches_sdpa(dtype, n, t, heads, hd, config):
+    """ops/vision_attention.py (split 64 + 16 head, online softmax over key blocks, keys past
+    T masked) against SDPA over the views, under the interpreter."""
+    from photon_core.ops.vision_attention import vision_attention, vision_attention_reference
+    g = torch.Generator().manual_seed(t)
+    qkv = (torch.randn(n, t, 3 * heads * hd, generator=g) * 1.5).to(dtype)
+    o = vision_attention(qkv, heads, config)
+    ref = vision_attention_reference(qkv.float(), heads)
+    assert o.shape == (n, t, heads * hd) and o.is_contiguous() and o.dtype == dtype
+    tol = 2e-5 if dtype == torch.float32 else 4e-3
+    err = (o.float() - ref).abs().max().item()
+    assert err <= tol * ref.abs().max().item(), err
+    with pytest.raises(ValueError):
+        vision_attention(qkv[..., :-1], heads)
+
+
+def test_vision_encoder_triton_attention_close(model):
+    """vision_fused.encoder(attention="triton") (interpreter, fp32) against vision.encoder."""
+    import numpy as np
+
+    from photon_core.models.moondream2 import vision, vision_fused
+    img = np.random.default_rng(3).integers(0, 256, (90, 200, 3), dtype=np.uint8)
+    _, x, _ = model.image_crops(img)
+    w, v = model.weights, model.config.vision
+    with torch.inference_mode():
+        ref = vision.encoder(w, v, x)
+        got = vision_fused.encoder(w, v, x, fuse_norms=True, attention="triton",
+                                   attention_config=(16, 16, 4, 1))
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    with pytest.raises(ValueError):
+        vision_fused.encoder(w, v, x, attention="flash")
