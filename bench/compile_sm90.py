@@ -97,12 +97,6 @@ def qwen3_5_launches(dtype=torch.bfloat16):
     return launches
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) of ops/vision_attention.py that bench/probe_encode
-# times on the GPU
-VISION_ATTENTION_CONFIGS = ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3),
-                            (128, 32, 4, 4))
-
-
 def moondream_encode_launches(dtype=torch.bfloat16):
     """The Triton launches of Moondream 2's fast encode at real shapes (recorded, not run):
     the image-prefix prefill's rope_kv_write (730 tokens, 1 and 4 frames, 32 + 32 heads of
@@ -111,7 +105,7 @@ def moondream_encode_launches(dtype=torch.bfloat16):
     from photon_core.ops.launch_resources import record_launches
     from photon_core.ops.rope import rope_angles
     from photon_core.ops.rope_kv_write import rope_kv_write
-    from photon_core.ops.vision_attention import vision_attention
+    from photon_core.ops.vision_attention import TIMED_CONFIGS, vision_attention
 
     def e(*shape, dt=dtype):
         return torch.empty(*shape, dtype=dt)
@@ -123,7 +117,7 @@ def moondream_encode_launches(dtype=torch.bfloat16):
             add_layernorm(e(n, 730, 2048), e(n, 730, 2048), e(2048), e(2048), t_bias=e(2048))
         add_layernorm(e(9, 729, 1152), e(9, 729, 1152), e(1152), e(1152))
         if dtype != torch.float32:      # the vision attention runs in the model's 16-bit dtype
-            for cfg in VISION_ATTENTION_CONFIGS:
+            for cfg in TIMED_CONFIGS:
                 vision_attention(e(9, 729, 3 * 1152), 16, cfg)
     return launches
 

@@ -151,6 +151,8 @@ def child(tree: str, it: int, smoke: bool = False) -> dict:
             return vision_fused.encoder(w, v, x)
         section(out, "vision_graph_ms", lambda: round(graph_ms(vis, it), 3))
         section(out, "vision_profile", lambda: profile_kinds(vis, top=4))
+        if "triton" in getattr(vision_fused, "ATTENTION_FORMS", ()):
+            section(out, "vision_attention", lambda: vision_attention_probe(m, x, it))
         for n in (1, 4):
             pre = torch.randn(n, m.prefix_len, t.dim, device=w.device, dtype=w.dtype,
                               generator=torch.Generator(w.device).manual_seed(n))
@@ -208,10 +210,59 @@ def child(tree: str, it: int, smoke: bool = False) -> dict:
     return out
 
 
+def vision_attention_probe(m, x, it) -> dict:
+    """ops/vision_attention.py vs SDPA at [9 crops, 16 heads, 729, 72], from a qkv GEMM
+    output: 27 calls in one graph each (per config), the max rel diff to SDPA, and the whole
+    vision encoder with attention="triton" (default config) as a graph + its rel diff."""
+    from photon_core.ops.vision_attention import (TIMED_CONFIGS, vision_attention,
+                                                  vision_attention_reference)
+    v, w = m.config.vision, m.weights
+    heads, layers = v.enc_n_heads, v.enc_n_layers
+    qkv = torch.randn(x.shape[0], 729, 3 * v.enc_dim, device=w.device, dtype=w.dtype,
+                      generator=torch.Generator(w.device).manual_seed(9)) * 2
+    ref = vision_attention_reference(qkv, heads)
+    res = {"sdpa_27_calls_graph_ms": round(graph_ms(
+        lambda: [vision_attention_reference(qkv, heads) for _ in range(layers)], it), 3)}
+    for cfg in TIMED_CONFIGS:
+        name = "triton_%dx%d_w%d_s%d" % cfg
+        try:
+            res[name + "_rel_diff"] = _rel(vision_attention(qkv, heads, cfg), ref)
+            res[name + "_27_calls_graph_ms"] = round(graph_ms(
+                lambda cfg=cfg: [vision_attention(qkv, heads, cfg) for _ in range(layers)],
+                it), 3)
+        except Exception as e:  # noqa: BLE001
+            res[name] = repr(e)[:200]
+    best = min((k for k in res if k.endswith("_27_calls_graph_ms") and k.startswith("triton")),
+               key=lambda k: res[k], default=None)
+    res["best_triton"] = best
+    enc_ref = vision_fused.encoder(w, v, x)
+
+    def tri():
+        return vision_fused.encoder(w, v, x, attention="triton")
+    res["encoder_triton_rel_diff_vs_sdpa"] = _rel(tri(), enc_ref)
+    res["encoder_triton_graph_ms"] = round(graph_ms(tri, it), 3)
+    if best is not None:
+        cfg = TIMED_CONFIGS[[("triton_%dx%d_w%d_s%d" % c) + "_27_calls_graph_ms"
+                             for c in TIMED_CONFIGS].index(best)]
+        res["encoder_triton_best_config"] = list(cfg)
+        res["encoder_triton_best_graph_ms"] = round(graph_ms(
+            lambda: vision_fused.encoder(w, v, x, attention="triton", attention_config=cfg),
+            it), 3)
+    return res
+
+
 AB_ROWS = (("vision graph ms (9 crops)", ("vision_graph_ms",)),
            ("vision kernels: attention ms", ("vision_profile", "by_kind_ms", "attention")),
            ("vision kernels: norm ms", ("vision_profile", "by_kind_ms", "norm")),
            ("vision launches", ("vision_profile", "launches")),
+           ("vision graph ms, attention=triton", ("vision_attention", "encoder_triton_graph_ms")),
+           ("  best config", ("vision_attention", "encoder_triton_best_graph_ms")),
+           ("vision attention x27 graph ms, SDPA", ("vision_attention",
+                                                   "sdpa_27_calls_graph_ms")),
+           ("vision attention x27 graph ms, triton default", (
+               "vision_attention", "triton_128x64_w8_s3_27_calls_graph_ms")),
+           ("vision encoder rel diff triton vs sdpa", ("vision_attention",
+                                                      "encoder_triton_rel_diff_vs_sdpa")),
            ("prefill graph ms, 1 frame", ("prefill_n1_graph_ms",)),
            ("  same tree, kernels=False", ("prefill_n1_unfused_graph_ms",)),
            ("prefill elementwise ms, 1 frame", ("prefill_n1_profile", "by_kind_ms",

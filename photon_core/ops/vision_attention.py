@@ -31,6 +31,9 @@ from ._triton import tl, triton
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): the default; bench/probe_encode.py times others
 CONFIG = (128, 64, 8, 3)
+# the configs bench/probe_encode.py times on the GPU and bench/compile_sm90.py compiles
+TIMED_CONFIGS = ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3),
+                 (128, 32, 4, 4))
 
 
 @triton.jit
@@ -131,4 +134,4 @@ def vision_attention(qkv: torch.Tensor, n_heads: int, config: tuple | None = Non
     return o
 
 
-__all__ = ["CONFIG", "vision_attention", "vision_attention_reference"]
+__all__ = ["CONFIG", "TIMED_CONFIGS", "vision_attention", "vision_attention_reference"]
