@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if "--child" in sys.argv:       # an A/B child: the tree's photon_core (and bench helpers) first
     sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--child") + 1]).resolve()))
 
-from bench.bench_decode import cuda_ms, say  # noqa: E402
+from bench.bench_decode import LINES, cuda_ms, say  # noqa: E402
 from bench.bench_kernels import graph_ms  # noqa: E402
 from photon_core.models.moondream2 import batched_encode, vision_fused  # noqa: E402
 from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
@@ -295,21 +295,34 @@ def _get(d, path):
     return d
 
 
-def ab(trees: list[str], rounds: int, it: int, smoke: bool = False) -> None:
+def _write_ab(runs: dict) -> None:
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        Path(os.environ["OUT"], "probe_encode_ab.json").write_text(
+            json.dumps(runs, indent=1, default=str))
+
+
+def ab(trees: list[str], rounds: int, it: int, smoke: bool = False,
+       child_timeout: float = 900) -> None:
     import subprocess
     from statistics import median
     runs: dict[str, list] = {tr: [] for tr in trees}
     for rnd in range(rounds):
         for tree in trees:
             t0 = time.perf_counter()
-            p = subprocess.run([sys.executable, __file__, "--child", tree, "--iters", str(it)]
-                               + (["--smoke"] if smoke else []),
-                               capture_output=True, text=True, timeout=900)
-            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-            res = json.loads(line[-1][7:]) if line else {"error": p.stderr[-3000:]}
+            try:
+                p = subprocess.run([sys.executable, __file__, "--child", tree, "--iters",
+                                    str(it)] + (["--smoke"] if smoke else []),
+                                   capture_output=True, text=True, timeout=child_timeout)
+                line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+                res = json.loads(line[-1][7:]) if line else {"error": p.stderr[-3000:]}
+            except subprocess.TimeoutExpired as e:
+                out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                res = {"error": f"timed out after {child_timeout} s", "partial": out[-3000:]}
             res["child_s"] = round(time.perf_counter() - t0, 1)
             runs[tree].append(res)
             say(json.dumps({"round": rnd, **res}))
+            _write_ab(runs)
     say("")
     say("| 640x480, bf16, real shapes, median of rounds | " + " | ".join(trees)
         + (" | last / first |" if len(trees) > 1 else " |"))
@@ -329,10 +342,9 @@ def ab(trees: list[str], rounds: int, it: int, smoke: bool = False) -> None:
     enc = [x for x in enc if isinstance(x, (int, float))]
     if enc:
         say(f"issue 13 target 640x480 encode <= 14 ms ({trees[-1]}): {median(enc):.2f} ms")
+    _write_ab(runs)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        Path(os.environ["OUT"], "probe_encode_ab.json").write_text(
-            json.dumps(runs, indent=1, default=str))
+        Path(os.environ["OUT"], "probe_encode_ab.md").write_text("\n".join(LINES) + "\n")
 
 
 def main():
@@ -342,13 +354,15 @@ def main():
     ap.add_argument("--ab", nargs="+", metavar="TREE",
                     help="A/B of these checkouts' encode, each in a subprocess")
     ap.add_argument("--rounds", type=int, default=1, help="--ab: runs per tree, alternating")
+    ap.add_argument("--child-timeout", type=float, default=900,
+                    help="--ab: seconds one tree's subprocess may run")
     ap.add_argument("--child", metavar="TREE", help=argparse.SUPPRESS)
     ap.add_argument("--smoke", action="store_true",
                     help="--ab on the CPU with the tiny model (plumbing check, no timings)")
     args = ap.parse_args()
     it = args.iters
     if args.ab:
-        ab(args.ab, args.rounds, it, args.smoke)
+        ab(args.ab, args.rounds, it, args.smoke, args.child_timeout)
         return
     if args.child:
         print("RESULT " + json.dumps(child(args.child, it, args.smoke), default=str),
