@@ -97,10 +97,37 @@ def qwen3_5_launches(dtype=torch.bfloat16):
     return launches
 
 
+def moondream_encode_launches(dtype=torch.bfloat16):
+    """The Triton launches of Moondream 2's fast encode at real shapes (recorded, not run):
+    the image-prefix prefill's rope_kv_write (730 tokens, 1 and 4 frames, 32 + 32 heads of
+    64) and add + bias + LayerNorm (dim 2048), the vision tower's add + LayerNorm (1152)."""
+    from photon_core.ops.add_layernorm import add_layernorm
+    from photon_core.ops.launch_resources import record_launches
+    from photon_core.ops.rope import rope_angles
+    from photon_core.ops.rope_kv_write import rope_kv_write
+    from photon_core.ops.vision_attention import TIMED_CONFIGS, vision_attention
+
+    def e(*shape, dt=dtype):
+        return torch.empty(*shape, dtype=dt)
+    cos, sin = rope_angles(torch.arange(730), 32)
+    with torch.inference_mode(), record_launches() as launches:
+        for n in (1, 4):
+            kv = e(2, 2, n, 32, 730, 64)
+            rope_kv_write(e(n, 730, 96 * 64), cos, sin, 32, 32, kv[1, 0], kv[1, 1])
+            add_layernorm(e(n, 730, 2048), e(n, 730, 2048), e(2048), e(2048), t_bias=e(2048))
+        add_layernorm(e(9, 729, 1152), e(9, 729, 1152), e(1152), e(1152))
+        if dtype != torch.float32:      # the vision attention runs in the model's 16-bit dtype
+            for cfg in TIMED_CONFIGS:
+                vision_attention(e(9, 729, 3 * 1152), 16, cfg)
+    return launches
+
+
 def check(what: str, dtype: torch.dtype, **kw) -> list:
-    """Compile the launches of `what` ("gemma4" / "qwen3_5") -> [Resources]."""
+    """Compile the launches of `what` ("gemma4" / "qwen3_5" / "moondream_encode")."""
     from photon_core.ops.launch_resources import compile_launches
-    launches = fused_launches(dtype, **kw) if what == "gemma4" else qwen3_5_launches(dtype)
+    launches = (fused_launches(dtype, **kw) if what == "gemma4" else
+                moondream_encode_launches(dtype) if what == "moondream_encode" else
+                qwen3_5_launches(dtype))
     return compile_launches(launches)
 
 

@@ -15,6 +15,18 @@ the same run:
 
 Usage: PYTHONPATH=. python3 bench/probe_encode.py [--iters 10] [--no-compile]
 Writes $OUT/probe_encode.json when OUT is set.
+
+A/B of the encode between checkouts (issue 13), same GPU, same run:
+    PYTHONPATH=. python3 bench/probe_encode.py --ab .before . [--rounds 1] [--iters 10]
+each TREE a checkout's root (`.before` = `git archive <old commit>` unpacked beside the
+working tree); every tree runs in its own subprocess with its own photon_core (alternating,
+--rounds times) and measures, at real shapes with random bf16 weights (seed 0):
+vision_fused.encoder as a graph (9 crops), prefill_prefix(fast=True) as a graph at 1 and 4
+frames (+ kernel kinds / launches), FastEngine() defaults: encode_image 640x480 end to end
+(overlap crops and crops="global"), encode + detect(5), the pieces of encode_image (crops
+on the GPU, the graph replay, the k/v copy-out), and the k/v max relative difference to the
+reference encode (model.encode_image, the reference's functions). Prints a table old / new
+and writes $OUT/probe_encode_ab.json.
 """
 from __future__ import annotations
 
@@ -31,8 +43,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--child" in sys.argv:       # an A/B child: the tree's photon_core (and bench helpers) first
+    sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--child") + 1]).resolve()))
 
-from bench.bench_decode import cuda_ms, say  # noqa: E402
+from bench.bench_decode import LINES, cuda_ms, say  # noqa: E402
 from bench.bench_kernels import graph_ms  # noqa: E402
 from photon_core.models.moondream2 import batched_encode, vision_fused  # noqa: E402
 from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
@@ -82,12 +96,278 @@ def section(out, name, fn):
     say(f"{name}: {json.dumps(out[name])}")
 
 
+# -- A/B between checkouts -----------------------------------------------------------------
+def wall_ms(fn, iters=10, warmup=2):
+    """Median wall ms of fn (synchronized before and after)."""
+    import statistics
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def _rel(a, b):
+    a, b = a.float(), b.float()
+    return round((a - b).abs().max().item() / max(b.abs().max().item(), 1e-30), 6)
+
+
+def child(tree: str, it: int, smoke: bool = False) -> dict:
+    """One tree's figures (its photon_core is first on sys.path: see the imports).
+    smoke: the tiny model on the CPU, wall-clock timers, no profiles (checks the plumbing)."""
+    import inspect
+
+    import photon_core
+    from photon_core.fast import FastEngine
+    from photon_core.task import Task
+    global graph_ms, cuda_ms, profile_kinds
+    out: dict = {"tree": tree, "photon_core": photon_core.__file__}
+    if smoke:
+        from photon_core.models.moondream2.test_model import tiny_config
+        m = build_random_model(tiny_config(), device="cpu", dtype="fp32", seed=0)
+        torch.cuda.synchronize = lambda *a, **k: None
+
+        def graph_ms(fn, it):           # noqa: F811
+            return wall_ms(fn, it)
+        cuda_ms = graph_ms              # noqa: F811
+
+        def profile_kinds(fn, top=6):   # noqa: F811
+            return {"smoke": True}
+    else:
+        m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    v, w, t = m.config.vision, m.weights, m.config.text
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    detect = Task("detect", object="person", max_objects=5)
+    has_kernels = "kernels" in inspect.signature(prefill_prefix).parameters
+    with torch.inference_mode():
+        _, x, _ = m.image_crops(frame)
+
+        def vis():
+            return vision_fused.encoder(w, v, x)
+        section(out, "vision_graph_ms", lambda: round(graph_ms(vis, it), 3))
+        section(out, "vision_profile", lambda: profile_kinds(vis, top=4))
+        if "triton" in getattr(vision_fused, "ATTENTION_FORMS", ()):
+            section(out, "vision_attention", lambda: vision_attention_probe(m, x, it, smoke))
+        for n in (1, 4):
+            pre = torch.randn(n, m.prefix_len, t.dim, device=w.device, dtype=w.dtype,
+                              generator=torch.Generator(w.device).manual_seed(n))
+            kv = batched_encode.kv_buffer(m, n)
+
+            def pf(pre=pre, kv=kv, **kw):
+                return prefill_prefix(w, t, pre, kv, m.prefix_len, fast=True, **kw)
+            section(out, f"prefill_n{n}_graph_ms", lambda: round(graph_ms(pf, it), 3))
+            section(out, f"prefill_n{n}_profile", lambda: profile_kinds(pf, top=4))
+            if has_kernels:      # the fast form without the fused kernels, same process
+                section(out, f"prefill_n{n}_unfused_graph_ms", lambda: round(graph_ms(
+                    lambda: pf(kernels=False), it), 3))
+                if n == 1:
+                    kv_ref = batched_encode.kv_buffer(m, n)
+                    pf(kv=kv_ref, kernels=False)
+                    pf()
+                    section(out, "prefill_n1_kv_rel_diff_fused_vs_unfused",
+                            lambda: _rel(kv, kv_ref))
+        ref_kv = m.encode_image(frame).kv
+    fe = FastEngine(m)
+
+    def engine():
+        res = {}
+        e0 = fe.encode_image(frame)                              # captures
+        res["kv_rel_diff_vs_reference"] = _rel(e0.kv, ref_kv)
+        res["encode_ms"] = round(wall_ms(lambda: fe.encode_image(frame), it), 3)
+        fe.encode_image(frame, crops="global")
+        res["encode_global_ms"] = round(wall_ms(
+            lambda: fe.encode_image(frame, crops="global"), it), 3)
+        res["encode_detect5_ms"] = round(wall_ms(
+            lambda: fe.run(fe.encode_image(frame), detect, ignore_eos=True), it), 3)
+        res["encode_global_detect5_ms"] = round(wall_ms(
+            lambda: fe.run(fe.encode_image(frame, crops="global"), detect, ignore_eos=True),
+            it), 3)
+        res["detect5_output"] = str(fe.run(fe.encode_image(frame), detect).output)[:120]
+        return res
+    section(out, "engine", engine)
+
+    def pieces():
+        """encode_image's pieces as the runtime runs them (graphed_batch_encoder.py)."""
+        res = {}
+        be = fe.batch_encoder
+        entry = next(e for k, e in be.entries.items()
+                     if len(k) == 1 and k[0].crops == "overlap")
+        with torch.inference_mode():
+            res["crops_ms"] = round(wall_ms(lambda: m.image_crops(frame), it), 3)
+            res["crops_profile"] = profile_kinds(lambda: m.image_crops(frame), top=4)
+            res["graph_replay_ms"] = round(cuda_ms(entry.graph.replay, it), 3)
+            res["kv_copy_out_ms"] = round(cuda_ms(lambda: entry.kv[:, :, 0:1].clone(), it), 3)
+            _, xx, _ = m.image_crops(frame)
+            res["crops_copy_in_ms"] = round(cuda_ms(lambda: entry.x.copy_(xx), it), 3)
+        return res
+    section(out, "encode_pieces", pieces)
+    fe.close()
+    return out
+
+
+def vision_attention_probe(m, x, it, smoke=False) -> dict:
+    """ops/vision_attention.py vs SDPA at [9 crops, 16 heads, 729, 72], from a qkv GEMM
+    output: 27 calls in one graph each (per config), the max rel diff to SDPA, and the whole
+    vision encoder with attention="triton" (default config) as a graph + its rel diff."""
+    from photon_core.ops.vision_attention import (TIMED_CONFIGS, vision_attention,
+                                                  vision_attention_reference)
+    v, w = m.config.vision, m.weights
+    heads, layers = v.enc_n_heads, (1 if smoke else v.enc_n_layers)
+    configs = TIMED_CONFIGS[:1] if smoke else TIMED_CONFIGS
+    qkv = torch.randn(x.shape[0], 729, 3 * v.enc_dim, device=w.device, dtype=w.dtype,
+                      generator=torch.Generator(w.device).manual_seed(9)) * 2
+    ref = vision_attention_reference(qkv, heads)
+    res = {"sdpa_27_calls_graph_ms": round(graph_ms(
+        lambda: [vision_attention_reference(qkv, heads) for _ in range(layers)], it), 3)}
+    for cfg in configs:
+        name = "triton_%dx%d_w%d_s%d" % cfg
+        try:
+            res[name + "_rel_diff"] = _rel(vision_attention(qkv, heads, cfg), ref)
+            res[name + "_27_calls_graph_ms"] = round(graph_ms(
+                lambda cfg=cfg: [vision_attention(qkv, heads, cfg) for _ in range(layers)],
+                it), 3)
+        except Exception as e:  # noqa: BLE001
+            res[name] = repr(e)[:200]
+    best = min((k for k in res if k.endswith("_27_calls_graph_ms") and k.startswith("triton")),
+               key=lambda k: res[k], default=None)
+    res["best_triton"] = best
+    if smoke:                   # the interpreter through 27 layers is too slow for a check
+        return res
+    enc_ref = vision_fused.encoder(w, v, x)
+
+    def tri():
+        return vision_fused.encoder(w, v, x, attention="triton")
+    res["encoder_triton_rel_diff_vs_sdpa"] = _rel(tri(), enc_ref)
+    res["encoder_triton_graph_ms"] = round(graph_ms(tri, it), 3)
+    if best is not None:
+        cfg = TIMED_CONFIGS[[("triton_%dx%d_w%d_s%d" % c) + "_27_calls_graph_ms"
+                             for c in TIMED_CONFIGS].index(best)]
+        res["encoder_triton_best_config"] = list(cfg)
+        res["encoder_triton_best_graph_ms"] = round(graph_ms(
+            lambda: vision_fused.encoder(w, v, x, attention="triton", attention_config=cfg),
+            it), 3)
+    return res
+
+
+AB_ROWS = (("vision graph ms (9 crops)", ("vision_graph_ms",)),
+           ("vision kernels: attention ms", ("vision_profile", "by_kind_ms", "attention")),
+           ("vision kernels: norm ms", ("vision_profile", "by_kind_ms", "norm")),
+           ("vision launches", ("vision_profile", "launches")),
+           ("vision graph ms, attention=triton", ("vision_attention", "encoder_triton_graph_ms")),
+           ("  best config", ("vision_attention", "encoder_triton_best_graph_ms")),
+           ("vision attention x27 graph ms, SDPA", ("vision_attention",
+                                                   "sdpa_27_calls_graph_ms")),
+           ("vision attention x27 graph ms, triton default", (
+               "vision_attention", "triton_128x64_w8_s3_27_calls_graph_ms")),
+           ("vision encoder rel diff triton vs sdpa", ("vision_attention",
+                                                      "encoder_triton_rel_diff_vs_sdpa")),
+           ("prefill graph ms, 1 frame", ("prefill_n1_graph_ms",)),
+           ("  same tree, kernels=False", ("prefill_n1_unfused_graph_ms",)),
+           ("prefill elementwise ms, 1 frame", ("prefill_n1_profile", "by_kind_ms",
+                                                "elementwise")),
+           ("prefill launches, 1 frame", ("prefill_n1_profile", "launches")),
+           ("prefill graph ms, 4 frames", ("prefill_n4_graph_ms",)),
+           ("  same tree, kernels=False", ("prefill_n4_unfused_graph_ms",)),
+           ("prefill elementwise ms, 4 frames", ("prefill_n4_profile", "by_kind_ms",
+                                                 "elementwise")),
+           ("encode_image 640x480 ms (FastEngine defaults)", ("engine", "encode_ms")),
+           ("encode_image crops=global ms", ("engine", "encode_global_ms")),
+           ("encode + detect(5) ms", ("engine", "encode_detect5_ms")),
+           ("encode global + detect(5) ms", ("engine", "encode_global_detect5_ms")),
+           ("  piece: crops on the GPU ms", ("encode_pieces", "crops_ms")),
+           ("  piece: crops copy-in ms", ("encode_pieces", "crops_copy_in_ms")),
+           ("  piece: encode graph replay ms", ("encode_pieces", "graph_replay_ms")),
+           ("  piece: k/v copy-out ms", ("encode_pieces", "kv_copy_out_ms")),
+           ("k/v max rel diff vs reference encode", ("engine", "kv_rel_diff_vs_reference")),
+           ("prefill k/v rel diff fused vs unfused", ("prefill_n1_kv_rel_diff_fused_vs_unfused",)))
+
+
+def _get(d, path):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _write_ab(runs: dict) -> None:
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        Path(os.environ["OUT"], "probe_encode_ab.json").write_text(
+            json.dumps(runs, indent=1, default=str))
+
+
+def ab(trees: list[str], rounds: int, it: int, smoke: bool = False,
+       child_timeout: float = 900) -> None:
+    import subprocess
+    from statistics import median
+    runs: dict[str, list] = {tr: [] for tr in trees}
+    for rnd in range(rounds):
+        for tree in trees:
+            t0 = time.perf_counter()
+            try:
+                p = subprocess.run([sys.executable, __file__, "--child", tree, "--iters",
+                                    str(it)] + (["--smoke"] if smoke else []),
+                                   capture_output=True, text=True, timeout=child_timeout)
+                line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+                res = json.loads(line[-1][7:]) if line else {"error": p.stderr[-3000:]}
+            except subprocess.TimeoutExpired as e:
+                out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                res = {"error": f"timed out after {child_timeout} s", "partial": out[-3000:]}
+            res["child_s"] = round(time.perf_counter() - t0, 1)
+            runs[tree].append(res)
+            say(json.dumps({"round": rnd, **res}))
+            _write_ab(runs)
+    say("")
+    say("| 640x480, bf16, real shapes, median of rounds | " + " | ".join(trees)
+        + (" | last / first |" if len(trees) > 1 else " |"))
+    say("|---|" + "---|" * (len(trees) + (len(trees) > 1)))
+    for label, path in AB_ROWS:
+        vals = []
+        for tr in trees:
+            xs = [_get(r, path) for r in runs[tr]]
+            xs = [x for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool)]
+            vals.append(round(median(xs), 4) if xs else None)
+        ratio = (f" | {vals[-1] / vals[0]:.3f}" if len(vals) > 1 and vals[0] and
+                 vals[-1] is not None else (" | -" if len(trees) > 1 else ""))
+        say(f"| {label} | " + " | ".join(str(v) for v in vals) + ratio + " |")
+    for tr in trees:
+        say(f"{tr}: detect(5) output {[_get(r, ('engine', 'detect5_output')) for r in runs[tr]]}")
+    enc = [_get(r, ("engine", "encode_ms")) for r in runs[trees[-1]]]
+    enc = [x for x in enc if isinstance(x, (int, float))]
+    if enc:
+        say(f"issue 13 target 640x480 encode <= 14 ms ({trees[-1]}): {median(enc):.2f} ms")
+    _write_ab(runs)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "probe_encode_ab.md").write_text("\n".join(LINES) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--ab", nargs="+", metavar="TREE",
+                    help="A/B of these checkouts' encode, each in a subprocess")
+    ap.add_argument("--rounds", type=int, default=1, help="--ab: runs per tree, alternating")
+    ap.add_argument("--child-timeout", type=float, default=900,
+                    help="--ab: seconds one tree's subprocess may run")
+    ap.add_argument("--child", metavar="TREE", help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true",
+                    help="--ab on the CPU with the tiny model (plumbing check, no timings)")
     args = ap.parse_args()
     it = args.iters
+    if args.ab:
+        ab(args.ab, args.rounds, it, args.smoke, args.child_timeout)
+        return
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, it, args.smoke), default=str),
+              flush=True)
+        return
     out: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
                  "date": time.strftime("%Y-%m-%d")}
     m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)

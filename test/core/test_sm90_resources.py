@@ -73,3 +73,12 @@ def test_qwen3_5_real_size_kernels_fit_sm90():
     assert any(r["kernel"] == "_gdr_chunk_scan_kernel" for r in rows)
     bad = [r for r in rows if not r["fits"]]
     assert not bad, _report(bad)
+
+
+def test_moondream_encode_kernels_fit_sm90():
+    """The fast encode's Triton kernels (rope_kv_write, add + LayerNorm) at real shapes:
+    they fit, without spills."""
+    rows = _compile("--what", "moondream_encode", "--dtype", "bf16,fp32")
+    assert {"_rope_kv_write_kernel", "_add_layernorm_kernel"} <= {r["kernel"] for r in rows}
+    bad = [r for r in rows if not r["fits"] or r["spill"]]
+    assert not bad, _report(bad)

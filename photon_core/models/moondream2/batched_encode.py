@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ...encode_request import unwrap
+from ...ops.linear_gelu import linear_gelu
 from . import text, vision, vision_fused
 from .prefix_prefill import prefill_prefix
 
@@ -60,7 +61,8 @@ def encode_body(model, x: torch.Tensor, layouts: list[FrameLayout], kv: torch.Te
     """x: the frames' normalized crops, concatenated in order [sum n_crops, 3, c, c];
     writes every frame's prefix k/v into kv [n_layers, 2, n, Hkv, P, D].
     fast=False: the reference's functions (vision.encoder, the span-attention prefill);
-    fast=True: vision_fused.encoder and prefix_prefill's fast form (close, not bitwise)."""
+    fast=True: vision_fused.encoder, the projection's fc1 + GELU as one GEMM and
+    prefix_prefill's fast form (close, not bitwise)."""
     w, v, t = model.weights, model.config.vision, model.config.text
     features = (vision_fused.encoder if fast else vision.encoder)(w, v, x)
     inputs, off = [], 0
@@ -70,7 +72,12 @@ def encode_body(model, x: torch.Tensor, layouts: list[FrameLayout], kv: torch.Te
         if lay.crops == "global":          # the global view is also the (1, 1) local grid
             f = f.expand(2, *f.shape[1:])
         inputs.append(vision.projection_input(v, f, lay.tiling))
-    tokens = w.mlp(torch.stack(inputs), "vision.proj_mlp")              # [n, g*g, dim]
+    stacked = torch.stack(inputs)
+    if fast:    # fc1 + tanh-GELU as one GEMM on CUDA (ops/linear_gelu.py), as the encoder's
+        tokens = w.linear(linear_gelu(stacked, w["vision.proj_mlp.fc1.weight"],
+                                      w["vision.proj_mlp.fc1.bias"]), "vision.proj_mlp.fc2")
+    else:
+        tokens = w.mlp(stacked, "vision.proj_mlp")                       # [n, g*g, dim]
     bos = text.embed(w, torch.full((len(layouts), 1), model.config.tokenizer.bos_id,
                                    device=w.device))                     # [n, 1, dim]
     prefill_prefix(w, t, torch.cat([bos, tokens], dim=1), kv, model.prefix_len, fast=fast)

@@ -18,14 +18,30 @@ the leading dimension):
   fast=True - attention "prefix"; q and k rotated in one pass (ops/rope.rope); on CUDA the
     MLP's fc1 + tanh-GELU as one GEMM with a GELU epilogue (ops/linear_gelu.py). The
     runtime's encode (EngineOptions.encoder). fast=True with attention="span" is not a form.
+  fast=True, kernels=True (default on CUDA with triton) - the fused form: per layer
+    * ops/rope_kv_write.py: one Triton pass from the qkv GEMM output to the rotated q
+      (token-major: SDPA's output is then token-major too, so [n, h, P, hd] -> [n, P, dim]
+      is a view), the rotated k in kv[i, 0] (the decode kernel's rotation math) and v in
+      kv[i, 1] (was: fp32 cast, 2 gathers, multiply-add, cast back, 2 cache copies);
+    * the residual x + (a Wproj^T + b_proj) + (g Wfc2^T + b_fc2): the proj GEMM with its
+      bias, the fc2 GEMM accumulated onto it by cuBLAS (addmm_, beta = 1: no extra pass),
+      then x + t + b_fc2 and the NEXT layer's LayerNorm in one Triton kernel
+      (ops/add_layernorm.py with t_bias; was: 2 adds + a LayerNorm);
+    * fc1 + tanh-GELU as one GEMM (ops/linear_gelu.py, as before).
+    Close to fast=True, kernels=False (other roundings: the sum x + t + b is rounded once,
+    the GEMMs' sum once), not bitwise. kernels=True runs on the CPU too under
+    TRITON_INTERPRET=1 (the tests), with linear_gelu's reference there.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ...ops.eager import run_ops
+from ...ops._triton import HAVE_TRITON
+from ...ops.add_layernorm import add_layernorm
+from ...ops.eager import norm_reference, run_ops
 from ...ops.linear_gelu import linear_gelu
+from ...ops.rope_kv_write import rope_kv_write
 from .config import TextConfig
 from .layers import Weights
 from .program import decoder_ops
@@ -38,12 +54,17 @@ ATTENTION_FORMS = ("span", "prefix")
 
 def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
                    prefix_len: int, fast: bool = False,
-                   attention: str | None = None) -> torch.Tensor:
+                   attention: str | None = None, kernels: bool | None = None) -> torch.Tensor:
     """x [n, P, dim] at positions 0..P-1 (P <= prefix_len: all inside the bidirectional
     prefix) -> writes kv [n_layers, 2, n, Hkv, P, D] (k in the interleaved rope order, as
     every cache); returns the last hidden states [n, P, dim] (before post_ln).
-    attention: "span" | "prefix" (default: "prefix" when fast, else "span")."""
+    attention: "span" | "prefix" (default: "prefix" when fast, else "span").
+    kernels: the fused form of fast=True (module doc); None = on CUDA when triton imports."""
     attention = attention or ("prefix" if fast else "span")
+    if kernels is None:
+        kernels = fast and x.is_cuda and HAVE_TRITON
+    if kernels and not fast:
+        raise ValueError("the fused kernels are a form of fast=True")
     if fast and attention != "prefix":
         raise ValueError("the fast form attends over the prefix keys only")
     if attention not in ATTENTION_FORMS:
@@ -94,6 +115,8 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
             return a.transpose(1, 2).reshape(n, length, dim)
 
     ops = decoder_ops(cfg)
+    if kernels:
+        return _prefill_fused(w, cfg, x, kv, ops)
     if not (fast and x.is_cuda):
         return run_ops(ops, {"x": x}, w, attend)["x"]
     env = {"x": x}
@@ -105,6 +128,68 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
                                 [_one_linear(op, dst, wn, act)], env, w)[dst])
         else:
             run_ops([op], env, w, attend)
+    return env["x"]
+
+
+def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
+                   ops) -> torch.Tensor:
+    """decoder_ops run in the fused form (module doc): the ops' order and weights, with the
+    residual + next norm and the attention's input passes fused."""
+    n, length, dim = x.shape
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    cos, sin = rope_angles(torch.arange(length, device=x.device), cfg.rot_dim)
+    env = {"x": x}
+    pending = {}                     # norm dst -> its output, computed by the fused add + LN
+
+    def attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
+        q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[i, 0], kv[i, 1])
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
+                                           enable_gqa=nh != nkv)
+        return a.transpose(1, 2).reshape(n, length, dim)
+
+    for k, op in enumerate(ops):
+        if op.kind == "norm":
+            got = pending.pop(op.dst[0], None)
+            env[op.dst[0]] = got if got is not None else norm_reference(op, env[op.src[0]], w)
+        elif op.kind == "linear":
+            src = env[op.src[0]]
+            for dst, wn, act in zip(op.dst, op.weights, op.acts):
+                if act == "gelu_tanh":
+                    env[dst] = linear_gelu(src, w[wn + ".weight"], w.get(wn + ".bias"))
+                elif act is None:
+                    env[dst] = F.linear(src, w[wn + ".weight"], w.get(wn + ".bias"))
+                else:
+                    raise ValueError(f"no fused prefill form for activation {act!r}")
+        elif op.kind == "attention":
+            env[op.dst[0]] = attend(op.layer, env[op.src[0]])
+        elif op.kind == "residual":
+            resid = env[op.dst[0]]
+            # the branches' GEMMs summed by cuBLAS into one [rows, dim] tensor t (the first
+            # with its bias, the others accumulated in place); the last bias is added with
+            # the residual in the add + LayerNorm kernel
+            t = None
+            for j, (src, wn) in enumerate(zip(op.src, op.weights)):
+                a = env[src].reshape(-1, env[src].shape[-1])
+                wt, b = w[wn + ".weight"], w.get(wn + ".bias")
+                if t is None:
+                    t = F.linear(a, wt, b)
+                    continue
+                t.addmm_(a, wt.t())
+                if b is not None and j < len(op.src) - 1:
+                    t.add_(b)
+            tb = w.get(op.weights[-1] + ".bias") if len(op.src) > 1 else None
+            t = t.view(resid.shape)
+            nxt = ops[k + 1] if k + 1 < len(ops) else None
+            if (nxt is not None and nxt.kind == "norm" and nxt.norm == "layer"
+                    and nxt.src[0] == op.dst[0] and resid.dtype == t.dtype):
+                wn = nxt.weights[0]
+                env[op.dst[0]], pending[nxt.dst[0]] = add_layernorm(
+                    resid, t, w[wn + ".weight"], w[wn + ".bias"], eps=nxt.eps, t_bias=tb)
+            else:                    # the last block: the sum alone, rounded once
+                s = resid.float() + t.float()
+                env[op.dst[0]] = (s if tb is None else s + tb.float()).to(resid.dtype)
+        else:
+            raise ValueError(f"no fused prefill form for op {op.kind!r}")
     return env["x"]
 
 

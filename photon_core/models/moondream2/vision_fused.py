@@ -12,6 +12,9 @@ Differences, each an equivalent form (close, not bitwise, in bf16 on CUDA):
     [n, t, d] copy is the one transpose+reshape.
 Attention: SDPA picks cuDNN for [crops, 16, 729, 72] bf16 on the H200 (3.9 ms for 27 layers,
 the fastest of cuDNN / flash / efficient / math measured, docs/benchmarks.md), as before.
+attention="triton" (opt-in, measured by bench/probe_encode.py before it can be a default):
+ops/vision_attention.py, a Triton flash kernel that reads q / k / v straight from the qkv
+GEMM output and computes head 72 as 64 + 16 columns instead of cuDNN's 128-wide tiles.
 On the CPU (fp32) every op is the reference's: bit-identical to vision.encoder.
 """
 from __future__ import annotations
@@ -22,15 +25,24 @@ import torch.nn.functional as F
 from ...ops._triton import HAVE_TRITON
 from ...ops.add_layernorm import add_layernorm
 from ...ops.linear_gelu import linear_gelu
+from ...ops.vision_attention import vision_attention
 from .config import VisionConfig
 from .layers import Weights
 from .vision import patchify
 
 
+ATTENTION_FORMS = ("sdpa", "triton")
+
+
 def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
-            fuse_norms: bool | None = None) -> torch.Tensor:
+            fuse_norms: bool | None = None, attention: str = "sdpa",
+            attention_config: tuple | None = None) -> torch.Tensor:
     """fuse_norms: each residual add and the LayerNorm after it in one Triton kernel
-    (ops/add_layernorm.py); None = on CUDA when triton imports."""
+    (ops/add_layernorm.py); None = on CUDA when triton imports. attention: "sdpa" |
+    "triton" (ops/vision_attention.py; attention_config: its (BLOCK_M, BLOCK_N, warps,
+    stages))."""
+    if attention not in ATTENTION_FORMS:
+        raise ValueError(f"attention must be one of {ATTENTION_FORMS}, not {attention!r}")
     if fuse_norms is None:
         fuse_norms = crops.is_cuda and HAVE_TRITON
 
@@ -47,9 +59,12 @@ def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
     h = w.layer_norm(x, "vision.blocks.0.ln1")
     for i in range(cfg.enc_n_layers):
         p = f"vision.blocks.{i}"
-        qkv = w.linear(h, p + ".attn.qkv").view(n, t, 3, heads, d // heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, t, d)
+        qkv = w.linear(h, p + ".attn.qkv")
+        if attention == "triton":
+            a = vision_attention(qkv, heads, attention_config)
+        else:
+            q, k, v = qkv.view(n, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4).unbind(0)
+            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, t, d)
         x, h2 = add_norm(x, w.linear(a, p + ".attn.proj"), p + ".ln2")
         g = linear_gelu(h2, w[p + ".mlp.fc1.weight"], w[p + ".mlp.fc1.bias"])
         x, h = add_norm(x, w.linear(g, p + ".mlp.fc2"),
@@ -57,4 +72,4 @@ def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
     return h                                 # the last block's output through post_ln
 
 
-__all__ = ["encoder"]
+__all__ = ["ATTENTION_FORMS", "encoder"]

@@ -1,0 +1,204 @@
+"""The image-prefix prefill's fused kernels on the CPU under the Triton interpreter (fp32 /
+fp16): ops/rope_kv_write.py against its torch reference and against the decode kernel's own
+k rotation (bitwise: the prefix k in the cache is what decode_attention writes for that
+token), ops/add_layernorm.py's t_bias form, and prefix_prefill's fused form (kernels=True)
+against the reference prefill and the unfused fast form."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from photon_core.ops import HAVE_TRITON
+
+pytestmark = [
+    pytest.mark.skipif(not HAVE_TRITON, reason="needs triton"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                       reason="CPU tensors need TRITON_INTERPRET=1"),
+]
+
+
+def _qkv(n, t, nh, nkv, hd, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, t, (nh + 2 * nkv) * hd, generator=g) * 2).to(dtype)
+
+
+def _cache(layers, n, nkv, t, hd, dtype):
+    """kv of the prefix buffer's layout [layers, 2, n, nkv, t, hd] filled with NaN, so a
+    position the kernel forgets shows."""
+    return torch.full((layers, 2, n, nkv, t, hd), float("nan"), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,t,nh,nkv,hd,rot", [(2, 37, 2, 2, 64, 32), (1, 19, 4, 2, 64, 32),
+                                               (3, 5, 3, 1, 48, 24), (1, 9, 32, 32, 64, 32)])
+def test_rope_kv_write_matches_reference(dtype, n, t, nh, nkv, hd, rot):
+    from photon_core.ops.rope import rope_angles
+    from photon_core.ops.rope_kv_write import rope_kv_write, rope_kv_write_reference
+    qkv = _qkv(n, t, nh, nkv, hd, dtype)
+    cos, sin = rope_angles(torch.arange(t + 3), rot)          # a longer table: rows 0..t-1
+    kv, kv_ref = _cache(3, n, nkv, t, hd, dtype), _cache(3, n, nkv, t, hd, dtype)
+    q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[1, 0], kv[1, 1])
+    q_ref = rope_kv_write_reference(qkv, cos, sin, nh, nkv, kv_ref[1, 0], kv_ref[1, 1])
+    assert q.shape == (n, t, nh, hd) and q.is_contiguous()
+    # only layer 1 written, all of it
+    assert torch.isnan(kv[0]).all() and torch.isnan(kv[2]).all()
+    assert not torch.isnan(kv[1]).any()
+    assert torch.equal(kv[1, 1], kv_ref[1, 1])                # v as it is
+    # the pass-through channels exactly, the rotated ones to fp32 rounding (1 ulp of the
+    # output dtype: the products' sum rounds differently from apply_rope's)
+    assert torch.equal(q[..., rot:], q_ref[..., rot:])
+    assert torch.equal(kv[1, 0, ..., rot:], kv_ref[1, 0, ..., rot:])
+    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    for a, b in ((q, q_ref), (kv[1, 0], kv_ref[1, 0])):
+        err = (a.float() - b.float()).abs().max().item()
+        assert err <= tol * b.float().abs().max().item(), err
+
+
+def test_rope_kv_write_k_is_the_decode_kernels_k():
+    """For every prefix position, the k this kernel writes is bitwise the k the decode
+    kernel (decode_attention._attend_partial_kernel) writes for the same qkv row at that
+    position: the cache stays the decode step's."""
+    from photon_core.ops.decode_attention import AttentionScratch, decode_attention
+    from photon_core.ops.rope import rope_angles
+    from photon_core.ops.rope_kv_write import rope_kv_write
+    n, t, nh, nkv, hd, rot = 1, 12, 4, 2, 64, 32
+    for dtype in (torch.float32, torch.float16):
+        qkv = _qkv(n, t, nh, nkv, hd, dtype, seed=3)
+        cos, sin = rope_angles(torch.arange(t), rot)
+        kv = _cache(1, n, nkv, t, hd, dtype)
+        rope_kv_write(qkv, cos, sin, nh, nkv, kv[0, 0], kv[0, 1])
+        # decode: row b holds token b's qkv at position b, in a cache of t rows
+        kc, vc = torch.zeros(t, nkv, t, hd, dtype=dtype), torch.zeros(t, nkv, t, hd, dtype=dtype)
+        scratch = AttentionScratch(t, nh, hd, t, 16, "cpu")
+        out = torch.empty(t, nh * hd, dtype=dtype)
+        decode_attention(qkv[0].contiguous(), torch.arange(t), cos, sin, kc, vc, out, scratch,
+                         nh, nkv, hd)
+        for p in range(t):
+            assert torch.equal(kc[p, :, p], kv[0, 0, 0, :, p]), (dtype, p)
+            assert torch.equal(vc[p, :, p], kv[0, 1, 0, :, p]), (dtype, p)
+
+
+def test_rope_kv_write_rejects_bad_shapes():
+    from photon_core.ops.rope import rope_angles
+    from photon_core.ops.rope_kv_write import rope_kv_write
+    qkv = _qkv(1, 8, 2, 2, 64, torch.float32)
+    cos, sin = rope_angles(torch.arange(8), 32)
+    kv = _cache(1, 1, 2, 8, 64, torch.float32)
+    with pytest.raises(ValueError):
+        rope_kv_write(qkv[..., :-1], cos, sin, 2, 2, kv[0, 0], kv[0, 1])
+    with pytest.raises(ValueError):
+        rope_kv_write(qkv, cos[:7], sin[:7], 2, 2, kv[0, 0], kv[0, 1])
+    with pytest.raises(ValueError):
+        rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0, :, :1], kv[0, 1])
+    with pytest.raises(ValueError):
+        rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0].transpose(-1, -2), kv[0, 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_layernorm_t_bias(dtype):
+    from photon_core.ops.add_layernorm import add_layernorm, add_layernorm_reference
+    g = torch.Generator().manual_seed(1)
+    x, t = (torch.randn(3, 11, 96, generator=g).to(dtype) for _ in range(2))
+    w, b, tb = (torch.randn(96, generator=g).to(dtype) for _ in range(3))
+    s, h = add_layernorm(x, t, w, b, t_bias=tb)
+    s_ref, h_ref = add_layernorm_reference(x, t, w, b, t_bias=tb)
+    assert torch.equal(s, s_ref)                             # one fp32 sum, rounded once
+    assert not torch.equal(s, add_layernorm(x, t, w, b)[0])  # the bias is added
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert (h.float() - h_ref.float()).abs().max().item() <= tol * h_ref.float().abs().max()
+
+
+@pytest.fixture(scope="module")
+def model():
+    from photon_core.models.moondream2.test_model import TEST_EOS_BIAS, tiny_config
+    from photon_core.moondream.model import build_random_model
+    return build_random_model(tiny_config(fast=True), eos_bias=TEST_EOS_BIAS["fast"], seed=0)
+
+
+def test_fused_prefill_matches_reference_prefill(model):
+    """prefill_prefix(fast=True, kernels=True) (the Triton kernels, interpreter, fp32) vs the
+    reference prefill (span attention) and the unfused fast form: the same math, other
+    roundings: close (fp32), every layer's k/v written."""
+    from photon_core.models.moondream2 import batched_encode
+    from photon_core.models.moondream2.prefix_prefill import prefill_prefix
+    t, w = model.config.text, model.weights
+    x = torch.randn(2, model.prefix_len, t.dim, generator=torch.Generator().manual_seed(5))
+    ref, fast, fused = (batched_encode.kv_buffer(model, 2) for _ in range(3))
+    fused.fill_(float("nan"))
+    with torch.inference_mode():
+        h_ref = prefill_prefix(w, t, x, ref, model.prefix_len)
+        h_fast = prefill_prefix(w, t, x, fast, model.prefix_len, fast=True, kernels=False)
+        h = prefill_prefix(w, t, x, fused, model.prefix_len, fast=True, kernels=True)
+    assert not torch.isnan(fused).any()
+    scale = ref.abs().max().item()
+    for other in (ref, fast):
+        err = (fused - other).abs().max().item()
+        assert err <= 1e-5 * scale, err
+    assert not torch.equal(fused, fast)                       # not the same code
+    assert (h - h_ref).abs().max().item() <= 1e-5 * h_ref.abs().max().item()
+    assert (h - h_fast).abs().max().item() <= 1e-5 * h_ref.abs().max().item()
+    # one frame alone gives that frame's k/v of the batch
+    one = batched_encode.kv_buffer(model, 1)
+    with torch.inference_mode():
+        prefill_prefix(w, t, x[1:], one, model.prefix_len, fast=True, kernels=True)
+    assert torch.allclose(one[:, :, 0], fused[:, :, 1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        prefill_prefix(w, t, x, fused, model.prefix_len, kernels=True)   # not fast
+
+
+def test_fused_prefill_fp16_close(model):
+    """fp16 (the interpreter's reduced precision): close to the reference prefill."""
+    from photon_core.models.moondream2 import batched_encode
+    from photon_core.models.moondream2.layers import Weights
+    from photon_core.models.moondream2.prefix_prefill import prefill_prefix
+    t = model.config.text
+    w16 = Weights({k: v.half() for k, v in model.weights.items()})
+    x = torch.randn(1, model.prefix_len, t.dim, generator=torch.Generator().manual_seed(6))
+    ref = batched_encode.kv_buffer(model, 1)
+    fused = ref.half()
+    with torch.inference_mode():
+        prefill_prefix(model.weights, t, x, ref, model.prefix_len)
+        prefill_prefix(w16, t, x.half(), fused, model.prefix_len, fast=True, kernels=True)
+    err = (fused.float() - ref).abs().max().item()
+    assert err <= 2e-2 * ref.abs().max().item(), err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,t,heads,hd,config", [(2, 37, 3, 72, (32, 16, 4, 1)),
+                                                 (1, 150, 2, 72, (64, 32, 4, 2)),
+                                                 (1, 29, 2, 16, (16, 16, 4, 1)),
+                                                 (3, 20, 1, 32, None)])
+def test_vision_attention_matches_sdpa(dtype, n, t, heads, hd, config):
+    """ops/vision_attention.py (split 64 + 16 head, online softmax over key blocks, keys past
+    T masked) against SDPA over the views, under the interpreter."""
+    from photon_core.ops.vision_attention import vision_attention, vision_attention_reference
+    g = torch.Generator().manual_seed(t)
+    qkv = (torch.randn(n, t, 3 * heads * hd, generator=g) * 1.5).to(dtype)
+    o = vision_attention(qkv, heads, config)
+    ref = vision_attention_reference(qkv.float(), heads)
+    assert o.shape == (n, t, heads * hd) and o.is_contiguous() and o.dtype == dtype
+    tol = 2e-5 if dtype == torch.float32 else 4e-3
+    err = (o.float() - ref).abs().max().item()
+    assert err <= tol * ref.abs().max().item(), err
+    with pytest.raises(ValueError):
+        vision_attention(qkv[..., :-1], heads)
+
+
+def test_vision_encoder_triton_attention_close(model):
+    """vision_fused.encoder(attention="triton") (interpreter, fp32) against vision.encoder."""
+    import numpy as np
+
+    from photon_core.models.moondream2 import vision, vision_fused
+    img = np.random.default_rng(3).integers(0, 256, (90, 200, 3), dtype=np.uint8)
+    _, x, _ = model.image_crops(img)
+    w, v = model.weights, model.config.vision
+    with torch.inference_mode():
+        ref = vision.encoder(w, v, x)
+        got = vision_fused.encoder(w, v, x, fuse_norms=True, attention="triton",
+                                   attention_config=(16, 16, 4, 1))
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    with pytest.raises(ValueError):
+        vision_fused.encoder(w, v, x, attention="flash")
