@@ -48,6 +48,7 @@ if "--child" in sys.argv:       # an A/B child: the tree's photon_core (and benc
 
 from bench.bench_decode import LINES, cuda_ms, say  # noqa: E402
 from bench.bench_kernels import graph_ms  # noqa: E402
+from bench.bench_encode import _rel, wall_ms  # noqa: E402
 from photon_core.models.moondream2 import batched_encode, vision_fused  # noqa: E402
 from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
 from photon_core.models.moondream2.model import build_random_model  # noqa: E402
@@ -97,26 +98,6 @@ def section(out, name, fn):
 
 
 # -- A/B between checkouts -----------------------------------------------------------------
-def wall_ms(fn, iters=10, warmup=2):
-    """Median wall ms of fn (synchronized before and after)."""
-    import statistics
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
-
-
-def _rel(a, b):
-    a, b = a.float(), b.float()
-    return round((a - b).abs().max().item() / max(b.abs().max().item(), 1e-30), 6)
-
-
 def child(tree: str, it: int, smoke: bool = False) -> dict:
     """One tree's figures (its photon_core is first on sys.path: see the imports).
     smoke: the tiny model on the CPU, wall-clock timers, no profiles (checks the plumbing)."""

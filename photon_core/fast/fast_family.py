@@ -50,6 +50,8 @@ id ends it, the budget ends it with "length".
 """
 from __future__ import annotations
 
+import weakref
+
 from typing import Any, Protocol, Sequence
 
 from ..task import FINISH_LENGTH, FINISH_STOP, Task
@@ -101,6 +103,49 @@ class FastFamily(Protocol):
                            default_crops: str): ...
 
     def prefill_long(self, kv, row: int, start: int, prompt: list[int], enc): ...
+
+
+class ReferenceEncodeFamily:
+    """The shared part of a FastFamily whose frames go through the reference engine's
+    encode_image (no graphed or batched encoder of its own yet) and whose long prompts take
+    the runtime's generic prefill. An encoded image's PrefixState is built once
+    (`_build_prefix`, the family's) and shared by the image's tasks; it is forgotten with
+    the image. A family says which EncodedImage it made in `_made_here`."""
+
+    def __init__(self, model, spec):
+        self.model = model
+        self.spec = spec
+        self.weights = model.weights
+        self.device, self.dtype = model.device, model.dtype
+        self.max_context = model.max_context
+        self._prefixes: dict[int, Any] = {}          # id(enc) -> its PrefixState
+
+    def make_encoder(self, use_graphs: bool):
+        return None                                   # the reference encode_image
+
+    def make_batch_encoder(self, *args, **kwargs):
+        return None                                   # whole images, one by one
+
+    def prefill_long(self, kv, row: int, start: int, prompt: list[int], enc):
+        return None                                   # the runtime's generic prefill
+
+    def encode_image(self, image):
+        return self.model.encode_image(image)
+
+    def prefix(self, enc):
+        if getattr(enc, "model_id", None) != self.model.model_id or not self._made_here(enc):
+            raise ValueError("this EncodedImage was made by a different model")
+        p = self._prefixes.get(id(enc))
+        if p is None:
+            p = self._prefixes[id(enc)] = self._build_prefix(enc)
+            weakref.finalize(enc, self._prefixes.pop, id(enc), None)
+        return p
+
+    def _made_here(self, enc) -> bool:
+        raise NotImplementedError
+
+    def _build_prefix(self, enc):
+        raise NotImplementedError
 
 
 def fast_family(model) -> FastFamily:

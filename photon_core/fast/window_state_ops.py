@@ -32,7 +32,7 @@ import torch
 
 from ..ops.rmsnorm_scaled import rmsnorm_scaled
 from ..ops.rotary_half import apply_rotary_half, cos_sin, inv_freq
-from ..ops.sliding_window_attention import rows_decode_reference, state_slot
+from ..ops.sliding_window_attention import attend_at_positions, rows_decode_reference, state_slot
 
 KIND = "window_attention"
 # positions past the capacity a padded prompt bucket's padding tokens may take (graphed
@@ -127,21 +127,6 @@ def prefill_write(kv, layer: int, row, pos, n_valid, k, v):
     return view
 
 
-def attend_chunk(q, keys, values, kpos, kvalid, qpos, window, scale) -> torch.Tensor:
-    """q [T, Hq, D] at positions qpos [T] over keys/values [Hkv, n, D] at kpos [n]
-    (valid [n]): causal, within the window. -> [T, Hq, D]."""
-    seen = kvalid[None, :] & (kpos[None, :] <= qpos[:, None])
-    if window is not None:
-        seen = seen & (kpos[None, :] > qpos[:, None] - window)
-    rep = q.shape[1] // keys.shape[0]
-    keys = keys.repeat_interleave(rep, dim=0)
-    values = values.repeat_interleave(rep, dim=0)
-    scores = torch.einsum("thd,hsd->hts", q, keys) * scale
-    scores = scores.masked_fill(~seen[None], float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.einsum("hts,hsd->thd", probs, values)
-
-
 def prefill_ops(program, w, kv, tables: RotaryTables, row, pos, n_valid) -> dict:
     """{"window_attention": fn(op, srcs)} for one row's chunk (row [1], pos [T], n_valid)."""
     views = {}
@@ -150,7 +135,7 @@ def prefill_ops(program, w, kv, tables: RotaryTables, row, pos, n_valid) -> dict
         la, q, k, v = _qkv_reference(op, srcs, w, tables, pos)
         if k is not None:
             views[la.source] = prefill_write(kv, la.source, row, pos, n_valid, k, v)
-        a = attend_chunk(q, *views[la.source], pos, la.window, la.scale)
+        a = attend_at_positions(q, *views[la.source], pos, la.window, la.scale)
         return a.reshape(a.shape[0], -1)
     return {KIND: window_attention}
 
@@ -200,6 +185,6 @@ def lower_fused(be, op):
             if k is not None:
                 views[src] = prefill_write(kv, src, row, pos, n_valid,
                                            k.view(b, -1, D), v.view(b, -1, D))
-            out.copy_(attend_chunk(q.view(b, -1, D), *views[src], pos, la.window,
+            out.copy_(attend_at_positions(q.view(b, -1, D), *views[src], pos, la.window,
                                    la.scale).reshape(b, -1))
     return run

@@ -198,6 +198,14 @@ def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     """Reference. q [T, Hq, D] at positions start.. over keys/values [Hkv, n, D] at
     positions kpos [n] (valid [n]): causal, within the window. -> [T, Hq, D]."""
     qpos = start + torch.arange(q.shape[0], device=q.device)
+    return attend_at_positions(q, keys, values, kpos, kvalid, qpos, window, scale)
+
+
+def attend_at_positions(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                        kpos: torch.Tensor, kvalid: torch.Tensor, qpos: torch.Tensor,
+                        window: int | None, scale: float) -> torch.Tensor:
+    """Reference. q [T, Hq, D] at positions qpos [T] over keys/values [Hkv, n, D] at
+    positions kpos [n] (valid [n]): causal, within the window. -> [T, Hq, D]."""
     seen = kvalid[None, :] & (kpos[None, :] <= qpos[:, None])
     if window is not None:
         seen = seen & (kpos[None, :] > qpos[:, None] - window)

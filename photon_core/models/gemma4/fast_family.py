@@ -7,25 +7,19 @@ the chat prompt tail, and the text skill protocol: each step's token feeds back,
 <turn|> end it (query, caption; detect / point are refused with the family's message)."""
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from ...engine import PrefixState
-from ...fast.fast_family import TextTask
+from ...fast.fast_family import ReferenceEncodeFamily, TextTask
 from ...task import Task
 from .program import EMBED, EMBED_PER_LAYER
 
 
-class Gemma4Fast:
+class Gemma4Fast(ReferenceEncodeFamily):
     """FastFamily of a Gemma4Model."""
 
     def __init__(self, model):
-        self.model = model
-        self.spec = model.step_spec()
-        self.weights = model.weights
-        self.device, self.dtype = model.device, model.dtype
-        self.max_context = model.max_context
+        super().__init__(model, model.step_spec())
         table = model.weights.get(EMBED_PER_LAYER)
         if table is not None and table.device != model.weights[EMBED].device:
             # the decode step's feedback gathers the next token's rows on the device, inside
@@ -34,26 +28,11 @@ class Gemma4Fast:
             raise ValueError("the fast path keeps Gemma 4's per-layer embedding table on the "
                              "model's device: load without ple_on_cpu, or use engine "
                              "'reference'")
-        self.make_encoder = lambda use_graphs: None      # the reference encode_image
-        self.make_batch_encoder = lambda *a, **k: None    # whole images, one by one
-        self.prefill_long = lambda kv, row, start, prompt, enc: None   # the generic one
-        self._prefixes: dict[int, PrefixState] = {}    # id(enc) -> its PrefixState
 
-    def encode_image(self, image):
-        return self.model.encode_image(image)
-
-    def prefix(self, enc) -> PrefixState:
-        """The encoded image's k/v as a PrefixState (one [2, 1, Hkv, T, D] per layer of the
-        program's state, in its order), built once per image and shared by its tasks."""
-        m = self.model
-        if getattr(enc, "model_id", None) != m.model_id or not hasattr(enc, "cache") \
-                or enc.cache.k[0].dtype != m.dtype:
-            raise ValueError("this EncodedImage was made by a different model")
-        p = self._prefixes.get(id(enc))
-        if p is None:
-            p = self._prefixes[id(enc)] = self._build_prefix(enc)
-            weakref.finalize(enc, self._prefixes.pop, id(enc), None)
-        return p
+    def _made_here(self, enc) -> bool:
+        """An encoded image's k/v (one [2, 1, Hkv, T, D] per layer of the program's state,
+        in its order) in this model's dtype."""
+        return hasattr(enc, "cache") and enc.cache.k[0].dtype == self.model.dtype
 
     def _build_prefix(self, enc) -> PrefixState:
         n, c = enc.length, enc.cache

@@ -7,12 +7,10 @@ point are greedy text answers parsed at the end as grounding JSON (grounding_jso
 the reference's salvage and error counting)."""
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from ...engine import PrefixState
-from ...fast.fast_family import TextTask
+from ...fast.fast_family import ReferenceEncodeFamily, TextTask
 from ...task import FINISH_LENGTH, Task
 from ..grounding_json import parse_grounding
 from .program import step_spec
@@ -22,34 +20,15 @@ from .run import TOKENS_PER_OBJECT
 TEXT_SKILLS = ("query", "caption")
 
 
-class QwenFast:
+class QwenFast(ReferenceEncodeFamily):
     """FastFamily of a Qwen35Model."""
 
     def __init__(self, model):
-        self.model = model
-        self.spec = step_spec(model.config)
-        self.weights = model.weights
-        self.device, self.dtype = model.device, model.dtype
-        self.max_context = model.max_context
-        self.make_encoder = lambda use_graphs: None      # the reference encode_image
-        self.make_batch_encoder = lambda *a, **k: None    # whole images, one by one
-        self.prefill_long = lambda kv, row, start, prompt, enc: None   # the generic one
-        self._prefixes: dict[int, PrefixState] = {}    # id(enc) -> its PrefixState
+        super().__init__(model, step_spec(model.config))
 
-    def encode_image(self, image):
-        return self.model.encode_image(image)
-
-    def prefix(self, enc) -> PrefixState:
-        """The frame's HybridState as a PrefixState, in the program's state order (built once
-        per frame: the tasks on it share it; forgotten with the frame)."""
-        m = self.model
-        if getattr(enc, "model_id", None) != m.model_id or not hasattr(enc, "state"):
-            raise ValueError("this EncodedImage was made by a different model")
-        p = self._prefixes.get(id(enc))
-        if p is None:
-            p = self._prefixes[id(enc)] = self._build_prefix(enc)
-            weakref.finalize(enc, self._prefixes.pop, id(enc), None)
-        return p
+    def _made_here(self, enc) -> bool:
+        """The frame's HybridState, as a PrefixState in the program's state order."""
+        return hasattr(enc, "state")
 
     def _build_prefix(self, enc) -> PrefixState:
         m, st = self.model, enc.state
