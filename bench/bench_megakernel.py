@@ -284,7 +284,8 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
     torch = c.torch
     v = Variant.parse(vs)
     name = f"mk[{vs}]"
-    gk = v.gemv
+    # one compiled table per GEMV shapes, attention split and placement
+    gk = v.gemv + (f"/a{v.attn_per}" if v.attn_per else "") + ("" if v.spread else "/greedy")
     if gk not in mks:
         mks[gk] = MegakernelStep(c.fd, c.st, b, variant=v)
         cm = mks[gk].compiled
@@ -292,6 +293,13 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
         row[f"mk_{gk}_programs"] = cm.n_programs
         row[f"mk_{gk}_aligned"] = cm.aligned
         row[f"mk_{gk}_est_makespan_us"] = round(cm.makespan_us, 1)
+        qs = cm.queues()
+        row[f"mk_{gk}_max_instr_per_program"] = max(len(q) for q in qs)
+        row[f"mk_{gk}_max_attn_per_program"] = max(sum(i.op == OP_ATTN for i in q)
+                                                    for q in qs)
+        say(f"b={b} {gk}: {len(cm.instrs)} instructions on {cm.n_programs} programs, at most "
+            f"{row[f'mk_{gk}_max_instr_per_program']} per program, of them attention at most "
+            f"{row[f'mk_{gk}_max_attn_per_program']}")
         row[f"mk_{gk}_gemv_cfg"] = str(mks[gk].low.gemv_cfg)
     mk = mks[gk]
     c.fd.pdl = False
