@@ -27,8 +27,9 @@ class Variant:
     before its wait (pf) and of the next instruction's weights (pfn), alignment hints,
     nanoseconds of back-off per counter poll (sleep), key splits per attention instruction
     (attn_per, 0: compiler.attn_splits_per_instr), the scheduler's placement (spread=False:
-    "greedy", the plain earliest-free rule of sessions 3-4). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/greedy/noalign" (any order after the GEMV; pf in
+    "greedy", the plain earliest-free rule of sessions 3-4), the attention's second key
+    split loaded before its wait (kv2). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/kv2/greedy/noalign" (any order after the GEMV; pf in
     KiB)."""
     gemv: str = "auto"
     warps: int = 8
@@ -40,6 +41,7 @@ class Variant:
     sleep: int = 0
     attn_per: int = 0
     spread: bool = True
+    kv2: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -58,6 +60,8 @@ class Variant:
                     kw["align"] = False
                 elif p == "greedy":
                     kw["spread"] = False
+                elif p == "kv2":
+                    kw["kv2"] = True
                 else:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
         return cls(**kw)
@@ -69,6 +73,7 @@ class Variant:
         s += f"/pfn{self.pfn // 1024}" if self.pfn else ""
         s += f"/sl{self.sleep}" if self.sleep else ""
         s += f"/a{self.attn_per}" if self.attn_per else ""
+        s += "/kv2" if self.kv2 else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -130,6 +135,7 @@ class MegakernelStep:
             kw.setdefault("pfn", v.pfn)
             kw.setdefault("align", v.align)
             kw.setdefault("sleep", v.sleep)
+            kw.setdefault("kv2", v.kv2)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

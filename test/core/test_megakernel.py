@@ -257,6 +257,34 @@ def test_gemv_unroll_gives_the_same_bits(dot):
             assert torch.equal(results[un][f], results[1][f]), (un, f)
 
 
+@pytest.mark.parametrize("b,attn_per", [(1, 2), (2, 3)])
+def test_attention_second_split_preloaded_gives_the_same_bits(b, attn_per):
+    """kv2 (the attention instruction's second key split loaded before its wait): the same
+    bits as without it, and the Python twin's values; 4 splits per head in instructions of
+    2 + 2 or 3 + 1 splits (the one-split instruction masks the preload off, the 3-split one
+    runs its third split in the loop)."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    s0 = _snapshot(st, fd)
+    mk = MegakernelStep(fd, st, b, variant=f"auto/a{attn_per}/kv2")
+    assert {i.sub[1] - i.sub[0] for i in mk.compiled.instrs if i.op_name == "attn.0"} == \
+        ({2} if attn_per == 2 else {3, 1})
+    mk.run_vm()
+    vm = _snapshot(st, fd)
+    results = {}
+    for kv2 in (False, True):
+        _restore(st, fd, s0)
+        mk.run_kernel(kv2=kv2)
+        assert int(mk.compiled.counters.abs().sum()) == 0
+        results[kv2] = _snapshot(st, fd)
+        for f in FIELDS:
+            sl = slice(None) if f == "kv" else slice(0, b)
+            _close(f, results[kv2][f][sl], vm[f][sl])
+    for f in FIELDS:
+        assert torch.equal(results[True][f], results[False][f]), f
+
+
 @pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
                                            ("pipe@16x64", 1, 2), ("pipe_same", 1, 3)])
 def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
@@ -340,8 +368,9 @@ def test_variant_strings_and_alignment_flag():
         "pipe_fma@16x512", 8, 4, 32768, 65536, True)
     assert Variant.parse(str(v)) == v
     assert not Variant.parse("fma/u4/noalign").align
-    g = Variant.parse("pipe@16x512/w4/a4/greedy")
-    assert (g.attn_per, g.spread, g.warps) == (4, False, 4) and Variant.parse(str(g)) == g
+    g = Variant.parse("pipe@16x512/w4/a4/kv2/greedy")
+    assert (g.attn_per, g.spread, g.warps, g.kv2) == (4, False, 4, True)
+    assert Variant.parse(str(g)) == g
     with pytest.raises(ValueError):
         Variant.parse("pipe/x3")
     with pytest.raises(Unsupported):      # K = 100 is no multiple of 64
