@@ -50,13 +50,12 @@ LINES: list[str] = []
 # pipelined GEMV stream (FMA / tensor cores, tile sizes, stages), L2 prefetch before the
 # wait (pf) and of the next instruction (pfn), fewer warps
 VARIANTS1 = ",".join((
-    "pipe_fma@16x512/w8/s4/pf32/pfn64", "fma/w8/s3/u4/noalign", "fma/w8/s3/u4",
-    "pipe_fma@16x512/w8/s4", "pipe_fma@16x512/w8/s6/pf64/pfn128",
-    "pipe_fma@16x512/w8/s4/pf32/pfn64/sl100", "pipe_fma@16x1024/w8/s3/pf64/pfn128", "pipe@16x512/w4/s4/pf32/pfn64",
-    "pipe_same/w4/s4/pf32/pfn64"))
+    "pipe_fma@16x512/w8/s4/pf32/pfn64", "pipe_fma@16x512/w8/s4/pf32/pfn64/greedy",
+    "pipe_fma@16x512/w8/s4/pf32/pfn64/kv2", "pipe_same/w4/s4/pf32/pfn64",
+    "fma/w8/s3/u4", "pipe@16x512/w4/s4/pf32/pfn64"))
 VARIANTS8 = ",".join((
-    "pipe@16x512/w4/s4/pf32/pfn64", "small/w8/s3/u2/noalign", "pipe_same/w4/s4/pf32/pfn64",
-    "pipe@16x256/w4/s6/pf32/pfn64", "pipe@16x512/w8/s4/pf32/pfn64", "small/w8/s3/u2"))
+    "pipe@16x512/w4/s4/pf32/pfn64", "pipe@16x512/w4/s4/pf32/pfn64/greedy",
+    "pipe_same/w4/s4/pf32/pfn64", "small/w8/s3/u2"))
 
 
 def say(s=""):
