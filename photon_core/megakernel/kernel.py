@@ -410,6 +410,22 @@ def _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, ac
 
 
 @triton.jit
+def _rope_cs(cos_ptr, sin_ptr, ti, HD: tl.constexpr, HALF: tl.constexpr):
+    """decode_attention's rotary sources and factors at table row ti: output d takes
+    x[src_c] * c + x[src_s] * s."""
+    d = tl.arange(0, HD)
+    rot = d < 2 * HALF
+    even = (d % 2) == 0
+    fi = tl.where(rot, d // 2, 0)
+    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
+    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
+    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
+    s = tl.load(sin_ptr + ti * HALF + fi)
+    s = tl.where(rot, tl.where(even, -s, s), 0.0)
+    return src_c, src_s, c, s
+
+
+@triton.jit
 def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
              m_ptr, l_ptr, acc_ptr, out_ptr, row, h, s0, s1, n_sub, scale,
              B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
@@ -425,8 +441,9 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
     position does not change during a step; the position changes only in the step's
     advance, after every attention). The last of the n_sub instructions of this (row, head)
     to finish merges the splits into out (decode_attention._merge). KV2: the second split's
-    keys / values are loaded before the wait too (b=1 instructions hold 2 splits: no load
-    latency between them; the per-split sums are the same)."""
+    keys / values and the rotary cos / sin (they depend on the position only) are loaded
+    before the wait too (b=1 instructions hold 2 splits: no load latency between them, one
+    round trip less after the wait; the same sums)."""
     kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     pw = tl.minimum(pos, CAP - 1)
@@ -452,15 +469,10 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
                       mask=ok2[:, None], other=0.0, cache_modifier=".cg")
         vt2 = tl.load(vc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
                       mask=ok2[:, None], other=0.0, cache_modifier=".cg")
+        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
     _waits(rec, cnt_ptr, SLEEP)
-    rot = d < 2 * HALF
-    even = (d % 2) == 0
-    fi = tl.where(rot, d // 2, 0)
-    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
-    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
-    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
-    s = tl.load(sin_ptr + ti * HALF + fi)
-    s = tl.where(rot, tl.where(even, -s, s), 0.0)
+    if not KV2:
+        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
     base = qkv_ptr + row * SU
     q_off = h * HD
     k_off = NH * HD + kvh * HD
