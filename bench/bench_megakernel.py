@@ -23,7 +23,7 @@ Phases (child processes):
 
 Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 420] [--steps 64]
            [--variants1 V,V,...] [--variants8 V,...]   (V: megakernel_step.Variant strings)
-           [--skip-compile]
+           [--skip-compile] [--reserve 90]
        PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/bench_megakernel.py --smoke
            (CPU: the same code paths on the tiny fp32 model, no graphs, no timing value)
 Writes $OUT/bench_megakernel.json and .md when OUT is set.
@@ -422,7 +422,7 @@ def run_child(mode, args, env, timeout):
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
            "--variants1", args.variants1, "--variants8", args.variants8,
-           "--budget", str(max(10.0, timeout - 90))] + (
+           "--budget", str(max(10.0, timeout - args.reserve))] + (
         ["--smoke"] if args.smoke else [])
     try:
         p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True,
@@ -523,6 +523,10 @@ def main():
     ap.add_argument("--variants8", default=VARIANTS8, help="the same at b=8")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="(child) seconds after which further megakernel variants are skipped")
+    ap.add_argument("--reserve", type=float, default=90,
+                    help="seconds of the megakernel child's time kept for its last variant "
+                         "(no variant starts later than its timeout - reserve; H200: ~9 s "
+                         "per variant)")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, no timing")
     args = ap.parse_args()
