@@ -23,7 +23,7 @@ Phases (child processes):
 
 Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 420] [--steps 64]
            [--variants1 V,V,...] [--variants8 V,...]   (V: megakernel_step.Variant strings)
-           [--skip-compile]
+           [--skip-compile] [--reserve 90]
        PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/bench_megakernel.py --smoke
            (CPU: the same code paths on the tiny fp32 model, no graphs, no timing value)
 Writes $OUT/bench_megakernel.json and .md when OUT is set.
@@ -50,13 +50,12 @@ LINES: list[str] = []
 # pipelined GEMV stream (FMA / tensor cores, tile sizes, stages), L2 prefetch before the
 # wait (pf) and of the next instruction (pfn), fewer warps
 VARIANTS1 = ",".join((
-    "pipe_fma@16x512/w8/s4/pf32/pfn64", "fma/w8/s3/u4/noalign", "fma/w8/s3/u4",
-    "pipe_fma@16x512/w8/s4", "pipe_fma@16x512/w8/s6/pf64/pfn128",
-    "pipe_fma@16x512/w8/s4/pf32/pfn64/sl100", "pipe_fma@16x1024/w8/s3/pf64/pfn128", "pipe@16x512/w4/s4/pf32/pfn64",
-    "pipe_same/w4/s4/pf32/pfn64"))
+    "pipe_fma@16x512/w8/s4/pf32/pfn64", "pipe_fma@16x512/w8/s4/pf32/pfn64/greedy",
+    "pipe_fma@16x512/w8/s4/pf32/pfn64/kv2", "pipe_same/w4/s4/pf32/pfn64",
+    "fma/w8/s3/u4", "pipe@16x512/w4/s4/pf32/pfn64"))
 VARIANTS8 = ",".join((
-    "pipe@16x512/w4/s4/pf32/pfn64", "small/w8/s3/u2/noalign", "pipe_same/w4/s4/pf32/pfn64",
-    "pipe@16x256/w4/s6/pf32/pfn64", "pipe@16x512/w8/s4/pf32/pfn64", "small/w8/s3/u2"))
+    "pipe@16x512/w4/s4/pf32/pfn64", "pipe@16x512/w4/s4/pf32/pfn64/greedy",
+    "pipe_same/w4/s4/pf32/pfn64", "small/w8/s3/u2"))
 
 
 def say(s=""):
@@ -284,7 +283,8 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
     torch = c.torch
     v = Variant.parse(vs)
     name = f"mk[{vs}]"
-    gk = v.gemv
+    # one compiled table per GEMV shapes, attention split and placement
+    gk = v.gemv + (f"/a{v.attn_per}" if v.attn_per else "") + ("" if v.spread else "/greedy")
     if gk not in mks:
         mks[gk] = MegakernelStep(c.fd, c.st, b, variant=v)
         cm = mks[gk].compiled
@@ -292,11 +292,18 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
         row[f"mk_{gk}_programs"] = cm.n_programs
         row[f"mk_{gk}_aligned"] = cm.aligned
         row[f"mk_{gk}_est_makespan_us"] = round(cm.makespan_us, 1)
+        qs = cm.queues()
+        row[f"mk_{gk}_max_instr_per_program"] = max(len(q) for q in qs)
+        row[f"mk_{gk}_max_attn_per_program"] = max(sum(i.op == OP_ATTN for i in q)
+                                                    for q in qs)
+        say(f"b={b} {gk}: {len(cm.instrs)} instructions on {cm.n_programs} programs, at most "
+            f"{row[f'mk_{gk}_max_instr_per_program']} per program, of them attention at most "
+            f"{row[f'mk_{gk}_max_attn_per_program']}")
         row[f"mk_{gk}_gemv_cfg"] = str(mks[gk].low.gemv_cfg)
     mk = mks[gk]
     c.fd.pdl = False
     kw = dict(num_warps=v.warps, num_stages=v.stages, unroll=v.unroll or mk.unroll,
-              pf=v.pf, pfn=v.pfn, align=v.align, sleep=v.sleep)
+              pf=v.pf, pfn=v.pfn, align=v.align, sleep=v.sleep, kv2=v.kv2)
 
     def mk_step():
         mk.feed()
@@ -415,7 +422,7 @@ def run_child(mode, args, env, timeout):
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
            "--variants1", args.variants1, "--variants8", args.variants8,
-           "--budget", str(max(10.0, timeout - 90))] + (
+           "--budget", str(max(10.0, timeout - args.reserve))] + (
         ["--smoke"] if args.smoke else [])
     try:
         p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True,
@@ -516,6 +523,10 @@ def main():
     ap.add_argument("--variants8", default=VARIANTS8, help="the same at b=8")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="(child) seconds after which further megakernel variants are skipped")
+    ap.add_argument("--reserve", type=float, default=90,
+                    help="seconds of the megakernel child's time kept for its last variant "
+                         "(no variant starts later than its timeout - reserve; H200: ~9 s "
+                         "per variant)")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, no timing")
     args = ap.parse_args()

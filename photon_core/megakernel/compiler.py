@@ -130,13 +130,24 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
     return out
 
 
-def schedule(instrs: list[Instr], n_sm: int) -> float:
-    """Greedy list scheduling in topological order; sets sm/start/end; returns the makespan."""
+def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
+    """Greedy list scheduling in topological order; sets sm/start/end; returns the makespan.
+    spread: an instruction goes to the SM holding the fewest instructions of its own op
+    first, then the earliest free (session 4, H200: the plain greedy rule stacked up to 5 of
+    a layer's 128 attention instructions on one SM, b=1: they looked cheap next to the
+    GEMV tiles, but each costs ~7 us of latency, so one program carried 120 of the 3072
+    attention instructions and attention alone took 0.8 ms per step; a GEMV op's tiles
+    are at most n_sm anyway)."""
     free = [0.0] * n_sm
     op_end: dict[int, float] = {}
+    held: dict[int, list[int]] = {}
     for ins in instrs:
         ready = max((op_end[c] for c, _ in ins.waits), default=0.0)
-        sm = min(range(n_sm), key=lambda s: (max(free[s], ready), s))
+        n_op = held.setdefault(ins.signal, [0] * n_sm) if spread else None
+        sm = min(range(n_sm), key=lambda s: (n_op[s] if spread else 0,
+                                             max(free[s], ready), s))
+        if spread:
+            n_op[sm] += 1
         ins.sm, ins.start = sm, max(free[sm], ready)
         ins.end = ins.start + ins.cost
         free[sm] = ins.end
@@ -169,10 +180,11 @@ def mark_ln_reuse(queues: list[list[Instr]]) -> None:
 
 def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,
                     shape: dict, gemv_cfg: dict, n_sm: int,
-                    model_dtype: torch.dtype, attn_per: int | None = None) -> Compiled:
+                    model_dtype: torch.dtype, attn_per: int | None = None,
+                    spread: bool = True) -> Compiled:
     elsize = torch.tensor([], dtype=model_dtype).element_size()
     instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per)
-    makespan = schedule(instrs, n_sm)
+    makespan = schedule(instrs, n_sm, spread)
     # compact the SMs that got work into programs 0..P-1; queue order = topological order
     used = sorted({i.sm for i in instrs})
     prog = {s: p for p, s in enumerate(used)}

@@ -410,6 +410,22 @@ def _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, ac
 
 
 @triton.jit
+def _rope_cs(cos_ptr, sin_ptr, ti, HD: tl.constexpr, HALF: tl.constexpr):
+    """decode_attention's rotary sources and factors at table row ti: output d takes
+    x[src_c] * c + x[src_s] * s."""
+    d = tl.arange(0, HD)
+    rot = d < 2 * HALF
+    even = (d % 2) == 0
+    fi = tl.where(rot, d // 2, 0)
+    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
+    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
+    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
+    s = tl.load(sin_ptr + ti * HALF + fi)
+    s = tl.where(rot, tl.where(even, -s, s), 0.0)
+    return src_c, src_s, c, s
+
+
+@triton.jit
 def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
              m_ptr, l_ptr, acc_ptr, out_ptr, row, h, s0, s1, n_sub, scale,
              B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
@@ -417,14 +433,17 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
              PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
-             SLEEP: tl.constexpr):
+             SLEEP: tl.constexpr, KV2: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
     cached keys / values are loaded before waiting for q/k/v (the cache below the row's
     position does not change during a step; the position changes only in the step's
     advance, after every attention). The last of the n_sub instructions of this (row, head)
-    to finish merges the splits into out (decode_attention._merge)."""
+    to finish merges the splits into out (decode_attention._merge). KV2: the second split's
+    keys / values and the rotary cos / sin (they depend on the position only) are loaded
+    before the wait too (b=1 instructions hold 2 splits: no load latency between them, one
+    round trip less after the wait; the same sums)."""
     kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     pw = tl.minimum(pos, CAP - 1)
@@ -443,15 +462,17 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
                  mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
     vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                  mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
+    if KV2:      # (masked off where the instruction has one split)
+        j2 = (s0 + 1) * CHUNK + tl.arange(0, CHUNK)
+        ok2 = (j2 < pw) & (j2 < s1 * CHUNK)
+        kt2 = tl.load(kc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
+                      mask=ok2[:, None], other=0.0, cache_modifier=".cg")
+        vt2 = tl.load(vc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
+                      mask=ok2[:, None], other=0.0, cache_modifier=".cg")
+        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
     _waits(rec, cnt_ptr, SLEEP)
-    rot = d < 2 * HALF
-    even = (d % 2) == 0
-    fi = tl.where(rot, d // 2, 0)
-    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
-    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
-    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
-    s = tl.load(sin_ptr + ti * HALF + fi)
-    s = tl.where(rot, tl.where(even, -s, s), 0.0)
+    if not KV2:
+        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
     base = qkv_ptr + row * SU
     q_off = h * HD
     k_off = NH * HD + kvh * HD
@@ -469,7 +490,13 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
     sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
     _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr, row,
                 h, NH, HD, CHUNK, NSPLIT)
-    for sp in tl.range(s0 + 1, s1, num_stages=STAGES if B > 1 else 1):
+    s_loop = s0 + 1
+    if KV2:
+        if s0 + 1 < s1:
+            _attn_split(kt2, vt2, q, k_new, v_new, sc_new, s0 + 1, pw, scale, m_ptr, l_ptr,
+                        acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+        s_loop = s0 + 2
+    for sp in tl.range(s_loop, s1, num_stages=STAGES if B > 1 else 1):
         j = sp * CHUNK + tl.arange(0, CHUNK)
         kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                      mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
@@ -544,7 +571,8 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LM_DOT: tl.constexpr, LM_UN: tl.constexpr,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
-               PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr):
+               PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
+               KV2: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -594,7 +622,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                         S_POS, PF, NT, STAGES, SLEEP)
+                         S_POS, PF, NT, STAGES, SLEEP, KV2)
         else:
             _waits(rec, cnt_ptr, SLEEP)
             if op == 4:    # OP_ADVANCE
@@ -633,7 +661,7 @@ UNROLL = 4
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
-               sleep: int = 0) -> dict:
+               sleep: int = 0, kv2: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -661,11 +689,12 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["PFN"] = 0 if interpreted() or not aligned else int(pfn)
     kw["NT"] = 32 * num_warps
     kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
+    kw["KV2"] = bool(kv2)       # attention: the second split's k/v loaded before the wait
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
-                num_warps: int = 8, align: bool = True, sleep: int = 0
+                num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False
                 ) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
@@ -676,7 +705,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
             low.shape["HD"] ** -0.5)
     return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep)
+                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -687,11 +716,11 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
-           sleep: int = 0):
+           sleep: int = 0, kv2: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs)."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep)
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

@@ -25,8 +25,12 @@ class Variant:
     "auto"), warps, software-pipelining stages, register unroll of the non-pipe GEMVs (0:
     MegakernelStep's default), L2 prefetch bytes of an instruction's own weights / k/v
     before its wait (pf) and of the next instruction's weights (pfn), alignment hints,
-    nanoseconds of back-off per counter poll (sleep). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/noalign" (any order after the GEMV; pf in KiB)."""
+    nanoseconds of back-off per counter poll (sleep), key splits per attention instruction
+    (attn_per, 0: compiler.attn_splits_per_instr), the scheduler's placement (spread=False:
+    "greedy", the plain earliest-free rule of sessions 3-4), the attention's second key
+    split loaded before its wait (kv2). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/kv2/greedy/noalign" (any order after the GEMV; pf in
+    KiB)."""
     gemv: str = "auto"
     warps: int = 8
     stages: int = 3
@@ -35,6 +39,9 @@ class Variant:
     pfn: int = 0
     align: bool = True
     sleep: int = 0
+    attn_per: int = 0
+    spread: bool = True
+    kv2: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -43,14 +50,20 @@ class Variant:
         for p in parts[1:]:
             for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024),
                                      ("sl", "sleep", 1), ("w", "warps", 1),
+                                     ("a", "attn_per", 1),
                                      ("s", "stages", 1), ("u", "unroll", 1)):
                 if p.startswith(key) and p[len(key):].isdigit():
                     kw[name] = int(p[len(key):]) * scale
                     break
             else:
-                if p != "noalign":
+                if p == "noalign":
+                    kw["align"] = False
+                elif p == "greedy":
+                    kw["spread"] = False
+                elif p == "kv2":
+                    kw["kv2"] = True
+                else:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
-                kw["align"] = False
         return cls(**kw)
 
     def __str__(self) -> str:
@@ -59,6 +72,9 @@ class Variant:
         s += f"/pf{self.pf // 1024}" if self.pf else ""
         s += f"/pfn{self.pfn // 1024}" if self.pfn else ""
         s += f"/sl{self.sleep}" if self.sleep else ""
+        s += f"/a{self.attn_per}" if self.attn_per else ""
+        s += "/kv2" if self.kv2 else ""
+        s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
 
@@ -103,7 +119,7 @@ class MegakernelStep:
         self.low = ProgramLowering(fd, st, b, n_sm, gemv)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
-            st.hidden.dtype, attn_per)
+            st.hidden.dtype, attn_per or v.attn_per or None, v.spread)
 
     def feed(self) -> None:
         self.fd.feed(self.st, self.b)
@@ -119,6 +135,7 @@ class MegakernelStep:
             kw.setdefault("pfn", v.pfn)
             kw.setdefault("align", v.align)
             kw.setdefault("sleep", v.sleep)
+            kw.setdefault("kv2", v.kv2)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

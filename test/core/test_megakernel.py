@@ -257,6 +257,34 @@ def test_gemv_unroll_gives_the_same_bits(dot):
             assert torch.equal(results[un][f], results[1][f]), (un, f)
 
 
+@pytest.mark.parametrize("b,attn_per", [(1, 2), (2, 3)])
+def test_attention_second_split_preloaded_gives_the_same_bits(b, attn_per):
+    """kv2 (the attention instruction's second key split loaded before its wait): the same
+    bits as without it, and the Python twin's values; 4 splits per head in instructions of
+    2 + 2 or 3 + 1 splits (the one-split instruction masks the preload off, the 3-split one
+    runs its third split in the loop)."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    s0 = _snapshot(st, fd)
+    mk = MegakernelStep(fd, st, b, variant=f"auto/a{attn_per}/kv2")
+    assert {i.sub[1] - i.sub[0] for i in mk.compiled.instrs if i.op_name == "attn.0"} == \
+        ({2} if attn_per == 2 else {3, 1})
+    mk.run_vm()
+    vm = _snapshot(st, fd)
+    results = {}
+    for kv2 in (False, True):
+        _restore(st, fd, s0)
+        mk.run_kernel(kv2=kv2)
+        assert int(mk.compiled.counters.abs().sum()) == 0
+        results[kv2] = _snapshot(st, fd)
+        for f in FIELDS:
+            sl = slice(None) if f == "kv" else slice(0, b)
+            _close(f, results[kv2][f][sl], vm[f][sl])
+    for f in FIELDS:
+        assert torch.equal(results[True][f], results[False][f]), f
+
+
 @pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
                                            ("pipe@16x64", 1, 2), ("pipe_same", 1, 3)])
 def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
@@ -293,6 +321,40 @@ def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
         _close(f, got2[f][sl], ref2[f][sl])
 
 
+def test_schedule_spreads_each_op_over_the_sms():
+    """The scheduler gives an op's instructions to distinct SMs before any SM gets a second
+    one (spread); the plain greedy rule stacked short instructions that became ready while
+    the other SMs were busy on one SM (H200, b=1: up to 5 attention instructions of a layer
+    on one program, 120 of 3072 in all)."""
+    from photon_core.megakernel.compiler import schedule
+    from photon_core.megakernel.instructions import OP_ATTN, OP_GEMV_W1, Instr
+
+    def program():
+        ins = [Instr(OP_GEMV_W1, "qkv", (t, t + 1), {}, {}, (), 0, 1.0) for t in range(4)]
+        ins += [Instr(OP_GEMV_W1, "fc1", (t, t + 1), {}, {}, (), 1, 10.0) for t in range(3)]
+        ins += [Instr(OP_ATTN, "attn", (0, h), {}, {}, ((0, 4),), 2, 2.0) for h in range(4)]
+        return ins
+
+    greedy, spread = program(), program()
+    schedule(greedy, 4, spread=False)
+    schedule(spread, 4)
+    assert sorted(i.sm for i in greedy if i.op == OP_ATTN) == [3, 3, 3, 3]
+    assert sorted(i.sm for i in spread if i.op == OP_ATTN) == [0, 1, 2, 3]
+    for ins in spread:        # the same dependencies: nothing starts before what it waits for
+        for w, _ in ins.waits:
+            assert ins.start >= max(j.end for j in spread if j.signal == w)
+    # the tiny model: every op's instructions over the 5 SMs, at most one more on any SM
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+    m, st, fd = _setup()
+    for variant, fair in (("auto", True), ("auto/greedy", False)):
+        c = MegakernelStep(fd, st, 2, n_sm=5, variant=variant).compiled
+        worst = 0
+        for op in range(len(c.ops)):
+            per = [sum(i.signal == op for i in q) for q in c.queues()]
+            worst = max(worst, max(per) - min(per))
+        assert (worst <= 1) == fair, (variant, worst)
+
+
 def test_variant_strings_and_alignment_flag():
     """Variant strings round-trip; the kernel's 16-element alignment hints are on only when
     every hinted offset of the table is a multiple of 16 (one odd operand turns them off)."""
@@ -306,6 +368,9 @@ def test_variant_strings_and_alignment_flag():
         "pipe_fma@16x512", 8, 4, 32768, 65536, True)
     assert Variant.parse(str(v)) == v
     assert not Variant.parse("fma/u4/noalign").align
+    g = Variant.parse("pipe@16x512/w4/a4/kv2/greedy")
+    assert (g.attn_per, g.spread, g.warps, g.kv2) == (4, False, 4, True)
+    assert Variant.parse(str(g)) == g
     with pytest.raises(ValueError):
         Variant.parse("pipe/x3")
     with pytest.raises(Unsupported):      # K = 100 is no multiple of 64
