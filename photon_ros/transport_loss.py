@@ -118,14 +118,15 @@ def loss_problem(window: dict, received: int, seconds: float) -> str | None:
     lost = window["lost"]
     if lost < WARN_MIN_LOST or lost <= WARN_FRACTION * received:
         return None
-    pct = 100.0 * lost / max(received + lost, 1)
+    pct = 100.0 * lost / max(received, 1)
     why = []
     if window["rmw"]:
-        why.append(f"{window['rmw']} reported lost by the rmw (transport or publisher history)")
+        why.append(f"{window['rmw']} reported lost by the rmw (transport or the publisher's "
+                   "history; raw frames over 512 KiB on one host: config/fastdds_large_images.xml)")
     queue = window["gaps"] - window["rmw"]
     if queue > 0:
         why.append(f"{queue} more missing from the publisher's sequence (not taken in time: the "
                    "subscription queue overflowed while the node's image callbacks were behind; "
                    "a larger qos_depth or a lower camera rate helps)")
-    return (f"{lost} frames lost before the node in the last {seconds:.0f} s ({pct:.1f}% of "
-            f"{received + lost} sent): " + "; ".join(why))
+    return (f"{lost} frames lost before the node in the last {seconds:.0f} s ({pct:.1f}% of the "
+            f"{received} received): " + "; ".join(why))
