@@ -48,6 +48,7 @@ class CameraState:
         self.latest: LatestFrame | None = None
         self.recent: collections.OrderedDict = collections.OrderedDict()   # key -> image
         self.lock = threading.Lock()
+        self.loss_warned = float("-inf")       # last transport-loss WARN (cameras._warn_loss)
 
 
 def camera_qos(reliable: bool, depth: int) -> QoSProfile:
@@ -215,9 +216,13 @@ class Cameras:
     def _warn_loss(self, st: CameraState) -> None:
         """Log (throttled) when the losses of the last window are high: the diagnostics show
         the same text as the camera's WARN."""
-        w = st.stats.loss_window(time.monotonic())
+        now = time.monotonic()
+        if now - st.loss_warned < 1.0:           # warned just now: spare the window scan
+            return
+        w = st.stats.loss_window(now)
         text = loss_problem(w, w["received"], WINDOW_S)
         if text is not None:
+            st.loss_warned = now
             total = st.stats.transport.totals()["frames_lost_in_transport"]
             self.node.warn_throttled((st.name, "transport_loss"),
                                      f"camera {st.name}: {text} ({total} in all)")
