@@ -25,7 +25,11 @@ At the end the cameras stop, the node drains, and the node's own per-camera coun
     tasks_submitted == answered (results published) + superseded + skipped + cancelled +
     deadline_cancelled + errored
 and every frame the node received either was converted (or counted as a bad frame). Sent vs
-received shows what DDS dropped before the node (reliable QoS keep-last: 0 expected).
+received shows what DDS dropped before the node; the node counts those itself
+(`frames_lost_in_transport` in its camera diagnostics: gaps in the publisher's sequence
+numbers and the rmw's message_lost event), so per camera
+    sent == received + lost_reported_by_node + unexplained
+(unexplained: frames the node cannot see were lost, e.g. before the first frame it took).
 Also checked: every on-demand call got a response, the queue stayed bounded, the RSS at the
 end is within 25% + 64 MiB of the RSS after warm-up, on CUDA the GPU memory at the end within
 10% + 256 MiB of that after warm-up (the node's own figure from nvidia-smi, else the GPU's
@@ -142,9 +146,10 @@ def progress_line(sample: dict, sent: dict, cams: dict, calls: dict) -> str:
     """One line of where the soak stands (the node's counters, summed over cameras)."""
     tot = {k: sum(int(float(v.get(k, 0) or 0)) for v in cams.values())
            for k in ("frames_in", "tasks_submitted", "results_published", "superseded",
-                     "skipped", "errors")}
+                     "skipped", "errors", "frames_lost_in_transport")}
     gpu = f", gpu {sample['gpu_mib']:.0f} MiB" if sample.get("gpu_mib") is not None else ""
-    return (f"t={sample['t']:.0f}s sent {sum(sent.values())} received {tot['frames_in']}; "
+    return (f"t={sample['t']:.0f}s sent {sum(sent.values())} received {tot['frames_in']} "
+            f"(lost before the node {tot['frames_lost_in_transport']}); "
             f"requests {tot['tasks_submitted']} = answered {tot['results_published']} + "
             f"superseded {tot['superseded']} + skipped {tot['skipped']} + ...; errors "
             f"{tot['errors']}; queue {sample['waiting']} waiting / {sample['running']} running; "
@@ -190,13 +195,18 @@ def account(cams: dict, sent: dict) -> dict:
         g = {k: int(float(v.get(k, 0) or 0)) for k in (
             "frames_in", "tasks_submitted", "results_published", "superseded", "skipped",
             "cancelled", "deadline_cancelled", "errors", "error.engine", "stale_frames",
-            "deadline_misses")}
+            "deadline_misses", "frames_lost_in_transport", "transport.rmw_message_lost")}
         bad_frames = sum(int(float(x)) for k, x in v.items()
                          if k.startswith("error.") and k != "error.engine")
         outcomes = (g["results_published"] + g["superseded"] + g["skipped"] + g["cancelled"]
                     + g["deadline_cancelled"] + g["error.engine"])
         out[name] = {"sent": sent.get(name, 0), "received": g["frames_in"],
                      "transport_dropped": sent.get(name, 0) - g["frames_in"],
+                     # the node's own count of those (sequence gaps, rmw message_lost)
+                     "lost_reported_by_node": g["frames_lost_in_transport"],
+                     "rmw_message_lost": g["transport.rmw_message_lost"],
+                     "unexplained": (sent.get(name, 0) - g["frames_in"]
+                                     - g["frames_lost_in_transport"]),
                      "bad_frames": bad_frames, "stale_frames": g["stale_frames"],
                      "requests": g["tasks_submitted"], "answered": g["results_published"],
                      "superseded": g["superseded"], "skipped": g["skipped"],
@@ -367,7 +377,8 @@ def fill_summary(summary: dict, args, acc: dict, calls: dict, fail_reasons: dict
     summary.update({
         "cameras": acc,
         "totals": {k: sum(a[k] for a in acc.values()) for k in (
-            "sent", "received", "transport_dropped", "bad_frames", "requests", "answered",
+            "sent", "received", "transport_dropped", "lost_reported_by_node",
+            "rmw_message_lost", "unexplained", "bad_frames", "requests", "answered",
             "superseded", "skipped", "cancelled", "deadline_cancelled", "errored",
             "unaccounted", "deadline_misses")},
         "on_demand": {**calls, "fail_reasons": fail_reasons},
@@ -387,6 +398,8 @@ def fill_summary(summary: dict, args, acc: dict, calls: dict, fail_reasons: dict
                               "source": sorted({s.get("gpu_src") for s in samples
                                                 if s.get("gpu_mib") is not None})}
     t = summary["totals"]
+    summary["frame_accounting"] = {
+        name: accounting_line(a) for name, a in [*sorted(acc.items()), ("total", t)]}
     checks = summary["checks"]
     checks["requests_accounted"] = t["unaccounted"] == 0 and t["requests"] > 0
     checks["answers_flowing"] = t["answered"] > 0
@@ -397,6 +410,13 @@ def fill_summary(summary: dict, args, acc: dict, calls: dict, fail_reasons: dict
     if "gpu_mib" in summary and summary["gpu_mib"]["start"]:
         gm = summary["gpu_mib"]
         checks["gpu_memory_flat"] = gm["end"] <= gm["start"] * 1.10 + 256
+
+
+def accounting_line(a: dict) -> str:
+    """sent = received + lost_reported_by_node + unexplained (one camera or the totals)."""
+    return (f"sent {a['sent']} = received {a['received']} + lost_reported_by_node "
+            f"{a['lost_reported_by_node']} (rmw message_lost {a['rmw_message_lost']}) + "
+            f"unexplained {a['unexplained']}")
 
 
 def say(msg: str) -> None:
@@ -618,6 +638,8 @@ def finish(summary: dict, failures: list, args, run_dir: Path) -> int:
     summary["passed"] = not failures
     text = json.dumps(summary, indent=1, default=str)
     print(text, flush=True)
+    for name, line in summary.get("frame_accounting", {}).items():
+        say(f"frames {name}: {line}")
     if args.json:
         Path(args.json).write_text(text)
     if args.run_dir:                       # written last: `--wait` takes it as the end

@@ -15,18 +15,19 @@ from functools import partial
 from typing import Any, Callable
 
 import numpy as np
-from rclpy.event_handler import SubscriptionEventCallbacks
+from rclpy.event_handler import SubscriptionEventCallbacks, UnsupportedEventTypeError
 from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy,
                        qos_profile_sensor_data)
 from sensor_msgs.msg import CompressedImage, Image
 
 from photon_ros import image_conversion
 from photon_ros.annotate import annotate
-from photon_ros.camera_stats import CameraStats
+from photon_ros.camera_stats import WINDOW_S, CameraStats
 from photon_ros.live_pipeline import JUMP, STALE
 from photon_ros.msg import Answer, DetectionArray, PointArray
 from photon_ros.result_messages import (RESULT_TYPES, points_to_vision_msgs, stamp_to_s,
                                         to_vision_msgs, vision_msgs_missing)
+from photon_ros.transport_loss import loss_problem
 
 
 @dataclass
@@ -47,6 +48,7 @@ class CameraState:
         self.latest: LatestFrame | None = None
         self.recent: collections.OrderedDict = collections.OrderedDict()   # key -> image
         self.lock = threading.Lock()
+        self.loss_warned = float("-inf")       # last transport-loss WARN (cameras._warn_loss)
 
 
 def camera_qos(reliable: bool, depth: int) -> QoSProfile:
@@ -95,18 +97,34 @@ class Cameras:
                     node.destroy_subscription(st.sub)
                     st.sub = None
                 if st.sub is None:
-                    events = SubscriptionEventCallbacks(
-                        incompatible_qos=partial(self._on_incompatible_qos, cam.name))
-                    st.sub = node.create_subscription(
-                        CompressedImage if cam.type == "compressed" else Image, cam.topic,
-                        partial(self.on_image, cam.name), camera_qos(cam.qos_reliable, cam.qos_depth),
-                        callback_group=node.image_group, event_callbacks=events)
+                    st.stats.transport.restart()
+                    st.sub = self._subscribe(cam)
                     st.sub_sig = sig
                     node.get_logger().info(
                         f"camera {cam.name}: {cam.topic} ({cam.type}, "
                         f"{'reliable' if cam.qos_reliable else 'best effort'}, depth {cam.qos_depth})")
                 if not st.pubs:
                     st.pubs = self._publishers(cam.name, cfg)
+
+    def _subscribe(self, cam):
+        """The camera's subscription; its callback gets the message info (publication
+        sequence numbers: frames lost before the node) and the rmw's message_lost and
+        incompatible_qos events are counted."""
+        node = self.node
+        args = (CompressedImage if cam.type == "compressed" else Image, cam.topic,
+                partial(self.on_image_info, cam.name), camera_qos(cam.qos_reliable, cam.qos_depth))
+        incompatible = partial(self._on_incompatible_qos, cam.name)
+        try:
+            events = SubscriptionEventCallbacks(
+                incompatible_qos=incompatible, message_lost=partial(self._on_message_lost, cam.name))
+            return node.create_subscription(*args, callback_group=node.image_group,
+                                            event_callbacks=events)
+        except UnsupportedEventTypeError:       # an rmw without message_lost: sequences only
+            node.get_logger().info(f"camera {cam.name}: the rmw has no message_lost event; frames "
+                                   "lost before the node are counted from sequence gaps only")
+            return node.create_subscription(
+                *args, callback_group=node.image_group,
+                event_callbacks=SubscriptionEventCallbacks(incompatible_qos=incompatible))
 
     def _publishers(self, camera: str, cfg) -> dict[str, Any]:
         node = self.node
@@ -187,7 +205,37 @@ class Cameras:
                 if cam.qos_reliable and info.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
                     self._on_incompatible_qos(cam.name, None)
 
+    # -- frames lost before the node ----------------------------------------------------------
+    def _on_message_lost(self, camera: str, info) -> None:
+        st = self.states.get(camera)
+        if st is not None:
+            st.stats.transport.on_rmw_lost(int(getattr(info, "total_count_change", 0) or 0),
+                                           time.monotonic())
+            self._warn_loss(st)
+
+    def _warn_loss(self, st: CameraState) -> None:
+        """Log (throttled) when the losses of the last window are high: the diagnostics show
+        the same text as the camera's WARN."""
+        now = time.monotonic()
+        if now - st.loss_warned < 1.0:           # warned just now: spare the window scan
+            return
+        w = st.stats.loss_window(now)
+        text = loss_problem(w, w["received"], WINDOW_S)
+        if text is not None:
+            st.loss_warned = now
+            total = st.stats.transport.totals()["frames_lost_in_transport"]
+            self.node.warn_throttled((st.name, "transport_loss"),
+                                     f"camera {st.name}: {text} ({total} in all)")
+
     # -- intake ----------------------------------------------------------------------------
+    def on_image_info(self, camera: str, msg, info) -> None:
+        """The subscription's callback (message + MessageInfo): count frames the publisher
+        sent that never arrived (publication sequence gaps), then take the frame."""
+        st = self.states.get(camera)
+        if st is not None and st.stats.transport.on_message(info, time.monotonic()) > 0:
+            self._warn_loss(st)
+        self.on_image(camera, msg)
+
     def on_image(self, camera: str, msg) -> None:
         node = self.node
         # local references: a lifecycle transition on a pool thread may drop them meanwhile

@@ -6,12 +6,18 @@ import time
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
+from photon_ros.camera_stats import WINDOW_S
+from photon_ros.transport_loss import loss_problem
+
 STALE_INPUT_S = 3.0       # a camera warns when active and it sent nothing for this long
 # tasks_submitted = results_published + superseded + skipped + cancelled + deadline_cancelled
 #                   + error.engine (+ the ones still open)
 CAMERA_COUNTERS = ("frames_in", "frames_processed", "results_published", "tasks_submitted",
                    "superseded", "skipped", "deadline_misses", "cancelled", "deadline_cancelled",
-                   "errors", "clock_jumps_back", "stale_frames", "qos_incompatible")
+                   "errors", "clock_jumps_back", "stale_frames", "qos_incompatible",
+                   # frames the publishers sent that never reached the callback (transport_loss.py)
+                   "frames_lost_in_transport", "transport.sequence_gaps",
+                   "transport.rmw_message_lost", "transport.no_sequence_number")
 SCHEDULER_KEYS = ("submitted", "done", "late", "superseded", "skipped", "deadline_misses",
                   "errors", "waiting", "running")
 
@@ -54,6 +60,10 @@ def camera_status(name: str, camera: str, topic: str, snap: dict, active: bool,
         problems.append("no frames yet")
     if c.get("qos_incompatible"):
         problems.append("incompatible QoS publisher")
+    w = snap.get("transport_window")
+    lost = loss_problem(w, w["received"], WINDOW_S) if w else None
+    if lost is not None:
+        problems.append(lost)
     if c.get("errors"):
         problems.append(f"{c['errors']} bad frames/errors")
     if health is not None:
