@@ -13,7 +13,7 @@ import torch
 from ..ops.row_advance import row_advance
 from .compiler import Compiled, compile_program
 from .kernel import interpreted, launch
-from .lowering import ProgramLowering
+from .lowering import ProgramLowering, parse_gemv
 from .python_vm import PythonVM
 
 UNROLL_ENV = int(os.environ.get("PHOTON_MK_UNROLL", "0"))
@@ -47,6 +47,8 @@ class Variant:
     def parse(cls, spec: str) -> "Variant":
         parts = spec.strip().split("/")
         kw: dict = {"gemv": parts[0]}
+        if parts[0] != "auto":
+            parse_gemv(parts[0])          # ValueError on an unknown GEMV choice
         for p in parts[1:]:
             for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024),
                                      ("sl", "sleep", 1), ("w", "warps", 1),
