@@ -27,9 +27,9 @@ from photon_core.moondream.model import build_random_model  # noqa: E402
 from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config  # noqa: E402
 from photon_core.task import Task  # noqa: E402
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
-                                os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="interpreter tests")
+GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+cpu_only = pytest.mark.skipif(GPU, reason="interpreter tests")
+gpu_only = pytest.mark.skipif(not GPU, reason="CUDA (no interpreter)")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +89,7 @@ def _decode(fe, pairs):
     return [r.result() for r in runs]
 
 
+@cpu_only
 def test_batch_1_every_skill_matches_fused(model, encs, monkeypatch):
     fu, mk = _engines(model, 1)
     n = Launches(monkeypatch)
@@ -100,6 +101,7 @@ def test_batch_1_every_skill_matches_fused(model, encs, monkeypatch):
     fu.close(), mk.close()
 
 
+@cpu_only
 def test_batch_2_mixed_skills_with_zombies_match_fused(model, encs, monkeypatch):
     fu, mk = _engines(model, 2)
     n = Launches(monkeypatch)
@@ -121,6 +123,7 @@ def test_batch_2_mixed_skills_with_zombies_match_fused(model, encs, monkeypatch)
     fu.close(), mk.close()
 
 
+@cpu_only
 def test_cancel_mid_flight_releases_the_zombie_row(model, encs):
     fu, mk = _engines(model, 2)
     t = Task("point", object="cup", max_objects=20)
@@ -141,6 +144,7 @@ def test_cancel_mid_flight_releases_the_zombie_row(model, encs):
     mk.close(), fu.close()
 
 
+@cpu_only
 def test_variant_option_is_validated_and_used(model, encs):
     with pytest.raises(ValueError, match="unknown part"):
         EngineOptions(megakernel="small/w4/bogus")
@@ -155,6 +159,7 @@ def test_variant_option_is_validated_and_used(model, encs):
     fu.close(), mk.close()
 
 
+@cpu_only
 def test_fallback_without_the_fused_backend_says_why(model, encs, caplog):
     with caplog.at_level(logging.WARNING, logger="photon_core.megakernel.megakernel_backend"):
         fe = FastEngine(model, max_batch=1, fused="off", megakernel="on")
@@ -167,6 +172,7 @@ def test_fallback_without_the_fused_backend_says_why(model, encs, caplog):
     fe.close()
 
 
+@cpu_only
 def test_fallback_for_a_family_without_a_lowering(tmp_path, caplog):
     """Qwen 3.5 (Gated DeltaNet + gated attention): no megakernel lowering -> the fused
     backend serves, the same tokens as an engine built without the option."""
@@ -183,4 +189,27 @@ def test_fallback_for_a_family_without_a_lowering(tmp_path, caplog):
     t = Task("query", question="How many dogs?", max_tokens=3)
     fu = FastEngine(q, max_batch=1, kv_capacity=512, fused="on")
     assert same(fu.run(enc, t), mk.run(enc, t))
+    fu.close(), mk.close()
+
+
+@gpu_only
+@pytest.mark.parametrize("variant", ["on", "pipe_same/w8/s4", "auto/w8/s3"])
+def test_gpu_graphs_match_fused(variant):
+    """On CUDA (graphs captured per bucket, cooperative launch): the tiny fp32 model's
+    outputs with the megakernel equal the fused backend's, batch 1 and 2 with zombies."""
+    torch.manual_seed(0)
+    m = build_random_model(tiny_config(fast=True), eos_bias=TEST_EOS_BIAS["fast"], seed=0,
+                           device="cuda", dtype="fp32")
+    rng = np.random.default_rng(0)
+    encs = [m.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((120, 160), (90, 200))]
+    fu = FastEngine(m, max_batch=2, fused="on")
+    mk = FastEngine(m, max_batch=2, fused="on", megakernel=variant)
+    assert mk.state.megakernel is not None, mk.state.megakernel_fallback
+    assert mk.runner.graphs, "graphs captured"
+    for k in range(len(TASKS)):
+        pairs = [(encs[(k + j) % 2], TASKS[(k + j) % len(TASKS)]) for j in range(2)]
+        for w, g in zip(_decode(fu, pairs[:1]) + _decode(fu, pairs),
+                        _decode(mk, pairs[:1]) + _decode(mk, pairs)):
+            assert same(w, g), (variant, k, w.output, g.output)
     fu.close(), mk.close()
