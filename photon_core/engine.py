@@ -48,6 +48,13 @@ class EngineOptions:
     pdl: the fused backend's kernels launch with programmatic dependent launch (Hopper+,
       a Triton with triton.language.extra.cuda.gdc_*; ops/pdl.py): each starts while the one
       before finishes. Same results; ignored elsewhere (CPU, interpreter, older GPUs).
+    megakernel: the fast path's decode forward (feedback + decoder + row advance) as one
+      persistent megakernel launch per step (photon_core/megakernel; opt-in, slower than
+      the fused graph today: docs/benchmarks.md): "off", "on" (the measured best variant),
+      or a variant string ("pipe_fma@16x512/w8/s4/pf32/pfn64", megakernel_step.Variant).
+      Needs the fused backend; where the megakernel cannot serve the model (no lowering
+      for the family's ops, no CUDA / cooperative launch) the fused backend runs and the
+      reason is logged (FastEngine.metrics()["megakernel_fallback"]).
     max_batch: rows (batch slots) of the fast path; kv_capacity: positions per row
       (None: 1024 on the GPU, the model's context on the CPU).
     """
@@ -59,6 +66,7 @@ class EngineOptions:
     encoder: str = "auto"
     deterministic: bool = False
     pdl: bool = False
+    megakernel: str = "off"
     max_batch: int = 8
     kv_capacity: int | None = None
 
@@ -76,6 +84,16 @@ class EngineOptions:
             raise ValueError(f"encoder must be one of {ENCODERS}, not {self.encoder!r}")
         if not isinstance(self.pdl, bool):
             raise ValueError(f"pdl must be a bool, not {self.pdl!r}")
+        if not isinstance(self.megakernel, str):
+            raise ValueError(f"megakernel must be 'off', 'on' or a variant string, not "
+                             f"{self.megakernel!r}")
+        if self.megakernel not in ("off", "on"):
+            try:
+                from .megakernel.megakernel_step import Variant
+            except ImportError:      # no triton: the engine falls back (and says why)
+                Variant = None
+            if Variant is not None:
+                Variant.parse(self.megakernel)      # ValueError on a bad variant
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, not {self.max_batch!r}")
 

@@ -18,7 +18,9 @@ host. The host never feeds a value back.
 
 Backends (EngineOptions.fused): eager_backend.py (the ops' torch references; equal to the
 reference path bit for bit in fp32) or fused_backend.py (the Triton kernels: "auto" = on CUDA
-for bf16/fp16 models when triton imports).
+for bf16/fp16 models when triton imports); EngineOptions.megakernel (opt-in): the fused
+backend with its forward as one megakernel launch (megakernel/megakernel_backend.py), or the
+fused backend with the reason logged where the megakernel cannot serve the model.
 """
 from __future__ import annotations
 
@@ -67,6 +69,12 @@ class StepState:
             self.fused = FusedBackend(spec, w, kv, rows, deterministic=options.deterministic,
                                       pdl=options.pdl)
         self.backend = self.fused or self.eager
+        self.megakernel, self.megakernel_fallback = None, ""
+        if options.megakernel != "off":       # opt-in: megakernel_backend.py
+            from ..megakernel.megakernel_backend import pick_backend
+            self.megakernel, self.megakernel_fallback = pick_backend(self.fused, self,
+                                                                     options.megakernel)
+            self.backend = self.megakernel or self.backend
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, kind: int,
                 temperature: float, top_p: float, generator=None,

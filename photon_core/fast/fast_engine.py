@@ -264,6 +264,10 @@ class FastEngine(EngineConveniences):
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined
         d["deterministic"] = self.deterministic
+        if self.options.megakernel != "off":
+            mk = self.state.megakernel
+            d["megakernel"] = str(mk.variant) if mk is not None else None
+            d["megakernel_fallback"] = self.state.megakernel_fallback
         if self.batch_encoder is not None:
             d["encoder"] = self.batch_encoder.summary()
         return d

@@ -8,6 +8,8 @@ compiler.py      ops -> instructions (row tiles, attention split groups) -> stat
 python_vm.py     the schedule executed with torch ops (readable ground truth)
 kernel.py        the persistent kernel and its launch
 megakernel_step.py  one decode step (feedback launch + the megakernel) over a StepState
+megakernel_backend.py  the engine backend (EngineOptions.megakernel): the fused backend with
+                 its forward piece as the megakernel, or the fused backend and the reason
 Measured by bench/bench_megakernel.py (H200); sm_90 builds without a GPU:
 bench/compile_megakernel.py.
 """

@@ -121,9 +121,12 @@ class ProgramLowering:
     """The program (ops), the buffers its operands name, and the shapes / GEMV configs the
     kernel is specialized on, for a FusedBackend `fd` and a StepState `st` at bucket b."""
 
-    def __init__(self, fd, st, b: int, n_sm: int, gemv: str = "fused"):
+    def __init__(self, fd, st, b: int, n_sm: int, gemv: str = "fused", head: bool = True):
         """n_sm: programs at most (each gets a private LayerNorm scratch of b rows).
-        gemv: the GEMV block shapes, GEMV_CHOICES (gemv_configs)."""
+        gemv: the GEMV block shapes, GEMV_CHOICES (gemv_configs). head=False: the program
+        ends at the advance (no lm / argmax instructions: the runtime's forward piece,
+        whose lm pick is the next step's sample piece)."""
+        self.head = head
         parse_gemv(gemv)
         self.pipe = is_pipe(gemv)
         p = self.program = fd.program
@@ -245,6 +248,8 @@ class ProgramLowering:
                              {"x": O("x"), "out_hidden": O("hidden"), "active": O("active"),
                               "out_pos": O("pos"), "out_phase": O("phase"), "kind": O("kind"),
                               "table": O("phase_next"), "out_first": O("first")}, {}, prev))
+        if not self.head:
+            return ops
         ops.append(ProgramOp("lm", OP_GEMV_LM,
                              {"inp": O("hs"), "w": O("lm_w"), "bias": O("lm_b"),
                               "out": O("logits"), "ln_inp": O("hidden"),

@@ -13,7 +13,7 @@ import torch
 from ..ops.row_advance import row_advance
 from .compiler import Compiled, compile_program
 from .kernel import interpreted, launch
-from .lowering import ProgramLowering
+from .lowering import ProgramLowering, parse_gemv
 from .python_vm import PythonVM
 
 UNROLL_ENV = int(os.environ.get("PHOTON_MK_UNROLL", "0"))
@@ -47,6 +47,8 @@ class Variant:
     def parse(cls, spec: str) -> "Variant":
         parts = spec.strip().split("/")
         kw: dict = {"gemv": parts[0]}
+        if parts[0] != "auto":
+            parse_gemv(parts[0])          # ValueError on an unknown GEMV choice
         for p in parts[1:]:
             for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024),
                                      ("sl", "sleep", 1), ("w", "warps", 1),
@@ -99,11 +101,12 @@ class MegakernelStep:
     def __init__(self, fd, st, b: int, n_sm: int | None = None,
                  attn_per: int | None = None, gemv: str | None = None,
                  unroll: int | None = None, num_warps: int | None = None,
-                 variant: Variant | str | None = None):
+                 variant: Variant | str | None = None, head: bool = True):
         """variant: a Variant (or its string); gemv / unroll / num_warps override its fields.
         gemv: lowering.GEMV_CHOICES or "auto" (b=1: "fma", else "small": no register
         spills at 8 warps in sm_90 builds, bench/compile_megakernel.py); unroll: GEMV W
-        tiles per group (None: PHOTON_MK_UNROLL, else 4 at b=1, 2 above)."""
+        tiles per group (None: PHOTON_MK_UNROLL, else 4 at b=1, 2 above). head=False: no
+        lm pick at the end (the engine's forward piece: megakernel_backend.py)."""
         self.fd, self.st, self.b = fd, st, b
         v = Variant.parse(variant) if isinstance(variant, str) else (variant or Variant())
         gemv = gemv or v.gemv
@@ -116,7 +119,7 @@ class MegakernelStep:
         dev = fd.x.device
         if n_sm is None:
             n_sm = 1 if interpreted() else sm_count(dev)
-        self.low = ProgramLowering(fd, st, b, n_sm, gemv)
+        self.low = ProgramLowering(fd, st, b, n_sm, gemv, head)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
             st.hidden.dtype, attn_per or v.attn_per or None, v.spread)

@@ -1,0 +1,109 @@
+"""The megakernel as the runtime's step backend (EngineOptions.megakernel): the fused backend
+(fast/fused_backend.py) with its forward piece - feedback, decoder, row advance - replaced by
+the feedback launch plus ONE megakernel launch per step (megakernel_step.py, head=False).
+Everything else (the sample pieces' heads, the prompt prefill, the encoders) is the fused
+backend's, so the pipelined runtime above it (CUDA graphs per bucket, ping-pong slots,
+forward-now-sample-later, zombies) drives it unchanged.
+
+    backend = megakernel_backend(fused, st, "pipe_fma@16x512/w8/s4/pf32/pfn64")
+    -> (MegakernelBackend, "") or (None, the reason it cannot serve: the caller keeps fused)
+
+The lm pick stays a sample piece (the megakernel's own lm / argmax tail would write the
+NEXT step's pick into `out` before the pipeline stages this step's values).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .kernel import interpreted
+from .lowering import Unsupported
+from .megakernel_step import MegakernelStep, Variant
+
+log = logging.getLogger(__name__)
+
+
+def resolve_variant(spec: str) -> Variant | None:
+    """EngineOptions.megakernel -> the Variant to build (None: "off"). "on": the measured
+    best b=1 build on the H200 (docs/benchmarks.md, call 8) on CUDA, Variant() under the
+    interpreter (no L2 prefetch there)."""
+    if spec == "off":
+        return None
+    if spec == "on":
+        return Variant() if interpreted() else Variant.parse(BEST)
+    return Variant.parse(spec)
+
+
+BEST = "pipe_fma@16x512/w8/s4/pf32/pfn64"
+
+
+class MegakernelBackend:
+    """The fused backend `fd` with forward() through the megakernel; one compiled
+    MegakernelStep per bucket, built on the bucket's first forward (the runner's warm-up,
+    before any graph capture)."""
+
+    def __init__(self, fd, st, variant: Variant, n_sm: int | None = None):
+        self.fd, self.st, self.variant, self.n_sm = fd, st, variant, n_sm
+        self.steps: dict[int, MegakernelStep] = {}
+
+    def __getattr__(self, name):           # heads, prefill, buffers: the fused backend's
+        return getattr(self.__dict__["fd"], name)
+
+    def step_for(self, b: int) -> MegakernelStep:
+        s = self.steps.get(b)
+        if s is None:
+            s = self.steps[b] = MegakernelStep(self.fd, self.st, b, n_sm=self.n_sm,
+                                               variant=self.variant, head=False)
+        return s
+
+    def forward(self, st, b: int, attn_len: int) -> None:
+        """fd.forward's feed + decoder + row advance: the feedback launch, then the
+        megakernel (attention over the rows' positions: attn_len is for window families,
+        which have no lowering)."""
+        s = self.step_for(b)
+        s.feed()
+        s.run_kernel()
+
+
+def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str]:
+    """The megakernel backend over fused backend `fd` (None: the fused backend is off) for
+    EngineOptions.megakernel `spec`, or (None, why not). Checks: a fused backend, a device
+    the kernel runs on (CUDA, or the CPU under TRITON_INTERPRET=1), the program's lowering
+    (bucket 1), and on CUDA one trial launch (cooperative grid) with every row inactive."""
+    variant = resolve_variant(spec)
+    if variant is None:
+        return None, "megakernel off"
+    if fd is None:
+        return None, ("the megakernel runs over the fused backend's tensors and the fused "
+                      "backend is off (EngineOptions.fused)")
+    dev = torch.device(fd.x.device)
+    if dev.type != "cuda" and not interpreted():
+        return None, f"no CUDA device ({dev}) and not TRITON_INTERPRET=1"
+    be = MegakernelBackend(fd, st, variant)
+    try:
+        be.step_for(1)
+    except Unsupported as e:
+        return None, f"no megakernel lowering for this model's step program: {e}"
+    except Exception as e:       # noqa: BLE001 - a compile / shape failure: keep fused
+        return None, f"megakernel build failed: {type(e).__name__}: {e}"
+    if dev.type == "cuda" and not interpreted():
+        if bool(st.active.any()):
+            return None, "rows in use at build time (the trial launch needs them inactive)"
+        try:      # all rows inactive: their k/v writes land on not-yet-valid positions
+            be.step_for(1).run_kernel()
+            torch.cuda.synchronize(dev)
+        except Exception as e:   # noqa: BLE001 - e.g. no cooperative launch
+            return None, f"megakernel launch failed: {type(e).__name__}: {e}"
+    return be, ""
+
+
+def pick_backend(fd, st, spec: str):
+    """StepState's choice: the megakernel backend, or `fd` (the fused backend, maybe None)
+    with the reason logged. Returns (backend or None, fallback reason or "")."""
+    be, why = megakernel_backend(fd, st, spec)
+    if be is None:
+        log.warning("megakernel %r not used, fused backend kept: %s", spec, why)
+        return None, why
+    log.info("megakernel backend: %s", be.variant)
+    return be, ""

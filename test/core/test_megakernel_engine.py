@@ -1,0 +1,215 @@
+"""The megakernel as FastEngine's step backend (EngineOptions.megakernel,
+photon_core/megakernel/megakernel_backend.py) on the CPU under TRITON_INTERPRET=1, tiny fp32
+Moondream: the pipelined runtime (ping-pong slots, forward-now-sample-later, zombies) drives
+it unchanged and every decoded output (text, coordinates, token counts, finish reasons) is
+the fused backend's (fused="on"), at batch 1 and 2 and with a run cancelled mid-flight; the
+forward pieces really go through the megakernel. Where it cannot serve (fused backend off, a
+family whose ops have no lowering: Qwen 3.5) the engine keeps the fused backend and says why.
+The H200 side (cooperative launch, graphs, bf16): bench/bench_megakernel.py."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from photon_core.engine import EngineOptions  # noqa: E402
+from photon_core.fast import FastEngine  # noqa: E402
+from photon_core.moondream.model import build_random_model  # noqa: E402
+from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config  # noqa: E402
+from photon_core.task import Task  # noqa: E402
+
+GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+cpu_only = pytest.mark.skipif(GPU, reason="interpreter tests")
+gpu_only = pytest.mark.skipif(not GPU, reason="CUDA (no interpreter)")
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return build_random_model(tiny_config(fast=True), eos_bias=TEST_EOS_BIAS["fast"], seed=0)
+
+
+@pytest.fixture(scope="module")
+def encs(model):
+    rng = np.random.default_rng(0)
+    return [model.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((120, 160), (90, 200))]
+
+
+TASKS = [Task("detect", object="person", max_objects=3),
+         Task("point", object="cup", max_objects=3),
+         Task("query", question="What is it?", max_tokens=8),
+         Task("detect", object="car", max_objects=1)]
+
+
+def same(a, b):
+    return (a.output, a.tokens, a.finish_reason) == (b.output, b.tokens, b.finish_reason)
+
+
+class Launches:
+    """Counts the megakernel launches (MegakernelStep.run_kernel) per bucket."""
+
+    def __init__(self, monkeypatch):
+        from photon_core.megakernel.megakernel_step import MegakernelStep
+        self.by_bucket: dict[int, int] = {}
+        real = MegakernelStep.run_kernel
+
+        def counted(step, **kw):
+            self.by_bucket[step.b] = self.by_bucket.get(step.b, 0) + 1
+            return real(step, **kw)
+        monkeypatch.setattr(MegakernelStep, "run_kernel", counted)
+
+
+def _engines(model, rows):
+    fu = FastEngine(model, max_batch=rows, fused="on")
+    mk = FastEngine(model, max_batch=rows, fused="on", megakernel="on")
+    from photon_core.megakernel.megakernel_backend import MegakernelBackend
+    assert isinstance(mk.state.backend, MegakernelBackend), mk.state.megakernel_fallback
+    assert fu.state.backend is fu.state.fused and fu.state.megakernel is None
+    assert mk.metrics()["megakernel_fallback"] == ""
+    assert "megakernel" not in fu.metrics()
+    return fu, mk
+
+
+def _decode(fe, pairs):
+    runs = [fe.start(e, t) for e, t in pairs]
+    while any(fe.step_batch(runs)):
+        pass
+    fe.drain()
+    assert all(o is None for o in fe.rows.owner)
+    return [r.result() for r in runs]
+
+
+@cpu_only
+def test_batch_1_every_skill_matches_fused(model, encs, monkeypatch):
+    fu, mk = _engines(model, 1)
+    n = Launches(monkeypatch)
+    for enc in encs:
+        for t in TASKS:
+            a, b = fu.run(enc, t), mk.run(enc, t)
+            assert same(a, b), (t, a.output, b.output)
+    assert n.by_bucket.get(1, 0) > 10 and set(n.by_bucket) == {1}
+    fu.close(), mk.close()
+
+
+@cpu_only
+def test_batch_2_mixed_skills_with_zombies_match_fused(model, encs, monkeypatch):
+    fu, mk = _engines(model, 2)
+    n = Launches(monkeypatch)
+    mk.decoder.record = True
+    zombies = 0
+    for k in range(len(TASKS)):
+        pairs = [(encs[(k + j) % 2], TASKS[(k + j) % len(TASKS)]) for j in range(2)]
+        want = _decode(fu, pairs)
+        runs = [mk.start(e, t) for e, t in pairs]
+        while any(mk.step_batch(runs)):
+            pass
+        mk.drain()
+        zombies += sum(r.committed > r.steps for r in runs)      # rode along after finishing
+        for w, r in zip(want, runs):
+            assert same(w, r.result()), (k, w.output, r.result().output)
+        assert all(o is None for o in mk.rows.owner)
+    assert zombies > 0
+    assert n.by_bucket.get(2, 0) > 0
+    fu.close(), mk.close()
+
+
+@cpu_only
+def test_cancel_mid_flight_releases_the_zombie_row(model, encs):
+    fu, mk = _engines(model, 2)
+    t = Task("point", object="cup", max_objects=20)
+    ref = fu.run(encs[0], t).output["points"]
+    a = mk.start(encs[0], t, ignore_eos=True)
+    b = mk.start(encs[1], Task("query", question="What?", max_tokens=30), ignore_eos=True)
+    for _ in range(5):
+        mk.step_batch([a, b])
+    row = a.row
+    a.cancel("deadline")
+    assert a.finished and mk.rows.owner[row] is a          # its launched step still holds it
+    mk.step_batch([a, b])                                  # commits that step: zombie released
+    assert mk.rows.owner[row] is None
+    res = a.result()
+    assert res.finish_reason == "deadline" and res.output["points"]
+    assert res.output["points"] == ref[:len(res.output["points"])]
+    b.cancel()
+    mk.close(), fu.close()
+
+
+@cpu_only
+def test_variant_option_is_validated_and_used(model, encs):
+    with pytest.raises(ValueError, match="unknown part"):
+        EngineOptions(megakernel="small/w4/bogus")
+    with pytest.raises(ValueError):
+        EngineOptions(megakernel="nosuchgemv")
+    mk = FastEngine(model, max_batch=1, fused="on", megakernel="small/w4/s2")
+    assert mk.metrics()["megakernel"] == "small/w4/s2"
+    assert mk.state.megakernel.step_for(1).gemv == "small"
+    t = TASKS[0]
+    fu = FastEngine(model, max_batch=1, fused="on")
+    assert same(fu.run(encs[0], t), mk.run(encs[0], t))
+    fu.close(), mk.close()
+
+
+@cpu_only
+def test_fallback_without_the_fused_backend_says_why(model, encs, caplog):
+    with caplog.at_level(logging.WARNING, logger="photon_core.megakernel.megakernel_backend"):
+        fe = FastEngine(model, max_batch=1, fused="off", megakernel="on")
+    assert fe.state.megakernel is None and fe.state.backend is fe.state.eager
+    why = fe.metrics()["megakernel_fallback"]
+    assert "fused backend is off" in why and fe.metrics()["megakernel"] is None
+    assert any("fused backend is off" in r.getMessage() for r in caplog.records)
+    ref = model.run(encs[0], TASKS[2])
+    assert same(ref, fe.run(encs[0], TASKS[2]))          # the eager path, serving as before
+    fe.close()
+
+
+@cpu_only
+def test_fallback_for_a_family_without_a_lowering(tmp_path, caplog):
+    """Qwen 3.5 (Gated DeltaNet + gated attention): no megakernel lowering -> the fused
+    backend serves, the same tokens as an engine built without the option."""
+    from photon_core.models import qwen3_5
+    q = qwen3_5.load_model(str(qwen3_5.make_test_model(tmp_path / "q35", seed=5)))
+    with caplog.at_level(logging.WARNING, logger="photon_core.megakernel.megakernel_backend"):
+        mk = FastEngine(q, max_batch=1, kv_capacity=512, fused="on", megakernel="on")
+    why = mk.state.megakernel_fallback
+    assert mk.state.megakernel is None and mk.state.backend is mk.state.fused
+    assert why.startswith("no megakernel lowering"), why
+    assert any(why in r.getMessage() for r in caplog.records)
+    rng = np.random.default_rng(3)
+    enc = q.encode_image(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    t = Task("query", question="How many dogs?", max_tokens=3)
+    fu = FastEngine(q, max_batch=1, kv_capacity=512, fused="on")
+    assert same(fu.run(enc, t), mk.run(enc, t))
+    fu.close(), mk.close()
+
+
+@gpu_only
+@pytest.mark.parametrize("variant", ["on", "pipe_same/w8/s4", "auto/w8/s3"])
+def test_gpu_graphs_match_fused(variant):
+    """On CUDA (graphs captured per bucket, cooperative launch): the tiny fp32 model's
+    outputs with the megakernel equal the fused backend's, batch 1 and 2 with zombies."""
+    torch.manual_seed(0)
+    m = build_random_model(tiny_config(fast=True), eos_bias=TEST_EOS_BIAS["fast"], seed=0,
+                           device="cuda", dtype="fp32")
+    rng = np.random.default_rng(0)
+    encs = [m.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((120, 160), (90, 200))]
+    fu = FastEngine(m, max_batch=2, fused="on")
+    mk = FastEngine(m, max_batch=2, fused="on", megakernel=variant)
+    assert mk.state.megakernel is not None, mk.state.megakernel_fallback
+    assert mk.runner.graphs, "graphs captured"
+    for k in range(len(TASKS)):
+        pairs = [(encs[(k + j) % 2], TASKS[(k + j) % len(TASKS)]) for j in range(2)]
+        for w, g in zip(_decode(fu, pairs[:1]) + _decode(fu, pairs),
+                        _decode(mk, pairs[:1]) + _decode(mk, pairs)):
+            assert same(w, g), (variant, k, w.output, g.output)
+    fu.close(), mk.close()
