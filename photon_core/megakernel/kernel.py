@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops.decode_attention import _merge
+from ..ops.decode_attention import _merge, rotary_sources
 from .compiler import CNT_STRIDE
 
 _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
@@ -413,16 +413,7 @@ def _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, ac
 def _rope_cs(cos_ptr, sin_ptr, ti, HD: tl.constexpr, HALF: tl.constexpr):
     """decode_attention's rotary sources and factors at table row ti: output d takes
     x[src_c] * c + x[src_s] * s."""
-    d = tl.arange(0, HD)
-    rot = d < 2 * HALF
-    even = (d % 2) == 0
-    fi = tl.where(rot, d // 2, 0)
-    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
-    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
-    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
-    s = tl.load(sin_ptr + ti * HALF + fi)
-    s = tl.where(rot, tl.where(even, -s, s), 0.0)
-    return src_c, src_s, c, s
+    return rotary_sources(tl.arange(0, HD), cos_ptr, sin_ptr, ti, HALF)
 
 
 @triton.jit

@@ -31,6 +31,24 @@ FUSE_COMBINE = False     # H200: in-kernel merge 7.87 us/layer vs 7.44 with the 
 
 
 @triton.jit
+def rotary_sources(d, cos_ptr, sin_ptr, ti, HALF: tl.constexpr):
+    """The rotation of channels d at table row ti, in rope.apply_rope's interleaved order:
+    output d < 2*HALF holds pair j = d // 2 (re_j = x[j], im_j = x[HALF + j]); even d:
+    re_j cos - im_j sin, odd d: im_j cos + re_j sin; d >= 2*HALF passes through. Returns
+    (src_c, src_s, c, s): output d = x[src_c] * c + x[src_s] * s. Shared by the decode kernel,
+    the prefill's rope_kv_write and the megakernel, so their cached keys agree bitwise."""
+    rot = d < 2 * HALF
+    even = (d % 2) == 0
+    fi = tl.where(rot, d // 2, 0)
+    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
+    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
+    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
+    s = tl.load(sin_ptr + ti * HALF + fi)
+    s = tl.where(rot, tl.where(even, -s, s), 0.0)
+    return src_c, src_s, c, s
+
+
+@triton.jit
 def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h,
            NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
            SPLIT_P2: tl.constexpr):
@@ -76,17 +94,8 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
                  other=0.0)
     vt = tl.load(vc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=in_cache[:, None],
                  other=0.0)
-    # rotated channels are written interleaved (rope.apply_rope's order): output d < 2*HALF
-    # holds pair j = d // 2 (re_j = x[j], im_j = x[HALF + j]); even d: re_j cos - im_j sin,
-    # odd d: im_j cos + re_j sin. src_c is the channel multiplied by cos, src_s by +-sin.
-    rot = d < 2 * HALF
-    even = (d % 2) == 0
-    fi = tl.where(rot, d // 2, 0)
-    src_c = tl.where(rot, tl.where(even, fi, fi + HALF), d)
-    src_s = tl.where(rot, tl.where(even, fi + HALF, fi), d)
-    c = tl.where(rot, tl.load(cos_ptr + ti * HALF + fi), 1.0)
-    s = tl.load(sin_ptr + ti * HALF + fi)
-    s = tl.where(rot, tl.where(even, -s, s), 0.0)
+    # rotated channels are written interleaved (rope.apply_rope's order; rotary_sources)
+    src_c, src_s, c, s = rotary_sources(d, cos_ptr, sin_ptr, ti, HALF)
     base = qkv_ptr + row * stride_qkv
     q_off = h * HD
     k_off = NH * HD + kvh * HD

@@ -29,6 +29,7 @@ import torch
 
 from ._triton import tl, triton
 from .rope import apply_rope
+from .decode_attention import rotary_sources
 
 
 @triton.jit
@@ -47,15 +48,9 @@ def _rope_kv_write_kernel(qkv_ptr, s_qkv_b, s_qkv_t, cos_ptr, sin_ptr,
     slot_ok = j < n_slots
     d_ok = d < HD
     ok = slot_ok[:, None] & d_ok[None, :]
-    # the decode kernel's source channels and factors (decode_attention.py)
+    # the decode kernel's source channels and factors (decode_attention.rotary_sources)
+    src_c, src_s, c, s = rotary_sources(d, cos_ptr, sin_ptr, t, HALF)
     rot_d = d < 2 * HALF
-    even = (d % 2) == 0
-    fi = tl.where(rot_d, d // 2, 0)
-    src_c = tl.where(rot_d, tl.where(even, fi, fi + HALF), d)
-    src_s = tl.where(rot_d, tl.where(even, fi + HALF, fi), d)
-    c = tl.where(rot_d, tl.load(cos_ptr + t * HALF + fi), 1.0)
-    s = tl.load(sin_ptr + t * HALF + fi)
-    s = tl.where(rot_d, tl.where(even, -s, s), 0.0)
     base = qkv_ptr + b * s_qkv_b + t * s_qkv_t + j[:, None] * HD
     raw = tl.load(base + d[None, :], mask=ok, other=0.0)
     is_qk = (j < NH + NKV)[:, None]
