@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ._triton import tl, triton
+from .layernorm import layernorm_row
 
 
 @triton.jit
@@ -30,14 +31,8 @@ def _add_layernorm_kernel(x_ptr, t_ptr, w_ptr, b_ptr, s_ptr, h_ptr, D, eps, tb_p
         st = st + tl.load(tb_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     s = st.to(s_ptr.dtype.element_ty)
     tl.store(s_ptr + row * D + offs, s, mask=ok)
-    sf = s.to(tl.float32)
-    mean = tl.sum(sf, axis=0) / D
-    sc = tl.where(ok, sf - mean, 0.0)
-    var = tl.sum(sc * sc, axis=0) / D
-    rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + row * D + offs, (sc * rstd * w + b).to(h_ptr.dtype.element_ty), mask=ok)
+    h = layernorm_row(s.to(tl.float32), ok, offs, w_ptr, b_ptr, D, eps)
+    tl.store(h_ptr + row * D + offs, h.to(h_ptr.dtype.element_ty), mask=ok)
 
 
 def add_layernorm_reference(x: torch.Tensor, t: torch.Tensor, weight: torch.Tensor,

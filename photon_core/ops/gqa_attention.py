@@ -47,6 +47,38 @@ except ImportError:   # the torch reference above needs no Triton
 
 if triton is not None:
     @triton.jit
+    def _span_softmax(q, kb, vb, sk_s, sv_s, lo, hi, d, dm, BS: tl.constexpr, BD: tl.constexpr):
+        """Online softmax of one (pre-scaled) query q [BD] over keys / values at kb / vb,
+        positions lo .. hi-1 in tiles of BS -> (m, l, acc): the split's running max, sum and
+        weighted values (fp32; m = -inf for an empty span)."""
+        m = tl.full([], float("-inf"), tl.float32)
+        l = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BD], tl.float32)
+        for t0 in range(lo, hi, BS):
+            pos = t0 + tl.arange(0, BS)
+            pm = pos < hi
+            msk = pm[:, None] & dm[None, :]
+            kt = tl.load(kb + pos[:, None] * sk_s + d[None, :], mask=msk, other=0.0).to(tl.float32)
+            s = tl.sum(kt * q[None, :], axis=1)
+            s = tl.where(pm, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new)
+            vt = tl.load(vb + pos[:, None] * sv_s + d[None, :], mask=msk, other=0.0).to(tl.float32)
+            l = l * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
+            m = m_new
+        return m, l, acc
+
+    @triton.jit
+    def _merge_splits(m, l, acc):
+        """The splits' partials (m, l [NS], acc [NS, BD]) -> the attention output [BD]."""
+        mx = tl.max(m, axis=0)
+        wt = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)     # empty splits weigh 0
+        return tl.sum(wt[:, None] * acc, axis=0) / tl.sum(wt * l, axis=0)
+
+if triton is not None:
+    @triton.jit
     def _decode_attn_split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, len_ptr, S, CAP,
                                   SPLIT, D, scale, sq, sk_h, sk_s, sv_h, sv_s, NS,
                                   LEN_PTR: tl.constexpr, REP: tl.constexpr, BS: tl.constexpr,
@@ -61,25 +93,8 @@ if triton is not None:
         q = tl.load(q_ptr + h * sq + d, mask=dm, other=0.0).to(tl.float32) * scale
         lo = sp * SPLIT
         hi = tl.minimum(lo + SPLIT, S)
-        m = tl.full([], float("-inf"), tl.float32)
-        l = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros([BD], tl.float32)
-        for t0 in range(lo, hi, BS):
-            pos = t0 + tl.arange(0, BS)
-            pm = pos < hi
-            msk = pm[:, None] & dm[None, :]
-            kt = tl.load(k_ptr + kvh * sk_h + pos[:, None] * sk_s + d[None, :], mask=msk,
-                         other=0.0).to(tl.float32)
-            s = tl.sum(kt * q[None, :], axis=1)
-            s = tl.where(pm, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=0))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new)
-            vt = tl.load(v_ptr + kvh * sv_h + pos[:, None] * sv_s + d[None, :], mask=msk,
-                         other=0.0).to(tl.float32)
-            l = l * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
-            m = m_new
+        m, l, acc = _span_softmax(q, k_ptr + kvh * sk_h, v_ptr + kvh * sv_h, sk_s, sv_s, lo, hi,
+                                  d, dm, BS, BD)
         tl.store(m_ptr + h * NS + sp, m)
         tl.store(l_ptr + h * NS + sp, l)
         tl.store(acc_ptr + (h * NS + sp) * D + d, acc, mask=dm)
@@ -97,9 +112,7 @@ if triton is not None:
         l = tl.load(l_ptr + h * NS + s, mask=sm, other=0.0)
         acc = tl.load(acc_ptr + (h * NS + s)[:, None] * D + d[None, :],
                       mask=sm[:, None] & dm[None, :], other=0.0)
-        mx = tl.max(m, axis=0)
-        wt = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)     # empty splits weigh 0
-        o = tl.sum(wt[:, None] * acc, axis=0) / tl.sum(wt * l, axis=0)
+        o = _merge_splits(m, l, acc)
         if HAS_GATE:
             g = tl.load(g_ptr + h * sg + d, mask=dm, other=0.0).to(tl.float32)
             o = o / (1.0 + tl.exp(-g))
@@ -181,23 +194,7 @@ if triton is not None:
         hi = tl.minimum(lo + SPLIT, length)
         kb = k_ptr + r * sk_b + kvh * sk_h
         vb = v_ptr + r * sv_b + kvh * sv_h
-        m = tl.full([], float("-inf"), tl.float32)
-        l = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros([BD], tl.float32)
-        for t0 in range(lo, hi, BS):
-            p_ = t0 + tl.arange(0, BS)
-            pm = p_ < hi
-            msk = pm[:, None] & dm[None, :]
-            kt = tl.load(kb + p_[:, None] * sk_s + d[None, :], mask=msk, other=0.0).to(tl.float32)
-            s = tl.sum(kt * q[None, :], axis=1)
-            s = tl.where(pm, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=0))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new)
-            vt = tl.load(vb + p_[:, None] * sv_s + d[None, :], mask=msk, other=0.0).to(tl.float32)
-            l = l * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
-            m = m_new
+        m, l, acc = _span_softmax(q, kb, vb, sk_s, sv_s, lo, hi, d, dm, BS, BD)
         i = (r * HQ + h) * NS + sp
         tl.store(m_ptr + i, m)
         tl.store(l_ptr + i, l)
@@ -217,9 +214,7 @@ if triton is not None:
         l = tl.load(l_ptr + base + s, mask=sm, other=0.0)
         acc = tl.load(acc_ptr + (base + s)[:, None] * D + d[None, :],
                       mask=sm[:, None] & dm[None, :], other=0.0)
-        mx = tl.max(m, axis=0)
-        wt = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)     # empty splits weigh 0
-        o = tl.sum(wt[:, None] * acc, axis=0) / tl.sum(wt * l, axis=0)
+        o = _merge_splits(m, l, acc)
         g = tl.load(g_ptr + r * sg_b + h * sg_h + d, mask=dm, other=0.0).to(tl.float32)
         o = o / (1.0 + tl.exp(-g))
         tl.store(o_ptr + r * so_b + h * so_h + d, o.to(o_ptr.dtype.element_ty), mask=dm)

@@ -14,6 +14,19 @@ from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
+def layernorm_row(x, ok, offs, w_ptr, b_ptr, D, eps):
+    """One row's LayerNorm in fp32: x [BLOCK] fp32 (columns where ok), statistics over the D
+    valid columns -> (x - mean) * rstd * weight + bias (fp32)."""
+    mean = tl.sum(x, axis=0) / D
+    xc = tl.where(ok, x - mean, 0.0)
+    var = tl.sum(xc * xc, axis=0) / D
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    return xc * rstd * w + b
+
+
+@triton.jit
 def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, D, stride_x, stride_y, eps,
                       BLOCK: tl.constexpr, GDC: tl.constexpr = False):
     pdl_launch_dependents(GDC)
@@ -22,14 +35,8 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, D, stride_x, stride_y, eps,
     offs = tl.arange(0, BLOCK)
     ok = offs < D
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=0) / D
-    xc = tl.where(ok, x - mean, 0.0)
-    var = tl.sum(xc * xc, axis=0) / D
-    rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty),
-             mask=ok)
+    y = layernorm_row(x, ok, offs, w_ptr, b_ptr, D, eps)
+    tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
