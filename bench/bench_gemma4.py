@@ -49,10 +49,12 @@ from photon_core.task import Task  # noqa: E402
 QUESTION = "What is in the image?"
 
 
-def e2b_config(vocab_ids: dict, layers=35, kv_shared=20, kv_heads=1) -> dict:
+def e2b_config(vocab_ids: dict, layers=35, kv_shared=20, kv_heads=1, vocab=262144) -> dict:
+    """Gemma 4 E2B's text and vision shapes on the tiny model's config dict (vocab_ids: the
+    special token ids of the tokenizer in use)."""
     types = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(layers)]
     base = tiny_config_dict(512)
-    t = {**base["text_config"], "vocab_size": 262144, "vocab_size_per_layer_input": 262144,
+    t = {**base["text_config"], "vocab_size": vocab, "vocab_size_per_layer_input": vocab,
          "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": layers,
          "num_attention_heads": 8, "num_key_value_heads": kv_heads, "head_dim": 256,
          "layer_types": types,

@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,19 +23,15 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from photon_core.ops.launch_resources import resource_line  # noqa: E402
+
 TARGET = GPUTarget("cuda", 90, 32)
 
 
 def usage(k) -> str:
-    """cuobjdump's resource line of a compiled kernel (REG, LOCAL = spill stack, SHARED)."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-    out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
-                         text=True).stdout
-    os.unlink(f.name)
-    return next((ln.split(":", 1)[-1].strip() if "Function" in ln else ln.strip()
-                 for ln in out.splitlines() if "REG" in ln), out[-200:])
+    """The resource line of a compiled kernel (REG, LOCAL = spill stack, SHARED)."""
+    line = resource_line(k.asm["cubin"])
+    return line.split(":", 1)[-1].strip() if "Function" in line else line.strip()
 
 
 def _aligned_ptrs(fn, sig: dict, ints: tuple = ()) -> dict:

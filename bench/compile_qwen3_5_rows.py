@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +27,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from photon_core.ops import causal_conv1d, gated_delta_rule, gqa_attention, mrope  # noqa: E402
 from photon_core.ops import gated_activation, rmsnorm_gated, rmsnorm_zero_centred  # noqa: E402
 
+from photon_core.ops.launch_resources import resource_line  # noqa: E402
+
 TARGET = GPUTarget("cuda", 90, 32)
 # the text shapes of bench_qwen3_5.py (TEXT_REAL + SHAPES)
 SIZES = {"0.8b": dict(hidden=1024, ff=3584), "2b": dict(hidden=2048, ff=6144)}
@@ -37,15 +37,9 @@ P2 = triton.next_power_of_2
 
 
 def usage(k) -> str:
-    """cuobjdump's resource line of a compiled kernel (REG, LOCAL = spill stack, SHARED)."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-    out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
-                         text=True).stdout
-    os.unlink(f.name)
-    return next((ln.split(":", 1)[-1].strip() if "Function" in ln else ln.strip()
-                 for ln in out.splitlines() if "REG" in ln), out[-200:])
+    """The resource line of a compiled kernel (REG, LOCAL = spill stack, SHARED)."""
+    line = resource_line(k.asm["cubin"])
+    return line.split(":", 1)[-1].strip() if "Function" in line else line.strip()
 
 
 def compile_one(fn, types: dict, consts: dict):

@@ -5,7 +5,7 @@ are recorded, not run (ops/launch_resources.py), so weights are uninitialized me
 real shapes. Prints registers, spills and shared memory per distinct launch and fails (exit
 1) when one asks for more shared memory than the H200 has (232,448 bytes per block).
 
-Usage: PYTHONPATH=. python3 bench/compile_gemma4.py [--dtype bf16] [--layers 35]
+Usage: PYTHONPATH=. python3 bench/compile_sm90.py [--dtype bf16] [--layers 35]
        [--kv-shared 20] [--vocab 262144] [--b 1,4,16]
 """
 from __future__ import annotations
@@ -24,21 +24,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def e2b_text_config(layers=35, kv_shared=20, vocab=262144, kv_heads=1) -> dict:
-    """E2B's text shapes (bench/bench_gemma4.py's e2b_config) on the tiny model's dict."""
-    from photon_core.models.gemma4.test_model import tiny_config_dict
-    types = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
-             for i in range(layers)]
-    base = tiny_config_dict(512)
-    t = {**base["text_config"], "vocab_size": vocab, "vocab_size_per_layer_input": vocab,
-         "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": layers,
-         "num_attention_heads": 8, "num_key_value_heads": kv_heads, "head_dim": 256,
-         "layer_types": types,
-         "per_layer_config": {str(i): {"head_dim": 512} for i, ty in enumerate(types)
-                              if ty == "full_attention"},
-         "sliding_window": 512, "hidden_size_per_layer_input": 256,
-         "num_kv_shared_layers": kv_shared, "use_double_wide_mlp": True,
-         "max_position_embeddings": 131072}
-    return {**base, "text_config": t}
+    """E2B's shapes (bench/bench_gemma4.py's e2b_config) with the tiny model's token ids."""
+    from bench.bench_gemma4 import e2b_config
+    return e2b_config({}, layers, kv_shared, kv_heads, vocab)
 
 
 def fused_launches(dtype=torch.bfloat16, layers=35, kv_shared=20, vocab=262144,

@@ -148,7 +148,8 @@ def distinct(launches: list[Launch]) -> list[Launch]:
     return out
 
 
-def _usage(cubin: bytes) -> str:
+def resource_line(cubin: bytes) -> str:
+    """cuobjdump's resource line of a compiled kernel (REG, STACK / LOCAL = spills, SHARED)."""
     import triton
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -179,7 +180,7 @@ def compile_launch(la: Launch, arch: int = 90) -> Resources:
                            target=GPUTarget("cuda", arch, 32), options=dict(la.options))
     except Exception as e:  # noqa: BLE001 - reported, e.g. OutOfResources at compile time
         return Resources(la, error=f"{type(e).__name__}: {str(e)[:400]}")
-    line = _usage(k.asm["cubin"])
+    line = resource_line(k.asm["cubin"])
     return Resources(la, registers=_field(line, "REG"),
                      spill=_field(line, "STACK") + _field(line, "LOCAL"),
                      shared=int(k.metadata.shared), tf32=".tf32" in k.asm["ptx"],
