@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_gemma4 import QUESTION, build, model_logits, step_bytes  # noqa: E402
-from bench.bench_timing import copy_bandwidth, median_ms  # noqa: E402
+from bench.bench_timing import copy_bandwidth, median_ms, step_kernels  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.models.gemma4.kv_cache import KVCache  # noqa: E402
 from photon_core.task import Task  # noqa: E402
@@ -54,20 +54,6 @@ def graph_step_ms(fe, b, pos, device, iters):
     fe.state.pos.fill_(pos)
     return median_ms(lambda: (fe.runner.run("lm", b), fe.runner.run("forward", b)), device,
                      iters)
-
-
-def kernels_per_step(fe, b):
-    """CUDA kernels launched by one step's replays (torch profiler); None off CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    from torch.profiler import ProfilerActivity, profile
-    fe.state.active.zero_()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fe.runner.run("lm", b)
-        fe.runner.run("forward", b)
-        torch.cuda.synchronize()
-    return sum(1 for ev in prof.events() if ev.device_type.name == "CUDA")
 
 
 def wall_ms(fn, device, reps):
@@ -176,7 +162,7 @@ def main(argv=None):
     def fast_step():
         for b in (1, 4):
             out[f"fast_graph_step_ms_b{b}"] = graph_step_ms(fe, b, pos, device, args.iters)
-        out["kernels_per_step_b1"] = kernels_per_step(fe, 1)
+        out["kernels_per_step_b1"] = step_kernels(fe, 1)
         out["fast_vs_floor_b1"] = out["fast_graph_step_ms_b1"] / out["floor_ms_b1"]
         say(f"fast step b=1 {out['fast_graph_step_ms_b1']:.3f} ms, b=4 "
             f"{out['fast_graph_step_ms_b4']:.3f} ms; floor {out['floor_ms_b1']:.3f} ms "

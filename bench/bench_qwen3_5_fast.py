@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_qwen3_5 as bq  # noqa: E402
+from bench import bench_timing  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.models.qwen3_5.image_processor import ImageProcessorConfig  # noqa: E402
 from photon_core.models.qwen3_5.model import Qwen35Model  # noqa: E402
@@ -55,28 +56,8 @@ def graph_step_ms(fe, b, device, iters):
 
 
 def step_kernels(fe, b, top=0):
-    """CUDA kernels launched by one graph replay of a step (lm + forward) at batch b
-    (torch profiler, as bench/ab_step.py); None off CUDA. top > 0: also say the `top`
-    kernels by their summed CUDA time in that step (name, launches, us)."""
-    if not torch.cuda.is_available():
-        return None
-    from torch.profiler import ProfilerActivity, profile
-    fe.state.active.zero_()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fe.runner.run("lm", b)
-        fe.runner.run("forward", b)
-        torch.cuda.synchronize()
-    evs = [ev for ev in prof.events() if ev.device_type.name == "CUDA"]
-    if top:
-        per: dict[str, list] = {}
-        for ev in evs:
-            t = per.setdefault(ev.name[:60], [0, 0.0])
-            t[0] += 1
-            t[1] += ev.time_range.elapsed_us()
-        for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
-            say(f"    {us:9.1f} us  {n:4d} x  {name}")
-    return len(evs)
+    """bench_timing.step_kernels, the top kernels printed with this bench's say."""
+    return bench_timing.step_kernels(fe, b, top, say)
 
 
 def torch_lowering_engine(model, kv):

@@ -35,3 +35,28 @@ def copy_bandwidth(device, iters: int = 10, warmup: int = 3) -> float:
     b = torch.empty_like(a)
     ms = median_ms(lambda: b.copy_(a), device, iters, warmup)
     return 2 * a.numel() / (ms / 1e3)
+
+
+def step_kernels(fe, b, top=0, say=print):
+    """CUDA kernels launched by one graph replay of a step (lm + forward) at batch b
+    (torch profiler, as bench/ab_step.py); None off CUDA. top > 0: also say the `top`
+    kernels by their summed CUDA time in that step (name, launches, us), printed with say."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    fe.state.active.zero_()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fe.runner.run("lm", b)
+        fe.runner.run("forward", b)
+        torch.cuda.synchronize()
+    evs = [ev for ev in prof.events() if ev.device_type.name == "CUDA"]
+    if top:
+        per: dict[str, list] = {}
+        for ev in evs:
+            t = per.setdefault(ev.name[:60], [0, 0.0])
+            t[0] += 1
+            t[1] += ev.time_range.elapsed_us()
+        for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
+            say(f"    {us:9.1f} us  {n:4d} x  {name}")
+    return len(evs)
