@@ -42,6 +42,7 @@ class Variant:
     attn_per: int = 0
     spread: bool = True
     kv2: bool = False
+    per_sm: int = 1
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -52,7 +53,7 @@ class Variant:
         for p in parts[1:]:
             for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024),
                                      ("sl", "sleep", 1), ("w", "warps", 1),
-                                     ("a", "attn_per", 1),
+                                     ("a", "attn_per", 1), ("p", "per_sm", 1),
                                      ("s", "stages", 1), ("u", "unroll", 1)):
                 if p.startswith(key) and p[len(key):].isdigit():
                     kw[name] = int(p[len(key):]) * scale
@@ -75,6 +76,7 @@ class Variant:
         s += f"/pfn{self.pfn // 1024}" if self.pfn else ""
         s += f"/sl{self.sleep}" if self.sleep else ""
         s += f"/a{self.attn_per}" if self.attn_per else ""
+        s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "/kv2" if self.kv2 else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
@@ -118,7 +120,7 @@ class MegakernelStep:
         self.variant = v
         dev = fd.x.device
         if n_sm is None:
-            n_sm = 1 if interpreted() else sm_count(dev)
+            n_sm = 1 if interpreted() else sm_count(dev) * v.per_sm
         self.low = ProgramLowering(fd, st, b, n_sm, gemv, head)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,

@@ -1,0 +1,189 @@
+"""How fast can one persistent program per SM stream weights through the megakernel's GEMV code
+(issue 12)? On the H200, one process, same-run baselines.
+
+The megakernel's GEMV instructions run at ~2.5 TB/s inside the kernel (docs/benchmarks.md,
+"GEMVs only": no dependency waits) against ~4.2 TB/s copy bandwidth. This probe runs the very
+same @triton.jit GEMV body (photon_core.megakernel.kernel._gemv_pipe, batch 1, FMA or tensor
+cores) over a weight matrix much larger than L2, with no instruction table and no waits,
+varying one thing at a time:
+  - the work per call of the body ("instruction" of R rows x K, or one FLAT stream per program),
+  - programs per SM (1 or 2), warps, pipeline stages, the tile rows;
+against, in the same run: device copy bandwidth (torch, read + write), cuBLAS F.linear on the
+same matrix, and the same body launched as an ordinary grid (one program per instruction,
+many programs resident per SM: what the fused path's GEMV kernels do).
+GB/s = weight bytes / time (the x vector and outputs are small).
+
+Usage: PYTHONPATH=. python3 bench/stream_probe.py [--mb 560] [--iters 20] [--cases all]
+       TRITON_INTERPRET=1 python3 bench/stream_probe.py --smoke     (CPU: the code runs, checked
+       against torch; no timing value)
+Writes $OUT/stream_probe.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from photon_core.megakernel.kernel import _gemv_pipe  # noqa: E402
+from photon_core.ops._triton import tl, triton  # noqa: E402
+
+
+@triton.jit
+def _probe(w_ptr, x_ptr, bias_ptr, y_ptr, rows_per_prog, rows_per_instr, n_instr_total,
+           K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+           STAGES: tl.constexpr, MODE: tl.constexpr):
+    """MODE 0: persistent, the program's rows as instructions of rows_per_instr rows, one
+    _gemv_pipe call each; 1: persistent, one _gemv_pipe call over all the program's rows;
+    2: ordinary grid, program i = instruction i."""
+    pid = tl.program_id(0)
+    if MODE == 2:
+        n0 = pid * rows_per_instr
+        _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n0 + rows_per_instr, 0, 0, 0, 0,
+                   1, K, 0, 16 if DOT else 1, BN, BK, DOT, STAGES)
+    elif MODE == 1:
+        n0 = pid * rows_per_prog
+        _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n0 + rows_per_prog, 0, 0, 0, 0,
+                   1, K, 0, 16 if DOT else 1, BN, BK, DOT, STAGES)
+    else:
+        r0 = pid * rows_per_prog
+        for i in range(0, rows_per_prog, rows_per_instr):
+            _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, r0 + i, r0 + i + rows_per_instr, 0, 0,
+                       0, 0, 1, K, 0, 16 if DOT else 1, BN, BK, DOT, STAGES)
+
+
+MODES = {"instr": 0, "flat": 1, "grid": 2}
+
+
+def run_case(w, x, bias, y, n_sm, case):
+    """case: dict(mode, per_sm, warps, stages, bn, bk, instr_kb, dot) -> launch callable."""
+    n, k = w.shape
+    progs = n_sm * case["per_sm"]
+    rows_per_prog = n // progs
+    rows_per_instr = max(case["bn"], case["instr_kb"] * 1024 // (k * w.element_size()))
+    rows_per_instr = min(rows_per_instr, rows_per_prog)
+    mode = MODES[case["mode"]]
+    grid = (n // rows_per_instr,) if mode == 2 else (progs,)
+
+    def go():
+        _probe[grid](w, x, bias, y, rows_per_prog, rows_per_instr, n // rows_per_instr,
+                     K=k, BN=case["bn"], BK=case["bk"], DOT=case.get("dot", False),
+                     STAGES=case["stages"], MODE=mode, num_warps=case["warps"],
+                     num_stages=case["stages"])
+    covered = (n // rows_per_instr) * rows_per_instr if mode == 2 else \
+        progs * (rows_per_prog // rows_per_instr) * rows_per_instr if mode == 0 else \
+        progs * rows_per_prog
+    return go, covered
+
+
+def cuda_ms(fn, iters):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / iters)
+    return sorted(times)[1]
+
+
+def default_cases():
+    base = dict(mode="instr", per_sm=1, warps=8, stages=4, bn=16, bk=512, instr_kb=256)
+    cases = [dict(base, name="megakernel today (instr 256 KB, w8 s4 16x512)")]
+    for name, ch in (("flat stream", dict(mode="flat")),
+                     ("instr 64 KB", dict(instr_kb=64)),
+                     ("instr 1 MB", dict(instr_kb=1024)),
+                     ("s6", dict(stages=6)), ("s8", dict(stages=8)),
+                     ("32x512", dict(bn=32)), ("8x1024", dict(bn=8, bk=1024)),
+                     ("w4", dict(warps=4)),
+                     ("p2 w4", dict(per_sm=2, warps=4)),
+                     ("p2 w4 s6", dict(per_sm=2, warps=4, stages=6)),
+                     ("p2 w8", dict(per_sm=2, warps=8)),
+                     ("flat s8", dict(mode="flat", stages=8)),
+                     ("grid (instr 64 KB per program)", dict(mode="grid", instr_kb=64)),
+                     ("grid (instr 16 KB per program)", dict(mode="grid", instr_kb=16, bn=8)),
+                     ("tensor cores 16x512", dict(dot=True))):
+        cases.append(dict(base, name=name, **ch))
+    return cases
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=560, help="weight matrix MiB (K = 2048)")
+    ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    smoke = args.smoke
+    dev = "cpu" if smoke else "cuda"
+    dt = torch.float32 if smoke else torch.bfloat16
+    n_sm = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
+    k = 1024 if smoke else args.k
+    quantum = n_sm * 2 * 64          # rows divisible by every (programs x instruction rows)
+    rows = 4 * quantum if smoke else \
+        max(quantum, (args.mb * 2 ** 20 // (k * 2)) // quantum * quantum)
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = torch.randn(rows, k, device=dev, dtype=dt, generator=g) * 0.02
+    x = torch.randn(1, k, device=dev, dtype=dt, generator=g)
+    bias = torch.zeros(rows, device=dev, dtype=dt)
+    y = torch.zeros(1, rows, device=dev, dtype=dt)
+    out = {"rows": rows, "k": k, "weight_MB": round(w.numel() * w.element_size() / 1e6, 1),
+           "n_sm": n_sm, "cases": []}
+    wbytes = w.numel() * w.element_size()
+    if not smoke:
+        src = torch.empty(wbytes // 2, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        ms = cuda_ms(lambda: dst.copy_(src), args.iters)
+        out["copy_GBps"] = round(2 * src.numel() / ms / 1e6, 1)
+        del src, dst
+        ms = cuda_ms(lambda: torch.nn.functional.linear(x, w), args.iters)
+        out["cublas_GBps"] = round(wbytes / ms / 1e6, 1)
+        print(f"copy {out['copy_GBps']} GB/s (read + write), cuBLAS F.linear "
+              f"{out['cublas_GBps']} GB/s over {out['weight_MB']} MB", flush=True)
+    ref = (x.float() @ w.float().t())
+    cases = default_cases()
+    if smoke:
+        for c in cases:
+            c.update(stages=min(c["stages"], 2), bk=min(c["bk"], 256), instr_kb=4)
+    for c in cases:
+        rec = dict(c)
+        try:
+            go, covered = run_case(w, x, bias, y, n_sm, c)
+            y.zero_()
+            go()
+            err = (y.float()[0, :covered] - ref[0, :covered]).abs().max().item()
+            rec["max_abs_err"] = round(err, 4)
+            rec["ok"] = err < (1e-3 if smoke else 0.05 + 0.01 * ref.abs().max().item())
+            if not smoke:
+                ms = cuda_ms(go, args.iters)
+                rec["ms"] = round(ms, 4)
+                rec["GBps"] = round(covered * k * w.element_size() / ms / 1e6, 1)
+                rec["of_copy"] = round(rec["GBps"] / out["copy_GBps"], 3)
+        except Exception as e:  # noqa: BLE001
+            rec["error"] = repr(e)[:400]
+        out["cases"].append(rec)
+        print(json.dumps(rec), flush=True)
+    print("\n| case | GB/s | of copy | ok |\n|---|---|---|---|")
+    for r in out["cases"]:
+        print(f"| {r['name']} | {r.get('GBps', '-')} | {r.get('of_copy', '-')} | "
+              f"{r.get('ok', r.get('error', '-'))} |")
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "stream_probe.json").write_text(json.dumps(out, indent=1))
+    if smoke and not all(r.get("ok") for r in out["cases"]):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    main()
+    print(f"stream_probe: {time.perf_counter() - t0:.1f} s", flush=True)
