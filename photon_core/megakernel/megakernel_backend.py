@@ -82,7 +82,15 @@ def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str
         return None, f"no CUDA device ({dev}) and not TRITON_INTERPRET=1"
     be = MegakernelBackend(fd, st, variant)
     try:
-        be.step_for(1)
+        try:
+            be.step_for(1)
+        except Unsupported:
+            if spec != "on" or variant == Variant():
+                raise
+            # "on": the best build's GEMV tiles do not fit this model's widths (a small
+            # model): the default build's tiles
+            be = MegakernelBackend(fd, st, Variant())
+            be.step_for(1)
     except Unsupported as e:
         return None, f"no megakernel lowering for this model's step program: {e}"
     except Exception as e:       # noqa: BLE001 - a compile / shape failure: keep fused

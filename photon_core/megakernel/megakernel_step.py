@@ -43,6 +43,7 @@ class Variant:
     spread: bool = True
     kv2: bool = False
     per_sm: int = 1
+    hoist: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -65,6 +66,8 @@ class Variant:
                     kw["spread"] = False
                 elif p == "kv2":
                     kw["kv2"] = True
+                elif p == "hoist":
+                    kw["hoist"] = True
                 else:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
         return cls(**kw)
@@ -78,6 +81,7 @@ class Variant:
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "/kv2" if self.kv2 else ""
+        s += "/hoist" if self.hoist else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -141,6 +145,7 @@ class MegakernelStep:
             kw.setdefault("align", v.align)
             kw.setdefault("sleep", v.sleep)
             kw.setdefault("kv2", v.kv2)
+            kw.setdefault("hoist", v.hoist)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):
