@@ -43,10 +43,19 @@ class FrameLayout:
     crops: str                 # "overlap" | "global"
     tiling: tuple[int, int]
     n_crops: int               # crops the vision encoder runs for this frame
+    # (height, width) of the frame when its crops are made inside the encode (the graphed
+    # encoder's in-graph crops: the input is the uint8 frame); None: the crops come in made
+    size: tuple[int, int] | None = None
 
 
 def frame_layout(x: torch.Tensor, tiling, crops: str) -> FrameLayout:
     return FrameLayout(crops, (int(tiling[0]), int(tiling[1])), int(x.shape[0]))
+
+
+def pixel_layout(plan) -> FrameLayout:
+    """The layout of a frame whose crops crops.CropPlan `plan` makes inside the encode."""
+    return FrameLayout(plan.mode, (int(plan.tiling[0]), int(plan.tiling[1])),
+                       int(plan.n_crops), plan.shape)
 
 
 def kv_buffer(model, n: int) -> torch.Tensor:
@@ -129,4 +138,4 @@ def encode_batch(model, images: list, crops: str | None = None) -> list:
 
 
 __all__ = ["FrameLayout", "encode_batch", "encode_body", "frame_crops", "frame_layout",
-           "kv_buffer", "split_encodings"]
+           "kv_buffer", "pixel_layout", "split_encodings"]
