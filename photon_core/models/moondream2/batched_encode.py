@@ -34,6 +34,7 @@ import torch
 from ...encode_request import unwrap
 from ...ops.linear_gelu import linear_gelu
 from . import text, vision, vision_fused
+from .crops import crop_geometry
 from .prefix_prefill import prefill_prefix
 
 
@@ -52,10 +53,14 @@ def frame_layout(x: torch.Tensor, tiling, crops: str) -> FrameLayout:
     return FrameLayout(crops, (int(tiling[0]), int(tiling[1])), int(x.shape[0]))
 
 
-def pixel_layout(plan) -> FrameLayout:
-    """The layout of a frame whose crops crops.CropPlan `plan` makes inside the encode."""
-    return FrameLayout(plan.mode, (int(plan.tiling[0]), int(plan.tiling[1])),
-                       int(plan.n_crops), plan.shape)
+def pixel_layout(model, height: int, width: int, crops: str) -> FrameLayout:
+    """The layout of a height x width frame whose crops are made inside the encode
+    (model.crop_plan's, without any pixel work)."""
+    v = model.config.vision
+    tiling, n_crops, _ = crop_geometry(height, width, crops, v.crop_size, v.enc_patch_size,
+                                       v.overlap_margin, v.max_crops)
+    return FrameLayout(crops, (int(tiling[0]), int(tiling[1])), n_crops,
+                       (int(height), int(width)))
 
 
 def kv_buffer(model, n: int) -> torch.Tensor:

@@ -126,6 +126,19 @@ def global_crop_tensor(image: torch.Tensor, crop_size: int) -> torch.Tensor:
                     image.device)(image)
 
 
+def crop_geometry(height: int, width: int, mode: str, crop_size: int, patch: int,
+                  margin: int, max_crops: int
+                  ) -> tuple[tuple[int, int], int, tuple[int, int] | None]:
+    """(tiling, crops the vision encoder runs, the (height, width) the local crops are cut
+    from or None) of a height x width frame in crop mode `mode`, without any pixel work."""
+    if mode == "global":
+        return GLOBAL_TILING, 1, None
+    if mode != "overlap":
+        raise ValueError(f"unknown crop mode {mode!r}")
+    tiling, big = crops_layout(height, width, crop_size, patch, margin, max_crops)
+    return tiling, 1 + tiling[0] * tiling[1], big
+
+
 class CropPlan:
     """The torch crops of uint8 [height, width, 3] frames in one crop mode on one device:
     overlap_crops_tensor ("overlap") or global_crop_tensor ("global"), their resizes'
@@ -137,18 +150,11 @@ class CropPlan:
     def __init__(self, height: int, width: int, mode: str, crop_size: int, patch: int,
                  margin: int, max_crops: int, device):
         self.shape, self.mode, self.crop_size = (int(height), int(width)), mode, crop_size
-        self.global_view = ResizePlan(height, width, crop_size, crop_size, device)
-        if mode == "global":
-            self.tiling, self.big, self.window = GLOBAL_TILING, None, 0
-            self.n_crops = 1
-        elif mode == "overlap":
-            self.tiling, (big_h, big_w) = crops_layout(height, width, crop_size, patch,
+        self.tiling, self.n_crops, big = crop_geometry(height, width, mode, crop_size, patch,
                                                        margin, max_crops)
-            self.big = ResizePlan(height, width, big_h, big_w, device)
-            self.window = crop_size - 2 * margin * patch
-            self.n_crops = 1 + self.tiling[0] * self.tiling[1]
-        else:
-            raise ValueError(f"unknown crop mode {mode!r}")
+        self.global_view = ResizePlan(height, width, crop_size, crop_size, device)
+        self.big = None if big is None else ResizePlan(height, width, *big, device)
+        self.window = crop_size - 2 * margin * patch
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         """uint8 [height, width, 3] -> uint8 crops [n_crops, crop, crop, 3]."""
