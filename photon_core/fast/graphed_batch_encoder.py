@@ -27,7 +27,10 @@ model.image_crops, its LANCZOS tables put on the device when the entry is made, 
 capture), their normalisation, the vision encoder and the prefix prefill: the same bits as
 the crops made outside, minus ~1 ms of eager launches per 640x480 frame. Without it (CPU,
 crops_on_device=False, graphs off) model.image_crops makes the crops eagerly and they are
-copied into the graph's static input (layouts without a size).
+copied into the graph's static input (layouts without a size). The crops of a frame size
+need graphs of their own (a layout per size, not per tiling), so at most `max_frame_sizes`
+distinct (height, width) get in-graph crops; a batch with a frame of any other size is
+encoded with the crops made outside (counts["crops_outside"]), through the per-tiling graphs.
 
 fast=True runs the faster equivalent forms (vision_fused.py, prefix_prefill's fast form:
 close to the reference, not bitwise); fast=False the reference's functions (on the CPU each
@@ -68,7 +71,7 @@ class _Entry:
 class GraphedBatchEncoder:
     def __init__(self, model, use_graphs: bool, fast: bool = False, max_batch_graphs: int = 4,
                  max_frames: int = 8, default_crops: str = "overlap",
-                 crops_in_graph: bool | None = None):
+                 crops_in_graph: bool | None = None, max_frame_sizes: int = 8):
         self.model = model
         self.use_graphs = use_graphs
         if crops_in_graph is None:
@@ -77,6 +80,8 @@ class GraphedBatchEncoder:
         # the frames' crops inside the graph (see the module doc); may be switched between
         # calls (the layouts of either kind keep their graphs)
         self.crops_in_graph = bool(crops_in_graph)
+        self.max_frame_sizes = max_frame_sizes
+        self.frame_sizes: set[tuple[int, int]] = set()    # admitted to in-graph crops
         self.fast = fast
         self.max_batch_graphs = max_batch_graphs
         self.max_frames = max(1, max_frames)
@@ -85,9 +90,10 @@ class GraphedBatchEncoder:
         self.seen: dict[tuple, int] = {}        # multi-frame layouts seen, not captured
         self.capture_ms = 0.0
         self.capture_stream = None              # set by FastEngine (its own stream)
-        # calls: one frame / several in one graph / split over captured sizes / one by one
+        # calls: one frame / several in one graph / split over captured sizes / one by one;
+        # batches whose crops were made outside the graph although crops_in_graph is on
         self.counts = {"single": 0, "batched": 0, "split": 0, "frame_by_frame": 0,
-                       "captures": 0}
+                       "captures": 0, "crops_outside": 0}
 
     # -- graphs ----------------------------------------------------------------------------
     def _body(self, e: _Entry) -> None:
@@ -168,6 +174,18 @@ class GraphedBatchEncoder:
     def n_batch_graphs(self) -> int:
         return sum(1 for k in self.entries if len(k) > 1)
 
+    def _admit(self, sizes) -> bool:
+        """Whether frames of these (height, width) get their crops in the graph: yes when
+        every size is admitted already or there is room for the new ones (graphs off:
+        always, nothing is kept)."""
+        new = set(sizes) - self.frame_sizes
+        if not new or not self.use_graphs:
+            return True
+        if len(self.frame_sizes) + len(new) > self.max_frame_sizes:
+            return False
+        self.frame_sizes |= new
+        return True
+
     def _entry_for(self, key: tuple, part: list) -> tuple[_Entry | None, bool]:
         """(the entry of this layout, capturing it when due; None: go frame by frame,
         whether its inputs are loaded already)."""
@@ -216,15 +234,21 @@ class GraphedBatchEncoder:
             t0 = time.perf_counter()
             captured_before = self.capture_ms
             frames = []                 # (index, array, crops or None, layout)
-            for i in chunk:
-                image, mode = unwrap(images[i], crops, self.default_crops)
-                if in_graph:            # the pixels go in; the graph makes the crops
+            if in_graph:                # the pixels go in; the graph makes the crops
+                for i in chunk:
+                    image, mode = unwrap(images[i], crops, self.default_crops)
                     array = to_rgb_array(image, m.max_image_side)
                     frames.append((i, array, None,
                                    pixel_layout(m, array.shape[0], array.shape[1], mode)))
-                    continue
-                array, x, tiling = m.image_crops(image, mode)
-                frames.append((i, array, x, frame_layout(x, tiling, mode)))
+                if not self._admit(f[3].size for f in frames):     # too many frame sizes
+                    self.counts["crops_outside"] += 1
+                    frames = [(i, array, *self._crops_outside(array, lay.crops))
+                              for i, array, _, lay in frames]
+            else:
+                for i in chunk:
+                    image, mode = unwrap(images[i], crops, self.default_crops)
+                    array, x, tiling = m.image_crops(image, mode)
+                    frames.append((i, array, x, frame_layout(x, tiling, mode)))
             frames.sort(key=lambda f: _order(f[3]))                  # canonical order
             with torch.inference_mode():
                 kvs = self._encode_frames(frames)
@@ -237,6 +261,11 @@ class GraphedBatchEncoder:
                                       encode_ms=ms / len(frames),
                                       setup_ms=setup / len(frames), model_id=m.model_id)
         return out
+
+    def _crops_outside(self, array: np.ndarray, mode: str) -> tuple:
+        """(crops, layout) of a frame whose crops are made outside the graph."""
+        _, x, tiling = self.model.image_crops(array, mode)
+        return x, frame_layout(x, tiling, mode)
 
     def _encode_frames(self, frames: list) -> list[torch.Tensor]:
         """frames [(index, array, crops, layout)] in canonical order -> k/v of each."""
@@ -287,11 +316,10 @@ class GraphedBatchEncoder:
         for h, w in shapes:
             img = np.zeros((h, w, 3), dtype=np.uint8)
             for mode in crops:
-                if self.crops_in_graph:
+                if self.crops_in_graph and self._admit([(h, w)]):
                     x, lay = None, pixel_layout(self.model, h, w, mode)
                 else:
-                    _, x, tiling = self.model.image_crops(img, mode)
-                    lay = frame_layout(x, tiling, mode)
+                    x, lay = self._crops_outside(img, mode)
                 for n in sorted(set(batch_sizes)):
                     n = min(n, self.max_frames)
                     key = (lay,) * n

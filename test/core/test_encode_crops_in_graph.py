@@ -189,3 +189,29 @@ def test_plans_are_the_crops_and_need_no_lookup(monkeypatch):
         plans[0](frame.float())
     with pytest.raises(ValueError):
         L.ResizePlan(0, 10, 5, 5, "cpu")
+
+
+def test_frame_sizes_bound(model, images):
+    """At most max_frame_sizes frame sizes get in-graph crops (graphs of their own); a
+    batch with a frame of another size has its crops made outside (the per-tiling graphs),
+    with the same k/v."""
+    enc = _encoder(model, True, max_frame_sizes=2)
+    ref = _encoder(model, False)
+    a, b, c = images[0], images[1], images[3]            # three sizes
+    for img in (a, b):
+        assert _same(enc.encode(img), ref.encode(img))
+    assert enc.frame_sizes == {a.shape[:2], b.shape[:2]} and enc.counts["crops_outside"] == 0
+    assert _same(enc.encode(c), ref.encode(c))
+    assert enc.counts["crops_outside"] == 1
+    assert any(k[0].size is None for k in enc.entries)
+    got = enc.encode_batch([a, c])                         # c's size: the whole batch outside
+    assert enc.counts["crops_outside"] == 2
+    assert _same(got[0], ref.encode(a)) and _same(got[1], ref.encode(c))
+    assert enc.prepare(shapes=(c.shape[:2],), batch_sizes=(1,), crops=("global",)) == 1
+    assert enc.frame_sizes == {a.shape[:2], b.shape[:2]}   # prepared outside too
+    assert len({k[0].size for k in enc.entries if k[0].size is not None}) == 2
+    eager = GraphedBatchEncoder(model, use_graphs=False, crops_in_graph=True,
+                                max_frame_sizes=1)
+    for img in (a, b, c):                                   # nothing kept: no bound
+        assert _same(eager.encode(img), ref.encode(img))
+    assert eager.counts["crops_outside"] == 0
