@@ -2,10 +2,10 @@
 image-prefix prefill (models/moondream2/batched_encode.encode_body), as one CUDA graph per
 frames' layout, with a bounded number of graphs.
 
-Layout of a batch: the frames' (crop mode, tiling, crop count), sorted (frames are encoded
-in that canonical order and handed back in the caller's, so cameras A, B and B, A share one
-graph). A 640x480 camera always has the same layout, so k cameras of one resolution need
-one graph per batch size.
+Layout of a batch: the frames' (crop mode, tiling, crop count, and with the crops in the
+graph the frame size), sorted (frames are encoded in that canonical order and handed back
+in the caller's, so cameras A, B and B, A share one graph). A 640x480 camera always has the
+same layout, so k cameras of one resolution need one graph per batch size.
 
 Graphs: a single-frame layout is captured the first time it is seen (as graphed_encoder.py
 does per tiling). n frames of one layout with graphs of that layout at other batch sizes run
@@ -25,7 +25,7 @@ buffer per frame: the frame goes in through a pinned host buffer with non_blocki
 sync), and the graph computes the crops (crops.CropPlan: the same torch ops as
 model.image_crops, its LANCZOS tables put on the device when the entry is made, outside the
 capture), their normalisation, the vision encoder and the prefix prefill: the same bits as
-the crops made outside, minus ~1 ms of eager launches per 640x480 frame. Without it (CPU,
+the crops made outside, without the crops' many small eager launches. Without it (CPU,
 crops_on_device=False, graphs off) model.image_crops makes the crops eagerly and they are
 copied into the graph's static input (layouts without a size). The crops of a frame size
 need graphs of their own (a layout per size, not per tiling), so at most `max_frame_sizes`
@@ -42,9 +42,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
 import numpy as np
+import torch
 
 from ..encode_request import unwrap
 from ..models.moondream2.batched_encode import (FrameLayout, encode_body, frame_layout,
@@ -222,7 +221,7 @@ class GraphedBatchEncoder:
     # -- encode ----------------------------------------------------------------------------
     def encode_batch(self, images: list, crops: str | None = None) -> list:
         """One EncodedImage per image, in order (EncodedImages given pass through)."""
-        from ..models.moondream2.model import EncodedImage, _sync
+        from ..models.moondream2.model import EncodedImage
 
         images = list(images)
         out = list(images)
@@ -252,7 +251,10 @@ class GraphedBatchEncoder:
             frames.sort(key=lambda f: _order(f[3]))                  # canonical order
             with torch.inference_mode():
                 kvs = self._encode_frames(frames)
-            _sync(m.weights.device)
+            # the k/v are ready and encode_ms is their time: this stream's work only (the
+            # encode's), not the whole device's (other engines' streams)
+            if m.weights.device.type == "cuda":
+                torch.cuda.current_stream(m.weights.device).synchronize()
             ms = (time.perf_counter() - t0) * 1e3
             setup = self.capture_ms - captured_before
             for (i, array, _, lay), k in zip(frames, kvs):
