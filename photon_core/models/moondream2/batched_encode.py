@@ -18,7 +18,9 @@ bitwise (other kernels for other row counts).
 
 `encode_body` is the part after the crops, shared with the runtime's graphed encoders
 (photon_core/fast/graphed_encoder.py, one graph per frames' layout): static inputs (the
-crops of all frames, concatenated) and output (the k/v of all frames).
+crops of all frames, concatenated) and output (the k/v of all frames). With the crops inside
+the graph (graphed_batch_encoder.crops_in_graph) a frame's layout also holds its size
+(pixel_layout) and the graph makes the crops from the uint8 frame (model.device_crops).
 
 Crop modes (photon_core/encode_request.py): "overlap" = the global view + the local crops
 (tiling by crops.select_tiling); "global" = the global view alone, whose features also stand
