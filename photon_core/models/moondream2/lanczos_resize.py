@@ -16,10 +16,11 @@ every output position, a small filter over consecutive input positions:
 The coefficient tables are computed here exactly as the C does (the same IEEE double
 operations in the same order, libm's sin through `math.sin`, sums accumulated left to
 right) once per (input size, output size) and cached; the passes are integer tensor ops
-on the image's device. A ResizePlan holds one resize's tables on the device, so that
-running it needs no host->device copy (CUDA graph capture: fast/graphed_batch_encoder.py). Products and sums are int32 as in the C, so even an overflow would
+on the image's device. Products and sums are int32 as in the C, so even an overflow would
 wrap alike; none occurs: it needs sum|w| >= 2.006 (255 * sum|w| * 2^22 + 2^21 >= 2^31), and
-sum|w| is at most 1.571 over all (in, out) sizes 1..159.
+sum|w| is at most 1.571 over all (in, out) sizes 1..159. A ResizePlan holds one resize's
+tables on the device, so that running it needs no host->device copy (CUDA graph capture:
+fast/graphed_batch_encoder.py).
 
 Resize along an axis whose size is unchanged is skipped, as Pillow skips it. (When the
 horizontal pass goes first Pillow runs it only over the rows the vertical pass reads; the
