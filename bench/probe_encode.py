@@ -23,10 +23,17 @@ working tree); every tree runs in its own subprocess with its own photon_core (a
 --rounds times) and measures, at real shapes with random bf16 weights (seed 0):
 vision_fused.encoder as a graph (9 crops), prefill_prefix(fast=True) as a graph at 1 and 4
 frames (+ kernel kinds / launches), FastEngine() defaults: encode_image 640x480 end to end
-(overlap crops and crops="global"), encode + detect(5), the pieces of encode_image (crops
-on the GPU, the graph replay, the k/v copy-out), and the k/v max relative difference to the
-reference encode (model.encode_image, the reference's functions). Prints a table old / new
-and writes $OUT/probe_encode_ab.json.
+(overlap crops and crops="global"), encode_batch of 4 x 640x480 (prepared), encode +
+detect(5), the pieces of encode_image (crops on the GPU, the frame or crops copy-in, the
+graph replay, the k/v copy-out), the k/v max relative difference to the reference encode
+(model.encode_image, the reference's functions) and a sha256 of the k/v bits (the table says
+whether every tree's are the same). A tree whose graphed encoder has crops_in_graph (the crops
+inside the encode graph) also runs, in the same process, encode_image with the crops made
+outside the graph (its k/v compared bitwise, its time and graph replay). Prints a table old /
+new and writes $OUT/probe_encode_ab.json. --encode-only skips the vision / prefill kernel
+sections (two trees in a few minutes):
+    PYTHONPATH=. python3 bench/probe_encode.py --ab .before . --iters 5 --encode-only \
+        --child-timeout 150
 """
 from __future__ import annotations
 
@@ -98,9 +105,27 @@ def section(out, name, fn):
 
 
 # -- A/B between checkouts -----------------------------------------------------------------
-def child(tree: str, it: int, smoke: bool = False) -> dict:
+def _kv_sha(kv: torch.Tensor) -> str:
+    """A digest of k/v's bits (bitwise comparison across trees / processes)."""
+    import hashlib
+    raw = kv.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+class _EagerGraph:
+    """--smoke: a captured encode entry whose replay runs the entry's body eagerly."""
+
+    def __init__(self, encoder, entry):
+        self.encoder, self.entry = encoder, entry
+
+    def replay(self):
+        self.encoder._body(self.entry)
+
+
+def child(tree: str, it: int, smoke: bool = False, encode_only: bool = False) -> dict:
     """One tree's figures (its photon_core is first on sys.path: see the imports).
-    smoke: the tiny model on the CPU, wall-clock timers, no profiles (checks the plumbing)."""
+    smoke: the tiny model on the CPU, wall-clock timers, no profiles (checks the plumbing).
+    encode_only: only encode_image, its pieces and its k/v (no vision / prefill kernels)."""
     import inspect
 
     import photon_core
@@ -130,11 +155,12 @@ def child(tree: str, it: int, smoke: bool = False) -> dict:
 
         def vis():
             return vision_fused.encoder(w, v, x)
-        section(out, "vision_graph_ms", lambda: round(graph_ms(vis, it), 3))
-        section(out, "vision_profile", lambda: profile_kinds(vis, top=4))
-        if "triton" in getattr(vision_fused, "ATTENTION_FORMS", ()):
+        if not encode_only:
+            section(out, "vision_graph_ms", lambda: round(graph_ms(vis, it), 3))
+            section(out, "vision_profile", lambda: profile_kinds(vis, top=4))
+        if "triton" in getattr(vision_fused, "ATTENTION_FORMS", ()) and not encode_only:
             section(out, "vision_attention", lambda: vision_attention_probe(m, x, it, smoke))
-        for n in (1, 4):
+        for n in (() if encode_only else (1, 4)):
             pre = torch.randn(n, m.prefix_len, t.dim, device=w.device, dtype=w.dtype,
                               generator=torch.Generator(w.device).manual_seed(n))
             kv = batched_encode.kv_buffer(m, n)
@@ -153,16 +179,50 @@ def child(tree: str, it: int, smoke: bool = False) -> dict:
                     section(out, "prefill_n1_kv_rel_diff_fused_vs_unfused",
                             lambda: _rel(kv, kv_ref))
         ref_kv = m.encode_image(frame).kv
-    fe = FastEngine(m)
+    # smoke: the runtime's encode path (graphed_batch_encoder) on the CPU too
+    fe = FastEngine(m, encoder="fast") if smoke else FastEngine(m)
+
+    be = fe.batch_encoder
+    if smoke and be is not None:    # the graph plumbing on the CPU: a "graph" runs its body
+        be.use_graphs = True
+        be._capture = lambda e, be=be: _EagerGraph(be, e)
+        if hasattr(be, "crops_in_graph"):
+            be.crops_in_graph = True
+    # trees with the crops inside the encode graph (graphed_batch_encoder.crops_in_graph)
+    in_graph = getattr(be, "crops_in_graph", None)
+    out["crops_in_graph"] = in_graph
 
     def engine():
         res = {}
         e0 = fe.encode_image(frame)                              # captures
         res["kv_rel_diff_vs_reference"] = _rel(e0.kv, ref_kv)
+        res["kv_sha_overlap"] = _kv_sha(e0.kv)
         res["encode_ms"] = round(wall_ms(lambda: fe.encode_image(frame), it), 3)
-        fe.encode_image(frame, crops="global")
+        g0 = fe.encode_image(frame, crops="global")
+        res["kv_sha_global"] = _kv_sha(g0.kv)
         res["encode_global_ms"] = round(wall_ms(
             lambda: fe.encode_image(frame, crops="global"), it), 3)
+        if in_graph:            # the same tree with the crops made outside the graph
+            be.crops_in_graph = False
+            try:
+                e1 = fe.encode_image(frame)                      # captures
+                g1 = fe.encode_image(frame, crops="global")
+                res["kv_bitwise_in_graph_vs_eager_crops"] = bool(
+                    torch.equal(e0.kv, e1.kv) and torch.equal(g0.kv, g1.kv))
+                res["encode_eager_crops_ms"] = round(wall_ms(
+                    lambda: fe.encode_image(frame), it), 3)
+                res["encode_global_eager_crops_ms"] = round(wall_ms(
+                    lambda: fe.encode_image(frame, crops="global"), it), 3)
+            finally:
+                be.crops_in_graph = True
+        # four cameras of 640x480 in one encode (the live scheduler batches encodes)
+        cams = [frame] + [np.random.default_rng(k).integers(0, 256, frame.shape,
+                                                             dtype=np.uint8) for k in (1, 2, 3)]
+        if hasattr(fe, "prepare_encode") and be is not None and be.max_frames >= 4:
+            fe.prepare_encode(shapes=((480, 640),), batch_sizes=(4,))
+            fe.encode_batch(cams)
+            res["encode_batch4_ms_per_frame"] = round(wall_ms(
+                lambda: fe.encode_batch(cams), it) / 4, 3)
         res["encode_detect5_ms"] = round(wall_ms(
             lambda: fe.run(fe.encode_image(frame), detect, ignore_eos=True), it), 3)
         res["encode_global_detect5_ms"] = round(wall_ms(
@@ -175,14 +235,23 @@ def child(tree: str, it: int, smoke: bool = False) -> dict:
     def pieces():
         """encode_image's pieces as the runtime runs them (graphed_batch_encoder.py)."""
         res = {}
-        be = fe.batch_encoder
-        entry = next(e for k, e in be.entries.items()
-                     if len(k) == 1 and k[0].crops == "overlap")
+
+        def single(crops_in_graph):
+            return next((k, e) for k, e in be.entries.items()
+                        if len(k) == 1 and k[0].crops == "overlap"
+                        and (getattr(k[0], "size", None) is not None) == bool(crops_in_graph))
+        key, entry = single(in_graph)
         with torch.inference_mode():
             res["crops_ms"] = round(wall_ms(lambda: m.image_crops(frame), it), 3)
             res["crops_profile"] = profile_kinds(lambda: m.image_crops(frame), top=4)
             res["graph_replay_ms"] = round(cuda_ms(entry.graph.replay, it), 3)
             res["kv_copy_out_ms"] = round(cuda_ms(lambda: entry.kv[:, :, 0:1].clone(), it), 3)
+            if getattr(entry, "frames", None) is not None:   # the frame in, crops in graph
+                part = [(0, frame, None, key[0])]
+                res["frame_copy_in_ms"] = round(wall_ms(lambda: be._load(entry, part), it), 3)
+                _, e_old = single(False)                    # captured by engine()
+                res["graph_replay_eager_crops_ms"] = round(cuda_ms(e_old.graph.replay, it), 3)
+                entry = e_old
             _, xx, _ = m.image_crops(frame)
             res["crops_copy_in_ms"] = round(cuda_ms(lambda: entry.x.copy_(xx), it), 3)
         return res
@@ -257,12 +326,20 @@ AB_ROWS = (("vision graph ms (9 crops)", ("vision_graph_ms",)),
            ("prefill elementwise ms, 4 frames", ("prefill_n4_profile", "by_kind_ms",
                                                  "elementwise")),
            ("encode_image 640x480 ms (FastEngine defaults)", ("engine", "encode_ms")),
+           ("  same tree, crops outside the graph", ("engine", "encode_eager_crops_ms")),
            ("encode_image crops=global ms", ("engine", "encode_global_ms")),
+           ("  same tree, crops outside the graph", ("engine",
+                                                     "encode_global_eager_crops_ms")),
+           ("encode_batch 4 x 640x480 ms per frame", ("engine", "encode_batch4_ms_per_frame")),
            ("encode + detect(5) ms", ("engine", "encode_detect5_ms")),
            ("encode global + detect(5) ms", ("engine", "encode_global_detect5_ms")),
-           ("  piece: crops on the GPU ms", ("encode_pieces", "crops_ms")),
-           ("  piece: crops copy-in ms", ("encode_pieces", "crops_copy_in_ms")),
-           ("  piece: encode graph replay ms", ("encode_pieces", "graph_replay_ms")),
+           ("  piece: crops on the GPU ms (eager)", ("encode_pieces", "crops_ms")),
+           ("  piece: crops copy-in ms (eager crops)", ("encode_pieces", "crops_copy_in_ms")),
+           ("  piece: frame copy-in ms (crops in graph)", ("encode_pieces",
+                                                          "frame_copy_in_ms")),
+           ("  piece: encode graph replay ms (default)", ("encode_pieces", "graph_replay_ms")),
+           ("  piece: graph replay ms, eager-crops graph", ("encode_pieces",
+                                                           "graph_replay_eager_crops_ms")),
            ("  piece: k/v copy-out ms", ("encode_pieces", "kv_copy_out_ms")),
            ("k/v max rel diff vs reference encode", ("engine", "kv_rel_diff_vs_reference")),
            ("prefill k/v rel diff fused vs unfused", ("prefill_n1_kv_rel_diff_fused_vs_unfused",)))
@@ -284,7 +361,7 @@ def _write_ab(runs: dict) -> None:
 
 
 def ab(trees: list[str], rounds: int, it: int, smoke: bool = False,
-       child_timeout: float = 900) -> None:
+       child_timeout: float = 900, encode_only: bool = False) -> None:
     import subprocess
     from statistics import median
     runs: dict[str, list] = {tr: [] for tr in trees}
@@ -293,7 +370,8 @@ def ab(trees: list[str], rounds: int, it: int, smoke: bool = False,
             t0 = time.perf_counter()
             try:
                 p = subprocess.run([sys.executable, __file__, "--child", tree, "--iters",
-                                    str(it)] + (["--smoke"] if smoke else []),
+                                    str(it)] + (["--smoke"] if smoke else [])
+                                   + (["--encode-only"] if encode_only else []),
                                    capture_output=True, text=True, timeout=child_timeout)
                 line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
                 res = json.loads(line[-1][7:]) if line else {"error": p.stderr[-3000:]}
@@ -319,6 +397,13 @@ def ab(trees: list[str], rounds: int, it: int, smoke: bool = False,
         say(f"| {label} | " + " | ".join(str(v) for v in vals) + ratio + " |")
     for tr in trees:
         say(f"{tr}: detect(5) output {[_get(r, ('engine', 'detect5_output')) for r in runs[tr]]}")
+        say(f"{tr}: crops in graph {[r.get('crops_in_graph') for r in runs[tr]]}, k/v bitwise "
+            "in-graph crops = eager crops (same tree) "
+            f"{[_get(r, ('engine', 'kv_bitwise_in_graph_vs_eager_crops')) for r in runs[tr]]}")
+    for mode in ("overlap", "global"):
+        shas = {tr: {_get(r, ("engine", f"kv_sha_{mode}")) for r in runs[tr]} for tr in trees}
+        same = len(set().union(*shas.values())) == 1 and None not in set().union(*shas.values())
+        say(f"k/v sha256 ({mode}) per tree {shas}: bitwise the same across trees: {same}")
     enc = [_get(r, ("engine", "encode_ms")) for r in runs[trees[-1]]]
     enc = [x for x in enc if isinstance(x, (int, float))]
     if enc:
@@ -340,14 +425,17 @@ def main():
     ap.add_argument("--child", metavar="TREE", help=argparse.SUPPRESS)
     ap.add_argument("--smoke", action="store_true",
                     help="--ab on the CPU with the tiny model (plumbing check, no timings)")
+    ap.add_argument("--encode-only", action="store_true",
+                    help="--ab: encode_image, its pieces and k/v only (no vision / prefill "
+                    "kernel sections): a few minutes for two trees")
     args = ap.parse_args()
     it = args.iters
     if args.ab:
-        ab(args.ab, args.rounds, it, args.smoke, args.child_timeout)
+        ab(args.ab, args.rounds, it, args.smoke, args.child_timeout, args.encode_only)
         return
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, it, args.smoke), default=str),
-              flush=True)
+        print("RESULT " + json.dumps(child(args.child, it, args.smoke, args.encode_only),
+                                     default=str), flush=True)
         return
     out: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
                  "date": time.strftime("%Y-%m-%d")}

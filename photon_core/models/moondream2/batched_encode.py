@@ -18,7 +18,9 @@ bitwise (other kernels for other row counts).
 
 `encode_body` is the part after the crops, shared with the runtime's graphed encoders
 (photon_core/fast/graphed_encoder.py, one graph per frames' layout): static inputs (the
-crops of all frames, concatenated) and output (the k/v of all frames).
+crops of all frames, concatenated) and output (the k/v of all frames). With the crops inside
+the graph (graphed_batch_encoder.crops_in_graph) a frame's layout also holds its size
+(pixel_layout) and the graph makes the crops from the uint8 frame (model.device_crops).
 
 Crop modes (photon_core/encode_request.py): "overlap" = the global view + the local crops
 (tiling by crops.select_tiling); "global" = the global view alone, whose features also stand
@@ -34,6 +36,7 @@ import torch
 from ...encode_request import unwrap
 from ...ops.linear_gelu import linear_gelu
 from . import text, vision, vision_fused
+from .crops import crop_geometry
 from .prefix_prefill import prefill_prefix
 
 
@@ -43,10 +46,23 @@ class FrameLayout:
     crops: str                 # "overlap" | "global"
     tiling: tuple[int, int]
     n_crops: int               # crops the vision encoder runs for this frame
+    # (height, width) of the frame when its crops are made inside the encode (the graphed
+    # encoder's in-graph crops: the input is the uint8 frame); None: the crops come in made
+    size: tuple[int, int] | None = None
 
 
 def frame_layout(x: torch.Tensor, tiling, crops: str) -> FrameLayout:
     return FrameLayout(crops, (int(tiling[0]), int(tiling[1])), int(x.shape[0]))
+
+
+def pixel_layout(model, height: int, width: int, crops: str) -> FrameLayout:
+    """The layout of a height x width frame whose crops are made inside the encode
+    (model.crop_plan's, without any pixel work)."""
+    v = model.config.vision
+    tiling, n_crops, _ = crop_geometry(height, width, crops, v.crop_size, v.enc_patch_size,
+                                       v.overlap_margin, v.max_crops)
+    return FrameLayout(crops, (int(tiling[0]), int(tiling[1])), n_crops,
+                       (int(height), int(width)))
 
 
 def kv_buffer(model, n: int) -> torch.Tensor:
@@ -129,4 +145,4 @@ def encode_batch(model, images: list, crops: str | None = None) -> list:
 
 
 __all__ = ["FrameLayout", "encode_batch", "encode_body", "frame_crops", "frame_layout",
-           "kv_buffer", "split_encodings"]
+           "kv_buffer", "pixel_layout", "split_encodings"]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .lanczos_resize import resize_lanczos
+from .lanczos_resize import ResizePlan
 
 
 def select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:
@@ -103,12 +103,9 @@ def overlap_crops_tensor(image: torch.Tensor, crop_size: int, patch: int, margin
                          max_crops: int) -> tuple[torch.Tensor, tuple[int, int]]:
     """overlap_crops on a uint8 [H, W, 3] tensor, on its device (lanczos_resize: the same
     pixels as PIL) -> (crops [1 + rows*cols, crop, crop, 3] uint8 tensor, (rows, cols))."""
-    tiling, (big_h, big_w) = crops_layout(image.shape[0], image.shape[1], crop_size, patch,
-                                          margin, max_crops)
-    crops = image.new_zeros((1 + tiling[0] * tiling[1], crop_size, crop_size, 3))
-    _fill_crops(crops, resize_lanczos(image, crop_size, crop_size),
-                resize_lanczos(image, big_h, big_w), tiling, crop_size - 2 * margin * patch)
-    return crops, tiling
+    plan = CropPlan(image.shape[0], image.shape[1], "overlap", crop_size, patch, margin,
+                    max_crops, image.device)
+    return plan(image), plan.tiling
 
 
 # The tiling of a global-only encode (EncodeRequest crops="global"): the global view's
@@ -125,7 +122,48 @@ def global_crop(image: np.ndarray, crop_size: int) -> np.ndarray:
 
 def global_crop_tensor(image: torch.Tensor, crop_size: int) -> torch.Tensor:
     """global_crop on a uint8 [H, W, 3] tensor, on its device (the same pixels as PIL)."""
-    return resize_lanczos(image, crop_size, crop_size)[None]
+    return CropPlan(image.shape[0], image.shape[1], "global", crop_size, 1, 0, 1,
+                    image.device)(image)
+
+
+def crop_geometry(height: int, width: int, mode: str, crop_size: int, patch: int,
+                  margin: int, max_crops: int
+                  ) -> tuple[tuple[int, int], int, tuple[int, int] | None]:
+    """(tiling, crops the vision encoder runs, the (height, width) the local crops are cut
+    from or None) of a height x width frame in crop mode `mode`, without any pixel work."""
+    if mode == "global":
+        return GLOBAL_TILING, 1, None
+    if mode != "overlap":
+        raise ValueError(f"unknown crop mode {mode!r}")
+    tiling, big = crops_layout(height, width, crop_size, patch, margin, max_crops)
+    return tiling, 1 + tiling[0] * tiling[1], big
+
+
+class CropPlan:
+    """The torch crops of uint8 [height, width, 3] frames in one crop mode on one device:
+    overlap_crops_tensor ("overlap") or global_crop_tensor ("global"), their resizes'
+    tables put on the device when the plan is made, so that calling it launches tensor ops
+    only (no host->device copy, no host sync): the graphed encoder runs it inside its CUDA
+    graph (fast/graphed_batch_encoder.py). tiling / n_crops: the frame's, known without
+    computing any crop."""
+
+    def __init__(self, height: int, width: int, mode: str, crop_size: int, patch: int,
+                 margin: int, max_crops: int, device):
+        self.shape, self.mode, self.crop_size = (int(height), int(width)), mode, crop_size
+        self.tiling, self.n_crops, big = crop_geometry(height, width, mode, crop_size, patch,
+                                                       margin, max_crops)
+        self.global_view = ResizePlan(height, width, crop_size, crop_size, device)
+        self.big = None if big is None else ResizePlan(height, width, *big, device)
+        self.window = crop_size - 2 * margin * patch
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        """uint8 [height, width, 3] -> uint8 crops [n_crops, crop, crop, 3]."""
+        if self.big is None:
+            return self.global_view(image)[None]
+        c = self.crop_size
+        crops = image.new_zeros((self.n_crops, c, c, 3))
+        return _fill_crops(crops, self.global_view(image), self.big(image), self.tiling,
+                           self.window)
 
 
 def stitch_features(local: torch.Tensor, tiling: tuple[int, int], margin: int) -> torch.Tensor:

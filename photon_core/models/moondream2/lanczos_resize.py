@@ -18,7 +18,9 @@ operations in the same order, libm's sin through `math.sin`, sums accumulated le
 right) once per (input size, output size) and cached; the passes are integer tensor ops
 on the image's device. Products and sums are int32 as in the C, so even an overflow would
 wrap alike; none occurs: it needs sum|w| >= 2.006 (255 * sum|w| * 2^22 + 2^21 >= 2^31), and
-sum|w| is at most 1.571 over all (in, out) sizes 1..159.
+sum|w| is at most 1.571 over all (in, out) sizes 1..159. A ResizePlan holds one resize's
+tables on the device, so that running it needs no host->device copy (CUDA graph capture:
+fast/graphed_batch_encoder.py).
 
 Resize along an axis whose size is unchanged is skipped, as Pillow skips it. (When the
 horizontal pass goes first Pillow runs it only over the rows the vertical pass reads; the
@@ -103,9 +105,12 @@ def _device_tables(in_size: int, out_size: int,
 CHUNK_ELEMENTS = 1 << 26
 
 
-def _pass(x: torch.Tensor, dim: int, out_size: int) -> torch.Tensor:
-    """Resample the uint8 [H, W, C] image along dim (0: rows, 1: columns) to out_size."""
-    index, weights = _device_tables(x.shape[dim], out_size, x.device)
+def _pass(x: torch.Tensor, dim: int, out_size: int,
+          tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Resample the uint8 [H, W, C] image along dim (0: rows, 1: columns) to out_size;
+    tables: this pass's _device_tables (looked up when None)."""
+    index, weights = tables if tables is not None else _device_tables(x.shape[dim], out_size,
+                                                                      x.device)
     ksize = weights.shape[1]
     per_out = x.numel() // x.shape[dim] * ksize
     step = max(1, CHUNK_ELEMENTS // per_out)
@@ -148,6 +153,43 @@ def _vertical_first(h: int, w: int, height: int, width: int,
     return False
 
 
+class ResizePlan:
+    """The resize of [in_height, in_width, C] uint8 images to [height, width, C] on one
+    device, its passes' coefficient tables already there: calling it launches tensor ops
+    only (no host->device copy, no host sync), so it may run inside a CUDA graph capture
+    (the graphed encoder's in-graph crops hold one per frame layout). The same ops as
+    resize_lanczos, which runs a plan made on the spot."""
+
+    def __init__(self, in_height: int, in_width: int, height: int, width: int, device):
+        if in_height < 1 or in_width < 1 or height < 1 or width < 1:
+            raise ValueError("height and width must be > 0")
+        device = torch.device(device)
+        self.in_shape, self.out_shape = (in_height, in_width), (height, width)
+        order = [(1, width), (0, height)]           # (dim, size): horizontal, vertical
+        if _vertical_first(in_height, in_width, height, width):
+            order.reverse()
+        shape = [in_height, in_width]
+        self.passes = []                            # (dim, size, (index, weights))
+        for dim, size in order:
+            if size != shape[dim]:                  # an unchanged axis is skipped, as PIL does
+                self.passes.append((dim, size, _device_tables(shape[dim], size, device)))
+                shape[dim] = size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if image.dtype != torch.uint8 or image.dim() != 3:
+            raise ValueError(f"expected a uint8 [H, W, C] tensor, got {image.dtype} "
+                             f"{tuple(image.shape)}")
+        if tuple(image.shape[:2]) != self.in_shape:
+            raise ValueError(f"this plan resizes {self.in_shape} images, got "
+                             f"{tuple(image.shape[:2])}")
+        x = image
+        for dim, size, tables in self.passes:
+            x = _pass(x, dim, size, tables)
+        if x is image:
+            x = x.clone()
+        return x
+
+
 def resize_lanczos(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """uint8 [H, W, C] -> uint8 [height, width, C], on image's device; the same pixels as
     np.asarray(Image.fromarray(image).resize((width, height), Image.Resampling.LANCZOS))."""
@@ -156,13 +198,4 @@ def resize_lanczos(image: torch.Tensor, height: int, width: int) -> torch.Tensor
                          f"{tuple(image.shape)}")
     if height < 1 or width < 1:
         raise ValueError("height and width must be > 0")
-    x = image
-    passes = [(1, width), (0, height)]              # (dim, size): horizontal, vertical
-    if _vertical_first(x.shape[0], x.shape[1], height, width):
-        passes.reverse()
-    for dim, size in passes:
-        if size != x.shape[dim]:
-            x = _pass(x, dim, size)
-    if x is image:
-        x = x.clone()
-    return x
+    return ResizePlan(image.shape[0], image.shape[1], height, width, image.device)(image)

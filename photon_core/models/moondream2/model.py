@@ -16,8 +16,7 @@ from ...task import SKILLS as ALL_SKILLS
 from . import hub, text, vision
 from .config import MoondreamConfig
 from ...encode_request import unwrap
-from .crops import (GLOBAL_TILING, global_crop, global_crop_tensor, overlap_crops,
-                    overlap_crops_tensor)
+from .crops import GLOBAL_TILING, CropPlan, global_crop, overlap_crops
 from .image_input import MAX_SIDE, to_rgb_array
 from .kv_cache import KVCache
 from .layers import Weights
@@ -29,6 +28,18 @@ from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_meta
 # "global" crop mode (photon_core/encode_request.py)
 CAPABILITIES = Capabilities("moondream2", "Moondream 2", frozenset(ALL_SKILLS),
                             crop_modes=("overlap", "global"))
+
+
+def upload_frame(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """HxWx3 uint8 array -> the same uint8 tensor on device. CUDA: through pinned host
+    memory with non_blocking, so the host does not wait for the device's queued work (a
+    pageable copy synchronizes the stream); the caching host allocator keeps the pinned block
+    until the copy has run."""
+    if device.type != "cuda":
+        return torch.from_numpy(np.require(array, requirements="W")).to(device)
+    staging = torch.empty(array.shape, dtype=torch.uint8, pin_memory=True)
+    np.copyto(staging.numpy(), array)
+    return staging.to(device, non_blocking=True)
 
 
 def parse_device(device) -> torch.device:
@@ -105,22 +116,33 @@ class MoondreamModel(EngineConveniences):
         GLOBAL_TILING (see batched_encode.py)."""
         array = to_rgb_array(image, self.max_image_side)
         v, w = self.config.vision, self.weights
-        args = (v.crop_size, v.enc_patch_size, v.overlap_margin, v.max_crops)
         on_device = (w.device.type == "cuda" if self.crops_on_device is None
                      else self.crops_on_device)
         with torch.inference_mode():
             if on_device:
-                # (np.require: a writable array, as torch.from_numpy wants; PIL's are not)
-                frame = torch.from_numpy(np.require(array, requirements="W")).to(w.device)
-                if crops == "global":
-                    pixels, tiling = global_crop_tensor(frame, v.crop_size), GLOBAL_TILING
-                else:
-                    pixels, tiling = overlap_crops_tensor(frame, *args)
-            elif crops == "global":
+                plan = self.crop_plan(array.shape[0], array.shape[1], crops)
+                return array, self.device_crops(upload_frame(array, w.device), plan), \
+                    plan.tiling
+            if crops == "global":
                 pixels, tiling = global_crop(array, v.crop_size), GLOBAL_TILING
             else:
-                pixels, tiling = overlap_crops(array, *args)
+                pixels, tiling = overlap_crops(array, v.crop_size, v.enc_patch_size,
+                                               v.overlap_margin, v.max_crops)
             return array, vision.normalize(pixels, w.device, w.dtype), tiling
+
+    def crop_plan(self, height: int, width: int, crops: str = "overlap") -> CropPlan:
+        """The torch crops of height x width frames in this crop mode on the model's device
+        (crops.CropPlan: its tables uploaded now; tiling and n_crops without any crop)."""
+        v = self.config.vision
+        return CropPlan(height, width, crops, v.crop_size, v.enc_patch_size, v.overlap_margin,
+                        v.max_crops, self.weights.device)
+
+    def device_crops(self, frame: torch.Tensor, plan: CropPlan) -> torch.Tensor:
+        """uint8 [H, W, 3] frame on the model's device -> its normalized crops [N, 3, crop,
+        crop] (image_crops' on-device path; tensor ops only, so the graphed encoder runs it
+        inside its CUDA graph: the same pixels either way)."""
+        w = self.weights
+        return vision.normalize(plan(frame), w.device, w.dtype)
 
     def encode_image(self, image, crops: str | None = None) -> EncodedImage:
         """numpy HxWx3 uint8 RGB | PIL image | path | EncodeRequest -> EncodedImage (vision +
