@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 def resolve_variant(spec: str) -> Variant | None:
     """EngineOptions.megakernel -> the Variant to build (None: "off"). "on": the measured
-    best b=1 build on the H200 (docs/benchmarks.md, call 8) on CUDA, Variant() under the
-    interpreter (no L2 prefetch there)."""
+    best b=1 build on the H200 (docs/benchmarks.md, session 5) on CUDA, Variant() under the
+    interpreter (one program: no programs per SM to speak of there)."""
     if spec == "off":
         return None
     if spec == "on":
@@ -35,7 +35,10 @@ def resolve_variant(spec: str) -> Variant | None:
     return Variant.parse(spec)
 
 
-BEST = "pipe_fma@16x512/w8/s4/pf32/pfn64"
+BEST = "pipe_fma@8x1024/w4/s3/p2/hoist"
+# "on" runs the megakernel for buckets up to this batch (the measured win: b=1 1.03 vs 1.10
+# ms for the fused graph; b=8 2.42 vs 1.56 ms), the fused forward above it
+ON_MAX_BATCH = 1
 
 
 class MegakernelBackend:
@@ -43,9 +46,15 @@ class MegakernelBackend:
     MegakernelStep per bucket, built on the bucket's first forward (the runner's warm-up,
     before any graph capture)."""
 
-    def __init__(self, fd, st, variant: Variant, n_sm: int | None = None):
+    def __init__(self, fd, st, variant: Variant, n_sm: int | None = None,
+                 max_batch: int | None = None):
+        """max_batch: buckets above it run the fused forward (None: every bucket tries the
+        megakernel; a bucket whose shapes the variant cannot lower runs the fused forward,
+        logged once)."""
         self.fd, self.st, self.variant, self.n_sm = fd, st, variant, n_sm
+        self.max_batch = max_batch
         self.steps: dict[int, MegakernelStep] = {}
+        self.fused_buckets: dict[int, str] = {}     # bucket -> why it runs the fused forward
 
     def __getattr__(self, name):           # heads, prefill, buffers: the fused backend's
         return getattr(self.__dict__["fd"], name)
@@ -61,7 +70,21 @@ class MegakernelBackend:
         """fd.forward's feed + decoder + row advance: the feedback launch, then the
         megakernel (attention over the rows' positions: attn_len is for window families,
         which have no lowering)."""
-        s = self.step_for(b)
+        if b not in self.steps and b not in self.fused_buckets:
+            if self.max_batch is not None and b > self.max_batch:
+                self.fused_buckets[b] = f"bucket above {self.max_batch}"
+            else:
+                try:
+                    self.step_for(b)
+                except Unsupported as e:
+                    self.fused_buckets[b] = f"no lowering at this bucket: {e}"
+            if b in self.fused_buckets:
+                log.info("megakernel: bucket %d runs the fused forward (%s)", b,
+                         self.fused_buckets[b])
+        if b in self.fused_buckets:
+            self.fd.forward(st, b, attn_len)
+            return
+        s = self.steps[b]
         s.feed()
         s.run_kernel()
 
@@ -80,7 +103,8 @@ def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str
     dev = torch.device(fd.x.device)
     if dev.type != "cuda" and not interpreted():
         return None, f"no CUDA device ({dev}) and not TRITON_INTERPRET=1"
-    be = MegakernelBackend(fd, st, variant)
+    max_b = ON_MAX_BATCH if spec == "on" else None
+    be = MegakernelBackend(fd, st, variant, max_batch=max_b)
     try:
         try:
             be.step_for(1)
@@ -89,7 +113,7 @@ def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str
                 raise
             # "on": the best build's GEMV tiles do not fit this model's widths (a small
             # model): the default build's tiles
-            be = MegakernelBackend(fd, st, Variant())
+            be = MegakernelBackend(fd, st, Variant(), max_batch=max_b)
             be.step_for(1)
     except Unsupported as e:
         return None, f"no megakernel lowering for this model's step program: {e}"

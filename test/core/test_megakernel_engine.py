@@ -69,9 +69,9 @@ class Launches:
         monkeypatch.setattr(MegakernelStep, "run_kernel", counted)
 
 
-def _engines(model, rows):
+def _engines(model, rows, spec="on"):
     fu = FastEngine(model, max_batch=rows, fused="on")
-    mk = FastEngine(model, max_batch=rows, fused="on", megakernel="on")
+    mk = FastEngine(model, max_batch=rows, fused="on", megakernel=spec)
     from photon_core.megakernel.megakernel_backend import MegakernelBackend
     assert isinstance(mk.state.backend, MegakernelBackend), mk.state.megakernel_fallback
     assert fu.state.backend is fu.state.fused and fu.state.megakernel is None
@@ -103,7 +103,7 @@ def test_batch_1_every_skill_matches_fused(model, encs, monkeypatch):
 
 @cpu_only
 def test_batch_2_mixed_skills_with_zombies_match_fused(model, encs, monkeypatch):
-    fu, mk = _engines(model, 2)
+    fu, mk = _engines(model, 2, spec="auto")     # a variant string: every bucket
     n = Launches(monkeypatch)
     mk.decoder.record = True
     zombies = 0
@@ -120,6 +120,21 @@ def test_batch_2_mixed_skills_with_zombies_match_fused(model, encs, monkeypatch)
         assert all(o is None for o in mk.rows.owner)
     assert zombies > 0
     assert n.by_bucket.get(2, 0) > 0
+    fu.close(), mk.close()
+
+
+@cpu_only
+def test_on_runs_buckets_above_one_on_the_fused_forward(model, encs, monkeypatch):
+    """megakernel="on" is the measured b=1 win: bucket 2 runs the fused forward (said in
+    the backend's fused_buckets), with the same outputs."""
+    fu, mk = _engines(model, 2)
+    n = Launches(monkeypatch)
+    pairs = [(encs[j], TASKS[j]) for j in range(2)]
+    for w, g in zip(_decode(fu, pairs), _decode(mk, pairs)):
+        assert same(w, g), (w.output, g.output)
+    be = mk.state.backend
+    assert 2 in be.fused_buckets and 1 not in be.fused_buckets, be.fused_buckets
+    assert n.by_bucket.get(2, 0) == 0
     fu.close(), mk.close()
 
 
