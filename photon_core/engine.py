@@ -49,9 +49,11 @@ class EngineOptions:
       a Triton with triton.language.extra.cuda.gdc_*; ops/pdl.py): each starts while the one
       before finishes. Same results; ignored elsewhere (CPU, interpreter, older GPUs).
     megakernel: the fast path's decode forward (feedback + decoder + row advance) as one
-      persistent megakernel launch per step (photon_core/megakernel; opt-in, slower than
-      the fused graph today: docs/benchmarks.md): "off", "on" (the measured best variant),
-      or a variant string ("pipe_fma@16x512/w8/s4/pf32/pfn64", megakernel_step.Variant).
+      persistent megakernel launch per step (photon_core/megakernel; opt-in): "off", "on"
+      (the measured best variant at batch 1, where it beats the deterministic fused graph,
+      1.03 vs 1.10 ms on the H200; larger buckets keep the fused forward: docs/benchmarks.md),
+      or a variant string ("pipe_fma@8x1024/w4/s3/p2/hoist", megakernel_step.Variant: every
+      bucket it can lower).
       Needs the fused backend; where the megakernel cannot serve the model (no lowering
       for the family's ops, no CUDA / cooperative launch) the fused backend runs and the
       reason is logged (FastEngine.metrics()["megakernel_fallback"]).
