@@ -13,7 +13,7 @@ same matrix, and the same body launched as an ordinary grid (one program per ins
 many programs resident per SM: what the fused path's GEMV kernels do).
 GB/s = weight bytes / time (the x vector and outputs are small).
 
-Usage: PYTHONPATH=. python3 bench/stream_probe.py [--mb 560] [--iters 20] [--cases all]
+Usage: PYTHONPATH=. python3 bench/stream_probe.py [--mb 560] [--iters 20] [--cases fma|dot|all]
        TRITON_INTERPRET=1 python3 bench/stream_probe.py --smoke     (CPU: the code runs, checked
        against torch; no timing value)
 Writes $OUT/stream_probe.json when OUT is set.
@@ -117,12 +117,27 @@ def default_cases():
     return cases
 
 
+def dot_cases():
+    """Tensor-core (b > 1) streaming: tile rows x K, stages, warps, programs per SM."""
+    base = dict(mode="instr", per_sm=1, warps=4, stages=4, bn=16, bk=512, instr_kb=256,
+                dot=True)
+    cases = []
+    for bn, bk in ((16, 512), (16, 1024), (32, 512), (64, 256), (64, 128), (128, 128)):
+        for per_sm, warps, stages in ((1, 4, 4), (2, 4, 3), (2, 4, 4), (1, 8, 4)):
+            cases.append(dict(base, bn=bn, bk=bk, per_sm=per_sm, warps=warps, stages=stages,
+                              name=f"dot {bn}x{bk} p{per_sm} w{warps} s{stages}"))
+    cases.append(dict(base, mode="grid", instr_kb=64, bn=64, bk=128, name="dot grid 64x128"))
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=560, help="weight matrix MiB (K = 2048)")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--cases", choices=("fma", "dot", "all"), default="fma",
+                    help="fma: the b=1 sweep; dot: tensor-core tiles (b > 1); all: both")
     args = ap.parse_args()
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"
@@ -151,7 +166,8 @@ def main():
         print(f"copy {out['copy_GBps']} GB/s (read + write), cuBLAS F.linear "
               f"{out['cublas_GBps']} GB/s over {out['weight_MB']} MB", flush=True)
     ref = (x.float() @ w.float().t())
-    cases = default_cases()
+    cases = {"fma": default_cases(), "dot": dot_cases(),
+             "all": default_cases() + dot_cases()}[args.cases]
     if smoke:
         for c in cases:
             c.update(stages=min(c["stages"], 2), bk=min(c["bk"], 256), instr_kb=4)
