@@ -52,7 +52,7 @@ class EngineOptions:
       persistent megakernel launch per step (photon_core/megakernel; opt-in): "off", "on"
       (the measured best variant at batch 1, where it beats the deterministic fused graph,
       1.03 vs 1.10 ms on the H200; larger buckets keep the fused forward: docs/benchmarks.md),
-      or a variant string ("pipe_fma@8x1024/w4/s3/p2/hoist", megakernel_step.Variant: every
+      or a variant string ("pipe_fma@8x1024/w4/s3/p2", megakernel_step.Variant: every
       bucket it can lower).
       Needs the fused backend; where the megakernel cannot serve the model (no lowering
       for the family's ops, no CUDA / cooperative launch) the fused backend runs and the

@@ -1,10 +1,13 @@
-"""The persistent megakernel: one program per SM (or fewer), each walks its own queue of the
-instruction table (compiler.py) and runs every instruction with an op switch.
+"""The persistent megakernel: one program per SM (or two: megakernel_step.Variant per_sm),
+each walks its own queue of the instruction table (compiler.py) and runs every instruction
+with an op switch.
 
 Synchronization (no grid-wide barrier): every instruction
-  - waits for up to two op counters to reach their targets: a per-thread volatile load spin
-    (no atomic, so no bar.sync per iteration), then one acquire load (an atomic add of 0)
-    that orders the reads after it;
+  - reads all its table fields at its start (one round trip; the record two ahead is
+    prefetched into L2 on CUDA);
+  - waits for up to two op counters to reach their targets: on CUDA both polled in one loop
+    of per-thread `ld.acquire.gpu` loads (no atomic, no bar.sync per iteration; the acquire
+    orders the reads after it); under the interpreter a volatile spin + an acquire atomic;
   - runs its op; activations are read with .cg (L2, not a stale L1 line of an earlier layer);
   - publishes: a CTA barrier (all threads' stores issued) then one release atomic add on its
     op's counter.
@@ -41,21 +44,20 @@ _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
 
 
 @triton.jit
-def _wait(cnt_ptr, idx, target, SLEEP: tl.constexpr):
-    if idx >= 0:
-        while tl.load(cnt_ptr + idx, volatile=True) < target:
-            if SLEEP > 0:     # back off: fewer polls of the counter's L2 line
-                tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
-                                          [tl.full([], SLEEP, tl.int32)], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-        tl.atomic_add(cnt_ptr + idx, 0, sem="acquire", scope="gpu")
+def _backoff(SLEEP: tl.constexpr):
+    """nanosleep between counter polls (fewer polls of the counter's L2 line)."""
+    if SLEEP > 0:
+        tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
+                                  [tl.full([], SLEEP, tl.int32)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
-def _waits(rec, cnt_ptr, SLEEP: tl.constexpr):
-    """The instruction's (up to) two waits: table fields 11..14 (counter, target)."""
-    _wait(cnt_ptr, tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32), SLEEP)
-    _wait(cnt_ptr, tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32), SLEEP)
+def _wait(cnt_ptr, idx, target, SLEEP: tl.constexpr):
+    if idx >= 0:
+        while tl.load(cnt_ptr + idx, volatile=True) < target:
+            _backoff(SLEEP)
+        tl.atomic_add(cnt_ptr + idx, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
@@ -75,10 +77,11 @@ def _l2_prefetch_line(ptr):
 
 
 @triton.jit
-def _waits_hoisted(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
-    """_waits with the fields already loaded (HOIST). ACQ (CUDA): both counters polled in
-    one loop by acquire loads: one round trip when both are already reached (instead of a
-    spin + an acquire atomic per counter, one after the other)."""
+def _waits(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
+    """The instruction's (up to) two waits (counter, target: table fields 11..14, read at
+    the instruction's start). ACQ (CUDA): both counters polled in one loop by acquire loads,
+    one round trip when both are already reached (session 4 had a spin + an acquire atomic
+    per counter, one after the other); under the interpreter a volatile spin each."""
     if ACQ:
         if (i0 >= 0) | (i1 >= 0):
             c0 = cnt_ptr + tl.maximum(i0, 0)
@@ -86,10 +89,7 @@ def _waits_hoisted(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constex
             g0 = tl.where(i0 >= 0, t0, 0)       # no wait: target 0 (counters are >= 0)
             g1 = tl.where(i1 >= 0, t1, 0)
             while (_ld_acquire(c0) < g0) | (_ld_acquire(c1) < g1):
-                if SLEEP > 0:
-                    tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
-                                              [tl.full([], SLEEP, tl.int32)], dtype=tl.int32,
-                                              is_pure=False, pack=1)
+                _backoff(SLEEP)
     else:
         _wait(cnt_ptr, i0, t0, SLEEP)
         _wait(cnt_ptr, i1, t1, SLEEP)
@@ -352,20 +352,19 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
 
 
 @triton.jit
-def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap,
+def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap,
              stride_x, stride_y, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
              B: tl.constexpr, D: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr,
              BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
-             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, HOIST: tl.constexpr,
-             ACQ: tl.constexpr):
+             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (fields 16..19: input, gamma, beta, input
     is fp32 (1) / model dtype (0) / no LayerNorm (-1)), then the tile (PIPE: _gemv_pipe; else
-    b=1 FMA: _gemv_stream, else _gemv_tile). HOIST: fields 11..19 come as wi0..f19 (read
-    with the others at the instruction's start), else they are read here."""
+    b=1 FMA: _gemv_stream, else _gemv_tile). Fields 11..19 come as wi0..f19 (read with the
+    others at the instruction's start)."""
     if PF > 0:
         esz: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
         _l2_prefetch(w_ptr + n0.to(tl.int64) * K,
@@ -379,21 +378,12 @@ def _gemv_op(rec, cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_spli
         p0, p1, p2, p3 = _load_group(w_ptr, 0, 1, n0, n1, K, BN, BK, UNROLL)
     else:
         p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
-    if HOIST:
-        _waits_hoisted(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-        in_f32 = f19
-    else:
-        _waits(rec, cnt_ptr, SLEEP)
-        in_f32 = tl.load(rec + 19)
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    in_f32 = f19
     if in_f32 >= 0:
-        if HOIST:
-            ln_in = _aligned(f16, ALIGNED)
-            g_off = _aligned(f17, ALIGNED)
-            be_off = _aligned(f18, ALIGNED)
-        else:
-            ln_in = _aligned(tl.load(rec + 16), ALIGNED)
-            g_off = _aligned(tl.load(rec + 17), ALIGNED)
-            be_off = _aligned(tl.load(rec + 18), ALIGNED)
+        ln_in = _aligned(f16, ALIGNED)
+        g_off = _aligned(f17, ALIGNED)
+        be_off = _aligned(f18, ALIGNED)
         if in_f32 != 0:
             _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
         else:
@@ -465,7 +455,7 @@ def _rope_cs(cos_ptr, sin_ptr, ti, HD: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
-def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
              m_ptr, l_ptr, acc_ptr, out_ptr, row, h, s0, s1, n_sub, scale,
              wi0, wt0, wi1, wt1, f16,
              B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
@@ -474,8 +464,7 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
              PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
-             SLEEP: tl.constexpr, KV2: tl.constexpr, HOIST: tl.constexpr,
-             ACQ: tl.constexpr):
+             SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
@@ -512,10 +501,7 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
         vt2 = tl.load(vc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
                       mask=ok2[:, None], other=0.0, cache_modifier=".cg")
         src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
-    if HOIST:
-        _waits_hoisted(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-    else:
-        _waits(rec, cnt_ptr, SLEEP)
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
     if not KV2:
         src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
     base = qkv_ptr + row * SU
@@ -552,10 +538,7 @@ def _attn_op(rec, cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, 
     tl.debug_barrier()
     done = n_sub - 1
     if n_sub > 1:     # release our partials, acquire the others'
-        if HOIST:
-            layer = f16.to(tl.int32)
-        else:
-            layer = tl.load(rec + 16).to(tl.int32)
+        layer = f16.to(tl.int32)
         done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
                              sem="acq_rel", scope="gpu")
     if done == n_sub - 1:
@@ -620,7 +603,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
-               KV2: tl.constexpr, HOIST: tl.constexpr, ACQ: tl.constexpr):
+               KV2: tl.constexpr, ACQ: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -637,54 +620,31 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         p1 = tl.load(rec + 8)
         p2 = tl.load(rec + 9)
         p3 = tl.load(rec + 10)
-        # HOIST: every field read here at once (one round trip, not one per use), the next
-        # instruction's record into L2 (ACQ) or its GEMV fields read now (PFN)
-        wi0 = 0
-        wt0 = 0
-        wi1 = 0
-        wt1 = 0
-        f16 = 0
-        f17 = 0
-        f18 = 0
-        f19 = 0
-        sig = 0
-        if HOIST:
-            wi0 = tl.load(rec + 11).to(tl.int32)
-            wt0 = tl.load(rec + 12).to(tl.int32)
-            wi1 = tl.load(rec + 13).to(tl.int32)
-            wt1 = tl.load(rec + 14).to(tl.int32)
-            sig = tl.load(rec + 15)
-            f16 = tl.load(rec + 16)
-            f17 = tl.load(rec + 17)
-            f18 = tl.load(rec + 18)
-            f19 = tl.load(rec + 19)
-            has_next = i + 1 < q1
-            if PFN > 0:
-                nrec = rec + _STRIDE
-                nop = tl.load(nrec + 0, mask=has_next, other=99)
-                nw = tl.load(nrec + 2, mask=has_next, other=0)
-                nn0 = tl.load(nrec + 5, mask=has_next, other=0)
-                nn1 = tl.load(nrec + 6, mask=has_next, other=0)
-            if ACQ:
-                if i + 2 < q1:
-                    _l2_prefetch_line(rec + 2 * _STRIDE)
-                    _l2_prefetch_line(rec + 2 * _STRIDE + _STRIDE - 1)
+        wi0 = tl.load(rec + 11).to(tl.int32)
+        wt0 = tl.load(rec + 12).to(tl.int32)
+        wi1 = tl.load(rec + 13).to(tl.int32)
+        wt1 = tl.load(rec + 14).to(tl.int32)
+        sig = tl.load(rec + 15)
+        f16 = tl.load(rec + 16)
+        f17 = tl.load(rec + 17)
+        f18 = tl.load(rec + 18)
+        f19 = tl.load(rec + 19)
+        # (every field read here at once: one round trip, not one per use; on CUDA the
+        # record two ahead goes to L2 now)
+        if ACQ:
+            if i + 2 < q1:
+                _l2_prefetch_line(rec + 2 * _STRIDE)
+                _l2_prefetch_line(rec + 2 * _STRIDE + _STRIDE - 1)
         if PFN > 0:      # the next instruction's first PFN weight bytes into L2
-            if HOIST:
-                if nop <= 2:
-                    nk = tl.where(nop == 1, KW2, D).to(tl.int64)
-                    esz0: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
-                    _l2_prefetch(wb + _aligned(nw, ALIGNED) + nn0 * nk,
-                                 tl.minimum((nn1 - nn0) * nk * esz0, PFN), NT)
-            elif i + 1 < q1:
-                nrec = rec + _STRIDE
-                nop = tl.load(nrec + 0)
-                if nop <= 2:
-                    nk = tl.where(nop == 1, KW2, D).to(tl.int64)
-                    nn0 = tl.load(nrec + 5)
-                    esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
-                    _l2_prefetch(wb + _aligned(tl.load(nrec + 2), ALIGNED) + nn0 * nk,
-                                 tl.minimum((tl.load(nrec + 6) - nn0) * nk * esz, PFN), NT)
+            has_next = i + 1 < q1
+            nrec = rec + _STRIDE
+            nop = tl.load(nrec + 0, mask=has_next, other=99)
+            if nop <= 2:
+                nk = tl.where(nop == 1, KW2, D).to(tl.int64)
+                nn0 = tl.load(nrec + 5)
+                esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
+                _l2_prefetch(wb + _aligned(tl.load(nrec + 2), ALIGNED) + nn0 * nk,
+                             tl.minimum((tl.load(nrec + 6) - nn0) * nk * esz, PFN), NT)
         if op <= 3:      # GEMV / attention: 16-element aligned operands (vector loads);
             # (hinted inside the branch: a value merged from two branches loses the hint)
             a_al = _aligned(a_off, ALIGNED)
@@ -692,33 +652,30 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
             b_al = _aligned(b_off, ALIGNED)
             y_al = _aligned(y_off, ALIGNED)
             if op == 0:      # OP_GEMV_W1 (LayerNorm of x fused)
-                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
+                _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         HOIST, ACQ)
+                         ACQ)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
-                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
+                _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, HOIST, ACQ)
+                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
-                _gemv_op(rec, cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
+                _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, HOIST, ACQ)
+                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
-                _attn_op(rec, cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
+                _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                         S_POS, PF, NT, STAGES, SLEEP, KV2, HOIST, ACQ)
+                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ)
         else:
-            if HOIST:
-                _waits_hoisted(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-            else:
-                _waits(rec, cnt_ptr, SLEEP)
+            _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
             if op == 4:    # OP_ADVANCE
                 _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                              ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
@@ -726,10 +683,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                 _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS,
                             OUT_COL, ARG_BLOCK)
         tl.debug_barrier()
-        if HOIST:
-            tl.atomic_add(cnt_ptr + sig, 1, sem="release", scope="gpu")
-        else:
-            tl.atomic_add(cnt_ptr + tl.load(rec + 15), 1, sem="release", scope="gpu")
+        tl.atomic_add(cnt_ptr + sig, 1, sem="release", scope="gpu")
     done = tl.atomic_add(cnt_ptr + n_cnt - 1, 1, sem="acq_rel", scope="gpu")
     if done == n_prog - 1:          # every program is past its queue: reset for next launch
         for c0 in range(0, n_cnt, 128):
@@ -758,7 +712,7 @@ UNROLL = 4
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
-               sleep: int = 0, kv2: bool = False, hoist: bool = False) -> dict:
+               sleep: int = 0, kv2: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -787,14 +741,13 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["NT"] = 32 * num_warps
     kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     kw["KV2"] = bool(kv2)       # attention: the second split's k/v loaded before the wait
-    kw["HOIST"] = bool(hoist)   # every table field read at the instruction's start
-    kw["ACQ"] = bool(hoist) and not interpreted()    # + acquire-load polls, record prefetch
+    kw["ACQ"] = not interpreted()     # acquire-load polls, record prefetch (inline PTX)
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
-                num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
-                hoist: bool = False) -> tuple[tuple, dict]:
+                num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False
+                ) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3)."""
@@ -804,7 +757,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
             low.shape["HD"] ** -0.5)
     return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2, hoist)
+                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -815,11 +768,11 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
-           sleep: int = 0, kv2: bool = False, hoist: bool = False):
+           sleep: int = 0, kv2: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs)."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, hoist)
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

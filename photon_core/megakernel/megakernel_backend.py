@@ -35,7 +35,7 @@ def resolve_variant(spec: str) -> Variant | None:
     return Variant.parse(spec)
 
 
-BEST = "pipe_fma@8x1024/w4/s3/p2/hoist"
+BEST = "pipe_fma@8x1024/w4/s3/p2"
 # "on" runs the megakernel for buckets up to this batch (the measured win: b=1 1.03 vs 1.10
 # ms for the fused graph; b=8 2.42 vs 1.56 ms), the fused forward above it
 ON_MAX_BATCH = 1

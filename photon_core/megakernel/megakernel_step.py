@@ -28,9 +28,12 @@ class Variant:
     nanoseconds of back-off per counter poll (sleep), key splits per attention instruction
     (attn_per, 0: compiler.attn_splits_per_instr), the scheduler's placement (spread=False:
     "greedy", the plain earliest-free rule of sessions 3-4), the attention's second key
-    split loaded before its wait (kv2). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/kv2/greedy/noalign" (any order after the GEMV; pf in
-    KiB)."""
+    split loaded before its wait (kv2), programs per SM (per_sm: 2 = two persistent programs
+    share each SM, twice the weight bytes in flight per SM where registers and shared memory
+    allow two; a cooperative launch fails at once where they do not). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/greedy/noalign" (any order after the GEMV; pf
+    in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
+    how every build runs since and is accepted as a no-op)."""
     gemv: str = "auto"
     warps: int = 8
     stages: int = 3
@@ -43,7 +46,6 @@ class Variant:
     spread: bool = True
     kv2: bool = False
     per_sm: int = 1
-    hoist: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -67,7 +69,7 @@ class Variant:
                 elif p == "kv2":
                     kw["kv2"] = True
                 elif p == "hoist":
-                    kw["hoist"] = True
+                    pass
                 else:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
         return cls(**kw)
@@ -81,7 +83,6 @@ class Variant:
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "/kv2" if self.kv2 else ""
-        s += "/hoist" if self.hoist else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -145,7 +146,6 @@ class MegakernelStep:
             kw.setdefault("align", v.align)
             kw.setdefault("sleep", v.sleep)
             kw.setdefault("kv2", v.kv2)
-            kw.setdefault("hoist", v.hoist)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

@@ -285,35 +285,6 @@ def test_attention_second_split_preloaded_gives_the_same_bits(b, attn_per):
         assert torch.equal(results[True][f], results[False][f]), f
 
 
-@pytest.mark.parametrize("variant,b", [("auto/a2", 1), ("pipe@16x32/w4/s3", 2)])
-def test_hoisted_fields_give_the_same_bits(variant, b):
-    """hoist (every table field of an instruction read at its start, waits and signal from
-    those values): the same bits as the fields read where used, two launches in a row (the
-    counters reset), and the Python twin's values. (The acquire-load polls and the record
-    prefetch of the same flag are CUDA-only: test_megakernel_engine.py / the bench on the
-    H200.)"""
-    from photon_core.megakernel.megakernel_step import MegakernelStep
-
-    m, st, fd = _setup()
-    s0 = _snapshot(st, fd)
-    mk = MegakernelStep(fd, st, b, variant=variant)
-    results = {}
-    for hoist in (False, True):
-        _restore(st, fd, s0)
-        mk.run_kernel(hoist=hoist)
-        mk.run_kernel(hoist=hoist)
-        assert int(mk.compiled.counters.abs().sum()) == 0
-        results[hoist] = _snapshot(st, fd)
-    _restore(st, fd, s0)
-    mk.run_vm()
-    mk.run_vm()
-    vm2 = _snapshot(st, fd)
-    for f in FIELDS:
-        sl = slice(None) if f == "kv" else slice(0, b)
-        assert torch.equal(results[True][f], results[False][f]), f
-        _close(f, results[True][f][sl], vm2[f][sl])
-
-
 @pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
                                            ("pipe@16x64", 1, 2), ("pipe_same", 1, 3)])
 def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
@@ -398,8 +369,7 @@ def test_variant_strings_and_alignment_flag():
     assert Variant.parse(str(v)) == v
     assert not Variant.parse("fma/u4/noalign").align
     g = Variant.parse("pipe@16x512/w4/a4/kv2/greedy/hoist/p2")
-    assert (g.attn_per, g.spread, g.warps, g.kv2, g.hoist, g.per_sm) == (
-        4, False, 4, True, True, 2)
+    assert (g.attn_per, g.spread, g.warps, g.kv2, g.per_sm) == (4, False, 4, True, 2)
     assert Variant.parse(str(g)) == g
     with pytest.raises(ValueError):
         Variant.parse("pipe/x3")
