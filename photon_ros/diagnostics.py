@@ -17,7 +17,8 @@ CAMERA_COUNTERS = ("frames_in", "frames_processed", "results_published", "tasks_
                    "errors", "clock_jumps_back", "stale_frames", "qos_incompatible",
                    # frames the publishers sent that never reached the callback (transport_loss.py)
                    "frames_lost_in_transport", "transport.sequence_gaps",
-                   "transport.rmw_message_lost", "transport.no_sequence_number")
+                   "transport.rmw_message_lost", "transport.no_sequence_number",
+                   "transport.duplicates")
 SCHEDULER_KEYS = ("submitted", "done", "late", "superseded", "skipped", "deadline_misses",
                   "errors", "waiting", "running")
 

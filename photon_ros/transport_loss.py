@@ -17,7 +17,9 @@ Two sources, both per camera subscription:
 
 `lost` is the larger of the two totals: a lower bound of the frames lost, never a double count.
 Counting by seen/highest sequence numbers (not consecutive differences) keeps a frame taken
-late (reordered) from being counted as lost.
+late (reordered) from being counted as lost. A frame delivered twice (the same publisher and
+sequence number among the last DUP_WINDOW taken, e.g. two transports to one reader) is counted
+in `transport.duplicates` and not as seen: counted as seen it would hide a lost frame.
 """
 from __future__ import annotations
 
@@ -29,14 +31,32 @@ _SEQ_UNSUPPORTED = 2 ** 64 - 1
 MAX_PUBLISHERS = 16          # publishers remembered per camera (a restarted one gets a new gid)
 WARN_FRACTION = 0.05         # WARN when lost > 5 % of received over the window ...
 WARN_MIN_LOST = 2            # ... and at least this many frames were lost in it
+DUP_WINDOW = 1024            # sequence numbers per publisher remembered to spot a duplicate
 
 
 class _Publisher:
-    __slots__ = ("first", "highest", "seen")
+    __slots__ = ("first", "highest", "seen", "recent")
 
     def __init__(self, seq: int):
         self.first = self.highest = seq
         self.seen = 1
+        self.recent = {seq}          # taken sequence numbers above highest - DUP_WINDOW (or more)
+
+    def take(self, seq: int) -> bool:
+        """Count a frame taken; False (nothing counted) for a duplicate of a recent one.
+        (A frame older than the window is taken as a late one: it cannot be told apart.)"""
+        if seq in self.recent:
+            return False
+        self.recent.add(seq)
+        if seq < self.first:                  # reordered ahead of the first one seen
+            self.first = seq
+        if seq > self.highest:
+            self.highest = seq
+            if len(self.recent) > 2 * DUP_WINDOW:      # amortized: keep the newest window
+                low = self.highest - DUP_WINDOW
+                self.recent = {s for s in self.recent if s > low}
+        self.seen += 1
+        return True
 
     def missing(self) -> int:
         return max(0, self.highest - self.first + 1 - self.seen)
@@ -49,6 +69,7 @@ class TransportLoss:
         self.gaps_retired = 0            # missing frames of publishers forgotten (LRU)
         self.rmw_lost = 0                # sum of message_lost total_count_change
         self.no_sequence = 0             # messages without a usable sequence number / gid
+        self.duplicates = 0              # a frame taken twice (same publisher and sequence)
         self.gap_events: collections.deque = collections.deque(maxlen=window_events)  # (t, n)
         self.rmw_events: collections.deque = collections.deque(maxlen=window_events)  # (t, n)
 
@@ -73,10 +94,9 @@ class TransportLoss:
                 return 0
             self.pubs.move_to_end(key)
             before = p.missing()
-            if seq < p.first:                 # reordered ahead of the first one seen
-                p.first = seq
-            p.highest = max(p.highest, seq)
-            p.seen += 1
+            if not p.take(seq):
+                self.duplicates += 1
+                return 0
             delta = p.missing() - before
             if delta:
                 self.gap_events.append((t, delta))
@@ -102,7 +122,8 @@ class TransportLoss:
             gaps = self.gaps_retired + sum(p.missing() for p in self.pubs.values())
             return {"frames_lost_in_transport": max(gaps, self.rmw_lost),
                     "transport.sequence_gaps": gaps, "transport.rmw_message_lost": self.rmw_lost,
-                    "transport.no_sequence_number": self.no_sequence}
+                    "transport.no_sequence_number": self.no_sequence,
+                    "transport.duplicates": self.duplicates}
 
     def window(self, now: float, seconds: float) -> dict:
         """Losses in the last `seconds`: lost (the larger source), gaps, rmw."""

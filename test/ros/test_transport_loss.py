@@ -81,6 +81,24 @@ def test_sequence_gaps_reorders_publishers_and_the_rmw_event():
     assert "7 more missing from the publisher's sequence" in text
 
 
+def test_a_frame_delivered_twice_does_not_hide_a_lost_one():
+    """The same (publisher, sequence number) taken twice is a duplicate, not a frame: counted
+    as seen it would cancel the gap of a frame really lost (5 twice, 6 lost: 1 missing)."""
+    t = TransportLoss()
+    for s in (1, 2, 3, 4, 5, 5, 7):
+        t.on_message(info(s), 0.0)
+    tot = t.totals()
+    assert (tot["transport.sequence_gaps"], tot["transport.duplicates"]) == (1, 1), tot
+    t.on_message(info(6), 0.0)                 # 6 came late after all: nothing missing now
+    t.on_message(info(6), 0.0)                 # ... and again: a duplicate
+    tot = t.totals()
+    assert (tot["transport.sequence_gaps"], tot["transport.duplicates"]) == (0, 2), tot
+    for s in range(8, 8 + 3 * 1024):           # a long run: the remembered window is pruned
+        t.on_message(info(s), 1.0)
+    p = t.pubs[b"A"]
+    assert len(p.recent) <= 2 * 1024 + 1 and t.totals()["transport.sequence_gaps"] == 0
+
+
 def test_message_lost_event_is_counted_and_shown(monkeypatch):
     """The rmw's message_lost event (what best-effort transport losses raise with
     rmw_fastrtps_cpp: docs/reliability.md) reaches the camera's counter and diagnostics."""
