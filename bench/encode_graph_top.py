@@ -1,0 +1,69 @@
+"""Where the whole 640x480 encode graph's time goes (issue 13), on the GPU: the runtime's encode
+graph (FastEngine defaults: crops made inside the graph, vision, projection, prefix prefill)
+replayed under the profiler; kernel time by kind (probe_encode.KINDS) and the top kernels,
+with the graph's replay time and the sum of its kernels' times (the rest: gaps between
+kernels) from the same run.
+
+Usage: PYTHONPATH=. python3 bench/encode_graph_top.py [--top 25] [--crops overlap|global]
+Writes $OUT/encode_graph_top.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_decode import cuda_ms  # noqa: E402
+from bench.probe_encode import kind_of  # noqa: E402
+from photon_core.fast import FastEngine  # noqa: E402
+from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
+from photon_core.models.moondream2.model import build_random_model  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--crops", default="overlap", choices=("overlap", "global"))
+    args = ap.parse_args()
+    from torch.profiler import ProfilerActivity, profile
+    m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    fe = FastEngine(m)
+    fe.encode_image(frame, crops=args.crops)                  # captures the layout's graph
+    entry = next(e for k, e in fe.batch_encoder.entries.items()
+                 if len(k) == 1 and k[0].crops == args.crops)
+    out = {"gpu": torch.cuda.get_device_name(), "crops": args.crops,
+           "graph_replay_ms": round(cuda_ms(entry.graph.replay, 20), 3)}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            entry.graph.replay()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    by_kind: dict[str, float] = {}
+    for e in evs:
+        by_kind[kind_of(e.key)] = by_kind.get(kind_of(e.key), 0.0) + \
+            e.self_device_time_total / 5e3
+    out["kernel_ms_by_kind"] = {k: round(v, 3) for k, v in sorted(by_kind.items())}
+    out["kernel_ms_sum"] = round(sum(by_kind.values()), 3)
+    out["launches"] = sum(e.count for e in evs) // 5
+    evs.sort(key=lambda e: -e.self_device_time_total)
+    out["top"] = [{"kernel": e.key[:110], "ms": round(e.self_device_time_total / 5e3, 4),
+                   "calls": e.count // 5} for e in evs[:args.top]]
+    print(json.dumps({k: v for k, v in out.items() if k != "top"}, indent=1))
+    print("\n| kernel | ms per encode | calls |\n|---|---|---|")
+    for t in out["top"]:
+        print(f"| {t['kernel']} | {t['ms']} | {t['calls']} |")
+    fe.close()
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "encode_graph_top.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
