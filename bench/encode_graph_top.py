@@ -5,6 +5,8 @@ with the graph's replay time and the sum of its kernels' times (the rest: gaps b
 kernels) from the same run.
 
 Usage: PYTHONPATH=. python3 bench/encode_graph_top.py [--top 25] [--crops overlap|global]
+           [--sdpa default|flash|efficient|cudnn]   (the SDPA backend the graph is captured
+           with: torch.nn.attention.sdpa_kernel; default = torch's pick)
 Writes $OUT/encode_graph_top.json when OUT is set.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_decode import cuda_ms  # noqa: E402
+from bench.bench_encode import _rel  # noqa: E402
 from bench.probe_encode import kind_of  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
@@ -31,15 +34,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--crops", default="overlap", choices=("overlap", "global"))
+    ap.add_argument("--sdpa", default="default", choices=("default", "flash", "efficient",
+                                                           "cudnn"))
     args = ap.parse_args()
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION}.get(args.sdpa)
     from torch.profiler import ProfilerActivity, profile
     m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
     fe = FastEngine(m)
-    fe.encode_image(frame, crops=args.crops)                  # captures the layout's graph
+    with (sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()):
+        enc = fe.encode_image(frame, crops=args.crops)        # captures the layout's graph
     entry = next(e for k, e in fe.batch_encoder.entries.items()
                  if len(k) == 1 and k[0].crops == args.crops)
-    out = {"gpu": torch.cuda.get_device_name(), "crops": args.crops,
+    ref = m.encode_image(frame).kv if args.crops == "overlap" else None
+    out = {"gpu": torch.cuda.get_device_name(), "crops": args.crops, "sdpa": args.sdpa,
+           "kv_max_rel_diff_vs_reference": None if ref is None else _rel(enc.kv, ref),
            "graph_replay_ms": round(cuda_ms(entry.graph.replay, 20), 3)}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
