@@ -154,10 +154,12 @@ def prepare_encodes(prepare: Callable, config: PerceptionConfig) -> int:
 def load_model(config: PerceptionConfig, progress: bool = False):
     """config.model on config.device/dtype through photon_core.load_engine."""
     from photon_core import load_engine
+    from photon_core.engine import EngineOptions
 
     return load_engine(config.model, device=config.device, dtype=config.dtype,
                        engine=config.engine, deterministic=config.deterministic,
-                       max_batch=config.max_batch, progress=progress)
+                       max_batch=config.max_batch, progress=progress,
+                       options=EngineOptions(megakernel=config.megakernel))
 
 
 def build_live_pipeline(config: PerceptionConfig, model: Any = None, *, clock: Any = None,

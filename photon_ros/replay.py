@@ -435,11 +435,13 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
 
 
 def load_model_for(spec: str, device: str = "cpu", dtype: str = "fp32", engine: str = "auto",
-                   deterministic: bool = False):
+                   deterministic: bool = False, megakernel: str = "off"):
     from photon_core import load_engine
+    from photon_core.engine import EngineOptions
 
     return load_engine(spec, device=device, dtype=dtype, engine=engine,
-                       deterministic=deterministic, progress=sys.stderr.isatty())
+                       deterministic=deterministic, progress=sys.stderr.isatty(),
+                       options=EngineOptions(megakernel=megakernel))
 
 
 def print_summary(stats: ReplayStats, out=None) -> None:
@@ -507,7 +509,8 @@ def main(args) -> int:
     # offline output is meant to repeat byte for byte: on the GPU fast path that needs the
     # deterministic GEMVs (no split-K atomics); realtime follows the params file
     model = load_model_for(spec, config.device, config.dtype, config.engine,
-                           deterministic=args.mode == "offline" or config.deterministic)
+                           deterministic=args.mode == "offline" or config.deterministic,
+                           megakernel=config.megakernel)
     stats = replay(args.bag, args.out, config, model, mode=args.mode, camera_topics=cams,
                    rate=args.rate, zero_timing={"zero": True, "measured": False}.get(args.timing),
                    storage=args.storage,

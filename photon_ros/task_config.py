@@ -56,6 +56,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "dtype": "fp32",
     "engine": "auto",              # auto (fast path on CUDA) | reference | fast
     "deterministic": False,        # fast path: same bits every run (no split-K atomics)
+    "megakernel": "off",           # fast path, batch 1: off | on | a variant (EngineOptions)
     "max_batch": 4,
     "annotate": False,
     "publish_vision_msgs": True,   # vision_msgs/Detection2DArray too, where importable
@@ -138,6 +139,7 @@ class PerceptionConfig:
     dtype: str = "fp32"
     engine: str = "auto"
     deterministic: bool = False
+    megakernel: str = "off"
     max_batch: int = 4
     annotate: bool = False
     publish_vision_msgs: bool = True
@@ -394,6 +396,8 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
         if key == "camera_topic" or key not in p:
             continue
         v = p[key]
+        if key == "megakernel" and isinstance(v, bool):     # YAML on / off
+            v = "on" if v else "off"
         if isinstance(default, bool):
             kw[key] = _as_bool(v, key)
         elif isinstance(default, int):
@@ -406,6 +410,12 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
         raise ConfigError(f"default_on_miss must be one of {', '.join(ON_MISS)}")
     if kw.get("engine", "auto") not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {kw['engine']!r}")
+    if kw.get("megakernel", "off") != "off":
+        from photon_core.engine import EngineOptions
+        try:       # "off" | "on" | a megakernel_step.Variant string (the engine's own check)
+            EngineOptions(megakernel=kw["megakernel"])
+        except ValueError as e:
+            raise ConfigError(f"megakernel: {e}") from None
     if not 1 <= kw.get("max_batch", 4) <= 8:
         raise ConfigError(f"max_batch must be in 1..8, got {kw['max_batch']}")
     for key, hi in (("default_max_objects", MAX_OBJECTS_LIMIT),

@@ -186,10 +186,27 @@ def test_defaults_fill_zeros_and_overrides_apply():
     ({"cameras": ["cam1"], "cam1": {"topic": ""}}, "topic is empty"),
     ({"max_batch": 99}, "max_batch"),
     ({"engine": "turbo"}, "engine must be one of auto, reference, fast"),
+    ({"megakernel": "pipe/x3"}, "megakernel"),
 ])
 def test_invalid_configs_name_the_problem(params, match):
     with pytest.raises(ConfigError, match=match):
         config_from_params(params)
+
+
+def test_megakernel_parameter_reaches_the_engine_options(monkeypatch):
+    """`megakernel` (off | on | a variant string; YAML's on / off booleans too) is checked at
+    configure and handed to load_engine as EngineOptions.megakernel."""
+    import photon_core
+
+    from photon_ros import live_pipeline
+    assert config_from_params(_params()).megakernel == "off"
+    assert config_from_params({**_params(), "megakernel": True}).megakernel == "on"
+    assert config_from_params({**_params(), "megakernel": False}).megakernel == "off"
+    cfg = config_from_params({**_params(), "megakernel": "pipe_fma@8x1024/w4/s3/p2"})
+    seen = {}
+    monkeypatch.setattr(photon_core, "load_engine", lambda *a, **kw: seen.update(kw))
+    live_pipeline.load_model(cfg)
+    assert seen["options"].megakernel == "pipe_fma@8x1024/w4/s3/p2", seen
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
