@@ -76,11 +76,12 @@ def top_kernels(fn, n=8):
 
 
 def section(out, name, fn):
+    """out[name] = fn(), or its error and traceback; printed either way (the run goes on)."""
     try:
         out[name] = fn()
     except Exception as e:  # noqa: BLE001
         out[name] = {"error": repr(e), "tb": traceback.format_exc()[-1500:]}
-    say(f"{name}: {out[name]}")
+    say(f"{name}: {json.dumps(out[name], default=str)}")
 
 
 def main():

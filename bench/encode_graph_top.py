@@ -1,8 +1,8 @@
 """Where the whole 640x480 encode graph's time goes (issue 13), on the GPU: the runtime's encode
 graph (FastEngine defaults: crops made inside the graph, vision, projection, prefix prefill)
-replayed under the profiler; kernel time by kind (probe_encode.KINDS) and the top kernels,
-with the graph's replay time and the sum of its kernels' times (the rest: gaps between
-kernels) from the same run.
+replayed under the profiler (probe_encode.profile_kinds, mean of 5 replays): kernel time by
+kind and the top kernels, with the graph's replay time and the sum of its kernels' times (the
+rest: gaps between kernels) from the same run.
 
 Usage: PYTHONPATH=. python3 bench/encode_graph_top.py [--top 25] [--crops overlap|global]
            [--sdpa default|flash|efficient|cudnn]   (the SDPA backend the graph is captured
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_decode import cuda_ms  # noqa: E402
 from bench.bench_encode import _rel  # noqa: E402
-from bench.probe_encode import kind_of  # noqa: E402
+from bench.probe_encode import profile_kinds  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
 from photon_core.models.moondream2.model import build_random_model  # noqa: E402
@@ -42,7 +42,6 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                "cudnn": SDPBackend.CUDNN_ATTENTION}.get(args.sdpa)
-    from torch.profiler import ProfilerActivity, profile
     m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
     fe = FastEngine(m)
@@ -54,25 +53,11 @@ def main():
     out = {"gpu": torch.cuda.get_device_name(), "crops": args.crops, "sdpa": args.sdpa,
            "kv_max_rel_diff_vs_reference": None if ref is None else _rel(enc.kv, ref),
            "graph_replay_ms": round(cuda_ms(entry.graph.replay, 20), 3)}
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            entry.graph.replay()
-        torch.cuda.synchronize()
-    evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    by_kind: dict[str, float] = {}
-    for e in evs:
-        by_kind[kind_of(e.key)] = by_kind.get(kind_of(e.key), 0.0) + \
-            e.self_device_time_total / 5e3
-    out["kernel_ms_by_kind"] = {k: round(v, 3) for k, v in sorted(by_kind.items())}
-    out["kernel_ms_sum"] = round(sum(by_kind.values()), 3)
-    out["launches"] = sum(e.count for e in evs) // 5
-    evs.sort(key=lambda e: -e.self_device_time_total)
-    out["top"] = [{"kernel": e.key[:110], "ms": round(e.self_device_time_total / 5e3, 4),
-                   "calls": e.count // 5} for e in evs[:args.top]]
+    out.update(profile_kinds(entry.graph.replay, top=args.top, reps=5, key_chars=110))
     print(json.dumps({k: v for k, v in out.items() if k != "top"}, indent=1))
     print("\n| kernel | ms per encode | calls |\n|---|---|---|")
-    for t in out["top"]:
-        print(f"| {t['kernel']} | {t['ms']} | {t['calls']} |")
+    for name, ms, calls in out["top"]:
+        print(f"| {name} | {ms} | {calls} |")
     fe.close()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "encode_graph_top.json").write_text(json.dumps(out, indent=1))

@@ -42,7 +42,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +54,7 @@ if "--child" in sys.argv:       # an A/B child: the tree's photon_core (and benc
 
 from bench.bench_decode import LINES, cuda_ms, say  # noqa: E402
 from bench.bench_kernels import graph_ms  # noqa: E402
-from bench.bench_encode import _rel, wall_ms  # noqa: E402
+from bench.bench_encode import _rel, section, wall_ms  # noqa: E402
 from photon_core.models.moondream2 import batched_encode, vision_fused  # noqa: E402
 from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
 from photon_core.models.moondream2.model import build_random_model  # noqa: E402
@@ -76,32 +75,27 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_kinds(fn, top=6):
+def profile_kinds(fn, top=6, reps=1, key_chars=80):
+    """GPU kernel time of one fn() call (the mean of `reps` profiled calls, after one
+    unprofiled): total, by kind (KINDS), launches, the `top` kernels (name, ms, calls)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+        for _ in range(reps):
+            fn()
         torch.cuda.synchronize()
     evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     by_kind: dict[str, float] = {}
     for e in evs:
         k = kind_of(e.key)
-        by_kind[k] = by_kind.get(k, 0.0) + e.self_device_time_total / 1e3
+        by_kind[k] = by_kind.get(k, 0.0) + e.self_device_time_total / 1e3 / reps
     evs.sort(key=lambda e: -e.self_device_time_total)
     return {"total_ms": round(sum(by_kind.values()), 3),
             "by_kind_ms": {k: round(v, 3) for k, v in sorted(by_kind.items())},
-            "launches": sum(e.count for e in evs),
-            "top": [(e.key[:80], round(e.self_device_time_total / 1e3, 3), e.count)
-                    for e in evs[:top]]}
-
-
-def section(out, name, fn):
-    try:
-        out[name] = fn()
-    except Exception as e:  # noqa: BLE001
-        out[name] = {"error": repr(e), "tb": traceback.format_exc()[-1500:]}
-    say(f"{name}: {json.dumps(out[name])}")
+            "launches": sum(e.count for e in evs) // reps,
+            "top": [(e.key[:key_chars], round(e.self_device_time_total / 1e3 / reps, 3),
+                     e.count // reps) for e in evs[:top]]}
 
 
 # -- A/B between checkouts -----------------------------------------------------------------
