@@ -83,6 +83,15 @@ def step_bytes(model: Gemma4Model, pos: int) -> int:
     return n
 
 
+
+def hf_greedy(hf, ids, pv, pp, tokens: int):
+    """transformers' generate of exactly `tokens` greedy tokens for the prompt ids and image
+    inputs (pixel values pv, image position ids pp): the baseline the benches time."""
+    with torch.inference_mode():
+        return hf.generate(input_ids=ids, pixel_values=pv, image_position_ids=pp,
+                           max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                           pad_token_id=0)
+
 def build(args, device, dtype):
     tok = build_test_tokenizer()
     ids = {k: tiny_config_dict(tok.get_vocab_size())[k] for k in
@@ -242,10 +251,7 @@ def main():
     out["ours_encode_query_timings"] = res.timings
     if hf is not None:
         def hf_query():
-            with torch.inference_mode():
-                return hf.generate(input_ids=ids, pixel_values=pv, image_position_ids=pp,
-                                   max_new_tokens=args.tokens, min_new_tokens=args.tokens,
-                                   do_sample=False, pad_token_id=0)
+            return hf_greedy(hf, ids, pv, pp, args.tokens)
         hf_query()
         if device.type == "cuda":
             torch.cuda.synchronize()

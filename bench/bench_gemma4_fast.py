@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_gemma4 import QUESTION, build, model_logits, step_bytes  # noqa: E402
+from bench.bench_gemma4 import (QUESTION, build, hf_greedy, model_logits,  # noqa: E402
+                                step_bytes)
 from bench.bench_timing import copy_bandwidth, median_ms, step_kernels  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.models.gemma4.kv_cache import KVCache  # noqa: E402
@@ -222,10 +223,7 @@ def main(argv=None):
             lambda: greedy_query(model, model.encode_image(frame), args.tokens), device, reps)))
     if hf is not None:
         def hf_query():
-            with torch.inference_mode():
-                return hf.generate(input_ids=ids, pixel_values=pv, image_position_ids=pp,
-                                   max_new_tokens=args.tokens, min_new_tokens=args.tokens,
-                                   do_sample=False, pad_token_id=0)
+            return hf_greedy(hf, ids, pv, pp, args.tokens)
         guarded(out, "hf_query", lambda: out.__setitem__("hf_encode_query_ms",
                                                          wall_ms(hf_query, device, reps)))
 

@@ -142,6 +142,17 @@ class GpuSampler:
         self.stop_event.set()
 
 
+def keep_sample(s: dict, gpu, samples: list, samples_file) -> None:
+    """One per-second sample: the GPU memory added (when sampled), kept, and appended to the
+    samples file (flushed: a killed soak keeps what it had)."""
+    if gpu is not None:
+        s["gpu_mib"], s["gpu_src"] = gpu.latest()
+    samples.append(s)
+    if samples_file is not None:
+        samples_file.write(json.dumps(s) + "\n")
+        samples_file.flush()
+
+
 def progress_line(sample: dict, sent: dict, cams: dict, calls: dict) -> str:
     """One line of where the soak stands (the node's counters, summed over cameras)."""
     tot = {k: sum(int(float(v.get(k, 0) or 0)) for v in cams.values())
@@ -556,12 +567,7 @@ def soak(args) -> int:
                 s = {"t": round(now - t_start, 1), "rss_mib": rss_mib(proc.pid),
                      "waiting": int(float(nv.get("scheduler.waiting", 0) or 0)),
                      "running": int(float(nv.get("scheduler.running", 0) or 0))}
-                if gpu is not None:
-                    s["gpu_mib"], s["gpu_src"] = gpu.latest()
-                samples.append(s)
-                if samples_file is not None:
-                    samples_file.write(json.dumps(s) + "\n")
-                    samples_file.flush()
+                keep_sample(s, gpu, samples, samples_file)
                 if rss_start is None and now - t_start >= args.warmup:
                     rss_start = s["rss_mib"]
                 if now >= t_progress:
@@ -784,12 +790,7 @@ def soak_in_process(args) -> int:
                 m = live.scheduler.metrics()
                 smp = {"t": round(now - t_start, 1), "rss_mib": rss_mib(os.getpid()),
                        "waiting": int(m.get("waiting", 0)), "running": int(m.get("running", 0))}
-                if gpu is not None:
-                    smp["gpu_mib"], smp["gpu_src"] = gpu.latest()
-                samples.append(smp)
-                if samples_file is not None:
-                    samples_file.write(json.dumps(smp) + "\n")
-                    samples_file.flush()
+                keep_sample(smp, gpu, samples, samples_file)
                 if rss_start is None and now - t_start >= args.warmup:
                     rss_start = smp["rss_mib"]
                 if now >= t_progress:
