@@ -18,9 +18,8 @@ from sensor_msgs.msg import Image  # noqa: E402
 from photon_ros import image_conversion  # noqa: E402
 from photon_ros import perception_node as pn  # noqa: E402
 from photon_ros.executor import InlineGroupExecutor  # noqa: E402
-from photon_ros.live_pipeline import LivePipeline  # noqa: E402
-from photon_ros.pipeline import PerceptionPipeline  # noqa: E402
 from photon_ros.task_config import ConfigError, config_from_params  # noqa: E402
+from fake_live import activate_with_fakes  # noqa: E402
 
 PARAMS = {"cameras": ["front"],
           "front": {"topic": "/rb/front/image", "tasks": ["people"],
@@ -70,30 +69,8 @@ def test_executor_reports_callback_exceptions_and_keeps_spinning(ctx):
     assert {str(e) for e in errors} == {"pool", "inline"}
 
 
-class FakeEngine:
-    def hook(self, task, stream=None, cancelled=None):
-        pass
-
-
-class FakeScheduler:
-    def __init__(self):
-        self.submitted = []
-
-    def submit_frame(self, stream, stamp, image, tasks, kind="periodic", on_result=None,
-                     capture_time=None):
-        self.submitted.append(dict(stream=stream, stamp=stamp, tasks=list(tasks), kind=kind,
-                                   capture_time=capture_time))
-
-
 def active_node(ctx):
-    node = pn.PerceptionNode("rb_node", context=ctx)
-    cfg = config_from_params(PARAMS)
-    node.config = cfg
-    node.live = LivePipeline(PerceptionPipeline(cfg, None, model_id=""), None, FakeEngine(),
-                             None, FakeScheduler())
-    node.cameras.reset(["front"])
-    node.active = True
-    return node
+    return activate_with_fakes(pn.PerceptionNode("rb_node", context=ctx), PARAMS)
 
 
 def rgb8(stamp_s: float) -> Image:

@@ -28,27 +28,15 @@ from sensor_msgs.msg import Image  # noqa: E402
 from photon_ros import perception_node as pn  # noqa: E402
 from photon_ros.diagnostics import CAMERA_COUNTERS, camera_status  # noqa: E402
 from photon_ros.executor import InlineGroupExecutor  # noqa: E402
-from photon_ros.live_pipeline import LivePipeline  # noqa: E402
-from photon_ros.pipeline import PerceptionPipeline  # noqa: E402
 from photon_ros.task_config import config_from_params  # noqa: E402
 from photon_ros.transport_loss import TransportLoss, loss_problem  # noqa: E402
+from fake_live import activate_with_fakes  # noqa: E402
 from ros_env import wait_for  # noqa: E402
 
 TOPIC = "/tl/front/image"
 PARAMS = {"cameras": ["front"],
           "front": {"topic": TOPIC, "qos_reliable": True, "qos_depth": 1, "tasks": ["people"],
                     "people": {"skill": "detect", "object": "person"}}}
-
-
-class FakeEngine:
-    def hook(self, task, stream=None, cancelled=None):
-        pass
-
-
-class FakeScheduler:
-    def submit_frame(self, stream, stamp, image, tasks, kind="periodic", on_result=None,
-                     capture_time=None):
-        pass
 
 
 def info(seq, gid=b"A"):
@@ -133,12 +121,7 @@ def test_frames_overwritten_in_the_queue_are_counted_and_warned(monkeypatch):
     pex = rclpy.executors.SingleThreadedExecutor(context=pctx)
     threads = []
     try:
-        cfg = config_from_params(PARAMS)
-        node.config = cfg
-        node.live = LivePipeline(PerceptionPipeline(cfg, None, model_id=""), None, FakeEngine(),
-                                 None, FakeScheduler())
-        node.cameras.reset(["front"])
-        node.active = True
+        activate_with_fakes(node, PARAMS)
         node.cameras.sync()                            # the real subscription (reliable, depth 1)
         from rclpy.event_handler import QoSSubscriptionEventType as Ev
         sub = node.cameras.get("front").sub
