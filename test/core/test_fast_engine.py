@@ -2,6 +2,9 @@
 outputs for every skill and batch size, with mixed skills and mid-flight finishes."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +13,9 @@ from photon_core.fast import FastEngine
 from photon_core.moondream.model import build_random_model
 from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
 from photon_core.task import Task
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_runs import cancel_mid_flight  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -105,13 +111,7 @@ def test_cancel_mid_flight(model, encs):
     ref = model.run(encs[0], t).output["points"]
     a = fe.start(encs[0], t, ignore_eos=True)
     b = fe.start(encs[1], Task("query", question="What?", max_tokens=30), ignore_eos=True)
-    for _ in range(5):
-        fe.step_batch([a, b])
-    row = a.row
-    a.cancel("deadline")
-    assert a.finished and fe.rows.owner[row] is a          # its launched step still holds it
-    fe.step_batch([a, b])                                  # commits that step: zombie released
-    assert fe.rows.owner[row] is None
+    cancel_mid_flight(fe, a, b)
     res = a.result()
     assert res.finish_reason == "deadline"
     assert res.output["points"] == ref[:len(res.output["points"])]

@@ -10,6 +10,7 @@ row is released at its commit; detect / point are refused with the family's mess
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +19,11 @@ import torch
 from photon_core.fast import FastEngine
 from photon_core.models import gemma4
 from photon_core.task import Task, TaskError
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_runs import cancel_mid_flight, results_and_text  # noqa: E402
+from engine_runs import fused_ok as _fused_ok  # noqa: E402
+from engine_runs import same_run as _same  # noqa: E402
 
 KV = 256      # state-cache positions per row (the CPU default, max_context 4096, is slow)
 TASKS = [Task("query", question="What color is the cup?", max_tokens=10),
@@ -54,25 +60,9 @@ def _reference(model, enc, task, ignore_eos=False):
 
 
 def _fast(fe, pairs, ignore_eos=False):
-    runs = [fe.start(e, t, ignore_eos=ignore_eos) for e, t in pairs]
-    while any(fe.step_batch(runs)):
-        pass
-    fe.drain()
+    out = results_and_text(fe, pairs, ignore_eos)
     assert all(o is None for o in fe.rows.owner)          # every row released
-    return [(r.result(), r.text_so_far) for r in runs]
-
-
-def _same(a, b):
-    (ra, ta), (rb, tb) = a, b
-    return (ra.output, ra.tokens, ra.finish_reason, ta) == (rb.output, rb.tokens,
-                                                            rb.finish_reason, tb)
-
-
-def _fused_ok(fused):
-    if fused == "on":
-        pytest.importorskip("triton")
-        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+    return out
 
 
 def test_fast_family_view(model, encs):
@@ -157,13 +147,8 @@ def test_cancel_mid_flight_leaves_a_zombie(model, encs):
     ta = Task("query", question="What is on the table?", max_tokens=20)
     tb = Task("caption", caption_length="normal", max_tokens=12)
     a, b = fe.start(encs[0], ta, ignore_eos=True), fe.start(encs[1], tb, ignore_eos=True)
-    for _ in range(5):
-        fe.step_batch([a, b])
-    row = a.row
-    a.cancel("deadline")
-    assert a.finished and fe.rows.owner[row] is a          # its launched step still holds it
-    fe.step_batch([a, b])                                  # commits that step: zombie released
-    assert fe.rows.owner[row] is None and a.committed > a.steps
+    cancel_mid_flight(fe, a, b)
+    assert a.committed > a.steps
     res = a.result()
     ref = _reference(model, encs[0], ta, ignore_eos=True)[0]
     assert res.finish_reason == "deadline" and 0 < res.tokens < ref.tokens

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import numpy as np
 import torch
@@ -26,6 +27,9 @@ from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.moondream.model import build_random_model  # noqa: E402
 from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config  # noqa: E402
 from photon_core.task import Task  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_runs import cancel_mid_flight, run_to_end  # noqa: E402
 
 GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 cpu_only = pytest.mark.skipif(GPU, reason="interpreter tests")
@@ -81,10 +85,7 @@ def _engines(model, rows, spec="on"):
 
 
 def _decode(fe, pairs):
-    runs = [fe.start(e, t) for e, t in pairs]
-    while any(fe.step_batch(runs)):
-        pass
-    fe.drain()
+    runs = run_to_end(fe, pairs)
     assert all(o is None for o in fe.rows.owner)
     return [r.result() for r in runs]
 
@@ -145,13 +146,7 @@ def test_cancel_mid_flight_releases_the_zombie_row(model, encs):
     ref = fu.run(encs[0], t).output["points"]
     a = mk.start(encs[0], t, ignore_eos=True)
     b = mk.start(encs[1], Task("query", question="What?", max_tokens=30), ignore_eos=True)
-    for _ in range(5):
-        mk.step_batch([a, b])
-    row = a.row
-    a.cancel("deadline")
-    assert a.finished and mk.rows.owner[row] is a          # its launched step still holds it
-    mk.step_batch([a, b])                                  # commits that step: zombie released
-    assert mk.rows.owner[row] is None
+    cancel_mid_flight(mk, a, b)
     res = a.result()
     assert res.finish_reason == "deadline" and res.output["points"]
     assert res.output["points"] == ref[:len(res.output["points"])]

@@ -7,6 +7,7 @@ TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +16,11 @@ import torch
 from photon_core.fast import FastEngine
 from photon_core.models import qwen3_5
 from photon_core.task import Task
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_runs import fused_ok as _fused_ok  # noqa: E402
+from engine_runs import results_and_text as _fast  # noqa: E402
+from engine_runs import same_run as _same  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,27 +50,6 @@ def _reference(model, enc, task):
     while r.step():
         pass
     return r.result(), r.streamer.text
-
-
-def _fast(fe, pairs):
-    runs = [fe.start(e, t) for e, t in pairs]
-    while any(fe.step_batch(runs)):
-        pass
-    fe.drain()
-    return [(r.result(), r.text_so_far) for r in runs]
-
-
-def _same(a, b):
-    (ra, ta), (rb, tb) = a, b
-    return (ra.output, ra.tokens, ra.finish_reason, ta) == (rb.output, rb.tokens,
-                                                            rb.finish_reason, tb)
-
-
-def _fused_ok(fused):
-    if fused == "on":
-        pytest.importorskip("triton")
-        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
 
 
 def test_fast_family_view(model, encs):

@@ -1,0 +1,55 @@
+"""Shared steps of the engine tests (test/core): run (encoded image, task) pairs to the end
+through an engine's batch stepping, compare two runs, skip the fused backend where its
+Triton kernels cannot run, and cancel a run mid-flight while its step is in flight (the
+zombie row it leaves until the next commit)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+def run_to_end(fe, pairs, ignore_eos: bool = False) -> list:
+    """Start every (encoded image, task) pair, step them as one batch until all finish, then
+    drain (every launched step committed): the runs."""
+    runs = [fe.start(e, t, ignore_eos=ignore_eos) for e, t in pairs]
+    while any(fe.step_batch(runs)):
+        pass
+    fe.drain()
+    return runs
+
+
+def results_and_text(fe, pairs, ignore_eos: bool = False) -> list:
+    """run_to_end's runs as (TaskResult, streamed text) pairs."""
+    return [(r.result(), r.text_so_far) for r in run_to_end(fe, pairs, ignore_eos)]
+
+
+def same_run(a, b) -> bool:
+    """Two (TaskResult, streamed text) pairs with the same output, tokens, finish reason and
+    text."""
+    (ra, ta), (rb, tb) = a, b
+    return (ra.output, ra.tokens, ra.finish_reason, ta) == (rb.output, rb.tokens,
+                                                            rb.finish_reason, tb)
+
+
+def fused_ok(fused: str) -> None:
+    """Skip a fused="on" case unless its Triton kernels run interpreted on CPU tensors."""
+    if fused == "on":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("interpreted Triton kernels on CPU tensors (TRITON_INTERPRET=1)")
+
+
+def cancel_mid_flight(fe, a, b, steps: int = 5) -> int:
+    """Step runs a and b `steps` times, cancel a ("deadline") while its last step is in
+    flight: a is finished but its row stays held by that step (a zombie) until the next
+    step commits it, which frees the row. Returns the row."""
+    for _ in range(steps):
+        fe.step_batch([a, b])
+    row = a.row
+    a.cancel("deadline")
+    assert a.finished and fe.rows.owner[row] is a          # its launched step still holds it
+    fe.step_batch([a, b])                                  # commits that step: zombie released
+    assert fe.rows.owner[row] is None
+    return row
