@@ -70,6 +70,24 @@ def _fused_step(m, st, fd, b):
     reference_step(fd, st, b, feed=False)
 
 
+def _close_rows(got, want, b):
+    """Every snapshot field close (_close): the bucket's b rows, the whole k/v cache."""
+    for f in FIELDS:
+        sl = slice(None) if f == "kv" else slice(0, b)
+        _close(f, got[f][sl], want[f][sl])
+
+
+def _second_launch_matches_fused(mk, m, st, fd, b):
+    """A second launch of the same compiled kernel (counters reset by the first), from the
+    state the first left, equals the fused step from that state."""
+    after = _snapshot(st, fd)
+    mk.run_kernel()
+    got2 = _snapshot(st, fd)
+    _restore(st, fd, after)
+    _fused_step(m, st, fd, b)
+    _close_rows(got2, _snapshot(st, fd), b)
+
+
 def _close(name, a, b, tol=2e-4):
     assert a.shape == b.shape, name
     if a.dtype in (torch.int64, torch.bool, torch.uint8):
@@ -158,8 +176,7 @@ def test_python_vm_matches_fused_step_and_detects_a_bad_schedule():
         mk = MegakernelStep(fd, st, b, n_sm=n_sm)
         mk.run_vm()
         got = _snapshot(st, fd)
-        for f in FIELDS:
-            _close(f, got[f][:b] if f != "kv" else got[f], ref[f][:b] if f != "kv" else ref[f])
+        _close_rows(got, ref, b)
         results.append(got)
     for f in FIELDS:
         assert torch.equal(results[0][f], results[1][f]), f
@@ -204,21 +221,11 @@ dtype arena's base tensor is its lowest ("low": every operand offset >= 0) or it
     mk.run_kernel()
     got = _snapshot(st, fd)
     assert int(mk.compiled.counters.abs().sum()) == 0      # reset for the next launch
-    for f in FIELDS:
-        sl = slice(None) if f == "kv" else slice(0, b)
-        _close(f, got[f][sl], ref[f][sl])
-        _close(f, got[f][sl], vm[f][sl])
+    _close_rows(got, ref, b)
+    _close_rows(got, vm, b)
     assert torch.equal(got["x"][b:], s0["x"][b:])          # rows outside the bucket untouched
     # a second step through the same compiled kernel: still equal to the fused backend
-    _fused_again = _snapshot(st, fd)
-    mk.run_kernel()
-    got2 = _snapshot(st, fd)
-    _restore(st, fd, _fused_again)
-    _fused_step(m, st, fd, b)
-    ref2 = _snapshot(st, fd)
-    for f in FIELDS:
-        sl = slice(None) if f == "kv" else slice(0, b)
-        _close(f, got2[f][sl], ref2[f][sl])
+    _second_launch_matches_fused(mk, m, st, fd, b)
 
 
 @pytest.mark.parametrize("dot", [True, False])
@@ -249,9 +256,7 @@ def test_gemv_unroll_gives_the_same_bits(dot):
         assert kw["W1_UN"] == un and kw["W2_UN"] == un and kw["LM_UN"] == un
         mk.run_kernel(unroll=un)
         results[un] = _snapshot(st, fd)
-        for f in FIELDS:
-            sl = slice(None) if f == "kv" else slice(0, b)
-            _close(f, results[un][f][sl], vm[f][sl])
+        _close_rows(results[un], vm, b)
     for un in (2, 4):
         for f in FIELDS:
             assert torch.equal(results[un][f], results[1][f]), (un, f)
@@ -278,9 +283,7 @@ def test_attention_second_split_preloaded_gives_the_same_bits(b, attn_per):
         mk.run_kernel(kv2=kv2)
         assert int(mk.compiled.counters.abs().sum()) == 0
         results[kv2] = _snapshot(st, fd)
-        for f in FIELDS:
-            sl = slice(None) if f == "kv" else slice(0, b)
-            _close(f, results[kv2][f][sl], vm[f][sl])
+        _close_rows(results[kv2], vm, b)
     for f in FIELDS:
         assert torch.equal(results[True][f], results[False][f]), f
 
@@ -307,18 +310,9 @@ def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
     mk.run_kernel()
     got = _snapshot(st, fd)
     assert int(mk.compiled.counters.abs().sum()) == 0
-    for f in FIELDS:
-        sl = slice(None) if f == "kv" else slice(0, b)
-        _close(f, got[f][sl], ref[f][sl])
-        _close(f, got[f][sl], vm[f][sl])
-    mk.run_kernel()
-    got2 = _snapshot(st, fd)
-    _restore(st, fd, got)
-    _fused_step(m, st, fd, b)
-    ref2 = _snapshot(st, fd)
-    for f in FIELDS:
-        sl = slice(None) if f == "kv" else slice(0, b)
-        _close(f, got2[f][sl], ref2[f][sl])
+    _close_rows(got, ref, b)
+    _close_rows(got, vm, b)
+    _second_launch_matches_fused(mk, m, st, fd, b)
 
 
 def test_schedule_spreads_each_op_over_the_sms():
