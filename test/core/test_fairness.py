@@ -7,6 +7,8 @@ frame rate, 9 / 36 / 63 / 65 (the first camera starved: latest frame wins replac
 frame first every tick, so plain EDF always preferred the others' older frames)."""
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter
 
 import pytest
@@ -15,6 +17,9 @@ from photon_core.scheduler import (CostModel, MonotonicClock, Policy, Scheduler,
                                    ThreadedScheduler, VirtualClock)
 from photon_core.scheduler.simulator import SimEngine, SimImage
 from photon_core.task import Task
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scheduler_ticks import step_until  # noqa: E402
 
 DET = Task("detect", object="person")
 # a CPU-like engine: 60 ms encode, decode steps that do not batch (10 ms per run)
@@ -41,11 +46,7 @@ def run_ticks(policy=None, period=0.5, deadline=0.5, ticks=240, cams=4, steps=7,
                            [("det", DET, deadline)], capture_time=t)
             if submit_then_step:
                 s.step()
-        while s.has_work() and clock.now() < t + period:
-            s.step()
-            until = s.idle_until()
-            if until is not None:
-                clock.advance_to(min(until, t + period))
+        step_until(s, clock, t + period)
     s.run_until_idle()
     done = Counter(o.stream for o in outs if o.status is Status.DONE)
     return [done[f"cam{c}"] for c in range(cams)], s, outs
@@ -155,11 +156,7 @@ def run_mixed(mixes, period=0.5, ticks=120, steps=7, cost=SLOW, deadline=0.5):
                            [(n, task, deadline if d is None else d) for n, task, d in mix],
                            capture_time=t)
             s.step()
-        while s.has_work() and clock.now() < t + period:
-            s.step()
-            until = s.idle_until()
-            if until is not None:
-                clock.advance_to(min(until, t + period))
+        step_until(s, clock, t + period)
     s.run_until_idle()
     det = Counter(o.stream for o in outs if o.status is Status.DONE and o.task_name == "det")
     served = {}

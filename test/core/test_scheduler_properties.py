@@ -4,6 +4,8 @@ no camera starves, batching rules hold (also with batched encode and with an eng
 runs out of memory above a batch size)."""
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter
 
 from hypothesis import HealthCheck, example, given, settings
@@ -12,6 +14,9 @@ from hypothesis import strategies as st
 from photon_core.scheduler import CostModel, Policy, Scheduler, Status, VirtualClock
 from photon_core.scheduler.simulator import BatchEncodeSimEngine, SimEngine, SimImage
 from photon_core.task import Task
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scheduler_ticks import step_until  # noqa: E402
 
 TASKS = {"det": Task("detect", object="person"), "pt": Task("point", object="cup"),
          "never": Task("point", object="door")}     # asked with a 1 ms deadline: always skipped
@@ -68,11 +73,7 @@ def run(cams, ticks, period, deadline, steps, names, encode_ms, step_ms, max_bat
                 # scheduler steps (it may start encoding it); the others arrive meanwhile and
                 # are taken from the inbox together before the next step
                 s.step()
-        while s.has_work() and clock.now() < t + period:
-            s.step()
-            until = s.idle_until()
-            if until is not None:
-                clock.advance_to(min(until, t + period))
+        step_until(s, clock, t + period)
     s.run_until_idle()
     return s, eng, outs, ids, stepped
 
