@@ -1,6 +1,6 @@
 """A/B of the decode step between two checkouts on one GPU (same run, same process kind):
 graph replay ms of one step (lm + forward pieces) at batch 1 and 8, CUDA kernels launched per
-batch-1 step, and encode + detect(5) / encode + query(32) ms, at real Moondream 2 shapes
+batch-1 step, the graphed prompt prefill at T = 8 / 16 tokens (ms, kernels), and encode + detect(5) / encode + query(32) ms, at real Moondream 2 shapes
 (random bf16 weights, kv capacity 832).
 
 Usage: python3 bench/ab_step.py TREE [TREE ...]   (each TREE: a checkout's root, e.g. a
@@ -38,6 +38,15 @@ from torch.profiler import ProfilerActivity, profile
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     e.runner.run("lm", 1); e.runner.run("forward", 1); torch.cuda.synchronize()
 out["kernels_b1"] = sum(1 for ev in prof.events() if ev.device_type.name == "CUDA")
+# the graphed prompt prefill after the 730-token image prefix (row 0, before any run)
+for T in (8, 16):
+    prompt = list(range(100, 100 + T))
+    out[f"prompt_prefill_ms_T{T}"] = cuda_ms(lambda: e.prefill.run(0, m.prefix_len, prompt),
+                                             iters=50)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        e.prefill.run(0, m.prefix_len, prompt); torch.cuda.synchronize()
+    out[f"prompt_prefill_kernels_T{T}"] = sum(1 for ev in prof.events()
+                                              if ev.device_type.name == "CUDA")
 frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
 for name, t in (("detect5", Task("detect", object="person", max_objects=5)),
                 ("query32", Task("query", question="What is in the image?", max_tokens=32))):

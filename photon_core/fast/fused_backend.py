@@ -9,7 +9,8 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
                  gelu_tanh part at the end: the [qkv | gelu(fc1)] epilogue); else one GEMV
                  per output
   attention   -> decode: the decode_attention kernels (rotary + k/v write + split attention,
-                 and the combine); prefill: the op's torch reference over one row
+                 and the combine); prefill: the same kernels over the prompt's tokens of
+                 one row (every token's k/v written first: decode_attention kv_row)
   residual    -> one split-K GEMV adding into the fp32 residual stream x, over the sources
                  when they are one contiguous K range (the weights concatenated along K, the
                  biases summed); else one GEMV per source
@@ -51,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import GEMV_MAX_ROWS
-from ..ops.decode_attention import AttentionScratch, decode_attention, prefill_attention_reference
+from ..ops.decode_attention import AttentionScratch, decode_attention
 from ..ops.eager import gated_norm_reference, norm_reference
 from ..ops.feedback_embedding import feedback_embedding
 from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
@@ -64,7 +65,7 @@ from ..ops.rmsnorm_residual import rmsnorm_residual_triton
 from ..ops.rope import rope_angles
 from ..ops.row_advance import row_advance
 from . import hybrid_rows, state_ops, window_state_ops
-from .eager_backend import ACTS, ScaledTokenFeedback, feedback_weights, prefill_mask
+from .eager_backend import ACTS, ScaledTokenFeedback, feedback_weights
 from ..program import Op
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
@@ -85,15 +86,14 @@ class FusedBackend:
         self.layer_slot = {layer: i for i, layer in enumerate(p.kv_layers)}
         self.cos, self.sin = (t.contiguous() for t in rope_angles(
             torch.arange(kv.capacity + 1, device=dev), a.rot_dim, a.theta))
-        self.key_ids = torch.arange(kv.capacity, device=dev)
         # buffers of one pass, for up to GEMV_MAX_ROWS rows: a decode step's bucket, or the
         # tokens of a short prompt (the prefill uses them too)
         n = max(rows, GEMV_MAX_ROWS)
         self.x = torch.zeros(n, p.dim, device=dev, dtype=torch.float32)
         self.bufs = {name: torch.zeros(n, p.buffer_width(name), device=dev, dtype=dt)
                      for name, _ in p.buffers}
-        self.scratch = AttentionScratch(rows, a.n_heads, a.head_dim, kv.capacity, attn_chunk,
-                                        dev)
+        # (n rows: a decode bucket's, or a prompt's tokens: the prefill's attention kernels)
+        self.scratch = AttentionScratch(n, a.n_heads, a.head_dim, kv.capacity, attn_chunk, dev)
         self.feedback = feedback_weights(spec, weights)
         self.hybrid = state_ops.uses_state_ops(p)
         self.plain_attention = any(op.kind == "attention" for op in p.ops)
@@ -415,20 +415,16 @@ class FusedBackend:
                 n_valid: torch.Tensor | None = None, extra: dict | None = None
                 ) -> torch.Tensor:
         """x [T, dim] at positions pos [T] of row `row`: the GEMVs over the T token rows,
-        attention with the op's torch reference; returns the fp32 residual [T, dim]
+        attention with the decode attention kernels in their prefill form; returns the fp32 residual [T, dim]
         (offset, n_valid: as the eager backend's prefill)."""
         a, kv = self.program.attention, self.kv
         T = x.shape[0]
         env = {}
         if self.plain_attention:
-            cos, sin = rope_angles(pos, a.rot_dim, a.theta)
-            pos_w = pos.clamp(max=kv.capacity - 1)
-            mask_add = prefill_mask(pos, self.key_ids)
-
             def attend(slot, qkv, out):
-                out.copy_(prefill_attention_reference(qkv, row, pos_w, kv.data[slot, 0],
-                                                      kv.data[slot, 1], cos, sin, mask_add,
-                                                      a.n_heads, a.n_kv_heads, a.head_dim))
+                decode_attention(qkv, pos, self.cos, self.sin, kv.data[slot, 0],
+                                 kv.data[slot, 1], out, self.scratch, a.n_heads, a.n_kv_heads,
+                                 a.head_dim, pdl=self.pdl, kv_row=row)
             env["attend"] = attend
         if self.hybrid:
             env["stateful"] = state_ops.prefill_ops(self.program, self.w, kv, row, pos,

@@ -17,6 +17,8 @@ L2): one launch fewer per layer, but measured slower on the H200 (7.87 vs 7.44 u
 Torch references (the eager backend's attention op): `decode_attention_reference` (one query
 per row at its own position, the same rotary / cache write / masked attention) and
 `prefill_attention_reference` (the prompt's tokens of one row, causal over the whole row).
+decode_attention(..., kv_row=row) is the prompt prefill's kernel form: every token's k/v
+written first (_prefill_kv_write_kernel), then the split attention per (token, head).
 """
 from __future__ import annotations
 
@@ -70,10 +72,13 @@ def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h,
 def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_table,
                            kc_ptr, vc_ptr, s_row, s_head, s_pos, capacity,
                            m_ptr, l_ptr, acc_ptr, scale, cnt_ptr, out_ptr, stride_out,
+                           kv_row_ptr,
                            NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
                            HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
                            SPLIT_P2: tl.constexpr, COMBINE: tl.constexpr,
-                           GDC: tl.constexpr = False):
+                           PREFILL: tl.constexpr = False, GDC: tl.constexpr = False):
+    """PREFILL: program row = a prompt token of the ONE cache row kv_row_ptr[0], whose k/v
+    _prefill_kv_write_kernel wrote before (no store here: tokens read each other's keys)."""
     pdl_launch_dependents(GDC)
     pdl_wait(GDC)
     row = tl.program_id(0)
@@ -87,7 +92,10 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
     # the chunk's cached keys/values first: they depend only on the position, so both tiles
     # are in flight while q/k/v are loaded and rotated
     start = sp * CHUNK
-    cache_off = row * s_row + kvh * s_head
+    if PREFILL:
+        cache_off = tl.load(kv_row_ptr) * s_row + kvh * s_head
+    else:
+        cache_off = row * s_row + kvh * s_head
     j = start + tl.arange(0, CHUNK)
     in_cache = j < pw
     kt = tl.load(kc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=in_cache[:, None],
@@ -107,7 +115,7 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
     v_new = tl.load(base + v_off + d)
     q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)
     k_new = k_new.to(kc_ptr.dtype.element_ty)
-    if (pw >= start) & (pw < start + CHUNK) & (h % (NH // NKV) == 0):
+    if (pw >= start) & (pw < start + CHUNK) & (h % (NH // NKV) == 0) & (not PREFILL):
         tl.store(kc_ptr + cache_off + pw * s_pos + d, k_new)
         tl.store(vc_ptr + cache_off + pw * s_pos + d, v_new.to(vc_ptr.dtype.element_ty))
     sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
@@ -132,6 +140,33 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
             _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
                    SPLIT_P2)
             tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
+
+
+@triton.jit
+def _prefill_kv_write_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_table,
+                             kv_row_ptr, kc_ptr, vc_ptr, s_row, s_head, s_pos, capacity,
+                             NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
+                             HALF: tl.constexpr, GDC: tl.constexpr = False):
+    """A prompt token's rotated k and its v into row kv_row_ptr[0] of the cache at its
+    clamped position: the attend kernel's own rotation of a new key (same expression)."""
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
+    t = tl.program_id(0)
+    kvh = tl.program_id(1)
+    pos = tl.load(pos_ptr + t)
+    pw = tl.minimum(pos, capacity - 1)
+    ti = tl.minimum(pos, n_table - 1)
+    d = tl.arange(0, HD)
+    src_c, src_s, c, s = rotary_sources(d, cos_ptr, sin_ptr, ti, HALF)
+    base = qkv_ptr + t * stride_qkv
+    k_off = NH * HD + kvh * HD
+    v_off = (NH + NKV) * HD + kvh * HD
+    k_new = tl.load(base + k_off + src_c).to(tl.float32) * c \
+        + tl.load(base + k_off + src_s).to(tl.float32) * s
+    v_new = tl.load(base + v_off + d)
+    cache = tl.load(kv_row_ptr) * s_row + kvh * s_head + pw * s_pos + d
+    tl.store(kc_ptr + cache, k_new.to(kc_ptr.dtype.element_ty))
+    tl.store(vc_ptr + cache, v_new.to(vc_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -162,10 +197,15 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                      kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor,
                      scratch: AttentionScratch, n_heads: int, n_kv_heads: int,
                      head_dim: int, fuse_combine: bool | None = None,
-                     pdl: bool = False) -> torch.Tensor:
+                     pdl: bool = False, kv_row: torch.Tensor | None = None) -> torch.Tensor:
     """qkv [b, >= (nh+2nkv)hd]; pos [b] long; cos/sin [n_table, rot/2] fp32 (rope_angles of
     0..n_table-1); kc/vc [rows >= b, nkv, capacity, hd] views of one layer of the static
-    cache (unit stride on hd); out [b, >= nh*hd]."""
+    cache (unit stride on hd); out [b, >= nh*hd].
+    kv_row ([1] long): a prompt prefill instead - the b rows of qkv / pos / out are b tokens
+    of that one cache row, causal (key <= the token's position: the earlier tokens' keys
+    too): one launch writes every token's k/v, then the same split attention reads them
+    (prefill_attention_reference's result, with the decode step's fp32 scores and
+    softmax instead of its bf16 matmuls)."""
     b = qkv.shape[0]
     capacity = kc.shape[2]
     half = cos.shape[1]
@@ -174,12 +214,19 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
     p2 = triton.next_power_of_2(scratch.n_split)
     _, gdc, launch_kw = pdl_launch(pdl, qkv)
+    if kv_row is not None:
+        _prefill_kv_write_kernel[(b, n_kv_heads)](
+            qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kv_row, kc, vc, kc.stride(0),
+            kc.stride(1), kc.stride(2), capacity,
+            NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, GDC=gdc, num_warps=1,
+            **launch_kw)
     _attend_partial_kernel[(b, n_heads, scratch.n_split)](
         qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0), kc.stride(1),
         kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc, head_dim ** -0.5,
-        scratch.count, out, out.stride(0),
+        scratch.count, out, out.stride(0), pos if kv_row is None else kv_row,
         NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=scratch.chunk,
-        NSPLIT=scratch.n_split, SPLIT_P2=p2, COMBINE=fuse, GDC=gdc, num_warps=4, **launch_kw)
+        NSPLIT=scratch.n_split, SPLIT_P2=p2, COMBINE=fuse, PREFILL=kv_row is not None,
+        GDC=gdc, num_warps=4, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
                                       NH=n_heads, HD=head_dim, NSPLIT=scratch.n_split,

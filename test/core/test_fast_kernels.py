@@ -172,6 +172,40 @@ def test_decode_attention_matches_its_reference(sdpa):
     _close(vc, vr)
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused_combine", "combine_kernel"])
+@pytest.mark.parametrize("nh,nkv", [(2, 2), (4, 2)])
+def test_decode_attention_prefill_form_matches_prefill_reference(nh, nkv, fuse):
+    """decode_attention(kv_row=row): T prompt tokens of one cache row (causal among
+    themselves: token t sees the keys the earlier tokens write in the same call) vs the
+    eager prefill's prefill_attention_reference; positions crossing the capacity clamp;
+    other rows untouched."""
+    from photon_core.ops.decode_attention import prefill_attention_reference
+    from photon_core.fast.eager_backend import prefill_mask
+
+    g = torch.Generator().manual_seed(14)
+    hd, cap, rows, rot, T = 64, 80, 3, 32, 6
+    pos = torch.arange(72, 72 + T)                  # 80, 81 >= capacity: clamped to cap - 1
+    row = torch.tensor([1])
+    data = torch.randn(2, rows, nkv, cap, hd, generator=g)
+    qkv = torch.randn(T, (nh + 2 * nkv) * hd, generator=g)
+    cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
+    kc, vc = data[0].clone(), data[1].clone()
+    out = torch.full((T, nh * hd), 5.0)
+    decode_attention(qkv, pos, cos, sin, kc, vc, out, AttentionScratch(T, nh, hd, cap, 32,
+                                                                         "cpu"),
+                     nh, nkv, hd, fuse, kv_row=row)
+    kr, vr = data[0].clone(), data[1].clone()
+    ca, sa = rope_angles(pos, rot)
+    ref = prefill_attention_reference(qkv, row, pos.clamp(max=cap - 1), kr, vr, ca, sa,
+                                      prefill_mask(pos, torch.arange(cap)), nh, nkv, hd)
+    real = pos < cap - 1          # the tokens past the capacity share its last slot
+    _close(out[real], ref[real])
+    _close(kc[:, :, :cap - 1], kr[:, :, :cap - 1])
+    _close(vc[:, :, :cap - 1], vr[:, :, :cap - 1])
+    for r in (0, 2):
+        assert torch.equal(kc[r], data[0, r]) and torch.equal(vc[r], data[1, r])
+
+
 def _tiny_state(rows=4, cap=64):
     """A StepState of the tiny fp32 model with both backends (fused forced on)."""
     from photon_core.engine import EngineOptions
