@@ -1,0 +1,116 @@
+"""Where the wall time of one end-to-end task goes on the GPU (issue 13's encode + detect(5)
+<= 30 ms): one 640x480 encode + task run under the profiler, the GPU's kernel intervals
+merged into busy time, the idle gaps between them (with the kernels on each side and which
+part of the run they fall in), and the busy time per kind of kernel.
+
+Moondream 2 shapes, random bf16 weights, FastEngine defaults (or --deterministic /
+--megakernel on). A few warm runs first (graph captures), then --reps profiled runs; the
+figures are of the last one, wall = the host's time for the whole run call.
+
+Usage: PYTHONPATH=. python3 bench/e2e_timeline.py [--tasks detect5,query32] [--gaps 12]
+       [--megakernel on] [--deterministic]
+Writes $OUT/e2e_timeline.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.probe_encode import kind_of  # noqa: E402
+from photon_core.fast import FastEngine  # noqa: E402
+from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
+from photon_core.models.moondream2.model import build_random_model  # noqa: E402
+from photon_core.task import Task  # noqa: E402
+
+TASKS = {"detect5": Task("detect", object="person", max_objects=5),
+         "point5": Task("point", object="cup", max_objects=5),
+         "query32": Task("query", question="What is in the image?", max_tokens=32)}
+
+
+def kernels(prof) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of every GPU kernel / memset / memcpy, by start."""
+    return sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                  if ev.device_type.name == "CUDA")
+
+
+def timeline(ks: list, n_gaps: int) -> dict:
+    """Busy (union of intervals) and the idle gaps between the first and the last kernel
+    (each with the kernel that ended last before it and the one that starts it)."""
+    busy, gaps = 0.0, []
+    cur0, cur1, end_name = ks[0]
+    for t0, t1, name in ks[1:]:
+        if t0 > cur1:
+            busy += cur1 - cur0
+            gaps.append((t0 - cur1, cur1 - ks[0][0], end_name, name))
+            cur0, cur1, end_name = t0, t1, name
+        elif t1 > cur1:
+            cur1, end_name = t1, name
+    busy += cur1 - cur0
+    span = cur1 - ks[0][0]
+    by_kind: dict[str, float] = {}
+    for t0, t1, name in ks:
+        k = kind_of(name)
+        by_kind[k] = by_kind.get(k, 0.0) + (t1 - t0)
+    gaps.sort(reverse=True)
+    return {"span_ms": round(span / 1e3, 3), "busy_ms": round(busy / 1e3, 3),
+            "idle_ms": round((span - busy) / 1e3, 3), "kernels": len(ks),
+            "gaps_over_20us": sum(1 for g in gaps if g[0] > 20),
+            "idle_in_gaps_over_20us_ms": round(sum(g[0] for g in gaps if g[0] > 20) / 1e3, 3),
+            "kernel_ms_by_kind": {k: round(v / 1e3, 3) for k, v in sorted(by_kind.items())},
+            "largest_gaps": [{"us": round(g, 1), "at_ms": round(at / 1e3, 3),
+                              "after": a[:70], "before": b[:70]}
+                             for g, at, a, b in gaps[:n_gaps]]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", default="detect5,query32")
+    ap.add_argument("--gaps", type=int, default=12)
+    ap.add_argument("--warm", type=int, default=3)
+    ap.add_argument("--megakernel", default="off")
+    ap.add_argument("--deterministic", action="store_true")
+    args = ap.parse_args()
+    m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    fe = FastEngine(m, max_batch=4, deterministic=args.deterministic,
+                    megakernel=args.megakernel)
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    out: dict = {"gpu": torch.cuda.get_device_name(), "megakernel": args.megakernel,
+                 "deterministic": args.deterministic}
+    for name in args.tasks.split(","):
+        task = TASKS[name]
+        for _ in range(args.warm):
+            fe.run(fe.encode_image(frame), task, ignore_eos=True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            r = fe.run(fe.encode_image(frame), task, ignore_eos=True)
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t0) * 1e3
+        res = timeline(kernels(prof), args.gaps)
+        res["wall_ms_profiled"] = round(wall, 3)
+        res["tokens"] = r.tokens if isinstance(r.tokens, int) else len(r.tokens)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            fe.run(fe.encode_image(frame), task, ignore_eos=True)
+        torch.cuda.synchronize()
+        res["wall_ms_unprofiled"] = round((time.perf_counter() - t0) / 5 * 1e3, 3)
+        out[name] = res
+        print(json.dumps({name: res}), flush=True)
+    fe.close()
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        Path(os.environ["OUT"], "e2e_timeline.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
