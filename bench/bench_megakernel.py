@@ -285,7 +285,7 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
     name = f"mk[{vs}]"
     # one compiled table per GEMV shapes, attention split and placement
     gk = (v.gemv + (f"/a{v.attn_per}" if v.attn_per else "") + ("" if v.spread else "/greedy")
-          + (f"/p{v.per_sm}" if v.per_sm != 1 else ""))
+          + (f"/p{v.per_sm}" if v.per_sm != 1 else "") + ("/fill" if v.fill else ""))
     if gk not in mks:
         mks[gk] = MegakernelStep(c.fd, c.st, b, variant=v)
         cm = mks[gk].compiled

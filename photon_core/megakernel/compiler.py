@@ -38,6 +38,10 @@ GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
 # instruction (wait, fetch, signal); H200: 4.26 TB/s over 132 SMs
 SM_BYTES_PER_US = 4.26e6 / 132
 INSTR_US = 0.6
+# fill schedules (compile_program fill=True) model an attention instruction's latency too
+# (wait, q/k/v loads, split partials, merge: ~5 us on the H200 at b=1, where "attention
+# only" took 0.13 ms for 24 layers) and a program's share of its SM's bandwidth (per_sm)
+ATTN_LATENCY_US = 3.0
 # op counters lie CNT_STRIDE int32 apart (128 bytes: one L2 line each), so the spinning
 # reads of one op's counter do not share a line with the atomic adds on another's; the
 # table's wait / signal fields hold the scaled index, the per-(layer, row, head) merge
@@ -79,7 +83,13 @@ def attn_splits_per_instr(b: int, shape: dict, n_sm: int) -> int:
 
 
 def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: int,
-              elsize: int, attn_per: int | None = None) -> list[Instr]:
+              elsize: int, attn_per: int | None = None, fill: bool = False,
+              per_sm: int = 1) -> list[Instr]:
+    """fill: GEMV ops with params["fill"] are cut into single BLOCK_N blocks, which
+    schedule() then deals out by the programs' free times (and merges per program);
+    attention instructions cost their latency too (ATTN_LATENCY_US) and every byte costs
+    per_sm times one SM's share (a program's share when per_sm share an SM)."""
+    rate = SM_BYTES_PER_US / (per_sm if fill else 1)
     names = {op.name: k for k, op in enumerate(ops)}
     counts: list[int] = []
     out: list[Instr] = []
@@ -91,19 +101,20 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
             waits.append((j, counts[j]))
         assert len(waits) <= 2, f"{op.name}: at most 2 dependencies per instruction"
         tiles, costs, subs, n_sub = [], [], [], 1
+        dealt = bool(fill and op.kind in GEMV_OPS and op.params.get("fill"))
         if op.kind in GEMV_OPS:
             cfg = gemv_cfg[op.kind]
             kdim = shape["KW2"] if op.kind == OP_GEMV_W2 else shape["D"]
             n0, n1 = op.rows
             assert n0 % cfg.block_n == 0, (op.name, n0, cfg.block_n)
             blocks = math.ceil((n1 - n0) / cfg.block_n)
-            per = max(1, math.ceil(blocks / n_sm))
+            per = 1 if dealt else max(1, math.ceil(blocks / n_sm))
             for t0 in range(0, blocks, per):
                 r0 = n0 + t0 * cfg.block_n
                 r1 = min(n1, n0 + (t0 + per) * cfg.block_n)
                 tiles.append((r0, r1))
-                ln = b * shape["D"] * 4 / SM_BYTES_PER_US if "ln_inp" in op.args else 0.0
-                costs.append((r1 - r0) * kdim * elsize / SM_BYTES_PER_US + INSTR_US + ln)
+                ln = b * shape["D"] * 4 / rate if "ln_inp" in op.args else 0.0
+                costs.append((r1 - r0) * kdim * elsize / rate + INSTR_US + ln)
         elif op.kind == OP_ATTN:
             per = attn_per or attn_splits_per_instr(b, shape, n_sm)
             ns = shape["NSPLIT"]
@@ -116,16 +127,17 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                         s1 = min(ns, s0 + per)
                         tiles.append((r, h))
                         subs.append((s0, s1))
-                        costs.append((s1 - s0) * kv / SM_BYTES_PER_US + INSTR_US + merge)
+                        costs.append((s1 - s0) * kv / rate + INSTR_US + merge
+                                     + (ATTN_LATENCY_US if fill else 0.0))
         else:
             width = shape["V"] if op.kind == OP_ARGMAX else shape["D"]
             for r in range(b):
                 tiles.append((r, r + 1))
-                costs.append(width * 4 / SM_BYTES_PER_US + INSTR_US)
+                costs.append(width * 4 / rate + INSTR_US)
         subs = subs or [(0, 0)] * len(tiles)
         for t, c, sb in zip(tiles, costs, subs):
             out.append(Instr(op.kind, op.name, t, op.args, op.params, tuple(waits), k, c,
-                             sub=sb, n_sub=n_sub, index=len(out)))
+                             sub=sb, n_sub=n_sub, index=len(out), fill=dealt))
         counts.append(len(tiles))
     return out
 
@@ -141,7 +153,17 @@ def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
     free = [0.0] * n_sm
     op_end: dict[int, float] = {}
     held: dict[int, list[int]] = {}
-    for ins in instrs:
+    out: list[Instr] = []
+    k = 0
+    while k < len(instrs):
+        ins = instrs[k]
+        if ins.fill:
+            group = [i for i in instrs[k:] if i.signal == ins.signal]
+            k += len(group)
+            out += _fill(group, free, op_end)
+            continue
+        k += 1
+        out.append(ins)
         ready = max((op_end[c] for c, _ in ins.waits), default=0.0)
         n_op = held.setdefault(ins.signal, [0] * n_sm) if spread else None
         sm = min(range(n_sm), key=lambda s: (n_op[s] if spread else 0,
@@ -152,7 +174,67 @@ def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
         ins.end = ins.start + ins.cost
         free[sm] = ins.end
         op_end[ins.signal] = max(op_end.get(ins.signal, 0.0), ins.end)
+    if len(out) != len(instrs):          # fill ops merged: the waits count their tiles anew
+        n_of: dict[int, int] = {}
+        for i in out:
+            n_of[i.signal] = n_of.get(i.signal, 0) + 1
+        for j, i in enumerate(out):
+            i.waits = tuple((c, n_of[c]) for c, _ in i.waits)
+            i.index = j
+        instrs[:] = out
     return max(free)
+
+
+def _fill(group: list[Instr], free: list[float], op_end: dict[int, float]) -> list[Instr]:
+    """A fill op's single-block instructions (consecutive rows, equal cost but maybe the
+    last) dealt out one at a time to the program that would finish it first (so programs
+    busy longer - e.g. with an attention instruction - get fewer rows), then each
+    program's blocks merged into one instruction of consecutive rows (programs in order)."""
+    import heapq
+    first = group[0]
+    ready = max((op_end[c] for c, _ in first.waits), default=0.0)
+    fixed = INSTR_US
+    per_block = [i.cost - fixed for i in group]
+    n = [0] * len(free)
+    start = [max(f, ready) for f in free]
+    heap = [(start[p] + fixed + per_block[0], p) for p in range(len(free))]
+    heapq.heapify(heap)
+    for j in range(len(group)):
+        t, p = heapq.heappop(heap)
+        n[p] += 1
+        if j + 1 < len(group):
+            heapq.heappush(heap, (t + per_block[j + 1], p))
+    merged, j = [], 0
+    for p, cnt in enumerate(n):
+        if not cnt:
+            continue
+        part = group[j:j + cnt]
+        j += cnt
+        ins = part[0]
+        ins.tile = (part[0].tile[0], part[-1].tile[1])
+        ins.cost = fixed + sum(i.cost - fixed for i in part)
+        ins.sm, ins.start = p, start[p]
+        ins.end = ins.start + ins.cost
+        free[p] = ins.end
+        op_end[ins.signal] = max(op_end.get(ins.signal, 0.0), ins.end)
+        merged.append(ins)
+    return merged
+
+
+def fill_order(ops: list[ProgramOp]) -> list[ProgramOp]:
+    """ops with every fill-marked op moved just after the attention op that follows it
+    (neither reads the other's output: the lowering's order of the rest is kept)."""
+    out = list(ops)
+    for op in ops:
+        if not op.params.get("fill"):
+            continue
+        k = out.index(op)
+        j = next((i for i in range(k + 1, len(out)) if out[i].kind == OP_ATTN), None)
+        if j is None or op.name in out[j].after or out[j].name in op.after \
+                or any(op.name in o.after for o in out[k + 1:j + 1]):
+            continue
+        out.insert(j, out.pop(k))
+    return out
 
 
 def ln_key(ins: Instr):
@@ -175,15 +257,23 @@ def mark_ln_reuse(queues: list[list[Instr]]) -> None:
         for ins in q:
             key = ln_key(ins)
             ins.ln_reuse = key is not None and key == last
-            last = key
+            if ins.op != OP_ATTN:     # (attention writes neither x nor the scratch rows)
+                last = key
 
 
 def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,
                     shape: dict, gemv_cfg: dict, n_sm: int,
                     model_dtype: torch.dtype, attn_per: int | None = None,
-                    spread: bool = True) -> Compiled:
+                    spread: bool = True, fill: bool = False, per_sm: int = 1) -> Compiled:
+    """fill: each GEMV op marked params["fill"] (the lowering marks the GEMV that runs
+    beside attention: Moondream's fc1 rows) moves after the attention op that follows it
+    and its rows are dealt out by the programs' free times (schedule / _fill): the
+    programs that hold attention get fewer of them, instead of every program running its
+    equal tile first and attention after it on the critical path."""
     elsize = torch.tensor([], dtype=model_dtype).element_size()
-    instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per)
+    if fill:
+        ops = fill_order(ops)
+    instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per, fill, per_sm)
     makespan = schedule(instrs, n_sm, spread)
     # compact the SMs that got work into programs 0..P-1; queue order = topological order
     used = sorted({i.sm for i in instrs})

@@ -74,6 +74,8 @@ class Instr:
     end: float = 0.0
     ln_reuse: bool = False   # GEMV with a fused LayerNorm: its program's scratch already
     #                          holds it (the previous instruction of the queue computed it)
+    fill: bool = False       # one block of a fill op: the scheduler deals these out and
+    #                          merges them per program (compiler._fill)
 
     @property
     def inputs(self) -> tuple[Operand, ...]:

@@ -233,7 +233,9 @@ class ProgramLowering:
             p1 = {"n_split": n_split, "gap": L["w1"]["gap"], "ln_in_f32": 1}
             ops.append(ProgramOp(f"w1qkv.{i}", OP_GEMV_W1, w1, p1, prev,
                                  rows=(0, n_split)))
-            ops.append(ProgramOp(f"w1fc1.{i}", OP_GEMV_W1, w1, p1, prev,
+            # (fill: with compile_program(fill=True) its rows go to the programs by their
+            # free time, around the attention that runs beside it)
+            ops.append(ProgramOp(f"w1fc1.{i}", OP_GEMV_W1, w1, dict(p1, fill=1), prev,
                                  rows=(n_split, n1)))
             ops.append(ProgramOp(f"attn.{i}", OP_ATTN,
                                  {"qkv": O("u"), "kc": O(f"kc.{i}"), "vc": O(f"vc.{i}"),

@@ -30,8 +30,10 @@ class Variant:
     "greedy", the plain earliest-free rule of sessions 3-4), the attention's second key
     split loaded before its wait (kv2), programs per SM (per_sm: 2 = two persistent programs
     share each SM, twice the weight bytes in flight per SM where registers and shared memory
-    allow two; a cooperative launch fails at once where they do not). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/greedy/noalign" (any order after the GEMV; pf
+    allow two; a cooperative launch fails at once where they do not), the fill schedule
+    (fill: compiler.compile_program's: the GEMV beside attention dealt out by the programs'
+    free times, attention first in the queues). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/greedy/noalign" (any order after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
     gemv: str = "auto"
@@ -46,6 +48,7 @@ class Variant:
     spread: bool = True
     kv2: bool = False
     per_sm: int = 1
+    fill: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -68,6 +71,8 @@ class Variant:
                     kw["spread"] = False
                 elif p == "kv2":
                     kw["kv2"] = True
+                elif p == "fill":
+                    kw["fill"] = True
                 elif p == "hoist":
                     pass
                 else:
@@ -83,6 +88,7 @@ class Variant:
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "/kv2" if self.kv2 else ""
+        s += "/fill" if self.fill else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -129,7 +135,7 @@ class MegakernelStep:
         self.low = ProgramLowering(fd, st, b, n_sm, gemv, head)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
-            st.hidden.dtype, attn_per or v.attn_per or None, v.spread)
+            st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm)
 
     def feed(self) -> None:
         self.fd.feed(self.st, self.b)

@@ -137,28 +137,87 @@ def test_compiler_schedule_covers_every_tile_in_topological_queues():
     for k, ins in enumerate(c.instrs):
         if "ln_inp" in ins.args:
             assert int(c.table[k, F_A]) == hs + ins.sm * rows * d
-    # a GEMV reuses its program's LayerNorm scratch only right after an instruction of the
-    # same queue that computed the same LayerNorm (operands and waits); the table says so
+    _check_ln_reuse_and_waits(c)
+    assert c.makespan_us > 0
+
+
+def _check_ln_reuse_and_waits(c, reuse=True):
+    """A GEMV reuses its program's LayerNorm scratch only right after an instruction of the
+    same queue that computed the same LayerNorm (operands and waits; attention instructions
+    in between write neither x nor the scratch); the table says so. Every wait targets the
+    producer op's full instruction count."""
     from photon_core.megakernel.compiler import ln_key
-    from photon_core.megakernel.instructions import F_P7
+    from photon_core.megakernel.instructions import F_P7, OP_ATTN
     n_reuse = 0
     for q in c.queues():
+        q = [i for i in q if i.op != OP_ATTN]
         for prev, ins in zip([None] + q[:-1], q):
             if ins.ln_reuse:
                 n_reuse += 1
                 assert prev is not None and ln_key(prev) == ln_key(ins) is not None
-    assert n_reuse > 0
+    assert (n_reuse > 0) == reuse
     for k, ins in enumerate(c.instrs):
         if "ln_inp" in ins.args:
             assert (int(c.table[k, F_P7]) == -1) == ins.ln_reuse
-    # every wait targets the producer op's full instruction count
     count = {}
     for i in c.instrs:
         count[i.signal] = count.get(i.signal, 0) + 1
     for i in c.instrs:
         for w, t in i.waits:
             assert count[w] == t
-    assert c.makespan_us > 0
+
+
+def test_fill_schedule_deals_fc1_rows_around_attention():
+    """fill: each layer's fc1 rows (the GEMV beside attention) come after attention in the
+    program order and go to the programs by their free time: they cover the rows once, in
+    one instruction of consecutive rows per program, the programs holding attention get
+    fewer rows than the others; the queues stay topological, the LayerNorm is reused across
+    the attention instruction, the waits count the merged tiles. The Python twin gives the
+    fused step's fields, and one interpreted program the same bits as without fill."""
+    from photon_core.megakernel.instructions import OP_ATTN
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    b = 2
+    s0 = _snapshot(st, fd)
+    c = MegakernelStep(fd, st, b, n_sm=12, variant="auto/a4/fill").compiled
+    names = [op.name for op in c.ops]
+    assert names.index("attn.0") < names.index("w1fc1.0") < names.index("w2.0")
+    for q in c.queues():
+        idx = [i.index for i in q]
+        assert idx == sorted(idx)
+    _check_ln_reuse_and_waits(c, reuse=False)     # (12 programs: no queue holds qkv and fc1)
+    # 3 programs: fc1 after attention in a queue reuses the LayerNorm of the qkv tile
+    c3 = MegakernelStep(fd, st, b, n_sm=3, variant="auto/a4/fill").compiled
+    _check_ln_reuse_and_waits(c3)
+    assert any(p.op == OP_ATTN and i.ln_reuse for q in c3.queues() for p, i in zip(q, q[1:]))
+    n_split = fd.fused_gemvs[next(op for op in fd.program.ops if op.kind == "linear")]
+    lo, hi = n_split["n_split"], n_split["w"].shape[0]
+    for layer in range(2):
+        fc1 = sorted((i.tile, i.sm) for i in c.instrs if i.op_name == f"w1fc1.{layer}")
+        assert fc1[0][0][0] == lo and fc1[-1][0][1] == hi
+        assert all(a[0][1] == b_[0][0] for a, b_ in zip(fc1, fc1[1:]))
+        assert len({sm for _, sm in fc1}) == len(fc1)         # one instruction per program
+        attn = {i.sm for i in c.instrs if i.op_name == f"attn.{layer}"}
+        rows = {sm: t[1] - t[0] for t, sm in fc1}
+        with_attn = [rows.get(p, 0) for p in range(c.n_programs) if p in attn]
+        without = [rows.get(p, 0) for p in range(c.n_programs) if p not in attn]
+        assert with_attn and without and max(with_attn) < max(without)
+    _fused_step(m, st, fd, b)
+    ref = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    for n_sm in (3, 12):
+        _restore(st, fd, s0)
+        MegakernelStep(fd, st, b, n_sm=n_sm, variant="auto/a4/fill").run_vm()
+        _close_rows(_snapshot(st, fd), ref, b)
+    got = {}
+    for variant in ("auto/a2", "auto/a2/fill"):
+        _restore(st, fd, s0)
+        MegakernelStep(fd, st, b, variant=variant).run_kernel()
+        got[variant] = _snapshot(st, fd)
+    _close_rows(got["auto/a2/fill"], ref, b)
+    for f in FIELDS:
+        assert torch.equal(got["auto/a2"][f], got["auto/a2/fill"][f]), f
 
 
 def test_python_vm_matches_fused_step_and_detects_a_bad_schedule():
@@ -362,8 +421,9 @@ def test_variant_strings_and_alignment_flag():
         "pipe_fma@16x512", 8, 4, 32768, 65536, True)
     assert Variant.parse(str(v)) == v
     assert not Variant.parse("fma/u4/noalign").align
-    g = Variant.parse("pipe@16x512/w4/a4/kv2/greedy/hoist/p2")
-    assert (g.attn_per, g.spread, g.warps, g.kv2, g.per_sm) == (4, False, 4, True, 2)
+    g = Variant.parse("pipe@16x512/w4/a4/kv2/greedy/hoist/p2/fill")
+    assert (g.attn_per, g.spread, g.warps, g.kv2, g.per_sm, g.fill) == (4, False, 4, True, 2,
+                                                                         True)
     assert Variant.parse(str(g)) == g
     with pytest.raises(ValueError):
         Variant.parse("pipe/x3")
