@@ -20,6 +20,16 @@ written for it), rounded once to the cache dtype; channels d >= rot_dim and v pa
 unchanged. Replaces, per layer: the fp32 cast, two index_select gathers, the multiply-add,
 the cast back (ops/rope.rope), and the k / v copies into the cache.
 
+The kernel: one program per (batch row, tokens_per_program tokens, heads_per_program heads of
+ONE kind: q, k or v): a [tokens, heads, channels] tile, default 4 x 32 x 64 (16 KB of bf16
+read, 16 KB written; the previous kernel moved one token's 4 KB per program and loaded the
+rotated channels three times). Each qkv channel is loaded once: the pair halves re / im as two
+[tokens, heads, rot/2] tiles, the pass-through channels as a third; the rotated pairs are
+interleaved in registers (tl.join + reshape) and stored contiguously. The products are the
+decode kernel's (decode_attention.rotary_sources: x[src_c] * c + x[src_s] * s), operand for
+operand, so the compiled arithmetic is the same fma (sm_90 PTX: fma(x_c, cos, x_s * s)).
+bench/bench_rope_kv_write.py times it against the previous kernel on the GPU.
+
 The reference (`rope_kv_write_reference`) is apply_rope's math (other fp32 rounding of the
 products' sum: fp32 values within 1 ulp, bf16 values within 1 bf16 ulp).
 """
