@@ -168,6 +168,9 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_hea
     (tokens_per_program tokens, heads_per_program heads of one kind: q, k or v). Returns
     q [n, T, nh, hd]."""
     n, t, hd, half = _check(qkv, cos, sin, n_heads, n_kv_heads, k_cache, v_cache)
+    if tokens_per_program < 1 or heads_per_program < 1:
+        raise ValueError(f"tokens_per_program {tokens_per_program} and heads_per_program "
+                         f"{heads_per_program} must be >= 1")
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     cos, sin = cos.float().contiguous(), sin.float().contiguous()

@@ -153,6 +153,10 @@ def test_rope_kv_write_rejects_bad_shapes():
         rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0, :, :1], kv[0, 1])
     with pytest.raises(ValueError):
         rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0].transpose(-1, -2), kv[0, 1])
+    with pytest.raises(ValueError):
+        rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0], kv[0, 1], tokens_per_program=0)
+    with pytest.raises(ValueError):
+        rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0], kv[0, 1], heads_per_program=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
