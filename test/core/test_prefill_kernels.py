@@ -56,6 +56,65 @@ def test_rope_kv_write_matches_reference(dtype, n, t, nh, nkv, hd, rot):
         assert err <= tol * b.float().abs().max().item(), err
 
 
+def _rotation_formula(qkv, cos, sin, nh, nkv):
+    """The decode kernel's rotation (decode_attention.rotary_sources) re-implemented in
+    torch: output d = x[src_c] * c + x[src_s] * s in fp32 (two products, one sum: what the
+    interpreter computes), rounded once; channels >= rot and v as they are. Returns
+    q [n, t, nh, hd], k, v [n, nkv, t, hd]."""
+    n, t, width = qkv.shape
+    hd = width // (nh + 2 * nkv)
+    half = cos.shape[-1]
+    x = qkv.reshape(n, t, nh + 2 * nkv, hd)
+    d = torch.arange(hd)
+    rot, even = d < 2 * half, d % 2 == 0
+    fi = torch.where(rot, d // 2, 0)
+    src_c = torch.where(rot, torch.where(even, fi, fi + half), d)
+    src_s = torch.where(rot, torch.where(even, fi + half, fi), d)
+    c = torch.where(rot, cos[:t][:, fi], 1.0)[None, :, None, :]
+    s = sin[:t][:, fi]
+    s = torch.where(rot, torch.where(even, -s, s), 0.0)[None, :, None, :]
+    xf = x.float()
+    r = (xf[..., src_c] * c + xf[..., src_s] * s).to(qkv.dtype)
+    qk = torch.where(rot, r, x)
+    return (qk[:, :, :nh], qk[:, :, nh:nh + nkv].transpose(1, 2),
+            x[:, :, nh + nkv:].transpose(1, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,t,nh,nkv,hd,rot,tokens,heads", [
+    (1, 730, 32, 32, 64, 32, 4, 32),     # the real shape (T not a multiple of 4 or 8)
+    (2, 37, 4, 2, 64, 32, 8, 32),        # GQA, T % 8 = 5
+    (3, 13, 3, 1, 48, 24, 4, 2),         # head 48 (pair halves of 12), heads split 2 + 1
+    (2, 5, 2, 2, 64, 32, 16, 32),        # one partial token block
+    (1, 21, 6, 3, 32, 32, 1, 4),         # rot = head (no pass-through channels), 1 token
+    (2, 19, 8, 8, 64, 16, 2, 8),         # rot 16 of 64
+])
+def test_rope_kv_write_is_the_decode_formula_bitwise(dtype, n, t, nh, nkv, hd, rot, tokens,
+                                                     heads):
+    """Blocks of tokens x heads (partial at the ends), the rotation's pairs interleaved in
+    registers: bitwise the decode kernel's formula, into strided cache views, nothing else
+    written."""
+    from photon_core.ops.rope import rope_angles
+    from photon_core.ops.rope_kv_write import rope_kv_write
+    qkv = _qkv(n, t, nh, nkv, hd, dtype, seed=t)
+    cos, sin = rope_angles(torch.arange(t + 2), rot)
+    q_ref, k_ref, v_ref = _rotation_formula(qkv, cos, sin, nh, nkv)
+    kv = _cache(2, n, nkv, t, hd, dtype)
+    q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[1, 0], kv[1, 1], heads_per_program=heads,
+                      tokens_per_program=tokens)
+    assert torch.equal(q, q_ref)
+    assert torch.equal(kv[1, 0], k_ref) and torch.equal(kv[1, 1], v_ref)
+    assert torch.isnan(kv[0]).all()
+    # caches of other layouts: a longer capacity (rows past t untouched), token-major heads
+    big = torch.full((2, n, nkv, t + 3, hd), float("nan"), dtype=dtype)
+    tm = torch.full((n, t, 2, nkv, hd), float("nan"), dtype=dtype)
+    rope_kv_write(qkv, cos, sin, nh, nkv, big[0, :, :, :t], tm[:, :, 1].transpose(1, 2),
+                  heads_per_program=heads, tokens_per_program=tokens)
+    assert torch.equal(big[0, :, :, :t], k_ref) and torch.isnan(big[0, :, :, t:]).all()
+    assert torch.isnan(big[1]).all()
+    assert torch.equal(tm[:, :, 1].transpose(1, 2), v_ref) and torch.isnan(tm[:, :, 0]).all()
+
+
 def test_rope_kv_write_k_is_the_decode_kernels_k():
     """For every prefix position, the k this kernel writes is bitwise the k the decode
     kernel (decode_attention._attend_partial_kernel) writes for the same qkv row at that
@@ -94,6 +153,10 @@ def test_rope_kv_write_rejects_bad_shapes():
         rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0, :, :1], kv[0, 1])
     with pytest.raises(ValueError):
         rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0].transpose(-1, -2), kv[0, 1])
+    with pytest.raises(ValueError):
+        rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0], kv[0, 1], tokens_per_program=0)
+    with pytest.raises(ValueError):
+        rope_kv_write(qkv, cos, sin, 2, 2, kv[0, 0], kv[0, 1], heads_per_program=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
