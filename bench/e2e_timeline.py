@@ -4,11 +4,12 @@ merged into busy time, the idle gaps between them (with the kernels on each side
 part of the run they fall in), and the busy time per kind of kernel.
 
 Moondream 2 shapes, random bf16 weights, FastEngine defaults (or --deterministic /
---megakernel on). A few warm runs first (graph captures), then --reps profiled runs; the
-figures are of the last one, wall = the host's time for the whole run call.
+--megakernel on). A few warm runs first (graph captures), then one profiled run of
+run(encode_image(frame), task); wall = the host's time for the whole call, also unprofiled
+(5 runs) and as the one call run(frame, task) (the encode not waited for).
 
 Usage: PYTHONPATH=. python3 bench/e2e_timeline.py [--tasks detect5,query32] [--gaps 12]
-       [--megakernel on] [--deterministic]
+       [--megakernel on] [--deterministic] [--host-profile 30]
 Writes $OUT/e2e_timeline.json when OUT is set.
 """
 from __future__ import annotations
@@ -72,6 +73,26 @@ def timeline(ks: list, n_gaps: int) -> dict:
                              for g, at, a, b in gaps[:n_gaps]]}
 
 
+def host_profile(fn, top: int) -> list[str]:
+    """cProfile of one call (the host's side: GPU work runs ahead of it, a synchronizing
+    call shows as its wait): the `top` functions by cumulative and by own time."""
+    import cProfile
+    import io
+    import pstats
+    pr = cProfile.Profile()
+    torch.cuda.synchronize()
+    pr.enable()
+    fn()
+    torch.cuda.synchronize()
+    pr.disable()
+    lines = []
+    for key in ("cumulative", "tottime"):
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats(key).print_stats(top)
+        lines += [ln for ln in buf.getvalue().splitlines() if ln.strip()][-top - 1:]
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="detect5,query32")
@@ -79,6 +100,8 @@ def main():
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--megakernel", default="off")
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--host-profile", type=int, default=0, metavar="N",
+                    help="also cProfile one run: the N functions by cumulative / own time")
     args = ap.parse_args()
     m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     fe = FastEngine(m, max_batch=4, deterministic=args.deterministic,
@@ -104,8 +127,24 @@ def main():
             fe.run(fe.encode_image(frame), task, ignore_eos=True)
         torch.cuda.synchronize()
         res["wall_ms_unprofiled"] = round((time.perf_counter() - t0) / 5 * 1e3, 3)
+        # the one call: start() of the image queues the prefill behind the encode (no wait)
+        fe.run(frame, task, ignore_eos=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            r1 = fe.run(frame, task, ignore_eos=True)
+        torch.cuda.synchronize()
+        res["wall_ms_one_call"] = round((time.perf_counter() - t0) / 5 * 1e3, 3)
+        res["one_call_output_equal"] = r1.output == r.output
+        if args.host_profile:
+            res["host_profile"] = host_profile(lambda: fe.run(fe.encode_image(frame), task,
+                                                              ignore_eos=True),
+                                               args.host_profile)
         out[name] = res
-        print(json.dumps({name: res}), flush=True)
+        print(json.dumps({name: {k: v for k, v in res.items() if k != "host_profile"}}),
+              flush=True)
+        for line in res.get("host_profile", []):
+            print(f"{name} host | {line[:150]}", flush=True)
     fe.close()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)

@@ -173,6 +173,10 @@ class PrefixState:
       max(gh, gw), not by gh * gw).
     n_crops: image units the encoder ran (the scheduler's encode cost hint).
     setup_ms: of encode_ms, one-time work of this call (a graph capture), left out of costs.
+    gpu_timing: (start event, end event, share) of an encode returned before the GPU ran it
+      (FastEngine.encode_image(sync=False)): encode_ms is then the host's time, and
+      gpu_encode_ms() the GPU's between the events (this image's share of the call), once
+      the encode has run.
     """
     model_id: str
     kv: Any = None
@@ -184,6 +188,15 @@ class PrefixState:
     n_crops: int = 1
     encode_ms: float = 0.0
     setup_ms: float = 0.0
+    gpu_timing: Any = None
+
+    def gpu_encode_ms(self) -> float:
+        """encode_ms, or with gpu_timing the GPU's time of the encode (waits for it)."""
+        if self.gpu_timing is None:
+            return self.encode_ms
+        start, end, share = self.gpu_timing
+        end.synchronize()
+        return start.elapsed_time(end) * share
 
     @property
     def length(self) -> int:

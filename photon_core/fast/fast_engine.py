@@ -177,9 +177,13 @@ class FastEngine(EngineConveniences):
             if self.prefill is not None:
                 self.prefill.capture()
 
-    def encode_image(self, image, crops: str | None = None):
+    def encode_image(self, image, crops: str | None = None, sync: bool = True):
         """-> the family's encoded image. image: an image or an EncodeRequest (its crop mode);
         crops: "overlap" | "global" (None: the request's, else EngineOptions.crops).
+        sync=False: with the batched encoder on CUDA, return once the encode is queued on
+        the engine's stream (start() does this for an image: the task's prefill is queued
+        behind it while the GPU still encodes; encode_ms is the host's time, the task's
+        timings get the GPU's); sync=True (the scheduler's: it times the call) waits.
         With the family's batched encoder (Moondream 2) and encoder "fast" (default on CUDA):
         graphed_batch_encoder.py with one frame (the fused forms, one graph per layout);
         encoder "reference": the family's fast encoder (Moondream 2 on the GPU:
@@ -191,7 +195,7 @@ class FastEngine(EngineConveniences):
         if self.batch_encoder is not None and (
                 self.fast_encode or (mode != "overlap" and self.encoder is not None)):
             with self._compute_stream_ctx():
-                return self.batch_encoder.encode(image, mode)
+                return self.batch_encoder.encode(image, mode, sync)
         if mode != "overlap" and self.batch_encoder is None:
             raise ValueError(f"crops={mode!r}: this model family encodes whole images only "
                              "(crops='overlap')")
@@ -228,7 +232,9 @@ class FastEngine(EngineConveniences):
     def start(self, enc, task: Task, stream: Callable[[str], None] | None = None,
               ignore_eos: bool = False) -> FastRun:
         self.capabilities.check_skill(task.skill)   # the family's refusal, before any encode
-        enc = self.encode_image(enc)       # an encoded image is returned as is
+        # an encoded image is returned as is; an image is encoded without a host wait (the
+        # prefill goes on the same stream behind it)
+        enc = self.encode_image(enc, sync=False)
         return FastRun(self, enc, task, stream, ignore_eos)
 
     def step_batch(self, runs) -> list[bool]:

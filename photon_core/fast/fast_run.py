@@ -125,6 +125,9 @@ class FastRun:
             raise TimeoutError("the detokenizer thread did not finish this run's text")
         if self._objects is None:          # once: a parse may count its errors
             self._objects = self.proto.objects(self.streamer.text, self.finish_reason)
+            # an encode returned before it ran (start() of an image): its GPU time now
+            if getattr(self.enc, "gpu_timing", None) is not None:
+                self.timings["encode_ms"] = self.enc.gpu_encode_ms()
         return build_result(self.task, self._objects, self.streamer.text, self.finish_reason,
                             self.steps, self.timings)
 

@@ -219,8 +219,12 @@ class GraphedBatchEncoder:
         return e.kv
 
     # -- encode ----------------------------------------------------------------------------
-    def encode_batch(self, images: list, crops: str | None = None) -> list:
-        """One EncodedImage per image, in order (EncodedImages given pass through)."""
+    def encode_batch(self, images: list, crops: str | None = None, sync: bool = True) -> list:
+        """One EncodedImage per image, in order (EncodedImages given pass through).
+        sync=False (CUDA): return once the encode is queued on the current stream (work
+        queued after it on that stream sees its k/v: a task's prefill follows without the
+        GPU idling while the host prepares it); encode_ms is then the host's time and
+        EncodedImage.gpu_encode_ms() the GPU's (CUDA events around the call)."""
         from ..models.moondream2.model import EncodedImage
 
         images = list(images)
@@ -232,6 +236,12 @@ class GraphedBatchEncoder:
             chunk = todo[c:c + self.max_frames]
             t0 = time.perf_counter()
             captured_before = self.capture_ms
+            cuda = m.weights.device.type == "cuda"
+            timing = None
+            if cuda and not sync:
+                timing = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+                timing[0].record()
             frames = []                 # (index, array, crops or None, layout)
             if in_graph:                # the pixels go in; the graph makes the crops
                 for i in chunk:
@@ -251,9 +261,12 @@ class GraphedBatchEncoder:
             frames.sort(key=lambda f: _order(f[3]))                  # canonical order
             with torch.inference_mode():
                 kvs = self._encode_frames(frames)
-            # the k/v are ready and encode_ms is their time: this stream's work only (the
-            # encode's), not the whole device's (other engines' streams)
-            if m.weights.device.type == "cuda":
+            # sync: the k/v are ready and encode_ms is their time: this stream's work only
+            # (the encode's), not the whole device's (other engines' streams)
+            if timing is not None:
+                timing[1].record()
+                timing = (*timing, 1.0 / len(frames))
+            elif cuda:
                 torch.cuda.current_stream(m.weights.device).synchronize()
             ms = (time.perf_counter() - t0) * 1e3
             setup = self.capture_ms - captured_before
@@ -261,7 +274,8 @@ class GraphedBatchEncoder:
                 out[i] = EncodedImage(kv=k, width=array.shape[1], height=array.shape[0],
                                       tiling=lay.tiling, crops=lay.crops,
                                       encode_ms=ms / len(frames),
-                                      setup_ms=setup / len(frames), model_id=m.model_id)
+                                      setup_ms=setup / len(frames), model_id=m.model_id,
+                                      gpu_timing=timing)
         return out
 
     def _crops_outside(self, array: np.ndarray, mode: str) -> tuple:
@@ -332,8 +346,8 @@ class GraphedBatchEncoder:
                         self._new_entry(key, [(None, img, x, lay)] * n)
         return self.counts["captures"] - before
 
-    def encode(self, image, crops: str | None = None):
-        return self.encode_batch([image], crops)[0]
+    def encode(self, image, crops: str | None = None, sync: bool = True):
+        return self.encode_batch([image], crops, sync)[0]
 
     def summary(self) -> dict:
         return {"graphs": len(self.entries), "batch_graphs": self.n_batch_graphs(),

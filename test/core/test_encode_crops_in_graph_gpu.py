@@ -117,3 +117,28 @@ def test_load_and_replay_make_no_host_sync(engine):
         got = kv[:, :, 0:1].clone()
     torch.cuda.synchronize()
     assert torch.equal(got, ref.kv)
+
+
+def test_start_of_an_image_does_not_wait_for_its_encode(engine, monkeypatch):
+    """start() / run() of an image: the encode is queued without a host wait (no stream
+    synchronize: the prefill follows on the same stream), the outputs equal those of a
+    task on the synchronously encoded image, and the task's encode_ms is the encode's GPU
+    time (CUDA events), not the host's."""
+    from photon_core.task import Task
+
+    m, fe = engine
+    frame = _frame(480, 640, 4)
+    task = Task("detect", object="person", max_objects=3)
+    ref = fe.run(fe.encode_image(frame), task, ignore_eos=True)
+    waits = []
+    real = torch.cuda.Stream.synchronize
+    monkeypatch.setattr(torch.cuda.Stream, "synchronize",
+                        lambda self: (waits.append(self), real(self))[1])
+    got = fe.run(frame, task, ignore_eos=True)
+    assert waits == []
+    assert (got.output, got.tokens, got.finish_reason) == \
+        (ref.output, ref.tokens, ref.finish_reason)
+    enc = fe.encode_image(frame, sync=False)
+    assert enc.gpu_timing is not None and fe.encode_image(frame).gpu_timing is None
+    gpu = enc.gpu_encode_ms()
+    assert 0.5 < gpu < 1000 and got.timings["encode_ms"] > 0.5
