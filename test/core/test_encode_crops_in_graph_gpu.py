@@ -120,25 +120,30 @@ def test_load_and_replay_make_no_host_sync(engine):
 
 
 def test_start_of_an_image_does_not_wait_for_its_encode(engine, monkeypatch):
-    """start() / run() of an image: the encode is queued without a host wait (no stream
-    synchronize: the prefill follows on the same stream), the outputs equal those of a
-    task on the synchronously encoded image, and the task's encode_ms is the encode's GPU
-    time (CUDA events), not the host's."""
+    """start() of an image: the encode is queued without a host wait (no stream
+    synchronize: the prefill follows on the same stream), the row then holds bitwise the
+    k/v of the synchronously encoded image (no race with the encode), the run finishes,
+    and its encode_ms is the encode's GPU time (CUDA events), not the host's."""
     from photon_core.task import Task
 
     m, fe = engine
     frame = _frame(480, 640, 4)
     task = Task("detect", object="person", max_objects=3)
-    ref = fe.run(fe.encode_image(frame), task, ignore_eos=True)
+    ref = fe.encode_image(frame)
     waits = []
     real = torch.cuda.Stream.synchronize
     monkeypatch.setattr(torch.cuda.Stream, "synchronize",
                         lambda self: (waits.append(self), real(self))[1])
-    got = fe.run(frame, task, ignore_eos=True)
+    run = fe.start(frame, task)
     assert waits == []
-    assert (got.output, got.tokens, got.finish_reason) == \
-        (ref.output, ref.tokens, ref.finish_reason)
+    torch.cuda.synchronize()
+    t = ref.kv.shape[4]
+    assert torch.equal(fe.kv.data[:, :, run.row:run.row + 1, :, :t], ref.kv)
+    while not run.finished:
+        run.step()
+    fe.drain()
+    res = run.result()
+    assert res.finish_reason in ("stop", "length") and res.timings["encode_ms"] > 0.5
     enc = fe.encode_image(frame, sync=False)
-    assert enc.gpu_timing is not None and fe.encode_image(frame).gpu_timing is None
-    gpu = enc.gpu_encode_ms()
-    assert 0.5 < gpu < 1000 and got.timings["encode_ms"] > 0.5
+    assert enc.gpu_timing is not None and ref.gpu_timing is None
+    assert torch.equal(enc.kv, ref.kv) and 0.5 < enc.gpu_encode_ms() < 1000
