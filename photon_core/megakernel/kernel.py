@@ -95,6 +95,56 @@ def _waits(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
 
 
 @triton.jit
+def _waits_flat(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr):
+    """_waits with ACQ, its poll loop written inside one inline PTX block (a loop of
+    ld.acquire.gpu of both counters, nanosleep between polls where SLEEP > 0), so the code
+    around it has no loop: a tl.range loop holding the wait is still software-pipelined
+    (Triton's pipeliner skips a loop that holds another loop, scf.while included). The
+    labels are scoped to the PTX block, so every inlined copy may use the same names."""
+    if (i0 >= 0) | (i1 >= 0):
+        c0 = cnt_ptr + tl.maximum(i0, 0)
+        c1 = cnt_ptr + tl.maximum(i1, 0)
+        g0 = tl.where(i0 >= 0, t0, 0)       # no wait: target 0 (counters are >= 0)
+        g1 = tl.where(i1 >= 0, t1, 0)
+        if SLEEP > 0:
+            tl.inline_asm_elementwise(
+                "{\n\t.reg .pred mkp0, mkp1;\n\t.reg .b32 mkv0, mkv1;\n"
+                "MK_POLL:\n\t"
+                "ld.acquire.gpu.global.b32 mkv0, [$1];\n\t"
+                "ld.acquire.gpu.global.b32 mkv1, [$2];\n\t"
+                "setp.lt.s32 mkp0, mkv0, $3;\n\t"
+                "setp.lt.s32 mkp1, mkv1, $4;\n\t"
+                "or.pred mkp0, mkp0, mkp1;\n\t"
+                "@!mkp0 bra MK_DONE;\n\t"
+                "nanosleep.u32 $5;\n\t"
+                "bra MK_POLL;\n"
+                "MK_DONE:\n\t"
+                "mov.u32 $0, 0;\n\t}",
+                "=r,l,l,r,r,r", [c0, c1, g0, g1, tl.full([], SLEEP, tl.int32)],
+                dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{\n\t.reg .pred mkp0, mkp1;\n\t.reg .b32 mkv0, mkv1;\n"
+                "MK_POLL:\n\t"
+                "ld.acquire.gpu.global.b32 mkv0, [$1];\n\t"
+                "ld.acquire.gpu.global.b32 mkv1, [$2];\n\t"
+                "setp.lt.s32 mkp0, mkv0, $3;\n\t"
+                "setp.lt.s32 mkp1, mkv1, $4;\n\t"
+                "or.pred mkp0, mkp0, mkp1;\n\t"
+                "@mkp0 bra MK_POLL;\n\t"
+                "mov.u32 $0, 0;\n\t}",
+                "=r,l,l,r,r", [c0, c1, g0, g1], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _cta_sync():
+    """bar.sync 0 as inline PTX (tl.debug_barrier's CTA barrier, which also orders the
+    threads' global stores before the reads after it), hidden from Triton's passes."""
+    tl.inline_asm_elementwise("bar.sync 0;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _aligned(off, ALIGNED: tl.constexpr):
     if ALIGNED:
         off = (off // 16) * 16
@@ -118,14 +168,57 @@ def _l2_prefetch(ptr, nbytes, NT: tl.constexpr):
 
 
 @triton.jit
+def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
+             B: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
+             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+             FLAT: tl.constexpr):
+    """A GEMV instruction's waits, then its fused LayerNorm of the bucket's rows into this
+    program's scratch wb + a_off (fields 16..19: input, gamma, beta, input is fp32 (1) /
+    model dtype (0) / no LayerNorm (-1): the scratch already holds it). FLAT (CUDA): no loop
+    and no Triton barrier in the generated code (the poll loop inside inline PTX, the
+    LayerNorm's rows unrolled, the CTA barrier as inline PTX), for a caller inside a loop
+    that Triton is to software-pipeline (_gemv_pipe PRE: its pipeliner skips a loop that
+    holds another loop or a gpu.barrier)."""
+    if FLAT and ACQ:
+        _waits_flat(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP)
+    else:
+        _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    in_f32 = f19
+    if in_f32 >= 0:
+        ln_in = _aligned(f16, ALIGNED)
+        g_off = _aligned(f17, ALIGNED)
+        be_off = _aligned(f18, ALIGNED)
+        if in_f32 != 0:
+            _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK,
+                     FLAT)
+        else:
+            _ln_rows(wb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK,
+                     FLAT)
+        if FLAT and ACQ:
+            _cta_sync()
+        else:
+            tl.debug_barrier()
+
+
+@triton.jit
 def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
+               cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr):
+               BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
+               PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
+               ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
     products are added in K order (tl.dot: [BLOCK_B, BK] x [BK, BN]; FMA (b=1): into
-    [BN, BK], summed at the end), then its epilogue."""
+    [BN, BK], summed at the end), then its epilogue.
+    PRE: the instruction's waits and LayerNorm (_wait_ln) run inside step 0, after its
+    weight load, and step 0's activations are loaded there: the pipeliner issues the first
+    STAGES - 1 steps' weight tiles (its prologue, before the loop) and step STAGES - 1's
+    (in iteration 0) before the poll loop, so their HBM latency overlaps the wait (weights
+    never change during a step); otherwise (the caller waited) the same loop, the same
+    products in the same order: the same bits. The compiler never emits an empty tile
+    (n_steps >= 1), so step 0 always runs."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -136,7 +229,11 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
     else:
         acc = tl.zeros([BN, BK], dtype=tl.float32)
-    xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+    if PRE:      # (step 0 loads it, after the wait)
+        xk = tl.zeros([BLOCK_B, BK], dtype=x_ptr.dtype.element_ty)
+    else:
+        xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
+                     cache_modifier=".cg")
     for s in tl.range(0, n_steps, num_stages=STAGES):
         blk = s // KT
         kk = (s - blk * KT) * BK
@@ -144,6 +241,12 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         n_ok = offs_n < n1
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * K + kk + k0[None, :],
                     mask=n_ok[:, None], other=0.0)
+        if PRE:
+            if s == 0:
+                _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
+                         f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True)
+                xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
+                             cache_modifier=".cg")
         # the next step's activations (L2) are loaded before this step's products: their
         # latency is not on the per-step chain
         kn = ((s + 1) % KT) * BK
@@ -357,13 +460,14 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
-             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr):
+             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+             PRE: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
-    the bucket's rows into this program's scratch (fields 16..19: input, gamma, beta, input
-    is fp32 (1) / model dtype (0) / no LayerNorm (-1)), then the tile (PIPE: _gemv_pipe; else
-    b=1 FMA: _gemv_stream, else _gemv_tile). Fields 11..19 come as wi0..f19 (read with the
-    others at the instruction's start)."""
+    the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
+    _gemv_pipe; else b=1 FMA: _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
+    waits inside its first step, after the pipeliner has issued the first weight tiles.
+    Fields 11..19 come as wi0..f19 (read with the others at the instruction's start)."""
     if PF > 0:
         esz: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
         _l2_prefetch(w_ptr + n0.to(tl.int64) * K,
@@ -377,20 +481,14 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         p0, p1, p2, p3 = _load_group(w_ptr, 0, 1, n0, n1, K, BN, BK, UNROLL)
     else:
         p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
-    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-    in_f32 = f19
-    if in_f32 >= 0:
-        ln_in = _aligned(f16, ALIGNED)
-        g_off = _aligned(f17, ALIGNED)
-        be_off = _aligned(f18, ALIGNED)
-        if in_f32 != 0:
-            _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
-        else:
-            _ln_rows(wb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
-        tl.debug_barrier()
+    if not (PIPE and PRE):
+        _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
+                 B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, False)
     if PIPE:
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
-                   stride_y, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES)
+                   stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
+                   f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
+                   SLEEP, ACQ)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -401,25 +499,43 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
 
 @triton.jit
 def _ln_rows(x_ptr, g_ptr, b_ptr, y_ptr, eps, B: tl.constexpr, D: tl.constexpr,
-             BLOCK: tl.constexpr):
+             BLOCK: tl.constexpr, UNROLLED: tl.constexpr = False):
     """LayerNorm of rows [0, B) of x into y (layernorm.py's per-row math, fp32 statistics);
     gamma / beta loaded once, row r + 1 loaded before row r's reductions (its L2 latency off
-    the chain)."""
+    the chain). UNROLLED: the rows as straight-line code (the same math per row)."""
     offs = tl.arange(0, BLOCK)
     ok = offs < D
     w = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     xn = tl.load(x_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-    for r in range(B):
-        x = xn
-        xn = tl.load(x_ptr + tl.minimum(r + 1, B - 1) * D + offs, mask=ok, other=0.0,
-                     cache_modifier=".cg").to(tl.float32)
-        mean = tl.sum(x, axis=0) / D
-        xc = tl.where(ok, x - mean, 0.0)
-        var = tl.sum(xc * xc, axis=0) / D
-        rstd = 1.0 / tl.sqrt(var + eps)
-        tl.store(y_ptr + r * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty),
-                 mask=ok)
+    if UNROLLED:
+        for r in tl.static_range(B):
+            xn = _ln_row(x_ptr, y_ptr, xn, w, b, ok, offs, r, eps, B, D)
+    else:
+        for r in range(B):
+            x = xn
+            xn = tl.load(x_ptr + tl.minimum(r + 1, B - 1) * D + offs, mask=ok, other=0.0,
+                         cache_modifier=".cg").to(tl.float32)
+            mean = tl.sum(x, axis=0) / D
+            xc = tl.where(ok, x - mean, 0.0)
+            var = tl.sum(xc * xc, axis=0) / D
+            rstd = 1.0 / tl.sqrt(var + eps)
+            tl.store(y_ptr + r * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty),
+                     mask=ok)
+
+
+@triton.jit
+def _ln_row(x_ptr, y_ptr, x, w, b, ok, offs, r, eps, B: tl.constexpr, D: tl.constexpr):
+    """Row r of _ln_rows' UNROLLED form (x: its values in fp32; the loop body of the other
+    form); returns row r + 1's (row B - 1's at the end)."""
+    xn = tl.load(x_ptr + tl.minimum(r + 1, B - 1) * D + offs, mask=ok, other=0.0,
+                 cache_modifier=".cg").to(tl.float32)
+    mean = tl.sum(x, axis=0) / D
+    xc = tl.where(ok, x - mean, 0.0)
+    var = tl.sum(xc * xc, axis=0) / D
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(y_ptr + r * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
+    return xn
 
 
 @triton.jit
@@ -602,7 +718,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
-               KV2: tl.constexpr, ACQ: tl.constexpr):
+               KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -655,17 +771,17 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ)
+                         ACQ, PRE)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ)
+                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ)
+                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -711,12 +827,13 @@ UNROLL = 4
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
-               sleep: int = 0, kv2: bool = False) -> dict:
+               sleep: int = 0, kv2: bool = False, pre: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
     attention's k/v) before its wait / of the next instruction's weights (0: none; always 0
-    under the interpreter, which has no inline PTX)."""
+    under the interpreter, which has no inline PTX); pre (pipe only): a GEMV instruction waits
+    inside its pipelined loop's first step, its first weight tiles already issued."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
     unroll = UNROLL if unroll is None else unroll
@@ -741,12 +858,13 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     kw["KV2"] = bool(kv2)       # attention: the second split's k/v loaded before the wait
     kw["ACQ"] = not interpreted()     # acquire-load polls, record prefetch (inline PTX)
+    kw["PRE"] = bool(pre) and bool(pipe)
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
-                num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False
-                ) -> tuple[tuple, dict]:
+                num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
+                pre: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3)."""
@@ -756,7 +874,8 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
             low.shape["HD"] ** -0.5)
     return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2)
+                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
+                            pre)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -767,11 +886,11 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
-           sleep: int = 0, kv2: bool = False):
+           sleep: int = 0, kv2: bool = False, pre: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs)."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2)
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

@@ -13,7 +13,7 @@ import torch
 from ..ops.row_advance import row_advance
 from .compiler import Compiled, compile_program
 from .kernel import interpreted, launch
-from .lowering import ProgramLowering, parse_gemv
+from .lowering import ProgramLowering, is_pipe, parse_gemv
 from .python_vm import PythonVM
 
 UNROLL_ENV = int(os.environ.get("PHOTON_MK_UNROLL", "0"))
@@ -30,8 +30,10 @@ class Variant:
     "greedy", the plain earliest-free rule of sessions 3-4), the attention's second key
     split loaded before its wait (kv2), programs per SM (per_sm: 2 = two persistent programs
     share each SM, twice the weight bytes in flight per SM where registers and shared memory
-    allow two; a cooperative launch fails at once where they do not). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/greedy/noalign" (any order after the GEMV; pf
+    allow two; a cooperative launch fails at once where they do not), the pipe GEMVs' first
+    weight tiles issued before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe waits
+    inside its first step; the same bits). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/pre/greedy/noalign" (any order after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
     gemv: str = "auto"
@@ -46,6 +48,7 @@ class Variant:
     spread: bool = True
     kv2: bool = False
     per_sm: int = 1
+    pre: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -68,10 +71,14 @@ class Variant:
                     kw["spread"] = False
                 elif p == "kv2":
                     kw["kv2"] = True
+                elif p == "pre":
+                    kw["pre"] = True
                 elif p == "hoist":
                     pass
                 else:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
+        if kw.get("pre") and (parts[0] == "auto" or not is_pipe(parts[0])):
+            raise ValueError(f"megakernel variant {spec!r}: pre needs a pipe* GEMV")
         return cls(**kw)
 
     def __str__(self) -> str:
@@ -83,6 +90,7 @@ class Variant:
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "/kv2" if self.kv2 else ""
+        s += "/pre" if self.pre else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -146,6 +154,7 @@ class MegakernelStep:
             kw.setdefault("align", v.align)
             kw.setdefault("sleep", v.sleep)
             kw.setdefault("kv2", v.kv2)
+            kw.setdefault("pre", v.pre)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

@@ -315,6 +315,45 @@ def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
     _second_launch_matches_fused(mk, m, st, fd, b)
 
 
+@pytest.mark.parametrize("gemv,b,stages", [("pipe_fma@16x32", 1, 3), ("pipe@16x32", 2, 3),
+                                           ("pipe_fma@16x64", 1, 2), ("pipe@16x64", 2, 4)])
+def test_pipelined_gemv_waiting_in_its_first_step_gives_the_same_bits(gemv, b, stages):
+    """pre (kernel._gemv_pipe PRE: the GEMV instruction's waits and fused LayerNorm run
+    inside the pipelined loop's first step, after its weight load; step 0's activations
+    are loaded there): every field the same bits as the build without it (FMA tiles at b=1,
+    tl.dot tiles at b>1; K / BK = 4 or 2 steps per row block, 2-4 stages), the Python
+    twin's and the fused step's values, two launches in a row. (The interpreter runs the
+    LayerNorm's rows unrolled, as the CUDA build does: a LayerNorm read or step-0
+    activation load out of order would change the values.)"""
+    from photon_core.megakernel.kernel import kernel_args
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    s0 = _snapshot(st, fd)
+    _fused_step(m, st, fd, b)
+    ref = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    mk = MegakernelStep(fd, st, b, variant=f"{gemv}/w4/s{stages}/pre")
+    assert mk.variant.pre and mk.low.pipe
+    assert kernel_args(mk.compiled, mk.low, pre=True)[1]["PRE"] is True
+    assert kernel_args(mk.compiled, mk.low)[1]["PRE"] is False
+    # every GEMV tile has rows (the kernel's step 0, where a pre instruction waits, runs)
+    assert all(i.tile[1] > i.tile[0] for i in mk.compiled.instrs if i.op <= 2)
+    mk.run_vm()
+    vm = _snapshot(st, fd)
+    results = {}
+    for pre in (False, True):
+        _restore(st, fd, s0)
+        mk.run_kernel(pre=pre)
+        assert int(mk.compiled.counters.abs().sum()) == 0
+        results[pre] = _snapshot(st, fd)
+    for f in FIELDS:
+        assert torch.equal(results[True][f], results[False][f]), f
+    _close_rows(results[True], ref, b)
+    _close_rows(results[True], vm, b)
+    _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's pre: on)
+
+
 def test_schedule_spreads_each_op_over_the_sms():
     """The scheduler gives an op's instructions to distinct SMs before any SM gets a second
     one (spread); the plain greedy rule stacked short instructions that became ready while
@@ -367,6 +406,13 @@ def test_variant_strings_and_alignment_flag():
     assert Variant.parse(str(g)) == g
     with pytest.raises(ValueError):
         Variant.parse("pipe/x3")
+    p = Variant.parse("pipe_fma@8x1024/w4/s3/p2/pre")
+    assert (p.pre, p.per_sm, p.stages) == (True, 2, 3) and not Variant.parse("pipe/w4").pre
+    assert str(p) == "pipe_fma@8x1024/w4/s3/p2/pre" and Variant.parse(str(p)) == p
+    assert Variant.parse("pipe@32x512/pre/w4/p2") == Variant.parse("pipe@32x512/w4/p2/pre")
+    for bad in ("fma/w8/pre", "auto/pre", "small/pre"):     # pre: pipe* GEMVs only
+        with pytest.raises(ValueError):
+            Variant.parse(bad)
     with pytest.raises(Unsupported):      # K = 100 is no multiple of 64
         gemv_configs(1, 640, 100, 384, 486, 384, "pipe@16x64")
     from photon_core.megakernel.instructions import F_A, F_B, F_W, F_Y
