@@ -8,6 +8,8 @@ Synchronization (no grid-wide barrier): every instruction
   - waits for up to two op counters to reach their targets: on CUDA both polled in one loop
     of per-thread `ld.acquire.gpu` loads (no atomic, no bar.sync per iteration; the acquire
     orders the reads after it); under the interpreter a volatile spin + an acquire atomic;
+    (Variant pre: a pipe GEMV waits inside its pipelined loop's first step, the loop's
+    first weight tiles already in flight: _gemv_pipe);
   - runs its op; activations are read with .cg (L2, not a stale L1 line of an earlier layer);
   - publishes: a CTA barrier (all threads' stores issued) then one release atomic add on its
     op's counter.
@@ -95,48 +97,6 @@ def _waits(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
 
 
 @triton.jit
-def _waits_flat(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr):
-    """_waits with ACQ, its poll loop written inside one inline PTX block (a loop of
-    ld.acquire.gpu of both counters, nanosleep between polls where SLEEP > 0), so the code
-    around it has no loop: a tl.range loop holding the wait is still software-pipelined
-    (Triton's pipeliner skips a loop that holds another loop, scf.while included). The
-    labels are scoped to the PTX block, so every inlined copy may use the same names."""
-    if (i0 >= 0) | (i1 >= 0):
-        c0 = cnt_ptr + tl.maximum(i0, 0)
-        c1 = cnt_ptr + tl.maximum(i1, 0)
-        g0 = tl.where(i0 >= 0, t0, 0)       # no wait: target 0 (counters are >= 0)
-        g1 = tl.where(i1 >= 0, t1, 0)
-        if SLEEP > 0:
-            tl.inline_asm_elementwise(
-                "{\n\t.reg .pred mkp0, mkp1;\n\t.reg .b32 mkv0, mkv1;\n"
-                "MK_POLL:\n\t"
-                "ld.acquire.gpu.global.b32 mkv0, [$1];\n\t"
-                "ld.acquire.gpu.global.b32 mkv1, [$2];\n\t"
-                "setp.lt.s32 mkp0, mkv0, $3;\n\t"
-                "setp.lt.s32 mkp1, mkv1, $4;\n\t"
-                "or.pred mkp0, mkp0, mkp1;\n\t"
-                "@!mkp0 bra MK_DONE;\n\t"
-                "nanosleep.u32 $5;\n\t"
-                "bra MK_POLL;\n"
-                "MK_DONE:\n\t"
-                "mov.u32 $0, 0;\n\t}",
-                "=r,l,l,r,r,r", [c0, c1, g0, g1, tl.full([], SLEEP, tl.int32)],
-                dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise(
-                "{\n\t.reg .pred mkp0, mkp1;\n\t.reg .b32 mkv0, mkv1;\n"
-                "MK_POLL:\n\t"
-                "ld.acquire.gpu.global.b32 mkv0, [$1];\n\t"
-                "ld.acquire.gpu.global.b32 mkv1, [$2];\n\t"
-                "setp.lt.s32 mkp0, mkv0, $3;\n\t"
-                "setp.lt.s32 mkp1, mkv1, $4;\n\t"
-                "or.pred mkp0, mkp0, mkp1;\n\t"
-                "@mkp0 bra MK_POLL;\n\t"
-                "mov.u32 $0, 0;\n\t}",
-                "=r,l,l,r,r", [c0, c1, g0, g1], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _cta_sync():
     """bar.sync 0 as inline PTX (tl.debug_barrier's CTA barrier, which also orders the
     threads' global stores before the reads after it), hidden from Triton's passes."""
@@ -171,30 +131,25 @@ def _l2_prefetch(ptr, nbytes, NT: tl.constexpr):
 def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
              B: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-             FLAT: tl.constexpr):
+             IN_PIPE: tl.constexpr):
     """A GEMV instruction's waits, then its fused LayerNorm of the bucket's rows into this
     program's scratch wb + a_off (fields 16..19: input, gamma, beta, input is fp32 (1) /
-    model dtype (0) / no LayerNorm (-1): the scratch already holds it). FLAT (CUDA): no loop
-    and no Triton barrier in the generated code (the poll loop inside inline PTX, the
-    LayerNorm's rows unrolled, the CTA barrier as inline PTX), for a caller inside a loop
-    that Triton is to software-pipeline (_gemv_pipe PRE: its pipeliner skips a loop that
-    holds another loop or a gpu.barrier)."""
-    if FLAT and ACQ:
-        _waits_flat(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP)
-    else:
-        _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    model dtype (0) / no LayerNorm (-1): the scratch already holds it). IN_PIPE (CUDA): the
+    CTA barrier after the LayerNorm as inline PTX, not tl.debug_barrier, for a caller inside
+    a loop that Triton is to software-pipeline (_gemv_pipe PRE): Triton's pipeliner skips a
+    loop that holds a gpu.barrier (it does pipeline one that holds the poll loop and the
+    LayerNorm's row loop: sm_90 builds with Triton 3.6 and 3.9)."""
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
     in_f32 = f19
     if in_f32 >= 0:
         ln_in = _aligned(f16, ALIGNED)
         g_off = _aligned(f17, ALIGNED)
         be_off = _aligned(f18, ALIGNED)
         if in_f32 != 0:
-            _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK,
-                     FLAT)
+            _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
         else:
-            _ln_rows(wb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK,
-                     FLAT)
-        if FLAT and ACQ:
+            _ln_rows(wb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
+        if IN_PIPE and ACQ:
             _cta_sync()
         else:
             tl.debug_barrier()
@@ -213,11 +168,12 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     products are added in K order (tl.dot: [BLOCK_B, BK] x [BK, BN]; FMA (b=1): into
     [BN, BK], summed at the end), then its epilogue.
     PRE: the instruction's waits and LayerNorm (_wait_ln) run inside step 0, after its
-    weight load, and step 0's activations are loaded there: the pipeliner issues the first
-    STAGES - 1 steps' weight tiles (its prologue, before the loop) and step STAGES - 1's
-    (in iteration 0) before the poll loop, so their HBM latency overlaps the wait (weights
-    never change during a step); otherwise (the caller waited) the same loop, the same
-    products in the same order: the same bits. The compiler never emits an empty tile
+    weight load, and step 0's activations are loaded there. The pipeliner's prologue (the
+    first STAGES - 1 steps' weight tiles, cp.async, just before the loop) is then issued
+    before the poll loop, so their HBM latency overlaps the wait (weights never change
+    during a step); step STAGES - 1's tile follows in iteration 0, after the wait (it
+    reuses step 0's buffer). Otherwise the same loop: the same products in the same order,
+    the same epilogues, the same bits. The compiler never emits an empty tile
     (n_steps >= 1), so step 0 always runs."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
@@ -499,43 +455,25 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
 
 @triton.jit
 def _ln_rows(x_ptr, g_ptr, b_ptr, y_ptr, eps, B: tl.constexpr, D: tl.constexpr,
-             BLOCK: tl.constexpr, UNROLLED: tl.constexpr = False):
+             BLOCK: tl.constexpr):
     """LayerNorm of rows [0, B) of x into y (layernorm.py's per-row math, fp32 statistics);
     gamma / beta loaded once, row r + 1 loaded before row r's reductions (its L2 latency off
-    the chain). UNROLLED: the rows as straight-line code (the same math per row)."""
+    the chain)."""
     offs = tl.arange(0, BLOCK)
     ok = offs < D
     w = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     xn = tl.load(x_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-    if UNROLLED:
-        for r in tl.static_range(B):
-            xn = _ln_row(x_ptr, y_ptr, xn, w, b, ok, offs, r, eps, B, D)
-    else:
-        for r in range(B):
-            x = xn
-            xn = tl.load(x_ptr + tl.minimum(r + 1, B - 1) * D + offs, mask=ok, other=0.0,
-                         cache_modifier=".cg").to(tl.float32)
-            mean = tl.sum(x, axis=0) / D
-            xc = tl.where(ok, x - mean, 0.0)
-            var = tl.sum(xc * xc, axis=0) / D
-            rstd = 1.0 / tl.sqrt(var + eps)
-            tl.store(y_ptr + r * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty),
-                     mask=ok)
-
-
-@triton.jit
-def _ln_row(x_ptr, y_ptr, x, w, b, ok, offs, r, eps, B: tl.constexpr, D: tl.constexpr):
-    """Row r of _ln_rows' UNROLLED form (x: its values in fp32; the loop body of the other
-    form); returns row r + 1's (row B - 1's at the end)."""
-    xn = tl.load(x_ptr + tl.minimum(r + 1, B - 1) * D + offs, mask=ok, other=0.0,
-                 cache_modifier=".cg").to(tl.float32)
-    mean = tl.sum(x, axis=0) / D
-    xc = tl.where(ok, x - mean, 0.0)
-    var = tl.sum(xc * xc, axis=0) / D
-    rstd = 1.0 / tl.sqrt(var + eps)
-    tl.store(y_ptr + r * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
-    return xn
+    for r in range(B):
+        x = xn
+        xn = tl.load(x_ptr + tl.minimum(r + 1, B - 1) * D + offs, mask=ok, other=0.0,
+                     cache_modifier=".cg").to(tl.float32)
+        mean = tl.sum(x, axis=0) / D
+        xc = tl.where(ok, x - mean, 0.0)
+        var = tl.sum(xc * xc, axis=0) / D
+        rstd = 1.0 / tl.sqrt(var + eps)
+        tl.store(y_ptr + r * D + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty),
+                 mask=ok)
 
 
 @triton.jit

@@ -322,9 +322,9 @@ def test_pipelined_gemv_waiting_in_its_first_step_gives_the_same_bits(gemv, b, s
     inside the pipelined loop's first step, after its weight load; step 0's activations
     are loaded there): every field the same bits as the build without it (FMA tiles at b=1,
     tl.dot tiles at b>1; K / BK = 4 or 2 steps per row block, 2-4 stages), the Python
-    twin's and the fused step's values, two launches in a row. (The interpreter runs the
-    LayerNorm's rows unrolled, as the CUDA build does: a LayerNorm read or step-0
-    activation load out of order would change the values.)"""
+    twin's and the fused step's values, two launches in a row. (The interpreter runs one
+    program, so its waits are always met; what this catches is the order inside step 0:
+    step 0's activations loaded before the LayerNorm wrote them change the values.)"""
     from photon_core.megakernel.kernel import kernel_args
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
