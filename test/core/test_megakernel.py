@@ -22,23 +22,32 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
 FIELDS = ("x", "hidden", "logits", "out", "pos", "phase", "first", "kv")
 
 
-def _setup(rows=2, b=2, seed=0, chunk=16):
-    """The tiny fp32 model's StepState with a fused backend (deterministic, attention chunks
-    of `chunk` keys: 4 splits over the 64-position cache), rows [0, b) active at different
-    positions and phases."""
+def _setup(rows=2, b=2, seed=0, chunk=16, device="cpu", dtype="fp32"):
+    """The tiny model's StepState with a fused backend (deterministic, attention chunks of
+    `chunk` keys: 4 splits over the 64-position cache), rows [0, b) active at different
+    positions and phases; fp32 on the CPU (the tests), or another device / dtype (the same
+    random state drawn on the CPU: the GPU check of the pre flag in the session report)."""
     from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
     from photon_core.fast.fused_backend import FusedBackend
     from photon_core.fast.static_kv_cache import StaticKVCache
     from photon_core.moondream.model import build_random_model
     from photon_core.moondream.test_model import tiny_config
+    from photon_core.dtype_names import parse_dtype
 
-    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=seed)
+    m = build_random_model(tiny_config(fast=True), device=device, dtype=dtype, seed=seed)
     cfg = m.config.text
-    kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, 64, cfg.head_dim, "cpu",
-                       torch.float32)
+    kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, 64, cfg.head_dim, device,
+                       parse_dtype(dtype))
     g = torch.Generator().manual_seed(seed + 1)
-    kv.data.normal_(generator=g)
+
+    def normal_(t):
+        if t.device.type == "cpu":
+            t.normal_(generator=g)
+        else:
+            t.copy_(torch.empty(t.shape).normal_(generator=g))
+
+    normal_(kv.data)
     st = ds.StepState(m, rows, kv, EngineOptions(fused="off"))
     fd = FusedBackend(st.spec, st.w, kv, rows, attn_chunk=chunk, deterministic=True)
     st.fused = st.backend = fd
@@ -47,8 +56,8 @@ def _setup(rows=2, b=2, seed=0, chunk=16):
     st.first[:b] = torch.tensor([True, False, False, True][:b])
     st.phase[:b] = torch.tensor([0, 2, 1, 0][:b])
     st.kind[:b] = torch.tensor([0, 1, 1, 0][:b])
-    st.hidden.normal_(generator=g)
-    fd.x.normal_(generator=g)
+    normal_(st.hidden)
+    normal_(fd.x)
     return m, st, fd
 
 
