@@ -70,7 +70,7 @@ def compile_megakernel(b: int, variant, cap: int):
     unroll = v.unroll or (4 if b == 1 else 2)
     sh, dims = moondream_shape(b, cap)
     kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), v.align, unroll, is_pipe(gemv),
-                    v.pf, v.pfn, v.warps, v.sleep, v.kv2)
+                    v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre)
     kw["STAGES"] = v.stages
     sig = {}
     types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",

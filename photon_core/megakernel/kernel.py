@@ -8,6 +8,8 @@ Synchronization (no grid-wide barrier): every instruction
   - waits for up to two op counters to reach their targets: on CUDA both polled in one loop
     of per-thread `ld.acquire.gpu` loads (no atomic, no bar.sync per iteration; the acquire
     orders the reads after it); under the interpreter a volatile spin + an acquire atomic;
+    (Variant pre: a pipe GEMV waits inside its pipelined loop's first step, the loop's
+    first weight tiles already in flight: _gemv_pipe);
   - runs its op; activations are read with .cg (L2, not a stale L1 line of an earlier layer);
   - publishes: a CTA barrier (all threads' stores issued) then one release atomic add on its
     op's counter.
@@ -95,6 +97,14 @@ def _waits(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
 
 
 @triton.jit
+def _cta_sync():
+    """bar.sync 0 as inline PTX (tl.debug_barrier's CTA barrier, which also orders the
+    threads' global stores before the reads after it), hidden from Triton's passes."""
+    tl.inline_asm_elementwise("bar.sync 0;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _aligned(off, ALIGNED: tl.constexpr):
     if ALIGNED:
         off = (off // 16) * 16
@@ -118,14 +128,53 @@ def _l2_prefetch(ptr, nbytes, NT: tl.constexpr):
 
 
 @triton.jit
+def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
+             B: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
+             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+             IN_PIPE: tl.constexpr):
+    """A GEMV instruction's waits, then its fused LayerNorm of the bucket's rows into this
+    program's scratch wb + a_off (fields 16..19: input, gamma, beta, input is fp32 (1) /
+    model dtype (0) / no LayerNorm (-1): the scratch already holds it). IN_PIPE (CUDA): the
+    CTA barrier after the LayerNorm as inline PTX, not tl.debug_barrier, for a caller inside
+    a loop that Triton is to software-pipeline (_gemv_pipe PRE): Triton's pipeliner skips a
+    loop that holds a gpu.barrier (it does pipeline one that holds the poll loop and the
+    LayerNorm's row loop: sm_90 builds with Triton 3.6 and 3.9)."""
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    in_f32 = f19
+    if in_f32 >= 0:
+        ln_in = _aligned(f16, ALIGNED)
+        g_off = _aligned(f17, ALIGNED)
+        be_off = _aligned(f18, ALIGNED)
+        if in_f32 != 0:
+            _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
+        else:
+            _ln_rows(wb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
+        if IN_PIPE and ACQ:
+            _cta_sync()
+        else:
+            tl.debug_barrier()
+
+
+@triton.jit
 def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, stride_y,
+               cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr):
+               BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
+               PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
+               ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
     products are added in K order (tl.dot: [BLOCK_B, BK] x [BK, BN]; FMA (b=1): into
-    [BN, BK], summed at the end), then its epilogue."""
+    [BN, BK], summed at the end), then its epilogue.
+    PRE: the instruction's waits and LayerNorm (_wait_ln) run inside step 0, after its
+    weight load, and step 0's activations are loaded there. The pipeliner's prologue (the
+    first STAGES - 1 steps' weight tiles, cp.async, just before the loop) is then issued
+    before the poll loop, so their HBM latency overlaps the wait (weights never change
+    during a step); step STAGES - 1's tile follows in iteration 0, after the wait (it
+    reuses step 0's buffer). Otherwise the same loop: the same products in the same order,
+    the same epilogues, the same bits. The compiler never emits an empty tile
+    (n_steps >= 1), so step 0 always runs."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -136,7 +185,11 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
     else:
         acc = tl.zeros([BN, BK], dtype=tl.float32)
-    xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0, cache_modifier=".cg")
+    if PRE:      # (step 0 loads it, after the wait)
+        xk = tl.zeros([BLOCK_B, BK], dtype=x_ptr.dtype.element_ty)
+    else:
+        xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
+                     cache_modifier=".cg")
     for s in tl.range(0, n_steps, num_stages=STAGES):
         blk = s // KT
         kk = (s - blk * KT) * BK
@@ -144,6 +197,12 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         n_ok = offs_n < n1
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * K + kk + k0[None, :],
                     mask=n_ok[:, None], other=0.0)
+        if PRE:
+            if s == 0:
+                _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
+                         f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True)
+                xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
+                             cache_modifier=".cg")
         # the next step's activations (L2) are loaded before this step's products: their
         # latency is not on the per-step chain
         kn = ((s + 1) % KT) * BK
@@ -357,13 +416,14 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
-             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr):
+             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+             PRE: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
-    the bucket's rows into this program's scratch (fields 16..19: input, gamma, beta, input
-    is fp32 (1) / model dtype (0) / no LayerNorm (-1)), then the tile (PIPE: _gemv_pipe; else
-    b=1 FMA: _gemv_stream, else _gemv_tile). Fields 11..19 come as wi0..f19 (read with the
-    others at the instruction's start)."""
+    the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
+    _gemv_pipe; else b=1 FMA: _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
+    waits inside its first step, after the pipeliner has issued the first weight tiles.
+    Fields 11..19 come as wi0..f19 (read with the others at the instruction's start)."""
     if PF > 0:
         esz: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
         _l2_prefetch(w_ptr + n0.to(tl.int64) * K,
@@ -377,20 +437,14 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         p0, p1, p2, p3 = _load_group(w_ptr, 0, 1, n0, n1, K, BN, BK, UNROLL)
     else:
         p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
-    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-    in_f32 = f19
-    if in_f32 >= 0:
-        ln_in = _aligned(f16, ALIGNED)
-        g_off = _aligned(f17, ALIGNED)
-        be_off = _aligned(f18, ALIGNED)
-        if in_f32 != 0:
-            _ln_rows(fb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
-        else:
-            _ln_rows(wb + ln_in, wb + g_off, wb + be_off, wb + a_off, eps, B, D, LN_BLOCK)
-        tl.debug_barrier()
+    if not (PIPE and PRE):
+        _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
+                 B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, False)
     if PIPE:
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
-                   stride_y, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES)
+                   stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
+                   f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
+                   SLEEP, ACQ)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -602,7 +656,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
-               KV2: tl.constexpr, ACQ: tl.constexpr):
+               KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -655,17 +709,17 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ)
+                         ACQ, PRE)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ)
+                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ)
+                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -711,12 +765,13 @@ UNROLL = 4
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
-               sleep: int = 0, kv2: bool = False) -> dict:
+               sleep: int = 0, kv2: bool = False, pre: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
     attention's k/v) before its wait / of the next instruction's weights (0: none; always 0
-    under the interpreter, which has no inline PTX)."""
+    under the interpreter, which has no inline PTX); pre (pipe only): a GEMV instruction waits
+    inside its pipelined loop's first step, its first weight tiles already issued."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
     unroll = UNROLL if unroll is None else unroll
@@ -741,12 +796,13 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     kw["KV2"] = bool(kv2)       # attention: the second split's k/v loaded before the wait
     kw["ACQ"] = not interpreted()     # acquire-load polls, record prefetch (inline PTX)
+    kw["PRE"] = bool(pre) and bool(pipe)
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
-                num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False
-                ) -> tuple[tuple, dict]:
+                num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
+                pre: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3)."""
@@ -756,7 +812,8 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
             low.shape["HD"] ** -0.5)
     return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2)
+                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
+                            pre)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -767,11 +824,11 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
-           sleep: int = 0, kv2: bool = False):
+           sleep: int = 0, kv2: bool = False, pre: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs)."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2)
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

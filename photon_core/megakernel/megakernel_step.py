@@ -13,7 +13,7 @@ import torch
 from ..ops.row_advance import row_advance
 from .compiler import Compiled, compile_program
 from .kernel import interpreted, launch
-from .lowering import ProgramLowering, parse_gemv
+from .lowering import ProgramLowering, is_pipe, parse_gemv
 from .python_vm import PythonVM
 
 UNROLL_ENV = int(os.environ.get("PHOTON_MK_UNROLL", "0"))
@@ -32,8 +32,10 @@ class Variant:
     share each SM, twice the weight bytes in flight per SM where registers and shared memory
     allow two; a cooperative launch fails at once where they do not), the fill schedule
     (fill: compiler.compile_program's: the GEMV beside attention dealt out by the programs'
-    free times, attention first in the queues). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/greedy/noalign" (any order after the GEMV; pf
+    free times, attention first in the queues), the pipe GEMVs' first weight tiles issued
+    before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe waits inside its first
+    step; the same bits). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/greedy/noalign" (any order after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
     gemv: str = "auto"
@@ -49,6 +51,7 @@ class Variant:
     kv2: bool = False
     per_sm: int = 1
     fill: bool = False
+    pre: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -73,10 +76,14 @@ class Variant:
                     kw["kv2"] = True
                 elif p == "fill":
                     kw["fill"] = True
+                elif p == "pre":
+                    kw["pre"] = True
                 elif p == "hoist":
                     pass
                 else:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
+        if kw.get("pre") and (parts[0] == "auto" or not is_pipe(parts[0])):
+            raise ValueError(f"megakernel variant {spec!r}: pre needs a pipe* GEMV")
         return cls(**kw)
 
     def __str__(self) -> str:
@@ -89,6 +96,7 @@ class Variant:
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "/kv2" if self.kv2 else ""
         s += "/fill" if self.fill else ""
+        s += "/pre" if self.pre else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -152,6 +160,7 @@ class MegakernelStep:
             kw.setdefault("align", v.align)
             kw.setdefault("sleep", v.sleep)
             kw.setdefault("kv2", v.kv2)
+            kw.setdefault("pre", v.pre)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

@@ -22,23 +22,32 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
 FIELDS = ("x", "hidden", "logits", "out", "pos", "phase", "first", "kv")
 
 
-def _setup(rows=2, b=2, seed=0, chunk=16):
-    """The tiny fp32 model's StepState with a fused backend (deterministic, attention chunks
-    of `chunk` keys: 4 splits over the 64-position cache), rows [0, b) active at different
-    positions and phases."""
+def _setup(rows=2, b=2, seed=0, chunk=16, device="cpu", dtype="fp32"):
+    """The tiny model's StepState with a fused backend (deterministic, attention chunks of
+    `chunk` keys: 4 splits over the 64-position cache), rows [0, b) active at different
+    positions and phases; fp32 on the CPU (the tests), or another device / dtype (the same
+    random state drawn on the CPU: the GPU check of the pre flag in the session report)."""
     from photon_core.engine import EngineOptions
     from photon_core.fast import decode_step as ds
     from photon_core.fast.fused_backend import FusedBackend
     from photon_core.fast.static_kv_cache import StaticKVCache
     from photon_core.moondream.model import build_random_model
     from photon_core.moondream.test_model import tiny_config
+    from photon_core.dtype_names import parse_dtype
 
-    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=seed)
+    m = build_random_model(tiny_config(fast=True), device=device, dtype=dtype, seed=seed)
     cfg = m.config.text
-    kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, 64, cfg.head_dim, "cpu",
-                       torch.float32)
+    kv = StaticKVCache(cfg.n_layers, cfg.n_kv_heads, rows, 64, cfg.head_dim, device,
+                       parse_dtype(dtype))
     g = torch.Generator().manual_seed(seed + 1)
-    kv.data.normal_(generator=g)
+
+    def normal_(t):
+        if t.device.type == "cpu":
+            t.normal_(generator=g)
+        else:
+            t.copy_(torch.empty(t.shape).normal_(generator=g))
+
+    normal_(kv.data)
     st = ds.StepState(m, rows, kv, EngineOptions(fused="off"))
     fd = FusedBackend(st.spec, st.w, kv, rows, attn_chunk=chunk, deterministic=True)
     st.fused = st.backend = fd
@@ -47,8 +56,8 @@ def _setup(rows=2, b=2, seed=0, chunk=16):
     st.first[:b] = torch.tensor([True, False, False, True][:b])
     st.phase[:b] = torch.tensor([0, 2, 1, 0][:b])
     st.kind[:b] = torch.tensor([0, 1, 1, 0][:b])
-    st.hidden.normal_(generator=g)
-    fd.x.normal_(generator=g)
+    normal_(st.hidden)
+    normal_(fd.x)
     return m, st, fd
 
 
@@ -374,6 +383,45 @@ def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
     _second_launch_matches_fused(mk, m, st, fd, b)
 
 
+@pytest.mark.parametrize("gemv,b,stages", [("pipe_fma@16x32", 1, 3), ("pipe@16x32", 2, 3),
+                                           ("pipe_fma@16x64", 1, 2), ("pipe@16x64", 2, 4)])
+def test_pipelined_gemv_waiting_in_its_first_step_gives_the_same_bits(gemv, b, stages):
+    """pre (kernel._gemv_pipe PRE: the GEMV instruction's waits and fused LayerNorm run
+    inside the pipelined loop's first step, after its weight load; step 0's activations
+    are loaded there): every field the same bits as the build without it (FMA tiles at b=1,
+    tl.dot tiles at b>1; K / BK = 4 or 2 steps per row block, 2-4 stages), the Python
+    twin's and the fused step's values, two launches in a row. (The interpreter runs one
+    program, so its waits are always met; what this catches is the order inside step 0:
+    step 0's activations loaded before the LayerNorm wrote them change the values.)"""
+    from photon_core.megakernel.kernel import kernel_args
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    s0 = _snapshot(st, fd)
+    _fused_step(m, st, fd, b)
+    ref = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    mk = MegakernelStep(fd, st, b, variant=f"{gemv}/w4/s{stages}/pre")
+    assert mk.variant.pre and mk.low.pipe
+    assert kernel_args(mk.compiled, mk.low, pre=True)[1]["PRE"] is True
+    assert kernel_args(mk.compiled, mk.low)[1]["PRE"] is False
+    # every GEMV tile has rows (the kernel's step 0, where a pre instruction waits, runs)
+    assert all(i.tile[1] > i.tile[0] for i in mk.compiled.instrs if i.op <= 2)
+    mk.run_vm()
+    vm = _snapshot(st, fd)
+    results = {}
+    for pre in (False, True):
+        _restore(st, fd, s0)
+        mk.run_kernel(pre=pre)
+        assert int(mk.compiled.counters.abs().sum()) == 0
+        results[pre] = _snapshot(st, fd)
+    for f in FIELDS:
+        assert torch.equal(results[True][f], results[False][f]), f
+    _close_rows(results[True], ref, b)
+    _close_rows(results[True], vm, b)
+    _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's pre: on)
+
+
 def test_schedule_spreads_each_op_over_the_sms():
     """The scheduler gives an op's instructions to distinct SMs before any SM gets a second
     one (spread); the plain greedy rule stacked short instructions that became ready while
@@ -427,6 +475,13 @@ def test_variant_strings_and_alignment_flag():
     assert Variant.parse(str(g)) == g
     with pytest.raises(ValueError):
         Variant.parse("pipe/x3")
+    p = Variant.parse("pipe_fma@8x1024/w4/s3/p2/pre")
+    assert (p.pre, p.per_sm, p.stages) == (True, 2, 3) and not Variant.parse("pipe/w4").pre
+    assert str(p) == "pipe_fma@8x1024/w4/s3/p2/pre" and Variant.parse(str(p)) == p
+    assert Variant.parse("pipe@32x512/pre/w4/p2") == Variant.parse("pipe@32x512/w4/p2/pre")
+    for bad in ("fma/w8/pre", "auto/pre", "small/pre"):     # pre: pipe* GEMVs only
+        with pytest.raises(ValueError):
+            Variant.parse(bad)
     with pytest.raises(Unsupported):      # K = 100 is no multiple of 64
         gemv_configs(1, 640, 100, 384, 486, 384, "pipe@16x64")
     from photon_core.megakernel.instructions import F_A, F_B, F_W, F_Y
