@@ -223,3 +223,37 @@ def test_gpu_graphs_match_fused(variant):
                         _decode(mk, pairs[:1]) + _decode(mk, pairs)):
             assert same(w, g), (variant, k, w.output, g.output)
     fu.close(), mk.close()
+
+
+@gpu_only
+@pytest.mark.parametrize("b,gemv", [(1, "pipe_fma@16x32/w4/s3"), (4, "pipe@16x32/w4/s3"),
+                                    (1, "pipe_fma@16x64/w4/s2")])
+def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
+    """On CUDA with two programs per SM (the waits real, the sm_90 build): `pre` (the
+    first weight tiles issued before the wait) and `fill` (fc1 rows dealt out around
+    attention, two key splits per attention instruction) give, launch after launch, the
+    same bits as the plain build: each output row is still one instruction's, its
+    products added in the same order (tiny model, bf16, 8 launches)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import test_megakernel as T
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = T._setup(rows=4, b=b, device="cuda", dtype="bf16")
+    s0 = T._snapshot(st, fd)
+    runs = {}
+    for extra in ("", "/pre", "/a2/fill", "/a2/fill/pre"):
+        T._restore(st, fd, s0)
+        mk = MegakernelStep(fd, st, b, variant=f"{gemv}/p2{extra}")
+        assert mk.compiled.n_programs > 100
+        runs[extra] = []
+        for _ in range(8):
+            mk.run_kernel()
+            runs[extra].append(T._snapshot(st, fd))
+        assert int(mk.compiled.counters.abs().sum()) == 0
+    for extra, snaps in runs.items():
+        for k, (x, y) in enumerate(zip(runs[""], snaps)):
+            for f in T.FIELDS:
+                assert torch.equal(x[f], y[f]), (extra, k, f)
