@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 def resolve_variant(spec: str) -> Variant | None:
     """EngineOptions.megakernel -> the Variant to build (None: "off"). "on": the measured
-    best b=1 build on the H200 (docs/benchmarks.md, session 5) on CUDA, Variant() under the
+    best b=1 build on the H200 (docs/benchmarks.md, session 6) on CUDA, Variant() under the
     interpreter (one program: no programs per SM to speak of there)."""
     if spec == "off":
         return None
@@ -35,9 +35,10 @@ def resolve_variant(spec: str) -> Variant | None:
     return Variant.parse(spec)
 
 
-BEST = "pipe_fma@8x1024/w4/s3/p2"
-# "on" runs the megakernel for buckets up to this batch (the measured win: b=1 1.03 vs 1.10
-# ms for the fused graph; b=8 2.42 vs 1.56 ms), the fused forward above it
+BEST = "pipe_fma@8x1024/w4/s3/p2/a2/fill/pre"
+# "on" runs the megakernel for buckets up to this batch (the measured win, session 6: b=1
+# 0.963 vs 1.099 ms for the deterministic fused graph, 1.025 split-K; b=8 2.16 vs 1.56 ms),
+# the fused forward above it
 ON_MAX_BATCH = 1
 
 

@@ -247,7 +247,7 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     for extra in ("", "/pre", "/a2/fill", "/a2/fill/pre"):
         T._restore(st, fd, s0)
         mk = MegakernelStep(fd, st, b, variant=f"{gemv}/p2{extra}")
-        assert mk.compiled.n_programs > 100
+        assert mk.compiled.n_programs > 1
         runs[extra] = []
         for _ in range(8):
             mk.run_kernel()
