@@ -150,30 +150,38 @@ def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
     GEMV tiles, but each costs ~7 us of latency, so one program carried 120 of the 3072
     attention instructions and attention alone took 0.8 ms per step; a GEMV op's tiles
     are at most n_sm anyway)."""
+    import heapq
     free = [0.0] * n_sm
     op_end: dict[int, float] = {}
-    held: dict[int, list[int]] = {}
     out: list[Instr] = []
     k = 0
     while k < len(instrs):
-        ins = instrs[k]
-        if ins.fill:
-            group = [i for i in instrs[k:] if i.signal == ins.signal]
-            k += len(group)
+        sig = instrs[k].signal            # an op's instructions are consecutive, same waits
+        j = k
+        while j < len(instrs) and instrs[j].signal == sig:
+            j += 1
+        group, k = instrs[k:j], j
+        if group[0].fill:
             out += _fill(group, free, op_end)
             continue
-        k += 1
-        out.append(ins)
-        ready = max((op_end[c] for c, _ in ins.waits), default=0.0)
-        n_op = held.setdefault(ins.signal, [0] * n_sm) if spread else None
-        sm = min(range(n_sm), key=lambda s: (n_op[s] if spread else 0,
-                                             max(free[s], ready), s))
+        out += group
+        ready = max((op_end[c] for c, _ in group[0].waits), default=0.0)
         if spread:
-            n_op[sm] += 1
-        ins.sm, ins.start = sm, max(free[sm], ready)
-        ins.end = ins.start + ins.cost
-        free[sm] = ins.end
-        op_end[ins.signal] = max(op_end.get(ins.signal, 0.0), ins.end)
+            # rounds: every SM gets one of the op's instructions before any gets a second;
+            # within a round the SMs in (start time, index) order - placing on one changes
+            # no other's key, so that order is the sequence of argmins
+            for r0 in range(0, len(group), n_sm):
+                part = group[r0:r0 + n_sm]
+                ranked = sorted(range(n_sm), key=lambda s: (max(free[s], ready), s))
+                for ins, sm in zip(part, ranked):
+                    _place(ins, sm, free, ready, op_end)
+        else:                             # the earliest free SM (a heap of (start, index))
+            heap = [(max(f, ready), s) for s, f in enumerate(free)]
+            heapq.heapify(heap)
+            for ins in group:
+                _, sm = heapq.heappop(heap)
+                _place(ins, sm, free, ready, op_end)
+                heapq.heappush(heap, (free[sm], sm))
     if len(out) != len(instrs):          # fill ops merged: the waits count their tiles anew
         n_of: dict[int, int] = {}
         for i in out:
@@ -183,6 +191,14 @@ def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
             i.index = j
         instrs[:] = out
     return max(free)
+
+
+def _place(ins: Instr, sm: int, free: list[float], ready: float,
+           op_end: dict[int, float]) -> None:
+    ins.sm, ins.start = sm, max(free[sm], ready)
+    ins.end = ins.start + ins.cost
+    free[sm] = ins.end
+    op_end[ins.signal] = max(op_end.get(ins.signal, 0.0), ins.end)
 
 
 def _fill(group: list[Instr], free: list[float], op_end: dict[int, float]) -> list[Instr]:
