@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_kernels import graph_ms  # noqa: E402
 from photon_core.ops._triton import tl, triton  # noqa: E402
 from photon_core.ops.decode_attention import rotary_sources  # noqa: E402
 from photon_core.ops.rope import rope_angles  # noqa: E402
@@ -99,34 +99,6 @@ def old_rope_kv_write(qkv, cos, sin, n_heads, n_kv_heads, k_cache, v_cache):
         HB=hb, num_warps=4)
     return q
 # -------------------------------------------------------------------------------------------
-
-
-def graph_ms(calls, reps):
-    """Median ms of one replay of a CUDA graph holding calls() (warmed up first)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        calls()
-        calls()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        calls()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    del g
-    torch.cuda.synchronize()
-    return statistics.median(ts)
 
 
 def per_call_us(fn, qkvs, kv, cos, sin, mode, reps):

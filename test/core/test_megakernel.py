@@ -97,6 +97,20 @@ def _second_launch_matches_fused(mk, m, st, fd, b):
     _close_rows(got2, _snapshot(st, fd), b)
 
 
+def _launch_both_ways(mk, st, fd, s0, flag: str) -> dict:
+    """One launch from state s0 with the kernel flag off and one with it on (the counters
+    reset after each): their snapshots, asserted the same bits field by field."""
+    results = {}
+    for on in (False, True):
+        _restore(st, fd, s0)
+        mk.run_kernel(**{flag: on})
+        assert int(mk.compiled.counters.abs().sum()) == 0
+        results[on] = _snapshot(st, fd)
+    for f in FIELDS:
+        assert torch.equal(results[True][f], results[False][f]), (flag, f)
+    return results
+
+
 def _close(name, a, b, tol=2e-4):
     assert a.shape == b.shape, name
     if a.dtype in (torch.int64, torch.bool, torch.uint8):
@@ -345,15 +359,9 @@ def test_attention_second_split_preloaded_gives_the_same_bits(b, attn_per):
         ({2} if attn_per == 2 else {3, 1})
     mk.run_vm()
     vm = _snapshot(st, fd)
-    results = {}
-    for kv2 in (False, True):
-        _restore(st, fd, s0)
-        mk.run_kernel(kv2=kv2)
-        assert int(mk.compiled.counters.abs().sum()) == 0
-        results[kv2] = _snapshot(st, fd)
-        _close_rows(results[kv2], vm, b)
-    for f in FIELDS:
-        assert torch.equal(results[True][f], results[False][f]), f
+    results = _launch_both_ways(mk, st, fd, s0, "kv2")
+    for r in results.values():
+        _close_rows(r, vm, b)
 
 
 @pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
@@ -409,14 +417,7 @@ def test_pipelined_gemv_waiting_in_its_first_step_gives_the_same_bits(gemv, b, s
     assert all(i.tile[1] > i.tile[0] for i in mk.compiled.instrs if i.op <= 2)
     mk.run_vm()
     vm = _snapshot(st, fd)
-    results = {}
-    for pre in (False, True):
-        _restore(st, fd, s0)
-        mk.run_kernel(pre=pre)
-        assert int(mk.compiled.counters.abs().sum()) == 0
-        results[pre] = _snapshot(st, fd)
-    for f in FIELDS:
-        assert torch.equal(results[True][f], results[False][f]), f
+    results = _launch_both_ways(mk, st, fd, s0, "pre")
     _close_rows(results[True], ref, b)
     _close_rows(results[True], vm, b)
     _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's pre: on)
