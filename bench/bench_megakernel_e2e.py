@@ -3,7 +3,9 @@ query(32) on the H200, Moondream 2 shapes, random bf16 weights, one process, eng
 alternating round by round: the fused backend (default split-K mode and deterministic mode)
 against EngineOptions(megakernel="on") (deterministic, the megakernel at bucket 1). Also
 says whether the megakernel engine's detect / point / query outputs equal the deterministic
-fused engine's (greedy, to EOS), and its decode step as a graph replay.
+fused engine's (greedy, to EOS), and its decode step as a graph replay; the seconds each engine
+takes to build (the first "on" build compiles the megakernel unless Triton's cache has it),
+and an "on" and a fused build again (a restart with the cache warm).
 
 Usage: PYTHONPATH=. python3 bench/bench_megakernel_e2e.py [--iters 10] [--rounds 2]
 Writes $OUT/bench_megakernel_e2e.json when OUT is set.
@@ -15,6 +17,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +46,20 @@ def main():
     detect = Task("detect", object="person", max_objects=5)
     query = Task("query", question="What is in the image?", max_tokens=32)
     point = Task("point", object="cup", max_objects=5)
-    engines = {k: FastEngine(m, max_batch=4, **kw) for k, kw in ENGINES.items()}
-    out: dict = {"gpu": torch.cuda.get_device_name(),
+    engines, build_s = {}, {}
+    for k, kw in ENGINES.items():
+        t0 = time.perf_counter()
+        engines[k] = FastEngine(m, max_batch=4, **kw)
+        torch.cuda.synchronize()
+        build_s[k] = round(time.perf_counter() - t0, 2)
+    # the same "on" engine again: what a restart costs with Triton's cache warm
+    t0 = time.perf_counter()
+    FastEngine(m, max_batch=4, **ENGINES["megakernel on"]).close()
+    build_s["megakernel on, again (cache warm)"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
+    FastEngine(m, max_batch=4, **ENGINES["fused (split-K)"]).close()
+    build_s["fused (split-K), again"] = round(time.perf_counter() - t0, 2)
+    out: dict = {"gpu": torch.cuda.get_device_name(), "engine_build_s": build_s,
                  "megakernel_fallback": engines["megakernel on"].metrics().get(
                      "megakernel_fallback")}
     res: dict = {k: {"detect5": [], "query32": []} for k in engines}
@@ -63,6 +78,7 @@ def main():
         same[t.skill] = (a.tokens == b.tokens and str(a.output) == str(b.output))
     out["outputs_equal_to_deterministic_fused"] = same
     print(json.dumps(out, indent=1))
+    print(f"engine build s: {build_s}")
     print("\n| engine | encode + detect(5) ms | encode + query(32) ms | step b1 graph ms |")
     print("|---|---|---|---|")
     for name in engines:
