@@ -50,8 +50,9 @@ class EngineOptions:
       before finishes. Same results; ignored elsewhere (CPU, interpreter, older GPUs).
     megakernel: the fast path's decode forward (feedback + decoder + row advance) as one
       persistent megakernel launch per step (photon_core/megakernel; opt-in): "off", "on"
-      (the measured best variant at batch 1, where it beats the deterministic fused graph,
-      1.03 vs 1.10 ms on the H200; larger buckets keep the fused forward: docs/benchmarks.md),
+      (the measured best variant at batch 1, where it beats the fused graph: 0.963 vs 1.099
+      ms deterministic / 1.025 split-K on the H200; larger buckets keep the fused forward:
+      docs/benchmarks.md),
       or a variant string ("pipe_fma@8x1024/w4/s3/p2", megakernel_step.Variant: every
       bucket it can lower).
       Needs the fused backend; where the megakernel cannot serve the model (no lowering
