@@ -33,7 +33,7 @@ def _attend(q, keys, values, mask, gate):
     """q [n, Hq, D]; keys/values [n, Hkv, L, D]; mask [n, L] True = attend. Each k/v head
     serves Hq/Hkv consecutive query heads (as gqa_attention's repeat_interleave)."""
     n, hq, d = q.shape
-    hkv, length = keys.shape[1], keys.shape[2]
+    hkv = keys.shape[1]
     qf = q.float().reshape(n, hkv, hq // hkv, d)
     scores = (qf @ keys.float().transpose(-1, -2)) * d ** -0.5           # [n, Hkv, rep, L]
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))

@@ -136,7 +136,7 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
     """decoder_ops run in the fused form (module doc): the ops' order and weights, with the
     residual + next norm and the attention's input passes fused."""
     n, length, dim = x.shape
-    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    nh, nkv = cfg.n_heads, cfg.n_kv_heads
     cos, sin = rope_angles(torch.arange(length, device=x.device), cfg.rot_dim)
     env = {"x": x}
     pending = {}                     # norm dst -> its output, computed by the fused add + LN

@@ -8,7 +8,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from ...engine import Capabilities
