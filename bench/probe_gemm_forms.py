@@ -117,34 +117,37 @@ if HAVE_TRITON:
         x_ptrs = x_ptr + am[:, None] * sxm + rk[None, :]
         w_ptrs = w_ptr + bn[None, :] * swn + rk[:, None]
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BK)):
-            if EVEN_K:
-                a = tl.load(x_ptrs)
-                b = tl.load(w_ptrs)
-            else:
-                kk = rk < K - k * BK
-                a = tl.load(x_ptrs, mask=kk[None, :], other=0.0)
-                b = tl.load(w_ptrs, mask=kk[:, None], other=0.0)
+        for k in range(0, K // BK):          # full K tiles: no masks (the loop pipelines)
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
                 acc = tl.dot(a, b, acc)
             x_ptrs += BK
             w_ptrs += BK
+        if not EVEN_K:                       # the K % BK tail, masked (vision fc2: K = 4304)
+            kk = rk < K % BK
+            a = tl.load(x_ptrs, mask=kk[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=kk[:, None], other=0.0)
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
         acc = _epilogue(acc, b_ptr, rn, N, gelu_from, HAS_BIAS, GELU)
         y_ptrs = y_ptr + rm[:, None] * sym + rn[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
     @triton.jit
-    def gemm_bias_tma_kernel(x_desc, w_desc, b_ptr, y_desc, M, N, K, gelu_from,
+    def gemm_bias_tma_kernel(x_desc, w_desc, b_ptr, y_desc, M, N, K, gelu_from, num_progs,
                              HAS_BIAS: tl.constexpr, GELU: tl.constexpr, IEEE: tl.constexpr,
-                             NUM_PROGS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                             BM: tl.constexpr, BN: tl.constexpr,
                              BK: tl.constexpr, GROUP_M: tl.constexpr):
-        """Persistent: NUM_PROGS programs stride over the tiles; TMA loads / store (the
+        """Persistent: num_progs programs stride over the tiles; TMA loads / store (the
         descriptors zero-fill out-of-range reads and clip the store)."""
         num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
         k_tiles = tl.cdiv(K, BK)
-        for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS):
+        for tile in tl.range(tl.program_id(0), num_tiles, num_progs):
             pid_m, pid_n = _tile_of(tile, M, N, BM, BN, GROUP_M)
             om = pid_m * BM
             on = pid_n * BN
@@ -158,13 +161,13 @@ if HAVE_TRITON:
                     acc = tl.dot(a, b.T, acc)
             rn = on + tl.arange(0, BN)
             acc = _epilogue(acc, b_ptr, rn, N, gelu_from, HAS_BIAS, GELU)
-            y_desc.store([om, on], acc.to(y_desc.dtype))
+            y_desc.store([om, on], acc.to(b_ptr.dtype.element_ty))   # bias dtype = output's
 
 # block configs: (BM, BN, BK, GROUP_M, num_warps, num_stages)
 TILED_CONFIGS = ((128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3),
                  (128, 128, 64, 8, 8, 4), (64, 256, 64, 8, 4, 4))
 TMA_CONFIGS = ((128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3),
-               (128, 256, 64, 8, 8, 4))
+               (128, 128, 64, 8, 8, 5))
 SMOKE_CONFIGS = ((16, 16, 16, 2, 4, 1), (32, 16, 16, 1, 4, 1))
 
 
@@ -208,9 +211,9 @@ def make_tma(x, w, b, cfg, gelu_from=None):
 
     def fn():
         gemm_bias_tma_kernel[(progs,)](xd, wd, b if b is not None else x, yd, M, N, K,
-                                       0 if gelu_from is None else gelu_from,
+                                       0 if gelu_from is None else gelu_from, progs,
                                        HAS_BIAS=b is not None, GELU=gelu_from is not None,
-                                       IEEE=x.dtype == torch.float32, NUM_PROGS=progs,
+                                       IEEE=x.dtype == torch.float32,
                                        BM=bm, BN=bn, BK=bk, GROUP_M=g, num_warps=nw,
                                        num_stages=ns)
         return y
@@ -222,8 +225,8 @@ def make_tma(x, w, b, cfg, gelu_from=None):
 def shapes(smoke: bool):
     """(name, M, K, N, gelu, crops) - crops: the leading dim of a 3-D view (vision)."""
     if smoke:
-        return [("vis.qkv", 45, 32, 96, False, 9), ("vis.fc1", 45, 32, 80, True, 9),
-                ("vis.fc2", 45, 80, 32, False, 9), ("pre4.fc2", 40, 64, 32, False, 4)]
+        return [("vis.qkv", 45, 32, 96, False, 9), ("vis.fc1", 45, 32, 72, True, 9),
+                ("vis.fc2", 45, 88, 32, False, 9), ("pre4.fc2", 40, 64, 32, False, 4)]
     out = [("vis.qkv", 6561, 1152, 3456, False, 9), ("vis.proj", 6561, 1152, 1152, False, 9),
            ("vis.fc1", 6561, 1152, 4304, True, 9), ("vis.fc2", 6561, 4304, 1152, False, 9)]
     for frames in (1, 4):
@@ -251,9 +254,10 @@ class Timer:
     def __call__(self, fn) -> float | None:
         """ms per call of fn(): a CUDA graph of `calls` back-to-back calls, median of
         `replays` replays (after one warm-up replay). None on the CPU (smoke)."""
-        if self.smoke:
+        if self.smoke:                # the plumbing only: one call's CPU wall time
+            t = time.perf_counter()
             fn()
-            return None
+            return (time.perf_counter() - t) * 1e3
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -306,6 +310,10 @@ class Settings:
         m = torch.backends.cuda.matmul
         if self.kind == "bf16_reduced":
             self.old = m.allow_bf16_reduced_precision_reduction
+            try:                      # (allow reduced precision, allow split-K) where known
+                self.old = (self.old, m.allow_bf16_reduced_precision_reduction_split_k)
+            except AttributeError:
+                pass
             m.allow_bf16_reduced_precision_reduction = self.value
         elif self.kind == "blas":
             self.old = torch.backends.cuda.preferred_blas_library()
@@ -393,10 +401,10 @@ def forms_for(name, M, K, N, gelu, crops, x, w, b, smoke):
             add(f"padM{p}", lambda xp=xp: F.linear(xp, w, b)[:M], f"M -> {mp}")
     cur = fs[0][1]
     if x.is_cuda:
-        add("set:bf16_reduced=" + str(not torch.backends.cuda.matmul
-                                       .allow_bf16_reduced_precision_reduction),
-            ("bf16_reduced", not torch.backends.cuda.matmul
-             .allow_bf16_reduced_precision_reduction), "setting")
+        red = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        for v in (not red, (red, False), (False, False)):   # tuples: (reduced, split-K)
+            add(f"set:bf16_reduced={v}".replace(" ", ""), ("bf16_reduced", v),
+                "setting (reduced precision, split-K)")
         for lib in ("cublaslt", "cublas"):
             add(f"set:blas={lib}", ("blas", lib), "setting")
     if HAVE_TRITON:
@@ -566,17 +574,21 @@ def table(res: dict) -> str:
 
 def summary(results: list[dict]) -> str:
     """Per shape: the current form and the fastest form (and by how much)."""
-    lines = ["\n### best form per shape", "| shape | current ms | TFLOP/s | best form | ms | "
-             "TFLOP/s | speed-up | bitwise |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["\n### best form per shape (all forms; and the best cuBLAS-only one)",
+             "| shape | current ms | TFLOP/s | best form | ms | TFLOP/s | speed-up | bitwise "
+             "| best cuBLAS form | ms | speed-up |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         ok = [r for r in res["rows"] if r.get("ms")]
         cur = next((r for r in ok if r["form"] == "current"), None)
         if not ok or cur is None:
             continue
         best = min(ok, key=lambda r: r["ms"])
+        cub = min((r for r in ok if "triton" not in r["form"] and "tma" not in r["form"]),
+                  key=lambda r: r["ms"])
         lines.append(f"| {res['shape']} | {cur['ms']} | {cur['tflops']} | {best['form']} | "
                      f"{best['ms']} | {best['tflops']} | {cur['ms'] / best['ms']:.3f} | "
-                     f"{'yes' if best['bitwise'] else 'no'} |")
+                     f"{'yes' if best['bitwise'] else 'no'} | {cub['form']} | {cub['ms']} | "
+                     f"{cur['ms'] / cub['ms']:.3f} |")
     return "\n".join(lines)
 
 
@@ -610,8 +622,8 @@ def compile_sm90(dtype=torch.bfloat16) -> list[dict]:
             sig = dict(x_desc=f"tensordesc<{dt}[{bm}, {bk}]>",
                        w_desc=f"tensordesc<{dt}[{bn}, {bk}]>", b_ptr=f"*{dt}",
                        y_desc=f"tensordesc<{dt}[{bm}, {bn}]>", M="i32", N="i32", K="i32",
-                       gelu_from="i32")
-            cx = dict(HAS_BIAS=True, GELU=gelu, IEEE=False, NUM_PROGS=132, BM=bm, BN=bn, BK=bk,
+                       gelu_from="i32", num_progs="i32")
+            cx = dict(HAS_BIAS=True, GELU=gelu, IEEE=False, BM=bm, BN=bn, BK=bk,
                       GROUP_M=g)
             for k in cx:
                 sig[k] = "constexpr"
@@ -663,6 +675,9 @@ def main():
     except Exception as e:  # noqa: BLE001
         info["blas"] = f"n/a ({type(e).__name__})"
     print(json.dumps(info))
+    if smoke:
+        print("SMOKE: CPU, tiny shapes, fp32, Triton interpreted; 'ms' is one call's CPU wall "
+              "time (checks the plumbing, measures nothing)")
     timer = Timer(a.calls, a.replays, smoke)
     gen = torch.Generator().manual_seed(0)
     only = [s for s in a.only.split(",") if s]
@@ -689,7 +704,6 @@ def main():
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 results.append(dict(shape=spec[0], rows=[], error=f"{type(e).__name__}: {e}"))
-    print(summary(results))
     fails = sum("error" in r for res in results for r in res["rows"])
     fails += sum("error" in res for res in results)
     bad = []
@@ -699,14 +713,20 @@ def main():
                if "error" not in r and r["max_abs"] > 1e-4]
         print("smoke: " + ("all forms agree with the current one (max abs <= 1e-4)"
                            if not bad else "DIFFERENT: " + "; ".join(bad)))
-    print(f"\n{sum(len(r['rows']) for r in results)} forms, {fails} failed, "
-          f"{time.time() - t0:.0f} s")
     blob = dict(info=info, results=results)
-    print(json.dumps(blob))
     if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         p = Path(os.environ["OUT"]) / "probe_gemm_forms.json"
         p.write_text(json.dumps(blob, indent=1))
-        print(f"wrote {p}")
+        md = Path(os.environ["OUT"]) / "probe_gemm_forms.md"
+        md.write_text(json.dumps(info) + "\n" + "\n".join(table(r) for r in results)
+                      + "\n" + summary(results) + "\n")
+        print(f"wrote {p} and {md}")
+    else:
+        print(json.dumps(blob))
+    print(summary(results))          # last: what the output's tail shows
+    print(f"\n{sum(len(r['rows']) for r in results)} forms, {fails} failed, "
+          f"{time.time() - t0:.0f} s")
     if smoke and (bad or fails):
         sys.exit(1)
 
