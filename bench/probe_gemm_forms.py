@@ -20,6 +20,8 @@ back-to-back calls (median of --replays replays), each form that computes the sa
                "+cat" adds torch.cat into one [M, N]
   splitM<k>    k GEMMs over row chunks, each written into its rows of one output (out=)
   padM<p>      M padded to a multiple of p (the input already in a padded buffer: GEMM only)
+  padN / padK  N / K padded to a multiple of 128 with zero weight rows / columns (vision
+               ff 4304 -> 4352: fc1's extra outputs are gelu(0) = 0, fc2's extra K adds 0)
   set:<s>      the current call captured under a torch.backends.cuda.matmul setting
                (allow_bf16_reduced_precision_reduction flipped; preferred_blas_library
                cublaslt / cublas)
@@ -412,6 +414,30 @@ def forms_for(name, M, K, N, gelu, crops, x, w, b, smoke):
             add(f"padM{p}", lambda xp=xp: addmm_gelu(b, xp, w.t())[:M], f"M -> {mp}")
         else:
             add(f"padM{p}", lambda xp=xp: F.linear(xp, w, b)[:M], f"M -> {mp}")
+    # N or K padded to a multiple of 128 with zero weights (vision ff = 4304 -> 4352 = 17 x
+    # 256): fc1's padded columns are gelu(0 + 0) = 0, so fc2 over the padded K (zero weight
+    # columns) gives the same sums - the pair of pads is one equivalent model change
+    q = 16 if smoke else 128
+    if N % q:
+        np_ = -(-N // q) * q
+        wp = torch.zeros(np_, K, dtype=w.dtype, device=w.device)
+        wp[:N] = w
+        bp = torch.zeros(np_, dtype=b.dtype, device=b.device)
+        bp[:N] = b
+        if gelu:
+            add(f"padN{q}", lambda: addmm_gelu(bp, x, wp.t())[:, :N], f"N -> {np_} (zero rows)")
+        else:
+            add(f"padN{q}", lambda: F.linear(x, wp, bp)[:, :N], f"N -> {np_} (zero rows)")
+    if K % q:
+        kp = -(-K // q) * q
+        xk = torch.zeros(M, kp, dtype=x.dtype, device=x.device)
+        xk[:, :K] = x
+        wk = torch.zeros(N, kp, dtype=w.dtype, device=w.device)
+        wk[:, :K] = w
+        if gelu:
+            add(f"padK{q}", lambda: addmm_gelu(b, xk, wk.t()), f"K -> {kp} (zero columns)")
+        else:
+            add(f"padK{q}", lambda: F.linear(xk, wk, b), f"K -> {kp} (zero columns)")
     cur = fs[0][1]
     if x.is_cuda:
         red = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
