@@ -131,14 +131,20 @@ if HAVE_TRITON:
                 acc = tl.dot(a, b, acc)
             x_ptrs += BK
             w_ptrs += BK
-        if not EVEN_K:                       # the K % BK tail, masked (vision fc2: K = 4304)
-            kk = rk < K % BK
-            a = tl.load(x_ptrs, mask=kk[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=kk[:, None], other=0.0)
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+        if not EVEN_K:
+            # the K % BK tail (vision fc2: K = 4304 = 67 x 64 + 16) in 16-wide masked steps:
+            # a BK-wide masked tile beside the live accumulator spilled (Triton 3.6, sm_90)
+            rt = tl.arange(0, 16)
+            for kt in range(K // BK * BK, K, 16):
+                kk = kt + rt
+                a = tl.load(x_ptr + am[:, None] * sxm + kk[None, :], mask=kk[None, :] < K,
+                            other=0.0)
+                b = tl.load(w_ptr + bn[None, :] * swn + kk[:, None], mask=kk[:, None] < K,
+                            other=0.0)
+                if IEEE:
+                    acc = tl.dot(a, b, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a, b, acc)
         acc = _epilogue(acc, b_ptr, rn, N, gelu_from, HAS_BIAS, GELU)
         y_ptrs = y_ptr + rm[:, None] * sym + rn[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
