@@ -39,6 +39,7 @@ Every form is guarded: one that fails prints why and the rest run.
 
 Usage (GPU, one command, < 4 min on an H200):
     PYTHONPATH=. python3 bench/probe_gemm_forms.py [--calls 20] [--replays 7] [--only vis]
+        [--no-triton] [--budget-s 200]   (forms not started within the budget are skipped)
 Prints a markdown table per shape and a JSON line; writes $OUT/probe_gemm_forms.json.
     python3 bench/probe_gemm_forms.py --smoke      # CPU, tiny sizes, fp32, no timings,
                                                    # Triton under TRITON_INTERPRET=1
@@ -259,8 +260,12 @@ def pairs(smoke: bool):
 # ------------------------------------------------------------------------------- timing
 
 class Timer:
-    def __init__(self, calls: int, replays: int, smoke: bool):
+    def __init__(self, calls: int, replays: int, smoke: bool, budget_s: float = 1e9):
         self.calls, self.replays, self.smoke = calls, replays, smoke
+        self.deadline = time.time() + budget_s
+
+    def over(self) -> bool:
+        return time.time() > self.deadline
 
     def __call__(self, fn) -> float | None:
         """ms per call of fn(): a CUDA graph of `calls` back-to-back calls, median of
@@ -476,6 +481,9 @@ def compare(y, ref, ref32) -> dict:
 
 def run_form(timer, fname, fn, note, flops, ref, ref32, base_ms, x, w, b, gelu) -> dict:
     row = dict(form=fname, note=note)
+    if timer.over():
+        row["error"] = "skipped: over --budget-s"
+        return row
     try:
         if isinstance(fn, tuple) and fn[0] in ("bf16_reduced", "blas"):
             with Settings(*fn):
@@ -693,6 +701,8 @@ def main():
     ap.add_argument("--replays", type=int, default=7)
     ap.add_argument("--only", default="", help="comma list of shape-name prefixes")
     ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=200,
+                    help="forms not started by then are skipped (the run stays < 4 min)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
@@ -727,7 +737,7 @@ def main():
     if smoke:
         print("SMOKE: CPU, tiny shapes, fp32, Triton interpreted; 'ms' is one call's CPU wall "
               "time (checks the plumbing, measures nothing)")
-    timer = Timer(a.calls, a.replays, smoke)
+    timer = Timer(a.calls, a.replays, smoke, a.budget_s)
     gen = torch.Generator().manual_seed(0)
     only = [s for s in a.only.split(",") if s]
     results = []
