@@ -299,3 +299,29 @@ def test_outcomes_match_the_synchronous_engine_when_device_time_equals_the_model
                 s.cost.encode_seen[(300, 300)])
     queued, plain = run(_QueuedSim, gpu_ms=10.0), run(_PlainSim)
     assert queued[0] == plain[0] and queued[1] == pytest.approx(plain[1]) == pytest.approx(10.0)
+
+
+def test_the_nodes_adapter_forwards_the_flag_and_sync():
+    """photon_ros' HookedEngine (the live node's engine): queued where the model is, with
+    the same call sequence; a model without the flag is called as before."""
+    adapter = pytest.importorskip("photon_ros.engine_adapter")   # no ROS imports in it
+    clock, log, outs = VirtualClock(), [], []
+    model = _QueuedBatchSim(clock, log)
+    model.capabilities = None                  # (the adapter forwards the family's)
+    eng = adapter.HookedEngine(model)
+    assert eng.queued_encode is True and callable(eng.encode_batch)
+    s = Scheduler(eng, CostModel(ema=0.1), clock=clock, on_result=outs.append)
+    s.submit_frame("cam", 0, img(person=3), [("det", DET, 1.0)])
+    s.run_until_idle()
+    seq = [e for e in log if e[0] in ("encode", "start", "sync")]
+    assert seq == [("encode", False), ("start", "person"), ("sync",)]
+    assert outs[0].timings["encode_ms"] == pytest.approx(GPU_MS)
+    log.clear()
+    model = _PlainSim(clock, log)
+    model.capabilities = None
+    plain = adapter.HookedEngine(model)
+    assert plain.queued_encode is False
+    s = Scheduler(plain, CostModel(ema=0.1), clock=clock)
+    s.submit_frame("cam", 0, img(person=3), [("det", DET, 1.0)])
+    s.run_until_idle()
+    assert [e for e in log if e[0] in ("encode", "start")] == [("encode",), ("start", "person")]

@@ -108,13 +108,13 @@ class EncodeSpy:
         self.seen, self.batches = [], []
         enc_image, enc_batch = model.encode_image, model.encode_batch
 
-        def encode_image(image, crops=None, **kw):     # kw: sync (queued encodes)
-            out = enc_image(image, crops, **kw)
+        def encode_image(image, crops=None):
+            out = enc_image(image, crops)
             self.seen.append((getattr(image, "crops", None), out))
             return out
 
-        def encode_batch(images, crops=None, **kw):
-            out = enc_batch(images, crops, **kw)
+        def encode_batch(images, crops=None):
+            out = enc_batch(images, crops)
             self.batches.append(len(images))
             self.seen += [(getattr(i, "crops", None), e) for i, e in zip(images, out)]
             return out
