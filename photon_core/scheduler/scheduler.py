@@ -816,6 +816,7 @@ class Scheduler:
             "fair_holds": c["fair_holds"], "sheds": c["sheds"], "regroups": c["regroups"],
             "batch_limit": self.limiter.limit(self.clock.now()),
             "encodes": c["encodes"], "encode_calls": c["encode_calls"],
+            "encode_timing_errors": c["encode_timing_errors"],   # queued encodes host-timed
             "engine_ms": {k: round(v, 3) for k, v in self.engine_ms.items()},
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
             "encode_batches": dict(sorted(self.encode_batch_sizes.items())),
