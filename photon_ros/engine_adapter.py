@@ -7,10 +7,12 @@ between decode steps with finish_reason "cancelled"; the scheduler then delivers
 any finished run. Everything else is forwarded to the model.
 
 Forwarded explicitly: `capabilities` (the family's skills and crop modes,
-photon_core.engine.Capabilities), `encode_image` and, where the model has it, `encode_batch`
-(several cameras' frames in one engine call, photon_core/scheduler/encode_batch.py: an engine
-without it keeps encoding frame by frame, so the adapter has the method only then). Frames may
-be photon_core.encode_request.EncodeRequests (a camera's crops mode): passed on untouched.
+photon_core.engine.Capabilities), `queued_encode` (the model's flag: encodes returned before
+the device ran them, photon_core/scheduler/queued_encode.py), `encode_image` and, where the
+model has it, `encode_batch` (several cameras' frames in one engine call,
+photon_core/scheduler/encode_batch.py: an engine without it keeps encoding frame by frame, so
+the adapter has the method only then). Frames may be
+photon_core.encode_request.EncodeRequests (a camera's crops mode): passed on untouched.
 """
 from __future__ import annotations
 
@@ -56,6 +58,9 @@ class HookedEngine:
         self.encode_batches = 0                 # encode_batch calls forwarded (diagnostics)
         if callable(getattr(model, "encode_batch", None)):
             self.encode_batch = self._encode_batch
+        # encodes the scheduler need not wait for (FastEngine: sync=False), only where the
+        # model declares them (photon_core/scheduler/engine.py encodes_queued)
+        self.queued_encode = getattr(model, "queued_encode", False) is True
 
     def hook(self, task, stream: Callable[[str], None] | None = None,
              cancelled: Callable[[], bool] | None = None) -> None:
@@ -66,13 +71,14 @@ class HookedEngine:
         with self._lock:
             self._hooks.pop(id(task), None)
 
-    def encode_image(self, image):
-        return self.model.encode_image(image)
+    def encode_image(self, image, **kw):
+        """kw: sync=False where queued_encode (passed on; none otherwise)."""
+        return self.model.encode_image(image, **kw)
 
-    def _encode_batch(self, images: list) -> list:
+    def _encode_batch(self, images: list, **kw) -> list:
         """The model's encode_batch (bound as `encode_batch` only where the model has one)."""
         self.encode_batches += 1
-        return self.model.encode_batch(list(images))
+        return self.model.encode_batch(list(images), **kw)
 
     def _start(self, enc, task, stream=None):
         kw = {"ignore_eos": True} if self.ignore_eos else {}

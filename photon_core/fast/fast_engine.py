@@ -58,6 +58,10 @@ def _own_stream(device, taken: list) -> torch.cuda.Stream:
 
 
 class FastEngine(EngineConveniences):
+    # encode_image / encode_batch take sync=False (the scheduler's queued encodes,
+    # photon_core/scheduler/queued_encode.py)
+    queued_encode = True
+
     def __init__(self, model, max_batch: int | None = None, kv_capacity: int | None = None,
                  use_graphs: bool | None = None, pipelined: bool = True,
                  detok_thread: bool = True, warmup: bool = True,
@@ -205,16 +209,16 @@ class FastEngine(EngineConveniences):
         return self.family.encode_image(image, crops=mode) if self.batch_encoder is not None \
             else self.family.encode_image(image)
 
-    def encode_batch(self, images, crops: str | None = None) -> list:
+    def encode_batch(self, images, crops: str | None = None, sync: bool = True) -> list:
         """Several frames (images or EncodeRequests) in one vision pass and one batched
         image-prefix prefill: one encoded image each, in order, each usable like
         encode_image's (graphed_batch_encoder.py: one CUDA graph per frames' layout, a
         bounded number; the scheduler calls this for frames admitted together). A family
-        without a batched encoder encodes them one by one."""
+        without a batched encoder encodes them one by one. sync: as encode_image's."""
         if self.batch_encoder is None:
-            return [self.encode_image(i, crops) for i in images]
+            return [self.encode_image(i, crops, sync) for i in images]
         with self._compute_stream_ctx():
-            return self.batch_encoder.encode_batch(list(images), crops)
+            return self.batch_encoder.encode_batch(list(images), crops, sync)
 
     def prepare_encode(self, shapes=((480, 640),), batch_sizes=(1, 2, 4, 8),
                        crops=("overlap",)) -> int:

@@ -22,9 +22,12 @@ def has_encode_batch(engine: Any) -> bool:
     return callable(getattr(engine, "encode_batch", None))
 
 
-def encode_batch(engine: Any, images: list) -> list:
-    """One engine call for all `images` (engine.encode_batch), checked: one encoding each."""
-    out = list(engine.encode_batch(list(images)))
+def encode_batch(engine: Any, images: list, sync: bool = True) -> list:
+    """One engine call for all `images` (engine.encode_batch), checked: one encoding each.
+    sync=False (only for an engine declaring queued_encode, engine.encodes_queued) is passed
+    on: the call may return once the encode is queued (queued_encode.py)."""
+    out = list(engine.encode_batch(list(images)) if sync
+               else engine.encode_batch(list(images), sync=False))
     if len(out) != len(images):
         raise RuntimeError(f"encode_batch returned {len(out)} encodings for {len(images)} images")
     return out

@@ -1,6 +1,7 @@
 """The engine contract as the scheduler uses it (photon_core.engine: Engine, Run, PrefixState).
 The families' reference engines, the runtime's FastEngine, photon_ros' HookedEngine and the
-simulator's SimEngine all implement it; nothing here guesses an engine's methods."""
+simulator's SimEngine all implement it; nothing here guesses an engine's methods.
+Optional, declared by the engine: encode_batch (encode_batch.py), queued_encode (encodes_queued)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -36,3 +37,14 @@ def engine_capacity(engine: Engine) -> int | None:
     """Most runs the engine can hold open at once (Engine.max_runs; None: no limit)."""
     v = engine.max_runs
     return v if isinstance(v, int) and v > 0 else None
+
+
+def encodes_queued(engine: Any) -> bool:
+    """The engine declares `queued_encode = True`: its encode_image(image, sync=False) and
+    encode_batch(images, sync=False) (where it has one) may return once the encode is queued
+    on the device, each encoding's `gpu_encode_ms()` then giving the encode's device time
+    (waiting for it; PrefixState.gpu_timing). The scheduler then starts the frame's tasks
+    before reading the encode's cost (their prefills queue behind the encode). An explicit
+    flag, not a guess from signatures: a wrapper must forward it on purpose (only `True`
+    counts, so a mock's auto-attribute does not)."""
+    return getattr(engine, "queued_encode", False) is True

@@ -31,10 +31,11 @@ from .clock import Clock, MonotonicClock
 from .cost_model import CostModel, TokenEstimator, encode_key
 from .edf_queue import EDF, FIFO, RequestQueue
 from .encode_batch import encode_batch, has_encode_batch
-from .engine import count_prompt_tokens, engine_capacity, step_batch
+from .engine import count_prompt_tokens, encodes_queued, engine_capacity, step_batch
 from .fairness import FairShare
 from .latest_frame import LatestFrameTable
 from .load_shedding import BatchLimiter
+from .queued_encode import QueuedEncode, setup_ms
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
                       TaskRequest, TaskSpec)
 from .stream_health import StreamHealth, StreamHealthTracker
@@ -155,6 +156,10 @@ class Scheduler:
         # engine time as the scheduler measured it (ms): encode calls, prefills, decode steps
         self.engine_ms: dict[str, float] = {"encode": 0.0, "prefill": 0.0, "decode": 0.0}
         self._batch_encode = has_encode_batch(engine)
+        # encodes returned before the device ran them, measured once the frame's tasks are
+        # started (queued_encode.py); only for an engine that declares it (engine.py)
+        self._queued_encode = encodes_queued(engine)
+        self._pending: list[QueuedEncode] = []
 
     # -- submitting ------------------------------------------------------------------
     def submit_frame(self, stream: str, stamp: Any, image: Any,
@@ -340,6 +345,12 @@ class Scheduler:
                     self._end(r, Status.SKIPPED)    # (a due probe is left to _admit)
 
     def _admit(self) -> None:
+        try:
+            self._admit_round()
+        finally:                                  # before a decode step is timed
+            self._settle_encodes()
+
+    def _admit_round(self) -> None:
         p = self.policy
         self.wake_at = None
         mb = self.limiter.limit(self.clock.now())  # max_batch, or less while shedding load
@@ -359,6 +370,7 @@ class Scheduler:
                                         r.frame.capture_time)
         ordered = self.queue.ordered(self.clock.now())
         for i, r in enumerate(ordered):
+            self._settle_encodes()                # decide with the encodes started so far measured
             if r.ended or r.started:              # (started: encoded with an earlier one)
                 continue
             n_live = len(self.live)
@@ -499,6 +511,9 @@ class Scheduler:
         return None
 
     def _encode_many(self, frames: list[Frame]) -> None:
+        if self._queued_encode:
+            self._encode_queued(frames, batched=True)
+            return
         t0 = self.clock.now()
         encs = encode_batch(self.engine, [f.image for f in frames])
         ms = (self.clock.now() - t0) * 1e3
@@ -530,6 +545,7 @@ class Scheduler:
         self.counts["probes"] += 1
         try:
             self._encode(r.frame)
+            self._settle_encodes(r.frame)         # the probe's point: its cost, now
         except Exception as e:  # noqa: BLE001 - _start reports it if the request starts
             log.warning("encode probe of a %s frame failed: %r", r.frame.stream, e)
             self._encode_seen_at[encode_key(r.frame.image)] = self.clock.now()
@@ -569,6 +585,9 @@ class Scheduler:
         return r.started or r.ended
 
     def _encode(self, frame: Frame) -> None:
+        if self._queued_encode:
+            self._encode_queued([frame], batched=False)
+            return
         t0 = self.clock.now()
         enc = self.engine.encode_image(frame.image)
         frame.encode_ms = (self.clock.now() - t0) * 1e3
@@ -581,6 +600,54 @@ class Scheduler:
         self.cost.observe_encode(frame.image, max(frame.encode_ms - setup, 0.0))
         self._encode_seen_at[encode_key(frame.image)] = self.clock.now()
         self.counts["encodes"] += 1
+
+    def _encode_queued(self, frames: list[Frame], batched: bool) -> None:
+        """Encode without waiting for the device (queued_encode.py): the frames get their
+        encodings now (their tasks can start, the prefills queued behind the encode), their
+        encode_ms and the cost model once the encode is settled. Raises as the synchronous
+        encode does, before anything is recorded."""
+        t0 = self.clock.now()
+        if batched:
+            encs = encode_batch(self.engine, [f.image for f in frames], sync=False)
+        else:
+            encs = [self.engine.encode_image(frames[0].image, sync=False)]
+        ms = (self.clock.now() - t0) * 1e3
+        self.counts["encode_calls"] += 1
+        for f, enc in zip(frames, encs):
+            f.enc, f.encode_ms = enc, ms / len(frames)    # the host's, until settled
+        self.counts["encodes"] += len(frames)
+        if batched:
+            self.counts["encode_batches"] += 1
+            self.encode_batch_sizes[len(frames)] += 1
+        self._pending.append(QueuedEncode(list(frames), encs, ms, batched))
+
+    def _settle_encodes(self, frame: Frame | None = None) -> None:
+        """Measure the queued encodes (all, or the one of `frame`): the device time of each
+        (waits for it), into the frames' encode_ms, engine_ms and the cost model, as a
+        synchronous encode's host time is (setup_ms left out of the cost model)."""
+        if not self._pending:
+            return
+        done = [q for q in self._pending
+                if frame is None or any(x is frame for x in q.frames)]
+        self._pending = [q for q in self._pending if not any(q is d for d in done)]
+        for q in done:
+            try:
+                per, ms = q.settle()
+            except Exception as e:  # noqa: BLE001 - a timing read; the host's time instead
+                self.counts["encode_timing_errors"] += 1
+                log.warning("reading the device time of an encode failed: %r", e)
+                per, ms = q.host_split()
+            images = [f.image for f in q.frames]
+            cost_ms = max(ms - setup_ms(q.encs), 0.0)
+            if q.batched:
+                self.cost.observe_encode_batch(images, cost_ms)
+            else:
+                self.cost.observe_encode(images[0], cost_ms)
+            self.engine_ms["encode"] += ms
+            now = self.clock.now()
+            for f, m in zip(q.frames, per):
+                f.encode_ms = m
+                self._encode_seen_at[encode_key(f.image)] = now
 
     def _start(self, r: TaskRequest) -> None:
         frame = r.frame
@@ -683,12 +750,13 @@ class Scheduler:
         if r.ended:
             raise RuntimeError(f"request {r.id} ended twice")
         r.ended = True
+        f = r.frame
+        self._settle_encodes(f)                   # its Outcome carries the encode's real cost
         now = self.clock.now()
         self.queue.remove(r)
         self.latest.take(r)
         if r in self.live:
             self.live.remove(r)
-        f = r.frame
         f.refs -= 1
         if f.refs <= 0:                           # last task of the frame: free the encoding
             f.enc = None
@@ -748,6 +816,7 @@ class Scheduler:
             "fair_holds": c["fair_holds"], "sheds": c["sheds"], "regroups": c["regroups"],
             "batch_limit": self.limiter.limit(self.clock.now()),
             "encodes": c["encodes"], "encode_calls": c["encode_calls"],
+            "encode_timing_errors": c["encode_timing_errors"],   # queued encodes host-timed
             "engine_ms": {k: round(v, 3) for k, v in self.engine_ms.items()},
             "decode_steps": c["steps"], "batch_sizes": dict(sorted(self.batch_sizes.items())),
             "encode_batches": dict(sorted(self.encode_batch_sizes.items())),
