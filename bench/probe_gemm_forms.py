@@ -518,6 +518,12 @@ def probe_shape(timer, spec, dtype, device, smoke, gen) -> dict:
     fs, cur = forms_for(name, M, K, N, gelu, crops, x, w, b, smoke)
     ref = cur()
     flops = 2.0 * M * N * K
+    rows = run_forms(timer, fs, flops, ref, ref32, x, w, b, gelu, device)
+    return dict(shape=name, M=M, K=K, N=N, gelu=gelu, rows=rows)
+
+
+def run_forms(timer, fs, flops, ref, ref32, x, w, b, gelu, device=None) -> list[dict]:
+    """run_form for each (name, fn, note) of fs; "current" (first) is the ratio's base."""
     rows, base_ms = [], None
     for fname, fn, note in fs:
         r = run_form(timer, fname, fn, note, flops, ref, ref32, base_ms, x, w, b, gelu)
@@ -526,9 +532,9 @@ def probe_shape(timer, spec, dtype, device, smoke, gen) -> dict:
             if base_ms:
                 r["ratio"] = 1.0
         rows.append(r)
-        if device.type == "cuda":
+        if device is not None and device.type == "cuda":
             torch.cuda.empty_cache()
-    return dict(shape=name, M=M, K=K, N=N, gelu=gelu, rows=rows)
+    return rows
 
 
 def probe_pair(timer, spec, dtype, device, smoke, gen) -> list[dict]:
@@ -560,13 +566,7 @@ def probe_pair(timer, spec, dtype, device, smoke, gen) -> list[dict]:
                        "bias epilogue"))
     ref = current()
     flops = 2.0 * M * dim * (da + ff)
-    rows, base = [], None
-    for fname, fn, note in fs:
-        r = run_form(timer, fname, fn, note, flops, ref, ref32, base, a, wp, bp, False)
-        if fname == "current":
-            base = r.get("ms")
-            r["ratio"] = 1.0 if base else None
-        rows.append(r)
+    rows = run_forms(timer, fs, flops, ref, ref32, a, wp, bp, False)
     out.append(dict(shape=name + ".proj+fc2", M=M, K=da + ff, N=dim, gelu=False, rows=rows))
 
     # (b) qkv [dim -> 3 dim] and fc1 [dim -> ff] + GELU on the same input
@@ -596,13 +596,7 @@ def probe_pair(timer, spec, dtype, device, smoke, gen) -> list[dict]:
                        "GELU epilogue on columns >= 3 dim"))
     ref = _as_out(current2())
     flops = 2.0 * M * (nq + ff) * dim
-    rows, base = [], None
-    for fname, fn, note in fs:
-        r = run_form(timer, fname, fn, note, flops, ref, r32, base, x, wcat, bcat, False)
-        if fname == "current":
-            base = r.get("ms")
-            r["ratio"] = 1.0 if base else None
-        rows.append(r)
+    rows = run_forms(timer, fs, flops, ref, r32, x, wcat, bcat, False)
     out.append(dict(shape=name + ".qkv+fc1", M=M, K=dim, N=nq + ff, gelu=True, rows=rows))
     return out
 

@@ -97,6 +97,17 @@ def _second_launch_matches_fused(mk, m, st, fd, b):
     _close_rows(got2, _snapshot(st, fd), b)
 
 
+def _with_fused_reference(b: int):
+    """_setup()'s state s0 and the fused step's result from it (ref), the state restored
+    to s0: (m, st, fd, s0, ref)."""
+    m, st, fd = _setup()
+    s0 = _snapshot(st, fd)
+    _fused_step(m, st, fd, b)
+    ref = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    return m, st, fd, s0, ref
+
+
 def _launch_both_ways(mk, st, fd, s0, flag: str) -> dict:
     """One launch from state s0 with the kernel flag off and one with it on (the counters
     reset after each): their snapshots, asserted the same bits field by field."""
@@ -200,9 +211,8 @@ def test_fill_schedule_deals_fc1_rows_around_attention():
     from photon_core.megakernel.instructions import OP_ATTN
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
-    m, st, fd = _setup()
     b = 2
-    s0 = _snapshot(st, fd)
+    m, st, fd, s0, ref = _with_fused_reference(b)
     c = MegakernelStep(fd, st, b, n_sm=12, variant="auto/a4/fill").compiled
     names = [op.name for op in c.ops]
     assert names.index("attn.0") < names.index("w1fc1.0") < names.index("w2.0")
@@ -226,9 +236,6 @@ def test_fill_schedule_deals_fc1_rows_around_attention():
         with_attn = [rows.get(p, 0) for p in range(c.n_programs) if p in attn]
         without = [rows.get(p, 0) for p in range(c.n_programs) if p not in attn]
         assert with_attn and without and max(with_attn) < max(without)
-    _fused_step(m, st, fd, b)
-    ref = _snapshot(st, fd)
-    _restore(st, fd, s0)
     for n_sm in (3, 12):
         _restore(st, fd, s0)
         MegakernelStep(fd, st, b, n_sm=n_sm, variant="auto/a4/fill").run_vm()
@@ -282,11 +289,7 @@ dtype arena's base tensor is its lowest ("low": every operand offset >= 0) or it
 ("high": every other offset negative) buffer."""
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
-    m, st, fd = _setup()
-    s0 = _snapshot(st, fd)
-    _fused_step(m, st, fd, b)
-    ref = _snapshot(st, fd)
-    _restore(st, fd, s0)
+    m, st, fd, s0, ref = _with_fused_reference(b)
     from photon_core.megakernel.compiler import compile_program
 
     mk = MegakernelStep(fd, st, b, attn_per=attn_per)
@@ -373,11 +376,7 @@ def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
     the tile (vocab 486 = 30 x 16 + 6) are masked."""
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
-    m, st, fd = _setup()
-    s0 = _snapshot(st, fd)
-    _fused_step(m, st, fd, b)
-    ref = _snapshot(st, fd)
-    _restore(st, fd, s0)
+    m, st, fd, s0, ref = _with_fused_reference(b)
     mk = MegakernelStep(fd, st, b, variant=f"{gemv}/w4/s{stages}")
     assert mk.low.pipe
     mk.run_vm()
@@ -404,11 +403,7 @@ def test_pipelined_gemv_waiting_in_its_first_step_gives_the_same_bits(gemv, b, s
     from photon_core.megakernel.kernel import kernel_args
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
-    m, st, fd = _setup()
-    s0 = _snapshot(st, fd)
-    _fused_step(m, st, fd, b)
-    ref = _snapshot(st, fd)
-    _restore(st, fd, s0)
+    m, st, fd, s0, ref = _with_fused_reference(b)
     mk = MegakernelStep(fd, st, b, variant=f"{gemv}/w4/s{stages}/pre")
     assert mk.variant.pre and mk.low.pipe
     assert kernel_args(mk.compiled, mk.low, pre=True)[1]["PRE"] is True
