@@ -24,6 +24,7 @@ Usage: PYTHONPATH=. python3 bench/bench_live.py [--cams 2 --fps 10 --seconds 8 -
        PYTHONPATH=. python3 bench/bench_live.py --preset issue13     # 4 x 15 fps / 100 ms and
                                                                        # 8 x 10 fps / 150 ms, fast path
        PYTHONPATH=. python3 bench/bench_live.py --preset issue13 --crops global,overlap
+       [--megakernel on]                      # the fast engine with the megakernel at batch 1
 Issue 13's targets (4 x 15 fps, 100 ms): >= 90 % of frames on time, no camera below 80 % of
 the others' rate, mean decode batch reported. Writes $OUT/bench_live.json when OUT is set.
 """
@@ -173,6 +174,8 @@ def main():
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="run these configs one after the other (fast path only, unless --engines)")
     ap.add_argument("--engines", default=None, help="fast,reference (default: both; a preset: fast)")
+    ap.add_argument("--megakernel", default="off",
+                    help="the fast engine's EngineOptions.megakernel (off | on | a variant)")
     args = ap.parse_args()
     crop_runs = [c.strip() for c in args.crops.split(",") if c.strip()]
     for c in crop_runs:
@@ -185,7 +188,7 @@ def main():
     model = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(4)]
-    fast = FastEngine(model, max_batch=8)
+    fast = FastEngine(model, max_batch=8, megakernel=args.megakernel)
     # batched-encode graphs now, not in live traffic: every crop mode used; with two modes
     # frames per call 1/2/4 (the engine keeps at most 4 multi-frame graphs; 8 -> 4 + 4)
     modes = sorted({m for c in crop_runs for m in (("global", "overlap") if c == "mixed" else (c,))})
