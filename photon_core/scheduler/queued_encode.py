@@ -13,7 +13,7 @@ timed), or when a request of the frame ends (its Outcome carries the real encode
 
 An encoding without gpu_timing (the engine encoded synchronously: CPU, a family without the
 batched encoder) is settled with the host time of the call, exactly as a synchronous encode
-is measured.
+is measured (the scheduler measures those at once through the same record: _encode_call).
 """
 from __future__ import annotations
 

@@ -511,22 +511,7 @@ class Scheduler:
         return None
 
     def _encode_many(self, frames: list[Frame]) -> None:
-        if self._queued_encode:
-            self._encode_queued(frames, batched=True)
-            return
-        t0 = self.clock.now()
-        encs = encode_batch(self.engine, [f.image for f in frames])
-        ms = (self.clock.now() - t0) * 1e3
-        setup = sum(getattr(e, "setup_ms", 0.0) or 0.0 for e in encs)
-        self.cost.observe_encode_batch([f.image for f in frames], max(ms - setup, 0.0))
-        self.engine_ms["encode"] += ms
-        self.counts["encode_calls"] += 1
-        for f, enc in zip(frames, encs):
-            f.enc, f.encode_ms = enc, ms / len(frames)
-            self._encode_seen_at[encode_key(f.image)] = self.clock.now()
-        self.counts["encodes"] += len(frames)
-        self.counts["encode_batches"] += 1
-        self.encode_batch_sizes[len(frames)] += 1
+        self._encode_call(frames, batched=True)
 
     def _probe_due(self, r: TaskRequest, now: float) -> bool:
         """An encode probe is due: frame not encoded, nothing running, and the encode of its
@@ -585,41 +570,36 @@ class Scheduler:
         return r.started or r.ended
 
     def _encode(self, frame: Frame) -> None:
-        if self._queued_encode:
-            self._encode_queued([frame], batched=False)
-            return
-        t0 = self.clock.now()
-        enc = self.engine.encode_image(frame.image)
-        frame.encode_ms = (self.clock.now() - t0) * 1e3
-        frame.enc = enc
-        self.engine_ms["encode"] += frame.encode_ms
-        self.counts["encode_calls"] += 1
-        # one-time setup inside this encode (the fast path captures a CUDA graph for a new
-        # crop tiling: ~0.3 s once) is not what the next frame will cost
-        setup = getattr(enc, "setup_ms", 0.0) or 0.0
-        self.cost.observe_encode(frame.image, max(frame.encode_ms - setup, 0.0))
-        self._encode_seen_at[encode_key(frame.image)] = self.clock.now()
-        self.counts["encodes"] += 1
+        self._encode_call([frame], batched=False)
 
-    def _encode_queued(self, frames: list[Frame], batched: bool) -> None:
-        """Encode without waiting for the device (queued_encode.py): the frames get their
-        encodings now (their tasks can start, the prefills queued behind the encode), their
-        encode_ms and the cost model once the encode is settled. Raises as the synchronous
-        encode does, before anything is recorded."""
+    def _encode_call(self, frames: list[Frame], batched: bool) -> None:
+        """One engine encode call for `frames` (encode_batch when batched). The frames get
+        their encodings now; the call is then measured (_measure: the frames' encode_ms,
+        engine_ms, the cost model, setup_ms left out of it) - at once with the call's time
+        on the scheduler's clock, or, for an engine that queues encodes (queued_encode.py),
+        once settled: their tasks can start first, the prefills queued behind the encode.
+        Raises, before anything is recorded, when the engine does."""
+        queued = self._queued_encode
+        images = [f.image for f in frames]
         t0 = self.clock.now()
         if batched:
-            encs = encode_batch(self.engine, [f.image for f in frames], sync=False)
+            encs = encode_batch(self.engine, images, sync=not queued)
         else:
-            encs = [self.engine.encode_image(frames[0].image, sync=False)]
+            encs = [self.engine.encode_image(images[0], sync=False) if queued
+                    else self.engine.encode_image(images[0])]
         ms = (self.clock.now() - t0) * 1e3
         self.counts["encode_calls"] += 1
-        for f, enc in zip(frames, encs):
-            f.enc, f.encode_ms = enc, ms / len(frames)    # the host's, until settled
         self.counts["encodes"] += len(frames)
         if batched:
             self.counts["encode_batches"] += 1
             self.encode_batch_sizes[len(frames)] += 1
-        self._pending.append(QueuedEncode(list(frames), encs, ms, batched))
+        for f, enc in zip(frames, encs):
+            f.enc, f.encode_ms = enc, ms / len(frames)    # queued: the host's, until settled
+        q = QueuedEncode(list(frames), encs, ms, batched)
+        if queued:
+            self._pending.append(q)
+        else:
+            self._measure(q, q.host_split())
 
     def _settle_encodes(self, frame: Frame | None = None) -> None:
         """Measure the queued encodes (all, or the one of `frame`): the device time of each
@@ -632,22 +612,29 @@ class Scheduler:
         self._pending = [q for q in self._pending if not any(q is d for d in done)]
         for q in done:
             try:
-                per, ms = q.settle()
+                times = q.settle()
             except Exception as e:  # noqa: BLE001 - a timing read; the host's time instead
                 self.counts["encode_timing_errors"] += 1
                 log.warning("reading the device time of an encode failed: %r", e)
-                per, ms = q.host_split()
-            images = [f.image for f in q.frames]
-            cost_ms = max(ms - setup_ms(q.encs), 0.0)
-            if q.batched:
-                self.cost.observe_encode_batch(images, cost_ms)
-            else:
-                self.cost.observe_encode(images[0], cost_ms)
-            self.engine_ms["encode"] += ms
-            now = self.clock.now()
-            for f, m in zip(q.frames, per):
-                f.encode_ms = m
-                self._encode_seen_at[encode_key(f.image)] = now
+                times = q.host_split()
+            self._measure(q, times)
+
+    def _measure(self, q: QueuedEncode, times: tuple[list[float], float]) -> None:
+        """An encode call's (per frame ms, call ms) into the frames' encode_ms, engine_ms
+        and the cost model (one-time setup inside the call, a graph capture, left out: it is
+        not what the next frame will cost)."""
+        per, ms = times
+        images = [f.image for f in q.frames]
+        cost_ms = max(ms - setup_ms(q.encs), 0.0)
+        if q.batched:
+            self.cost.observe_encode_batch(images, cost_ms)
+        else:
+            self.cost.observe_encode(images[0], cost_ms)
+        self.engine_ms["encode"] += ms
+        now = self.clock.now()
+        for f, m in zip(q.frames, per):
+            f.encode_ms = m
+            self._encode_seen_at[encode_key(f.image)] = now
 
     def _start(self, r: TaskRequest) -> None:
         frame = r.frame
