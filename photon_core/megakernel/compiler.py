@@ -23,6 +23,7 @@
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -150,7 +151,6 @@ def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
     GEMV tiles, but each costs ~7 us of latency, so one program carried 120 of the 3072
     attention instructions and attention alone took 0.8 ms per step; a GEMV op's tiles
     are at most n_sm anyway)."""
-    import heapq
     free = [0.0] * n_sm
     op_end: dict[int, float] = {}
     out: list[Instr] = []
@@ -206,7 +206,6 @@ def _fill(group: list[Instr], free: list[float], op_end: dict[int, float]) -> li
     last) dealt out one at a time to the program that would finish it first (so programs
     busy longer - e.g. with an attention instruction - get fewer rows), then each
     program's blocks merged into one instruction of consecutive rows (programs in order)."""
-    import heapq
     first = group[0]
     ready = max((op_end[c] for c, _ in first.waits), default=0.0)
     fixed = INSTR_US
@@ -239,15 +238,17 @@ def _fill(group: list[Instr], free: list[float], op_end: dict[int, float]) -> li
 
 def fill_order(ops: list[ProgramOp]) -> list[ProgramOp]:
     """ops with every fill-marked op moved just after the attention op that follows it
-    (neither reads the other's output: the lowering's order of the rest is kept)."""
+    (none of the ops moved past reads its output: the lowering's order of the rest is
+    kept)."""
     out = list(ops)
     for op in ops:
         if not op.params.get("fill"):
             continue
         k = out.index(op)
         j = next((i for i in range(k + 1, len(out)) if out[i].kind == OP_ATTN), None)
-        if j is None or op.name in out[j].after or out[j].name in op.after \
-                or any(op.name in o.after for o in out[k + 1:j + 1]):
+        # (the ops it would move past, the attention included, must not read its output; it
+        # cannot read theirs: they come after it in program order)
+        if j is None or any(op.name in o.after for o in out[k + 1:j + 1]):
             continue
         out.insert(j, out.pop(k))
     return out
