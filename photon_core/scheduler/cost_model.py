@@ -336,6 +336,11 @@ class TokenEstimator:
         p = self.prior(task)
         return [p, 0.5 * p, 0]
 
+    def measured(self, key: tuple) -> bool:
+        """Whether key's estimate rests on a measurement (its own, or its task name's pooled
+        over streams) rather than the skill's prior."""
+        return key in self.stats or ("*", key[-1]) in self.stats
+
     def estimate(self, key: tuple, task: Task, conservative: bool = True) -> float:
         mean, dev, _ = self._get(key, key[-1], task)
         est = mean + (self.k * dev + 1.0 if conservative else 0.0)

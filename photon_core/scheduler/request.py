@@ -100,6 +100,7 @@ class TaskRequest:
     start_failures: int = 0      # engine.start / encode raised while other runs were open
     ended: bool = False
     probe: bool = False          # started although the cost model called it hopeless (a task probe)
+    admissible: bool = True      # on arrival, admission would start it on an idle engine (Scheduler._admissible)
 
     @property
     def stream(self) -> str:
