@@ -312,7 +312,7 @@ class TokenEstimator:
     as fall-backs. `conservative` adds k mean absolute deviations (admission uses it)."""
 
     alpha: float = 0.25
-    k: float = 1.5
+    k: float = 2.0                # 1.5 until the per-task probes: see docs/benchmarks.md, session 7
     # A (stream, task) key with fewer observations than this is estimated from the task
     # name's pooled stats when those have more: one stream's first result must not give it a
     # looser estimate (dev starts at a quarter of the steps) than the streams served longer,

@@ -77,7 +77,7 @@ def test_no_hold_and_no_reordering_at_light_load():
 def test_health_warns_for_a_starved_camera_with_a_reason():
     got, s, _ = run_ticks(policy=Policy(fair=False), ticks=40)
     h = s.stream_health()
-    assert got[3] <= 5 and h["cam3"].level == "warn"
+    assert got[3] <= 0.2 * max(got) and h["cam3"].level == "warn", got
     assert "not answered" in h["cam3"].reason and h["cam3"].skipped_frac > 0.5
     assert h["cam3"].result_rate_hz < 0.5 * h["cam0"].result_rate_hz
     assert all(h[c].level == "ok" for c in ("cam0", "cam1", "cam2")), h
