@@ -175,7 +175,7 @@ def main():
                     help="run these configs one after the other (fast path only, unless --engines)")
     ap.add_argument("--engines", default=None, help="fast,reference (default: both; a preset: fast)")
     ap.add_argument("--megakernel", default="off",
-                    help="the fast engine's EngineOptions.megakernel (off | on | a variant)")
+                    help="the fast engine's EngineOptions.megakernel (auto | off | on | a variant)")
     args = ap.parse_args()
     crop_runs = [c.strip() for c in args.crops.split(",") if c.strip()]
     for c in crop_runs:

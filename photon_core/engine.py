@@ -49,12 +49,14 @@ class EngineOptions:
       a Triton with triton.language.extra.cuda.gdc_*; ops/pdl.py): each starts while the one
       before finishes. Same results; ignored elsewhere (CPU, interpreter, older GPUs).
     megakernel: the fast path's decode forward (feedback + decoder + row advance) as one
-      persistent megakernel launch per step (photon_core/megakernel; opt-in): "off", "on"
-      (the measured best variant at batch 1, where it beats the fused graph: 0.963 vs 1.099
-      ms deterministic / 1.025 split-K on the H200; larger buckets keep the fused forward:
-      docs/benchmarks.md),
+      persistent megakernel launch per step (photon_core/megakernel): "off" (the default,
+      until the GPU test suite and the cold start have run with "auto" on the H200), "auto"
+      ("on" on a Hopper GPU, sm_90, where it was measured to win; "off" elsewhere), "on"
+      (the measured best variant at batch 1, where it beats the fused graph: 0.963 vs
+      1.099 ms deterministic / 1.025 split-K on the H200, the same greedy tokens as the
+      deterministic fused graph; larger buckets keep the fused forward: docs/benchmarks.md),
       or a variant string ("pipe_fma@8x1024/w4/s3/p2", megakernel_step.Variant: every
-      bucket it can lower).
+      bucket it can lower; "auto/w8" = the default GEMV choice).
       Needs the fused backend; where the megakernel cannot serve the model (no lowering
       for the family's ops, no CUDA / cooperative launch) the fused backend runs and the
       reason is logged (FastEngine.metrics()["megakernel_fallback"]).
@@ -88,9 +90,9 @@ class EngineOptions:
         if not isinstance(self.pdl, bool):
             raise ValueError(f"pdl must be a bool, not {self.pdl!r}")
         if not isinstance(self.megakernel, str):
-            raise ValueError(f"megakernel must be 'off', 'on' or a variant string, not "
+            raise ValueError(f"megakernel must be 'auto', 'off', 'on' or a variant string, not "
                              f"{self.megakernel!r}")
-        if self.megakernel not in ("off", "on"):
+        if self.megakernel not in ("auto", "off", "on"):
             try:
                 from .megakernel.megakernel_step import Variant
             except ImportError:      # no triton: the engine falls back (and says why)

@@ -56,7 +56,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "dtype": "fp32",
     "engine": "auto",              # auto (fast path on CUDA) | reference | fast
     "deterministic": False,        # fast path: same bits every run (no split-K atomics)
-    "megakernel": "off",           # fast path, batch 1: off | on | a variant (EngineOptions)
+    "megakernel": "off",           # fast path, batch 1: off | auto (on on Hopper) | on | a variant (EngineOptions)
     "max_batch": 4,
     "annotate": False,
     "publish_vision_msgs": True,   # vision_msgs/Detection2DArray too, where importable
@@ -410,9 +410,9 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
         raise ConfigError(f"default_on_miss must be one of {', '.join(ON_MISS)}")
     if kw.get("engine", "auto") not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {kw['engine']!r}")
-    if kw.get("megakernel", "off") != "off":
+    if kw.get("megakernel", "auto") not in ("auto", "off"):
         from photon_core.engine import EngineOptions
-        try:       # "off" | "on" | a megakernel_step.Variant string (the engine's own check)
+        try:       # "on" | a megakernel_step.Variant string (the engine's own check)
             EngineOptions(megakernel=kw["megakernel"])
         except ValueError as e:
             raise ConfigError(f"megakernel: {e}") from None

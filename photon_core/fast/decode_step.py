@@ -18,7 +18,7 @@ host. The host never feeds a value back.
 
 Backends (EngineOptions.fused): eager_backend.py (the ops' torch references; equal to the
 reference path bit for bit in fp32) or fused_backend.py (the Triton kernels: "auto" = on CUDA
-for bf16/fp16 models when triton imports); EngineOptions.megakernel (opt-in): the fused
+for bf16/fp16 models when triton imports); EngineOptions.megakernel ("auto": on a Hopper GPU): the fused
 backend with its forward as one megakernel launch (megakernel/megakernel_backend.py), or the
 fused backend with the reason logged where the megakernel cannot serve the model.
 """
@@ -70,10 +70,16 @@ class StepState:
                                       pdl=options.pdl)
         self.backend = self.fused or self.eager
         self.megakernel, self.megakernel_fallback = None, ""
-        if options.megakernel != "off":       # opt-in: megakernel_backend.py
+        spec = options.megakernel
+        if spec == "auto":                    # on where measured to win (megakernel_backend)
+            try:
+                from ..megakernel.megakernel_backend import auto_spec
+                spec = auto_spec(self.fused)
+            except ImportError:               # no triton: the fused backend is off too
+                spec = "off"
+        if spec != "off":
             from ..megakernel.megakernel_backend import pick_backend
-            self.megakernel, self.megakernel_fallback = pick_backend(self.fused, self,
-                                                                     options.megakernel)
+            self.megakernel, self.megakernel_fallback = pick_backend(self.fused, self, spec)
             self.backend = self.megakernel or self.backend
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, kind: int,

@@ -24,6 +24,19 @@ from .megakernel_step import MegakernelStep, Variant
 log = logging.getLogger(__name__)
 
 
+def auto_spec(fd) -> str:
+    """EngineOptions.megakernel "auto" (the default) -> "on" where the megakernel was measured
+    to win (a Hopper GPU, sm_90: the H200, docs/benchmarks.md) under the fused backend `fd`,
+    else "off" (other GPUs: not measured; the CPU and the interpreter: far slower than the
+    fused kernels there)."""
+    if fd is None or interpreted():
+        return "off"
+    dev = torch.device(fd.x.device)
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
+        return "off"
+    return "on"
+
+
 def resolve_variant(spec: str) -> Variant | None:
     """EngineOptions.megakernel -> the Variant to build (None: "off"). "on": the measured
     best b=1 build on the H200 (docs/benchmarks.md, session 6) on CUDA, Variant() under the

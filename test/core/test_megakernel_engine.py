@@ -74,7 +74,7 @@ class Launches:
 
 
 def _engines(model, rows, spec="on"):
-    fu = FastEngine(model, max_batch=rows, fused="on")
+    fu = FastEngine(model, max_batch=rows, fused="on", megakernel="off")
     mk = FastEngine(model, max_batch=rows, fused="on", megakernel=spec)
     from photon_core.megakernel.megakernel_backend import MegakernelBackend
     assert isinstance(mk.state.backend, MegakernelBackend), mk.state.megakernel_fallback
@@ -104,7 +104,7 @@ def test_batch_1_every_skill_matches_fused(model, encs, monkeypatch):
 
 @cpu_only
 def test_batch_2_mixed_skills_with_zombies_match_fused(model, encs, monkeypatch):
-    fu, mk = _engines(model, 2, spec="auto")     # a variant string: every bucket
+    fu, mk = _engines(model, 2, spec="auto/w8")   # a variant string: every bucket
     n = Launches(monkeypatch)
     mk.decoder.record = True
     zombies = 0
@@ -167,6 +167,28 @@ def test_variant_option_is_validated_and_used(model, encs):
     fu = FastEngine(model, max_batch=1, fused="on")
     assert same(fu.run(encs[0], t), mk.run(encs[0], t))
     fu.close(), mk.close()
+
+
+@cpu_only
+def test_auto_is_the_default_and_picks_by_gpu(model, monkeypatch):
+    """EngineOptions.megakernel="auto": on the CPU (and under the interpreter) it resolves to
+    "off" quietly - the fused backend serves, nothing is compiled; on a CUDA device it is
+    "on" for a Hopper GPU (sm_90, where it was measured to win) and "off" for others."""
+    from types import SimpleNamespace
+
+    from photon_core.megakernel import megakernel_backend as mb
+    fe = FastEngine(model, max_batch=1, fused="on", megakernel="auto")
+    assert fe.state.megakernel is None and fe.state.backend is fe.state.fused
+    assert fe.metrics()["megakernel"] is None and fe.metrics()["megakernel_fallback"] == ""
+    fe.close()
+    assert mb.auto_spec(None) == "off"
+    cuda_fd = SimpleNamespace(x=SimpleNamespace(device="cuda:0"))
+    assert mb.auto_spec(cuda_fd) == "off"                # the interpreter: never
+    monkeypatch.setattr(mb, "interpreted", lambda: False)
+    for cap, want in (((9, 0), "on"), ((8, 0), "off"), ((10, 0), "off")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=cap: c)
+        assert mb.auto_spec(cuda_fd) == want, cap
+    assert mb.auto_spec(SimpleNamespace(x=SimpleNamespace(device="cpu"))) == "off"
 
 
 @cpu_only

@@ -200,6 +200,7 @@ def test_megakernel_parameter_reaches_the_engine_options(monkeypatch):
 
     from photon_ros import live_pipeline
     assert config_from_params(_params()).megakernel == "off"
+    assert config_from_params({**_params(), "megakernel": "auto"}).megakernel == "auto"
     assert config_from_params({**_params(), "megakernel": True}).megakernel == "on"
     assert config_from_params({**_params(), "megakernel": False}).megakernel == "off"
     cfg = config_from_params({**_params(), "megakernel": "pipe_fma@8x1024/w4/s3/p2"})
