@@ -35,6 +35,7 @@ from .engine import count_prompt_tokens, encodes_queued, engine_capacity, step_b
 from .fairness import FairShare
 from .latest_frame import LatestFrameTable
 from .load_shedding import BatchLimiter
+from .probes import Probes
 from .queued_encode import QueuedEncode, setup_ms
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
                       TaskRequest, TaskSpec)
@@ -114,7 +115,7 @@ def _finished_early(run: Any) -> bool:
     return bool(v() if callable(v) else v)
 
 
-class Scheduler:
+class Scheduler(Probes):
     def __init__(self, engine: Any, cost_model: CostModel | None = None, *,
                  clock: Clock | None = None, policy: Policy | None = None,
                  max_batch: int | None = None, tokens: TokenEstimator | None = None,
@@ -530,98 +531,6 @@ class Scheduler:
 
     def _encode_many(self, frames: list[Frame]) -> None:
         self._encode_call(frames, batched=True)
-
-    def _probe_due(self, r: TaskRequest, now: float) -> bool:
-        """An encode probe is due: frame not encoded, nothing running, and the encode of its
-        size and crop mode (encode_key: a global-crop camera's cheap encodes do not stand in
-        for a full-crop camera of the same size) last measured probe_after_s ago (or never
-        since the scheduler started)."""
-        p = self.policy.probe_after_s
-        return (p > 0 and not self.live and not r.frame.encoded
-                and now - self._encode_seen_at.get(encode_key(r.frame.image), self._t0) >= p)
-
-    def _encode_probe(self, r: TaskRequest, now: float) -> bool:
-        """Encode r's frame now to re-measure its cost (see Policy.probe_after_s); True if it
-        did. The encoding is kept: the frame's requests start without encoding again."""
-        if not self._probe_due(r, now):
-            return False
-        self.counts["probes"] += 1
-        try:
-            self._encode(r.frame)
-            self._settle_encodes(r.frame)         # the probe's point: its cost, now
-        except Exception as e:  # noqa: BLE001 - _start reports it if the request starts
-            log.warning("encode probe of a %s frame failed: %r", r.frame.stream, e)
-            self._encode_seen_at[encode_key(r.frame.image)] = self.clock.now()
-            return False
-        return True
-
-    def _task_probe_wanted(self, r: TaskRequest, now: float) -> bool:
-        """r wants a task probe (see Policy.task_probe_after_s): r is periodic, not started,
-        can still make its deadline if the estimates are wrong, admission refused it even on
-        an idle engine on arrival (not merely crowded out by an overload), and either no
-        task of its stream has started for task_probe_after_s (every estimate too high), or
-        its own task has not, and that task's steps were never measured (the skill's prior:
-        a stream whose detect runs every frame while its point task's prior made it hopeless
-        would never learn the point task's real steps; found by test_scheduler_properties:
-        point skipped 150 / 150)."""
-        p = self.policy.task_probe_after_s
-        if not (p > 0 and r.kind == PERIODIC and not r.admissible and not r.started
-                and now < r.deadline):
-            return False
-        if now - self._stream_started.get(r.stream, now) >= p:
-            return True
-        return (not self.tokens.measured(r.key)
-                and now - self._key_started.get(r.key, now) >= p)
-
-    def _probe_wait(self, r: TaskRequest, now: float) -> bool:
-        """Whether hopeless r, whose task probe could not start now, waits for it (True) or
-        is skipped: a request of a task whose steps were never measured waits while its
-        probe is wanted and can still start before its deadline - once the running work
-        ends, or when the pause after the last probe is over (the scheduler wakes then); a
-        busy engine would otherwise skip it on arrival, every time. (A measured task's probe
-        starts only when it finds the engine idle: waiting would start it with less time
-        left, and its miss would be real; the simulator's 2x-overload rows showed ~1 %.)"""
-        if not self._unmeasured_probe(r, now):
-            return False
-        if self.live:
-            return True
-        if self._task_probe_ok_at >= r.deadline:
-            return False
-        self.wake_at = self._task_probe_ok_at if self.wake_at is None \
-            else min(self.wake_at, self._task_probe_ok_at)
-        return True
-
-    def _unmeasured_probe(self, r: TaskRequest, now: float) -> bool:
-        return not self.tokens.measured(r.key) and self._task_probe_wanted(r, now)
-
-    def _task_probe_due(self, r: TaskRequest, now: float) -> bool:
-        """A task probe starts now: wanted, nothing runs, and the pause after the last probe
-        is over."""
-        return (not self.live and now >= self._task_probe_ok_at
-                and self._task_probe_wanted(r, now))
-
-    def _task_probe(self, r: TaskRequest, now: float) -> bool:
-        """Start a task probe for r's stream if one is due; True if r was started (or ended
-        trying). The probe is the stream's waiting request with the most time left (a task
-        with a deadline no engine meets would teach nothing: cut at once, its stream's other
-        tasks never re-measured). Its encode, prefill and steps are measured as any run's; it
-        is not protected by admission (its Load is not checked)."""
-        if not self._task_probe_due(r, now):
-            return False
-        best = max((q for q in self.queue if q.stream == r.stream and not q.ended
-                    and self._task_probe_due(q, now)), key=lambda q: (q.deadline, -q.seq),
-                   default=r)
-        if best is not r:
-            self._task_probe(best, now)
-            return False                          # r itself: skipped as hopeless
-        r.probe = True
-        self.counts["task_probes"] += 1
-        log.info("task probe: %s/%s started although estimated hopeless (estimates re-measured)",
-                 r.stream, r.spec.name)
-        self._start(r)
-        if not r.started and not r.ended:        # start failed and was re-queued
-            r.probe = False
-        return r.started or r.ended
 
     def _encode(self, frame: Frame) -> None:
         self._encode_call([frame], batched=False)
