@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from . import admission
 from .cost_model import encode_key
 from .request import PERIODIC, TaskRequest
 
@@ -90,7 +91,12 @@ class Probes:
         return True
 
     def _unmeasured_probe(self, r: TaskRequest, now: float) -> bool:
-        return not self.tokens.measured(r.key) and self._task_probe_wanted(r, now)
+        """A wanted probe of a task never measured, which could make its deadline with one
+        step (a deadline shorter than the encode + prefill alone is not a matter of steps:
+        such requests are skipped at once, as before)."""
+        return (not self.tokens.measured(r.key) and self._task_probe_wanted(r, now)
+                and not admission.hopeless(now, self._start_ms(r), 1, r.deadline,
+                                           self.cost.step_ms))
 
     def _task_probe_due(self, r: TaskRequest, now: float) -> bool:
         """A task probe starts now: wanted, nothing runs, and the pause after the last probe
