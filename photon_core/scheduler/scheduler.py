@@ -303,12 +303,17 @@ class Scheduler(Probes):
         margins)? One that would not, on arrival, wants a task probe once its (stream, task)
         has not run for a while (_task_probe_wanted)."""
         try:
-            p = self.policy
-            return admission.fits(now, self._start_ms(r) * p.safety, self._load(r, now), [],
-                                  p.max_batch, lambda b: self.cost.step_ms(b) * p.safety,
-                                  p.margin_s)
+            return self._fits(now, self._start_ms(r), self._load(r, now), [],
+                              self.policy.max_batch)
         except Exception:  # noqa: BLE001 - a cost hint only
             return True
+
+    def _fits(self, now: float, start_ms: float, cand: admission.Load, live: list,
+              mb: int) -> bool:
+        """Admission's check with the policy's safety factor and margin."""
+        p = self.policy
+        return admission.fits(now, start_ms * p.safety, cand, live, mb,
+                              lambda b: self.cost.step_ms(b) * p.safety, p.margin_s)
 
     def _rank(self, r: TaskRequest) -> tuple:
         if self.policy.order == FIFO:
@@ -414,8 +419,7 @@ class Scheduler(Probes):
                 continue
             cand = self._load(r, now)
             live = [self._load(x, now) for x in self.live]
-            ok = n_live < mb and admission.fits(
-                now, start_ms * p.safety, cand, live, mb, step_fn, p.margin_s)
+            ok = n_live < mb and self._fits(now, start_ms, cand, live, mb)
             if ok:
                 if not r.frame.encoded and self._batch_encode:
                     self._start_group(r, start_ms, ordered[i + 1:], live, mb, step_fn, waiting)
