@@ -174,7 +174,7 @@ def main():
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="run these configs one after the other (fast path only, unless --engines)")
     ap.add_argument("--engines", default=None, help="fast,reference (default: both; a preset: fast)")
-    ap.add_argument("--megakernel", default="off",
+    ap.add_argument("--megakernel", default="auto",
                     help="the fast engine's EngineOptions.megakernel (auto | off | on | a variant)")
     args = ap.parse_args()
     crop_runs = [c.strip() for c in args.crops.split(",") if c.strip()]

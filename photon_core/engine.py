@@ -49,9 +49,9 @@ class EngineOptions:
       a Triton with triton.language.extra.cuda.gdc_*; ops/pdl.py): each starts while the one
       before finishes. Same results; ignored elsewhere (CPU, interpreter, older GPUs).
     megakernel: the fast path's decode forward (feedback + decoder + row advance) as one
-      persistent megakernel launch per step (photon_core/megakernel): "off" (the default,
-      until the GPU test suite and the cold start have run with "auto" on the H200), "auto"
-      ("on" on a Hopper GPU, sm_90, where it was measured to win; "off" elsewhere), "on"
+      persistent megakernel launch per step (photon_core/megakernel): "auto" (the
+      default: "on" on a Hopper GPU, sm_90, where it was measured to win; "off" elsewhere),
+      "off", "on"
       (the measured best variant at batch 1, where it beats the fused graph: 0.963 vs
       1.099 ms deterministic / 1.025 split-K on the H200, the same greedy tokens as the
       deterministic fused graph; larger buckets keep the fused forward: docs/benchmarks.md),
@@ -71,7 +71,7 @@ class EngineOptions:
     encoder: str = "auto"
     deterministic: bool = False
     pdl: bool = False
-    megakernel: str = "off"
+    megakernel: str = "auto"
     max_batch: int = 8
     kv_capacity: int | None = None
 

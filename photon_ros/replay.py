@@ -435,7 +435,7 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
 
 
 def load_model_for(spec: str, device: str = "cpu", dtype: str = "fp32", engine: str = "auto",
-                   deterministic: bool = False, megakernel: str = "off"):
+                   deterministic: bool = False, megakernel: str = "auto"):
     from photon_core import load_engine
     from photon_core.engine import EngineOptions
 

@@ -56,7 +56,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "dtype": "fp32",
     "engine": "auto",              # auto (fast path on CUDA) | reference | fast
     "deterministic": False,        # fast path: same bits every run (no split-K atomics)
-    "megakernel": "off",           # fast path, batch 1: off | auto (on on Hopper) | on | a variant (EngineOptions)
+    "megakernel": "auto",          # fast path, batch 1: auto (on on Hopper) | off | on | a variant (EngineOptions)
     "max_batch": 4,
     "annotate": False,
     "publish_vision_msgs": True,   # vision_msgs/Detection2DArray too, where importable
@@ -139,7 +139,7 @@ class PerceptionConfig:
     dtype: str = "fp32"
     engine: str = "auto"
     deterministic: bool = False
-    megakernel: str = "off"
+    megakernel: str = "auto"
     max_batch: int = 4
     annotate: bool = False
     publish_vision_msgs: bool = True

@@ -176,8 +176,10 @@ def test_auto_is_the_default_and_picks_by_gpu(model, monkeypatch):
     "on" for a Hopper GPU (sm_90, where it was measured to win) and "off" for others."""
     from types import SimpleNamespace
 
+    from photon_core.engine import EngineOptions
     from photon_core.megakernel import megakernel_backend as mb
-    fe = FastEngine(model, max_batch=1, fused="on", megakernel="auto")
+    assert EngineOptions().megakernel == "auto"
+    fe = FastEngine(model, max_batch=1, fused="on")
     assert fe.state.megakernel is None and fe.state.backend is fe.state.fused
     assert fe.metrics()["megakernel"] is None and fe.metrics()["megakernel_fallback"] == ""
     fe.close()

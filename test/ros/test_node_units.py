@@ -199,7 +199,7 @@ def test_megakernel_parameter_reaches_the_engine_options(monkeypatch):
     import photon_core
 
     from photon_ros import live_pipeline
-    assert config_from_params(_params()).megakernel == "off"
+    assert config_from_params(_params()).megakernel == "auto"
     assert config_from_params({**_params(), "megakernel": "auto"}).megakernel == "auto"
     assert config_from_params({**_params(), "megakernel": True}).megakernel == "on"
     assert config_from_params({**_params(), "megakernel": False}).megakernel == "off"
