@@ -178,7 +178,7 @@ def e2e(engine_or_model, frame, task, iters, fast=True):
 def attention_variants(model, kv):
     res = {}
     for variant in ("sdpa", "matmul"):
-        eng = FastEngine(model, max_batch=1, kv_capacity=kv, attention=variant)
+        eng = FastEngine(model, max_batch=1, kv_capacity=kv, attention=variant, megakernel="off")
         res[variant] = graph_step_ms(eng, 1)
         eng.close()
         del eng
@@ -270,7 +270,7 @@ def deterministic_check(engine, model, enc, kv):
     """FastEngine(deterministic=True) vs the default engine: graph replay ms at batch 1 and 8,
     and whether two identical query runs (prefill + 24 steps) leave the same bits (final
     hidden state and the row's k/v) in each engine."""
-    det = FastEngine(model, max_batch=8, kv_capacity=kv, deterministic=True)
+    det = FastEngine(model, max_batch=8, kv_capacity=kv, deterministic=True, megakernel="off")
     res = {}
     for name, e in (("default", engine), ("deterministic", det)):
         e.pipelined = True
@@ -347,7 +347,9 @@ def main():
 
     model = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     t0 = time.perf_counter()
-    engine = FastEngine(model, max_batch=8, kv_capacity=args.kv)
+    # the fused graph's figures (their history in docs/benchmarks.md); the megakernel that
+    # serves bucket 1 on Hopper by default has its own bench (bench_megakernel.py)
+    engine = FastEngine(model, max_batch=8, kv_capacity=args.kv, megakernel="off")
     try:     # before any row is in use: capturing the torch prefill writes k/v of row 0
         out["prompt_prefill_ms"] = prompt_prefill_ms(engine, model)
         say(f"prompt prefill (graph replay, ms): {out['prompt_prefill_ms']}")

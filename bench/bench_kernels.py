@@ -345,7 +345,8 @@ def main():
     engines = {}
     for mode in ("off", "on"):
         t0 = time.perf_counter()
-        engines[mode] = FastEngine(model, max_batch=8, kv_capacity=args.kv, fused=mode)
+        engines[mode] = FastEngine(model, max_batch=8, kv_capacity=args.kv, fused=mode,
+                                    megakernel="off")
         say(f"engine fused={mode}: build + capture {time.perf_counter() - t0:.1f} s")
     prev, fused = engines["off"], engines["on"]
     assert fused.state.fused is not None and prev.state.fused is None

@@ -10,7 +10,7 @@ Phases (child processes):
             default variant) = its compile; warm: the same in a new process = the cached start
   fused     copy bandwidth -> floor = (decoder weights incl. lm head + k/v at positions
             POS - r) / bandwidth;
-            per batch (1, 8): step = forward (feedback, decoder, row advance) + lm head pick,
+            per batch (--batches, default 1 and 8): step = forward (feedback, decoder, row advance) + lm head pick,
               fused graph (pdl off / on; deterministic mode and the default split-K mode),
               each the median of 5 x (20 back-to-back replays between two events) / 20; greedy: 64 steps from the same state, text rows:
               fused (pdl off) = reference, fused pdl on must give the same bits
@@ -23,6 +23,7 @@ Phases (child processes):
 
 Usage: PYTHONPATH=. python3 bench/bench_megakernel.py [--timeout 420] [--steps 64]
            [--variants1 V,V,...] [--variants8 V,...]   (V: megakernel_step.Variant strings)
+           [--batches 1,8]   (b=1 runs --variants1, every other b --variants8)
            [--skip-compile] [--reserve 90]
        PYTHONPATH=. TRITON_INTERPRET=1 python3 bench/bench_megakernel.py --smoke
            (CPU: the same code paths on the tiny fp32 model, no graphs, no timing value)
@@ -87,7 +88,8 @@ class Ctx:
                                             seed=0)
             self.kv_cap, self.pos0 = KV, POS
         self.eng = FastEngine(self.model, max_batch=b_max, kv_capacity=self.kv_cap,
-                              deterministic=True, fused="on", graphed_prefill=False,
+                              deterministic=True, fused="on", megakernel="off",
+                              graphed_prefill=False,
                               graphed_encoder=False, detok_thread=False, warmup=False)
         self.st = self.eng.state
         self.fd = self.st.fused
@@ -201,6 +203,14 @@ def _variants(args, b: int = 1) -> list[str]:
     from photon_core.megakernel.megakernel_step import Variant
     return [str(Variant.parse(v)) for v in
             (args.variants1 if b == 1 else args.variants8).split(",")]
+
+
+def _batches(args) -> tuple[int, ...]:
+    """--batches: the batch sizes measured (1..8); b=1 takes --variants1, the others
+    --variants8."""
+    bs = tuple(int(x) for x in args.batches.split(","))
+    assert bs and all(1 <= x <= 8 for x in bs), bs
+    return bs
 
 
 def _greedy(c, b, steps, step_fn):
@@ -377,7 +387,7 @@ def child_fused(args):
     bw, wbytes = _bandwidth_and_bytes(c, args)
     res = {"copy_TBps": bw / 1e12, "decoder_GB": wbytes / 1e9}
     say(f"copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
-    for b in (1, 8):
+    for b in _batches(args):
         row = res.setdefault(f"b{b}", {})
         try:
             _fused_baselines(c, b, args, row, wbytes, bw)
@@ -392,10 +402,11 @@ def child_mk(args):
     t_start = time.perf_counter()
     c = Ctx(args.smoke, 8)
     res = {"variants1": args.variants1, "variants8": args.variants8}
-    v1, v8 = _variants(args, 1), _variants(args, 8)
-    # jobs in priority order: the first variant at b=1 and b=8, then the others
-    jobs = [(1, v1[0]), (8, v8[0])] + [(1, v) for v in v1[1:]] + [(8, v) for v in v8[1:]]
-    base, mks = {}, {1: {}, 8: {}}
+    vs_of = {b: _variants(args, b) for b in _batches(args)}
+    # jobs in priority order: the first variant of every batch, then the others
+    jobs = [(b, v[0]) for b, v in vs_of.items()] + [(b, x) for b, v in vs_of.items()
+                                                     for x in v[1:]]
+    base, mks = {}, {b: {} for b in vs_of}
 
     for b, vs in jobs:
         row = res.setdefault(f"b{b}", {})
@@ -423,6 +434,7 @@ def run_child(mode, args, env, timeout):
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
            "--variants1", args.variants1, "--variants8", args.variants8,
+           "--batches", args.batches,
            "--budget", str(max(10.0, timeout - args.reserve))] + (
         ["--smoke"] if args.smoke else [])
     try:
@@ -467,7 +479,7 @@ def table(out, args) -> list[str]:
                 f"{a['first_divergent_step']}, hidden max diff {a['max_hidden_diff']:.3g}, "
                 f"bitwise {a['hidden_bitwise']})")
     lines = []
-    for bb in (1, 8):
+    for bb in _batches(args):
         r = b.get(f"b{bb}", {})
         fl, fused = r.get("floor_ms"), r.get("fused_ms")
 
@@ -479,7 +491,7 @@ def table(out, args) -> list[str]:
     lines += ["", "| b | variant | graph ms (x floor) | fused / mk | no waits ms | GEMVs only, "
               "no waits ms | attention only ms | regs, spills, smem | greedy vs fused "
               "(tokens equal) |", "|---|---|---|---|---|---|---|---|---|"]
-    for bb in (1, 8):
+    for bb in _batches(args):
         r = b.get(f"b{bb}", {})
         fl, fused = r.get("floor_ms"), r.get("fused_ms")
         for vs in _variants(args, bb):
@@ -497,7 +509,7 @@ def table(out, args) -> list[str]:
                          f"{r.get(f'{n}_regs_spills_shared', '-')} | "
                          f"{g(r.get(f'{n}_greedy'))} |")
     lines.append("")
-    for bb in (1, 8):
+    for bb in _batches(args):
         r = b.get(f"b{bb}", {})
         for k, v in sorted(r.items()):
             if k.startswith("mk_") and k.endswith(("_aligned", "_instructions")):
@@ -521,7 +533,8 @@ def main():
     ap.add_argument("--variants1", default=VARIANTS1,
                     help="megakernel_step.Variant strings at b=1, comma-separated (the first "
                          "also for the compile-time phase)")
-    ap.add_argument("--variants8", default=VARIANTS8, help="the same at b=8")
+    ap.add_argument("--variants8", default=VARIANTS8, help="the same at every b > 1")
+    ap.add_argument("--batches", default="1,8", help="batch sizes measured (1..8)")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="(child) seconds after which further megakernel variants are skipped")
     ap.add_argument("--reserve", type=float, default=90,
@@ -560,7 +573,7 @@ def main():
     left = deadline - time.perf_counter()
     mk = run_child("mk", args, env, max(10, left - 5))
     bench = {k: v for k, v in fused.items() if not k.startswith("b")}
-    for bb in ("b1", "b8"):
+    for bb in (f"b{x}" for x in _batches(args)):
         bench[bb] = dict(fused.get(bb, {}), **mk.get(bb, {}))
     bench["mk_child"] = {k: v for k, v in mk.items() if not k.startswith("b")}
     out["bench"] = bench

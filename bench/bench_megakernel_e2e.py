@@ -31,8 +31,8 @@ from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
 from photon_core.models.moondream2.model import build_random_model  # noqa: E402
 from photon_core.task import Task  # noqa: E402
 
-ENGINES = {"fused (split-K)": dict(),
-           "fused (deterministic)": dict(deterministic=True),
+ENGINES = {"fused (split-K)": dict(megakernel="off"),
+           "fused (deterministic)": dict(deterministic=True, megakernel="off"),
            "megakernel on": dict(deterministic=True, megakernel="on")}
 
 
