@@ -302,7 +302,14 @@ class Cameras:
             stats.count("deadline_misses")
         if status == "done" or (status == "deadline" and outcome.result is not None
                                 and outcome.result.task.skill in ("query", "caption")):
-            self.publish(st, outcome, header, key, w, h)
+            try:
+                self.publish(st, outcome, header, key, w, h)
+            except Exception:
+                if self.node.context.ok():
+                    raise                      # the scheduler logs it (on_result failed)
+                # SIGTERM / Ctrl-C: the ROS context ended while a run was finishing; its
+                # publishers are gone - counted, not a traceback
+                stats.count("unpublished_at_shutdown")
         elif status in ("superseded", "skipped", "cancelled"):
             stats.count(status)
         elif status == "deadline":            # detect/point cut at the deadline: nothing published

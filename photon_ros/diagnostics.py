@@ -11,10 +11,12 @@ from photon_ros.transport_loss import loss_problem
 
 STALE_INPUT_S = 3.0       # a camera warns when active and it sent nothing for this long
 # tasks_submitted = results_published + superseded + skipped + cancelled + deadline_cancelled
-#                   + error.engine (+ the ones still open)
+#                   + error.engine + unpublished_at_shutdown (+ the ones still open)
 CAMERA_COUNTERS = ("frames_in", "frames_processed", "results_published", "tasks_submitted",
                    "superseded", "skipped", "deadline_misses", "cancelled", "deadline_cancelled",
                    "errors", "clock_jumps_back", "stale_frames", "qos_incompatible",
+                   # results that ended after the ROS context did (shutdown by a signal)
+                   "unpublished_at_shutdown",
                    # frames the publishers sent that never reached the callback (transport_loss.py)
                    "frames_lost_in_transport", "transport.sequence_gaps",
                    "transport.rmw_message_lost", "transport.no_sequence_number",

@@ -316,3 +316,44 @@ def test_deadline_cancelled_periodic_tasks_are_counted():
     finally:
         node.destroy_node()
         rclpy.try_shutdown(context=ctx)
+
+
+def test_result_after_the_context_ended_is_counted_not_a_traceback():
+    """SIGTERM: rclpy's signal handler ends the context while the scheduler thread may still
+    finish a run; its publish then fails ("publisher's context is invalid", seen in
+    test_sigterm_mid_stream_is_a_clean_exit). That result is counted as
+    `unpublished_at_shutdown`; while the context is up, a publish failure still raises (the
+    scheduler logs it)."""
+    import rclpy
+    from std_msgs.msg import Header
+
+    from photon_core.scheduler.request import Outcome, Status
+    from photon_core.task import Task, TaskResult
+    from photon_ros import perception_node as pn
+    from photon_ros.diagnostics import CAMERA_COUNTERS
+    from photon_ros.task_config import config_from_params
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    node = pn.PerceptionNode("flt_shutdown", context=ctx)
+    try:
+        node.config = config_from_params(CONFIG)
+        node.cameras.reset(["front"])
+
+        def publish(st, outcome, header, key, w, h):
+            raise RuntimeError("Failed to publish: publisher's context is invalid")
+        node.cameras.publish = publish
+        res = TaskResult(task=Task("detect", object="person", max_objects=2),
+                         output={"objects": []}, finish_reason="eos")
+        o = Outcome(request_id=1, stream="front", stamp=(0, 1.0), task_name="people",
+                    kind="periodic", status=Status.DONE, result=res)
+        with pytest.raises(RuntimeError):
+            node.cameras.on_outcome("front", Header(), (0, 1.0), 64, 48, o)
+        rclpy.try_shutdown(context=ctx)
+        node.cameras.on_outcome("front", Header(), (0, 2.0), 64, 48, o)
+        c = node.cameras.states["front"].stats.snapshot(time.monotonic())["counts"]
+        assert c.get("unpublished_at_shutdown") == 1, c
+        assert "unpublished_at_shutdown" in CAMERA_COUNTERS
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=ctx)
