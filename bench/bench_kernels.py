@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_timing import graph_ms as graph_replay_ms  # noqa: E402
 from bench.bench_decode import (copy_bandwidth, decoder_weight_bytes, graph_step_ms,  # noqa: E402
                                 kv_bytes, loop_step, profile_step)
 from photon_core.fast import FastEngine  # noqa: E402
@@ -55,28 +55,7 @@ def say(s=""):
 
 def graph_ms(fn, reps=20):
     """fn launches a fixed sequence; time it captured in one CUDA graph (median ms)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    del g
-    return statistics.median(ts)
+    return graph_replay_ms(fn, calls=1, replays=reps)
 
 
 SHAPES = {  # name: (n, k, epi, cuBLAS split of the previous step)

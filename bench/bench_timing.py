@@ -1,5 +1,6 @@
-"""Timing shared by the family benchmarks (bench_qwen3_5*.py, bench_gemma4.py): the median
-time of a callable on a device, and the device's copy bandwidth (the decode-step floor)."""
+"""Timing shared by the benchmarks (bench_qwen3_5*.py, bench_gemma4.py, probe_fp8_gemm.py):
+the median time of a callable on a device, the same as a CUDA graph of calls, and the
+device's copy bandwidth (the decode-step floor)."""
 from __future__ import annotations
 
 import statistics
@@ -27,6 +28,32 @@ def median_ms(fn, device, iters: int = 20, warmup: int = 3) -> float:
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def graph_ms(fn, calls: int = 20, replays: int = 7) -> float:
+    """ms per call of fn() on CUDA: a CUDA graph of `calls` back-to-back calls (captured after
+    3 warm-up calls on a side stream), the median of `replays` replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) / calls)
+    return statistics.median(ts)
 
 
 def copy_bandwidth(device, iters: int = 10, warmup: int = 3) -> float:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from bench_timing import graph_ms as timed
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -54,30 +54,6 @@ def quant_torch(x, gelu=False):
         x = F.gelu(x, approximate="tanh")
     s = x.abs().amax(-1, keepdim=True).float().clamp_min(1e-12) / FP8_MAX
     return (x / s).to(FP8), s
-
-
-def timed(fn, reps=20, rounds=7):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / reps)
-    return statistics.median(ts)
 
 
 def main():

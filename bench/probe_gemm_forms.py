@@ -53,7 +53,6 @@ import itertools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -68,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from bench_timing import graph_ms  # noqa: E402
 
 try:
     import triton
@@ -269,34 +269,12 @@ class Timer:
 
     def __call__(self, fn) -> float | None:
         """ms per call of fn(): a CUDA graph of `calls` back-to-back calls, median of
-        `replays` replays (after one warm-up replay). None on the CPU (smoke)."""
+        `replays` replays (bench_timing.graph_ms); on the CPU (smoke) one call's wall time."""
         if self.smoke:                # the plumbing only: one call's CPU wall time
             t = time.perf_counter()
             fn()
             return (time.perf_counter() - t) * 1e3
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(self.calls):
-                fn()
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(self.replays):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / self.calls)
-        del g
-        return statistics.median(ts)
+        return graph_ms(fn, self.calls, self.replays)
 
 
 def gelu_t(y):

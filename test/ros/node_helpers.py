@@ -3,6 +3,7 @@ the node as its own process (`python -m photon_ros.perception_node`), and a test
 rclpy node that collects results and diagnostics."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -40,6 +41,28 @@ def tiny_model_dir(base: Path) -> Path:
 def write_config(path: Path, params: dict) -> Path:
     path.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}, sort_keys=False))
     return path
+
+
+@contextlib.contextmanager
+def unit_node(name: str, params: dict):
+    """A PerceptionNode in this process on its own rclpy context, configured from `params`
+    (not activated: no model), its cameras set up; destroyed and its context shut down
+    after."""
+    import rclpy
+
+    from photon_ros import perception_node as pn
+    from photon_ros.task_config import config_from_params
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    node = pn.PerceptionNode(name, context=ctx)
+    try:
+        node.config = config_from_params(params)
+        node.cameras.reset(params["cameras"])
+        yield node
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=ctx)
 
 
 def spawn_node(*ros_args: str, name: str | None = None) -> subprocess.Popen:

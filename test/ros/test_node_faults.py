@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("rclpy")
 
 from node_helpers import (REPO, Collector, diag_values, moondream_available,  # noqa: E402
-                          spawn_camera, spawn_node, stop, tiny_model_dir, wait_for, write_config)
+                          spawn_camera, spawn_node, stop, tiny_model_dir, unit_node, wait_for,
+                          write_config)
 from ros_env import child_env  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not moondream_available(),
@@ -266,21 +267,13 @@ def test_deadline_cancelled_periodic_tasks_are_counted():
     tasks_submitted = results_published + superseded + skipped + cancelled +
     deadline_cancelled + error.engine (bench_soak --on-miss cancel showed 'unaccounted').
     A query cut at its deadline is still published (partial answer)."""
-    import rclpy
     from std_msgs.msg import Header
 
     from photon_core.scheduler.request import Outcome, Status
     from photon_core.task import Task, TaskResult
-    from photon_ros import perception_node as pn
     from photon_ros.diagnostics import CAMERA_COUNTERS, camera_status
-    from photon_ros.task_config import config_from_params
 
-    ctx = rclpy.Context()
-    rclpy.init(context=ctx)
-    node = pn.PerceptionNode("flt_unit", context=ctx)
-    try:
-        node.config = config_from_params(CONFIG)
-        node.cameras.reset(["front"])
+    with unit_node("flt_unit", CONFIG) as node:
         published = []
 
         def publish(st, outcome, header, key, w, h):      # no publishers in this unit test
@@ -313,9 +306,6 @@ def test_deadline_cancelled_periodic_tasks_are_counted():
         vals = {kv.key: kv.value for kv in
                 camera_status("n", "front", TOPIC, snap, True).values}
         assert vals["deadline_cancelled"] == "2"
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown(context=ctx)
 
 
 def test_result_after_the_context_ended_is_counted_not_a_traceback():
@@ -329,17 +319,9 @@ def test_result_after_the_context_ended_is_counted_not_a_traceback():
 
     from photon_core.scheduler.request import Outcome, Status
     from photon_core.task import Task, TaskResult
-    from photon_ros import perception_node as pn
     from photon_ros.diagnostics import CAMERA_COUNTERS
-    from photon_ros.task_config import config_from_params
 
-    ctx = rclpy.Context()
-    rclpy.init(context=ctx)
-    node = pn.PerceptionNode("flt_shutdown", context=ctx)
-    try:
-        node.config = config_from_params(CONFIG)
-        node.cameras.reset(["front"])
-
+    with unit_node("flt_shutdown", CONFIG) as node:
         def publish(st, outcome, header, key, w, h):
             raise RuntimeError("Failed to publish: publisher's context is invalid")
         node.cameras.publish = publish
@@ -349,11 +331,8 @@ def test_result_after_the_context_ended_is_counted_not_a_traceback():
                     kind="periodic", status=Status.DONE, result=res)
         with pytest.raises(RuntimeError):
             node.cameras.on_outcome("front", Header(), (0, 1.0), 64, 48, o)
-        rclpy.try_shutdown(context=ctx)
+        rclpy.try_shutdown(context=node.context)
         node.cameras.on_outcome("front", Header(), (0, 2.0), 64, 48, o)
         c = node.cameras.states["front"].stats.snapshot(time.monotonic())["counts"]
         assert c.get("unpublished_at_shutdown") == 1, c
         assert "unpublished_at_shutdown" in CAMERA_COUNTERS
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown(context=ctx)
