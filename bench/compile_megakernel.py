@@ -4,7 +4,7 @@ time, registers, spills (local memory), shared memory per variant and batch buck
 whether the PDL builds carry griddepcontrol. What it cannot say: speed.
 
 Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants fma/w8/s3/u4,pipe/w4/s4,...]
-       [--b 1,8] [--kv 832] [--gemv-pdl]
+       [--b 1,8] [--kv 832] [--gemv-pdl] [--trace]
 (variants: photon_core/megakernel/megakernel_step.py Variant strings)
 """
 from __future__ import annotations
@@ -60,8 +60,9 @@ def moondream_shape(b: int, cap: int, chunk: int = 128) -> tuple[dict, dict]:
     return sh, dict(n1=sh["N1"], d=t.dim, kw2=sh["KW2"], vocab=t.vocab_size, n_split=n_qkv)
 
 
-def compile_megakernel(b: int, variant, cap: int):
-    """variant: megakernel_step.Variant or its string; returns (seconds, kernel, constexprs)."""
+def compile_megakernel(b: int, variant, cap: int, trace: bool = False):
+    """variant: megakernel_step.Variant or its string; trace: the build with instruction
+    timestamps (bench/trace_megakernel.py); returns (seconds, kernel, constexprs)."""
     from photon_core.megakernel.kernel import constexprs, megakernel
     from photon_core.megakernel.lowering import gemv_configs, is_pipe
     from photon_core.megakernel.megakernel_step import Variant
@@ -70,11 +71,12 @@ def compile_megakernel(b: int, variant, cap: int):
     unroll = v.unroll or (4 if b == 1 else 2)
     sh, dims = moondream_shape(b, cap)
     kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), v.align, unroll, is_pipe(gemv),
-                    v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre)
+                    v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace)
     kw["STAGES"] = v.stages
     sig = {}
     types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",
-             "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32"}
+             "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32",
+             "trace_ptr": "*i64"}
     for name in megakernel.arg_names:
         sig[name] = "constexpr" if name in kw else types.get(name, "i64")
     t0 = time.perf_counter()
@@ -126,6 +128,7 @@ def main():
     ap.add_argument("--b", default="1,8")
     ap.add_argument("--kv", type=int, default=832)
     ap.add_argument("--gemv-pdl", action="store_true", help="also the fused GEMV +- PDL")
+    ap.add_argument("--trace", action="store_true", help="the builds with instruction timestamps")
     a = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90", flush=True)
     if a.gemv_pdl:
@@ -136,7 +139,7 @@ def main():
     for b in (int(x) for x in a.b.split(",")):
         for v in a.variants.split(","):
             try:
-                dt, k, kw = compile_megakernel(b, v, a.kv)
+                dt, k, kw = compile_megakernel(b, v, a.kv, a.trace)
                 un = {n: kw[f"{n}_UN"] for n in ("W1", "W2", "LM")}
                 print(f"megakernel b={b} {v} unroll {un}: compile {dt:.1f} s, {describe(k)}",
                       flush=True)

@@ -39,10 +39,17 @@ GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
 # instruction (wait, fetch, signal); H200: 4.26 TB/s over 132 SMs
 SM_BYTES_PER_US = 4.26e6 / 132
 INSTR_US = 0.6
-# fill schedules (compile_program fill=True) model an attention instruction's latency too
-# (wait, q/k/v loads, split partials, merge: ~5 us on the H200 at b=1, where "attention
-# only" took 0.13 ms for 24 layers) and a program's share of its SM's bandwidth (per_sm)
-ATTN_LATENCY_US = 3.0
+# fill schedules (compile_program fill=True, the "on" build) model an attention
+# instruction's latency too and a program's share of its SM's bandwidth (per_sm), with
+# constants fitted to a trace of that build on the H200 (bench/trace_megakernel.py
+# --calibrate, session 8: GEMV work = bytes / rate + fixed by least squares over 18,880
+# instructions, attention's latency its median work minus its bytes; a sweep around them
+# kept these): the step's schedule 0.961 -> 0.937 ms, the same bits. The per-byte rate is
+# the marginal cost of a byte with the SM's other program streaming beside it, not a share
+# of the copy bandwidth; the fixed cost holds the wait, the signal and the ramp-up.
+FILL_SM_BYTES_PER_US = 73210.0
+FILL_INSTR_US = 2.19
+ATTN_LATENCY_US = 1.79      # (3.0 before the fit: 0.961 ms; 1.0: 0.955, 3.0 with the rest: 0.945)
 # op counters lie CNT_STRIDE int32 apart (128 bytes: one L2 line each), so the spinning
 # reads of one op's counter do not share a line with the atomic adds on another's; the
 # table's wait / signal fields hold the scaled index, the per-(layer, row, head) merge
@@ -88,9 +95,12 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
               per_sm: int = 1) -> list[Instr]:
     """fill: GEMV ops with params["fill"] are cut into single BLOCK_N blocks, which
     schedule() then deals out by the programs' free times (and merges per program);
-    attention instructions cost their latency too (ATTN_LATENCY_US) and every byte costs
-    per_sm times one SM's share (a program's share when per_sm share an SM)."""
-    rate = SM_BYTES_PER_US / (per_sm if fill else 1)
+    attention instructions cost their latency too (ATTN_LATENCY_US), and every cost uses
+    the fill constants (FILL_SM_BYTES_PER_US per SM, shared by its per_sm programs;
+    FILL_INSTR_US)."""
+    bw = FILL_SM_BYTES_PER_US if fill else SM_BYTES_PER_US
+    fixed = FILL_INSTR_US if fill else INSTR_US
+    rate = bw / (per_sm if fill else 1)
     names = {op.name: k for k, op in enumerate(ops)}
     counts: list[int] = []
     out: list[Instr] = []
@@ -115,26 +125,26 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                 r1 = min(n1, n0 + (t0 + per) * cfg.block_n)
                 tiles.append((r0, r1))
                 ln = b * shape["D"] * 4 / rate if "ln_inp" in op.args else 0.0
-                costs.append((r1 - r0) * kdim * elsize / rate + INSTR_US + ln)
+                costs.append((r1 - r0) * kdim * elsize / rate + fixed + ln)
         elif op.kind == OP_ATTN:
             per = attn_per or attn_splits_per_instr(b, shape, n_sm)
             ns = shape["NSPLIT"]
             n_sub = math.ceil(ns / per)
             kv = 2 * shape["CHUNK"] * shape["HD"] * elsize    # one split (a full cache)
-            merge = ns * (shape["HD"] + 2) * 4 / SM_BYTES_PER_US
+            merge = ns * (shape["HD"] + 2) * 4 / bw
             for r in range(b):
                 for h in range(shape["NH"]):
                     for s0 in range(0, ns, per):
                         s1 = min(ns, s0 + per)
                         tiles.append((r, h))
                         subs.append((s0, s1))
-                        costs.append((s1 - s0) * kv / rate + INSTR_US + merge
+                        costs.append((s1 - s0) * kv / rate + fixed + merge
                                      + (ATTN_LATENCY_US if fill else 0.0))
         else:
             width = shape["V"] if op.kind == OP_ARGMAX else shape["D"]
             for r in range(b):
                 tiles.append((r, r + 1))
-                costs.append(width * 4 / rate + INSTR_US)
+                costs.append(width * 4 / rate + fixed)
         subs = subs or [(0, 0)] * len(tiles)
         for t, c, sb in zip(tiles, costs, subs):
             out.append(Instr(op.kind, op.name, t, op.args, op.params, tuple(waits), k, c,
@@ -208,7 +218,7 @@ def _fill(group: list[Instr], free: list[float], op_end: dict[int, float]) -> li
     program's blocks merged into one instruction of consecutive rows (programs in order)."""
     first = group[0]
     ready = max((op_end[c] for c, _ in first.waits), default=0.0)
-    fixed = INSTR_US
+    fixed = FILL_INSTR_US            # (fill groups exist only in fill schedules)
     per_block = [i.cost - fixed for i in group]
     n = [0] * len(free)
     start = [max(f, ready) for f in free]

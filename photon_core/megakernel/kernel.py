@@ -45,6 +45,13 @@ _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
 
 
 @triton.jit
+def _globaltimer():
+    """The GPU's global nanosecond timer (the same clock on every SM: trace timestamps)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def _backoff(SLEEP: tl.constexpr):
     """nanosleep between counter polls (fewer polls of the counter's L2 line)."""
     if SLEEP > 0:
@@ -641,7 +648,7 @@ def _argmax_row(x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row,
 @triton.jit
 def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                cos_off, sin_off, m_off, l_off, acc_off, n_prog, n_cnt, hc_base, eps, scale,
-               B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, KW2: tl.constexpr,
+               trace_ptr, B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, KW2: tl.constexpr,
                V: tl.constexpr, LS: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                HD: tl.constexpr, HALF: tl.constexpr, CAP: tl.constexpr,
                N_TABLE: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
@@ -656,11 +663,14 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
-               KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr):
+               KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
+               TRACE: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
     for i in range(q0, q1):
+        if TRACE:        # (start, end) of instruction i in ns: bench/trace_megakernel.py
+            tl.store(trace_ptr + 2 * i, _globaltimer())
         rec = table_ptr + i * _STRIDE
         op = tl.load(rec + 0)
         a_off = tl.load(rec + 1)
@@ -737,6 +747,8 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                             OUT_COL, ARG_BLOCK)
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr + sig, 1, sem="release", scope="gpu")
+        if TRACE:
+            tl.store(trace_ptr + 2 * i + 1, _globaltimer())
     done = tl.atomic_add(cnt_ptr + n_cnt - 1, 1, sem="acq_rel", scope="gpu")
     if done == n_prog - 1:          # every program is past its queue: reset for next launch
         for c0 in range(0, n_cnt, 128):
@@ -765,13 +777,15 @@ UNROLL = 4
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
-               sleep: int = 0, kv2: bool = False, pre: bool = False) -> dict:
+               sleep: int = 0, kv2: bool = False, pre: bool = False,
+               trace: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
     attention's k/v) before its wait / of the next instruction's weights (0: none; always 0
     under the interpreter, which has no inline PTX); pre (pipe only): a GEMV instruction waits
-    inside its pipelined loop's first step, its first weight tiles already issued."""
+    inside its pipelined loop's first step, its first weight tiles already issued; trace
+    (CUDA only: inline PTX): each instruction's start / end on the global timer."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
     unroll = UNROLL if unroll is None else unroll
@@ -797,23 +811,25 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["KV2"] = bool(kv2)       # attention: the second split's k/v loaded before the wait
     kw["ACQ"] = not interpreted()     # acquire-load polls, record prefetch (inline PTX)
     kw["PRE"] = bool(pre) and bool(pipe)
+    kw["TRACE"] = bool(trace) and not interpreted()
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
-                pre: bool = False) -> tuple[tuple, dict]:
+                pre: bool = False, trace=None) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
-    build measured in session 3)."""
+    build measured in session 3; trace: an int64 tensor [n_instr, 2] for the instructions'
+    start / end ns, None: no trace)."""
     off = c.offsets
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
-            low.shape["HD"] ** -0.5)
+            low.shape["HD"] ** -0.5, c.table if trace is None else trace)
     return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                             getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                            pre)
+                            pre, trace is not None)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -824,11 +840,12 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
-           sleep: int = 0, kv2: bool = False, pre: bool = False):
-    """One step: the whole instruction table in one launch (grid = c.n_programs)."""
+           sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None):
+    """One step: the whole instruction table in one launch (grid = c.n_programs); trace:
+    kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre)
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

@@ -49,9 +49,9 @@ def resolve_variant(spec: str) -> Variant | None:
 
 
 BEST = "pipe_fma@8x1024/w4/s3/p2/a2/fill/pre"
-# "on" runs the megakernel for buckets up to this batch (the measured win, session 6: b=1
-# 0.963 vs 1.099 ms for the deterministic fused graph, 1.025 split-K; b=8 2.16 vs 1.56 ms),
-# the fused forward above it
+# "on" runs the megakernel for buckets up to this batch (the measured win, session 8: b=1
+# 0.936 vs 1.101 ms for the deterministic fused graph, 1.029 split-K; b=2 / 4 / 8 lose:
+# 1.69 vs 1.28, 1.88 vs 1.38, 2.16 vs 1.56 ms), the fused forward above it
 ON_MAX_BATCH = 1
 
 

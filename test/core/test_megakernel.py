@@ -201,6 +201,29 @@ def _check_ln_reuse_and_waits(c, reuse=True):
             assert count[w] == t
 
 
+def test_fill_schedules_cost_instructions_with_the_fitted_constants():
+    """Fill schedules (the "on" build) price an instruction with the constants fitted to the
+    H200 trace (FILL_SM_BYTES_PER_US, FILL_INSTR_US, ATTN_LATENCY_US), the others with the
+    copy-bandwidth share and INSTR_US: a W2 tile costs bytes / rate + the fixed cost."""
+    from photon_core.megakernel import compiler as C
+    from photon_core.megakernel.instructions import OP_ATTN, OP_GEMV_W2
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd, s0, ref = _with_fused_reference(1)
+    for variant, bw, fixed in (("auto/a4/fill", C.FILL_SM_BYTES_PER_US, C.FILL_INSTR_US),
+                               ("auto/a4", C.SM_BYTES_PER_US, C.INSTR_US)):
+        mk = MegakernelStep(fd, st, 1, n_sm=12, variant=variant)
+        sh, el = mk.low.shape, fd.x.element_size()
+        w2 = next(i for i in mk.compiled.instrs if i.op == OP_GEMV_W2)
+        want = (w2.tile[1] - w2.tile[0]) * sh["KW2"] * el / bw + fixed
+        assert w2.cost == pytest.approx(want), (variant, w2.cost, want)
+        att = next(i for i in mk.compiled.instrs if i.op == OP_ATTN)
+        kv = 2 * sh["CHUNK"] * sh["HD"] * el
+        want = ((att.sub[1] - att.sub[0]) * kv / bw + fixed + sh["NSPLIT"] * (sh["HD"] + 2) * 4
+                / bw + (C.ATTN_LATENCY_US if "fill" in variant else 0.0))
+        assert att.cost == pytest.approx(want), (variant, att.cost, want)
+
+
 def test_fill_schedule_deals_fc1_rows_around_attention():
     """fill: each layer's fc1 rows (the GEMV beside attention) come after attention in the
     program order and go to the programs by their free time: they cover the rows once, in

@@ -1,0 +1,289 @@
+"""Where a megakernel step's time goes, instruction by instruction (H200, Moondream 2 shapes,
+random bf16 weights, deterministic mode): the build with TRACE (kernel.py: every instruction
+writes its start and end on the GPU's global ns timer) is launched a few times from the same
+state, and each instruction's median start / end gives
+
+  - per op kind: instructions, measured time, the part spent waiting for its inputs (from
+    the moment its dependency ops' last instruction ended: `stall`), the rest (`work`),
+    against the compiler's cost model (compiler.py: cost = bytes / rate + a fixed cost (+ the
+    attention latency); fill schedules - the "on" build - use FILL_SM_BYTES_PER_US /
+    FILL_INSTR_US / ATTN_LATENCY_US, themselves fitted by this bench);
+  - per program: work, stall, idle at the end of the step;
+  - per op: how long after its median instruction its last one ended (stragglers).
+
+--calibrate: the cost model refitted from the trace (GEMV work = bytes / rate + fixed by
+least squares; attention's latency = its median work minus its modelled bytes), the schedule
+rebuilt with it, and both schedules timed as graphs (same run), their greedy tokens checked
+against the fused backend (a schedule moves instructions between programs; each output row
+stays one instruction's sums, so the bits must not change), and the new one traced too.
+
+--sweep "NAME=V,NAME=V;NAME=V;...": schedules built with those compiler constants (each set
+on top of the defaults; "" = the defaults), timed as graphs in rounds (every set once per
+round, --rounds), their greedy tokens and hidden states checked against the fused backend.
+
+Usage: PYTHONPATH=. python3 bench/trace_megakernel.py [--variant on] [--launches 5]
+           [--steps 64] [--max-batch 8] [--calibrate] [--sweep SETS] [--rounds 2]
+Writes $OUT/trace_megakernel.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_megakernel as bm  # noqa: E402
+
+
+def instr_bytes(ins, shape, elsize) -> float:
+    from photon_core.megakernel.instructions import (OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
+                                                     OP_GEMV_W2)
+    if ins.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM):
+        k = shape["KW2"] if ins.op == OP_GEMV_W2 else shape["D"]
+        return (ins.tile[1] - ins.tile[0]) * k * elsize
+    if ins.op == OP_ATTN:
+        return (ins.sub[1] - ins.sub[0]) * 2 * shape["CHUNK"] * shape["HD"] * elsize
+    return 0.0
+
+
+def analyze(compiled, starts, ends, shape, elsize) -> dict:
+    """starts / ends: ns per instruction (table order)."""
+    from photon_core.megakernel.instructions import OP_NAMES
+    ins = compiled.instrs
+    t0 = min(starts)
+    s = [(x - t0) / 1e3 for x in starts]
+    e = [(x - t0) / 1e3 for x in ends]
+    done: dict[int, float] = {}
+    for i, x in enumerate(ins):
+        done[x.signal] = max(done.get(x.signal, 0.0), e[i])
+    stall, work = [], []
+    for i, x in enumerate(ins):
+        ready = max((done[c] for c, _ in x.waits), default=0.0)
+        st = min(max(0.0, ready - s[i]), e[i] - s[i])
+        stall.append(st)
+        work.append(e[i] - s[i] - st)
+    kinds: dict[str, dict] = {}
+    for i, x in enumerate(ins):
+        k = kinds.setdefault(OP_NAMES[x.op], {"n": 0, "time_us": 0.0, "stall_us": 0.0,
+                                             "work_us": 0.0, "model_us": 0.0, "bytes": 0.0})
+        k["n"] += 1
+        k["time_us"] += e[i] - s[i]
+        k["stall_us"] += stall[i]
+        k["work_us"] += work[i]
+        k["model_us"] += x.cost
+        k["bytes"] += instr_bytes(x, shape, elsize)
+    for k in kinds.values():
+        k["work_per_instr_us"] = k["work_us"] / k["n"]
+        k["model_per_instr_us"] = k["model_us"] / k["n"]
+        k["GBps_per_program_work"] = k["bytes"] / max(k["work_us"], 1e-9) / 1e3
+    qs = compiled.queue.tolist()
+    makespan = max(e)
+    progs = []
+    for p in range(compiled.n_programs):
+        idx = range(qs[p], qs[p + 1])
+        if not len(idx):
+            continue
+        progs.append({"work": sum(work[i] for i in idx), "stall": sum(stall[i] for i in idx),
+                      "gaps": sum(s[i] - e[i - 1] for i in idx if i > qs[p]),
+                      "tail_idle": makespan - e[idx[-1]], "head": s[idx[0]]})
+    per_op: dict[int, list[int]] = {}
+    for i, x in enumerate(ins):
+        per_op.setdefault(x.signal, []).append(i)
+    stragglers = []
+    for sig, idx in per_op.items():
+        ends_ = sorted(e[i] for i in idx)
+        stragglers.append({"op": ins[idx[0]].op_name, "n": len(idx),
+                           "last_minus_median_end_us": ends_[-1] - ends_[len(ends_) // 2],
+                           "done_us": ends_[-1]})
+    stragglers.sort(key=lambda d: -d["last_minus_median_end_us"])
+
+    def mean(key):
+        return statistics.fmean(p[key] for p in progs)
+    return {"makespan_us": makespan, "model_makespan_us": compiled.makespan_us,
+            "programs": len(progs), "mean_program": {k: mean(k) for k in
+                                                    ("work", "stall", "gaps", "tail_idle",
+                                                     "head")},
+            "kinds": kinds, "stragglers_top": stragglers[:12],
+            "straggler_sum_us": sum(d["last_minus_median_end_us"] for d in stragglers),
+            "_work": work, "_stall": stall}
+
+
+def fit_costs(compiled, a: dict, shape, elsize, per_sm: int) -> dict:
+    """GEMV: work = bytes / rate + fixed (least squares); attention: its median work minus
+    its modelled bytes and merge = the latency constant. Returns the compiler constants of
+    fill schedules (what the fit is measured on: the "on" build)."""
+    from photon_core.megakernel import compiler as C
+    from photon_core.megakernel.instructions import OP_ATTN
+    xs, ys, att = [], [], []
+    for i, x in enumerate(compiled.instrs):
+        if x.op in C.GEMV_OPS:
+            xs.append(instr_bytes(x, shape, elsize))
+            ys.append(a["_work"][i])
+        elif x.op == OP_ATTN:
+            att.append((i, x))
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((u - mx) ** 2 for u in xs)
+    slope = sum((u - mx) * (v - my) for u, v in zip(xs, ys)) / sxx if sxx else 0.0
+    fixed = max(0.05, my - slope * mx)
+    rate_prog = 1.0 / slope if slope > 0 else C.FILL_SM_BYTES_PER_US / per_sm
+    sm_rate = rate_prog * per_sm          # the compiler divides by per_sm (fill schedules)
+    ns = shape["NSPLIT"]
+    merge = ns * (shape["HD"] + 2) * 4 / sm_rate
+    lat = statistics.median(a["_work"][i] - instr_bytes(x, shape, elsize) / rate_prog
+                            - fixed - merge for i, x in att) if att else C.ATTN_LATENCY_US
+    return {"FILL_SM_BYTES_PER_US": sm_rate, "FILL_INSTR_US": fixed,
+            "ATTN_LATENCY_US": max(0.0, lat)}
+
+
+def sweep(c, b, v, args, s0, ref) -> list[dict]:
+    """Each constant set's schedule: greedy agreement once, graph ms in --rounds rounds."""
+    import torch
+
+    from photon_core.megakernel import compiler as C
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+    sets = []
+    for part in args.sweep.split(";"):
+        kv = dict(x.split("=") for x in part.split(",") if x.strip())
+        sets.append({k.strip(): float(x) for k, x in kv.items()})
+    steps, rows, first = [], [], None
+    for cs in sets:
+        old = {k: getattr(C, k) for k in cs}
+        for k, x in cs.items():
+            setattr(C, k, x)
+        try:
+            mk = MegakernelStep(c.fd, c.st, b, variant=v)
+        finally:
+            for k, x in old.items():
+                setattr(C, k, x)
+
+        def step(mk=mk):
+            mk.feed()
+            mk.run_kernel()
+        c.restore(s0)
+        got = bm._greedy(c, b, args.steps, step)
+        first = first or got
+        rows.append({"constants": cs, "model_makespan_us": mk.compiled.makespan_us,
+                     "greedy": bm._agreement(ref, got),
+                     "vs_first_set": bm._agreement(first, got), "graph_ms": []})
+        steps.append(step)
+    c.state_for(b, active=False)
+    for _ in range(args.rounds):
+        for r, step in zip(rows, steps):
+            g = bm._graph(torch, step)
+            r["graph_ms"].append(bm._timed(torch, g.replay))
+            del g
+    for r in rows:
+        print(f"[sweep] {r['constants'] or 'defaults'}: graph ms "
+              + " / ".join(f"{x:.4f}" for x in r["graph_ms"])
+              + f", tokens {r['greedy']['tokens_equal']}/{r['greedy']['tokens_total']}, "
+              f"hidden max diff {r['greedy']['max_hidden_diff']:.3g}, vs the first set: "
+              f"bitwise {r['vs_first_set']['hidden_bitwise']}, model makespan "
+              f"{r['model_makespan_us']:.0f} us", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", default="on")
+    ap.add_argument("--b", type=int, default=1)
+    ap.add_argument("--launches", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--sweep", default=None)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-batch", type=int, default=8,
+                    help="the engine's rows (bench_megakernel.py: 8)")
+    ap.add_argument("--no-trace", action="store_true", help="only the sweep")
+    args = ap.parse_args()
+    import torch
+
+    from photon_core.megakernel import compiler as C
+    from photon_core.megakernel.megakernel_backend import resolve_variant
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+    b = args.b
+    c = bm.Ctx(False, max(b, args.max_batch))
+    v = resolve_variant(args.variant)
+    out: dict = {"gpu": torch.cuda.get_device_name(), "variant": str(v), "b": b,
+                 "compiler_constants": {k: getattr(C, k) for k in
+                                        ("FILL_SM_BYTES_PER_US", "FILL_INSTR_US",
+                                         "ATTN_LATENCY_US", "SM_BYTES_PER_US", "INSTR_US")}}
+    c.state_for(b)
+    c.fused_step(b, False)
+    s0 = c.snap()
+    ref = bm._greedy(c, b, args.steps, lambda: c.fused_step(b, False))
+    c.restore(s0)
+    shape, elsize = None, c.fd.x.element_size()
+
+    def measure(tag: str):
+        nonlocal shape
+        mk = MegakernelStep(c.fd, c.st, b, variant=v)
+        shape = mk.low.shape
+
+        def step(**kw):
+            mk.feed()
+            mk.run_kernel(**kw)
+        c.restore(s0)
+        r = {"greedy": bm._agreement(ref, bm._greedy(c, b, args.steps, step))}
+        c.state_for(b, active=False)
+        g = bm._graph(torch, step)
+        r["graph_ms"] = bm._timed(torch, g.replay)
+        del g
+        n = len(mk.compiled.instrs)
+        trace = torch.zeros(n, 2, dtype=torch.int64, device=c.dev)
+        runs = []
+        for _ in range(args.launches + 1):          # the first: the TRACE build's compile
+            step(trace=trace)
+            c.sync()
+            runs.append(trace.clone().cpu())
+        t = torch.stack(runs[1:]).median(dim=0).values
+        r["traced_launch_ms"] = bm._timed(torch, lambda: step(trace=trace))
+        r["untraced_launch_ms"] = bm._timed(torch, step)
+        a = analyze(mk.compiled, t[:, 0].tolist(), t[:, 1].tolist(), shape, elsize)
+        r["trace"] = {k: x for k, x in a.items() if not k.startswith("_")}
+        print(f"[{tag}] graph {r['graph_ms']:.4f} ms, launch {r['untraced_launch_ms']:.4f} "
+              f"(traced {r['traced_launch_ms']:.4f}), tokens {r['greedy']['tokens_equal']}/"
+              f"{r['greedy']['tokens_total']}; traced makespan {a['makespan_us']:.1f} us "
+              f"(model {a['model_makespan_us']:.1f}); per program: "
+              + ", ".join(f"{k} {x:.1f}" for k, x in a["mean_program"].items()), flush=True)
+        for name, k in a["kinds"].items():
+            print(f"[{tag}]   {name}: {k['n']} instr, work {k['work_per_instr_us']:.2f} us "
+                  f"(model {k['model_per_instr_us']:.2f}), stall {k['stall_us']:.0f} us in all, "
+                  f"{k['GBps_per_program_work']:.1f} GB/s per program", flush=True)
+        for d in a["stragglers_top"][:6]:
+            print(f"[{tag}]   straggler {d['op']}: last {d['last_minus_median_end_us']:.2f} us "
+                  f"after the median ({d['n']} instr)", flush=True)
+        return mk, a, r
+
+    if args.sweep is not None:
+        out["sweep"] = sweep(c, b, v, args, s0, ref)
+    if args.no_trace:
+        args.calibrate = False
+    else:
+        mk, a, out["model"] = measure("model")
+    if args.calibrate:
+        fit = fit_costs(mk.compiled, a, shape, elsize, v.per_sm if v.fill else 1)
+        out["fitted_constants"] = fit
+        print("fitted:", fit, flush=True)
+        old = {k: getattr(C, k) for k in fit}
+        for k, x in fit.items():
+            setattr(C, k, x)
+        try:
+            out["fitted"] = measure("fitted")[2]
+        finally:
+            for k, x in old.items():
+                setattr(C, k, x)
+        # the model's schedule again, after: drift between the two
+        out["model_again_graph_ms"] = measure("model again")[2]["graph_ms"]
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "trace_megakernel.json").write_text(
+            json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
