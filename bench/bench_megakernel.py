@@ -314,7 +314,8 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
     mk = mks[gk]
     c.fd.pdl = False
     kw = dict(num_warps=v.warps, num_stages=v.stages, unroll=v.unroll or mk.unroll,
-              pf=v.pf, pfn=v.pfn, align=v.align, sleep=v.sleep, kv2=v.kv2, pre=v.pre)
+              pf=v.pf, pfn=v.pfn, align=v.align, sleep=v.sleep, kv2=v.kv2, pre=v.pre,
+              split=v.split)
 
     def mk_step():
         mk.feed()

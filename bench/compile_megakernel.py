@@ -56,7 +56,7 @@ def moondream_shape(b: int, cap: int, chunk: int = 128) -> tuple[dict, dict]:
               N1=n_qkv + t.ff_dim, V=t.vocab_size, LS=ls, NH=nh, NKV=nkv, HD=hd,
               HALF=t.rot_dim // 2, CAP=cap, N_TABLE=cap + 1, CHUNK=chunk, NSPLIT=ns,
               S_ROW=nkv * cap * hd, S_HEAD=cap * hd, S_POS=hd, NK=len(NEXT_PHASE[0]),
-              OUT_COL=0)
+              OUT_COL=0, W2_FIRST=nh * hd)
     return sh, dict(n1=sh["N1"], d=t.dim, kw2=sh["KW2"], vocab=t.vocab_size, n_split=n_qkv)
 
 
@@ -71,7 +71,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False):
     unroll = v.unroll or (4 if b == 1 else 2)
     sh, dims = moondream_shape(b, cap)
     kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), v.align, unroll, is_pipe(gemv),
-                    v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace)
+                    v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace, v.split)
     kw["STAGES"] = v.stages
     sig = {}
     types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",

@@ -168,7 +168,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
-               ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr):
+               ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+               K_FIRST: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -181,7 +182,11 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     during a step); step STAGES - 1's tile follows in iteration 0, after the wait (it
     reuses step 0's buffer). Otherwise the same loop: the same products in the same order,
     the same epilogues, the same bits. The compiler never emits an empty tile
-    (n_steps >= 1), so step 0 always runs."""
+    (n_steps >= 1), so step 0 always runs.
+    K_FIRST > 0 (PRE, W2): the first K_FIRST columns of x depend on the first wait alone
+    (attention's output; the GELU part on the second, fc1): step 0 waits for the first
+    counter only, and the second is polled just before the first block's load of column
+    K_FIRST - the same products in the same order, begun while fc1's last rows finish."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -206,10 +211,17 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                     mask=n_ok[:, None], other=0.0)
         if PRE:
             if s == 0:
-                _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
-                         f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True)
+                if K_FIRST > 0:
+                    _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, -1, 0, f16, f17, f18,
+                             f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True)
+                else:
+                    _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17,
+                             f18, f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True)
                 xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
                              cache_modifier=".cg")
+            if K_FIRST > 0:
+                if s + 1 == K_FIRST // BK:       # the next load reads the second input
+                    _waits(cnt_ptr, wi1, wt1, -1, 0, SLEEP, ACQ)
         # the next step's activations (L2) are loaded before this step's products: their
         # latency is not on the per-step chain
         kn = ((s + 1) % KT) * BK
@@ -424,7 +436,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-             PRE: tl.constexpr):
+             PRE: tl.constexpr, K_FIRST: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
@@ -451,7 +463,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ)
+                   SLEEP, ACQ, K_FIRST)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -664,7 +676,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
-               TRACE: tl.constexpr):
+               TRACE: tl.constexpr, W2_FIRST: tl.constexpr):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -719,17 +731,17 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ, PRE)
+                         ACQ, PRE, 0)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE)
+                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE)
+                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -778,7 +790,7 @@ UNROLL = 4
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
-               trace: bool = False) -> dict:
+               trace: bool = False, split_w2: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -812,12 +824,16 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["ACQ"] = not interpreted()     # acquire-load polls, record prefetch (inline PTX)
     kw["PRE"] = bool(pre) and bool(pipe)
     kw["TRACE"] = bool(trace) and not interpreted()
+    # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
+    w2_first = sh.get("W2_FIRST", 0)
+    kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
+                                  and w2_first < sh["KW2"] and split_w2) else 0
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
-                pre: bool = False, trace=None) -> tuple[tuple, dict]:
+                pre: bool = False, trace=None, split: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 2] for the instructions'
@@ -829,7 +845,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace)
     return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                             getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                            pre, trace is not None)
+                            pre, trace is not None, split)
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -840,12 +856,14 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
-           sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None):
+           sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
+           split: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace:
     kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace)
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
+                           split)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

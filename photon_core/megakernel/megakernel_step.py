@@ -34,8 +34,10 @@ class Variant:
     (fill: compiler.compile_program's: the GEMV beside attention dealt out by the programs'
     free times, attention first in the queues), the pipe GEMVs' first weight tiles issued
     before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe waits inside its first
-    step; the same bits). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/greedy/noalign" (any order after the GEMV; pf
+    step; the same bits), W2 tiles that sum the attention columns before waiting for fc1
+    (split, with pre: kernel._gemv_pipe K_FIRST; the same bits). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/greedy/noalign" (any order
+    after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
     gemv: str = "auto"
@@ -52,6 +54,7 @@ class Variant:
     per_sm: int = 1
     fill: bool = False
     pre: bool = False
+    split: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -78,12 +81,16 @@ class Variant:
                     kw["fill"] = True
                 elif p == "pre":
                     kw["pre"] = True
+                elif p == "split":
+                    kw["split"] = True
                 elif p == "hoist":
                     pass
                 else:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
         if kw.get("pre") and (parts[0] == "auto" or not is_pipe(parts[0])):
             raise ValueError(f"megakernel variant {spec!r}: pre needs a pipe* GEMV")
+        if kw.get("split") and not kw.get("pre"):
+            raise ValueError(f"megakernel variant {spec!r}: split needs pre")
         return cls(**kw)
 
     def __str__(self) -> str:
@@ -97,6 +104,7 @@ class Variant:
         s += "/kv2" if self.kv2 else ""
         s += "/fill" if self.fill else ""
         s += "/pre" if self.pre else ""
+        s += "/split" if self.split else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -161,6 +169,7 @@ class MegakernelStep:
             kw.setdefault("sleep", v.sleep)
             kw.setdefault("kv2", v.kv2)
             kw.setdefault("pre", v.pre)
+            kw.setdefault("split", v.split)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):
