@@ -122,6 +122,10 @@ def test_every_request_one_outcome_and_batching_rules(cams, ticks, period, deadl
 # and was skipped (30 / 4): TokenEstimator.min_own
 @example(cams=2, period=0.05, per_tick=0.33203125, steps=7, max_batch=1, stagger=False,
          names=("det",))
+# found by hypothesis (seed 27): the same at the 3rd own result, where the key left the
+# pooled stats for its own still-loose deviation (15 / 6): TokenEstimator.min_own 3 -> 8
+@example(cams=2, period=0.1, per_tick=0.3671875, steps=2, max_batch=1, stagger=False,
+         names=("det", "pt"))
 def test_no_camera_starves_under_overload(cams, period, per_tick, steps, max_batch, stagger, names):
     """The engine can do `per_tick` x a tick's frames (30-90 %): every camera gets results,
     and none gets less than half of the best-served camera's."""
