@@ -28,6 +28,7 @@ Writes $OUT/trace_megakernel.json when OUT is set.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -42,6 +43,8 @@ import bench_megakernel as bm  # noqa: E402
 
 
 def instr_bytes(ins, shape, elsize) -> float:
+    """The bytes compiler.split_ops prices an instruction by (a GEMV tile's weights, an
+    attention instruction's k/v splits)."""
     from photon_core.megakernel.instructions import (OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
                                                      OP_GEMV_W2)
     if ins.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM):
@@ -141,11 +144,25 @@ def fit_costs(compiled, a: dict, shape, elsize, per_sm: int) -> dict:
             "ATTN_LATENCY_US": max(0.0, lat)}
 
 
+@contextlib.contextmanager
+def compiler_constants(values: dict):
+    """compiler.py's cost-model constants set to `values` while the block builds schedules
+    (MegakernelStep compiles its schedule when built), restored after."""
+    from photon_core.megakernel import compiler as C
+    old = {k: getattr(C, k) for k in values}
+    try:
+        for k, x in values.items():
+            setattr(C, k, x)
+        yield
+    finally:
+        for k, x in old.items():
+            setattr(C, k, x)
+
+
 def sweep(c, b, v, args, s0, ref) -> list[dict]:
     """Each constant set's schedule: greedy agreement once, graph ms in --rounds rounds."""
     import torch
 
-    from photon_core.megakernel import compiler as C
     from photon_core.megakernel.megakernel_step import MegakernelStep
     sets = []
     for part in args.sweep.split(";"):
@@ -153,14 +170,8 @@ def sweep(c, b, v, args, s0, ref) -> list[dict]:
         sets.append({k.strip(): float(x) for k, x in kv.items()})
     steps, rows, first = [], [], None
     for cs in sets:
-        old = {k: getattr(C, k) for k in cs}
-        for k, x in cs.items():
-            setattr(C, k, x)
-        try:
+        with compiler_constants(cs):
             mk = MegakernelStep(c.fd, c.st, b, variant=v)
-        finally:
-            for k, x in old.items():
-                setattr(C, k, x)
 
         def step(mk=mk):
             mk.feed()
@@ -218,12 +229,10 @@ def main():
     s0 = c.snap()
     ref = bm._greedy(c, b, args.steps, lambda: c.fused_step(b, False))
     c.restore(s0)
-    shape, elsize = None, c.fd.x.element_size()
+    elsize = c.fd.x.element_size()
 
     def measure(tag: str):
-        nonlocal shape
         mk = MegakernelStep(c.fd, c.st, b, variant=v)
-        shape = mk.low.shape
 
         def step(**kw):
             mk.feed()
@@ -244,7 +253,7 @@ def main():
         t = torch.stack(runs[1:]).median(dim=0).values
         r["traced_launch_ms"] = bm._timed(torch, lambda: step(trace=trace))
         r["untraced_launch_ms"] = bm._timed(torch, step)
-        a = analyze(mk.compiled, t[:, 0].tolist(), t[:, 1].tolist(), shape, elsize)
+        a = analyze(mk.compiled, t[:, 0].tolist(), t[:, 1].tolist(), mk.low.shape, elsize)
         r["trace"] = {k: x for k, x in a.items() if not k.startswith("_")}
         print(f"[{tag}] graph {r['graph_ms']:.4f} ms, launch {r['untraced_launch_ms']:.4f} "
               f"(traced {r['traced_launch_ms']:.4f}), tokens {r['greedy']['tokens_equal']}/"
@@ -267,17 +276,11 @@ def main():
     else:
         mk, a, out["model"] = measure("model")
     if args.calibrate:
-        fit = fit_costs(mk.compiled, a, shape, elsize, v.per_sm if v.fill else 1)
+        fit = fit_costs(mk.compiled, a, mk.low.shape, elsize, v.per_sm if v.fill else 1)
         out["fitted_constants"] = fit
         print("fitted:", fit, flush=True)
-        old = {k: getattr(C, k) for k in fit}
-        for k, x in fit.items():
-            setattr(C, k, x)
-        try:
+        with compiler_constants(fit):
             out["fitted"] = measure("fitted")[2]
-        finally:
-            for k, x in old.items():
-                setattr(C, k, x)
         # the model's schedule again, after: drift between the two
         out["model_again_graph_ms"] = measure("model again")[2]["graph_ms"]
     if os.environ.get("OUT"):
