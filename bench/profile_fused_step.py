@@ -1,0 +1,84 @@
+"""Where the fused decode step's GPU time goes at each batch size (H200, Moondream 2 shapes,
+random bf16 weights, KV capacity 832, rows at position ~785): graph replay ms against the
+bandwidth floor (weights + the rows' k/v once at copy bandwidth), and the kernels of one
+eager step from the torch profiler, grouped by kernel name, in us per step (their sum vs
+the replay = the launch gaps).
+
+Usage: PYTHONPATH=. python3 bench/profile_fused_step.py [--batches 1,4,8] [--split-k]
+Writes $OUT/profile_fused_step.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_megakernel as bm  # noqa: E402
+
+
+def kernel_table(torch, fn, steps: int = 10) -> dict[str, float]:
+    """us per step per kernel name over `steps` eager calls of fn (after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and e.device_time_total:
+            per[e.name] += e.device_time_total / steps
+    return dict(sorted(per.items(), key=lambda kv: -kv[1]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,4,8")
+    ap.add_argument("--split-k", action="store_true", help="the default (non-deterministic) "
+                    "fused GEMVs instead of the deterministic ones")
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    import torch
+    batches = [int(b) for b in args.batches.split(",")]
+    c = bm.Ctx(False, max(batches))
+    if args.split_k:
+        c.fd.deterministic = False
+    bw, wbytes = bm._bandwidth_and_bytes(c, argparse.Namespace(smoke=False))
+    t = c.model.config.text
+    out = {"gpu": torch.cuda.get_device_name(), "split_k": args.split_k, "rows": {}}
+    for b in batches:
+        c.state_for(b, active=False)    # nothing advances: every replay does the same work
+        s0 = c.snap()
+
+        def step():
+            c.fused_step(b, False)
+        g = bm._graph(torch, step)
+        c.restore(s0)
+        ms = bm._timed(torch, g.replay)
+        c.restore(s0)
+        table = kernel_table(torch, step)
+        total = sum(table.values())
+        kvb = sum(t.n_layers * 2 * t.n_kv_heads * (int(p) + 1) * t.head_dim * 2
+                  for p in c.st.pos[:b].tolist())
+        floor = (wbytes + kvb) / bw * 1e3
+        row = {"graph_ms": ms, "floor_ms": floor, "kernel_us": total, "kernels": table}
+        out["rows"][b] = row
+        print(f"b={b}: graph {ms:.4f} ms ({ms / floor:.2f}x floor {floor:.4f}), kernels "
+              f"{total / 1e3:.4f} ms (gaps {ms - total / 1e3:.4f} ms)", flush=True)
+        for name, us in list(table.items())[:args.top]:
+            print(f"    {us:8.1f} us  {name[:110]}", flush=True)
+        c.restore(s0)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "profile_fused_step.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
