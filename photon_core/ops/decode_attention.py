@@ -14,18 +14,6 @@ out[row, head * hd : (head + 1) * hd], in a second kernel, grid (rows, n_heads) 
 (an acq_rel atomic counter per (row, head), reset by that program; partials read through
 L2): one launch fewer per layer, but measured slower on the H200 (7.87 vs 7.44 us/layer).
 
-Streamed form (stream=True; the default from STREAM_MIN_ROWS rows): _attend_stream_kernel,
-grid (rows, n_heads, splits), each split a longer span of keys walked in blocks of BLOCK
-keys by a software-pipelined loop (tl.range num_stages: the next blocks' k/v tiles in
-flight while one is summed) with an online softmax (running max, rescaled sum and
-accumulator), into the same partials and the same combine. Fewer, longer programs: at
-several rows the one-chunk programs spend most of their life waiting for their one load
-(the H200 profile of a batch-8 step: 458 us of attention for 1.2 GB of k/v, 63 % of copy
-bandwidth). The splits per (row, head) are chosen so that rows x heads x splits is about
-STREAM_PROGRAMS (stream_splits), at most the scratch's n_split. The same rotary, the same
-cache write (by the split that holds the position), the same key set per row; the sums in
-another order than the one-chunk kernel (not its bits).
-
 Torch references (the eager backend's attention op): `decode_attention_reference` (one query
 per row at its own position, the same rotary / cache write / masked attention) and
 `prefill_attention_reference` (the prompt's tokens of one row, causal over the whole row).
@@ -42,13 +30,6 @@ from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 FUSE_COMBINE = False     # H200: in-kernel merge 7.87 us/layer vs 7.44 with the combine kernel (b=1)
-# the streamed form (_attend_stream_kernel): used from this many rows (tokens, prefill) up;
-# about this many programs per launch; keys per pipelined block, pipeline depth, warps
-STREAM_MIN_ROWS = 2
-STREAM_PROGRAMS = 512
-STREAM_BLOCK = 64
-STREAM_STAGES = 3
-STREAM_WARPS = 4
 
 
 @triton.jit
@@ -162,89 +143,6 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
 
 
 @triton.jit
-def _attend_stream_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_table,
-                          kc_ptr, vc_ptr, s_row, s_head, s_pos, capacity,
-                          m_ptr, l_ptr, acc_ptr, scale, kv_row_ptr,
-                          NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
-                          HALF: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
-                          NSPLIT: tl.constexpr, STAGES: tl.constexpr,
-                          PREFILL: tl.constexpr = False, GDC: tl.constexpr = False):
-    """Keys [sp * SPAN, (sp + 1) * SPAN) that are <= the row's position, in blocks of BLOCK
-    keys (a pipelined loop), online softmax; the same rotation, cache write and partials as
-    _attend_partial_kernel (keys < pw from the cache, key pw from registers)."""
-    pdl_launch_dependents(GDC)
-    pdl_wait(GDC)
-    row = tl.program_id(0)
-    h = tl.program_id(1)
-    sp = tl.program_id(2)
-    kvh = h // (NH // NKV)
-    pos = tl.load(pos_ptr + row)
-    pw = tl.minimum(pos, capacity - 1)
-    ti = tl.minimum(pos, n_table - 1)
-    d = tl.arange(0, HD)
-    if PREFILL:
-        cache_off = tl.load(kv_row_ptr) * s_row + kvh * s_head
-    else:
-        cache_off = row * s_row + kvh * s_head
-    start = sp * SPAN
-    end = tl.minimum(start + SPAN, pw + 1)
-    src_c, src_s, c, s = rotary_sources(d, cos_ptr, sin_ptr, ti, HALF)
-    base = qkv_ptr + row * stride_qkv
-    q_off = h * HD
-    k_off = NH * HD + kvh * HD
-    v_off = (NH + NKV) * HD + kvh * HD
-    q = tl.load(base + q_off + src_c).to(tl.float32) * c \
-        + tl.load(base + q_off + src_s).to(tl.float32) * s
-    k_new = tl.load(base + k_off + src_c).to(tl.float32) * c \
-        + tl.load(base + k_off + src_s).to(tl.float32) * s
-    v_new = tl.load(base + v_off + d)
-    q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)
-    k_new = k_new.to(kc_ptr.dtype.element_ty)
-    if (pw >= start) & (pw < start + SPAN) & (h % (NH // NKV) == 0) & (not PREFILL):
-        tl.store(kc_ptr + cache_off + pw * s_pos + d, k_new)
-        tl.store(vc_ptr + cache_off + pw * s_pos + d, v_new.to(vc_ptr.dtype.element_ty))
-    sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
-    v_new = v_new.to(tl.float32)
-    m = tl.full([], float("-inf"), tl.float32)
-    l = tl.zeros([], tl.float32)
-    acc = tl.zeros([HD], tl.float32)
-    for j0 in tl.range(start, end, BLOCK, num_stages=STAGES):
-        j = j0 + tl.arange(0, BLOCK)
-        in_cache = j < pw
-        kt = tl.load(kc_ptr + cache_off + j[:, None] * s_pos + d[None, :],
-                     mask=in_cache[:, None], other=0.0)
-        vt = tl.load(vc_ptr + cache_off + j[:, None] * s_pos + d[None, :],
-                     mask=in_cache[:, None], other=0.0)
-        sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
-        cur = j == pw
-        valid = j <= pw
-        sc = tl.where(valid, tl.where(cur, sc_new, sc), float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=0))     # finite: key j0 <= pw is valid
-        alpha = tl.exp(m - m_new)
-        p = tl.where(valid, tl.exp(sc - m_new), 0.0)
-        p_cur = tl.sum(tl.where(cur, p, 0.0), axis=0)
-        l = l * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * vt.to(tl.float32), axis=0) + p_cur * v_new
-        m = m_new
-    idx = (row * NH + h) * NSPLIT + sp
-    tl.store(m_ptr + idx, m)
-    tl.store(l_ptr + idx, l)
-    tl.store(acc_ptr + idx * HD + d, acc)
-
-
-def stream_splits(rows: int, n_heads: int, capacity: int, max_splits: int,
-                  programs: int | None = None, block: int | None = None) -> tuple[int, int]:
-    """(splits per (row, head), keys per split) of the streamed form: about `programs`
-    programs in all, every split a whole number of blocks, at most max_splits (the
-    scratch's)."""
-    programs = programs or STREAM_PROGRAMS
-    block = block or STREAM_BLOCK
-    want = max(1, min(max_splits, -(-programs // (rows * n_heads))))
-    span = -(-triton.cdiv(capacity, want) // block) * block
-    return triton.cdiv(capacity, span), span
-
-
-@triton.jit
 def _prefill_kv_write_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_table,
                              kv_row_ptr, kc_ptr, vc_ptr, s_row, s_head, s_pos, capacity,
                              NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
@@ -299,8 +197,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                      kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor,
                      scratch: AttentionScratch, n_heads: int, n_kv_heads: int,
                      head_dim: int, fuse_combine: bool | None = None,
-                     pdl: bool = False, kv_row: torch.Tensor | None = None,
-                     stream: bool | None = None) -> torch.Tensor:
+                     pdl: bool = False, kv_row: torch.Tensor | None = None) -> torch.Tensor:
     """qkv [b, >= (nh+2nkv)hd]; pos [b] long; cos/sin [n_table, rot/2] fp32 (rope_angles of
     0..n_table-1); kc/vc [rows >= b, nkv, capacity, hd] views of one layer of the static
     cache (unit stride on hd); out [b, >= nh*hd].
@@ -308,9 +205,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     of that one cache row, causal (key <= the token's position: the earlier tokens' keys
     too): one launch writes every token's k/v, then the same split attention reads them
     (prefill_attention_reference's result, with the decode step's fp32 scores and
-    softmax instead of its bf16 matmuls).
-    stream: the streamed form (None: from STREAM_MIN_ROWS rows up, unless the combine is
-    fused, which only the one-chunk kernel has)."""
+    softmax instead of its bf16 matmuls)."""
     b = qkv.shape[0]
     capacity = kc.shape[2]
     half = cos.shape[1]
@@ -325,22 +220,6 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             kc.stride(1), kc.stride(2), capacity,
             NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, GDC=gdc, num_warps=1,
             **launch_kw)
-    if stream is None:
-        stream = b >= STREAM_MIN_ROWS and not fuse
-    if stream:
-        n_split, span = stream_splits(b, n_heads, capacity, scratch.n_split)
-        p2 = triton.next_power_of_2(n_split)
-        _attend_stream_kernel[(b, n_heads, n_split)](
-            qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0),
-            kc.stride(1), kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc,
-            head_dim ** -0.5, pos if kv_row is None else kv_row,
-            NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, BLOCK=STREAM_BLOCK,
-            SPAN=span, NSPLIT=n_split, STAGES=STREAM_STAGES, PREFILL=kv_row is not None,
-            GDC=gdc, num_warps=STREAM_WARPS, **launch_kw)
-        _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
-                                      NH=n_heads, HD=head_dim, NSPLIT=n_split,
-                                      SPLIT_P2=p2, GDC=gdc, num_warps=2, **launch_kw)
-        return out
     _attend_partial_kernel[(b, n_heads, scratch.n_split)](
         qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0), kc.stride(1),
         kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc, head_dim ** -0.5,

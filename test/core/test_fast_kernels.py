@@ -105,16 +105,9 @@ def test_rmsnorm():
     _close(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
 
 
-# the kernel forms: the one-chunk kernel with the merge inside it / with the combine kernel,
-# the streamed form (several rows' default)
-FORMS = [dict(fuse_combine=True, stream=False), dict(fuse_combine=False, stream=False),
-         dict(fuse_combine=False, stream=True)]
-FORM_IDS = ["fused_combine", "combine_kernel", "stream"]
-
-
-@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused_combine", "combine_kernel"])
 @pytest.mark.parametrize("nh,nkv", [(2, 2), (4, 2)])
-def test_decode_attention(nh, nkv, form):
+def test_decode_attention(nh, nkv, fuse):
     g = torch.Generator().manual_seed(3)
     hd, cap, rows, rot = 64, 80, 4, 32
     b = 3
@@ -125,7 +118,7 @@ def test_decode_attention(nh, nkv, form):
     cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
     scratch = AttentionScratch(rows, nh, hd, cap, 32, "cpu")
     kc, vc = data[0].clone(), data[1].clone()
-    decode_attention(qkv, pos, cos, sin, kc, vc, out[:, 3:], scratch, nh, nkv, hd, **form)
+    decode_attention(qkv, pos, cos, sin, kc, vc, out[:, 3:], scratch, nh, nkv, hd, fuse)
     assert (scratch.count == 0).all()                 # counters reset for the next launch
     for r in range(b):
         p = int(pos[r])
@@ -151,9 +144,8 @@ def test_decode_attention(nh, nkv, form):
     assert torch.equal(kc[3], data[0, 3])             # a row outside the bucket is untouched
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["one_chunk", "stream"])
 @pytest.mark.parametrize("sdpa", [False, True])
-def test_decode_attention_matches_its_reference(sdpa, stream):
+def test_decode_attention_matches_its_reference(sdpa):
     """The kernel vs the op's torch reference (decode_attention_reference: the eager
     backend's attention), rows at different positions, GQA."""
     from photon_core.ops.decode_attention import decode_attention_reference, decode_mask
@@ -168,8 +160,7 @@ def test_decode_attention_matches_its_reference(sdpa, stream):
     kc, vc = data[0].clone(), data[1].clone()
     out = torch.zeros(b, nh * hd)
     decode_attention(qkv, pos, cos, sin, kc, vc, out, AttentionScratch(4, nh, hd, cap, 32,
-                                                                         "cpu"), nh, nkv, hd,
-                     stream=stream)
+                                                                         "cpu"), nh, nkv, hd)
     kr, vr = data[0].clone(), data[1].clone()
     rc, rs = rope_tables(pos, rot, hd)
     mask = decode_mask(pos, torch.arange(cap), cap, nh, torch.float32, sdpa or nh != nkv)
@@ -181,9 +172,9 @@ def test_decode_attention_matches_its_reference(sdpa, stream):
     _close(vc, vr)
 
 
-@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused_combine", "combine_kernel"])
 @pytest.mark.parametrize("nh,nkv", [(2, 2), (4, 2)])
-def test_decode_attention_prefill_form_matches_prefill_reference(nh, nkv, form):
+def test_decode_attention_prefill_form_matches_prefill_reference(nh, nkv, fuse):
     """decode_attention(kv_row=row): T prompt tokens of one cache row (causal among
     themselves: token t sees the keys the earlier tokens write in the same call) vs the
     eager prefill's prefill_attention_reference; positions crossing the capacity clamp;
@@ -202,7 +193,7 @@ def test_decode_attention_prefill_form_matches_prefill_reference(nh, nkv, form):
     out = torch.full((T, nh * hd), 5.0)
     decode_attention(qkv, pos, cos, sin, kc, vc, out, AttentionScratch(T, nh, hd, cap, 32,
                                                                          "cpu"),
-                     nh, nkv, hd, kv_row=row, **form)
+                     nh, nkv, hd, fuse, kv_row=row)
     kr, vr = data[0].clone(), data[1].clone()
     ca, sa = rope_angles(pos, rot)
     ref = prefill_attention_reference(qkv, row, pos.clamp(max=cap - 1), kr, vr, ca, sa,
@@ -213,39 +204,6 @@ def test_decode_attention_prefill_form_matches_prefill_reference(nh, nkv, form):
     _close(vc[:, :, :cap - 1], vr[:, :, :cap - 1])
     for r in (0, 2):
         assert torch.equal(kc[r], data[0, r]) and torch.equal(vc[r], data[1, r])
-
-
-@pytest.mark.parametrize("programs,block", [(512, 16), (512, 64), (1, 16), (64, 32)])
-def test_stream_form_matches_the_one_chunk_kernel(monkeypatch, programs, block):
-    """The streamed form (several blocks per split, online softmax; one split per (row,
-    head) when programs = 1) against the one-chunk kernel on the same inputs: the same
-    output within fp32 rounding and the same k/v written (bitwise: the same rotation);
-    rows at position 0, in the middle, at a block edge, past the capacity; the split count
-    it picked never exceeds the scratch's."""
-    import photon_core.ops.decode_attention as DA
-    monkeypatch.setattr(DA, "STREAM_PROGRAMS", programs)
-    monkeypatch.setattr(DA, "STREAM_BLOCK", block)
-    g = torch.Generator().manual_seed(21)
-    nh, nkv, hd, cap, rot = 4, 2, 64, 100, 32
-    pos = torch.tensor([0, 31, 64, 99, 130])
-    b = pos.numel()
-    data = torch.randn(2, b, nkv, cap, hd, generator=g)
-    qkv = torch.randn(b, (nh + 2 * nkv) * hd, generator=g)
-    cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
-    outs, caches = [], []
-    for stream in (False, True):
-        scratch = AttentionScratch(b, nh, hd, cap, 16, "cpu")
-        kc, vc = data[0].clone(), data[1].clone()
-        out = torch.zeros(b, nh * hd)
-        decode_attention(qkv, pos, cos, sin, kc, vc, out, scratch, nh, nkv, hd,
-                         stream=stream)
-        outs.append(out)
-        caches.append((kc, vc))
-    n_split, span = DA.stream_splits(b, nh, cap, AttentionScratch(b, nh, hd, cap, 16,
-                                                                 "cpu").n_split)
-    assert n_split * span >= cap and span % block == 0 and n_split <= 7
-    _close(outs[1], outs[0], 1e-5)
-    assert torch.equal(caches[1][0], caches[0][0]) and torch.equal(caches[1][1], caches[0][1])
 
 
 def _tiny_state(rows=4, cap=64):
