@@ -26,8 +26,35 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--max-batches", default="1,4,8")
     ap.add_argument("--variant", default="on")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="a model of this many decoder layers (0: Moondream 2's 24); with 1, "
+                         "the step's buffers after one step are layer 0's: the LayerNorm "
+                         "output, the qkv / fc1 GEMV output, the attention output and the "
+                         "residual are compared one by one")
+    ap.add_argument("--fused-fma", default="",
+                    help="ROWSxK: every fused b=1 GEMV as FMA tiles of that shape (4 warps, "
+                         "3 stages: the megakernel's pipe_fma@ROWSxK sums)")
     args = ap.parse_args()
     import torch
+
+    if args.fused_fma:
+        from photon_core.ops import gemv as G
+        rows, bk = (int(v) for v in args.fused_fma.split("x"))
+        for key in list(G.TABLE):
+            if key[3]:
+                G.TABLE[key] = G.TABLE_DETERMINISTIC[key] = G.GemvConfig(rows, bk, 1, 4, 3,
+                                                                         False)
+    if args.layers:
+        import dataclasses
+
+        import photon_core.moondream.config as MC
+        base = MC.MoondreamConfig
+
+        def cfg():
+            c = base()
+            return dataclasses.replace(c, text=dataclasses.replace(c.text,
+                                                                   n_layers=args.layers))
+        MC.MoondreamConfig = cfg
 
     from photon_core.megakernel.megakernel_backend import resolve_variant
     from photon_core.megakernel.megakernel_step import MegakernelStep
@@ -69,6 +96,17 @@ def main():
             c.restore(s0)
             step()
             written.append(kv.select(row_axis, 0)[..., p, :].float().clone())
+            if args.layers == 1:
+                bufs = {n: t[:1].float().clone() for n, t in c.fd.bufs.items()}
+                bufs["x"] = c.fd.x[:1].float().clone()
+                written[-1] = (written[-1], bufs)
+        if args.layers == 1:
+            (written[0], b0), (written[1], b1) = written
+            for n in b0:
+                dd = (b0[n] - b1[n]).abs()
+                cols = torch.nonzero(dd[0] > 0).flatten().tolist()
+                print(f"  buffer {n} {tuple(b0[n].shape)}: max diff {dd.max().item():.3g}, "
+                      f"{len(cols)} columns differ (first {cols[:6]})", flush=True)
         d = (written[0] - written[1]).abs()
         per = d.reshape(d.shape[0], -1).amax(1) if d.dim() > 1 else d
         first = next((i for i, v in enumerate(per.tolist()) if v > 0), None)
