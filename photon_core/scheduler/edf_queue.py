@@ -55,15 +55,17 @@ class RequestQueue:
         """Queue order at clock time `now` (fairness credit counts up to it)."""
         return sorted(self._items.values(), key=lambda r: self.sort_key(r, now))
 
-    def note_started(self, req: TaskRequest, now: float) -> None:
+    def note_started(self, req: TaskRequest, now: float) -> float:
+        """req started at `now`; returns the frames of service it counts for its stream."""
         self.last_started[req.key] = now
         fr = req.frame
         if req.kind == ON_DEMAND:
             self.fair.note_started(req.stream, now, 0.0)
-            return
+            return 0.0
         # the unit is frames served: each started task adds its share of its frame, 1 / (the
         # frame's tasks that could meet their deadline on arrival); at most 1 per frame
         share = 1.0 / max(1, fr.tasks)
         credit = max(0.0, min(share, 1.0 - fr.started * share))
         self.fair.note_started(req.stream, now, credit)
         fr.started += 1
+        return credit

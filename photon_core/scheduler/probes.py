@@ -7,13 +7,26 @@ can be corrected (the cost model learns only from what runs). Part of `Scheduler
   slow outlier encode cannot skip a camera's frames for good.
 - **Task probe** (`Policy.task_probe_after_s`, share `task_probe_share`): a periodic request
   that admission refuses even on an idle engine on arrival is started anyway, on an idle
-  engine, when no task of its stream has started for a while (every estimate too high:
-  calibration on a loaded machine, a GPU hiccup), or when its own task has not started for a
-  while and was never measured (the skill's prior step count: a point task whose prior made
-  it hopeless next to a detect that runs every frame would never learn its real steps). The
-  latter waits for an idle engine rather than being skipped on arrival. The probe is the
-  stream's request with the most time left; published if it makes its deadline, else its
-  on_miss decides; probes take at most task_probe_share of the engine's time.
+  engine, when its stream received less than one frame of service (fairness.py's unit) in
+  the last task_probe_after_s (every estimate too high: calibration on a loaded machine, a
+  GPU hiccup), or when its own task has not started for a while and was never measured (the
+  skill's prior step count: a point task whose prior made it hopeless next to a detect that
+  runs every frame would never learn its real steps). The latter waits for an idle engine
+  rather than being skipped on arrival. Of the requests whose probe is due, the probe is
+  the one of the (stream, task) key started least recently (one that could not make its
+  deadline even with one decode step last; then the most time left); published if it
+  makes its deadline, else its on_miss decides; probes take at most task_probe_share of the
+  engine's time.
+- Why frames and keys (found by test_scheduler_properties, hypothesis seed 27): near the
+  feasibility edge (a frame costs ~80 % of its deadline) admission's margins can refuse
+  every request, and then probes are all the service there is. Counted per stream ("no
+  task started lately") and within a stream always the same task, they went one per
+  stream in turn: a camera asking detect + point got half a frame per probe (shares
+  11 / 5), and its point task, measured once with a loose deviation, was never measured
+  again. Counted in frames and rotated over (stream, task) keys, every task of every
+  camera is re-measured in turn and a camera with two tasks gets two probes for the other
+  camera's one: even frame shares (8 / 6.5). A stream served normally gets many frames in
+  task_probe_after_s and wants no probe, as before.
 """
 from __future__ import annotations
 
@@ -57,9 +70,12 @@ class Probes:
     def _task_probe_wanted(self, r: TaskRequest, now: float) -> bool:
         """r wants a task probe (see Policy.task_probe_after_s): r is periodic, not started,
         can still make its deadline if the estimates are wrong, admission refused it even on
-        an idle engine on arrival (not merely crowded out by an overload), and either no
-        task of its stream has started for task_probe_after_s (every estimate too high), or
-        its own task has not, and that task's steps were never measured (the skill's prior:
+        an idle engine on arrival (not merely crowded out by an overload), its (stream,
+        task) key has not started for task_probe_after_s (or been submitted that long), and
+        either its stream received less than one frame of service in that time (every
+        estimate too high; counted in frames, not starts, so a camera with more tasks per
+        frame is not probed less per frame than one with a single task), or its task's
+        steps were never measured (the skill's prior:
         a stream whose detect runs every frame while its point task's prior made it hopeless
         would never learn the point task's real steps; found by test_scheduler_properties:
         point skipped 150 / 150)."""
@@ -67,10 +83,30 @@ class Probes:
         if not (p > 0 and r.kind == PERIODIC and not r.admissible and not r.started
                 and now < r.deadline):
             return False
-        if now - self._stream_started.get(r.stream, now) >= p:
-            return True
+        if now - self._key_started.get(r.key, now) < p:
+            return False
         return (not self.tokens.measured(r.key)
-                and now - self._key_started.get(r.key, now) >= p)
+                or self._frames_served(r.stream, now) < 1.0 - 1e-6)
+
+    def _frames_served(self, stream: str, now: float) -> float:
+        """Frames of service (fairness.py's unit: each started periodic task 1 / its frame's
+        tasks that could meet their deadline) that `stream` received in the last
+        task_probe_after_s."""
+        log_ = self._stream_served.get(stream)
+        if not log_:
+            return 0.0
+        self._forget_served(log_, now)
+        return sum(f for _, f in log_)
+
+    def _note_served(self, stream: str, t: float, frames: float) -> None:
+        """A periodic request of `stream` started at `t`: `frames` of service."""
+        log_ = self._stream_served[stream]
+        log_.append((t, frames))
+        self._forget_served(log_, t)
+
+    def _forget_served(self, log_, now: float) -> None:
+        while log_ and log_[0][0] <= now - self.policy.task_probe_after_s:
+            log_.popleft()
 
     def _probe_wait(self, r: TaskRequest, now: float) -> bool:
         """Whether hopeless r, whose task probe could not start now, waits for it (True) or
@@ -104,17 +140,25 @@ class Probes:
         return (not self.live and now >= self._task_probe_ok_at
                 and self._task_probe_wanted(r, now))
 
+    def _probe_rank(self, q: TaskRequest, now: float) -> tuple:
+        """Which due task probe goes first (smallest): one that could make its deadline with
+        a single decode step before one that could not (cut at once, it teaches nothing);
+        then the (stream, task) key started least recently; then the most time left."""
+        return (admission.hopeless(now, self._start_ms(q), 1, q.deadline, self.cost.step_ms),
+                self._key_started.get(q.key, float("-inf")), -q.deadline, q.seq)
+
     def _task_probe(self, r: TaskRequest, now: float) -> bool:
-        """Start a task probe for r's stream if one is due; True if r was started (or ended
-        trying). The probe is the stream's waiting request with the most time left (a task
-        with a deadline no engine meets would teach nothing: cut at once, its stream's other
-        tasks never re-measured). Its encode, prefill and steps are measured as any run's; it
-        is not protected by admission (its Load is not checked)."""
+        """Start a task probe if one is due for r; True if r was started (or ended trying).
+        The probe is the waiting request, of any stream, whose probe is due that ranks first
+        (_probe_rank: the key started least recently, so a stream's tasks and the streams
+        take turns; a task with a deadline no engine meets last, it would teach nothing: cut
+        at once, its stream's other tasks never re-measured). Its encode, prefill and steps
+        are measured as any run's; it is not protected by admission (its Load is not
+        checked)."""
         if not self._task_probe_due(r, now):
             return False
-        best = max((q for q in self.queue if q.stream == r.stream and not q.ended
-                    and self._task_probe_due(q, now)), key=lambda q: (q.deadline, -q.seq),
-                   default=r)
+        best = min((q for q in self.queue if not q.ended and self._task_probe_due(q, now)),
+                   key=lambda q: self._probe_rank(q, now), default=r)
         if best is not r:
             self._task_probe(best, now)
             return False                          # r itself: skipped as hopeless

@@ -20,7 +20,7 @@ with the baseline policy (arrival order, no superseding, no admission, no cancel
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -65,15 +65,17 @@ class Policy:
     # measured this long ago, the frame is encoded anyway (an encode probe: no task is
     # started on a hopeless estimate) and the decision is made again. 0 disables.
     probe_after_s: float = 2.0
-    # The same for the costs of running a task (prefill, decode steps): when a task of a
-    # stream has not started for task_probe_after_s (all skipped as hopeless: e.g. calibration
-    # ran on a loaded CPU or through a GPU hiccup and every estimate is too high, or a task
-    # whose prior step count is far above what the scene needs, its steps never learnt
-    # because it never ran) and nothing runs, one such request is started anyway (a task
-    # probe: published if it makes its deadline, else on_miss decides) so prefill and step
-    # costs are measured again. Bounded: one probe at a time, only on an idle engine, at most
-    # one per (stream, task) per task_probe_after_s, and after a probe the next waits so that
-    # probes take at most task_probe_share of the engine's time. 0 disables.
+    # The same for the costs of running a task (prefill, decode steps): when a stream got
+    # less than one frame of service in task_probe_after_s (all skipped as hopeless: e.g.
+    # calibration ran on a loaded CPU or through a GPU hiccup and every estimate is too high),
+    # or a task never measured has not started for that long (a task whose prior step count
+    # is far above what the scene needs, its steps never learnt because it never ran), and
+    # nothing runs, one such request is started anyway (a task probe: published if it makes
+    # its deadline, else on_miss decides) so prefill and step costs are measured again; the
+    # (stream, task) keys take turns (probes.py). Bounded: one probe at a time, only on an
+    # idle engine, at most one per (stream, task) per task_probe_after_s, and after a probe
+    # the next waits so that probes take at most task_probe_share of the engine's time.
+    # 0 disables.
     task_probe_after_s: float = 2.0
     task_probe_share: float = 0.25
     # Fairness between streams (fairness.py): periodic work of the stream with the fewest
@@ -149,8 +151,10 @@ class Scheduler(Probes):
         self._prompt_cache: dict[tuple, int] = {}
         self.counts: Counter = Counter()
         self._encode_seen_at: dict = {}               # encode_key (size, crop mode) -> last encode measured
-        self._stream_started: dict[str, float] = {}   # stream -> last periodic start (or first submit)
-        self._key_started: dict[tuple, float] = {}    # (stream, task) -> the same per task
+        self._key_started: dict[tuple, float] = {}    # (stream, task) -> last periodic start / first submit
+        # stream -> (start time, frames of service) of its periodic starts in the last
+        # task_probe_after_s (probes.py: a stream served less than a frame in that time)
+        self._stream_served: dict[str, deque] = defaultdict(deque)
         self._task_probe_ok_at = float("-inf")        # no task probe before this (probe share)
         self._t0 = self.clock.now()
         self.per_stream: dict[str, Counter] = defaultdict(Counter)
@@ -201,7 +205,6 @@ class Scheduler(Probes):
                 self._end(req, Status.ERROR, error=f"invalid task: {e}")
                 continue
             if kind == PERIODIC:
-                self._stream_started.setdefault(stream, now)
                 self._key_started.setdefault(req.key, now)
                 req.admissible = self._admissible(req, now)
                 if self._feasible(req, now):
@@ -631,10 +634,12 @@ class Scheduler(Probes):
             return
         r.run, r.start_time, r.engine_ms = run, t_start, r.prefill_ms
         if r.kind == PERIODIC:
-            self._stream_started[r.stream] = self._key_started[r.key] = t_start
+            self._key_started[r.key] = t_start
         self.queue.remove(r)
         self.latest.take(r)
-        self.queue.note_started(r, t_start)
+        frames = self.queue.note_started(r, t_start)
+        if r.kind == PERIODIC:
+            self._note_served(r.stream, t_start, frames)
         self.live.append(r)
         self.counts["admitted"] += 1
         if _finished_early(run) and not r.ended:  # e.g. detect that ends at the prompt
