@@ -237,10 +237,14 @@ def test_replay_interrupted_mid_bag_leaves_a_readable_bag(tmp_path_factory, tmp_
         "topic": "/camera/image_raw", "tasks": ["people"],
         "people": {"skill": "detect", "object": "person", "max_objects": 2}}})
     out = tmp_path / "out"
+    # the child starts with SIGINT at its default, as from a terminal: a test run started in
+    # the background of a script (SIGINT ignored, inherited; Python then keeps ignoring it)
+    # must not turn the SIGINT case into a replay that cannot be interrupted
     p = subprocess.Popen([sys.executable, "-m", "photon_core.cli", "replay", str(bag), "--params",
                           str(cfg), "--out", str(out), "--model", str(model), "--no-progress"],
                          cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+                         stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # mid-stream: the output bag exists and the replay has been running for a while
         assert wait_for(lambda: any(out.glob("*.mcap")), timeout=90)
