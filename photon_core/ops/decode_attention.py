@@ -30,6 +30,7 @@ from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 FUSE_COMBINE = False     # H200: in-kernel merge 7.87 us/layer vs 7.44 with the combine kernel (b=1)
+ATTEND_WARPS = 4         # warps of _attend_partial_kernel (bench/bench_attention_warps.py)
 
 
 @triton.jit
@@ -226,7 +227,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
         scratch.count, out, out.stride(0), pos if kv_row is None else kv_row,
         NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=scratch.chunk,
         NSPLIT=scratch.n_split, SPLIT_P2=p2, COMBINE=fuse, PREFILL=kv_row is not None,
-        GDC=gdc, num_warps=4, **launch_kw)
+        GDC=gdc, num_warps=ATTEND_WARPS, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
                                       NH=n_heads, HD=head_dim, NSPLIT=scratch.n_split,
