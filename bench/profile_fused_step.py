@@ -5,6 +5,7 @@ eager step from the torch profiler, grouped by kernel name, in us per step (thei
 the replay = the launch gaps).
 
 Usage: PYTHONPATH=. python3 bench/profile_fused_step.py [--batches 1,4,8] [--split-k]
+           [--one-row-attention]
 Writes $OUT/profile_fused_step.json when OUT is set.
 """
 from __future__ import annotations
@@ -45,8 +46,14 @@ def main():
     ap.add_argument("--split-k", action="store_true", help="the default (non-deterministic) "
                     "fused GEMVs instead of the deterministic ones")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--one-row-attention", action="store_true",
+                    help="every batch size with the one-row attention config (the scratch's "
+                         "chunk, ATTEND_WARPS): the baseline of decode_attention.attend_config")
     args = ap.parse_args()
     import torch
+    if args.one_row_attention:
+        import photon_core.ops.decode_attention as DA
+        DA.ROWS_MIN = 1 << 30
     batches = [int(b) for b in args.batches.split(",")]
     c = bm.Ctx(False, max(batches))
     if args.split_k:

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import GEMV_MAX_ROWS
-from ..ops.decode_attention import AttentionScratch, decode_attention
+from ..ops.decode_attention import ROWS_CHUNK, AttentionScratch, decode_attention
 from ..ops.eager import gated_norm_reference, norm_reference
 from ..ops.feedback_embedding import feedback_embedding
 from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
@@ -93,7 +93,8 @@ class FusedBackend:
         self.bufs = {name: torch.zeros(n, p.buffer_width(name), device=dev, dtype=dt)
                      for name, _ in p.buffers}
         # (n rows: a decode bucket's, or a prompt's tokens: the prefill's attention kernels)
-        self.scratch = AttentionScratch(n, a.n_heads, a.head_dim, kv.capacity, attn_chunk, dev)
+        self.scratch = AttentionScratch(n, a.n_heads, a.head_dim, kv.capacity, attn_chunk, dev,
+                                        min_chunk=ROWS_CHUNK)
         self.feedback = feedback_weights(spec, weights)
         self.hybrid = state_ops.uses_state_ops(p)
         self.plain_attention = any(op.kind == "attention" for op in p.ops)

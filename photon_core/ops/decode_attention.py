@@ -30,7 +30,14 @@ from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 FUSE_COMBINE = False     # H200: in-kernel merge 7.87 us/layer vs 7.44 with the combine kernel (b=1)
-ATTEND_WARPS = 4         # warps of _attend_partial_kernel (bench/bench_attention_warps.py)
+# warps of _attend_partial_kernel at one row, and the (key chunk, warps) it uses from
+# ROWS_MIN rows (or prompt tokens) up where the scratch has room for that many splits: H200,
+# 24 layers' caches, us per layer (bench/bench_attention_warps.py, docs/benchmarks.md session 9
+# call 15): 2 warps x 64 keys vs 4 x 128 at b = 2 / 4 / 8: 9.11 / 12.90 / 19.81 vs 9.66 / 13.70
+# / 21.43 (at b = 1 1.06x as well, but one row keeps the scratch's chunk: the megakernel's
+# attention and schedule use it)
+ATTEND_WARPS = 4
+ROWS_MIN, ROWS_CHUNK, ROWS_WARPS = 2, 64, 2
 
 
 @triton.jit
@@ -181,17 +188,30 @@ def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out,
 
 
 class AttentionScratch:
-    """fp32 split partials for `rows` rows (preallocated: graph-capturable)."""
+    """fp32 split partials for `rows` rows (preallocated: graph-capturable). chunk: keys per
+    split (n_split of them cover the capacity); min_chunk: the partials are sized for chunks
+    down to that (a launch may use a smaller chunk than `chunk`: attend_config)."""
 
     def __init__(self, rows: int, n_heads: int, head_dim: int, capacity: int, chunk: int,
-                 device):
+                 device, min_chunk: int | None = None):
         self.chunk = chunk
         self.n_split = triton.cdiv(capacity, chunk)
-        self.m = torch.empty(rows * n_heads * self.n_split, device=device, dtype=torch.float32)
+        self.max_split = max(self.n_split, triton.cdiv(capacity, min_chunk or chunk))
+        self.m = torch.empty(rows * n_heads * self.max_split, device=device,
+                             dtype=torch.float32)
         self.l = torch.empty_like(self.m)
-        self.acc = torch.empty(rows * n_heads * self.n_split * head_dim, device=device,
+        self.acc = torch.empty(rows * n_heads * self.max_split * head_dim, device=device,
                                dtype=torch.float32)
         self.count = torch.zeros(rows * n_heads, device=device, dtype=torch.int32)
+
+
+def attend_config(b: int, capacity: int, scratch: AttentionScratch) -> tuple[int, int]:
+    """(keys per split, warps) of the attention kernel for b rows (or prompt tokens):
+    ROWS_CHUNK / ROWS_WARPS from ROWS_MIN rows where the scratch holds that many splits, else
+    the scratch's chunk with ATTEND_WARPS."""
+    if b >= ROWS_MIN and triton.cdiv(capacity, ROWS_CHUNK) <= scratch.max_split:
+        return ROWS_CHUNK, ROWS_WARPS
+    return scratch.chunk, ATTEND_WARPS
 
 
 def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -212,8 +232,10 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     half = cos.shape[1]
     assert kc.stride() == vc.stride() and kc.stride(3) == 1 and qkv.stride(1) == 1
     assert capacity <= scratch.n_split * scratch.chunk
+    chunk, warps = attend_config(b, capacity, scratch)
+    n_split = triton.cdiv(capacity, chunk)
     fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
-    p2 = triton.next_power_of_2(scratch.n_split)
+    p2 = triton.next_power_of_2(n_split)
     _, gdc, launch_kw = pdl_launch(pdl, qkv)
     if kv_row is not None:
         _prefill_kv_write_kernel[(b, n_kv_heads)](
@@ -221,16 +243,16 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             kc.stride(1), kc.stride(2), capacity,
             NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, GDC=gdc, num_warps=1,
             **launch_kw)
-    _attend_partial_kernel[(b, n_heads, scratch.n_split)](
+    _attend_partial_kernel[(b, n_heads, n_split)](
         qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0), kc.stride(1),
         kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc, head_dim ** -0.5,
         scratch.count, out, out.stride(0), pos if kv_row is None else kv_row,
-        NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=scratch.chunk,
-        NSPLIT=scratch.n_split, SPLIT_P2=p2, COMBINE=fuse, PREFILL=kv_row is not None,
-        GDC=gdc, num_warps=ATTEND_WARPS, **launch_kw)
+        NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=chunk,
+        NSPLIT=n_split, SPLIT_P2=p2, COMBINE=fuse, PREFILL=kv_row is not None,
+        GDC=gdc, num_warps=warps, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
-                                      NH=n_heads, HD=head_dim, NSPLIT=scratch.n_split,
+                                      NH=n_heads, HD=head_dim, NSPLIT=n_split,
                                       SPLIT_P2=p2, GDC=gdc, num_warps=2, **launch_kw)
     return out
 

@@ -206,6 +206,38 @@ def test_decode_attention_prefill_form_matches_prefill_reference(nh, nkv, fuse):
         assert torch.equal(kc[r], data[0, r]) and torch.equal(vc[r], data[1, r])
 
 
+@pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prompt"])
+def test_several_rows_take_the_rows_chunk(monkeypatch, prefill):
+    """From ROWS_MIN rows (or prompt tokens) the kernel runs with ROWS_CHUNK-key splits and
+    ROWS_WARPS where the scratch has room (attend_config); the result is the one of the
+    scratch's own chunk within fp32 rounding and the k/v written are the same bits. One row,
+    or a scratch sized for its chunk only, keeps that chunk."""
+    import photon_core.ops.decode_attention as DA
+    g = torch.Generator().manual_seed(22)
+    nh, nkv, hd, cap, rot, b = 4, 2, 64, 100, 32, 4
+    monkeypatch.setattr(DA, "ROWS_CHUNK", 16)
+    roomy = AttentionScratch(b, nh, hd, cap, 32, "cpu", min_chunk=16)
+    tight = AttentionScratch(b, nh, hd, cap, 32, "cpu")
+    assert DA.attend_config(b, cap, roomy) == (16, DA.ROWS_WARPS)
+    assert DA.attend_config(1, cap, roomy) == (32, DA.ATTEND_WARPS)
+    assert DA.attend_config(b, cap, tight) == (32, DA.ATTEND_WARPS)
+    assert roomy.max_split == 7 and tight.max_split == tight.n_split == 4
+    pos = torch.tensor([40, 41, 42, 43]) if prefill else torch.tensor([0, 17, 64, 130])
+    row = torch.tensor([1]) if prefill else None
+    data = torch.randn(2, b, nkv, cap, hd, generator=g)
+    qkv = torch.randn(b, (nh + 2 * nkv) * hd, generator=g)
+    cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
+    outs, caches = [], []
+    for scratch in (tight, roomy):
+        kc, vc = data[0].clone(), data[1].clone()
+        out = torch.zeros(b, nh * hd)
+        decode_attention(qkv, pos, cos, sin, kc, vc, out, scratch, nh, nkv, hd, kv_row=row)
+        outs.append(out)
+        caches.append((kc, vc))
+    _close(outs[1], outs[0], 1e-5)
+    assert torch.equal(caches[1][0], caches[0][0]) and torch.equal(caches[1][1], caches[0][1])
+
+
 def _tiny_state(rows=4, cap=64):
     """A StepState of the tiny fp32 model with both backends (fused forced on)."""
     from photon_core.engine import EngineOptions
