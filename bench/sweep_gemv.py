@@ -1,13 +1,18 @@
 """GEMV config sweep for the shapes bench_kernels.py does not sweep: the residual GEMV
 without split-K (deterministic=True) and the region heads (detect/point), real Moondream 2
-shapes, bf16, batch 1 and 8. Weight copies rotate so L2 never holds them; CUDA-graph timing
+shapes, bf16, batch 1 and 8 (--batches), and with --shapes decode the decode step's three
+GEMVs too. Weight copies rotate so L2 never holds them; CUDA-graph timing
 (bench_kernels.graph_ms); every config's output diffed against fp32 torch. The split-K
-residual config in gemv.TABLE is timed in the same run as the baseline.
+residual config in gemv.TABLE, and gemv.pick's config for the batch, are timed in the same run
+as baselines. The fma form is swept up to gemv.FMA_MAX_ROWS rows (split-K fma for the
+residual GEMV too).
 
-Usage: PYTHONPATH=. python3 bench/sweep_gemv.py   (prints the best configs per shape/batch)
+Usage: PYTHONPATH=. python3 bench/sweep_gemv.py [--batches 1,8] [--shapes all|decode|heads]
+(prints the best configs per shape/batch)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -26,9 +31,15 @@ from photon_core.ops import gemv as G  # noqa: E402
 C = G.GemvConfig
 FMA = [C(8, 512, 1, 4, 3, False), C(16, 512, 1, 4, 3, False), C(16, 256, 1, 4, 3, False),
        C(16, 512, 1, 8, 3, False), C(32, 256, 1, 8, 3, False), C(16, 1024, 1, 8, 3, False),
-       C(8, 1024, 1, 4, 3, False), C(4, 1024, 1, 4, 3, False), C(8, 256, 1, 4, 4, False)]
+       C(8, 1024, 1, 4, 3, False), C(4, 1024, 1, 4, 3, False), C(8, 256, 1, 4, 4, False),
+       C(4, 512, 1, 4, 3, False), C(8, 512, 4, 4, 3, False), C(8, 512, 2, 4, 3, False),
+       C(16, 256, 4, 4, 3, False), C(4, 1024, 2, 4, 3, False)]
 DOT = [C(16, 256, 1, 4, 3, True), C(32, 128, 1, 4, 4, True), C(16, 512, 1, 4, 3, True),
        C(32, 256, 1, 4, 3, True), C(64, 128, 1, 4, 3, True), C(16, 128, 1, 4, 4, True)]
+DECODE = {   # the decode step's GEMVs (bench_kernels.py sweeps them at its candidates)
+    "qkv|fc1 +gelu": (14336, 2048, G.EPI_QKV_GELU),
+    "lm head": (51200, 2048, G.EPI_STORE),
+}
 SHAPES = {   # name: (n, k, epi)
     "proj|fc2 +res": (2048, 10240, G.EPI_RESIDUAL),
     "region fc1 +gelu": (8192, 2048, G.EPI_QKV_GELU),
@@ -38,23 +49,33 @@ SHAPES = {   # name: (n, k, epi)
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--shapes", default="heads", choices=("heads", "decode", "all"))
+    args = ap.parse_args()
+    shapes = {**(DECODE if args.shapes in ("decode", "all") else {}),
+              **({k: v for k, v in SHAPES.items() if args.shapes != "decode"
+                  or k == "proj|fc2 +res"})}
     bw = copy_bandwidth()
     out = {"copy_bw_TBps": bw / 1e12}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     dev, dt = "cuda", torch.bfloat16
-    for name, (n, k, epi) in SHAPES.items():
+    for name, (n, k, epi) in shapes.items():
         wbytes = n * k * 2
         copies = max(2, -(-400_000_000 // wbytes))
         ws = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
         bias = torch.randn(n, device=dev, dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
-        for b in (1, 8):
+        for b in (int(v) for v in args.batches.split(",")):
             x = torch.randn(b, k, device=dev, dtype=dt)
             ref = F.linear(x.float(), ws[0].float(), bias.float())
             want = F.gelu(ref, approximate="tanh") if epi == G.EPI_QKV_GELU else ref
-            cands = [c for c in (FMA if b == 1 else []) + DOT if c.fits(b, n, k, epi)]
+            cands = [c for c in (FMA if b <= G.FMA_MAX_ROWS else []) + DOT
+                     if c.fits(b, n, k, epi)]
             table = G.TABLE.get((n, k, epi, b == 1))
-            if table is not None and table not in cands:
-                cands.append(table)
+            picked = G.pick(b, n, k, epi)
+            for c in (table, picked, G.pick(b, n, k, epi, deterministic=True)):
+                if c is not None and c not in cands:
+                    cands.append(c)
             rows = []
             for cfg in cands:
                 y = torch.zeros(b, n, device=dev,
@@ -74,9 +95,10 @@ def main():
             print(f"\n{name} n={n} k={k} b={b}: floor {floor:.1f} us; TABLE {table}")
             for us, c, err in rows[:6]:
                 print(f"  {us:7.2f} us ({floor / us * 100:4.0f}%)  {c}  err {err}")
-            if table is not None:
-                t = [r for r in rows if r[1] == str(table)]
-                print(f"  TABLE config: {t[0][0]:.2f} us" if t else "  TABLE config: n/a")
+            for what, cfg in (("TABLE", table), ("pick", picked)):
+                if cfg is not None:
+                    t = [r for r in rows if r[1] == str(cfg)]
+                    print(f"  {what} config: {t[0][0]:.2f} us" if t else f"  {what}: n/a")
         del ws
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
