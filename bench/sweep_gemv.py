@@ -4,8 +4,8 @@ shapes, bf16, batch 1 and 8 (--batches), and with --shapes decode the decode ste
 GEMVs too. Weight copies rotate so L2 never holds them; CUDA-graph timing
 (bench_kernels.graph_ms); every config's output diffed against fp32 torch. The split-K
 residual config in gemv.TABLE, and gemv.pick's config for the batch, are timed in the same run
-as baselines. The fma form is swept up to gemv.FMA_MAX_ROWS rows (split-K fma for the
-residual GEMV too).
+as baselines. The fma form (one row) is swept at b = 1 (split-K fma for the residual GEMV
+too).
 
 Usage: PYTHONPATH=. python3 bench/sweep_gemv.py [--batches 1,8] [--shapes all|decode|heads]
 (prints the best configs per shape/batch)
@@ -69,8 +69,7 @@ def main():
             x = torch.randn(b, k, device=dev, dtype=dt)
             ref = F.linear(x.float(), ws[0].float(), bias.float())
             want = F.gelu(ref, approximate="tanh") if epi == G.EPI_QKV_GELU else ref
-            cands = [c for c in (FMA if b <= G.FMA_MAX_ROWS else []) + DOT
-                     if c.fits(b, n, k, epi)]
+            cands = [c for c in (FMA if b == 1 else []) + DOT if c.fits(b, n, k, epi)]
             table = G.TABLE.get((n, k, epi, b == 1))
             picked = G.pick(b, n, k, epi)
             for c in (table, picked, G.pick(b, n, k, epi, deterministic=True)):

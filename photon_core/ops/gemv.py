@@ -8,8 +8,7 @@ same 0.022). bf16 / fp16 weights are unaffected. Each program owns BLOCK_N outpu
 rows and streams its K range (K / SPLIT_K) in [BLOCK_N, BLOCK_K] tiles; the activations are
 tiny and stay in L2. Two inner-product forms: `dot` (tl.dot on [16, BLOCK_K] x [BLOCK_K,
 BLOCK_N], tensor cores, any b <= 16) and `fma` (b == 1: elementwise multiply into a
-[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end; 2 <= b <= FMA_MAX_ROWS: the
-same per row, a [rows, BLOCK_N, BLOCK_K] accumulator, rows padded to a power of two).
+[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end).
 
 Epilogues (EPI):
   EPI_STORE    y = (acc + bias) in y's dtype
@@ -35,7 +34,6 @@ from . import GEMV_MAX_ROWS
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL = 0, 1, 2
-FMA_MAX_ROWS = 4        # the fma form's rows (its accumulator grows with them)
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ class GemvConfig:
             return False
         if self.split_k > 1 and epi != EPI_RESIDUAL:
             return False
-        if not self.dot and b > FMA_MAX_ROWS:
+        if not self.dot and b != 1:
             return False
         if self.dot and (self.block_n < 16 or self.block_k < 16):
             return False
@@ -78,10 +76,8 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     x_rows = x_ptr + offs_b[:, None] * stride_xb
     if DOT:
         acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-    elif BLOCK_B == 1:
+    else:
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:       # fma over several rows: each row's products as at one row
-        acc3 = tl.zeros([BLOCK_B, BLOCK_N, BLOCK_K], dtype=tl.float32)
     k_first = k_start
     if PDL:     # the first weight tile is loaded before waiting for the previous kernel
         offs_k = k_start + tl.arange(0, BLOCK_K)
@@ -93,10 +89,8 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
             else:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
-        elif BLOCK_B == 1:
-            acc2 += w.to(tl.float32) * x.to(tl.float32)
         else:
-            acc3 += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+            acc2 += w.to(tl.float32) * x.to(tl.float32)
         k_first = k_start + BLOCK_K
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
@@ -107,15 +101,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
             else:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
-        elif BLOCK_B == 1:
+        else:
             acc2 += w.to(tl.float32) * x.to(tl.float32)
-        else:
-            acc3 += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
     if not DOT:
-        if BLOCK_B == 1:
-            acc = tl.sum(acc2, axis=1)[None, :]
-        else:
-            acc = tl.sum(acc3, axis=2)
+        acc = tl.sum(acc2, axis=1)[None, :]
     mask = b_ok[:, None] & n_ok[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
@@ -193,15 +182,7 @@ TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
 }
 
 
-# picks per exact row count (checked first; split_k == 1 entries serve deterministic mode
-# too), from bench/sweep_gemv_rows.py on the H200
-TABLE_ROWS: dict[tuple[int, int, int, int], GemvConfig] = {}
-
-
 def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvConfig:
-    cfg = TABLE_ROWS.get((n, k, epi, b))
-    if cfg is not None and cfg.fits(b, n, k, epi) and not (deterministic and cfg.split_k > 1):
-        return cfg
     table = TABLE_DETERMINISTIC if deterministic else TABLE
     cfg = table.get((n, k, epi, b == 1)) or (TABLE.get((n, k, epi, b == 1))
                                              if deterministic else None)
@@ -232,7 +213,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     assert b <= GEMV_MAX_ROWS
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
-    block_b = 16 if cfg.dot else triton.next_power_of_2(b)
+    block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k,
