@@ -96,6 +96,16 @@ class Ctx:
         assert self.fd is not None and self.fd.deterministic
         self.dev = self.st.hidden.device
 
+    def use_attn_chunk(self, chunk: int) -> None:
+        """Keys per attention split (the fused backend's scratch, which the megakernel's
+        lowering takes its split from); 0: the backend's own (fused_backend.ATTN_CHUNK)."""
+        if chunk:
+            from photon_core.ops.decode_attention import ROWS_CHUNK, AttentionScratch
+            a = self.fd.program.attention
+            self.fd.scratch = AttentionScratch(self.fd.x.shape[0], a.n_heads, a.head_dim,
+                                               self.kv_cap, chunk, self.dev,
+                                               min_chunk=ROWS_CHUNK)
+
     def sync(self):
         if not self.smoke:
             self.torch.cuda.synchronize()
@@ -385,6 +395,7 @@ def _bandwidth_and_bytes(c, args):
 def child_fused(args):
     """floor, fused graph, fused+PDL graph, PDL greedy agreement at b=1 and b=8."""
     c = Ctx(args.smoke, 8)
+    c.use_attn_chunk(args.attn_chunk)
     bw, wbytes = _bandwidth_and_bytes(c, args)
     res = {"copy_TBps": bw / 1e12, "decoder_GB": wbytes / 1e9}
     say(f"copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
@@ -402,6 +413,7 @@ def child_mk(args):
     """The megakernel variants: greedy agreement with the fused backend (pdl off), timing."""
     t_start = time.perf_counter()
     c = Ctx(args.smoke, 8)
+    c.use_attn_chunk(args.attn_chunk)
     res = {"variants1": args.variants1, "variants8": args.variants8}
     vs_of = {b: _variants(args, b) for b in _batches(args)}
     # jobs in priority order: the first variant of every batch, then the others
@@ -435,7 +447,7 @@ def run_child(mode, args, env, timeout):
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
            "--variants1", args.variants1, "--variants8", args.variants8,
-           "--batches", args.batches,
+           "--batches", args.batches, "--attn-chunk", str(args.attn_chunk),
            "--budget", str(max(10.0, timeout - args.reserve))] + (
         ["--smoke"] if args.smoke else [])
     try:
@@ -543,6 +555,9 @@ def main():
                          "(no variant starts later than its timeout - reserve; H200: ~9 s "
                          "per variant)")
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--attn-chunk", type=int, default=0,
+                    help="keys per attention split, fused baselines and megakernel alike "
+                         "(0: the fused backend's ATTN_CHUNK)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, no timing")
     args = ap.parse_args()
     if args.child == "compile":

@@ -39,7 +39,7 @@ def auto_spec(fd) -> str:
 
 def resolve_variant(spec: str) -> Variant | None:
     """EngineOptions.megakernel -> the Variant to build (None: "off"). "on": the measured
-    best b=1 build on the H200 (docs/benchmarks.md, session 6) on CUDA, Variant() under the
+    best b=1 build on the H200 (docs/benchmarks.md, sessions 6-9) on CUDA, Variant() under the
     interpreter (one program: no programs per SM to speak of there)."""
     if spec == "off":
         return None
@@ -48,7 +48,9 @@ def resolve_variant(spec: str) -> Variant | None:
     return Variant.parse(spec)
 
 
-BEST = "pipe_fma@8x1024/w4/s3/p2/a2/fill/pre"
+# three key splits per attention instruction since session 9 (calls 19-20: 0.908-0.909 vs
+# 0.929-0.934 ms for a2 in the same runs, with the fitted fill constants; a4 0.952)
+BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre"
 # "on" runs the megakernel for buckets up to this batch (the measured win, session 8: b=1
 # 0.936 vs 1.101 ms for the deterministic fused graph, 1.029 split-K; b=2 / 4 / 8 lose:
 # 1.69 vs 1.28, 1.88 vs 1.38, 2.16 vs 1.56 ms), the fused forward above it
