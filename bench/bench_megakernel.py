@@ -211,8 +211,11 @@ def _variants(args, b: int = 1) -> list[str]:
     """--variants1 / --variants8: comma-separated megakernel_step.Variant strings
     ("gemv[@RxK]/w8/s4/u2/pf32/pfn64/noalign")."""
     from photon_core.megakernel.megakernel_step import Variant
-    return [str(Variant.parse(v)) for v in
-            (args.variants1 if b == 1 else args.variants8).split(",")]
+    vs = [str(Variant.parse(v)) for v in
+          (args.variants1 if b == 1 else args.variants8).split(",")]
+    # each variant is built and measured once (its results are keyed by its string): a
+    # repeat would only print the first measurement again
+    return list(dict.fromkeys(vs))
 
 
 def _batches(args) -> tuple[int, ...]:
