@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_megakernel as bm  # noqa: E402
+from bench_decode import kv_bytes  # noqa: E402
 
 
 def kernel_table(torch, fn, steps: int = 10) -> dict[str, float]:
@@ -59,7 +60,6 @@ def main():
     if args.split_k:
         c.fd.deterministic = False
     bw, wbytes = bm._bandwidth_and_bytes(c, argparse.Namespace(smoke=False))
-    t = c.model.config.text
     out = {"gpu": torch.cuda.get_device_name(), "split_k": args.split_k, "rows": {}}
     for b in batches:
         c.state_for(b, active=False)    # nothing advances: every replay does the same work
@@ -73,9 +73,7 @@ def main():
         c.restore(s0)
         table = kernel_table(torch, step)
         total = sum(table.values())
-        kvb = sum(t.n_layers * 2 * t.n_kv_heads * (int(p) + 1) * t.head_dim * 2
-                  for p in c.st.pos[:b].tolist())
-        floor = (wbytes + kvb) / bw * 1e3
+        floor = (wbytes + kv_bytes(c.model.config, c.st.pos[:b].tolist())) / bw * 1e3
         row = {"graph_ms": ms, "floor_ms": floor, "kernel_us": total, "kernels": table}
         out["rows"][b] = row
         print(f"b={b}: graph {ms:.4f} ms ({ms / floor:.2f}x floor {floor:.4f}), kernels "

@@ -52,9 +52,10 @@ class EngineOptions:
       persistent megakernel launch per step (photon_core/megakernel): "auto" (the
       default: "on" on a Hopper GPU, sm_90, where it was measured to win; "off" elsewhere),
       "off", "on"
-      (the measured best variant at batch 1, where it beats the fused graph: 0.936 vs
-      1.101 ms deterministic / 1.029 split-K on the H200, the same greedy tokens as the
-      deterministic fused graph; larger buckets keep the fused forward: docs/benchmarks.md),
+      (the measured best variant at batch 1, where it beats the fused graph: 0.908 vs
+      1.100 ms deterministic / 1.024 split-K on the H200; not its bits - the GEMVs sum in
+      another order - so greedy tokens can part on near-ties; larger buckets keep the fused
+      forward: docs/benchmarks.md),
       or a variant string ("pipe_fma@8x1024/w4/s3/p2", megakernel_step.Variant: every
       bucket it can lower; "auto/w8" = the default GEMV choice).
       Needs the fused backend; where the megakernel cannot serve the model (no lowering
