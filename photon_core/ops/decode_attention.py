@@ -18,7 +18,9 @@ Torch references (the eager backend's attention op): `decode_attention_reference
 per row at its own position, the same rotary / cache write / masked attention) and
 `prefill_attention_reference` (the prompt's tokens of one row, causal over the whole row).
 decode_attention(..., kv_row=row) is the prompt prefill's kernel form: every token's k/v
-written first (_prefill_kv_write_kernel), then the split attention per (token, head).
+written first (_prefill_kv_write_kernel), then the split attention per (head, split) over
+blocks of tokens (_prefill_attend_kernel: each chunk of keys read once for the block), or
+with PREFILL_TOKENS = 0 per (token, head, split) (_attend_partial_kernel with PREFILL).
 """
 from __future__ import annotations
 
@@ -38,6 +40,12 @@ FUSE_COMBINE = False     # H200: in-kernel merge 7.87 us/layer vs 7.44 with the 
 # attention and schedule use it)
 ATTEND_WARPS = 4
 ROWS_MIN, ROWS_CHUNK, ROWS_WARPS = 2, 64, 2
+# the prompt prefill: up to PREFILL_TOKENS tokens per program of _prefill_attend_kernel
+# (0: the per-token form, _attend_partial_kernel with PREFILL), with PREFILL_WARPS warps.
+# H200, 24 layers after a 730-token prefix, us per prefill of T = 8 / 16 tokens
+# (bench/profile_prompt_prefill.py, docs/benchmarks.md session 10 call 3): per token 326 /
+# 587; blocks of 16 with 1 / 2 / 4 warps 157 / 152 / 148 and 198 / 184 / 175
+PREFILL_TOKENS, PREFILL_WARPS = 16, 4
 
 
 @triton.jit
@@ -178,6 +186,62 @@ def _prefill_kv_write_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_t
 
 
 @triton.jit
+def _prefill_attend_kernel(qkv_ptr, stride_qkv, pos_ptr, n_tok, cos_ptr, sin_ptr, n_table,
+                           kc_ptr, vc_ptr, s_row, s_head, s_pos, capacity, kv_row_ptr,
+                           m_ptr, l_ptr, acc_ptr, scale,
+                           NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
+                           HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
+                           TP: tl.constexpr, IP: tl.constexpr,
+                           GDC: tl.constexpr = False):
+    """The prompt prefill's split attention, grid (heads, splits, token blocks of TP): one
+    program reads its chunk of the row's keys / values ONCE for all the block's tokens
+    (the per-token form read it once per token: at T = 8 / 16 after a 730-token prefix
+    327 / 587 us per prefill on the H200, the GEMVs 752 / 775). Scores and the weighted
+    values as tensor-core dots in the cache dtype with fp32 sums (q rounded to it as in the
+    per-token form: its products are exact; the probabilities rounded to it for the values'
+    dot, as prefill_attention_reference does; fp32 caches: IP = "ieee" dots), the decode
+    kernel's softmax partials per token (key j visible to the token at position p if
+    j <= min(p, capacity - 1); every token's k/v is in the cache:
+    _prefill_kv_write_kernel ran first)."""
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
+    h = tl.program_id(0)
+    sp = tl.program_id(1)
+    t = tl.program_id(2) * TP + tl.arange(0, TP)
+    t_ok = t < n_tok
+    kvh = h // (NH // NKV)
+    pos = tl.load(pos_ptr + t, mask=t_ok, other=0)
+    pw = tl.where(t_ok, tl.minimum(pos, capacity - 1), -1)
+    ti = tl.minimum(pos, n_table - 1)
+    last = tl.max(pw, axis=0)
+    d = tl.arange(0, HD)
+    j = sp * CHUNK + tl.arange(0, CHUNK)
+    cache_off = tl.load(kv_row_ptr) * s_row + kvh * s_head
+    seen = j <= last
+    kt = tl.load(kc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=seen[:, None],
+                 other=0.0)
+    vt = tl.load(vc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=seen[:, None],
+                 other=0.0)
+    src_c, src_s, c, s = rotary_sources(d[None, :], cos_ptr, sin_ptr, ti[:, None], HALF)
+    base = qkv_ptr + t[:, None] * stride_qkv + h * HD
+    q = tl.load(base + src_c, mask=t_ok[:, None], other=0.0).to(tl.float32) * c \
+        + tl.load(base + src_s, mask=t_ok[:, None], other=0.0).to(tl.float32) * s
+    q = q.to(kc_ptr.dtype.element_ty)
+    sc = tl.dot(q, tl.trans(kt), input_precision=IP) * scale              # [TP, CHUNK]
+    valid = j[None, :] <= pw[:, None]
+    sc = tl.where(valid, sc, float("-inf"))
+    m = tl.max(sc, axis=1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.where(valid, tl.exp(sc - m_safe[:, None]), 0.0)
+    l = tl.sum(p, axis=1)
+    acc = tl.dot(p.to(vt.dtype), vt, input_precision=IP)                   # [TP, HD]
+    idx = (t * NH + h) * NSPLIT + sp
+    tl.store(m_ptr + idx, m, mask=t_ok)
+    tl.store(l_ptr + idx, l, mask=t_ok)
+    tl.store(acc_ptr + idx[:, None] * HD + d[None, :], acc, mask=t_ok[:, None])
+
+
+@triton.jit
 def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out,
                     NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                     SPLIT_P2: tl.constexpr, GDC: tl.constexpr = False):
@@ -224,9 +288,9 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     cache (unit stride on hd); out [b, >= nh*hd].
     kv_row ([1] long): a prompt prefill instead - the b rows of qkv / pos / out are b tokens
     of that one cache row, causal (key <= the token's position: the earlier tokens' keys
-    too): one launch writes every token's k/v, then the same split attention reads them
-    (prefill_attention_reference's result, with the decode step's fp32 scores and
-    softmax instead of its bf16 matmuls)."""
+    too): one launch writes every token's k/v, then the split attention reads them
+    (prefill_attention_reference's result within rounding: its fp32 softmax, the dots'
+    sums in fp32; the per-token form computes the scores and weighted values in fp32)."""
     b = qkv.shape[0]
     capacity = kc.shape[2]
     half = cos.shape[1]
@@ -243,13 +307,25 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             kc.stride(1), kc.stride(2), capacity,
             NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, GDC=gdc, num_warps=1,
             **launch_kw)
-    _attend_partial_kernel[(b, n_heads, n_split)](
-        qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0), kc.stride(1),
-        kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc, head_dim ** -0.5,
-        scratch.count, out, out.stride(0), pos if kv_row is None else kv_row,
-        NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=chunk,
-        NSPLIT=n_split, SPLIT_P2=p2, COMBINE=fuse, PREFILL=kv_row is not None,
-        GDC=gdc, num_warps=warps, **launch_kw)
+        if PREFILL_TOKENS:
+            tp = min(PREFILL_TOKENS, max(16, triton.next_power_of_2(b)))
+            _prefill_attend_kernel[(n_heads, n_split, triton.cdiv(b, tp))](
+                qkv, qkv.stride(0), pos, b, cos, sin, cos.shape[0], kc, vc, kc.stride(0),
+                kc.stride(1), kc.stride(2), capacity, kv_row, scratch.m, scratch.l,
+                scratch.acc, head_dim ** -0.5,
+                NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=chunk,
+                NSPLIT=n_split, TP=tp, IP="ieee" if kc.dtype == torch.float32 else "tf32",
+                GDC=gdc, num_warps=PREFILL_WARPS, **launch_kw)
+            fuse = False
+    if kv_row is None or not PREFILL_TOKENS:
+        _attend_partial_kernel[(b, n_heads, n_split)](
+            qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0),
+            kc.stride(1), kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc,
+            head_dim ** -0.5, scratch.count, out, out.stride(0),
+            pos if kv_row is None else kv_row,
+            NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=chunk,
+            NSPLIT=n_split, SPLIT_P2=p2, COMBINE=fuse, PREFILL=kv_row is not None,
+            GDC=gdc, num_warps=warps, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
                                       NH=n_heads, HD=head_dim, NSPLIT=n_split,

@@ -174,17 +174,22 @@ def test_decode_attention_matches_its_reference(sdpa):
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused_combine", "combine_kernel"])
 @pytest.mark.parametrize("nh,nkv", [(2, 2), (4, 2)])
-def test_decode_attention_prefill_form_matches_prefill_reference(nh, nkv, fuse):
+@pytest.mark.parametrize("form,T", [("per_token", 6), ("blocks", 6), ("blocks", 20)])
+def test_decode_attention_prefill_form_matches_prefill_reference(monkeypatch, nh, nkv, fuse,
+                                                                 form, T):
     """decode_attention(kv_row=row): T prompt tokens of one cache row (causal among
     themselves: token t sees the keys the earlier tokens write in the same call) vs the
     eager prefill's prefill_attention_reference; positions crossing the capacity clamp;
-    other rows untouched."""
+    other rows untouched. Both attention forms: one program per token
+    (PREFILL_TOKENS = 0) and blocks of up to 16 tokens per program (20: two blocks)."""
+    import photon_core.ops.decode_attention as DA
     from photon_core.ops.decode_attention import prefill_attention_reference
     from photon_core.fast.eager_backend import prefill_mask
 
+    monkeypatch.setattr(DA, "PREFILL_TOKENS", 0 if form == "per_token" else 16)
     g = torch.Generator().manual_seed(14)
-    hd, cap, rows, rot, T = 64, 80, 3, 32, 6
-    pos = torch.arange(72, 72 + T)                  # 80, 81 >= capacity: clamped to cap - 1
+    hd, cap, rows, rot = 64, 80, 3, 32
+    pos = torch.arange(cap - T + 2, cap + 2)        # the last 2 >= capacity: clamped to cap - 1
     row = torch.tensor([1])
     data = torch.randn(2, rows, nkv, cap, hd, generator=g)
     qkv = torch.randn(T, (nh + 2 * nkv) * hd, generator=g)
