@@ -122,6 +122,8 @@ def main(argv=None):
     ap.add_argument("--kv", type=int, default=1024, help="state-cache positions per row")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--top", type=int, default=0,
+                    help="also print the step's top kernels by CUDA time")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
@@ -163,7 +165,7 @@ def main(argv=None):
     def fast_step():
         for b in (1, 4):
             out[f"fast_graph_step_ms_b{b}"] = graph_step_ms(fe, b, pos, device, args.iters)
-        out["kernels_per_step_b1"] = step_kernels(fe, 1)
+        out["kernels_per_step_b1"] = step_kernels(fe, 1, args.top, say)
         out["fast_vs_floor_b1"] = out["fast_graph_step_ms_b1"] / out["floor_ms_b1"]
         say(f"fast step b=1 {out['fast_graph_step_ms_b1']:.3f} ms, b=4 "
             f"{out['fast_graph_step_ms_b4']:.3f} ms; floor {out['floor_ms_b1']:.3f} ms "

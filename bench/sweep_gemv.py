@@ -48,6 +48,56 @@ SHAPES = {   # name: (n, k, epi)
 }
 
 
+def sweep_shape(out: dict, name: str, n: int, k: int, epi: int, batches, bw: float,
+                extra=(), deterministic: bool = False, show: int = 6) -> dict:
+    """Time every fitting candidate (FMA at b = 1, DOT, `extra`, gemv.TABLE's and gemv.pick's
+    configs) for one shape at each batch size; out[f"{name} b={b}"] = {floor_us, table, pick,
+    rows: [(us, config, rel err)] fastest first}. Returns out."""
+    dev, dt = "cuda", torch.bfloat16
+    wbytes = n * k * 2
+    copies = max(2, -(-400_000_000 // wbytes))
+    ws = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
+    bias = torch.randn(n, device=dev, dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
+    for b in batches:
+        x = torch.randn(b, k, device=dev, dtype=dt)
+        ref = F.linear(x.float(), ws[0].float(), bias.float())
+        want = F.gelu(ref, approximate="tanh") if epi == G.EPI_QKV_GELU else ref
+        cands = [c for c in (FMA if b == 1 else []) + DOT + list(extra)
+                 if c.fits(b, n, k, epi) and not (deterministic and c.split_k > 1)]
+        table = G.TABLE.get((n, k, epi, b == 1))
+        picked = G.pick(b, n, k, epi, deterministic)
+        for c in (table, picked, G.pick(b, n, k, epi, deterministic=True)):
+            if c is not None and c not in cands:
+                cands.append(c)
+        rows = []
+        for cfg in dict.fromkeys(cands):
+            y = torch.zeros(b, n, device=dev,
+                            dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
+            try:
+                G.gemv(x, ws[0], bias, y, epi, cfg=cfg)
+                torch.cuda.synchronize()
+                err = ((y.float() - want).abs().max() / want.abs().max()).item()
+                us = graph_ms(lambda: [G.gemv(x, w, bias, y, epi, cfg=cfg) for w in ws]
+                              ) / copies * 1e3
+                rows.append((us, str(cfg), err))
+            except Exception as e:  # noqa: BLE001
+                rows.append((float("inf"), str(cfg), repr(e)[:100]))
+        rows.sort()
+        floor = wbytes / bw * 1e6
+        out[f"{name} b={b}"] = {"n": n, "k": k, "epi": epi, "b": b, "floor_us": floor,
+                                "table": str(table), "pick": str(picked), "rows": rows}
+        print(f"\n{name} n={n} k={k} epi={epi} b={b}: floor {floor:.1f} us; TABLE {table}")
+        for us, c, err in rows[:show]:
+            print(f"  {us:7.2f} us ({floor / us * 100:4.0f}%)  {c}  err {err}")
+        for what, cfg in (("TABLE", table), ("pick", picked)):
+            if cfg is not None:
+                t = [r for r in rows if r[1] == str(cfg)]
+                print(f"  {what} config: {t[0][0]:.2f} us" if t else f"  {what}: n/a")
+    ws.clear()
+    torch.cuda.empty_cache()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8")
@@ -59,47 +109,8 @@ def main():
     bw = copy_bandwidth()
     out = {"copy_bw_TBps": bw / 1e12}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
-    dev, dt = "cuda", torch.bfloat16
     for name, (n, k, epi) in shapes.items():
-        wbytes = n * k * 2
-        copies = max(2, -(-400_000_000 // wbytes))
-        ws = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
-        bias = torch.randn(n, device=dev, dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
-        for b in (int(v) for v in args.batches.split(",")):
-            x = torch.randn(b, k, device=dev, dtype=dt)
-            ref = F.linear(x.float(), ws[0].float(), bias.float())
-            want = F.gelu(ref, approximate="tanh") if epi == G.EPI_QKV_GELU else ref
-            cands = [c for c in (FMA if b == 1 else []) + DOT if c.fits(b, n, k, epi)]
-            table = G.TABLE.get((n, k, epi, b == 1))
-            picked = G.pick(b, n, k, epi)
-            for c in (table, picked, G.pick(b, n, k, epi, deterministic=True)):
-                if c is not None and c not in cands:
-                    cands.append(c)
-            rows = []
-            for cfg in cands:
-                y = torch.zeros(b, n, device=dev,
-                                dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
-                try:
-                    G.gemv(x, ws[0], bias, y, epi, cfg=cfg)
-                    torch.cuda.synchronize()
-                    err = ((y.float() - want).abs().max() / want.abs().max()).item()
-                    us = graph_ms(lambda: [G.gemv(x, w, bias, y, epi, cfg=cfg) for w in ws]
-                                  ) / copies * 1e3
-                    rows.append((us, str(cfg), err))
-                except Exception as e:  # noqa: BLE001
-                    rows.append((float("inf"), str(cfg), repr(e)[:100]))
-            rows.sort()
-            floor = wbytes / bw * 1e6
-            out[f"{name} b={b}"] = {"floor_us": floor, "table": str(table), "rows": rows}
-            print(f"\n{name} n={n} k={k} b={b}: floor {floor:.1f} us; TABLE {table}")
-            for us, c, err in rows[:6]:
-                print(f"  {us:7.2f} us ({floor / us * 100:4.0f}%)  {c}  err {err}")
-            for what, cfg in (("TABLE", table), ("pick", picked)):
-                if cfg is not None:
-                    t = [r for r in rows if r[1] == str(cfg)]
-                    print(f"  {what} config: {t[0][0]:.2f} us" if t else f"  {what}: n/a")
-        del ws
-        torch.cuda.empty_cache()
+        sweep_shape(out, name, n, k, epi, [int(v) for v in args.batches.split(",")], bw)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "sweep_gemv.json").write_text(json.dumps(out, indent=1,
                                                                          default=str))

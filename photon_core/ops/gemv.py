@@ -182,10 +182,40 @@ TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
 }
 
 
+# pick's rules for the shapes no table lists (PICK_RULES = False: DEFAULT / CANDIDATES only,
+# as before session 10 - the A/B baseline). From bench/sweep_gemv_family.py on the H200 over
+# Qwen 3.5 0.8B's and Gemma 4 E2B's decode GEMVs (docs/benchmarks.md, session 10 call 7):
+# DEFAULT's 64-row tiles leave most SMs idle when N is a few thousand (N / 64 programs), so
+# those steps' GEMVs took 1073 / 3161 us at b = 1 where the best config per shape takes 655
+# / 1641. One row: the fma form with 2 rows x 1024 (K % 1024 == 0) or 4 x 512 / 4 x 256
+# tiles below N = 8192 (N / 2 or N / 4 programs); several rows: 16-row dot tiles x 512 up to
+# N = 2048 (split-K x 4 for a residual GEMV that may), 32 x 128 below N = 16384; DEFAULT
+# from there (the lm heads: within 1 % of the best).
+PICK_RULES = True
+
+
+def _rule(b: int, n: int, k: int, epi: int, deterministic: bool) -> GemvConfig | None:
+    if n >= 16384:
+        return None
+    if b == 1 and n < 8192:
+        for bk, bn, warps in ((1024, 2, 4), (512, 4, 4), (256, 4, 2)):
+            if k % bk == 0:
+                return GemvConfig(bn, bk, 1, warps, 3, False)
+        return None
+    if n <= 2048:
+        if epi == EPI_RESIDUAL and not deterministic and k % 512 == 0:
+            return GemvConfig(16, 128, 4, 4, 3, True)
+        bk = next((c for c in (512, 256, 128) if k % c == 0), None)
+        return GemvConfig(16, bk, 1, 4, 3, True) if bk else None
+    return GemvConfig(32, 128, 1, 4, 4, True) if k % 128 == 0 else None
+
+
 def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvConfig:
     table = TABLE_DETERMINISTIC if deterministic else TABLE
     cfg = table.get((n, k, epi, b == 1)) or (TABLE.get((n, k, epi, b == 1))
                                              if deterministic else None)
+    if cfg is None and PICK_RULES:
+        cfg = _rule(b, n, k, epi, deterministic)
     if cfg is not None and cfg.fits(b, n, k, epi) and not (deterministic and cfg.split_k > 1):
         return cfg
     for c in (DEFAULT, *CANDIDATES):

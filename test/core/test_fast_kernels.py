@@ -85,6 +85,33 @@ def test_gemv_strided_input_and_pick():
     _close(y, F.linear(x, w))
 
 
+@pytest.mark.parametrize("b,n,k,epi,want", [
+    (1, 24, 1024, G.EPI_STORE, G.GemvConfig(2, 1024, 1, 4, 3, False)),
+    (1, 24, 1536, G.EPI_RESIDUAL, G.GemvConfig(4, 512, 1, 4, 3, False)),
+    (1, 24, 256, G.EPI_QKV_GELU, G.GemvConfig(4, 256, 1, 2, 3, False)),
+    (3, 40, 512, G.EPI_RESIDUAL, G.GemvConfig(16, 128, 4, 4, 3, True)),
+    (3, 40, 768, G.EPI_STORE, G.GemvConfig(16, 256, 1, 4, 3, True)),
+    (2, 2100, 256, G.EPI_STORE, G.GemvConfig(32, 128, 1, 4, 4, True))])
+def test_gemv_pick_rules(monkeypatch, b, n, k, epi, want):
+    """gemv.pick's rules for shapes without a table entry (the N-sized tiles that fill the
+    SMs): the config each rule gives, its result against the torch reference, and
+    PICK_RULES = False giving the old choice."""
+    assert G.pick(b, n, k, epi) == want
+    assert G.pick(b, n, k, epi, deterministic=True).split_k == 1
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(b, k, generator=g)
+    w = torch.randn(n, k, generator=g) / 8
+    bias = torch.randn(n, generator=g)
+    y0 = torch.randn(b, n, generator=g)
+    y1 = y0.clone()
+    G.gemv(x, w, bias, y0, epi)
+    G.gemv_reference(x, w, bias, y1, epi)
+    _close(y0, y1)
+    monkeypatch.setattr(G, "PICK_RULES", False)
+    assert G.pick(b, n, k, epi) != want
+    assert G.pick(1, 20000, 1024, G.EPI_STORE) == G.DEFAULT    # large N: no rule
+
+
 def test_layernorm():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(3, 96, generator=g) * 3 + 1

@@ -1,0 +1,80 @@
+"""A/B of gemv.pick's rules (PICK_RULES) on whole decode steps, same process (H200): a
+family's model at real shapes with random bf16 weights (sweep_gemv_family.build_model), a
+FastEngine built with the rules off (the old DEFAULT / CANDIDATES choice) and one with them
+on, alternating --rounds times; per engine the decode step (lm + forward graphs) at each
+batch size, rows at position --pos (median of --iters replays, bench_timing.median_ms), and
+the step's kernels (one profiled replay, bench_timing.step_kernels). Moondream 2 has table
+entries for its shapes, so its step does not change.
+
+Usage (H200): PYTHONPATH=. python3 bench/ab_gemv_pick.py [--families qwen3.5-0.8b,gemma4-e2b]
+                  [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300]
+Writes $OUT/ab_gemv_pick.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench.bench_timing import median_ms, step_kernels  # noqa: E402
+from bench.sweep_gemv_family import build_model  # noqa: E402
+from photon_core.ops import gemv as G  # noqa: E402
+
+
+def step_ms(fe, b, pos, iters):
+    fe.state.active.zero_()          # inactive rows: replays advance nothing
+    fe.state.pos.fill_(pos)
+    return median_ms(lambda: (fe.runner.run("lm", b), fe.runner.run("forward", b)),
+                     torch.device("cuda"), iters)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--families", default="qwen3.5-0.8b,gemma4-e2b")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--pos", type=int, default=300)
+    args = ap.parse_args()
+    from photon_core.fast import FastEngine
+    batches = [int(b) for b in args.batches.split(",")]
+    out = {"gpu": torch.cuda.get_device_name(), "families": {}}
+    for fam in args.families.split(","):
+        model = build_model(fam)
+        engines = {}
+        for rules in (False, True):
+            G.PICK_RULES = rules
+            engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024,
+                                        megakernel="off")
+        G.PICK_RULES = True
+        res = out["families"][fam] = {"old": {}, "rules": {}}
+        for rnd in range(args.rounds):
+            for rules, fe in engines.items():
+                name = "rules" if rules else "old"
+                for b in batches:
+                    ms = step_ms(fe, b, args.pos, args.iters)
+                    res[name].setdefault(str(b), []).append(ms)
+                    print(f"{fam} round {rnd} {name} b={b}: {ms:.4f} ms", flush=True)
+        for rules, fe in engines.items():
+            res["rules" if rules else "old"]["kernels_b1"] = step_kernels(fe, 1)
+            fe.close()
+        for b in batches:
+            o, r = min(res["old"][str(b)]), min(res["rules"][str(b)])
+            print(f"{fam} b={b}: old {o:.4f} ms -> rules {r:.4f} ms ({o / r:.2f}x)",
+                  flush=True)
+        del engines, model
+        torch.cuda.empty_cache()
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "ab_gemv_pick.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
