@@ -384,11 +384,16 @@ def test_row_advance_kernel_matches_torch():
     assert st.first.tolist() == [False] * 5 + [True, False, True]
 
 
-@pytest.mark.parametrize("block", [16, 4096])
-def test_masked_argmax_kernel(block):
+@pytest.mark.parametrize("block,chunk", [(16, None), (4096, None), (16, 16), (4, 12)])
+def test_masked_argmax_kernel(block, chunk):
     """First maximum on ties (torch.argmax's rule), segments, and the answer-marker mask only
-    for text rows past their first pick; the same as its torch reference."""
-    from photon_core.ops.masked_argmax import masked_argmax, masked_argmax_reference
+    for text rows past their first pick; the same as its torch reference. chunk: the
+    two-launch form (the tie at 30 / 70 across chunks, segments of 50 in partial chunks)."""
+    from functools import partial
+
+    from photon_core.ops.masked_argmax import masked_argmax as kernel
+    from photon_core.ops.masked_argmax import masked_argmax_reference
+    masked_argmax = partial(kernel, chunk=chunk)
 
     g = torch.Generator().manual_seed(2)
     x = torch.randn(4, 100, generator=g)
@@ -408,6 +413,26 @@ def test_masked_argmax_kernel(block):
     masked_argmax_reference(x, ref, 2, segments=2)
     assert out[:, 2:].tolist() == x.view(4, 2, 50).argmax(-1).tolist()
     assert (out[:, 1] == -1).all() and torch.equal(out, ref)
+
+
+def test_masked_argmax_long_rows_take_two_launches(monkeypatch):
+    """Segments of SPLIT_MIN logits or more run the chunked form by default: the first
+    maximum overall (ties across chunk borders), as torch.argmax."""
+    import photon_core.ops.masked_argmax as MA
+    monkeypatch.setattr(MA, "SPLIT_MIN", 1000)
+    monkeypatch.setattr(MA, "CHUNK", 256)
+    calls = []
+    merge = MA._argmax_merge_kernel
+    monkeypatch.setattr(MA, "_argmax_merge_kernel",
+                        type("K", (), {"__getitem__": lambda s, g: (calls.append(g),
+                                                                    merge[g])[1]})())
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 2000, generator=g)
+    x[0, 255] = x[0, 256] = x[0, 1999] = 9.0     # tie across the first chunk border
+    x[1, 1700] = 9.0
+    out = torch.full((3, 1), -1, dtype=torch.long)
+    MA.masked_argmax(x, out, 0)
+    assert calls and out[:, 0].tolist() == x.argmax(-1).tolist() and out[0, 0] == 255
 
 
 def test_region_heads_fused_match_torch():
