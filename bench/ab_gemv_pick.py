@@ -7,7 +7,7 @@ the step's kernels (one profiled replay, bench_timing.step_kernels). Moondream 2
 entries for its shapes, so its step does not change.
 
 Usage (H200): PYTHONPATH=. python3 bench/ab_gemv_pick.py [--families qwen3.5-0.8b,gemma4-e2b]
-                  [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300]
+                  [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300] [--top 12]
 Writes $OUT/ab_gemv_pick.json when OUT is set.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--pos", type=int, default=300)
+    ap.add_argument("--top", type=int, default=0, help="print each engine's top kernels (b=1)")
     args = ap.parse_args()
     from photon_core.fast import FastEngine
     batches = [int(b) for b in args.batches.split(",")]
@@ -64,7 +65,9 @@ def main():
                     res[name].setdefault(str(b), []).append(ms)
                     print(f"{fam} round {rnd} {name} b={b}: {ms:.4f} ms", flush=True)
         for rules, fe in engines.items():
-            res["rules" if rules else "old"]["kernels_b1"] = step_kernels(fe, 1)
+            if args.top:
+                print(f"{fam} {'rules' if rules else 'old'} b=1, top kernels:", flush=True)
+            res["rules" if rules else "old"]["kernels_b1"] = step_kernels(fe, 1, args.top)
             fe.close()
         for b in batches:
             o, r = min(res["old"][str(b)]), min(res["rules"][str(b)])
