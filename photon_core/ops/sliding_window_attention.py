@@ -18,7 +18,8 @@ rows of a batch at their own positions over per-row state [rows, Hkv, S, D] that
 a RING of S = window slots (position p in slot p % S: a sliding layer keeps only its window)
 or full length with the window as a mask.
 - `rows_decode_reference` / `rows_decode_triton`: one query per row (b rows, device
-  positions: graph-capturable); the kernel is one program per (row, k/v head).
+  positions: graph-capturable); the kernel is one program per (row, k/v head), or with few
+  of those (SPLIT_BELOW) per (row, k/v head, tile of slots) plus a merge.
 - `prefill_keys` + `prefill_attention`: a prompt chunk of one row: its k/v into the state
   (a ring keeps the chunk's last S), and the view of keys it attends to (the ring's older
   positions + the chunk's own); KV-shared layers attend to their source layer's view.
@@ -220,27 +221,18 @@ def attend_at_positions(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
 
 if triton is not None:
     @triton.jit
-    def _rows_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, rows_ptr, pos_ptr, n_slots, window,
-                            scale, stride_qb, stride_ob, stride_kr, stride_kh, stride_kt, rep,
-                            D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
-        i = tl.program_id(0)
-        g = tl.program_id(1)                     # the k/v head: its `rep` query heads at once
-        row = tl.load(rows_ptr + i)
-        p = tl.load(pos_ptr + i)
-        r = tl.arange(0, BLOCK_R)
+    def _rows_attend(q, k_ptr, v_ptr, row, g, t_lo, t_hi, scale, stride_kr, stride_kh,
+                     stride_kt, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
+        """Online softmax of the query heads q [BLOCK_R, BLOCK_D] over slots [t_lo, t_hi) of
+        k/v head g of `row`: -> (m, l, acc) (m = -inf, l = acc = 0 for an empty range)."""
         d = tl.arange(0, BLOCK_D)
-        qmask = (r < rep)[:, None] & (d < D)[None, :]
-        qh = g * rep + r
-        q = tl.load(q_ptr + i * stride_qb + qh[:, None] * D + d[None, :], mask=qmask, other=0.0)
         m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
         l = tl.zeros((BLOCK_R,), tl.float32)
         acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-        lo = tl.maximum(p - window + 1, 0)      # a masked window's first slot (else 0)
-        hi = tl.minimum(p + 1, n_slots)
-        for t0 in range(lo, hi, BLOCK_N):
+        for t0 in range(t_lo, t_hi, BLOCK_N):
             t = t0 + tl.arange(0, BLOCK_N)
-            tmask = t < hi
+            tmask = t < t_hi
             offs = row * stride_kr + g * stride_kh + t[:, None] * stride_kt + d[None, :]
             kv_mask = tmask[:, None] & (d < D)[None, :]
             k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0)
@@ -260,18 +252,99 @@ if triton is not None:
             acc = acc * alpha[:, None] + pv
             l = l * alpha + tl.sum(pr, axis=1)
             m = m_new
+        return m, l, acc
+
+    @triton.jit
+    def _rows_query(q_ptr, i, g, stride_qb, rep, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_R: tl.constexpr):
+        r = tl.arange(0, BLOCK_R)
+        d = tl.arange(0, BLOCK_D)
+        qh = g * rep + r
+        qmask = (r < rep)[:, None] & (d < D)[None, :]
+        q = tl.load(q_ptr + i * stride_qb + qh[:, None] * D + d[None, :], mask=qmask, other=0.0)
+        return q, qh, qmask
+
+    @triton.jit
+    def _rows_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, rows_ptr, pos_ptr, n_slots, window,
+                            scale, stride_qb, stride_ob, stride_kr, stride_kh, stride_kt, rep,
+                            D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
+        i = tl.program_id(0)
+        g = tl.program_id(1)                     # the k/v head: its `rep` query heads at once
+        row = tl.load(rows_ptr + i)
+        p = tl.load(pos_ptr + i)
+        q, qh, qmask = _rows_query(q_ptr, i, g, stride_qb, rep, D, BLOCK_D, BLOCK_R)
+        lo = tl.maximum(p - window + 1, 0)      # a masked window's first slot (else 0)
+        hi = tl.minimum(p + 1, n_slots)
+        m, l, acc = _rows_attend(q, k_ptr, v_ptr, row, g, lo, hi, scale, stride_kr, stride_kh,
+                                 stride_kt, D, BLOCK_D, BLOCK_N, BLOCK_R, IEEE)
+        d = tl.arange(0, BLOCK_D)
         tl.store(o_ptr + i * stride_ob + qh[:, None] * D + d[None, :],
                  (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
+
+    @triton.jit
+    def _rows_decode_split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr, rows_ptr,
+                                  pos_ptr, n_slots, window, scale, stride_qb, stride_kr,
+                                  stride_kh, stride_kt, rep, hq, chunk,
+                                  D: tl.constexpr, BLOCK_D: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+                                  IEEE: tl.constexpr):
+        """Program (row, k/v head, split): the split's `chunk` slots of the row's range ->
+        softmax partials per query head at [(i * hq + head) * n_split + split]."""
+        i = tl.program_id(0)
+        g = tl.program_id(1)
+        sp = tl.program_id(2)
+        n_split = tl.num_programs(2)
+        row = tl.load(rows_ptr + i)
+        p = tl.load(pos_ptr + i)
+        q, qh, qmask = _rows_query(q_ptr, i, g, stride_qb, rep, D, BLOCK_D, BLOCK_R)
+        lo = tl.maximum(p - window + 1, 0) + sp * chunk
+        hi = tl.minimum(tl.minimum(p + 1, n_slots), lo + chunk)
+        m, l, acc = _rows_attend(q, k_ptr, v_ptr, row, g, lo, hi, scale, stride_kr, stride_kh,
+                                 stride_kt, D, BLOCK_D, BLOCK_N, BLOCK_R, IEEE)
+        r = tl.arange(0, BLOCK_R)
+        d = tl.arange(0, BLOCK_D)
+        idx = (i * hq + qh) * n_split + sp
+        tl.store(m_ptr + idx, m, mask=r < rep)
+        tl.store(l_ptr + idx, l, mask=r < rep)
+        tl.store(acc_ptr + idx[:, None] * D + d[None, :], acc, mask=qmask)
+
+    @triton.jit
+    def _rows_combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, stride_ob, hq, n_split,
+                             D: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_P2: tl.constexpr):
+        i = tl.program_id(0)
+        h = tl.program_id(1)
+        sidx = tl.arange(0, SPLIT_P2)
+        sok = sidx < n_split
+        base = (i * hq + h) * n_split
+        m = tl.load(m_ptr + base + sidx, mask=sok, other=float("-inf"))
+        l = tl.load(l_ptr + base + sidx, mask=sok, other=0.0)
+        mx = tl.max(m, axis=0)
+        wt = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
+        d = tl.arange(0, BLOCK_D)
+        acc = tl.load(acc_ptr + (base + sidx[:, None]) * D + d[None, :],
+                      mask=sok[:, None] & (d < D)[None, :], other=0.0)
+        o = tl.sum(acc * wt[:, None], axis=0) / tl.sum(l * wt, axis=0)
+        tl.store(o_ptr + i * stride_ob + h * D + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
+
+
+# below this many (row, k/v head) programs, rows_decode_triton splits each row's slots over
+# programs (flash-decoding) and merges them in a second launch: Gemma 4 E2B has ONE k/v head,
+# so one program per row walked a layer's whole window (12 us per layer at b = 1 on the
+# H200, docs/benchmarks.md session 10 call 11). 0: never split.
+SPLIT_BELOW = 64
 
 
 def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        rows: torch.Tensor, pos: torch.Tensor, window: int | None, ring: bool,
                        scale: float, out: torch.Tensor, attn_len: int | None = None,
-                       block_n: int = 64) -> torch.Tensor:
+                       block_n: int = 64, split: bool | None = None) -> torch.Tensor:
     """Triton kernel of `rows_decode_reference`: q [b, Hq * D] (row stride free), out the
     same shape; one program per (row, k/v head): its query heads share each k/v tile (two
     tl.dot per tile, the heads padded to 16), online softmax over the row's slots (a ring's
-    S slots; a full-length layer's window only). Positions and rows are device tensors."""
+    S slots; a full-length layer's window only). Positions and rows are device tensors.
+    split (None: when b x Hkv < SPLIT_BELOW): one program per (row, k/v head, tile of
+    block_n slots of the row's range), softmax partials merged by a second kernel."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     b = q.shape[0]
@@ -281,15 +354,31 @@ def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     assert q.stride(1) == 1 and out.stride(1) == 1
     n = S if (ring or attn_len is None) else min(attn_len, S)
     masked = window is not None and not ring
-    block_n = max(16, min(block_n, triton.next_power_of_2(min(n, window) if masked else n)))
+    span = min(n, window) if masked else n
+    block_n = max(16, min(block_n, triton.next_power_of_2(span)))
     block_d = max(16, triton.next_power_of_2(d))
     block_n, stages, warps = rows_decode_launch(block_d, k_cache.element_size(), block_n)
-    _rows_decode_kernel[(b, hkv)](
-        q, k_cache, v_cache, out, rows, pos, n, window if masked else 1 << 30, float(scale),
-        q.stride(0), out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        hq // hkv, D=d, BLOCK_D=block_d, BLOCK_N=block_n,
-        BLOCK_R=max(16, triton.next_power_of_2(hq // hkv)),
-        IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+    args = (rows, pos, n, window if masked else 1 << 30, float(scale), q.stride(0))
+    kw = dict(D=d, BLOCK_D=block_d, BLOCK_N=block_n,
+              BLOCK_R=max(16, triton.next_power_of_2(hq // hkv)),
+              IEEE=q.dtype == torch.float32, num_warps=warps)
+    if split is None:
+        split = b * hkv < SPLIT_BELOW
+    if not split:
+        _rows_decode_kernel[(b, hkv)](
+            q, k_cache, v_cache, out, *args, out.stride(0), k_cache.stride(0),
+            k_cache.stride(1), k_cache.stride(2), hq // hkv, num_stages=stages, **kw)
+        return out
+    n_split = triton.cdiv(span, block_n)
+    m = torch.empty(b * hq * n_split, device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    acc = torch.empty(b * hq * n_split * d, device=q.device, dtype=torch.float32)
+    _rows_decode_split_kernel[(b, hkv, n_split)](
+        q, k_cache, v_cache, m, l, acc, *args, k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), hq // hkv, hq, block_n, num_stages=stages, **kw)
+    _rows_combine_kernel[(b, hq)](m, l, acc, out, out.stride(0), hq, n_split, D=d,
+                                  BLOCK_D=block_d, SPLIT_P2=triton.next_power_of_2(n_split),
+                                  num_warps=4)
     return out
 
 

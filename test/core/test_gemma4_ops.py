@@ -223,9 +223,12 @@ def test_prefill_on_a_ring_equals_the_full_length_window(start, T):
     torch.testing.assert_close(k_ring, _ring_from_full(k_all, start + T - 1, W))
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one_program", "split"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
 @pytest.mark.parametrize("window,ring", [(None, False), (8, True), (8, False)])
-def test_triton_rows_decode_kernel(dtype, tol, window, ring):
+def test_triton_rows_decode_kernel(dtype, tol, window, ring, split):
+    """One program per (row, k/v head), or the split form (tiles of 16 slots per program,
+    then the merge: rows at 29 and 4 leave empty splits) against the reference."""
     _interpreted()
     from photon_core.ops.sliding_window_attention import (rows_decode_reference,
                                                           rows_decode_triton)
@@ -241,7 +244,7 @@ def test_triton_rows_decode_kernel(dtype, tol, window, ring):
                                 window, ring, 1.0, 32)
     out = rows_decode_triton(q, k, v, rows, pos, window, ring, 1.0, torch.empty(2, hq * d,
                                                                                dtype=dtype),
-                             attn_len=32, block_n=16)
+                             attn_len=32, block_n=16, split=split)
     torch.testing.assert_close(out.float().view(2, hq, d), ref, atol=tol, rtol=tol)
 
 

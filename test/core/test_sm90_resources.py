@@ -54,11 +54,12 @@ def test_gemma4_fused_executor_fits_sm90():
     rows = _compile("--what", "gemma4", "--dtype", "bf16,fp32", "--layers", "10",
                     "--kv-shared", "4", "--b", "1,4,16")
     names = {r["kernel"] for r in rows}
-    assert {"_rows_decode_kernel", "_gemv_kernel", "_norm_rotary_kernel",
-            "_rmsnorm_residual_kernel", "_gated_act_kernel", "_softcap_kernel",
-            "_argmax_kernel"} <= names, names
+    assert {"_rows_decode_split_kernel", "_rows_combine_kernel", "_gemv_kernel",
+            "_norm_rotary_kernel", "_rmsnorm_residual_kernel", "_gated_act_kernel",
+            "_softcap_kernel", "_argmax_chunk_kernel", "_argmax_merge_kernel"} <= names, names
     # the global layers' 512-wide heads are among them
-    assert any("_rows_decode_kernel" in r["launch"] and "D=512" in r["launch"] for r in rows)
+    assert any("_rows_decode_split_kernel" in r["launch"] and "D=512" in r["launch"]
+               for r in rows)
     bad = [r for r in rows if not r["fits"]]
     assert not bad, _report(bad)
     spills = [r for r in rows if r["spill"]]

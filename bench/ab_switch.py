@@ -1,18 +1,21 @@
-"""A/B of gemv.pick's rules (PICK_RULES) on whole decode steps, same process (H200): a
-family's model at real shapes with random bf16 weights (sweep_gemv_family.build_model), a
-FastEngine built with the rules off (the old DEFAULT / CANDIDATES choice) and one with them
-on, alternating --rounds times; per engine the decode step (lm + forward graphs) at each
+"""A/B of a module switch on whole decode steps, same process (H200) - by default gemv.pick's
+rules (`--toggle photon_core.ops.gemv:PICK_RULES=0`): a family's model at real shapes with
+random bf16 weights (sweep_gemv_family.build_model), a FastEngine built with the switch at
+the --toggle value ("baseline": for PICK_RULES the old DEFAULT / CANDIDATES choice) and one
+with the module's own value ("now"), alternating --rounds times; per engine the decode step (lm + forward graphs) at each
 batch size, rows at position --pos (median of --iters replays, bench_timing.median_ms), and
 the step's kernels (one profiled replay, bench_timing.step_kernels). Moondream 2 has table
 entries for its shapes, so its step does not change.
 
-Usage (H200): PYTHONPATH=. python3 bench/ab_gemv_pick.py [--families qwen3.5-0.8b,gemma4-e2b]
+Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,gemma4-e2b]
                   [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300] [--top 12]
-Writes $OUT/ab_gemv_pick.json when OUT is set.
+                  [--toggle photon_core.ops.sliding_window_attention:SPLIT_BELOW=0]
+Writes $OUT/ab_switch.json when OUT is set.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -26,7 +29,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench.bench_timing import median_ms, step_kernels  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
-from photon_core.ops import gemv as G  # noqa: E402
 
 
 def step_ms(fe, b, pos, iters):
@@ -44,39 +46,45 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--pos", type=int, default=300)
     ap.add_argument("--top", type=int, default=0, help="print each engine's top kernels (b=1)")
+    ap.add_argument("--toggle", default="photon_core.ops.gemv:PICK_RULES=0",
+                    help="module:ATTR=int value of the baseline engine")
     args = ap.parse_args()
     from photon_core.fast import FastEngine
     batches = [int(b) for b in args.batches.split(",")]
-    out = {"gpu": torch.cuda.get_device_name(), "families": {}}
+    out = {"gpu": torch.cuda.get_device_name(), "toggle": args.toggle, "families": {}}
     for fam in args.families.split(","):
         model = build_model(fam)
         engines = {}
-        for rules in (False, True):
-            G.PICK_RULES = rules
+        mod_name, assign = args.toggle.split(":")
+        attr, value = assign.split("=")
+        mod = importlib.import_module(mod_name)
+        keep = getattr(mod, attr)
+        for rules in (False, True):       # rules: the module's own value
+            setattr(mod, attr, keep if rules else type(keep)(int(value)))
             engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024,
                                         megakernel="off")
-        G.PICK_RULES = True
-        res = out["families"][fam] = {"old": {}, "rules": {}}
+        setattr(mod, attr, keep)
+        res = out["families"][fam] = {"baseline": {}, "now": {}}
         for rnd in range(args.rounds):
             for rules, fe in engines.items():
-                name = "rules" if rules else "old"
+                name = "now" if rules else "baseline"
                 for b in batches:
                     ms = step_ms(fe, b, args.pos, args.iters)
                     res[name].setdefault(str(b), []).append(ms)
                     print(f"{fam} round {rnd} {name} b={b}: {ms:.4f} ms", flush=True)
         for rules, fe in engines.items():
             if args.top:
-                print(f"{fam} {'rules' if rules else 'old'} b=1, top kernels:", flush=True)
-            res["rules" if rules else "old"]["kernels_b1"] = step_kernels(fe, 1, args.top)
+                print(f"{fam} {'now' if rules else 'baseline'} b=1, top kernels:", flush=True)
+            res["now" if rules else "baseline"]["kernels_b1"] = step_kernels(fe, 1, args.top)
             fe.close()
         for b in batches:
-            o, r = min(res["old"][str(b)]), min(res["rules"][str(b)])
-            print(f"{fam} b={b}: old {o:.4f} ms -> rules {r:.4f} ms ({o / r:.2f}x)",
+            o, r = min(res["baseline"][str(b)]), min(res["now"][str(b)])
+            print(f"{fam} b={b}: baseline {o:.4f} ms -> now {r:.4f} ms ({o / r:.2f}x)",
                   flush=True)
         del engines, model
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "ab_gemv_pick.json").write_text(json.dumps(out, indent=1))
+        Path(os.environ["OUT"], "ab_switch.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
