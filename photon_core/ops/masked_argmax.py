@@ -43,43 +43,31 @@ def _first_max(base, lo, hi, mask_col, drop, MASK: tl.constexpr, BLOCK: tl.const
 
 
 @triton.jit
-def _drop(phase_ptr, first_ptr, row, MASK: tl.constexpr, MASK_PHASE: tl.constexpr):
+def _argmax_kernel(x_ptr, stride_x, L, chunk, out_ptr, stride_out, col0, pv_ptr, pi_ptr,
+                   mask_col, phase_ptr, first_ptr, MASK: tl.constexpr, BLOCK: tl.constexpr,
+                   CHUNKED: tl.constexpr = False, MASK_PHASE: tl.constexpr = 0,
+                   GDC: tl.constexpr = False):
+    """Program (row, segment[, chunk]): the first maximum of the segment -> out, or with
+    CHUNKED of its chunk-th `chunk` logits -> the partials pv / pi for the merge."""
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
+    row = tl.program_id(0)
+    seg = tl.program_id(1)
     drop = False
     if MASK:
         drop = (tl.load(phase_ptr + row) == MASK_PHASE) & (tl.load(first_ptr + row) == 0)
-    return drop
-
-
-@triton.jit
-def _argmax_kernel(x_ptr, stride_x, L, out_ptr, stride_out, col0, mask_col, phase_ptr,
-                   first_ptr, MASK: tl.constexpr, BLOCK: tl.constexpr,
-                   MASK_PHASE: tl.constexpr = 0, GDC: tl.constexpr = False):
-    pdl_launch_dependents(GDC)
-    pdl_wait(GDC)
-    row = tl.program_id(0)
-    seg = tl.program_id(1)
-    drop = _drop(phase_ptr, first_ptr, row, MASK, MASK_PHASE)
-    _, best_i = _first_max(x_ptr + row * stride_x + seg * L, 0, L, mask_col, drop, MASK,
-                           BLOCK)
-    tl.store(out_ptr + row * stride_out + col0 + seg, best_i)
-
-
-@triton.jit
-def _argmax_chunk_kernel(x_ptr, stride_x, L, pv_ptr, pi_ptr, chunk, mask_col, phase_ptr,
-                         first_ptr, MASK: tl.constexpr, BLOCK: tl.constexpr,
-                         MASK_PHASE: tl.constexpr = 0, GDC: tl.constexpr = False):
-    pdl_launch_dependents(GDC)
-    pdl_wait(GDC)
-    row = tl.program_id(0)
-    seg = tl.program_id(1)
-    c = tl.program_id(2)
-    drop = _drop(phase_ptr, first_ptr, row, MASK, MASK_PHASE)
-    lo = c * chunk
-    best, best_i = _first_max(x_ptr + row * stride_x + seg * L, lo, tl.minimum(lo + chunk, L),
-                              mask_col, drop, MASK, BLOCK)
-    idx = (row * tl.num_programs(1) + seg) * tl.num_programs(2) + c
-    tl.store(pv_ptr + idx, best)
-    tl.store(pi_ptr + idx, best_i)
+    base = x_ptr + row * stride_x + seg * L
+    if CHUNKED:
+        c = tl.program_id(2)
+        lo = c * chunk
+        best, best_i = _first_max(base, lo, tl.minimum(lo + chunk, L), mask_col, drop, MASK,
+                                  BLOCK)
+        idx = (row * tl.num_programs(1) + seg) * tl.num_programs(2) + c
+        tl.store(pv_ptr + idx, best)
+        tl.store(pi_ptr + idx, best_i)
+    else:
+        _, best_i = _first_max(base, 0, L, mask_col, drop, MASK, BLOCK)
+        tl.store(out_ptr + row * stride_out + col0 + seg, best_i)
 
 
 @triton.jit
@@ -117,14 +105,14 @@ def masked_argmax(x: torch.Tensor, out: torch.Tensor, col0: int, segments: int =
     mask_args = (mask_col if masked else -1, phase if masked else out,
                  first.view(torch.uint8) if masked else out)
     if chunk is None:
-        _argmax_kernel[(b, segments)](x, x.stride(0), length, out, out.stride(0), col0,
-                                      *mask_args, **common)
+        _argmax_kernel[(b, segments)](x, x.stride(0), length, length, out, out.stride(0),
+                                      col0, out, out, *mask_args, **common)
         return out
     n_chunks = triton.cdiv(length, chunk)
     pv = torch.empty(b * segments * n_chunks, device=x.device, dtype=torch.float32)
     pi = torch.empty(b * segments * n_chunks, device=x.device, dtype=torch.int64)
-    _argmax_chunk_kernel[(b, segments, n_chunks)](x, x.stride(0), length, pv, pi, chunk,
-                                                  *mask_args, **common)
+    _argmax_kernel[(b, segments, n_chunks)](x, x.stride(0), length, chunk, out, out.stride(0),
+                                            col0, pv, pi, *mask_args, CHUNKED=True, **common)
     _argmax_merge_kernel[(b, segments)](pv, pi, n_chunks, out, out.stride(0), col0,
                                         NC=triton.next_power_of_2(n_chunks), GDC=gdc,
                                         num_warps=1, **launch_kw)
