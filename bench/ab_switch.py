@@ -2,10 +2,11 @@
 rules (`--toggle photon_core.ops.gemv:PICK_RULES=0`): a family's model at real shapes with
 random bf16 weights (sweep_gemv_family.build_model), a FastEngine built with the switch at
 the --toggle value ("baseline": for PICK_RULES the old DEFAULT / CANDIDATES choice) and one
-with the module's own value ("now"), alternating --rounds times; per engine the decode step (lm + forward graphs) at each
-batch size, rows at position --pos (median of --iters replays, bench_timing.median_ms), and
-the step's kernels (one profiled replay, bench_timing.step_kernels). Moondream 2 has table
-entries for its shapes, so its step does not change.
+with the module's own value ("now"), alternating --rounds times; per engine the decode step
+(lm + forward graphs, bench_gemma4_fast.graph_step_ms) at each batch size, rows at position
+--pos (median of --iters replays), and the step's kernels (one profiled replay,
+bench_timing.step_kernels). Moondream 2 has table entries for its shapes, so its step does
+not change under the default switch.
 
 Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,gemma4-e2b]
                   [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300] [--top 12]
@@ -27,15 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench.bench_timing import median_ms, step_kernels  # noqa: E402
+from bench.bench_gemma4_fast import graph_step_ms  # noqa: E402
+from bench.bench_timing import step_kernels  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
-
-
-def step_ms(fe, b, pos, iters):
-    fe.state.active.zero_()          # inactive rows: replays advance nothing
-    fe.state.pos.fill_(pos)
-    return median_ms(lambda: (fe.runner.run("lm", b), fe.runner.run("forward", b)),
-                     torch.device("cuda"), iters)
 
 
 def main():
@@ -69,7 +64,7 @@ def main():
             for rules, fe in engines.items():
                 name = "now" if rules else "baseline"
                 for b in batches:
-                    ms = step_ms(fe, b, args.pos, args.iters)
+                    ms = graph_step_ms(fe, b, args.pos, torch.device("cuda"), args.iters)
                     res[name].setdefault(str(b), []).append(ms)
                     print(f"{fam} round {rnd} {name} b={b}: {ms:.4f} ms", flush=True)
         for rules, fe in engines.items():

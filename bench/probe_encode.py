@@ -75,9 +75,9 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_kinds(fn, top=6, reps=1, key_chars=80):
-    """GPU kernel time of one fn() call (the mean of `reps` profiled calls, after one
-    unprofiled): total, by kind (KINDS), launches, the `top` kernels (name, ms, calls)."""
+def kernel_times(fn, reps=1) -> list[tuple[str, float, int]]:
+    """fn()'s GPU kernels by name: [(name, ms per call, launches per call)], longest first
+    (torch profiler, the mean of `reps` profiled calls after one unprofiled)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -86,16 +86,22 @@ def profile_kinds(fn, top=6, reps=1, key_chars=80):
             fn()
         torch.cuda.synchronize()
     evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    by_kind: dict[str, float] = {}
-    for e in evs:
-        k = kind_of(e.key)
-        by_kind[k] = by_kind.get(k, 0.0) + e.self_device_time_total / 1e3 / reps
     evs.sort(key=lambda e: -e.self_device_time_total)
+    return [(e.key, e.self_device_time_total / 1e3 / reps, e.count // reps) for e in evs]
+
+
+def profile_kinds(fn, top=6, reps=1, key_chars=80):
+    """GPU kernel time of one fn() call (the mean of `reps` profiled calls, after one
+    unprofiled): total, by kind (KINDS), launches, the `top` kernels (name, ms, calls)."""
+    rows = kernel_times(fn, reps)
+    by_kind: dict[str, float] = {}
+    for name, ms, _ in rows:
+        k = kind_of(name)
+        by_kind[k] = by_kind.get(k, 0.0) + ms
     return {"total_ms": round(sum(by_kind.values()), 3),
             "by_kind_ms": {k: round(v, 3) for k, v in sorted(by_kind.items())},
-            "launches": sum(e.count for e in evs) // reps,
-            "top": [(e.key[:key_chars], round(e.self_device_time_total / 1e3 / reps, 3),
-                     e.count // reps) for e in evs[:top]]}
+            "launches": sum(n for _, _, n in rows),
+            "top": [(name[:key_chars], round(ms, 3), n) for name, ms, n in rows[:top]]}
 
 
 # -- A/B between checkouts -----------------------------------------------------------------

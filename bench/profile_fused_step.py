@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,22 +22,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_megakernel as bm  # noqa: E402
 from bench_decode import kv_bytes  # noqa: E402
+from probe_encode import kernel_times  # noqa: E402
 
 
-def kernel_table(torch, fn, steps: int = 10) -> dict[str, float]:
-    """us per step per kernel name over `steps` eager calls of fn (after a warm-up)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    per = defaultdict(float)
-    for e in prof.events():
-        if e.device_type.name == "CUDA" and e.device_time_total:
-            per[e.name] += e.device_time_total / steps
-    return dict(sorted(per.items(), key=lambda kv: -kv[1]))
+def kernel_table(fn, steps: int = 10) -> dict[str, float]:
+    """us per step per kernel name over `steps` calls of fn (probe_encode.kernel_times)."""
+    return {name: ms * 1e3 for name, ms, _ in kernel_times(fn, steps)}
 
 
 def main():
@@ -71,7 +60,7 @@ def main():
         c.restore(s0)
         ms = bm._timed(torch, g.replay)
         c.restore(s0)
-        table = kernel_table(torch, step)
+        table = kernel_table(step)
         total = sum(table.values())
         floor = (wbytes + kv_bytes(c.model.config, c.st.pos[:b].tolist())) / bw * 1e3
         row = {"graph_ms": ms, "floor_ms": floor, "kernel_us": total, "kernels": table}

@@ -81,7 +81,7 @@ def main():
             hidden = fe.prefill.hidden_out.float().clone()
             ref = first_hidden.setdefault(T, hidden)
             ms = cuda_ms(run)
-            table = kernel_table(torch, run)
+            table = kernel_table(run)
             total = sum(table.values())
             diff = (hidden - ref).abs().max().item()
             res[T] = {"replay_ms": ms, "kernel_us": total, "hidden_max_diff": diff,
