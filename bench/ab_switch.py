@@ -11,6 +11,9 @@ not change under the default switch.
 Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,gemma4-e2b]
                   [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300] [--top 12]
                   [--toggle photon_core.ops.sliding_window_attention:SPLIT_BELOW=0]
+                  [--option pdl=1 --toggle none]
+--option NAME=INT: an EngineOptions field the "now" engine is built with (the baseline keeps
+the default); with --toggle none it is the only difference between the two engines.
 Writes $OUT/ab_switch.json when OUT is set.
 """
 from __future__ import annotations
@@ -33,6 +36,26 @@ from bench.bench_timing import step_kernels  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
 
 
+def decoder_pass(fe, b: int) -> torch.Tensor:
+    """One fused decoder pass over seeded random rows at positions 5, 9, ...: the residual."""
+    f = fe.state.fused
+    g = torch.Generator(device="cuda").manual_seed(0)
+    f.x[:b] = torch.randn(b, f.x.shape[1], generator=g, device="cuda")
+    pos = 5 + 4 * torch.arange(b, device="cuda")
+    return f.decoder(pos, b, None, torch.ones(b, dtype=torch.bool, device="cuda"),
+                     fe.kv.capacity).clone()
+
+
+def same_bits(fe0, fe1, b: int) -> dict:
+    """The two engines' decoder passes over the same rows bitwise equal? Each engine's state
+    is fresh before its first pass; a second pass each continues from the state the first
+    left (recurrent rows, k/v). Split-K's atomics (b > 1) may differ run to run."""
+    p0 = [decoder_pass(fe0, b) for _ in range(2)]
+    p1 = [decoder_pass(fe1, b) for _ in range(2)]
+    return {"equal": [bool(torch.equal(a, c)) for a, c in zip(p0, p1)],
+            "max_abs_diff": max(float((a - c).abs().max()) for a, c in zip(p0, p1))}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default="qwen3.5-0.8b,gemma4-e2b")
@@ -42,7 +65,9 @@ def main():
     ap.add_argument("--pos", type=int, default=300)
     ap.add_argument("--top", type=int, default=0, help="print each engine's top kernels (b=1)")
     ap.add_argument("--toggle", default="photon_core.ops.gemv:PICK_RULES=0",
-                    help="module:ATTR=int value of the baseline engine")
+                    help="module:ATTR=int value of the baseline engine, or none")
+    ap.add_argument("--option", default="",
+                    help="NAME=int: an EngineOptions field of the 'now' engine only")
     args = ap.parse_args()
     from photon_core.fast import FastEngine
     batches = [int(b) for b in args.batches.split(",")]
@@ -50,16 +75,28 @@ def main():
     for fam in args.families.split(","):
         model = build_model(fam)
         engines = {}
-        mod_name, assign = args.toggle.split(":")
-        attr, value = assign.split("=")
-        mod = importlib.import_module(mod_name)
-        keep = getattr(mod, attr)
+        mod = attr = keep = None
+        if args.toggle != "none":
+            mod_name, assign = args.toggle.split(":")
+            attr, value = assign.split("=")
+            mod = importlib.import_module(mod_name)
+            keep = getattr(mod, attr)
+        opt = {}
+        if args.option:
+            name, value_s = args.option.split("=")
+            from photon_core.engine import EngineOptions
+            opt[name] = type(getattr(EngineOptions(), name))(int(value_s))
         for rules in (False, True):       # rules: the module's own value
-            setattr(mod, attr, keep if rules else type(keep)(int(value)))
+            if mod is not None:
+                setattr(mod, attr, keep if rules else type(keep)(int(value)))
             engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024,
-                                        megakernel="off")
-        setattr(mod, attr, keep)
+                                        megakernel="off", **(opt if rules else {}))
+        if mod is not None:
+            setattr(mod, attr, keep)
         res = out["families"][fam] = {"baseline": {}, "now": {}}
+        for b in batches:
+            res[f"same_bits_b{b}"] = same_bits(engines[False], engines[True], b)
+            print(f"{fam}: one decoder pass, b={b}: {res[f'same_bits_b{b}']}", flush=True)
         for rnd in range(args.rounds):
             for rules, fe in engines.items():
                 name = "now" if rules else "baseline"
@@ -72,7 +109,7 @@ def main():
                 print(f"{fam} {'now' if rules else 'baseline'} b=1, top kernels:", flush=True)
             res["now" if rules else "baseline"]["kernels_b1"] = step_kernels(fe, 1, args.top)
             fe.close()
-        for b in batches:
+        for b in batches if args.rounds else ():
             o, r = min(res["baseline"][str(b)]), min(res["now"][str(b)])
             print(f"{fam} b={b}: baseline {o:.4f} ms -> now {r:.4f} ms ({o / r:.2f}x)",
                   flush=True)

@@ -30,10 +30,16 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
                  launch), the rows' window attention kernel over a ring or the capacity
                  (decode); the torch chunk form for prompts
   norm + add (+ scale)  a sandwich norm `norm o -> h; add x += h` (and the layer scalar
-                 `scale x` right after) -> one rmsnorm_residual kernel into the fp32 x
+                 `scale x` right after) -> one rmsnorm_residual kernel into the fp32 x, which
+                 also writes an RMSNorm of x that follows it (NORM_CHAIN)
+  linear + act_mul (EPILOGUE_FUSION) `linear h -> [gate, up]; act_mul -> m` (SwiGLU, Gemma's
+                 GELU MLP) -> one GEMV over the (gate, up) row pairs writing m (EPI_GATED);
+                 `linear s -> [p]; act_mul (p, q) -> m` (Gemma's per-layer input gate) -> one
+                 GEMV writing act(p) * q (EPI_ACT_MUL): the same bits as the two launches
   add, scale  torch in place on x; softcap -> its kernel; act_mul gelu_tanh -> its kernel
   per_layer_input -> the projection's GEMV, then its torch tail (ops/per_layer_input.py)
-  linear      whose K fits no GEMV tile (K % 16) -> torch's linear (counted: torch_linears)
+  linear      reading the fp32 residual x: the GEMV rounds x as it loads it (no cast launch);
+              whose K fits no GEMV tile (K % 16) -> torch's linear (counted: torch_linears)
 Around the blocks: feedback (ops/feedback_embedding.py, or the token embedding), the row
 advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked argmax.
 pdl (EngineOptions.pdl): every Triton kernel is launched with programmatic dependent launch
@@ -56,6 +62,8 @@ from ..ops.decode_attention import ROWS_CHUNK, AttentionScratch, decode_attentio
 from ..ops.eager import gated_norm_reference, norm_reference
 from ..ops.feedback_embedding import feedback_embedding
 from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
+from ..ops import gemv as G
+from ..ops.gated_activation import ACTIVATIONS
 from ..ops.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
 from ..ops.layernorm import layer_norm, rms_norm
 from ..ops.logit_softcap import logit_softcap_triton
@@ -69,6 +77,19 @@ from .eager_backend import ACTS, ScaledTokenFeedback, feedback_weights
 from ..program import Op
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
+# _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
+NORM_CHAIN = True
+EPILOGUE_FUSION = True
+
+
+def _read_before_written(ops, seg: str) -> bool:
+    """Some op of `ops` reads segment seg before any op writes it (it is still live)."""
+    for op in ops:
+        if seg in op.src:
+            return True
+        if seg in op.dst:
+            return False
+    return False
 
 
 class FusedBackend:
@@ -111,6 +132,8 @@ class FusedBackend:
             if self.window else None
         self.torch_linears: list = []     # linears without a GEMV tile (K % 16)
         self.fused_norm_adds = 0          # sandwich norms lowered with their add (+ scale)
+        self.chained_norms = 0            # ... and with the RMSNorm after them
+        self.gated_gemvs = 0              # linear + act_mul pairs as one GEMV
         self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
@@ -146,8 +169,15 @@ class FusedBackend:
         return self.w[name + ".weight"], self.w.get(name + ".bias")
 
     def _lower_ops(self, ops) -> list:
-        """Op by op, except a sandwich norm: `norm o -> h; add x += h` (and a `scale x` right
-        after) -> one rmsnorm_residual kernel into the fp32 x."""
+        """Op by op, except these patterns (each one launch; module switches NORM_CHAIN,
+        EPILOGUE_FUSION for the A/B of bench/ab_switch.py):
+          a sandwich norm `norm o -> h; add x += h` (and a `scale x` right after) -> one
+            rmsnorm_residual kernel into the fp32 x; with NORM_CHAIN, an RMSNorm of x right
+            after it (`norm x -> h2`) is written by the same kernel;
+          EPILOGUE_FUSION: `linear h -> [g, u]; act_mul (g, u) -> m` -> one GEMV over the
+            (gate, up) row pairs whose epilogue writes m (EPI_GATED); `linear s -> [p];
+            act_mul (p, q) -> m` -> one GEMV writing act(p) * q (EPI_ACT_MUL); when g / u /
+            p are read by no later op."""
         out, i = [], 0
         while i < len(ops):
             op = ops[i]
@@ -156,16 +186,61 @@ class FusedBackend:
                     and nxt.kind == "add" and nxt.src == op.dst and nxt.dst == ("x",)):
                 after = ops[i + 2] if i + 2 < len(ops) else None
                 scaled = after is not None and after.kind == "scale" and after.dst == ("x",)
+                i += 3 if scaled else 2
+                chain = ops[i] if NORM_CHAIN and i < len(ops) else None
+                if not (chain is not None and chain.kind == "norm" and chain.norm == "rms"
+                        and chain.src == ("x",)):
+                    chain = None
                 wt = self.w[op.weights[0] + ".weight"].contiguous()
                 sc = self.w[after.weights[0]].float() if scaled else None
-                out.append(lambda b, env, op=op, wt=wt, sc=sc: rmsnorm_residual_triton(
-                    self._src(op.src[0], env, b), wt, self.x[:b], op.eps, sc))
+                w2 = self.w[chain.weights[0] + ".weight"].contiguous() if chain else None
+                out.append(lambda b, env, op=op, wt=wt, sc=sc, chain=chain, w2=w2:
+                           rmsnorm_residual_triton(
+                               self._src(op.src[0], env, b), wt, self.x[:b], op.eps, sc,
+                               next_weight=w2, h=self._view(chain.dst[0], b) if chain else None,
+                               next_eps=chain.eps if chain else 1e-6))
                 self.fused_norm_adds += 1
-                i += 3 if scaled else 2
+                if chain is not None:
+                    self.chained_norms += 1
+                    i += 1
+                continue
+            f = self._lower_gated(op, nxt, ops[i + 2:]) if EPILOGUE_FUSION else None
+            if f is not None:
+                out.append(f)
+                self.gated_gemvs += 1
+                i += 2
                 continue
             out.append(self._lower(op))
             i += 1
         return out
+
+    def _lower_gated(self, op: Op, nxt: Op | None, rest):
+        """The linear + act_mul pair as one GEMV with a gated epilogue (_lower_ops), or None
+        where the pattern does not apply."""
+        if not (op.kind == "linear" and nxt is not None and nxt.kind == "act_mul"
+                and all(a is None for a in op.acts) and nxt.src[0] == op.dst[0]
+                and nxt.acts[0] in ACTIVATIONS):
+            return None
+        gated = len(op.dst) == 2 and tuple(nxt.src) == tuple(op.dst)
+        act_mul = len(op.dst) == 1 and nxt.src[1] not in op.dst
+        if not (gated or act_mul) or any(_read_before_written(rest, d) for d in op.dst):
+            return None
+        ws = [self._weight(n) for n in op.weights]
+        if ws[0][0].shape[1] % 16 or any((bb is None) != (ws[0][1] is None) for _, bb in ws):
+            return None
+        src, act, dst = op.src[0], nxt.acts[0], nxt.dst[0]
+        buf, off, _ = self.program.segment(dst)
+        if gated:
+            w = G.interleave_gated(ws[0][0], ws[1][0]).contiguous()
+            bias = None if ws[0][1] is None else G.interleave_gated(ws[0][1], ws[1][1])
+            return lambda b, env: gemv(self._src(src, env, b), w, bias,
+                                       self.bufs[buf][:b, off:], G.EPI_GATED, act=act,
+                                       pdl=self.pdl)
+        w, bias = ws[0][0].contiguous(), ws[0][1]
+        q = nxt.src[1]
+        return lambda b, env: gemv(self._src(src, env, b), w, bias, self.bufs[buf][:b, off:],
+                                   G.EPI_ACT_MUL, act=act, mul=self._src(q, env, b),
+                                   pdl=self.pdl)
 
     def _lower(self, op: Op):
         k = op.kind
@@ -236,11 +311,11 @@ class FusedBackend:
         buf, off, width = place
         wp = self.w[op.weights[0] + ".weight"].contiguous()
         wn = self.w[op.weights[1] + ".weight"].contiguous()
-        dim, dt = self.program.dim, self.dtype
+        dim = self.program.dim
 
         def run(b, env):
             out = self.bufs[buf][:b, off:off + width]
-            gemv(self._src(x, env, b).to(dt), wp, None, out, EPI_STORE, pdl=self.pdl)
+            gemv(self._src(x, env, b), wp, None, out, EPI_STORE, pdl=self.pdl)
             out.copy_(per_layer_input_tail(out, self._src(tok, env, b), wn, n, width // n,
                                            dim, op.eps))
         return run
@@ -295,14 +370,17 @@ class FusedBackend:
         """A linear reading the fp32 residual x (cast to the model dtype), or whose K fits no
         GEMV tile (torch's linear, counted in torch_linears): one output at a time."""
         src, dt = op.src[0], self.dtype
+        cast = None if EPILOGUE_FUSION else dt
         parts = []
         for d, (t, bb), act in zip(op.dst, ws, op.acts):
             buf, off, width = self.program.segment(d)
             t = t.contiguous()
             if t.shape[1] % 16 == 0 and act is None:
-                parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off: gemv(
-                    self._src(src, env, b).to(dt), t, bb, self.bufs[buf][:b, off:],
-                    EPI_STORE, pdl=self.pdl))
+                # the GEMV rounds the fp32 x to the weights' dtype as it loads it (the
+                # baseline of EPILOGUE_FUSION: a cast launch first)
+                parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off, cast=cast: gemv(
+                    self._src(src, env, b).to(cast) if cast else self._src(src, env, b), t,
+                    bb, self.bufs[buf][:b, off:], EPI_STORE, pdl=self.pdl))
             else:
                 self.torch_linears.append(op.weights)
                 parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(

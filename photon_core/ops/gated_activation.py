@@ -6,10 +6,12 @@ program's buffers); out may alias gate or up.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ._triton import tl, triton
 
 ACTIVATIONS = ("gelu_tanh", "silu")
+ACT_GELU_TANH, ACT_SILU = 0, 1       # the kernels' constexpr codes (ops/gemv.py's epilogues)
 
 
 @triton.jit
@@ -21,6 +23,19 @@ def _tanh(x):
 
 
 @triton.jit
+def gated_value(g, u, GELU: tl.constexpr):
+    """act(g) * u in fp32 (g, u fp32): the one formula of every kernel that applies a gated
+    activation (this file's, ops/gemv.py's EPI_GATED / EPI_ACT_MUL epilogues), so they agree
+    bit for bit."""
+    if GELU:
+        # sqrt(2 / pi) written out: a compiled kernel reads no non-constexpr global
+        y = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u
+    else:
+        y = g / (1.0 + tl.exp(-g)) * u
+    return y
+
+
+@triton.jit
 def _gated_act_kernel(g_ptr, u_ptr, o_ptr, rows, n, stride_g, stride_u, stride_o,
                       BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, GELU: tl.constexpr):
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]
@@ -28,12 +43,16 @@ def _gated_act_kernel(g_ptr, u_ptr, o_ptr, rows, n, stride_g, stride_u, stride_o
     m = (r < rows) & (c < n)
     g = tl.load(g_ptr + r * stride_g + c, mask=m, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + r * stride_u + c, mask=m, other=0.0).to(tl.float32)
-    if GELU:
-        # sqrt(2 / pi) written out: a compiled kernel reads no non-constexpr global
-        y = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u
-    else:
-        y = g / (1.0 + tl.exp(-g)) * u
+    y = gated_value(g, u, GELU)
     tl.store(o_ptr + r * stride_o + c, y.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """act(gate) * up in torch, in the inputs' dtype (pass fp32 for the kernels' math)."""
+    if act not in ACTIVATIONS:
+        raise ValueError(f"act must be one of {ACTIVATIONS}, not {act!r}")
+    g = F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)
+    return g * up
 
 
 def gated_activation_triton(gate: torch.Tensor, up: torch.Tensor, act: str,

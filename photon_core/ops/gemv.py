@@ -17,6 +17,16 @@ Epilogues (EPI):
                rounded to y's dtype first, like a Linear followed by GELU) at column n + gap
   EPI_RESIDUAL y (fp32 residual stream) += acc + bias (bias from split 0 only); SPLIT_K > 1
                adds with fp32 atomics, so the sum order varies between runs.
+  EPI_GATED    a gated MLP's [gate, up] projection and its activation in one pass: W's rows
+               come in (gate, up) pairs (rows 2j, 2j + 1; `interleave_gated`), each sum
+               rounded to y's dtype, then y[:, j] = act(gate) * up in fp32, rounded once -
+               the gated activation kernel's math (ops/gated_activation.py), so the
+               result is that of the GEMV into [gate | up] followed by that kernel
+  EPI_ACT_MUL  y = act(acc + bias rounded to y's dtype) * mul[:, n] (Gemma 4's per-layer
+               input gate: gelu_tanh(x W^T) * ple), the same math
+  act (ACT): ACT_GELU_TANH or ACT_SILU.
+x may be the fp32 residual stream: it is rounded to the weights' dtype as it is loaded, the
+same values as torch's x.to(w.dtype) before the call.
 
 Torch references (the eager backend's ops, and what the kernel is diff-tested against):
 `linear`, `linear_gelu`, and `gemv_reference` (the kernel's contract, epilogues included).
@@ -31,9 +41,10 @@ import torch.nn.functional as F
 from ._triton import tl, triton
 
 from . import GEMV_MAX_ROWS
+from .gated_activation import ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_value
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
-EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL = 0, 1, 2
+EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -54,15 +65,18 @@ class GemvConfig:
             return False
         if self.dot and (self.block_n < 16 or self.block_k < 16):
             return False
+        if epi == EPI_GATED and (self.block_n % 2 or n % 2):
+            return False
         return True
 
 
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
+                 mul_ptr, stride_mb,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
-                 IEEE: tl.constexpr = False):
+                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0):
     pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -90,7 +104,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
             else:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
         else:
-            acc2 += w.to(tl.float32) * x.to(tl.float32)
+            acc2 += w.to(tl.float32) * x.to(w.dtype).to(tl.float32)
         k_first = k_start + BLOCK_K
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
@@ -102,7 +116,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
             else:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
         else:
-            acc2 += w.to(tl.float32) * x.to(tl.float32)
+            acc2 += w.to(tl.float32) * x.to(w.dtype).to(tl.float32)
     if not DOT:
         acc = tl.sum(acc2, axis=1)[None, :]
     mask = b_ok[:, None] & n_ok[None, :]
@@ -117,6 +131,19 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
             tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + acc, mask=mask)
         else:
             tl.atomic_add(ptrs, acc, mask=mask)
+    elif EPI == 3:         # (gate, up) row pairs -> act(gate) * up at column n // 2
+        t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        g, u = tl.split(tl.reshape(t, [BLOCK_B, BLOCK_N // 2, 2]))
+        col = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        ok = b_ok[:, None] & (col < N // 2)[None, :]
+        tl.store(y_ptr + offs_b[:, None] * stride_yb + col[None, :],
+                 gated_value(g, u, ACT == 0).to(y_ptr.dtype.element_ty), mask=ok)
+    elif EPI == 4:         # act(y) * mul
+        t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        m = tl.load(mul_ptr + offs_b[:, None] * stride_mb + offs_n[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_b[:, None] * stride_yb + offs_n[None, :],
+                 gated_value(t, m, ACT == 0).to(y_ptr.dtype.element_ty), mask=mask)
     else:
         col = offs_n[None, :]
         val = acc
@@ -231,28 +258,37 @@ def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvC
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
          epi: int = EPI_STORE, n_split: int = 0, gap: int = 0,
          cfg: GemvConfig | None = None, deterministic: bool = False,
-         pdl: bool = False) -> torch.Tensor:
-    """x [b, K] (row stride free, unit column stride), w [N, K] contiguous, y [b, *] with
-    unit column stride (fp32 for EPI_RESIDUAL).
+         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None
+         ) -> torch.Tensor:
+    """x [b, K] (row stride free, unit column stride; may be fp32 with bf16 / fp16 weights:
+    rounded as it is loaded), w [N, K] contiguous, y [b, *] with unit column stride (fp32
+    for EPI_RESIDUAL; N / 2 columns for EPI_GATED).
     deterministic: never split K (split-K adds with fp32 atomics in a varying order).
     pdl: programmatic dependent launch (ops/pdl.py): the first weight tile loads while the
-    previous kernel finishes."""
+    previous kernel finishes.
+    act: EPI_GATED / EPI_ACT_MUL's activation ("gelu_tanh" | "silu"); mul [b, N]: EPI_ACT_MUL's
+    multiplier (unit column stride)."""
     b, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
     assert b <= GEMV_MAX_ROWS
+    if act not in ACTIVATIONS:
+        raise ValueError(f"act must be one of {ACTIVATIONS}, not {act!r}")
+    if epi == EPI_ACT_MUL:
+        assert mul is not None and mul.stride(1) == 1 and mul.shape[0] >= b
+    mul = mul if mul is not None else y
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k,
-                       x.stride(0), y.stride(0), n_split, gap, EPI=epi,
+                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages,
-                       **launch_kw)
+                       ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH, **launch_kw)
     return y
 
 
@@ -267,13 +303,25 @@ def linear_gelu(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> 
     return F.gelu(F.linear(x, w, bias), approximate="tanh")
 
 
+def interleave_gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """[N, ...] gate and up rows (weights or biases) -> [2N, ...] in (gate, up) row pairs, the
+    layout EPI_GATED reads."""
+    return torch.stack([gate, up], dim=1).reshape(2 * gate.shape[0], *gate.shape[1:])
+
+
 def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                    y: torch.Tensor, epi: int = EPI_STORE, n_split: int = 0,
-                   gap: int = 0) -> torch.Tensor:
+                   gap: int = 0, act: str = "gelu_tanh",
+                   mul: torch.Tensor | None = None) -> torch.Tensor:
     """What gemv() writes into y, in torch (the kernel's test oracle)."""
+    from .gated_activation import gated_activation
     dt = y.dtype
     acc = F.linear(x.to(w.dtype).float(), w.float(), None if bias is None else bias.float())
-    if epi == EPI_RESIDUAL:
+    if epi in (EPI_GATED, EPI_ACT_MUL):
+        t = acc.to(dt).float()
+        g, u = (t[:, 0::2], t[:, 1::2]) if epi == EPI_GATED else (t, mul[:t.shape[0]].float())
+        y[:, :g.shape[1]] = gated_activation(g, u, act).to(dt)
+    elif epi == EPI_RESIDUAL:
         y[:, :acc.shape[1]] += acc
     elif epi == EPI_QKV_GELU:
         t = acc.to(dt)

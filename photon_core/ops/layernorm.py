@@ -27,6 +27,14 @@ def layernorm_row(x, ok, offs, w_ptr, b_ptr, D, eps):
 
 
 @triton.jit
+def rmsnorm_row(x, ok, offs, w_ptr, D, eps):
+    """One row's RMSNorm in fp32: x [BLOCK] fp32 (zero where not ok) -> x * rstd * weight."""
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    return x * rstd * w
+
+
+@triton.jit
 def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, D, stride_x, stride_y, eps,
                       BLOCK: tl.constexpr, GDC: tl.constexpr = False):
     pdl_launch_dependents(GDC)
@@ -48,10 +56,8 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, D, stride_x, stride_y, eps, BLOCK: tl.c
     offs = tl.arange(0, BLOCK)
     ok = offs < D
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + offs, (x * rstd * w).to(y_ptr.dtype.element_ty),
-             mask=ok)
+    y = rmsnorm_row(x, ok, offs, w_ptr, D, eps)
+    tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,

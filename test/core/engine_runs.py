@@ -53,3 +53,26 @@ def cancel_mid_flight(fe, a, b, steps: int = 5) -> int:
     fe.step_batch([a, b])                                  # commits that step: zombie released
     assert fe.rows.owner[row] is None
     return row
+
+
+def fused_pattern_bits(model, kv: int, monkeypatch, b: int = 2) -> list:
+    """One fused decoder pass over the same random rows (fresh state, positions 5 and 9), with
+    the fused backend's lowering patterns (fused_backend.NORM_CHAIN, EPILOGUE_FUSION) on, then
+    off: [(x, {buffer: rows}, (chained norms, gated GEMVs, launches)), ...] - the patterns must
+    change no bit."""
+    from photon_core.fast import FastEngine
+    from photon_core.fast import fused_backend as fb_mod
+    out = []
+    for on in (True, False):
+        monkeypatch.setattr(fb_mod, "NORM_CHAIN", on)
+        monkeypatch.setattr(fb_mod, "EPILOGUE_FUSION", on)
+        fe = FastEngine(model, max_batch=b, kv_capacity=kv, fused="on")
+        f = fe.state.fused
+        g = torch.Generator().manual_seed(0)
+        f.x[:b] = torch.randn(b, f.x.shape[1], generator=g)
+        pos = torch.tensor([5, 9][:b])
+        x = f.decoder(pos, b, None, torch.ones(b, dtype=torch.bool), kv).clone()
+        bufs = {k: v[:b].clone() for k, v in f.bufs.items()}
+        out.append((x, bufs, (f.chained_norms, f.gated_gemvs, len(f.lowered))))
+        fe.close()
+    return out

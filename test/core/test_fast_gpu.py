@@ -83,3 +83,24 @@ def test_seeded_sampling_repeats_on_the_gpu():
     others = {fe.run(enc, q(s), ignore_eos=True).output["answer"] for s in range(20, 26)}
     assert len(others) > 1
     fe.close()
+
+
+@pytest.mark.parametrize("act,n,k", [("silu", 3584, 1024), ("gelu_tanh", 6144, 1536),
+                                     ("silu", 6144, 2048)])
+@pytest.mark.parametrize("b", [1, 8])
+def test_gated_epilogue_is_the_two_launches_bit_for_bit(act, n, k, b):
+    """ops/gemv EPI_GATED on the GPU in bf16 at Qwen 3.5 / Gemma 4 MLP shapes: the same bits
+    as the GEMV into [gate | up] followed by the gated activation kernel (the fused backend's
+    lowering before the epilogue), with gemv.pick's config for the shape."""
+    from photon_core.ops import gemv as G
+    from photon_core.ops.gated_activation import gated_activation_triton
+    g = torch.Generator(device="cuda").manual_seed(n + b)
+    x = torch.randn(b, k, device="cuda", generator=g).bfloat16()
+    wg, wu = ((torch.randn(n, k, device="cuda", generator=g) / 30).bfloat16() for _ in range(2))
+    two = torch.empty(b, 2 * n, device="cuda", dtype=torch.bfloat16)
+    G.gemv(x, torch.cat([wg, wu]), None, two)
+    want = gated_activation_triton(two[:, :n], two[:, n:], act)
+    y = torch.empty(b, n, device="cuda", dtype=torch.bfloat16)
+    G.gemv(x, G.interleave_gated(wg, wu).contiguous(), None, y, G.EPI_GATED, act=act)
+    assert G.pick(b, 2 * n, k, G.EPI_GATED) == G.pick(b, 2 * n, k, G.EPI_STORE)
+    assert torch.equal(y, want)

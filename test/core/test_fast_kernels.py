@@ -75,6 +75,62 @@ def test_gemv_epilogues(b, cfg):
             _close(y0, y1)
 
 
+@pytest.mark.parametrize("b", [1, 3])
+@pytest.mark.parametrize("cfg", CFGS, ids=str)
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
+def test_gemv_gated_epilogues_equal_the_two_launches(b, cfg, act):
+    """EPI_GATED (interleaved gate / up rows) and EPI_ACT_MUL write exactly what the GEMV into
+    [gate | up] (resp. y) followed by the gated activation kernel writes (fp16: the rounding
+    of the GEMV's outputs between the two is part of the math), and match gemv_reference."""
+    from photon_core.ops.gated_activation import gated_activation_triton
+    g = torch.Generator().manual_seed(3)
+    n, k = 20, 128
+    x = torch.randn(b, k, generator=g).half()
+    wg, wu = ((torch.randn(n, k, generator=g) / 8).half() for _ in range(2))
+    bg, bu = (torch.randn(n, generator=g).half() for _ in range(2))
+    wi, bi = G.interleave_gated(wg, wu), G.interleave_gated(bg, bu)
+    assert torch.equal(wi[1::2], wu) and torch.equal(bi[0::2], bg)
+    if cfg.fits(b, 2 * n, k, G.EPI_GATED):
+        two = torch.zeros(b, 2 * n, dtype=torch.half)
+        c1 = G.GemvConfig(cfg.block_n, cfg.block_k, 1, cfg.num_warps, 1, cfg.dot)
+        G.gemv(x, torch.cat([wg, wu]), torch.cat([bg, bu]), two, cfg=c1)
+        want = gated_activation_triton(two[:, :n], two[:, n:], act)
+        y = torch.full((b, n + 3), 7.0, dtype=torch.half)
+        G.gemv(x, wi, bi, y, G.EPI_GATED, cfg=cfg, act=act)
+        assert torch.equal(y[:, :n], want)
+        assert (y[:, n:] == 7.0).all()
+        ref = torch.zeros(b, n, dtype=torch.half)
+        G.gemv_reference(x, wi, bi, ref, G.EPI_GATED, act=act)
+        _close(y[:, :n], ref, 2e-3)
+    if cfg.fits(b, n, k, G.EPI_ACT_MUL):
+        mul = torch.randn(b, n + 4, generator=g).half()[:, 2:2 + n]     # a strided view
+        one = torch.zeros(b, n, dtype=torch.half)
+        G.gemv(x, wg, bg, one, cfg=G.GemvConfig(cfg.block_n, cfg.block_k, 1, cfg.num_warps, 1,
+                                                cfg.dot))
+        want = gated_activation_triton(one, mul, act)
+        y = torch.zeros(b, n, dtype=torch.half)
+        G.gemv(x, wg, bg, y, G.EPI_ACT_MUL, cfg=cfg, act=act, mul=mul)
+        assert torch.equal(y, want)
+        ref = torch.zeros(b, n, dtype=torch.half)
+        G.gemv_reference(x, wg, bg, ref, G.EPI_ACT_MUL, act=act, mul=mul)
+        _close(y, ref, 2e-3)
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=str)
+def test_gemv_reads_the_fp32_residual_as_the_weights_dtype(cfg):
+    """x in fp32 with fp16 weights: the same bits as x.to(fp16) passed in (the cast launch the
+    fused backend no longer makes)."""
+    g = torch.Generator().manual_seed(4)
+    b = 1 if not cfg.dot else 3
+    x = torch.randn(b, 128, generator=g)
+    w = (torch.randn(40, 128, generator=g) / 8).half()
+    if cfg.fits(b, 40, 128, G.EPI_STORE):
+        y0, y1 = (torch.zeros(b, 40, dtype=torch.half) for _ in range(2))
+        G.gemv(x, w, None, y0, cfg=cfg)
+        G.gemv(x.half(), w, None, y1, cfg=cfg)
+        assert torch.equal(y0, y1)
+
+
 def test_gemv_strided_input_and_pick():
     g = torch.Generator().manual_seed(1)
     buf = torch.randn(2, 300, generator=g)

@@ -23,6 +23,7 @@ from photon_core.task import Task, TaskError
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import cancel_mid_flight, results_and_text  # noqa: E402
 from engine_runs import fused_ok as _fused_ok  # noqa: E402
+from engine_runs import fused_pattern_bits  # noqa: E402
 from engine_runs import same_run as _same  # noqa: E402
 
 KV = 256      # state-cache positions per row (the CPU default, max_context 4096, is slow)
@@ -119,6 +120,26 @@ def test_fast_path_matches_reference(model, encs, fused):
         for (e, t), got in zip(pairs, _fast(fe, pairs)):
             assert _same(got, _reference(model, e, t)), (batch, t)
     fe.close()
+
+
+def test_fused_patterns_change_no_bits(model, monkeypatch):
+    """The fused backend's lowering patterns: a sandwich norm's kernel also writes the RMSNorm
+    after it (pre-feedforward; the next layer's input norm), the MLP's [gate, up] GEMV and
+    the per-layer input gate's GEMV write the gated activation: the same bits as op by op,
+    2 L - 1 + 2 L fewer launches (PLE gate reads the fp32 x: no cast)."""
+    _fused_ok("on")
+    (x1, b1, (chained, gated, n1)), (x0, b0, (c0, g0, n0)) = fused_pattern_bits(
+        model, KV, monkeypatch)
+    L = model.config.text.n_layers
+    assert (chained, gated, c0, g0) == (2 * L - 1, 2 * L, 0, 0)
+    assert n0 - n1 == chained + gated
+    assert torch.equal(x1, x0)
+    # h: the last layer's post-feedforward output feeds no chained norm; m / pm: the gated
+    # outputs (gate / up / pg are not written with the patterns on)
+    for seg in ("h", "o") + tuple(s for s, _ in model.fast_family().spec.program.buffers[1][1]
+                                  if s.startswith(("m.", "pm"))):
+        buf, off, w = model.fast_family().spec.program.segment(seg)
+        assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w]), seg
 
 
 def test_long_prompt_sampling_and_streaming(model, encs):

@@ -263,6 +263,13 @@ def test_triton_rmsnorm_residual_kernel(with_scale):
     torch.testing.assert_close(xf, ref, atol=1e-5, rtol=1e-5)
     y = x + rmsnorm_scaled(src, w, 1e-6)
     torch.testing.assert_close(ref, y if s is None else y * 0.7)
+    # with the next norm: the same x, and h exactly what the RMSNorm kernel makes of it
+    from photon_core.ops.layernorm import rms_norm
+    w2 = 1 + 0.2 * torch.randn(64, generator=g)
+    x2, h = x.clone(), torch.full((3, 64 + 3), 5.0)
+    rmsnorm_residual_triton(src, w, x2, 1e-6, s, next_weight=w2, h=h[:, 3:], next_eps=1e-5)
+    assert torch.equal(x2, xf) and (h[:, :3] == 5.0).all()
+    assert torch.equal(h[:, 3:], rms_norm(xf, w2, torch.empty(3, 64), 1e-5))
 
 
 def test_triton_norm_rotary_a_weight_per_head():

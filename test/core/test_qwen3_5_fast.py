@@ -19,6 +19,7 @@ from photon_core.task import Task
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import fused_ok as _fused_ok  # noqa: E402
+from engine_runs import fused_pattern_bits  # noqa: E402
 from engine_runs import results_and_text as _fast  # noqa: E402
 from engine_runs import same_run as _same  # noqa: E402
 
@@ -106,6 +107,18 @@ def test_fast_path_matches_reference(model, encs, fused):
             assert _same(g, want(i, j)), (i, tasks[j], g, want(i, j))
     assert model.stats["grounding_parse_errors"] > before
     fe.close()
+
+
+def test_fused_gated_mlp_changes_no_bits(model, monkeypatch):
+    """The SwiGLU MLP's [gate, up] GEMV writes silu(gate) * up in its epilogue (one launch
+    instead of two per layer): the same bits as the GEMV + the gated activation kernel."""
+    _fused_ok("on")
+    (x1, b1, (chained, gated, n1)), (x0, b0, _) = fused_pattern_bits(model, KV, monkeypatch)
+    n_layers = model.config.text.num_hidden_layers
+    assert (chained, gated) == (0, n_layers) and torch.equal(x1, x0)
+    prog = model.fast_family().spec.program
+    buf, off, w = prog.segment("m")
+    assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w])
 
 
 def test_long_prompt_and_streaming(model, encs):

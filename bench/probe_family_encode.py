@@ -1,0 +1,129 @@
+"""Where a 640x480 frame's encode goes for the families without a graphed encoder (Qwen 3.5,
+Gemma 4: FastEngine.encode_image calls the reference model's encode_image): per stage
+(CPU preprocess, vision tower, prefix prefill through the reference decoder) the host's wall
+time (a device sync at each stage's end) and the GPU kernels' busy time inside it (torch
+profiler), so a stage whose wall is far above its kernel time is host-bound (a CUDA graph
+would help) and one near it is GPU-bound.
+
+Real shapes with random bf16 weights (sweep_gemv_family.build_model).
+
+Usage (H200): PYTHONPATH=. python3 bench/probe_family_encode.py [--families qwen3.5-0.8b,gemma4-e2b]
+              [--iters 3]
+Writes $OUT/probe_family_encode.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench.sweep_gemv_family import build_model  # noqa: E402
+
+
+def stages_of(family: str, model) -> list[tuple[object, str, str]]:
+    """(owner, attribute, stage name) of the functions an encode calls, in order."""
+    if family.startswith("qwen3.5"):
+        from photon_core.models.qwen3_5 import decoder, model as qm, vision
+        return [(qm, "preprocess", "preprocess (CPU)"), (vision, "encode", "vision tower"),
+                (decoder, "forward", "prefix prefill")]
+    return [(model, "image_inputs", "preprocess (CPU)"),
+            (model, "image_embeddings", "vision tower"),
+            (model, "forward_ids", "prefix prefill")]
+
+
+@contextlib.contextmanager
+def timed_stages(stages, walls: dict):
+    """Wrap each stage function: a record_function range and a synced wall time."""
+    saved = []
+    for owner, attr, name in stages:
+        fn = getattr(owner, attr)
+        saved.append((owner, attr, fn))
+
+        def wrapped(*a, _fn=fn, _name=name, **k):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with record_function("stage:" + _name):
+                out = _fn(*a, **k)
+                torch.cuda.synchronize()
+            walls.setdefault(_name, []).append((time.perf_counter() - t0) * 1e3)
+            return out
+        setattr(owner, attr, wrapped)
+    try:
+        yield
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+
+
+def kernel_busy(prof) -> dict:
+    """GPU kernel time (us) whose start falls inside each stage's CPU range."""
+    evs = prof.events()
+    ranges = [(ev.name[6:], ev.time_range.start, ev.time_range.end) for ev in evs
+              if ev.name.startswith("stage:")]
+    busy = {name: 0.0 for name, _, _ in ranges}
+    launches = {name: 0 for name, _, _ in ranges}
+    for ev in evs:
+        if ev.device_type.name != "CUDA":
+            continue
+        for name, t0, t1 in ranges:
+            if t0 <= ev.time_range.start <= t1:
+                busy[name] += ev.time_range.elapsed_us()
+                launches[name] += 1
+                break
+    return {n: {"kernel_ms": round(busy[n] / 1e3, 3), "launches": launches[n]} for n in busy}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--families", default="qwen3.5-0.8b,gemma4-e2b")
+    ap.add_argument("--iters", type=int, default=3)
+    args = ap.parse_args()
+    from photon_core.fast import FastEngine
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    out = {"gpu": torch.cuda.get_device_name(), "families": {}}
+    for fam in args.families.split(","):
+        model = build_model(fam)
+        fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off")
+        for _ in range(2):
+            fe.encode_image(frame)                 # warm (allocator, cuDNN / cuBLAS picks)
+        walls: dict = {}
+        totals = []
+        with timed_stages(stages_of(fam, model), walls):
+            for _ in range(args.iters):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fe.encode_image(frame)
+                torch.cuda.synchronize()
+                totals.append((time.perf_counter() - t0) * 1e3)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fe.encode_image(frame)
+        busy = kernel_busy(prof)
+        res = {"encode_wall_ms": round(min(totals), 2), "stages": {}}
+        for name, ws in walls.items():
+            res["stages"][name] = {"wall_ms": round(min(ws[:args.iters]), 2), **busy.get(name, {})}
+        out["families"][fam] = res
+        print(f"{fam}: encode {res['encode_wall_ms']} ms (min of {args.iters}, stages synced)")
+        for name, r in res["stages"].items():
+            print(f"    {name:18s} wall {r['wall_ms']:8.2f} ms  kernels {r.get('kernel_ms', 0):8.2f} ms"
+                  f"  launches {r.get('launches', 0)}", flush=True)
+        fe.close()
+        del fe, model
+        torch.cuda.empty_cache()
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "probe_family_encode.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
