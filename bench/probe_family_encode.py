@@ -1,14 +1,15 @@
-"""Where a 640x480 frame's encode goes for the families without a graphed encoder (Qwen 3.5,
-Gemma 4: FastEngine.encode_image calls the reference model's encode_image): per stage
-(CPU preprocess, vision tower, prefix prefill through the reference decoder) the host's wall
-time (a device sync at each stage's end) and the GPU kernels' busy time inside it (torch
-profiler), so a stage whose wall is far above its kernel time is host-bound (a CUDA graph
-would help) and one near it is GPU-bound.
+"""Where a 640x480 frame's encode goes for Qwen 3.5 / Gemma 4: the reference encode_image per
+stage (CPU preprocess, vision tower, prefix prefill through the reference decoder): the host's
+wall time (a device sync at each stage's end) and the GPU kernels' busy time inside it (torch
+profiler; under the profiler the kernels run slower, so only the launch counts and the ratio
+between stages are meant); then, same process, FastEngine.encode_image (the reference encode
+as a CUDA graph per layout: fast/graphed_reference_encoder.py): its wall, and the graph replay
+alone (CUDA events).
 
 Real shapes with random bf16 weights (sweep_gemv_family.build_model).
 
 Usage (H200): PYTHONPATH=. python3 bench/probe_family_encode.py [--families qwen3.5-0.8b,gemma4-e2b]
-              [--iters 3]
+              [--iters 3] [--top 12]
 Writes $OUT/probe_family_encode.json when OUT is set.
 """
 from __future__ import annotations
@@ -38,9 +39,10 @@ def stages_of(family: str, model) -> list[tuple[object, str, str]]:
         from photon_core.models.qwen3_5 import decoder, model as qm, vision
         return [(qm, "preprocess", "preprocess (CPU)"), (vision, "encode", "vision tower"),
                 (decoder, "forward", "prefix prefill")]
+    from photon_core.models.gemma4 import text
     return [(model, "image_inputs", "preprocess (CPU)"),
             (model, "image_embeddings", "vision tower"),
-            (model, "forward_ids", "prefix prefill")]
+            (text, "decoder", "prefix prefill")]
 
 
 @contextlib.contextmanager
@@ -85,10 +87,42 @@ def kernel_busy(prof) -> dict:
     return {n: {"kernel_ms": round(busy[n] / 1e3, 3), "launches": launches[n]} for n in busy}
 
 
+def encoder_times(fe, frame, iters: int, top: int, label: str) -> dict:
+    """FastEngine.encode_image's wall (min of iters, synced) and its graph's replay alone
+    (CUDA events); top > 0: the replay's top kernels printed."""
+    walls, replay = [], []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fe.encode_image(frame)
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    e = next(iter(fe.encoder.entries.values())) if fe.encoder is not None else None
+    if e is not None and e.graph is not None:
+        for _ in range(iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            e.graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            replay.append(a.elapsed_time(b))
+        if top:
+            from bench.probe_encode import kernel_times
+            rows = kernel_times(e.graph.replay)
+            print(f"{label}: graph replay kernels {sum(r[1] for r in rows):.2f} ms in "
+                  f"{sum(r[2] for r in rows)} launches; top:")
+            for name, ms, n in rows[:top]:
+                print(f"    {ms:8.3f} ms {n:5d} x  {name[:90]}")
+    return {"encode_ms": round(min(walls), 2),
+            "replay_ms": round(min(replay), 2) if replay else None}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default="qwen3.5-0.8b,gemma4-e2b")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--top", type=int, default=0,
+                    help="print the graph replay's top kernels by summed time")
     args = ap.parse_args()
     from photon_core.fast import FastEngine
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
@@ -98,23 +132,28 @@ def main():
         fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off")
         for _ in range(2):
             fe.encode_image(frame)                 # warm (allocator, cuDNN / cuBLAS picks)
+            model.encode_image(frame)
         walls: dict = {}
         totals = []
         with timed_stages(stages_of(fam, model), walls):
             for _ in range(args.iters):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                fe.encode_image(frame)
+                model.encode_image(frame)
                 torch.cuda.synchronize()
                 totals.append((time.perf_counter() - t0) * 1e3)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                fe.encode_image(frame)
+                model.encode_image(frame)
         busy = kernel_busy(prof)
-        res = {"encode_wall_ms": round(min(totals), 2), "stages": {}}
+        forms = {"graphed": encoder_times(fe, frame, args.iters, args.top, fam)}
+        res = {"reference_encode_ms": round(min(totals), 2), "engine": forms, "stages": {}}
         for name, ws in walls.items():
             res["stages"][name] = {"wall_ms": round(min(ws[:args.iters]), 2), **busy.get(name, {})}
         out["families"][fam] = res
-        print(f"{fam}: encode {res['encode_wall_ms']} ms (min of {args.iters}, stages synced)")
+        print(f"{fam}: reference encode {res['reference_encode_ms']} ms (min of {args.iters}, "
+              f"stages synced); FastEngine.encode_image: " + "; ".join(
+                  f"{k} {v['encode_ms']} ms (graph replay {v['replay_ms']} ms)"
+                  for k, v in forms.items()))
         for name, r in res["stages"].items():
             print(f"    {name:18s} wall {r['wall_ms']:8.2f} ms  kernels {r.get('kernel_ms', 0):8.2f} ms"
                   f"  launches {r.get('launches', 0)}", flush=True)

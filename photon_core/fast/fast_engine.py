@@ -10,7 +10,8 @@ model family that provides the runtime's plugin view (model.fast_family(): fast_
     while any(engine.step_batch(runs)): ...
     engine.metrics()   # GPU idle per step, step times, host launch/commit times, graphs
 
-encode_image is the family's fast encoder (Moondream 2: graphed_encoder.py) or the reference
+encode_image is the family's fast encoder (Moondream 2: graphed_encoder.py; Qwen 3.5 and
+Gemma 4: graphed_reference_encoder.py, their reference encode as CUDA graphs) or the reference
 model's (vision + image-prefix prefill). start() prefills the prompt into a free row of the
 state cache. step_batch() runs one pipelined step over the
 given runs (pipelined_decoder.py). On the CPU the identical pipeline runs without graphs.

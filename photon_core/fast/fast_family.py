@@ -107,10 +107,10 @@ class FastFamily(Protocol):
 
 class ReferenceEncodeFamily:
     """The shared part of a FastFamily whose frames go through the reference engine's
-    encode_image (no graphed or batched encoder of its own yet) and whose long prompts take
-    the runtime's generic prefill. An encoded image's PrefixState is built once
-    (`_build_prefix`, the family's) and shared by the image's tasks; it is forgotten with
-    the image. A family says which EncodedImage it made in `_made_here`."""
+    encode_image (as CUDA graphs where the model splits it in three; no batched encoder of
+    its own yet) and whose long prompts take the runtime's generic prefill. An encoded
+    image's PrefixState is built once (`_build_prefix`, the family's) and shared by the
+    image's tasks; it is forgotten with the image. A family says which EncodedImage it made in `_made_here`."""
 
     def __init__(self, model, spec):
         self.model = model
@@ -121,7 +121,13 @@ class ReferenceEncodeFamily:
         self._prefixes: dict[int, Any] = {}          # id(enc) -> its PrefixState
 
     def make_encoder(self, use_graphs: bool):
-        return None                                   # the reference encode_image
+        """The reference encode as a CUDA graph per layout where the model splits its
+        encode_image (encode_inputs / encode_body / encode_result:
+        graphed_reference_encoder.py); else None: the reference encode_image."""
+        if use_graphs and hasattr(self.model, "encode_body"):
+            from .graphed_reference_encoder import GraphedReferenceEncoder
+            return GraphedReferenceEncoder(self.model, use_graphs)
+        return None
 
     def make_batch_encoder(self, *args, **kwargs):
         return None                                   # whole images, one by one

@@ -110,3 +110,28 @@ def test_bf16_graphs_follow_the_reference(ckpt, frame):
             top, median = lg.max().item(), lg.median().item()
             assert lg[tok].item() >= top - (0.05 * (top - median) + 0.02), (t, tok)
     fe.close()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_graphed_encode_is_the_reference_encode(ckpt, dtype):
+    """FastEngine.encode_image replays the reference encode as one CUDA graph per layout
+    (fast/graphed_reference_encoder.py): the encoded image's k/v is the reference
+    encode_image's, bit for bit - the capturing frame, a later frame of its size (replay) and
+    one of another size (a second graph); each encoded image owns its k/v."""
+    from photon_core.fast import FastEngine
+    from photon_core.models import gemma4
+
+    m = gemma4.load_model(str(ckpt), device="cuda", dtype=dtype, max_soft_tokens=70)
+    fe = FastEngine(m, max_batch=1, kv_capacity=KV)
+    rng = np.random.default_rng(7)
+    frames = [rng.integers(0, 256, s, dtype=np.uint8)
+              for s in ((48, 64, 3), (48, 64, 3), (36, 30, 3))]
+    encs = [fe.encode_image(f) for f in frames]
+    assert len(fe.encoder.entries) == 2 and fe.encoder.capture_ms > 0
+    for f, enc in zip(frames, encs):
+        ref = m.encode_image(f)
+        assert (enc.length, enc.n_image_tokens) == (ref.length, ref.n_image_tokens)
+        for a, b in zip(enc.cache.k + enc.cache.v, ref.cache.k + ref.cache.v):
+            assert (a is None and b is None) or torch.equal(a, b)
+    assert encs[0].cache.k[0].data_ptr() != encs[1].cache.k[0].data_ptr()
+    fe.close()

@@ -67,3 +67,36 @@ def test_bf16_serves_every_skill(ckpt, frame):
     q = fe.run(enc, tasks[0], ignore_eos=True)
     assert q.tokens == 16 and q.finish_reason == "length"
     fe.close()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_graphed_encode_is_the_reference_encode(ckpt, dtype):
+    """FastEngine.encode_image replays the reference encode as one CUDA graph per layout
+    (fast/graphed_reference_encoder.py): every state tensor of the encoded image is the
+    reference encode_image's, bit for bit - for the frame that captured the graph, a later
+    frame of its size (replay), and a frame of another size (a second graph); each encoded
+    image owns its state."""
+    from photon_core.fast import FastEngine
+    from photon_core.models import qwen3_5
+
+    m = qwen3_5.load_model(str(ckpt), device="cuda", dtype=dtype)
+    fe = FastEngine(m, max_batch=1, kv_capacity=512)
+    rng = np.random.default_rng(7)
+    frames = [rng.integers(0, 256, s, dtype=np.uint8)
+              for s in ((96, 128, 3), (96, 128, 3), (64, 64, 3))]
+    encs = [fe.encode_image(f) for f in frames]
+    assert len(fe.encoder.entries) == 2 and fe.encoder.capture_ms > 0
+    for f, enc in zip(frames, encs):
+        ref = m.encode_image(f)
+        s, r = enc.state, ref.state
+        assert (s.length, s.rope_pos, s.tokens, enc.grid) == (r.length, r.rope_pos, r.tokens,
+                                                              ref.grid)
+        for name in ("k", "v", "conv", "recurrent"):
+            a, b = getattr(s, name), getattr(r, name)
+            assert a.keys() == b.keys()
+            for i in a:
+                assert torch.equal(a[i][..., :s.length, :] if name in "kv" else a[i],
+                                   b[i][..., :r.length, :] if name in "kv" else b[i]), (name, i)
+    assert encs[0].state.k[next(iter(encs[0].state.k))].data_ptr() != \
+        encs[1].state.k[next(iter(encs[1].state.k))].data_ptr()
+    fe.close()

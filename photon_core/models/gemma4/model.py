@@ -21,6 +21,7 @@ from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task
 from ...engine import Capabilities
+from ...fast.graphed_reference_encoder import EncodeInputs
 from . import text, vision
 from .config import Gemma4Cfg, parse_config
 from .kv_cache import KVCache
@@ -145,20 +146,69 @@ class Gemma4Model(EngineConveniences):
         """numpy HxWx3 uint8 RGB | PIL image | path -> EncodedImage."""
         if isinstance(image, EncodedImage):
             return image
+        inp = self.encode_inputs(image)
+        with torch.inference_mode():
+            return self.encode_result(self.encode_body(inp), inp, copy=False)
+
+    # encode_image in three parts (fast/graphed_reference_encoder.py replays the body as a
+    # CUDA graph per layout): the host part, the device part, the EncodedImage
+    @staticmethod
+    def is_encoded(image) -> bool:
+        return isinstance(image, EncodedImage)
+
+    def encode_inputs(self, image) -> EncodeInputs:
+        """Decode + resize + patches on the host; the prefix's ids (image placeholders as
+        the pad id for the embeddings) and the bidirectional image block of each position."""
         t0 = time.perf_counter()
         array, patches, positions, grid = self.image_inputs(image)
-        emb = self.image_embeddings(patches, positions, grid)
-        ids = self.prefix_ids(emb.shape[0])
+        n = (grid[0] // self.config.vision.pool) * (grid[1] // self.config.vision.pool)
+        ids = self.prefix_ids(n)
         if len(ids) >= self.max_context:
             raise ValueError(f"the image prefix ({len(ids)} tokens) does not fit the "
                              f"{self.max_context}-token context")
-        cache = KVCache(self.config.text, len(ids), self.device, self.dtype)
-        with torch.inference_mode():
-            self.forward_ids(torch.tensor(ids, device=self.device), 0, cache, emb)
+        t, dev = self.config.text, self.device
+        first = ids.index(self.config.image_token_id)
+        is_image = torch.tensor([i == self.config.image_token_id for i in ids], device=dev)
+        ids_t = torch.tensor(ids, device=dev)
+        tensors = {"patches": patches.to(dev), "positions": positions.to(dev),
+                   "safe_ids": torch.where(is_image, torch.full_like(ids_t, t.pad_id), ids_t)}
+        if t.bidirectional == "vision":
+            tensors["blocks"] = torch.where(is_image, 0, -1)
+        info = {"grid": grid, "first": first, "n_image": n, "length": len(ids),
+                "width": array.shape[1], "height": array.shape[0]}
+        return EncodeInputs((tuple(grid), len(ids), tuple(patches.shape)), tensors, info, t0)
+
+    def encode_body(self, inp: EncodeInputs) -> KVCache:
+        """The vision tower and the decoder's pass over the image prefix (device work only):
+        forward_ids' math with the image tokens' rows as one slice (the prefix's image
+        placeholders are contiguous) and no host-side count check."""
+        t, w, info, d = self.config.text, self.weights, inp.info, inp.tensors
+        emb = self.image_embeddings(d["patches"], d["positions"], info["grid"])
+        if emb.shape[0] != info["n_image"]:
+            raise ValueError(f"{info['n_image']} image tokens for {emb.shape[0]} image "
+                             "embeddings")
+        x = text.embed(w, t, d["safe_ids"]).clone()
+        first = info["first"]
+        x[first:first + emb.shape[0]] = emb.to(x.dtype)
+        ple = text.per_layer_inputs(w, t, d["safe_ids"], x)
+        cache = KVCache(t, info["length"], self.device, self.dtype)
+        text.decoder(w, t, x, ple, 0, cache, self.freqs, d.get("blocks"))
+        return cache
+
+    def encode_result(self, cache: KVCache, inp: EncodeInputs, copy: bool,
+                      setup_ms: float = 0.0) -> EncodedImage:
+        info = inp.info
+        if copy:                       # a graph's static cache: this image owns a copy
+            own = KVCache.__new__(KVCache)
+            own.capacity = cache.capacity
+            own.k = [None if a is None else a.clone() for a in cache.k]
+            own.v = [None if a is None else a.clone() for a in cache.v]
+            cache = own
         _sync(self.device)
-        return EncodedImage(cache=cache, length=len(ids), n_image_tokens=emb.shape[0],
-                            width=array.shape[1], height=array.shape[0],
-                            encode_ms=(time.perf_counter() - t0) * 1e3, model_id=self.model_id)
+        return EncodedImage(cache=cache, length=info["length"], n_image_tokens=info["n_image"],
+                            width=info["width"], height=info["height"],
+                            encode_ms=(time.perf_counter() - inp.t0) * 1e3,
+                            model_id=self.model_id, setup_ms=setup_ms)
 
     # -- tasks -----------------------------------------------------------------------------
     max_runs = None     # the reference engine holds any number of runs (engine.Engine)

@@ -13,6 +13,7 @@ in fp32 (optional standardization); then into the text width: scale-free RMSNorm
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -104,6 +105,14 @@ def _block(w, cfg: VisionCfg, j: int, x: torch.Tensor, rot) -> torch.Tensor:
     return x + norm(m, "post_feedforward_layernorm")
 
 
+@functools.lru_cache(maxsize=16)
+def _inv_freq_on(device: torch.device, dim: int, theta: float) -> torch.Tensor:
+    """inv_freq computed on the host (as always) and kept on the patches' device: the values
+    cos_sin would copy there on every call, copied once (a CUDA graph capture of the tower
+    may copy nothing from pageable host memory)."""
+    return inv_freq(dim, theta).to(device)
+
+
 def tower(w, cfg: VisionCfg, patches: torch.Tensor, positions: torch.Tensor,
           grid: tuple[int, int]) -> torch.Tensor:
     """-> pooled soft tokens [rows/pool * cols/pool, vision hidden] (fp32, x sqrt(hidden))."""
@@ -111,7 +120,7 @@ def tower(w, cfg: VisionCfg, patches: torch.Tensor, positions: torch.Tensor,
     table = w["vision_tower.patch_embedder.position_embedding_table"]
     x = (2 * (patches - 0.5)).to(dtype) @ w["vision_tower.patch_embedder.input_proj.weight"].T
     x = x + table[0][positions[:, 0]] + table[1][positions[:, 1]]
-    f = inv_freq(cfg.head_dim // 2, cfg.rope_theta)
+    f = _inv_freq_on(positions.device, cfg.head_dim // 2, cfg.rope_theta)
     cx, sx = cos_sin(positions[:, 0], f, x.dtype)
     cy, sy = cos_sin(positions[:, 1], f, x.dtype)
     for j in range(cfg.n_layers):

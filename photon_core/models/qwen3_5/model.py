@@ -14,6 +14,7 @@ from ...engine import Capabilities
 from . import checkpoint, decoder, vision
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
+from ...fast.graphed_reference_encoder import EncodeInputs
 from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
 from .image_processor import ImageProcessorConfig, preprocess
@@ -81,33 +82,67 @@ class Qwen35Model(EngineConveniences):
     def encode_image(self, image) -> EncodedImage:
         if isinstance(image, EncodedImage):
             return image
+        inp = self.encode_inputs(image)
+        with torch.inference_mode():
+            return self.encode_result(self.encode_body(inp), inp, copy=False)
+
+    # encode_image in three parts (fast/graphed_reference_encoder.py replays the body as a
+    # CUDA graph per layout): the host part, the device part, the EncodedImage
+    @staticmethod
+    def is_encoded(image) -> bool:
+        return isinstance(image, EncodedImage)
+
+    def encode_inputs(self, image) -> EncodeInputs:
+        """Decode + resize + patches on the host; the prefix's ids and M-RoPE positions."""
         t0 = time.perf_counter()
         array = to_rgb_array(image)
         patches, grid = preprocess(array, self.image_config)
-        w, cfg = self.weights, self.config
+        cfg = self.config
         m = cfg.vision.spatial_merge_size
         gh, gw = grid[1] // m, grid[2] // m
-        with torch.inference_mode():
-            feats = vision.encode(w, cfg.vision, torch.from_numpy(patches).to(self.device), grid)
-            text, ids = self.prompts.image_prefix(gh * gw)
-            first = ids.index(cfg.image_token_id)
-            if ids[first:first + gh * gw] != [cfg.image_token_id] * (gh * gw):
-                raise ValueError("image tokens of the prefix are not contiguous")
-            x = decoder.embed(w, torch.tensor(ids, device=self.device))
-            x[first:first + gh * gw] = feats.to(x.dtype)
-            after = len(ids) - first - gh * gw
-            img_end = first + max(gh, gw)
-            pos = torch.cat([decoder.text_positions(0, first, self.device),
-                             image_positions(first, gh, gw, self.device),
-                             decoder.text_positions(img_end, after, self.device)], dim=1)
-            state = HybridState.empty(cfg.text, len(ids), self.device, self.dtype)
-            decoder.forward(w, cfg.text, x, pos, state)
-            state.rope_pos = img_end + after
-            state.tokens = ids
+        text, ids = self.prompts.image_prefix(gh * gw)
+        first = ids.index(cfg.image_token_id)
+        if ids[first:first + gh * gw] != [cfg.image_token_id] * (gh * gw):
+            raise ValueError("image tokens of the prefix are not contiguous")
+        after = len(ids) - first - gh * gw
+        img_end = first + max(gh, gw)
+        dev = self.device
+        pos = torch.cat([decoder.text_positions(0, first, dev),
+                         image_positions(first, gh, gw, dev),
+                         decoder.text_positions(img_end, after, dev)], dim=1)
+        tensors = {"patches": torch.from_numpy(patches).to(dev),
+                   "ids": torch.tensor(ids, device=dev), "pos": pos}
+        info = {"grid": grid, "first": first, "n_image": gh * gw, "ids": ids, "text": text,
+                "rope_pos": img_end + after, "width": array.shape[1], "height": array.shape[0]}
+        return EncodeInputs((tuple(grid), len(ids), tuple(patches.shape)), tensors, info, t0)
+
+    def encode_body(self, inp: EncodeInputs) -> HybridState:
+        """The vision tower and the decoder's pass over the image prefix (device work only).
+        (The chunked delta-rule kernel, decoder.forward(use_kernels=True), was measured 2.3x
+        slower here than the torch form at a 640x480 frame's prefix: docs/benchmarks.md,
+        session 11.)"""
+        w, cfg, info, t = self.weights, self.config, inp.info, inp.tensors
+        feats = vision.encode(w, cfg.vision, t["patches"], info["grid"])
+        x = decoder.embed(w, t["ids"])
+        first, n = info["first"], info["n_image"]
+        x[first:first + n] = feats.to(x.dtype)
+        state = HybridState.empty(cfg.text, len(info["ids"]), self.device, self.dtype)
+        decoder.forward(w, cfg.text, x, t["pos"], state)
+        return state
+
+    def encode_result(self, state: HybridState, inp: EncodeInputs, copy: bool,
+                      setup_ms: float = 0.0) -> EncodedImage:
+        info = inp.info
+        if copy:                       # a graph's static state: this image owns a copy
+            state = state.copy()
+        state.length = len(info["ids"])
+        state.rope_pos = info["rope_pos"]
+        state.tokens = list(info["ids"])
         _sync(self.device)
-        return EncodedImage(state=state, prefix_text=text, width=array.shape[1],
-                            height=array.shape[0], grid=grid,
-                            encode_ms=(time.perf_counter() - t0) * 1e3, model_id=self.model_id)
+        return EncodedImage(state=state, prefix_text=info["text"], width=info["width"],
+                            height=info["height"], grid=info["grid"],
+                            encode_ms=(time.perf_counter() - inp.t0) * 1e3,
+                            model_id=self.model_id, setup_ms=setup_ms)
 
     def fast_family(self):
         """The runtime's plugin view of this model (photon_core/fast/fast_family.py)."""

@@ -1,0 +1,90 @@
+"""encode_image of a family without an encoder of its own (Qwen 3.5, Gemma 4) as one CUDA graph
+per input layout: the reference's own encode, replayed.
+
+The reference encode (vision tower, then the image prefix through the reference decoder) is
+launch-bound on the GPU: thousands of small kernels per frame (bench/probe_family_encode.py).
+The model splits its encode_image in three, and encode_image is their composition:
+  encode_inputs(image) -> EncodeInputs: the host part (decode, resize, patches, the prompt's
+      ids) and the device tensors the GPU part reads; `key` names the layout - one key, the
+      same shapes and host-side values (a camera's frames share one);
+  encode_body(inputs)  -> the prefix state, computed on the device only (no host sync: it
+      can be captured);
+  encode_result(state, inputs, copy) -> the EncodedImage (copy: owning a copy of the state).
+Here each new key runs the body once eagerly (warm-up, on the capture stream), then captures
+it; a later frame copies its tensors into that key's static inputs and replays. Inside the
+graph are exactly the reference's calls, so the result is the reference encode's, bit for bit
+(test/core/test_qwen3_5_fast_gpu.py, test_gemma4_fast_gpu.py). use_graphs=False: the body runs
+eagerly (the CPU).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class EncodeInputs:
+    key: tuple
+    tensors: dict[str, torch.Tensor]        # on the model's device; the body reads these
+    info: dict = field(default_factory=dict)  # host-side values (equal for equal keys)
+    t0: float = 0.0                         # perf_counter at the encode's start
+
+
+@dataclass
+class _Entry:
+    inputs: EncodeInputs                    # static inputs (the tensors the graph reads)
+    state: Any = None                       # static output of the body
+    graph: Any = None
+
+
+class GraphedReferenceEncoder:
+    def __init__(self, model, use_graphs: bool):
+        self.model = model
+        self.use_graphs = use_graphs
+        self.entries: dict[tuple, _Entry] = {}
+        self.capture_ms = 0.0
+        self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
+
+    def _entry(self, inp: EncodeInputs) -> _Entry:
+        e = self.entries.get(inp.key)
+        if e is not None:
+            return e
+        static = EncodeInputs(inp.key, {k: t.clone() for k, t in inp.tensors.items()},
+                              inp.info, inp.t0)
+        e = _Entry(static)
+        if self.use_graphs:
+            t0 = time.perf_counter()
+            side = self.capture_stream or torch.cuda.Stream()   # warm-up
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.model.encode_body(static)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=self.capture_stream):
+                e.state = self.model.encode_body(static)
+            torch.cuda.synchronize()
+            e.graph = g
+            self.capture_ms += (time.perf_counter() - t0) * 1e3
+        self.entries[inp.key] = e
+        return e
+
+    def encode(self, image):
+        m = self.model
+        if m.is_encoded(image):
+            return image
+        inp = m.encode_inputs(image)
+        with torch.inference_mode():
+            captured_before = self.capture_ms
+            e = self._entry(inp)                      # captures a graph for a new layout
+            setup_ms = self.capture_ms - captured_before
+            if e.graph is None:
+                return m.encode_result(m.encode_body(inp), inp, copy=False)
+            for k, t in inp.tensors.items():
+                e.inputs.tensors[k].copy_(t)
+            e.graph.replay()
+            enc = m.encode_result(e.state, inp, copy=True, setup_ms=setup_ms)
+        return enc
