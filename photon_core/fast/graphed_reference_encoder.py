@@ -2,35 +2,24 @@
 per input layout: the reference's own encode, replayed.
 
 The reference encode (vision tower, then the image prefix through the reference decoder) is
-launch-bound on the GPU: thousands of small kernels per frame (bench/probe_family_encode.py).
-The model splits its encode_image in three, and encode_image is their composition:
-  encode_inputs(image) -> EncodeInputs: the host part (decode, resize, patches, the prompt's
-      ids) and the device tensors the GPU part reads; `key` names the layout - one key, the
-      same shapes and host-side values (a camera's frames share one);
-  encode_body(inputs)  -> the prefix state, computed on the device only (no host sync: it
-      can be captured);
-  encode_result(state, inputs, copy) -> the EncodedImage (copy: owning a copy of the state).
-Here each new key runs the body once eagerly (warm-up, on the capture stream), then captures
-it; a later frame copies its tensors into that key's static inputs and replays. Inside the
-graph are exactly the reference's calls, so the result is the reference encode's, bit for bit
+in large part host-bound: thousands of small kernels per frame (bench/probe_family_encode.py).
+The model splits its encode_image in three (photon_core/split_encode.py: encode_inputs on the
+host with a layout key, encode_body on the device only, encode_result). Here each new key runs
+the body once eagerly (warm-up, on the capture stream), then captures it; a later frame copies
+its tensors into that key's static inputs and replays. Inside the graph are exactly the
+reference's calls, so the result is the reference encode's, bit for bit
 (test/core/test_qwen3_5_fast_gpu.py, test_gemma4_fast_gpu.py). use_graphs=False: the body runs
 eagerly (the CPU).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
-@dataclass
-class EncodeInputs:
-    key: tuple
-    tensors: dict[str, torch.Tensor]        # on the model's device; the body reads these
-    info: dict = field(default_factory=dict)  # host-side values (equal for equal keys)
-    t0: float = 0.0                         # perf_counter at the encode's start
+from ..split_encode import EncodeInputs
 
 
 @dataclass

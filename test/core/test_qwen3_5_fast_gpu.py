@@ -4,11 +4,16 @@ fp32 (eager backend and, fused="on", the fp32 GEMV kernels), and a bf16 engine (
 backend by default) serves every skill at batch 1 and 4 with valid results."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_runs import graphed_encodes  # noqa: E402
 
 
 def _tasks():
@@ -81,13 +86,8 @@ def test_graphed_encode_is_the_reference_encode(ckpt, dtype):
 
     m = qwen3_5.load_model(str(ckpt), device="cuda", dtype=dtype)
     fe = FastEngine(m, max_batch=1, kv_capacity=512)
-    rng = np.random.default_rng(7)
-    frames = [rng.integers(0, 256, s, dtype=np.uint8)
-              for s in ((96, 128, 3), (96, 128, 3), (64, 64, 3))]
-    encs = [fe.encode_image(f) for f in frames]
-    assert len(fe.encoder.entries) == 2 and fe.encoder.capture_ms > 0
-    for f, enc in zip(frames, encs):
-        ref = m.encode_image(f)
+    pairs = graphed_encodes(fe, m, ((96, 128, 3), (96, 128, 3), (64, 64, 3)))
+    for enc, ref in pairs:
         s, r = enc.state, ref.state
         assert (s.length, s.rope_pos, s.tokens, enc.grid) == (r.length, r.rope_pos, r.tokens,
                                                               ref.grid)
@@ -97,6 +97,7 @@ def test_graphed_encode_is_the_reference_encode(ckpt, dtype):
             for i in a:
                 assert torch.equal(a[i][..., :s.length, :] if name in "kv" else a[i],
                                    b[i][..., :r.length, :] if name in "kv" else b[i]), (name, i)
-    assert encs[0].state.k[next(iter(encs[0].state.k))].data_ptr() != \
-        encs[1].state.k[next(iter(encs[1].state.k))].data_ptr()
+    (a, _), (b, _) = pairs[:2]
+    layer = next(iter(a.state.k))
+    assert a.state.k[layer].data_ptr() != b.state.k[layer].data_ptr()
     fe.close()

@@ -21,7 +21,7 @@ from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task
 from ...engine import Capabilities
-from ...fast.graphed_reference_encoder import EncodeInputs
+from ...split_encode import EncodeInputs, SplitEncode
 from . import text, vision
 from .config import Gemma4Cfg, parse_config
 from .kv_cache import KVCache
@@ -57,7 +57,7 @@ class EncodedImage:
     n_crops: int = 1            # one variable-resolution image (for the scheduler's cost model)
 
 
-class Gemma4Model(EngineConveniences):
+class Gemma4Model(SplitEncode, EngineConveniences):
     max_runs = None      # the reference engine: no limit on open runs (photon_core.engine.Engine)
     capabilities = CAPABILITIES
 
@@ -142,19 +142,9 @@ class Gemma4Model(EngineConveniences):
         return (self.prompter.head + [c.boi_token_id] + [c.image_token_id] * n_image_tokens
                 + [c.eoi_token_id])
 
-    def encode_image(self, image) -> EncodedImage:
-        """numpy HxWx3 uint8 RGB | PIL image | path -> EncodedImage."""
-        if isinstance(image, EncodedImage):
-            return image
-        inp = self.encode_inputs(image)
-        with torch.inference_mode():
-            return self.encode_result(self.encode_body(inp), inp, copy=False)
-
-    # encode_image in three parts (fast/graphed_reference_encoder.py replays the body as a
-    # CUDA graph per layout): the host part, the device part, the EncodedImage
-    @staticmethod
-    def is_encoded(image) -> bool:
-        return isinstance(image, EncodedImage)
+    # encode_image (SplitEncode) in three parts: fast/graphed_reference_encoder.py replays the
+    # body as a CUDA graph per layout
+    encoded_type = EncodedImage
 
     def encode_inputs(self, image) -> EncodeInputs:
         """Decode + resize + patches on the host; the prefix's ids (image placeholders as

@@ -14,7 +14,7 @@ from ...engine import Capabilities
 from . import checkpoint, decoder, vision
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
-from ...fast.graphed_reference_encoder import EncodeInputs
+from ...split_encode import EncodeInputs, SplitEncode
 from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
 from .image_processor import ImageProcessorConfig, preprocess
@@ -56,7 +56,7 @@ def image_positions(start: int, gh: int, gw: int, device) -> torch.Tensor:
     return torch.stack([torch.zeros_like(rows), rows, cols]) + start
 
 
-class Qwen35Model(EngineConveniences):
+class Qwen35Model(SplitEncode, EngineConveniences):
     capabilities = CAPABILITIES
 
     def __init__(self, config: Qwen35Config, weights: dict, prompts: ChatPrompts,
@@ -79,18 +79,9 @@ class Qwen35Model(EngineConveniences):
         return self.prompts
 
     # -- images ---------------------------------------------------------------------------
-    def encode_image(self, image) -> EncodedImage:
-        if isinstance(image, EncodedImage):
-            return image
-        inp = self.encode_inputs(image)
-        with torch.inference_mode():
-            return self.encode_result(self.encode_body(inp), inp, copy=False)
-
-    # encode_image in three parts (fast/graphed_reference_encoder.py replays the body as a
-    # CUDA graph per layout): the host part, the device part, the EncodedImage
-    @staticmethod
-    def is_encoded(image) -> bool:
-        return isinstance(image, EncodedImage)
+    # encode_image (SplitEncode) in three parts: fast/graphed_reference_encoder.py replays the
+    # body as a CUDA graph per layout
+    encoded_type = EncodedImage
 
     def encode_inputs(self, image) -> EncodeInputs:
         """Decode + resize + patches on the host; the prefix's ids and M-RoPE positions."""

@@ -1,0 +1,39 @@
+"""A model's encode_image in three parts, so the runtime can replay the device part as a CUDA
+graph per input layout (fast/graphed_reference_encoder.py); the families' reference engines
+(Qwen 3.5, Gemma 4) mix in SplitEncode and provide:
+  encode_inputs(image) -> EncodeInputs: the host part (decode, resize, patches, the prompt's
+      ids) and the device tensors the device part reads; `key` names the layout - one key,
+      the same shapes and host-side values (a camera's frames share one);
+  encode_body(inputs)  -> the prefix state, computed on the device only (no host sync);
+  encode_result(state, inputs, copy) -> the EncodedImage (copy: owning a copy of the state).
+encode_image is their composition.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class EncodeInputs:
+    key: tuple
+    tensors: dict[str, torch.Tensor]        # on the model's device; the body reads these
+    info: dict = field(default_factory=dict)  # host-side values (equal for equal keys)
+    t0: float = 0.0                         # perf_counter at the encode's start
+
+
+class SplitEncode:
+    encoded_type: type                      # the family's EncodedImage
+
+    def is_encoded(self, image) -> bool:
+        return isinstance(image, self.encoded_type)
+
+    def encode_image(self, image):
+        """numpy HxWx3 uint8 RGB | PIL image | path -> the family's EncodedImage (one given is
+        returned as is)."""
+        if self.is_encoded(image):
+            return image
+        inp = self.encode_inputs(image)
+        with torch.inference_mode():
+            return self.encode_result(self.encode_body(inp), inp, copy=False)
