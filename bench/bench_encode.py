@@ -11,7 +11,7 @@ All in one run (ratios against same-run baselines):
     TFLOP/s (what a faster encoder could use);
   - encode_ab: the previous encode path against the new one in the same run (issue 13):
     FastEngine(encoder="reference") = the reference's functions as one graph per tiling
-    (graphed_encoder.py, as before) vs FastEngine(encoder="fast") = vision_fused.py (GELU
+    (graphed_reference_encoder.py, as before) vs FastEngine(encoder="fast") = vision_fused.py (GELU
     epilogue), the mask-free prefix attention, graphed_batch_encoder.py; per engine: 640x480
     encode_image, global-only encode, encode_batch of n frames vs n encode_image calls,
     encode + detect(5), the graph replay alone, k/v difference to the reference encode;

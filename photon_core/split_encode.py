@@ -6,7 +6,8 @@ graph per input layout (fast/graphed_reference_encoder.py); the families' refere
       the same shapes and host-side values (a camera's frames share one);
   encode_body(inputs)  -> the prefix state, computed on the device only (no host sync);
   encode_result(state, inputs, copy) -> the EncodedImage (copy: owning a copy of the state).
-encode_image is their composition.
+encode_image is their composition (`encode_split`; Moondream 2's encode_image adds its crop
+modes around it).
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ class SplitEncode:
         returned as is)."""
         if self.is_encoded(image):
             return image
+        return self.encode_split(image)
+
+    def encode_split(self, image):
+        """The three parts, eagerly: the reference encode."""
         inp = self.encode_inputs(image)
         with torch.inference_mode():
             return self.encode_result(self.encode_body(inp), inp, copy=False)

@@ -10,9 +10,9 @@ model family that provides the runtime's plugin view (model.fast_family(): fast_
     while any(engine.step_batch(runs)): ...
     engine.metrics()   # GPU idle per step, step times, host launch/commit times, graphs
 
-encode_image is the family's fast encoder (Moondream 2: graphed_encoder.py; Qwen 3.5 and
-Gemma 4: graphed_reference_encoder.py, their reference encode as CUDA graphs) or the reference
-model's (vision + image-prefix prefill). start() prefills the prompt into a free row of the
+encode_image is the family's batched encoder (Moondream 2: graphed_batch_encoder.py) or its
+reference encode as CUDA graphs (graphed_reference_encoder.py) or the reference model's
+(vision + image-prefix prefill). start() prefills the prompt into a free row of the
 state cache. step_batch() runs one pipelined step over the
 given runs (pipelined_decoder.py). On the CPU the identical pipeline runs without graphs.
 """
@@ -192,7 +192,8 @@ class FastEngine(EngineConveniences):
         With the family's batched encoder (Moondream 2) and encoder "fast" (default on CUDA):
         graphed_batch_encoder.py with one frame (the fused forms, one graph per layout);
         encoder "reference": the family's fast encoder (Moondream 2 on the GPU:
-        graphed_encoder.py, the reference's functions in one graph per tiling, bit-identical),
+        graphed_reference_encoder.py, the reference's functions in one graph per tiling,
+        bit-identical),
         else the reference model's encode_image."""
         if isinstance(image, PrefixState):
             return image

@@ -7,8 +7,8 @@ graph the frame size), sorted (frames are encoded in that canonical order and ha
 in the caller's, so cameras A, B and B, A share one graph). A 640x480 camera always has the
 same layout, so k cameras of one resolution need one graph per batch size.
 
-Graphs: a single-frame layout is captured the first time it is seen (as graphed_encoder.py
-does per tiling). n frames of one layout with graphs of that layout at other batch sizes run
+Graphs: a single-frame layout is captured the first time it is seen (as
+graphed_reference_encoder.py does per tiling). n frames of one layout with graphs of that layout at other batch sizes run
 as those (7 -> 4 + 2 + 1; `prepare` captures sizes 1, 2, 4, 8 ahead). Otherwise a
 multi-frame layout is captured the second time it is seen (a one-off mix of cameras is not
 worth a ~0.3-1 s capture); until then, and for any layout once `max_batch_graphs`

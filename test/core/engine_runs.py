@@ -78,13 +78,15 @@ def fused_pattern_bits(model, kv: int, monkeypatch, b: int = 2) -> list:
     return out
 
 
-def graphed_encodes(fe, model, shapes, seed: int = 7) -> list:
+def graphed_encodes(fe, model, shapes, seed: int = 7, layouts: int | None = None) -> list:
     """Frames of these shapes through FastEngine.encode_image (a graph per layout: the first
-    frame of a shape captures it, a later one replays) and the model's reference
-    encode_image: [(fast, reference), ...]; checks one graph per distinct shape."""
+    frame of a layout captures it, a later one replays) and the model's reference
+    encode_image: [(fast, reference), ...]; checks `layouts` graphs (default: one per
+    distinct shape)."""
     import numpy as np
     rng = np.random.default_rng(seed)
     frames = [rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
     encs = [fe.encode_image(f) for f in frames]
-    assert len(fe.encoder.entries) == len(set(shapes)) and fe.encoder.capture_ms > 0
+    want = len(set(shapes)) if layouts is None else layouts
+    assert len(fe.encoder.entries) == want and fe.encoder.capture_ms > 0
     return [(enc, model.encode_image(f)) for f, enc in zip(frames, encs)]

@@ -143,7 +143,8 @@ def test_sdpa_attention_variant_matches_reference(model, encs):
 
 
 def test_graphed_encoder_body_equals_reference_encode(model):
-    """graphed_encoder.py's body (eager on the CPU) gives the reference's EncodedImage."""
+    """graphed_reference_encoder.py's body (eager on the CPU) gives the reference's
+    EncodedImage."""
     fe = FastEngine(model, max_batch=1, graphed_encoder=True)
     rng = np.random.default_rng(3)
     for h, w in ((120, 160), (90, 200), (120, 160)):

@@ -2,11 +2,16 @@
 path's outputs (fp32), and GPU idle per step is measured."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_runs import graphed_encodes  # noqa: E402
 
 
 def test_graphs_match_reference_and_measure_idle():
@@ -104,3 +109,24 @@ def test_gated_epilogue_is_the_two_launches_bit_for_bit(act, n, k, b):
     G.gemv(x, G.interleave_gated(wg, wu).contiguous(), None, y, G.EPI_GATED, act=act)
     assert G.pick(b, 2 * n, k, G.EPI_GATED) == G.pick(b, 2 * n, k, G.EPI_STORE)
     assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_graphed_reference_encode_is_bitwise(dtype):
+    """encoder="reference": Moondream 2's encode as one CUDA graph per crop tiling
+    (graphed_reference_encoder.py over MoondreamModel's split encode) - the k/v of the
+    capturing frame, of a replayed one and of another tiling are the reference
+    encode_image's, bit for bit."""
+    from photon_core.fast import FastEngine
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
+
+    m = build_random_model(tiny_config(fast=True), device="cuda", dtype=dtype, seed=0,
+                           eos_bias=TEST_EOS_BIAS["fast"])
+    fe = FastEngine(m, max_batch=1, encoder="reference")
+    pairs = graphed_encodes(fe, m, ((120, 160, 3), (120, 160, 3), (378, 1000, 3)))
+    assert pairs[0][0].tiling != pairs[2][0].tiling
+    for enc, ref in pairs:
+        assert enc.tiling == ref.tiling and torch.equal(enc.kv, ref.kv)
+    assert pairs[0][0].kv.data_ptr() != pairs[1][0].kv.data_ptr()
+    fe.close()

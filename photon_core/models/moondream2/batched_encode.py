@@ -16,8 +16,8 @@ K reduction (text fc2, K = 8192) across threads for one row count and not for an
 (1.8e-4 on values of ~1e2). Both are ~1e-6 relative. bf16 on the CPU and CUDA: close, not
 bitwise (other kernels for other row counts).
 
-`encode_body` is the part after the crops, shared with the runtime's graphed encoders
-(photon_core/fast/graphed_encoder.py, one graph per frames' layout): static inputs (the
+`encode_body` is the part after the crops, shared with the runtime's batched graphed encoder
+(photon_core/fast/graphed_batch_encoder.py, one graph per frames' layout): static inputs (the
 crops of all frames, concatenated) and output (the k/v of all frames). With the crops inside
 the graph (graphed_batch_encoder.crops_in_graph) a frame's layout also holds its size
 (pixel_layout) and the graph makes the crops from the uint8 frame (model.device_crops).

@@ -105,8 +105,8 @@ class MoondreamFast:
         return self.model.tokenizer.decode(ids)
 
     def make_encoder(self, use_graphs: bool):
-        from ...fast.graphed_encoder import GraphedEncoder   # Moondream's vision tower
-        return GraphedEncoder(self.model, use_graphs)
+        from ...fast.graphed_reference_encoder import GraphedReferenceEncoder
+        return GraphedReferenceEncoder(self.model, use_graphs)   # the split encode's body
 
     def encode_image(self, image, crops: str = "overlap"):
         return self.model.encode_image(image, crops=crops)

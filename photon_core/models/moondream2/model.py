@@ -11,6 +11,7 @@ import torch
 from ...engine import Capabilities, PrefixState
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
+from ...split_encode import EncodeInputs, SplitEncode
 from ...task import Task
 from ...task import SKILLS as ALL_SKILLS
 from . import hub, text, vision
@@ -78,7 +79,7 @@ class EncodedImage(PrefixState):
         object.__setattr__(self, "n_crops", n)
 
 
-class MoondreamModel(EngineConveniences):
+class MoondreamModel(SplitEncode, EngineConveniences):
     def __init__(self, config: MoondreamConfig, weights: Weights, tokenizer: Tokenizer,
                  model_id: str = "moondream2", max_image_side: int = MAX_SIDE):
         self.config, self.weights, self.tokenizer = config, weights, tokenizer
@@ -153,22 +154,40 @@ class MoondreamModel(EngineConveniences):
         image, mode = unwrap(image, crops, self.crops)
         if mode != "overlap":
             return self.encode_batch([image], crops=mode)[0]
+        return self.encode_split(image)
+
+    # the "overlap" encode in three parts (split_encode.py; fast/graphed_reference_encoder.py
+    # replays the body as one CUDA graph per crop tiling)
+    encoded_type = EncodedImage
+
+    def encode_inputs(self, image) -> EncodeInputs:
+        """The crops (image_crops: on the GPU for a CUDA model) and the BOS id."""
         t0 = time.perf_counter()
         array, x, tiling = self.image_crops(image)
-        v, w = self.config.vision, self.weights
-        with torch.inference_mode():
-            features = vision.encoder(w, v, x)
-            tokens = vision.project(w, v, features, tiling)
-            bos = text.embed(w, torch.tensor([self.config.tokenizer.bos_id], device=w.device))
-            prefix = torch.cat([bos, tokens], dim=0)[None]
-            t = self.config.text
-            cache = KVCache(t.n_layers, t.n_kv_heads, prefix.shape[1], t.head_dim, w.device,
-                            w.dtype)
-            text.decoder(w, t, prefix, 0, cache, self.prefix_len)
-        _sync(w.device)
-        return EncodedImage(kv=cache.data, width=array.shape[1], height=array.shape[0],
-                            tiling=tiling, encode_ms=(time.perf_counter() - t0) * 1e3,
-                            model_id=self.model_id)
+        bos = torch.tensor([self.config.tokenizer.bos_id], device=self.weights.device)
+        info = {"tiling": tiling, "width": array.shape[1], "height": array.shape[0]}
+        return EncodeInputs((tuple(tiling), tuple(x.shape)), {"crops": x, "bos": bos}, info,
+                            t0)
+
+    def encode_body(self, inp: EncodeInputs) -> KVCache:
+        """Vision encoder, projection, then [BOS, image tokens] through the text decoder."""
+        v, w, t = self.config.vision, self.weights, self.config.text
+        features = vision.encoder(w, v, inp.tensors["crops"])
+        tokens = vision.project(w, v, features, inp.info["tiling"])
+        prefix = torch.cat([text.embed(w, inp.tensors["bos"]), tokens], dim=0)[None]
+        cache = KVCache(t.n_layers, t.n_kv_heads, prefix.shape[1], t.head_dim, w.device,
+                        w.dtype)
+        text.decoder(w, t, prefix, 0, cache, self.prefix_len)
+        return cache
+
+    def encode_result(self, cache: KVCache, inp: EncodeInputs, copy: bool,
+                      setup_ms: float = 0.0) -> EncodedImage:
+        info = inp.info
+        kv = cache.data.clone() if copy else cache.data
+        _sync(self.weights.device)
+        return EncodedImage(kv=kv, width=info["width"], height=info["height"],
+                            tiling=info["tiling"], encode_ms=(time.perf_counter() - inp.t0) * 1e3,
+                            model_id=self.model_id, setup_ms=setup_ms)
 
     def encode_batch(self, images: list, crops: str | None = None) -> list[EncodedImage]:
         """Several images in one vision pass (all their crops) and one batched image-prefix
