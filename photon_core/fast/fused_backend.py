@@ -226,8 +226,12 @@ class FusedBackend:
         if not (gated or act_mul) or any(_read_before_written(rest, d) for d in op.dst):
             return None
         ws = [self._weight(n) for n in op.weights]
+        n = ws[0][0].shape[0]
         if ws[0][0].shape[1] % 16 or any((bb is None) != (ws[0][1] is None) for _, bb in ws):
             return None
+        if any(t.shape != ws[0][0].shape for t, _ in ws) or \
+                self.program.segment(nxt.src[1])[2] != n:
+            return None                 # gate / up (or the multiplier) of another width
         src, act, dst = op.src[0], nxt.acts[0], nxt.dst[0]
         buf, off, _ = self.program.segment(dst)
         if gated:
