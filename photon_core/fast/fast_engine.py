@@ -273,6 +273,9 @@ class FastEngine(EngineConveniences):
         d["graph_capture_ms"] = self.runner.capture_ms
         if self.prefill is not None and self.prefill.capture_errors:
             d["prefill_capture_errors"] = dict(self.prefill.capture_errors)
+        if getattr(self.encoder, "capture_errors", None):
+            d["encoder_capture_errors"] = {str(k): v for k, v in
+                                           self.encoder.capture_errors.items()}
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined
         d["deterministic"] = self.deterministic

@@ -9,10 +9,12 @@ the body once eagerly (warm-up, on the capture stream), then captures it; a late
 its tensors into that key's static inputs and replays. Inside the graph are exactly the
 reference's calls, so the result is the reference encode's, bit for bit
 (test/core/test_qwen3_5_fast_gpu.py, test_gemma4_fast_gpu.py). use_graphs=False: the body runs
-eagerly (the CPU).
+eagerly (the CPU); so does a layout whose capture fails (capture_errors says why, and
+FastEngine.metrics()["encoder_capture_errors"]).
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ import torch
 
 from ..split_encode import EncodeInputs
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class _Entry:
@@ -36,6 +39,7 @@ class GraphedReferenceEncoder:
         self.entries: dict[tuple, _Entry] = {}
         self.capture_ms = 0.0
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
+        self.capture_errors: dict[tuple, str] = {}   # layout -> why it runs eagerly
 
     def _entry(self, inp: EncodeInputs) -> _Entry:
         e = self.entries.get(inp.key)
@@ -53,10 +57,19 @@ class GraphedReferenceEncoder:
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=self.capture_stream):
-                e.state = self.model.encode_body(static)
-            torch.cuda.synchronize()
-            e.graph = g
+            try:
+                with torch.cuda.graph(g, stream=self.capture_stream):
+                    e.state = self.model.encode_body(static)
+                torch.cuda.synchronize()
+                e.graph = g
+            except RuntimeError as exc:
+                # a body that cannot be captured (an op that syncs with the host) runs
+                # eagerly for this layout - slower, the same result - and says why
+                e.state = None
+                self.capture_errors[inp.key] = str(exc).splitlines()[0] if str(exc) \
+                    else repr(exc)
+                log.warning("encode graph for layout %s not captured, runs eagerly: %s",
+                            inp.key, self.capture_errors[inp.key])
             self.capture_ms += (time.perf_counter() - t0) * 1e3
         self.entries[inp.key] = e
         return e

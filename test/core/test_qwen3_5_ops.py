@@ -97,3 +97,24 @@ def test_triton_delta_step_matches_reference(dk, dv, hk, hv):
                                         block_v=16)
         torch.testing.assert_close(o_tri, o_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(s_tri, s_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("clip", [False, True])
+@pytest.mark.parametrize("shape", [(480, 640), (300, 500), (64, 64)])
+def test_device_patches_are_preprocess_bit_for_bit(shape, clip):
+    """image_processor.patches_torch (the engine's encode: the resized uint8 frame, a
+    normalization table lookup, data movement) gives preprocess's patches exactly - with the
+    0.5 mean / std and CLIP's, with and without a resize."""
+    import numpy as np
+    from photon_core.models.qwen3_5.image_processor import (ImageProcessorConfig,
+                                                           normalize_table, patches_torch,
+                                                           preprocess, resize_to_grid)
+    cfg = ImageProcessorConfig(image_mean=(0.48145466, 0.4578275, 0.40821073),
+                               image_std=(0.26862954, 0.26130258, 0.27577711)) if clip \
+        else ImageProcessorConfig()
+    img = np.random.default_rng(shape[0]).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    want, grid = preprocess(img, cfg)
+    resized, grid2 = resize_to_grid(img, cfg)
+    got = patches_torch(torch.from_numpy(resized.copy()),
+                        torch.from_numpy(normalize_table(cfg)), cfg)
+    assert grid2 == grid and torch.equal(got, torch.from_numpy(want))

@@ -6,6 +6,13 @@
 3. Patches of patch_size x patch_size, ordered by 2x2 merge blocks (block row, block col, row
    in block, col in block), each flattened as (channel, time, y, x) with the single frame
    repeated temporal_patch_size times: -> [gh * gw, C * T * P * P], grid (1, gh, gw).
+
+`preprocess` does all three on the host (the reference's form). The engine's encode sends the
+resized uint8 image to the device instead (`resize_to_grid`) and makes the patches there
+(`patches_torch`): the normalization as a lookup in `normalize_table` (every uint8 value
+normalized by the same fp32 numpy ops as preprocess) and the patch order as data movement, so
+the patches are preprocess's bit for bit on any device, with no host pass over the pixels and
+an eighth of the bytes to copy (a 640x480 frame: 0.9 MB instead of 7.4 MB).
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from PIL import Image
 
 
@@ -61,17 +69,48 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-def preprocess(image: np.ndarray, cfg: ImageProcessorConfig) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """HxWx3 uint8 RGB -> (patches [gh*gw, C*T*P*P] float32, grid (1, gh, gw))."""
-    p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+def resize_to_grid(image: np.ndarray, cfg: ImageProcessorConfig
+                   ) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Step 1 and the resize of step 2: HxWx3 uint8 RGB -> (uint8 image of the grid's size,
+    grid (1, gh, gw))."""
+    p, m = cfg.patch_size, cfg.merge_size
     h, w = smart_resize(image.shape[0], image.shape[1], p * m, cfg.min_pixels, cfg.max_pixels)
     if (h, w) != image.shape[:2]:
         image = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BICUBIC))
-    x = image.astype(np.float32) * np.float32(1 / 255)
-    x = (x - np.array(cfg.image_mean, np.float32)) / np.array(cfg.image_std, np.float32)
-    x = x.transpose(2, 0, 1)                                     # [C, H, W]
+    return image, (1, h // p, w // p)
+
+
+def _normalize(x: np.ndarray, cfg: ImageProcessorConfig) -> np.ndarray:
+    """Step 2's arithmetic on uint8 values (any shape, channels last)."""
+    x = x.astype(np.float32) * np.float32(1 / 255)
+    return (x - np.array(cfg.image_mean, np.float32)) / np.array(cfg.image_std, np.float32)
+
+
+def normalize_table(cfg: ImageProcessorConfig) -> np.ndarray:
+    """[256, 3] float32: every uint8 value normalized for each channel (the same ops)."""
+    return _normalize(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1), cfg)
+
+
+def preprocess(image: np.ndarray, cfg: ImageProcessorConfig) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """HxWx3 uint8 RGB -> (patches [gh*gw, C*T*P*P] float32, grid (1, gh, gw))."""
+    p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+    image, grid = resize_to_grid(image, cfg)
+    x = _normalize(image, cfg).transpose(2, 0, 1)                # [C, H, W]
     c = x.shape[0]
-    gh, gw = h // p, w // p
+    gh, gw = grid[1], grid[2]
     x = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
     x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t, p, p))
-    return np.ascontiguousarray(x.reshape(gh * gw, c * t * p * p)), (1, gh, gw)
+    return np.ascontiguousarray(x.reshape(gh * gw, c * t * p * p)), grid
+
+
+def patches_torch(image: torch.Tensor, table: torch.Tensor, cfg: ImageProcessorConfig
+                  ) -> torch.Tensor:
+    """Steps 2-3 on image's device: image [H, W, 3] uint8 (resize_to_grid's), table [256, 3]
+    (normalize_table's) -> preprocess's patches, bit for bit: a lookup and data movement."""
+    p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+    h, w, c = image.shape
+    x = table[image.long(), torch.arange(c, device=image.device)].permute(2, 0, 1)
+    gh, gw = h // p, w // p
+    x = x.reshape(c, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)
+    x = x[:, :, :, :, :, None].expand(*x.shape[:5], t, p, p)
+    return x.reshape(gh * gw, c * t * p * p)

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ...engine import Capabilities
@@ -17,7 +18,8 @@ from ...engine_conveniences import EngineConveniences
 from ...split_encode import EncodeInputs, SplitEncode
 from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
-from .image_processor import ImageProcessorConfig, preprocess
+from .image_processor import (ImageProcessorConfig, normalize_table, patches_torch,
+                              resize_to_grid)
 from .prompts import ChatPrompts, instruction
 from .run import TaskRun, _sync
 from .state import HybridState
@@ -65,6 +67,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         self.config, self.weights, self.prompts = config, weights, prompts
         self.image_config, self.model_id, self.max_context = image_config, model_id, max_context
         self.stats: Counter = Counter()   # grounding_parse_errors, grounding_skipped_entries
+        self._table = None                # image_processor.normalize_table on the device
 
     @property
     def device(self) -> torch.device:
@@ -87,7 +90,9 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         """Decode + resize + patches on the host; the prefix's ids and M-RoPE positions."""
         t0 = time.perf_counter()
         array = to_rgb_array(image)
-        patches, grid = preprocess(array, self.image_config)
+        # the resized uint8 frame goes to the device; encode_body makes the patches there
+        # (image_processor.patches_torch: preprocess's, bit for bit)
+        resized, grid = resize_to_grid(array, self.image_config)
         cfg = self.config
         m = cfg.vision.spatial_merge_size
         gh, gw = grid[1] // m, grid[2] // m
@@ -101,11 +106,14 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         pos = torch.cat([decoder.text_positions(0, first, dev),
                          image_positions(first, gh, gw, dev),
                          decoder.text_positions(img_end, after, dev)], dim=1)
-        tensors = {"patches": torch.from_numpy(patches).to(dev),
-                   "ids": torch.tensor(ids, device=dev), "pos": pos}
+        if self._table is None:
+            self._table = torch.from_numpy(normalize_table(self.image_config)).to(dev)
+        tensors = {"image": torch.from_numpy(np.require(resized, requirements=["C", "W"])
+                                             ).to(dev),
+                   "table": self._table, "ids": torch.tensor(ids, device=dev), "pos": pos}
         info = {"grid": grid, "first": first, "n_image": gh * gw, "ids": ids, "text": text,
                 "rope_pos": img_end + after, "width": array.shape[1], "height": array.shape[0]}
-        return EncodeInputs((tuple(grid), len(ids), tuple(patches.shape)), tensors, info, t0)
+        return EncodeInputs((tuple(grid), len(ids), tuple(resized.shape)), tensors, info, t0)
 
     def encode_body(self, inp: EncodeInputs) -> HybridState:
         """The vision tower and the decoder's pass over the image prefix (device work only).
@@ -113,7 +121,8 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         slower here than the torch form at a 640x480 frame's prefix: docs/benchmarks.md,
         session 11.)"""
         w, cfg, info, t = self.weights, self.config, inp.info, inp.tensors
-        feats = vision.encode(w, cfg.vision, t["patches"], info["grid"])
+        patches = patches_torch(t["image"], t["table"], self.image_config)
+        feats = vision.encode(w, cfg.vision, patches, info["grid"])
         x = decoder.embed(w, t["ids"])
         first, n = info["first"], info["n_image"]
         x[first:first + n] = feats.to(x.dtype)

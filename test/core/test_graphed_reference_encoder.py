@@ -1,0 +1,55 @@
+"""fast/graphed_reference_encoder.py on the CPU: a layout whose CUDA graph capture fails runs
+eagerly - the reference's encode, bit for bit - and the reason is kept (capture_errors) instead
+of the encode failing. The CUDA calls are stand-ins here (no GPU); the capture and replay
+themselves are tested on the GPU (test_qwen3_5_fast_gpu.py, test_gemma4_fast_gpu.py,
+test_fast_gpu.py)."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from photon_core.fast.graphed_reference_encoder import GraphedReferenceEncoder
+from photon_core.models import qwen3_5
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return qwen3_5.load_model(str(qwen3_5.make_test_model(tmp_path_factory.mktemp("gre"),
+                                                          seed=5)))
+
+
+class _Stream:
+    def wait_stream(self, other):
+        pass
+
+
+class _Graph:
+    def replay(self):
+        raise AssertionError("a graph that failed to capture is never replayed")
+
+
+@contextlib.contextmanager
+def _failing_capture(graph, stream=None):
+    yield
+    raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+
+def test_a_layout_that_cannot_be_captured_runs_eagerly(model, monkeypatch):
+    for name, value in (("Stream", _Stream), ("stream", lambda s: contextlib.nullcontext()),
+                        ("current_stream", _Stream), ("synchronize", lambda: None),
+                        ("CUDAGraph", _Graph), ("graph", _failing_capture)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    enc = GraphedReferenceEncoder(model, use_graphs=True)
+    frame = np.random.default_rng(2).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    for _ in range(2):                   # the failed layout is not captured again
+        got, ref = enc.encode(frame), model.encode_image(frame)
+        for i in ref.state.k:
+            assert torch.equal(got.state.k[i], ref.state.k[i])
+        for i in ref.state.recurrent:
+            assert torch.equal(got.state.recurrent[i], ref.state.recurrent[i])
+    (key, why), = enc.capture_errors.items()
+    assert why == "operation not permitted when stream is capturing"
+    assert enc.entries[key].graph is None and enc.encode(got) is got
