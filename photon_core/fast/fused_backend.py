@@ -62,9 +62,9 @@ from ..ops.decode_attention import ROWS_CHUNK, AttentionScratch, decode_attentio
 from ..ops.eager import gated_norm_reference, norm_reference
 from ..ops.feedback_embedding import feedback_embedding
 from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
-from ..ops import gemv as G
 from ..ops.gated_activation import ACTIVATIONS
-from ..ops.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv
+from ..ops.gemv import (EPI_ACT_MUL, EPI_GATED, EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv,
+                        interleave_gated)
 from ..ops.layernorm import layer_norm, rms_norm
 from ..ops.logit_softcap import logit_softcap_triton
 from ..ops.masked_argmax import masked_argmax
@@ -235,15 +235,15 @@ class FusedBackend:
         src, act, dst = op.src[0], nxt.acts[0], nxt.dst[0]
         buf, off, _ = self.program.segment(dst)
         if gated:
-            w = G.interleave_gated(ws[0][0], ws[1][0]).contiguous()
-            bias = None if ws[0][1] is None else G.interleave_gated(ws[0][1], ws[1][1])
+            w = interleave_gated(ws[0][0], ws[1][0]).contiguous()
+            bias = None if ws[0][1] is None else interleave_gated(ws[0][1], ws[1][1])
             return lambda b, env: gemv(self._src(src, env, b), w, bias,
-                                       self.bufs[buf][:b, off:], G.EPI_GATED, act=act,
+                                       self.bufs[buf][:b, off:], EPI_GATED, act=act,
                                        pdl=self.pdl)
         w, bias = ws[0][0].contiguous(), ws[0][1]
         q = nxt.src[1]
         return lambda b, env: gemv(self._src(src, env, b), w, bias, self.bufs[buf][:b, off:],
-                                   G.EPI_ACT_MUL, act=act, mul=self._src(q, env, b),
+                                   EPI_ACT_MUL, act=act, mul=self._src(q, env, b),
                                    pdl=self.pdl)
 
     def _lower(self, op: Op):

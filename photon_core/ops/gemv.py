@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from ._triton import tl, triton
 
 from . import GEMV_MAX_ROWS
-from .gated_activation import ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_value
+from .gated_activation import (ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_activation,
+                               gated_value)
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
@@ -314,7 +315,6 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                    gap: int = 0, act: str = "gelu_tanh",
                    mul: torch.Tensor | None = None) -> torch.Tensor:
     """What gemv() writes into y, in torch (the kernel's test oracle)."""
-    from .gated_activation import gated_activation
     dt = y.dtype
     acc = F.linear(x.to(w.dtype).float(), w.float(), None if bias is None else bias.float())
     if epi in (EPI_GATED, EPI_ACT_MUL):

@@ -87,6 +87,7 @@ class MoondreamModel(SplitEncode, EngineConveniences):
         self.max_image_side = max_image_side
         self.prefix_len = config.prefix_len
         self.test_model_note: str | None = None   # set when the weights are a random test model
+        self._bos = None                  # the BOS id on the weights' device (encode_inputs)
         # where image_crops makes the overlap crops: None = on the model's device when that is
         # CUDA (torch LANCZOS, bit-identical to PIL; H200, 640x480 frame: 0.6-0.7 ms vs 15-21
         # ms with PIL), else with PIL on the CPU (faster there); True / False force the torch /
@@ -164,7 +165,9 @@ class MoondreamModel(SplitEncode, EngineConveniences):
         """The crops (image_crops: on the GPU for a CUDA model) and the BOS id."""
         t0 = time.perf_counter()
         array, x, tiling = self.image_crops(image)
-        bos = torch.tensor([self.config.tokenizer.bos_id], device=self.weights.device)
+        if self._bos is None:                # made once, not copied to the device per frame
+            self._bos = torch.tensor([self.config.tokenizer.bos_id], device=self.weights.device)
+        bos = self._bos
         info = {"tiling": tiling, "width": array.shape[1], "height": array.shape[0]}
         return EncodeInputs((tuple(tiling), tuple(x.shape)), {"crops": x, "bos": bos}, info,
                             t0)
