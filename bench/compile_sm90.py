@@ -82,6 +82,13 @@ def qwen3_5_launches(dtype=torch.bfloat16):
         s0 = e(1, h, d, d, dt=torch.float32)
         gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
         gdr.gated_delta_step_triton(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], s0)
+        # a decode bucket's Gated DeltaNet layer in one launch (fast/hybrid_rows.py)
+        from photon_core.ops.delta_net_rows import delta_net_rows_triton
+        c = 2 * h * d + h * d
+        delta_net_rows_triton(e(8, c), e(8, h * d), e(8, h), e(8, h), e(c, 4), e(8, c, 3),
+                              e(h, dt=torch.float32), e(h), e(d), e(8, h, d, d,
+                                                                 dt=torch.float32),
+                              (h, h, d, d), 1e-6)
     return launches
 
 

@@ -1,5 +1,5 @@
 """Where a 640x480 frame's encode goes for Qwen 3.5 / Gemma 4: the reference encode_image per
-stage (CPU preprocess, vision tower, prefix prefill through the reference decoder): the host's
+stage (host inputs, vision tower, prefix prefill through the reference decoder): the host's
 wall time (a device sync at each stage's end) and the GPU kernels' busy time inside it (torch
 profiler; under the profiler the kernels run slower, so only the launch counts and the ratio
 between stages are meant); then, same process, FastEngine.encode_image (the reference encode
@@ -37,7 +37,10 @@ def stages_of(family: str, model) -> list[tuple[object, str, str]]:
     """(owner, attribute, stage name) of the functions an encode calls, in order."""
     if family.startswith("qwen3.5"):
         from photon_core.models.qwen3_5 import decoder, model as qm, vision
-        return [(qm, "preprocess", "preprocess (CPU)"), (vision, "encode", "vision tower"),
+        # the host part is encode_inputs (decode + resize); the patches are made on the
+        # device (image_processor.patches_torch, called through the model module)
+        return [(model, "encode_inputs", "host inputs (CPU)"),
+                (qm, "patches_torch", "patches (device)"), (vision, "encode", "vision tower"),
                 (decoder, "forward", "prefix prefill")]
     from photon_core.models.gemma4 import text
     return [(model, "image_inputs", "preprocess (CPU)"),

@@ -74,6 +74,17 @@ class Op:
         return default
 
 
+def read_before_written(ops, seg: str) -> bool:
+    """Some op of ops reads segment seg before any op writes it (seg is still live there: a
+    lowering that would leave it unwritten must not apply)."""
+    for op in ops:
+        if seg in op.src:
+            return True
+        if seg in op.dst:
+            return False
+    return False
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     n_heads: int

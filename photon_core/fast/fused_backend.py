@@ -74,22 +74,12 @@ from ..ops.rope import rope_angles
 from ..ops.row_advance import row_advance
 from . import hybrid_rows, state_ops, window_state_ops
 from .eager_backend import ACTS, ScaledTokenFeedback, feedback_weights
-from ..program import Op
+from ..program import Op, read_before_written
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
-
-
-def _read_before_written(ops, seg: str) -> bool:
-    """Some op of `ops` reads segment seg before any op writes it (it is still live)."""
-    for op in ops:
-        if seg in op.src:
-            return True
-        if seg in op.dst:
-            return False
-    return False
 
 
 class FusedBackend:
@@ -134,6 +124,7 @@ class FusedBackend:
         self.fused_norm_adds = 0          # sandwich norms lowered with their add (+ scale)
         self.chained_norms = 0            # ... and with the RMSNorm after them
         self.gated_gemvs = 0              # linear + act_mul pairs as one GEMV
+        self.fused_runs = 0               # hybrid runs of ops as one launch (hybrid_rows)
         self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
@@ -174,6 +165,8 @@ class FusedBackend:
           a sandwich norm `norm o -> h; add x += h` (and a `scale x` right after) -> one
             rmsnorm_residual kernel into the fp32 x; with NORM_CHAIN, an RMSNorm of x right
             after it (`norm x -> h2`) is written by the same kernel;
+          a Gated DeltaNet's conv1d -> delta_rule -> gated_norm -> one launch per decode
+            step (hybrid_rows.RowsLowering.lower_run, FUSE_DELTA_NET);
           EPILOGUE_FUSION: `linear h -> [g, u]; act_mul (g, u) -> m` -> one GEMV over the
             (gate, up) row pairs whose epilogue writes m (EPI_GATED); `linear s -> [p];
             act_mul (p, q) -> m` -> one GEMV writing act(p) * q (EPI_ACT_MUL); when g / u /
@@ -182,6 +175,12 @@ class FusedBackend:
         while i < len(ops):
             op = ops[i]
             nxt = ops[i + 1] if i + 1 < len(ops) else None
+            run = self.rows_lowering.lower_run(ops, i) if self.rows_lowering else None
+            if run is not None:             # a hybrid layer's stateful run (hybrid_rows.py)
+                out.append(run[0])
+                self.fused_runs += 1
+                i += run[1]
+                continue
             if (op.kind == "norm" and op.norm == "rms" and nxt is not None
                     and nxt.kind == "add" and nxt.src == op.dst and nxt.dst == ("x",)):
                 after = ops[i + 2] if i + 2 < len(ops) else None
@@ -223,7 +222,7 @@ class FusedBackend:
             return None
         gated = len(op.dst) == 2 and tuple(nxt.src) == tuple(op.dst)
         act_mul = len(op.dst) == 1 and nxt.src[1] not in op.dst
-        if not (gated or act_mul) or any(_read_before_written(rest, d) for d in op.dst):
+        if not (gated or act_mul) or any(read_before_written(rest, d) for d in op.dst):
             return None
         ws = [self._weight(n) for n in op.weights]
         n = ws[0][0].shape[0]

@@ -11,6 +11,9 @@ and writing the backend's buffers as strided views (no copies), the state cache 
                    attention over min(pos + 1, attn_len) positions, combine x sigmoid(gate))
                                                          3 launches (decode)
   act_mul "silu"   silu_gate_triton (ops/silu_gate.py)   1 launch (decode and prefill)
+  conv1d -> delta_rule -> gated_norm (FUSE_DELTA_NET; the conv output and the read-out read by
+                   no later op): delta_net_rows_triton (ops/delta_net_rows.py)
+                                                         1 launch (decode) instead of 3
 The stateful ops of a prefill (one row's prompt) stay the torch references of state_ops.py.
 Row states and cache slots are written only for active rows (no clone of the state); every
 per-step value (positions, offsets, active) is read on the device and the launch shapes
@@ -21,12 +24,19 @@ from __future__ import annotations
 import torch
 
 from ..ops.causal_conv1d import causal_conv1d_rows_triton
+from ..ops import delta_net_rows
 from ..ops.gated_delta_rule import gated_delta_rows_triton
 from ..ops.gqa_attention import RowsAttentionScratch, gated_gqa_decode_rows_triton
 from ..ops.mrope import qk_norm_rope_rows_triton, rope_table
 from ..ops.rmsnorm_gated import rmsnorm_gated_rows_triton
 from ..ops.rmsnorm_zero_centred import rmsnorm_zero_centred_rows_triton
 from ..ops.silu_gate import silu_gate_triton
+from ..program import read_before_written
+
+
+# the Gated DeltaNet layer's conv + delta rule + gated norm as one launch per decode step
+# (False: three launches, the A/B baseline of bench/ab_switch.py)
+FUSE_DELTA_NET = True
 
 
 class RowsStep:
@@ -88,6 +98,43 @@ class RowsLowering:
         if k == "gated_attention":
             return self._decode_or_torch(op, self._gated_attention(op))
         return None
+
+    def lower_run(self, ops, i: int):
+        """(closure, ops consumed) for a run of ops starting at ops[i] that lowers as one
+        (FUSE_DELTA_NET: conv1d -> delta_rule -> gated_norm), else None."""
+        if not FUSE_DELTA_NET or i + 3 > len(ops):
+            return None
+        conv, delta, norm = ops[i:i + 3]
+        if not (conv.kind == "conv1d" and delta.kind == "delta_rule"
+                and norm.kind == "gated_norm" and delta.src[0] == conv.dst[0]
+                and norm.src[0] == delta.dst[0] and norm.size == self.dims[3]):
+            return None
+        if any(read_before_written(ops[i + 3:], seg) for seg in (conv.dst[0], delta.dst[0])):
+            return None
+        be = self.be
+        cw = be.w[conv.weights[0] + ".weight"]
+        cw = (cw[:, 0] if cw.dim() == 3 else cw).contiguous()
+        cstate = be.kv.states[("conv", conv.layer)]
+        a_log = be.w[delta.weights[0]].contiguous()
+        dt_bias = be.w[delta.weights[1]].contiguous()
+        state = be.kv.states[("recurrent", delta.layer)]
+        nw = be.w[norm.weights[0] + ".weight"].contiguous()
+        x, (_, bi, ai), z, dst = conv.src[0], delta.src, norm.src[1], norm.dst[0]
+        dims, eps = self.dims, norm.eps
+        three = [self.lower(op) for op in (conv, delta, norm)]      # a prefill's ops
+        warps = delta_net_rows.NUM_WARPS
+
+        def run(b, env):
+            r = env.get("rows")
+            if r is None:
+                for f in three:
+                    f(b, env)
+                return
+            delta_net_rows.delta_net_rows_triton(
+                be._view(x, b), be._view(z, b), be._view(bi, b), be._view(ai, b), cw, cstate,
+                a_log, dt_bias, nw, state, dims, eps, r.active, out=be._view(dst, b),
+                num_warps=warps)
+        return run, 3
 
     def _decode_or_torch(self, op, kernel):
         """Decode: the kernel; a prefill (no "rows" in env): the op's torch reference."""

@@ -55,26 +55,33 @@ def cancel_mid_flight(fe, a, b, steps: int = 5) -> int:
     return row
 
 
-def fused_pattern_bits(model, kv: int, monkeypatch, b: int = 2) -> list:
-    """One fused decoder pass over the same random rows (fresh state, positions 5 and 9), with
-    the fused backend's lowering patterns (fused_backend.NORM_CHAIN, EPILOGUE_FUSION) on, then
-    off: [(x, {buffer: rows}, (chained norms, gated GEMVs, launches)), ...] - the patterns must
-    change no bit."""
+def fused_pass(model, kv: int, monkeypatch, switches: dict, b: int = 2) -> tuple:
+    """One fused decoder pass over the same random rows (fresh state, positions 5 and 9) with
+    fused_backend's module switches set as given: (x, {buffer: rows}, the backend)."""
     from photon_core.fast import FastEngine
     from photon_core.fast import fused_backend as fb_mod
+    for name, on in switches.items():
+        monkeypatch.setattr(fb_mod, name, on)
+    fe = FastEngine(model, max_batch=b, kv_capacity=kv, fused="on")
+    f = fe.state.fused
+    g = torch.Generator().manual_seed(0)
+    f.x[:b] = torch.randn(b, f.x.shape[1], generator=g)
+    pos = torch.tensor([5, 9][:b])
+    x = f.decoder(pos, b, None, torch.ones(b, dtype=torch.bool), kv).clone()
+    bufs = {k: v[:b].clone() for k, v in f.bufs.items()}
+    fe.close()
+    return x, bufs, f
+
+
+def fused_pattern_bits(model, kv: int, monkeypatch, b: int = 2) -> list:
+    """fused_pass with the fused backend's lowering patterns (fused_backend.NORM_CHAIN,
+    EPILOGUE_FUSION) on, then off: [(x, {buffer: rows}, (chained norms, gated GEMVs,
+    launches)), ...] - the patterns must change no bit."""
     out = []
     for on in (True, False):
-        monkeypatch.setattr(fb_mod, "NORM_CHAIN", on)
-        monkeypatch.setattr(fb_mod, "EPILOGUE_FUSION", on)
-        fe = FastEngine(model, max_batch=b, kv_capacity=kv, fused="on")
-        f = fe.state.fused
-        g = torch.Generator().manual_seed(0)
-        f.x[:b] = torch.randn(b, f.x.shape[1], generator=g)
-        pos = torch.tensor([5, 9][:b])
-        x = f.decoder(pos, b, None, torch.ones(b, dtype=torch.bool), kv).clone()
-        bufs = {k: v[:b].clone() for k, v in f.bufs.items()}
+        x, bufs, f = fused_pass(model, kv, monkeypatch, dict(NORM_CHAIN=on, EPILOGUE_FUSION=on),
+                                b)
         out.append((x, bufs, (f.chained_norms, f.gated_gemvs, len(f.lowered))))
-        fe.close()
     return out
 
 

@@ -19,7 +19,7 @@ from photon_core.task import Task
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import fused_ok as _fused_ok  # noqa: E402
-from engine_runs import fused_pattern_bits  # noqa: E402
+from engine_runs import fused_pass, fused_pattern_bits  # noqa: E402
 from engine_runs import results_and_text as _fast  # noqa: E402
 from engine_runs import same_run as _same  # noqa: E402
 
@@ -119,6 +119,27 @@ def test_fused_gated_mlp_changes_no_bits(model, monkeypatch):
     prog = model.fast_family().spec.program
     buf, off, w = prog.segment("m")
     assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w])
+
+
+def test_fused_delta_net_runs_as_one_launch(model, monkeypatch):
+    """hybrid_rows.FUSE_DELTA_NET: each Gated DeltaNet layer's conv1d -> delta_rule ->
+    gated_norm is one launch per decode step (two fewer per linear-attention layer), the
+    decoder pass and both states within fp32 rounding of the three launches."""
+    from photon_core.fast import hybrid_rows
+    _fused_ok("on")
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(hybrid_rows, "FUSE_DELTA_NET", on)
+        x, bufs, f = fused_pass(model, KV, monkeypatch, {})
+        outs.append((x, f, {k: v.clone() for k, v in f.kv.states.items()}))
+    (x1, f1, s1), (x0, f0, s0) = outs
+    n_linear = model.config.text.layer_types.count("linear_attention")
+    assert n_linear > 0 and (f1.fused_runs, f0.fused_runs) == (n_linear, 0)
+    assert len(f0.lowered) - len(f1.lowered) == 2 * n_linear
+    torch.testing.assert_close(x1, x0, atol=1e-5, rtol=1e-5)
+    assert s1.keys() == s0.keys()
+    for key in s1:
+        torch.testing.assert_close(s1[key], s0[key], atol=1e-5, rtol=1e-5)
 
 
 def test_long_prompt_and_streaming(model, encs):

@@ -18,6 +18,8 @@ if not os.environ.get("TRITON_INTERPRET") and not torch.cuda.is_available():
 
 from photon_core.ops import causal_conv1d, gated_delta_rule, gqa_attention, mrope  # noqa: E402
 from photon_core.ops import rmsnorm_gated, rmsnorm_zero_centred as rzc, silu_gate  # noqa: E402
+from photon_core.ops.delta_net_rows import (delta_net_rows_reference,  # noqa: E402
+                                            delta_net_rows_triton)
 from photon_core.ops.gated_attention import gated_attention_rows  # noqa: E402
 from photon_core.ops.gated_delta_net import conv1d_rows, delta_rule_rows  # noqa: E402
 from photon_core.program import AttentionSpec  # noqa: E402
@@ -119,6 +121,77 @@ def test_delta_rule_rows(dtype, act, hk, hv, dk, dv):
             for r in range(b):
                 if not act[r]:
                     assert torch.equal(state[r], before[r])
+
+
+# -- the layer's conv + delta rule + gated norm in one launch ----------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTIVE)
+@pytest.mark.parametrize("hk,hv,dk,dv,k", [(2, 4, 16, 24, 4), (1, 1, 32, 32, 4),
+                                           (2, 2, 12, 40, 3)])
+def test_delta_net_rows(dtype, act, hk, hv, dk, dv, k):
+    """One launch = the three ops' references in sequence (conv + SiLU, delta rule, gated
+    norm), both states carried over two steps, inactive rows' and other slots' states left
+    alone, nothing outside the output view written; and the three kernels it replaces."""
+    b, rows = 3, 4
+    dims = (hk, hv, dk, dv)
+    c = 2 * hk * dk + hv * dv
+    w = rnd(c, 1, k, dtype=dtype)
+    a_log, dt_bias = rnd(hv, scale=0.5), rnd(hv, dtype=dtype, scale=0.5)
+    nw = rnd(dv, dtype=dtype, scale=0.5)
+    conv, state = rnd(rows, c, k - 1, dtype=dtype), rnd(rows, hv, dk, dv, scale=0.3)
+    ref_conv, ref_state = conv[:b].clone(), state[:b].clone()
+    three_conv, three_state = conv.clone(), state.clone()
+    for _ in range(2):
+        before_conv, before = conv.clone(), state.clone()
+        x, z = strided_input(b, c, dtype), strided_input(b, hv * dv, dtype)
+        b_in, a_in = strided_input(b, hv, dtype), strided_input(b, hv, dtype)
+        active = mask(act, b)
+        ref = delta_net_rows_reference(x, z, b_in, a_in, w[:, 0], ref_conv, a_log, dt_bias, nw,
+                                       ref_state, dims, 1e-6, active)
+        out, buf = view(b, hv * dv, dtype)
+        got = delta_net_rows_triton(x, z, b_in, a_in, w, conv, a_log, dt_bias, nw, state, dims,
+                                    1e-6, active, out=out)
+        assert got.data_ptr() == out.data_ptr()
+        # the torch conv sums in fp16 where the kernels sum in fp32, and the gated norm
+        # divides by the read-out's rms: fp16 outputs within a few of its ulps (the three
+        # kernels below give the kernel's own roundings)
+        torch.testing.assert_close(out, ref, **(TOL[dtype] if dtype == torch.float32 else
+                                                dict(atol=2e-2, rtol=2e-2)))
+        around_untouched(buf, 3, hv * dv)
+        close(conv[:b], ref_conv, dtype)
+        torch.testing.assert_close(state[:b], ref_state, **TOL[dtype])
+        assert torch.equal(state[b:], before[b:]) and torch.equal(conv[b:], before_conv[b:])
+        if act is not None:
+            for r in range(b):
+                if not act[r]:
+                    assert torch.equal(state[r], before[r]) and torch.equal(conv[r],
+                                                                             before_conv[r])
+        # the three launches it replaces, on their own copies of the states
+        cc = causal_conv1d.causal_conv1d_rows_triton(x, w, three_conv, active)
+        o = gated_delta_rule.gated_delta_rows_triton(cc, b_in, a_in, a_log, dt_bias,
+                                                     three_state, dims, active)
+        three = torch.empty_like(o)
+        rmsnorm_gated.rmsnorm_gated_rows_triton(o, z, nw, three)
+        close(out, three, dtype)
+        assert torch.equal(conv, three_conv)
+        torch.testing.assert_close(state, three_state, **TOL[torch.float32])
+
+
+def test_delta_net_rows_rejects_bad_shapes():
+    dims = (2, 4, 16, 24)
+    c = 2 * 2 * 16 + 4 * 24
+    x, z = torch.zeros(2, c), torch.zeros(2, 4 * 24)
+    bi, w, cs = torch.zeros(2, 4), torch.zeros(c, 4), torch.zeros(2, c, 3)
+    st, hv1, nw = torch.zeros(2, 4, 16, 24), torch.zeros(4), torch.zeros(24)
+    with pytest.raises(ValueError, match="do not fit"):
+        delta_net_rows_triton(x[:, 1:], z, bi, bi, w, cs, hv1, hv1, nw, st, dims, 1e-6)
+    with pytest.raises(ValueError, match="conv state"):
+        delta_net_rows_triton(x, z, bi, bi, w, cs[:, :, :2], hv1, hv1, nw, st, dims, 1e-6)
+    with pytest.raises(ValueError, match="fp32"):
+        delta_net_rows_triton(x, z, bi, bi, w, cs, hv1, hv1, nw, st.half(), dims, 1e-6)
+    with pytest.raises(ValueError, match="bool"):
+        delta_net_rows_triton(x, z, bi, bi, w, cs, hv1, hv1, nw, st, dims, 1e-6,
+                              active=torch.ones(2))
 
 
 # -- gated attention: q/k norm + M-RoPE + cache write, split attention with the gate ------------
