@@ -48,8 +48,13 @@ def decoder_pass(fe, b: int) -> torch.Tensor:
 
 def same_bits(fe0, fe1, b: int) -> dict:
     """The two engines' decoder passes over the same rows bitwise equal? Each engine's state
-    is fresh before its first pass; a second pass each continues from the state the first
+    cache is zeroed before its first pass (building an engine captures its graphs, which
+    runs steps over the cache); a second pass each continues from the state the first
     left (recurrent rows, k/v). Split-K's atomics (b > 1) may differ run to run."""
+    for fe in (fe0, fe1):
+        kv = fe.kv
+        for t in (*kv.k.values(), *kv.v.values(), *kv.states.values()):
+            t.zero_()
     p0 = [decoder_pass(fe0, b) for _ in range(2)]
     p1 = [decoder_pass(fe1, b) for _ in range(2)]
     return {"equal": [bool(torch.equal(a, c)) for a, c in zip(p0, p1)],

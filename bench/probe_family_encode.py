@@ -37,13 +37,14 @@ def stages_of(family: str, model) -> list[tuple[object, str, str]]:
     """(owner, attribute, stage name) of the functions an encode calls, in order."""
     if family.startswith("qwen3.5"):
         from photon_core.models.qwen3_5 import decoder, model as qm, vision
-        # the host part is encode_inputs (decode + resize); the patches are made on the
-        # device (image_processor.patches_torch, called through the model module)
+        # the host part is encode_inputs (decode); the resize and the patches are made on
+        # the device (image_processor.patches_torch, called through the model module)
         return [(model, "encode_inputs", "host inputs (CPU)"),
                 (qm, "patches_torch", "patches (device)"), (vision, "encode", "vision tower"),
                 (decoder, "forward", "prefix prefill")]
-    from photon_core.models.gemma4 import text
-    return [(model, "image_inputs", "preprocess (CPU)"),
+    from photon_core.models.gemma4 import text, vision as gv
+    return [(model, "encode_inputs", "host inputs (CPU)"),
+            (gv, "patches_torch", "patches (device)"),
             (model, "image_embeddings", "vision tower"),
             (text, "decoder", "prefix prefill")]
 

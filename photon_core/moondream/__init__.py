@@ -9,7 +9,7 @@ import sys
 from ..models import moondream2 as _family
 from ..models.moondream2 import *  # noqa: F401,F403
 
-_MODULES = ("config", "crops", "hub", "image_input", "kv_cache", "lanczos_resize", "layers",
+_MODULES = ("config", "crops", "hub", "image_input", "kv_cache", "layers",
             "model", "region", "rope", "run", "sampling", "streaming", "test_model", "text",
             "tokenizer", "vision", "weights")
 for _name in _MODULES:

@@ -1,7 +1,7 @@
 """The image crops inside the encode graph (fast/graphed_batch_encoder.py, crops_in_graph),
 on the CPU with the tiny fp32 model: an entry's body run eagerly from the uint8 frame gives
 bitwise the crops (x) and k/v of today's path (model.image_crops outside, copied into the
-static crops input); the plans behind it (lanczos_resize.ResizePlan, crops.CropPlan) are the
+static crops input); the plans behind it (pil_resize.ResizePlan, crops.CropPlan) are the
 functions image_crops uses and need no table look-up when run."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from photon_core.encode_request import EncodeRequest
 from photon_core.fast import FastEngine
 from photon_core.fast.graphed_batch_encoder import GraphedBatchEncoder
 from photon_core.models.moondream2 import crops as C
-from photon_core.models.moondream2 import lanczos_resize as L
+from photon_core import pil_resize as L
 from photon_core.models.moondream2.batched_encode import pixel_layout
 from photon_core.models.moondream2.image_input import ImageError
 from photon_core.moondream.model import build_random_model

@@ -312,3 +312,27 @@ def test_triton_kv_slot_write_kernel(ring, dtype):
     changed = (ks != before).any(dim=(1, 3))            # [rows, slots] written
     assert changed.sum() == 3 and changed[1].sum() == 0   # row 1 untouched
     assert bool(changed[2, 29 % S if ring else 29])
+
+
+@pytest.mark.parametrize("shape,budget", [((480, 640), 280), ((97, 130), 70), ((48, 96), 70),
+                                          ((1000, 300), 140)])
+def test_device_patches_are_preprocess_bit_for_bit(shape, budget):
+    """The engine's encode path (model.encode_inputs / encode_body): the raw uint8 frame
+    resized on the device by pil_resize.ResizePlan (BICUBIC) to target_size, then
+    vision.patches_torch (a lookup in pixel_table, data movement) and grid_positions - the
+    patches and positions of preprocess (PIL's resize, / 255 on the host), bit for bit; an
+    up- and a downscale, and a frame already at its target size."""
+    import numpy as np
+    from photon_core.models.gemma4 import vision
+    from photon_core.models.gemma4.config import VisionCfg
+    from photon_core.pil_resize import ResizePlan
+    cfg = VisionCfg(32, 64, 1, 2, 2, 16, 16, 3, 64, 100.0, 1e-6, False, False)
+    img = np.random.default_rng(shape[1]).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    want, pos, grid = vision.preprocess(img, cfg, budget)
+    th, tw = vision.target_size(*shape, cfg.patch_size, cfg.pool, budget)
+    assert (th // cfg.patch_size, tw // cfg.patch_size) == grid
+    frame = torch.from_numpy(img)
+    resized = ResizePlan(*shape, th, tw, "cpu", "bicubic")(frame) if (th, tw) != shape \
+        else frame
+    got = vision.patches_torch(resized, vision.pixel_table(), cfg.patch_size)
+    assert torch.equal(got, want) and torch.equal(vision.grid_positions(*grid), pos)

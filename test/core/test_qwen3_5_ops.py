@@ -100,21 +100,28 @@ def test_triton_delta_step_matches_reference(dk, dv, hk, hv):
 
 
 @pytest.mark.parametrize("clip", [False, True])
-@pytest.mark.parametrize("shape", [(480, 640), (300, 500), (64, 64)])
-def test_device_patches_are_preprocess_bit_for_bit(shape, clip):
-    """image_processor.patches_torch (the engine's encode: the resized uint8 frame, a
-    normalization table lookup, data movement) gives preprocess's patches exactly - with the
-    0.5 mean / std and CLIP's, with and without a resize."""
+@pytest.mark.parametrize("shape,budget", [((480, 640), None), ((300, 500), None),
+                                          ((64, 64), None), ((480, 640), 200_000)])
+def test_device_patches_are_preprocess_bit_for_bit(shape, budget, clip):
+    """The engine's encode path on the device - the raw uint8 frame resized by
+    pil_resize.ResizePlan (BICUBIC) to resized_size, then image_processor.patches_torch (a
+    normalization table lookup, data movement) - gives preprocess's patches exactly, with
+    the 0.5 mean / std and CLIP's, without a resize, with an upscale and a downscale (a
+    pixel budget)."""
     import numpy as np
     from photon_core.models.qwen3_5.image_processor import (ImageProcessorConfig,
                                                            normalize_table, patches_torch,
-                                                           preprocess, resize_to_grid)
+                                                           preprocess, resized_size)
+    from photon_core.pil_resize import ResizePlan
+    kw = {} if budget is None else {"max_pixels": budget}
     cfg = ImageProcessorConfig(image_mean=(0.48145466, 0.4578275, 0.40821073),
-                               image_std=(0.26862954, 0.26130258, 0.27577711)) if clip \
-        else ImageProcessorConfig()
+                               image_std=(0.26862954, 0.26130258, 0.27577711), **kw) if clip \
+        else ImageProcessorConfig(**kw)
     img = np.random.default_rng(shape[0]).integers(0, 256, (*shape, 3), dtype=np.uint8)
     want, grid = preprocess(img, cfg)
-    resized, grid2 = resize_to_grid(img, cfg)
-    got = patches_torch(torch.from_numpy(resized.copy()),
-                        torch.from_numpy(normalize_table(cfg)), cfg)
-    assert grid2 == grid and torch.equal(got, torch.from_numpy(want))
+    h, w = resized_size(*shape, cfg)
+    assert (1, h // cfg.patch_size, w // cfg.patch_size) == grid
+    frame = torch.from_numpy(img)
+    resized = ResizePlan(*shape, h, w, "cpu", "bicubic")(frame) if (h, w) != shape else frame
+    got = patches_torch(resized, torch.from_numpy(normalize_table(cfg)), cfg)
+    assert torch.equal(got, torch.from_numpy(want))

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ...moondream.image_input import MAX_SIDE, to_rgb_array
+from ...pil_resize import ResizePlan
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task
@@ -73,6 +75,11 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         self.freqs = {k: f.to(emb0.device) for k, f in text.rope_freqs(config.text).items()}
         emb = weights["language_model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
+        # the device encode's per-layout pieces (encode_inputs): BICUBIC resize plans by (in h,
+        # in w, h, w), patch positions by grid, vision.pixel_table on the device
+        self._resize_plans: dict = {}
+        self._positions: dict = {}
+        self._pixel_table = None
 
     def step_spec(self):
         """The decode step as a step program (program.py) for the runtime's backends: one
@@ -147,11 +154,29 @@ class Gemma4Model(SplitEncode, EngineConveniences):
     encoded_type = EncodedImage
 
     def encode_inputs(self, image) -> EncodeInputs:
-        """Decode + resize + patches on the host; the prefix's ids (image placeholders as
-        the pad id for the embeddings) and the bidirectional image block of each position."""
+        """Decode on the host; the prefix's ids (image placeholders as the pad id for the
+        embeddings) and the bidirectional image block of each position. The uint8 frame goes
+        to the device as it is: encode_body resizes it there (pil_resize.ResizePlan, PIL's
+        BICUBIC pixels) and makes the patches (vision.patches_torch): image_inputs' patches
+        bit for bit, with no host pass over the pixels."""
         t0 = time.perf_counter()
-        array, patches, positions, grid = self.image_inputs(image)
-        n = (grid[0] // self.config.vision.pool) * (grid[1] // self.config.vision.pool)
+        array = to_rgb_array(image, self.max_image_side)
+        vc, dev = self.config.vision, self.device
+        th, tw = vision.target_size(array.shape[0], array.shape[1], vc.patch_size, vc.pool,
+                                    self.max_soft_tokens)
+        grid = (th // vc.patch_size, tw // vc.patch_size)
+        plan = None
+        if (th, tw) != array.shape[:2]:
+            key = (array.shape[0], array.shape[1], th, tw)
+            plan = self._resize_plans.get(key)
+            if plan is None:
+                plan = self._resize_plans[key] = ResizePlan(*key, dev, "bicubic")
+        positions = self._positions.get(grid)
+        if positions is None:
+            positions = self._positions[grid] = vision.grid_positions(*grid, dev)
+        if self._pixel_table is None:
+            self._pixel_table = vision.pixel_table().to(dev)
+        n = (grid[0] // vc.pool) * (grid[1] // vc.pool)
         ids = self.prefix_ids(n)
         if len(ids) >= self.max_context:
             raise ValueError(f"the image prefix ({len(ids)} tokens) does not fit the "
@@ -160,20 +185,24 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         first = ids.index(self.config.image_token_id)
         is_image = torch.tensor([i == self.config.image_token_id for i in ids], device=dev)
         ids_t = torch.tensor(ids, device=dev)
-        tensors = {"patches": patches.to(dev), "positions": positions.to(dev),
+        tensors = {"image": torch.from_numpy(np.require(array, requirements=["C", "W"])
+                                             ).to(dev),
+                   "table": self._pixel_table, "positions": positions,
                    "safe_ids": torch.where(is_image, torch.full_like(ids_t, t.pad_id), ids_t)}
         if t.bidirectional == "vision":
             tensors["blocks"] = torch.where(is_image, 0, -1)
         info = {"grid": grid, "first": first, "n_image": n, "length": len(ids),
-                "width": array.shape[1], "height": array.shape[0]}
-        return EncodeInputs((tuple(grid), len(ids), tuple(patches.shape)), tensors, info, t0)
+                "width": array.shape[1], "height": array.shape[0], "resize": plan}
+        return EncodeInputs((tuple(grid), len(ids), tuple(array.shape)), tensors, info, t0)
 
     def encode_body(self, inp: EncodeInputs) -> KVCache:
         """The vision tower and the decoder's pass over the image prefix (device work only):
         forward_ids' math with the image tokens' rows as one slice (the prefix's image
         placeholders are contiguous) and no host-side count check."""
         t, w, info, d = self.config.text, self.weights, inp.info, inp.tensors
-        emb = self.image_embeddings(d["patches"], d["positions"], info["grid"])
+        image = info["resize"](d["image"]) if info["resize"] is not None else d["image"]
+        patches = vision.patches_torch(image, d["table"], self.config.vision.patch_size)
+        emb = self.image_embeddings(patches, d["positions"], info["grid"])
         if emb.shape[0] != info["n_image"]:
             raise ValueError(f"{info['n_image']} image tokens for {emb.shape[0]} image "
                              "embeddings")

@@ -56,10 +56,32 @@ def preprocess(rgb: np.ndarray, cfg: VisionCfg, max_soft_tokens: int = DEFAULT_S
         rgb = np.asarray(Image.fromarray(rgb).resize((tw, th), Image.BICUBIC))
     x = torch.from_numpy(np.array(rgb, dtype=np.uint8)).float() / 255.0    # [H, W, 3], a copy
     rows, cols = th // p, tw // p
-    patches = x.view(rows, p, cols, p, 3).permute(0, 2, 1, 3, 4).reshape(rows * cols, p * p * 3)
-    ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-    positions = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
-    return patches, positions, (rows, cols)
+    return _patch_order(x, p), grid_positions(rows, cols), (rows, cols)
+
+
+def _patch_order(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[H, W, 3] -> [rows * cols, p * p * 3]: row-major patches, each (row, column, channel)."""
+    rows, cols = x.shape[0] // p, x.shape[1] // p
+    return x.view(rows, p, cols, p, 3).permute(0, 2, 1, 3, 4).reshape(rows * cols, p * p * 3)
+
+
+def grid_positions(rows: int, cols: int, device=None) -> torch.Tensor:
+    """[rows * cols, 2] (x, y) of the row-major patches."""
+    ys, xs = torch.meshgrid(torch.arange(rows, device=device),
+                            torch.arange(cols, device=device), indexing="ij")
+    return torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
+
+
+def pixel_table() -> torch.Tensor:
+    """[256] fp32: every uint8 value / 255 by preprocess's own op (on the CPU)."""
+    return torch.arange(256, dtype=torch.uint8).float() / 255.0
+
+
+def patches_torch(image: torch.Tensor, table: torch.Tensor, p: int) -> torch.Tensor:
+    """preprocess's patches from the resized uint8 image [H, W, 3] on its device, bit for bit:
+    a lookup in pixel_table (moved to that device) and data movement. The engine's encode
+    resizes on the device first (photon_core/pil_resize.py, PIL's BICUBIC pixels)."""
+    return _patch_order(table[image.long()], p)
 
 
 def _linear(w, cfg: VisionCfg, j: int, name: str, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ one margin on each outer edge covers it exactly; crop (i, j) starts at (i*266, j
 Crop 0 is the global view: the whole image resized to 378 x 378.
 
 Both resizes are PIL's LANCZOS: overlap_crops runs PIL on the CPU, overlap_crops_tensor
-runs the bit-identical torch version (lanczos_resize) on the tensor's device.
+runs the bit-identical torch version (photon_core/pil_resize.py) on the tensor's device.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .lanczos_resize import ResizePlan
+from ...pil_resize import ResizePlan
 
 
 def select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:
@@ -101,7 +101,7 @@ def overlap_crops(image: np.ndarray, crop_size: int, patch: int, margin: int,
 
 def overlap_crops_tensor(image: torch.Tensor, crop_size: int, patch: int, margin: int,
                          max_crops: int) -> tuple[torch.Tensor, tuple[int, int]]:
-    """overlap_crops on a uint8 [H, W, 3] tensor, on its device (lanczos_resize: the same
+    """overlap_crops on a uint8 [H, W, 3] tensor, on its device (pil_resize: the same
     pixels as PIL) -> (crops [1 + rows*cols, crop, crop, 3] uint8 tensor, (rows, cols))."""
     plan = CropPlan(image.shape[0], image.shape[1], "overlap", crop_size, patch, margin,
                     max_crops, image.device)

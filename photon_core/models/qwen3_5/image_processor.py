@@ -8,11 +8,12 @@
    repeated temporal_patch_size times: -> [gh * gw, C * T * P * P], grid (1, gh, gw).
 
 `preprocess` does all three on the host (the reference's form). The engine's encode sends the
-resized uint8 image to the device instead (`resize_to_grid`) and makes the patches there
-(`patches_torch`): the normalization as a lookup in `normalize_table` (every uint8 value
-normalized by the same fp32 numpy ops as preprocess) and the patch order as data movement, so
-the patches are preprocess's bit for bit on any device, with no host pass over the pixels and
-an eighth of the bytes to copy (a 640x480 frame: 0.9 MB instead of 7.4 MB).
+uint8 frame to the device as it is and does all three there: the resize to `resized_size` by
+photon_core/pil_resize.py (PIL's BICUBIC pixels bit for bit), then `patches_torch`: the
+normalization as a lookup in `normalize_table` (every uint8 value normalized by the same fp32
+numpy ops as preprocess) and the patch order as data movement - preprocess's patches bit for
+bit on any device, with no host pass over the pixels and an eighth of the bytes to copy (a
+640x480 frame: 0.9 MB instead of 7.4 MB).
 """
 from __future__ import annotations
 
@@ -69,12 +70,20 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
+def resized_size(height: int, width: int, cfg: ImageProcessorConfig) -> tuple[int, int]:
+    """Step 1: the (h, w) an image of this size is resized to (smart_resize with the
+    processor's factor and pixel budget); the grid is (1, h / patch, w / patch)."""
+    return smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels,
+                        cfg.max_pixels)
+
+
 def resize_to_grid(image: np.ndarray, cfg: ImageProcessorConfig
                    ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Step 1 and the resize of step 2: HxWx3 uint8 RGB -> (uint8 image of the grid's size,
-    grid (1, gh, gw))."""
-    p, m = cfg.patch_size, cfg.merge_size
-    h, w = smart_resize(image.shape[0], image.shape[1], p * m, cfg.min_pixels, cfg.max_pixels)
+    grid (1, gh, gw)). (The model resizes on the device instead: photon_core/pil_resize.py's
+    BICUBIC, PIL's pixels bit for bit.)"""
+    p = cfg.patch_size
+    h, w = resized_size(image.shape[0], image.shape[1], cfg)
     if (h, w) != image.shape[:2]:
         image = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BICUBIC))
     return image, (1, h // p, w // p)
@@ -105,7 +114,7 @@ def preprocess(image: np.ndarray, cfg: ImageProcessorConfig) -> tuple[np.ndarray
 
 def patches_torch(image: torch.Tensor, table: torch.Tensor, cfg: ImageProcessorConfig
                   ) -> torch.Tensor:
-    """Steps 2-3 on image's device: image [H, W, 3] uint8 (resize_to_grid's), table [256, 3]
+    """Steps 2-3 on image's device: image [H, W, 3] uint8 (resized), table [256, 3]
     (normalize_table's) -> preprocess's patches, bit for bit: a lookup and data movement."""
     p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
     h, w, c = image.shape

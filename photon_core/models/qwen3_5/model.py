@@ -18,8 +18,9 @@ from ...engine_conveniences import EngineConveniences
 from ...split_encode import EncodeInputs, SplitEncode
 from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
+from ...pil_resize import ResizePlan
 from .image_processor import (ImageProcessorConfig, normalize_table, patches_torch,
-                              resize_to_grid)
+                              resized_size)
 from .prompts import ChatPrompts, instruction
 from .run import TaskRun, _sync
 from .state import HybridState
@@ -68,6 +69,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         self.image_config, self.model_id, self.max_context = image_config, model_id, max_context
         self.stats: Counter = Counter()   # grounding_parse_errors, grounding_skipped_entries
         self._table = None                # image_processor.normalize_table on the device
+        self._resize_plans: dict = {}     # (in h, in w, h, w) -> the BICUBIC ResizePlan
 
     @property
     def device(self) -> torch.device:
@@ -87,12 +89,22 @@ class Qwen35Model(SplitEncode, EngineConveniences):
     encoded_type = EncodedImage
 
     def encode_inputs(self, image) -> EncodeInputs:
-        """Decode + resize + patches on the host; the prefix's ids and M-RoPE positions."""
+        """Decode on the host; the prefix's ids and M-RoPE positions. The uint8 frame goes to
+        the device as it is; encode_body resizes it there (pil_resize.ResizePlan: PIL's
+        BICUBIC pixels) and makes the patches (image_processor.patches_torch: preprocess's,
+        bit for bit)."""
         t0 = time.perf_counter()
         array = to_rgb_array(image)
-        # the resized uint8 frame goes to the device; encode_body makes the patches there
-        # (image_processor.patches_torch: preprocess's, bit for bit)
-        resized, grid = resize_to_grid(array, self.image_config)
+        h, w = resized_size(array.shape[0], array.shape[1], self.image_config)
+        p = self.image_config.patch_size
+        grid = (1, h // p, w // p)
+        dev = self.device
+        plan = None
+        if (h, w) != array.shape[:2]:
+            key = (array.shape[0], array.shape[1], h, w)
+            plan = self._resize_plans.get(key)
+            if plan is None:
+                plan = self._resize_plans[key] = ResizePlan(*key, dev, "bicubic")
         cfg = self.config
         m = cfg.vision.spatial_merge_size
         gh, gw = grid[1] // m, grid[2] // m
@@ -102,18 +114,18 @@ class Qwen35Model(SplitEncode, EngineConveniences):
             raise ValueError("image tokens of the prefix are not contiguous")
         after = len(ids) - first - gh * gw
         img_end = first + max(gh, gw)
-        dev = self.device
         pos = torch.cat([decoder.text_positions(0, first, dev),
                          image_positions(first, gh, gw, dev),
                          decoder.text_positions(img_end, after, dev)], dim=1)
         if self._table is None:
             self._table = torch.from_numpy(normalize_table(self.image_config)).to(dev)
-        tensors = {"image": torch.from_numpy(np.require(resized, requirements=["C", "W"])
+        tensors = {"image": torch.from_numpy(np.require(array, requirements=["C", "W"])
                                              ).to(dev),
                    "table": self._table, "ids": torch.tensor(ids, device=dev), "pos": pos}
         info = {"grid": grid, "first": first, "n_image": gh * gw, "ids": ids, "text": text,
-                "rope_pos": img_end + after, "width": array.shape[1], "height": array.shape[0]}
-        return EncodeInputs((tuple(grid), len(ids), tuple(resized.shape)), tensors, info, t0)
+                "rope_pos": img_end + after, "width": array.shape[1], "height": array.shape[0],
+                "resize": plan}
+        return EncodeInputs((tuple(grid), len(ids), tuple(array.shape)), tensors, info, t0)
 
     def encode_body(self, inp: EncodeInputs) -> HybridState:
         """The vision tower and the decoder's pass over the image prefix (device work only).
@@ -121,7 +133,8 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         slower here than the torch form at a 640x480 frame's prefix: docs/benchmarks.md,
         session 11.)"""
         w, cfg, info, t = self.weights, self.config, inp.info, inp.tensors
-        patches = patches_torch(t["image"], t["table"], self.image_config)
+        image = info["resize"](t["image"]) if info["resize"] is not None else t["image"]
+        patches = patches_torch(image, t["table"], self.image_config)
         feats = vision.encode(w, cfg.vision, patches, info["grid"])
         x = decoder.embed(w, t["ids"])
         first, n = info["first"], info["n_image"]

@@ -1,24 +1,29 @@
-"""PIL's LANCZOS resize of 8-bit images in torch, bit-identical to `Image.resize`.
+"""PIL's LANCZOS and BICUBIC resizes of 8-bit images in torch, bit-identical to `Image.resize`
+(Moondream 2's crops resize with LANCZOS; Qwen 3.5's and Gemma 4's image processors with
+BICUBIC: all three run it on the GPU, inside their encode graphs).
 
 Pillow (libImaging/Resample.c) resizes in two separable passes, one per axis (order: see
 below), each rounding to uint8 (the intermediate image is uint8). A pass computes, for
 every output position, a small filter over consecutive input positions:
 
 * coefficients, in C doubles: scale = in/out, filterscale = max(scale, 1),
-  support = 3 * filterscale; output xx is centred at (xx + 0.5) * scale and reads inputs
-  xmin .. xmin + n - 1 (xmin = int(center - support + 0.5) clipped to 0, the end likewise
-  clipped to the image); tap x weighs lanczos((x + xmin - center + 0.5) / filterscale),
-  lanczos(t) = sinc(t) * sinc(t / 3) on [-3, 3); the taps are divided by their sum.
+  support = filter support (LANCZOS 3, BICUBIC 2) * filterscale; output xx is centred at
+  (xx + 0.5) * scale and reads inputs xmin .. xmin + n - 1 (xmin = int(center - support +
+  0.5) clipped to 0, the end likewise clipped to the image); tap x weighs
+  filter((x + xmin - center + 0.5) / filterscale) with lanczos(t) = sinc(t) * sinc(t / 3) on
+  [-3, 3), bicubic(t) = the cubic convolution with a = -0.5 on (-2, 2); the taps are divided
+  by their sum.
 * fixed point: each weight becomes the int32 round(w * 2^22) (halves away from zero, via
   C's truncating cast), and an output is acc = 2^21 + sum(pixel * weight) in int32,
   stored as clamp(acc >> 22, 0, 255), i.e. rounded to nearest.
 
 The coefficient tables are computed here exactly as the C does (the same IEEE double
 operations in the same order, libm's sin through `math.sin`, sums accumulated left to
-right) once per (input size, output size) and cached; the passes are integer tensor ops
-on the image's device. Products and sums are int32 as in the C, so even an overflow would
+right) once per (filter, input size, output size) and cached; the passes are integer tensor
+ops on the image's device. Products and sums are int32 as in the C, so even an overflow would
 wrap alike; none occurs: it needs sum|w| >= 2.006 (255 * sum|w| * 2^22 + 2^21 >= 2^31), and
-sum|w| is at most 1.571 over all (in, out) sizes 1..159. A ResizePlan holds one resize's
+sum|w| is at most 1.5715 (LANCZOS) / 1.269 (BICUBIC) over all (in, out) sizes 1..159
+(test_pil_resize.py). A ResizePlan holds one resize's
 tables on the device, so that running it needs no host->device copy (CUDA graph capture:
 fast/graphed_batch_encoder.py).
 
@@ -45,7 +50,6 @@ import PIL
 import torch
 
 PRECISION_BITS = 22     # 32 - 8 - 2: 8 bits of result, 2 bits of headroom for overshoot
-SUPPORT = 3.0           # Lanczos-3
 
 
 def _sinc(x: float) -> float:
@@ -61,14 +65,32 @@ def _lanczos(x: float) -> float:
     return 0.0
 
 
+def _bicubic(x: float) -> float:
+    """Resample.c's bicubic_filter (a = -0.5), its operations in its order."""
+    a = -0.5
+    if x < 0.0:
+        x = -x
+    if x < 1.0:
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    if x < 2.0:
+        return (((x - 5) * x + 8) * x - 4) * a
+    return 0.0
+
+
+# filter name -> (function, support), as Resample.c's filter structs
+FILTERS = {"lanczos": (_lanczos, 3.0), "bicubic": (_bicubic, 2.0)}
+
+
 @lru_cache(maxsize=64)
-def coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+def coefficients(in_size: int, out_size: int, filt: str = "lanczos"
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(first input index [out], int32 fixed-point weights [out, ksize]) of one pass,
     as Pillow's precompute_coeffs + normalize_coeffs_8bpc for the box (0, in_size).
     Taps past an output's window have weight 0."""
+    fn, filter_support = FILTERS[filt]
     scale = in_size / out_size                      # (double)(in1 - in0) / outSize
     filterscale = max(scale, 1.0)
-    support = SUPPORT * filterscale
+    support = filter_support * filterscale
     ksize = int(math.ceil(support)) * 2 + 1
     inv_filterscale = 1.0 / filterscale
     first = np.zeros(out_size, dtype=np.int64)
@@ -78,7 +100,7 @@ def coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
         center = (xx + 0.5) * scale                 # in0 = 0
         xmin = max(int(center - support + 0.5), 0)  # int() truncates toward 0, like C
         n = min(int(center + support + 0.5), in_size) - xmin
-        k = [_lanczos((x + xmin - center + 0.5) * inv_filterscale) for x in range(n)]
+        k = [fn((x + xmin - center + 0.5) * inv_filterscale) for x in range(n)]
         ww = 0.0
         for w in k:                                 # left to right (not sum(): compensated)
             ww += w
@@ -90,11 +112,11 @@ def coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=64)
-def _device_tables(in_size: int, out_size: int,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _device_tables(in_size: int, out_size: int, device: torch.device, filt: str = "lanczos"
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Input index [out * ksize] (clamped into the image; clamped taps weigh 0) and
     weights [out, ksize] int32, on `device`."""
-    first, weights = coefficients(in_size, out_size)
+    first, weights = coefficients(in_size, out_size, filt)
     index = np.minimum(first[:, None] + np.arange(weights.shape[1]), in_size - 1)
     return (torch.from_numpy(index.reshape(-1)).to(device),
             torch.from_numpy(weights).to(device))
@@ -158,11 +180,15 @@ class ResizePlan:
     device, its passes' coefficient tables already there: calling it launches tensor ops
     only (no host->device copy, no host sync), so it may run inside a CUDA graph capture
     (the graphed encoder's in-graph crops hold one per frame layout). The same ops as
-    resize_lanczos, which runs a plan made on the spot."""
+    resize_lanczos / resize_bicubic, which run a plan made on the spot. filt: "lanczos" /
+    "bicubic"."""
 
-    def __init__(self, in_height: int, in_width: int, height: int, width: int, device):
+    def __init__(self, in_height: int, in_width: int, height: int, width: int, device,
+                 filt: str = "lanczos"):
         if in_height < 1 or in_width < 1 or height < 1 or width < 1:
             raise ValueError("height and width must be > 0")
+        if filt not in FILTERS:
+            raise ValueError(f"filter must be one of {tuple(FILTERS)}, not {filt!r}")
         device = torch.device(device)
         self.in_shape, self.out_shape = (in_height, in_width), (height, width)
         order = [(1, width), (0, height)]           # (dim, size): horizontal, vertical
@@ -172,7 +198,8 @@ class ResizePlan:
         self.passes = []                            # (dim, size, (index, weights))
         for dim, size in order:
             if size != shape[dim]:                  # an unchanged axis is skipped, as PIL does
-                self.passes.append((dim, size, _device_tables(shape[dim], size, device)))
+                self.passes.append((dim, size, _device_tables(shape[dim], size, device,
+                                                              filt)))
                 shape[dim] = size
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
@@ -190,12 +217,21 @@ class ResizePlan:
         return x
 
 
-def resize_lanczos(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """uint8 [H, W, C] -> uint8 [height, width, C], on image's device; the same pixels as
-    np.asarray(Image.fromarray(image).resize((width, height), Image.Resampling.LANCZOS))."""
+def _resize(image: torch.Tensor, height: int, width: int, filt: str) -> torch.Tensor:
     if image.dtype != torch.uint8 or image.dim() != 3:
         raise ValueError(f"expected a uint8 [H, W, C] tensor, got {image.dtype} "
                          f"{tuple(image.shape)}")
     if height < 1 or width < 1:
         raise ValueError("height and width must be > 0")
-    return ResizePlan(image.shape[0], image.shape[1], height, width, image.device)(image)
+    return ResizePlan(image.shape[0], image.shape[1], height, width, image.device, filt)(image)
+
+
+def resize_lanczos(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """uint8 [H, W, C] -> uint8 [height, width, C], on image's device; the same pixels as
+    np.asarray(Image.fromarray(image).resize((width, height), Image.Resampling.LANCZOS))."""
+    return _resize(image, height, width, "lanczos")
+
+
+def resize_bicubic(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """As resize_lanczos with Image.Resampling.BICUBIC."""
+    return _resize(image, height, width, "bicubic")

@@ -1,5 +1,5 @@
-"""lanczos_resize (torch) against PIL's LANCZOS resize, pixel for pixel, and the torch overlap
-crops / model.image_crops against the PIL ones."""
+"""pil_resize (torch) against PIL's LANCZOS and BICUBIC resizes, pixel for pixel, and the torch
+overlap crops / model.image_crops against the PIL ones."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,21 +9,26 @@ from PIL import Image
 
 from photon_core.moondream import vision
 from photon_core.moondream.crops import overlap_crops, overlap_crops_tensor
-from photon_core.moondream.lanczos_resize import (PRECISION_BITS, _vertical_first,
-                                                  coefficients, resize_lanczos)
+from photon_core.pil_resize import (FILTERS, PRECISION_BITS, _vertical_first, coefficients,
+                                    resize_bicubic, resize_lanczos)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def pil_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+PIL_FILTERS = {"lanczos": Image.Resampling.LANCZOS, "bicubic": Image.Resampling.BICUBIC}
+TORCH = {"lanczos": resize_lanczos, "bicubic": resize_bicubic}
+
+
+def pil_resize(image: np.ndarray, height: int, width: int, filt="lanczos") -> np.ndarray:
     mode = "L" if image.shape[2] == 1 else "RGB"
     out = Image.fromarray(image[..., 0] if mode == "L" else image, mode).resize(
-        (width, height), Image.Resampling.LANCZOS)
+        (width, height), PIL_FILTERS[filt])
     return np.asarray(out).reshape(height, width, image.shape[2])
 
 
-def torch_resize(image: np.ndarray, height: int, width: int, device="cpu") -> np.ndarray:
-    return resize_lanczos(torch.from_numpy(image).to(device), height, width).cpu().numpy()
+def torch_resize(image: np.ndarray, height: int, width: int, device="cpu",
+                 filt="lanczos") -> np.ndarray:
+    return TORCH[filt](torch.from_numpy(image).to(device), height, width).cpu().numpy()
 
 
 def contents(h: int, w: int, seed: int = 0, channels: int = 3) -> dict[str, np.ndarray]:
@@ -43,12 +48,13 @@ def contents(h: int, w: int, seed: int = 0, channels: int = 3) -> dict[str, np.n
     }
 
 
-def assert_same(image: np.ndarray, height: int, width: int, device="cpu"):
-    want, got = pil_resize(image, height, width), torch_resize(image, height, width, device)
+def assert_same(image: np.ndarray, height: int, width: int, device="cpu", filt="lanczos"):
+    want = pil_resize(image, height, width, filt)
+    got = torch_resize(image, height, width, device, filt)
     assert got.shape == want.shape == (height, width, image.shape[2])
     if not np.array_equal(got, want):
         diff = np.argwhere(got != want)
-        pytest.fail(f"{image.shape[:2]} -> {(height, width)}: {len(diff)} pixels differ, "
+        pytest.fail(f"{filt} {image.shape[:2]} -> {(height, width)}: {len(diff)} pixels differ, "
                     f"first at {diff[0].tolist()}: torch {got[tuple(diff[0])]} "
                     f"PIL {want[tuple(diff[0])]}")
 
@@ -72,28 +78,41 @@ SIZES = [
     ((7, 301), (5, 9)),
     ((101, 100), (100, 101)),       # scale ~1: filterscale 1 vs just above
     ((99, 97), (33, 97 * 3)),       # exact integer factors
+    ((480, 640), (672, 912)),       # Gemma 4's image processor on a 640x480 frame (BICUBIC)
+    ((480, 640), (448, 608)),       # Qwen 3.5's smart_resize of a 640x480 frame under a budget
 ]
 
 
+@pytest.mark.parametrize("filt", list(FILTERS))
 @pytest.mark.parametrize("src,dst", SIZES, ids=[f"{s[0]}x{s[1]}-{d[0]}x{d[1]}" for s, d in SIZES])
-def test_matches_pil(src, dst):
+def test_matches_pil(src, dst, filt):
     for name, image in contents(*src, seed=src[0] * 1000 + src[1]).items():
-        assert_same(image, *dst)
+        assert_same(image, *dst, filt=filt)
 
 
-def test_matches_pil_random_sizes():
+@pytest.mark.parametrize("filt", list(FILTERS))
+def test_matches_pil_random_sizes(filt):
     """300 random size pairs (1..90 px in, 1..130 px out), random content."""
     rng = np.random.default_rng(7)
     for _ in range(300):
         h, w = (int(v) for v in rng.integers(1, 91, 2))
         oh, ow = (int(v) for v in rng.integers(1, 131, 2))
-        assert_same(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), oh, ow)
+        assert_same(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), oh, ow, filt=filt)
+
+
+@pytest.mark.parametrize("filt,bound", [("lanczos", 1.5715), ("bicubic", 1.269)])
+def test_no_int32_overflow(filt, bound):
+    """The module's claim: sum |w| of every output's taps stays under its bound for all
+    (in, out) sizes 1..159, far from the 2.006 an int32 overflow would need."""
+    worst = max(np.abs(coefficients(i, o, filt)[1]).sum(axis=1).max()
+                for i in range(1, 160) for o in range(1, 160)) / (1 << PRECISION_BITS)
+    assert worst <= bound, worst
 
 
 def test_chunked_passes_match_pil(monkeypatch):
     """Large frames resample in chunks of output positions (bounded memory): forced tiny
     chunks (1 and 7 positions) give PIL's pixels for up- and downscales."""
-    from photon_core.moondream import lanczos_resize as LR
+    from photon_core import pil_resize as LR
 
     rng = np.random.default_rng(11)
     image = rng.integers(0, 256, (61, 83, 3), dtype=np.uint8)
@@ -101,17 +120,20 @@ def test_chunked_passes_match_pil(monkeypatch):
         monkeypatch.setattr(LR, "CHUNK_ELEMENTS", chunk)
         for oh, ow in ((40, 29), (97, 130), (61, 50)):
             assert_same(image, oh, ow)
+            assert_same(image, oh, ow, filt="bicubic")
 
 
 def test_single_channel_matches_pil_mode_l():
     for image in contents(33, 47, channels=1).values():
         assert_same(image, 20, 61)
+        assert_same(image, 20, 61, filt="bicubic")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_matches_pil_on_cuda():
     for src, dst in SIZES:
-        assert_same(contents(*src)["random"], *dst, device="cuda")
+        for filt in FILTERS:
+            assert_same(contents(*src)["random"], *dst, device="cuda", filt=filt)
 
 
 def test_result_on_input_device_and_fresh():
