@@ -133,9 +133,13 @@ def main():
     out = {"gpu": torch.cuda.get_device_name(), "families": {}}
     for fam in args.families.split(","):
         model = build_model(fam)
-        fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off")
+        fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
+                        encoder="reference")
+        fast = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
+                          encoder="fast")
         for _ in range(2):
             fe.encode_image(frame)                 # warm (allocator, cuDNN / cuBLAS picks)
+            fast.encode_image(frame)
             model.encode_image(frame)
         walls: dict = {}
         totals = []
@@ -150,6 +154,9 @@ def main():
                 model.encode_image(frame)
         busy = kernel_busy(prof)
         forms = {"graphed": encoder_times(fe, frame, args.iters, args.top, fam)}
+        if fast.encoder is not None and fast.encoder.body != model.encode_body:
+            # the family's fast encode body (Gemma 4: vision_fast.py)
+            forms["fast"] = encoder_times(fast, frame, args.iters, args.top, fam + " fast")
         res = {"reference_encode_ms": round(min(totals), 2), "engine": forms, "stages": {}}
         for name, ws in walls.items():
             res["stages"][name] = {"wall_ms": round(min(ws[:args.iters]), 2), **busy.get(name, {})}
@@ -162,7 +169,8 @@ def main():
             print(f"    {name:18s} wall {r['wall_ms']:8.2f} ms  kernels {r.get('kernel_ms', 0):8.2f} ms"
                   f"  launches {r.get('launches', 0)}", flush=True)
         fe.close()
-        del fe, model
+        fast.close()
+        del fe, fast, model
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "probe_family_encode.json").write_text(json.dumps(out, indent=1))

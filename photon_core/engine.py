@@ -42,8 +42,10 @@ class EngineOptions:
       local crops) or "global" (the global view only: faster, less detail); a frame's
       photon_core.encode_request.EncodeRequest overrides it per frame (per camera).
     encoder: the fast path's image encode: "reference" (the reference's functions, as CUDA
-      graphs: bit-identical to the reference encode), "fast" (fused GELU epilogues, prefix
-      attention without the mask: close, not bitwise), "auto" (fast on CUDA).
+      graphs: bit-identical to the reference encode), "fast" (Moondream 2: fused GELU
+      epilogues, prefix attention without the mask; Gemma 4: its fast vision tower, SDPA
+      attention and concatenated GEMMs; Qwen 3.5: as "reference" - close, not bitwise),
+      "auto" (fast on CUDA).
     deterministic: repeatable bits run to run (no split-K atomics; slightly slower).
     pdl: the fused backend's kernels launch with programmatic dependent launch (Hopper+,
       a Triton with triton.language.extra.cuda.gdc_*; ops/pdl.py): each starts while the one

@@ -100,11 +100,14 @@ class FastEngine(EngineConveniences):
         # default: graphs for the encoder where graphs are used; the CPU keeps the reference's
         if graphed_encoder is None:
             graphed_encoder = self.use_graphs
-        self.encoder = fam.make_encoder(self.use_graphs) if graphed_encoder else None
-        # encode_batch (and encode_image unless encoder="reference"): the family's batched
-        # encoder where it has one (Moondream 2: graphed_batch_encoder.py)
         self.fast_encode = options.encoder == "fast" or (options.encoder == "auto"
                                                          and self.cuda)
+        # encoder "fast": a family's fast encode body where it has one (Gemma 4's vision
+        # tower, models/gemma4/vision_fast.py)
+        self.encoder = fam.make_encoder(self.use_graphs, fast=self.fast_encode) \
+            if graphed_encoder else None
+        # encode_batch (and encode_image unless encoder="reference"): the family's batched
+        # encoder where it has one (Moondream 2: graphed_batch_encoder.py)
         self.batch_encoder = fam.make_batch_encoder(
             self.use_graphs and graphed_encoder, fast=self.fast_encode, max_frames=max_batch,
             default_crops=options.crops)

@@ -18,8 +18,9 @@ models/qwen3_5/fast_family.py). The runtime only ever calls these:
   task_protocol(task, ignore_eos, room)   the host side of the task's skill protocol
                      (TaskProtocol); room: positions left after prefix + prompt
   decode(ids)        token ids -> text (the streamer's detokenizer)
-  make_encoder(use_graphs)    the fast image encoder (an object with encode(image) and
-                     capture_stream / capture_ms), or None: the reference encode_image
+  make_encoder(use_graphs, fast)   the fast image encoder (an object with encode(image) and
+                     capture_stream / capture_ms), or None: the reference encode_image;
+                     fast: the family's fast encode form where it has one (not bitwise)
   encode_image(image)         the reference encode (used when make_encoder gives None)
   make_batch_encoder(use_graphs, fast, max_frames, default_crops)   the batched encoder
                      (encode(image, crops) / encode_batch(images, crops) / prepare(shapes,
@@ -95,7 +96,7 @@ class FastFamily(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
-    def make_encoder(self, use_graphs: bool): ...
+    def make_encoder(self, use_graphs: bool, fast: bool = False): ...
 
     def encode_image(self, image) -> Any: ...
 
@@ -120,13 +121,15 @@ class ReferenceEncodeFamily:
         self.max_context = model.max_context
         self._prefixes: dict[int, Any] = {}          # id(enc) -> its PrefixState
 
-    def make_encoder(self, use_graphs: bool):
+    def make_encoder(self, use_graphs: bool, fast: bool = False):
         """The reference encode as a CUDA graph per layout where the model splits its
         encode_image (encode_inputs / encode_body / encode_result:
-        graphed_reference_encoder.py); else None: the reference encode_image."""
+        graphed_reference_encoder.py); fast: with the model's encode_body_fast where it has
+        one (Gemma 4: the fast vision tower); else None: the reference encode_image."""
         if use_graphs and hasattr(self.model, "encode_body"):
             from .graphed_reference_encoder import GraphedReferenceEncoder
-            return GraphedReferenceEncoder(self.model, use_graphs)
+            body = getattr(self.model, "encode_body_fast", None) if fast else None
+            return GraphedReferenceEncoder(self.model, use_graphs, body=body)
         return None
 
     def make_batch_encoder(self, *args, **kwargs):

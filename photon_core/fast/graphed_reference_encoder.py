@@ -8,8 +8,10 @@ host with a layout key, encode_body on the device only, encode_result). Here eac
 the body once eagerly (warm-up, on the capture stream), then captures it; a later frame copies
 its tensors into that key's static inputs and replays. Inside the graph are exactly the
 reference's calls, so the result is the reference encode's, bit for bit
-(test/core/test_qwen3_5_fast_gpu.py, test_gemma4_fast_gpu.py). use_graphs=False: the body runs
-eagerly (the CPU); so does a layout whose capture fails (capture_errors says why, and
+(test/core/test_qwen3_5_fast_gpu.py, test_gemma4_fast_gpu.py) - unless a fast body is given
+(FastEngine encoder "fast": the model's encode_body_fast, e.g. Gemma 4's fast vision tower:
+close to the reference, not bitwise). use_graphs=False: the body runs eagerly (the CPU); so
+does a layout whose capture fails (capture_errors says why, and
 FastEngine.metrics()["encoder_capture_errors"]).
 """
 from __future__ import annotations
@@ -33,9 +35,10 @@ class _Entry:
 
 
 class GraphedReferenceEncoder:
-    def __init__(self, model, use_graphs: bool):
+    def __init__(self, model, use_graphs: bool, body=None):
         self.model = model
         self.use_graphs = use_graphs
+        self.body = body or model.encode_body      # inputs -> state, device work only
         self.entries: dict[tuple, _Entry] = {}
         self.capture_ms = 0.0
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
@@ -53,13 +56,13 @@ class GraphedReferenceEncoder:
             side = self.capture_stream or torch.cuda.Stream()   # warm-up
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self.model.encode_body(static)
+                self.body(static)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(g, stream=self.capture_stream):
-                    e.state = self.model.encode_body(static)
+                    e.state = self.body(static)
                 torch.cuda.synchronize()
                 e.graph = g
             except RuntimeError as exc:
@@ -84,7 +87,7 @@ class GraphedReferenceEncoder:
             e = self._entry(inp)                      # captures a graph for a new layout
             setup_ms = self.capture_ms - captured_before
             if e.graph is None:
-                return m.encode_result(m.encode_body(inp), inp, copy=False)
+                return m.encode_result(self.body(inp), inp, copy=False)
             for k, t in inp.tensors.items():
                 e.inputs.tensors[k].copy_(t)
             e.graph.replay()

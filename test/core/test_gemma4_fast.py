@@ -142,6 +142,51 @@ def test_fused_patterns_change_no_bits(model, monkeypatch):
         assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w]), seg
 
 
+def test_fast_vision_tower_and_encode_body(model):
+    """vision_fast.FastTower (the fast encode's tower: concatenated q|k|v and gate|up GEMMs,
+    SDPA attention) against vision.tower in fp32, with and without clipped linears; the
+    engine's fast encoder (GraphedReferenceEncoder over encode_body_fast, eager on the CPU)
+    gives an encoded image whose k/v and tokens match the reference encode's."""
+    from photon_core.fast.graphed_reference_encoder import GraphedReferenceEncoder
+    from photon_core.models.gemma4 import vision
+    from photon_core.models.gemma4.vision_fast import FastTower
+    from dataclasses import replace
+    rng = np.random.default_rng(5)
+    frame = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    _, patches, positions, grid = model.image_inputs(frame)
+    w, cfg = model.weights, model.config.vision
+    want = vision.tower(w, cfg, patches, positions, grid)
+    got = FastTower(w, cfg)(patches, positions, grid)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    if not cfg.clipped_linears:          # the per-projection path of clipped checkpoints
+        tower = FastTower(w, replace(cfg, clipped_linears=True))
+        assert not tower.qkv
+        clip = dict(w)
+        for j in range(cfg.n_layers):
+            for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                      "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                for end, v in ((".input_min", -1e4), (".input_max", 1e4),
+                               (".output_min", -1e4), (".output_max", 1e4)):
+                    clip[vision.vision_layer(j, n + end)] = torch.tensor(v)
+        tower.w = clip
+        torch.testing.assert_close(tower(patches, positions, grid), want, atol=2e-5,
+                                   rtol=2e-5)
+    enc = GraphedReferenceEncoder(model, False, body=model.encode_body_fast).encode(frame)
+    ref = model.encode_image(frame)
+    assert enc.length == ref.length
+    for a, b in zip(enc.cache.k + enc.cache.v, ref.cache.k + ref.cache.v):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    t = TASKS[0]
+    fe = FastEngine(model, max_batch=1, kv_capacity=KV)
+    got, want = fe.run(enc, t), _reference(model, ref, t)[0]
+    assert (got.output, got.tokens, got.finish_reason) == (want.output, want.tokens,
+                                                           want.finish_reason)
+    fe.close()
+
+
 def test_long_prompt_sampling_and_streaming(model, encs):
     """A question of more than 128 prompt tokens takes the generic eager prefill (through
     the family's feedback embedding); a seeded sampled query draws the reference's tokens;

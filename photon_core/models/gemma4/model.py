@@ -80,6 +80,7 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         self._resize_plans: dict = {}
         self._positions: dict = {}
         self._pixel_table = None
+        self._fast_tower = None           # vision_fast.FastTower, made on first use
 
     def step_spec(self):
         """The decode step as a step program (program.py) for the runtime's backends: one
@@ -140,9 +141,17 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         patches, positions, grid = vision.preprocess(array, self.config.vision, self.max_soft_tokens)
         return array, patches, positions, grid
 
-    def image_embeddings(self, patches, positions, grid) -> torch.Tensor:
+    def image_embeddings(self, patches, positions, grid, fast: bool = False) -> torch.Tensor:
+        """Soft tokens in the text width; fast: the tower in its fast form (vision_fast.py)."""
+        tower = None
+        if fast:
+            if self._fast_tower is None:
+                from .vision_fast import FastTower
+                self._fast_tower = FastTower(self.weights, self.config.vision)
+            tower = self._fast_tower
         with torch.inference_mode():
-            return vision.encode(self.weights, self.config.vision, patches, positions, grid)
+            return vision.encode(self.weights, self.config.vision, patches, positions, grid,
+                                 tower)
 
     def prefix_ids(self, n_image_tokens: int) -> list[int]:
         c = self.config
@@ -195,14 +204,15 @@ class Gemma4Model(SplitEncode, EngineConveniences):
                 "width": array.shape[1], "height": array.shape[0], "resize": plan}
         return EncodeInputs((tuple(grid), len(ids), tuple(array.shape)), tensors, info, t0)
 
-    def encode_body(self, inp: EncodeInputs) -> KVCache:
+    def encode_body(self, inp: EncodeInputs, fast: bool = False) -> KVCache:
         """The vision tower and the decoder's pass over the image prefix (device work only):
         forward_ids' math with the image tokens' rows as one slice (the prefix's image
-        placeholders are contiguous) and no host-side count check."""
+        placeholders are contiguous) and no host-side count check. fast: the vision tower
+        in its fast form (vision_fast.py: the engine's encoder "fast"; not bitwise)."""
         t, w, info, d = self.config.text, self.weights, inp.info, inp.tensors
         image = info["resize"](d["image"]) if info["resize"] is not None else d["image"]
         patches = vision.patches_torch(image, d["table"], self.config.vision.patch_size)
-        emb = self.image_embeddings(patches, d["positions"], info["grid"])
+        emb = self.image_embeddings(patches, d["positions"], info["grid"], fast)
         if emb.shape[0] != info["n_image"]:
             raise ValueError(f"{info['n_image']} image tokens for {emb.shape[0]} image "
                              "embeddings")
@@ -213,6 +223,10 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         cache = KVCache(t, info["length"], self.device, self.dtype)
         text.decoder(w, t, x, ple, 0, cache, self.freqs, d.get("blocks"))
         return cache
+
+    def encode_body_fast(self, inp: EncodeInputs) -> KVCache:
+        """encode_body with the fast vision tower (FastEngine's encoder "fast")."""
+        return self.encode_body(inp, fast=True)
 
     def encode_result(self, cache: KVCache, inp: EncodeInputs, copy: bool,
                       setup_ms: float = 0.0) -> EncodedImage:

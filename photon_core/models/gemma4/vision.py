@@ -147,13 +147,19 @@ def tower(w, cfg: VisionCfg, patches: torch.Tensor, positions: torch.Tensor,
     cy, sy = cos_sin(positions[:, 1], f, x.dtype)
     for j in range(cfg.n_layers):
         x = _block(w, cfg, j, x, (cx, sx, cy, sy))
+    return pool_soft_tokens(w, cfg, x, grid)
+
+
+def pool_soft_tokens(w, cfg: VisionCfg, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """The tower's output [rows * cols, hidden] -> soft tokens: pool x pool average pooling,
+    x sqrt(hidden) in fp32 (optional standardization), in x's dtype."""
     rows, cols = grid
     k = cfg.pool
     pooled = x.float().view(rows // k, k, cols // k, k, -1).mean(dim=(1, 3)).reshape(-1, x.shape[-1])
     pooled = pooled * cfg.hidden ** 0.5
     if cfg.standardize:
         pooled = (pooled - w["vision_tower.std_bias"].float()) * w["vision_tower.std_scale"].float()
-    return pooled.to(dtype)
+    return pooled.to(x.dtype)
 
 
 def project(w, cfg: VisionCfg, soft: torch.Tensor) -> torch.Tensor:
@@ -161,6 +167,11 @@ def project(w, cfg: VisionCfg, soft: torch.Tensor) -> torch.Tensor:
     return rmsnorm_scaled(soft, None, cfg.eps) @ w["embed_vision.embedding_projection.weight"].T
 
 
-def encode(w, cfg: VisionCfg, patches, positions, grid) -> torch.Tensor:
+def encode(w, cfg: VisionCfg, patches, positions, grid, fast_tower=None) -> torch.Tensor:
+    """Soft tokens in the text width; fast_tower (vision_fast.FastTower): its tower instead
+    of the reference's."""
     dev = w["vision_tower.patch_embedder.input_proj.weight"].device
-    return project(w, cfg, tower(w, cfg, patches.to(dev), positions.to(dev), grid))
+    patches, positions = patches.to(dev), positions.to(dev)
+    soft = fast_tower(patches, positions, grid) if fast_tower is not None else \
+        tower(w, cfg, patches, positions, grid)
+    return project(w, cfg, soft)

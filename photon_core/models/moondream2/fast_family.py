@@ -104,9 +104,11 @@ class MoondreamFast:
     def decode(self, ids: list[int]) -> str:
         return self.model.tokenizer.decode(ids)
 
-    def make_encoder(self, use_graphs: bool):
+    def make_encoder(self, use_graphs: bool, fast: bool = False):
+        # the split encode's body, the reference's form (encoder "fast": the batched
+        # encoder's fused forms, make_batch_encoder)
         from ...fast.graphed_reference_encoder import GraphedReferenceEncoder
-        return GraphedReferenceEncoder(self.model, use_graphs)   # the split encode's body
+        return GraphedReferenceEncoder(self.model, use_graphs)
 
     def encode_image(self, image, crops: str = "overlap"):
         return self.model.encode_image(image, crops=crops)

@@ -1,0 +1,94 @@
+"""Gemma 4's vision tower in a fast form for the GPU encode (FastEngine encoder "fast", the
+default on CUDA): the math of vision.tower with fewer, larger kernels -
+
+  - q | k | v and gate | up each one GEMM over weights concatenated once (per projection
+    when the checkpoint's clipped linears clamp each projection's input differently);
+  - attention by F.scaled_dot_product_attention (scale 1.0; flash / cuDNN on the GPU): the
+    reference's fp32 score matrix [heads, N, N] and its softmax are never materialized
+    (N = 2520 patches for a 640x480 frame: 12 x 2520^2 fp32 scores per layer);
+  - the RMSNorms and the gated GELU by their Triton kernels on CUDA (ops/rmsnorm_scaled.py,
+    ops/gelu_tanh_gate.py; the torch references elsewhere).
+
+Not bitwise the reference (the attention's sums run in another order, bf16 probabilities
+are not rounded from fp32 ones): diff-tested against vision.tower (fp32 on the CPU, bf16 on
+the H200) in test_gemma4_fast.py / test_gemma4_fast_gpu.py. Pooling, the soft-token scale
+and the projection are the reference's.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...ops.gelu_tanh_gate import gelu_tanh_gate, gelu_tanh_gate_triton
+from ...ops.rmsnorm_scaled import rmsnorm_scaled, rmsnorm_scaled_triton
+from .config import VisionCfg
+from .vision import _axial_rotary, _inv_freq_on, _linear, pool_soft_tokens
+from .weights import vision_layer
+from ...ops.rotary_half import cos_sin
+
+
+class FastTower:
+    """The tower's weights as the fast form reads them (concatenated once, on their device)
+    and its forward: tower(patches, positions, grid) -> pooled soft tokens, as vision.tower."""
+
+    def __init__(self, w: dict, cfg: VisionCfg):
+        self.w, self.cfg = w, cfg
+        self.qkv, self.gate_up = [], []
+        if not cfg.clipped_linears:
+            for j in range(cfg.n_layers):
+                self.qkv.append(torch.cat([w[vision_layer(j, f"self_attn.{n}_proj.linear.weight")]
+                                           for n in "qkv"]).contiguous())
+                self.gate_up.append(torch.cat([w[vision_layer(j, f"mlp.{n}_proj.linear.weight")]
+                                               for n in ("gate", "up")]).contiguous())
+
+    def _norm(self, x: torch.Tensor, weight) -> torch.Tensor:
+        if x.is_cuda:
+            return rmsnorm_scaled_triton(x, weight, self.cfg.eps)
+        return rmsnorm_scaled(x, weight, self.cfg.eps)
+
+    def _attention(self, j: int, h: torch.Tensor, rot) -> torch.Tensor:
+        w, cfg = self.w, self.cfg
+        N, D = h.shape[0], cfg.head_dim
+        nq, nk = cfg.n_heads * D, cfg.n_kv_heads * D
+        if self.qkv:
+            q, k, v = (h @ self.qkv[j].T).split([nq, nk, nk], dim=-1)
+        else:
+            q, k, v = (_linear(w, cfg, j, f"self_attn.{n}_proj", h) for n in "qkv")
+        q = _axial_rotary(self._norm(q.reshape(N, -1, D),
+                                     w[vision_layer(j, "self_attn.q_norm.weight")]), *rot)
+        k = _axial_rotary(self._norm(k.reshape(N, -1, D),
+                                     w[vision_layer(j, "self_attn.k_norm.weight")]), *rot)
+        v = self._norm(v.reshape(N, -1, D), None)
+        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))        # [1, heads, N, D]
+        a = F.scaled_dot_product_attention(q, k, v, scale=1.0,
+                                           enable_gqa=cfg.n_heads != cfg.n_kv_heads)
+        return _linear(w, cfg, j, "self_attn.o_proj", a[0].transpose(0, 1).reshape(N, -1))
+
+    def _block(self, j: int, x: torch.Tensor, rot) -> torch.Tensor:
+        w, cfg = self.w, self.cfg
+
+        def norm(t, name):
+            return self._norm(t, w[vision_layer(j, name + ".weight")])
+
+        x = x + norm(self._attention(j, norm(x, "input_layernorm"), rot),
+                     "post_attention_layernorm")
+        h = norm(x, "pre_feedforward_layernorm")
+        if self.gate_up:
+            g, u = (h @ self.gate_up[j].T).chunk(2, dim=-1)
+        else:
+            g, u = (_linear(w, cfg, j, f"mlp.{n}_proj", h) for n in ("gate", "up"))
+        m = gelu_tanh_gate_triton(g, u) if g.is_cuda else gelu_tanh_gate(g, u)
+        return x + norm(_linear(w, cfg, j, "mlp.down_proj", m), "post_feedforward_layernorm")
+
+    def __call__(self, patches: torch.Tensor, positions: torch.Tensor,
+                 grid: tuple[int, int]) -> torch.Tensor:
+        w, cfg = self.w, self.cfg
+        dtype = w["vision_tower.patch_embedder.input_proj.weight"].dtype
+        table = w["vision_tower.patch_embedder.position_embedding_table"]
+        x = (2 * (patches - 0.5)).to(dtype) @ w["vision_tower.patch_embedder.input_proj.weight"].T
+        x = x + table[0][positions[:, 0]] + table[1][positions[:, 1]]
+        f = _inv_freq_on(positions.device, cfg.head_dim // 2, cfg.rope_theta)
+        rot = (*cos_sin(positions[:, 0], f, x.dtype), *cos_sin(positions[:, 1], f, x.dtype))
+        for j in range(cfg.n_layers):
+            x = self._block(j, x, rot)
+        return pool_soft_tokens(w, cfg, x, grid)
