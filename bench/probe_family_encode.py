@@ -46,7 +46,7 @@ def stages_of(family: str, model) -> list[tuple[object, str, str]]:
     return [(model, "encode_inputs", "host inputs (CPU)"),
             (gv, "patches_torch", "patches (device)"),
             (model, "image_embeddings", "vision tower"),
-            (text, "decoder", "prefix prefill")]
+            (text, "prefix_kv", "prefix prefill")]
 
 
 @contextlib.contextmanager

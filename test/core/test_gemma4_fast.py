@@ -142,6 +142,33 @@ def test_fused_patterns_change_no_bits(model, monkeypatch):
         assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w]), seg
 
 
+def test_encode_runs_only_the_layers_that_store_kv(model, monkeypatch):
+    """encode_body's text.prefix_kv (layers 0 .. first_shared - 1; the KV-shared layers
+    store no k/v) gives forward_ids' cache over the whole decoder, bit for bit."""
+    from photon_core.models.gemma4 import text
+    from photon_core.models.gemma4.kv_cache import KVCache
+    t = model.config.text
+    assert 0 < t.first_shared < t.n_layers
+    frame = np.random.default_rng(9).integers(0, 256, (36, 30, 3), dtype=np.uint8)
+    ran = []
+    layer = text.layer
+    monkeypatch.setattr(text, "layer", lambda w, cfg, i, *a, **k: (ran.append(i),
+                                                                    layer(w, cfg, i, *a,
+                                                                          **k))[1])
+    enc = model.encode_image(frame)
+    assert ran == list(range(t.first_shared))
+    _, patches, positions, grid = model.image_inputs(frame)
+    emb = model.image_embeddings(patches, positions, grid)
+    ids = model.prefix_ids(emb.shape[0])
+    full = KVCache(t, len(ids), model.device, model.dtype)
+    ran.clear()
+    with torch.inference_mode():
+        model.forward_ids(torch.tensor(ids), 0, full, emb)
+    assert ran == list(range(t.n_layers))
+    for a, b in zip(enc.cache.k + enc.cache.v, full.k + full.v):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
 def test_fast_vision_tower_and_encode_body(model):
     """vision_fast.FastTower (the fast encode's tower: concatenated q|k|v and gate|up GEMMs,
     SDPA attention) against vision.tower in fp32, with and without clipped linears; the

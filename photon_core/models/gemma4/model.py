@@ -221,7 +221,10 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         x[first:first + emb.shape[0]] = emb.to(x.dtype)
         ple = text.per_layer_inputs(w, t, d["safe_ids"], x)
         cache = KVCache(t, info["length"], self.device, self.dtype)
-        text.decoder(w, t, x, ple, 0, cache, self.freqs, d.get("blocks"))
+        # the prefix's k/v only: the KV-shared layers, which store none, do not run; the
+        # fast form's norms / gated GELUs as Triton kernels on CUDA
+        text.prefix_kv(w, t, x, ple, cache, self.freqs, d.get("blocks"),
+                       text.FAST if fast and x.is_cuda else text.REFERENCE)
         return cache
 
     def encode_body_fast(self, inp: EncodeInputs) -> KVCache:

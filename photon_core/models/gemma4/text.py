@@ -18,11 +18,13 @@ optional logit soft-capping.
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
-from ...ops.gelu_tanh_gate import gelu_tanh_gate
+from ...ops.gelu_tanh_gate import gelu_tanh_gate, gelu_tanh_gate_triton
 from ...ops.logit_softcap import logit_softcap
-from ...ops.rmsnorm_scaled import rmsnorm_scaled
+from ...ops.rmsnorm_scaled import rmsnorm_scaled, rmsnorm_scaled_triton
 from ...ops.rotary_half import apply_rotary_half, cos_sin, inv_freq
 from ...ops.sliding_window_attention import sliding_window_decode, window_attention
 from .config import SLIDING, TextCfg
@@ -30,6 +32,18 @@ from .kv_cache import KVCache
 from .weights import lm_head, text_layer
 
 ATTENTION_SCALE = 1.0
+
+
+class NormOps(NamedTuple):
+    """The RMSNorm and the gated GELU a pass uses: the references (torch ops, the default),
+    or their Triton kernels (FAST: the fast encode's prefix pass on CUDA, one launch each
+    instead of ~8 torch ops; the same math, not the same bits)."""
+    norm: Callable = rmsnorm_scaled
+    gate: Callable = gelu_tanh_gate
+
+
+REFERENCE = NormOps()
+FAST = NormOps(rmsnorm_scaled_triton, gelu_tanh_gate_triton)
 
 
 def rope_freqs(cfg: TextCfg) -> dict[str, torch.Tensor]:
@@ -63,20 +77,21 @@ def per_layer_inputs(w, cfg: TextCfg, ple_ids: torch.Tensor, x: torch.Tensor) ->
     return (ctx + token) * 2.0 ** -0.5
 
 
-def _qkv(w, cfg: TextCfg, i: int, h: torch.Tensor, cos, sin, cache: KVCache, pos0: int):
+def _qkv(w, cfg: TextCfg, i: int, h: torch.Tensor, cos, sin, cache: KVCache, pos0: int,
+         ops: NormOps = REFERENCE):
     """Queries [Hq, S, D]; for a layer that computes k/v, writes them to the cache."""
     D = cfg.head_dim_of(i)
     S = h.shape[0]
     q = (h @ w[text_layer(i, "self_attn.q_proj.weight")].T).view(S, -1, D)
-    q = apply_rotary_half(rmsnorm_scaled(q, w[text_layer(i, "self_attn.q_norm.weight")], cfg.eps),
+    q = apply_rotary_half(ops.norm(q, w[text_layer(i, "self_attn.q_norm.weight")], cfg.eps),
                           cos, sin)
     if i < cfg.first_shared:
         k_raw = (h @ w[text_layer(i, "self_attn.k_proj.weight")].T).view(S, -1, D)
         v_raw = k_raw if cfg.k_eq_v_of(i) else \
             (h @ w[text_layer(i, "self_attn.v_proj.weight")].T).view(S, -1, D)
         k = apply_rotary_half(
-            rmsnorm_scaled(k_raw, w[text_layer(i, "self_attn.k_norm.weight")], cfg.eps), cos, sin)
-        v = rmsnorm_scaled(v_raw, None, cfg.eps)
+            ops.norm(k_raw, w[text_layer(i, "self_attn.k_norm.weight")], cfg.eps), cos, sin)
+        v = ops.norm(v_raw, None, cfg.eps)
         cache.write(i, pos0, k.transpose(0, 1), v.transpose(0, 1))
     return q.transpose(0, 1)
 
@@ -87,11 +102,11 @@ def rotary_tables(cfg: TextCfg, freqs, positions: torch.Tensor, dtype) -> dict:
 
 
 def attention(w, cfg: TextCfg, i: int, h: torch.Tensor, pos0: int, cache: KVCache, rot: dict,
-              blocks: torch.Tensor | None = None) -> torch.Tensor:
+              blocks: torch.Tensor | None = None, ops: NormOps = REFERENCE) -> torch.Tensor:
     S = h.shape[0]
     ty = cfg.layer_types[i]
     positions = torch.arange(pos0, pos0 + S, device=h.device)
-    q = _qkv(w, cfg, i, h, *rot[ty], cache, pos0)
+    q = _qkv(w, cfg, i, h, *rot[ty], cache, pos0, ops)
     src = cfg.kv_source(i)
     window = cfg.sliding_window if ty == SLIDING else None
     end = pos0 + S
@@ -105,27 +120,29 @@ def attention(w, cfg: TextCfg, i: int, h: torch.Tensor, pos0: int, cache: KVCach
     return a @ w[text_layer(i, "self_attn.o_proj.weight")].T
 
 
-def mlp(w, i: int, h: torch.Tensor) -> torch.Tensor:
+def mlp(w, i: int, h: torch.Tensor, ops: NormOps = REFERENCE) -> torch.Tensor:
     g = h @ w[text_layer(i, "mlp.gate_proj.weight")].T
     u = h @ w[text_layer(i, "mlp.up_proj.weight")].T
-    return gelu_tanh_gate(g, u) @ w[text_layer(i, "mlp.down_proj.weight")].T
+    return ops.gate(g, u) @ w[text_layer(i, "mlp.down_proj.weight")].T
 
 
-def per_layer_residual(w, i: int, x: torch.Tensor, ple_i: torch.Tensor) -> torch.Tensor:
+def per_layer_residual(w, i: int, x: torch.Tensor, ple_i: torch.Tensor,
+                       ops: NormOps = REFERENCE) -> torch.Tensor:
     g = x @ w[text_layer(i, "per_layer_input_gate.weight")].T
-    return gelu_tanh_gate(g, ple_i) @ w[text_layer(i, "per_layer_projection.weight")].T
+    return ops.gate(g, ple_i) @ w[text_layer(i, "per_layer_projection.weight")].T
 
 
-def layer(w, cfg: TextCfg, i: int, x, ple, pos0: int, cache: KVCache, rot: dict, blocks=None):
+def layer(w, cfg: TextCfg, i: int, x, ple, pos0: int, cache: KVCache, rot: dict, blocks=None,
+          ops: NormOps = REFERENCE):
     def norm(t, name):
-        return rmsnorm_scaled(t, w[text_layer(i, name + ".weight")], cfg.eps)
+        return ops.norm(t, w[text_layer(i, name + ".weight")], cfg.eps)
 
-    a = attention(w, cfg, i, norm(x, "input_layernorm"), pos0, cache, rot, blocks)
+    a = attention(w, cfg, i, norm(x, "input_layernorm"), pos0, cache, rot, blocks, ops)
     x = x + norm(a, "post_attention_layernorm")
-    m = mlp(w, i, norm(x, "pre_feedforward_layernorm"))
+    m = mlp(w, i, norm(x, "pre_feedforward_layernorm"), ops)
     x = x + norm(m, "post_feedforward_layernorm")
     if ple is not None:
-        x = x + norm(per_layer_residual(w, i, x, ple[:, i]), "post_per_layer_input_norm")
+        x = x + norm(per_layer_residual(w, i, x, ple[:, i], ops), "post_per_layer_input_norm")
     return x * w[text_layer(i, "layer_scalar")]
 
 
@@ -136,6 +153,18 @@ def decoder(w, cfg: TextCfg, x: torch.Tensor, ple, pos0: int, cache: KVCache, fr
     for i in range(cfg.n_layers):
         x = layer(w, cfg, i, x, ple, pos0, cache, rot, blocks)
     return rmsnorm_scaled(x, w["language_model.norm.weight"], cfg.eps)
+
+
+def prefix_kv(w, cfg: TextCfg, x: torch.Tensor, ple, cache: KVCache, freqs,
+              blocks: torch.Tensor | None = None, ops: NormOps = REFERENCE) -> None:
+    """decoder's k/v of a prefix at position 0, into cache, without its hidden states: only
+    the layers that store k/v run (0 .. first_shared - 1). The KV-shared layers after them
+    read their source layer's k/v and change only the hidden states, which nothing in the
+    cache depends on - so the cache is decoder's, bit for bit, for (first_shared /
+    n_layers) of its work (E2B: 15 of 35 layers). ops: FAST for the fast encode."""
+    rot = rotary_tables(cfg, freqs, torch.arange(x.shape[0], device=x.device), x.dtype)
+    for i in range(cfg.first_shared):
+        x = layer(w, cfg, i, x, ple, 0, cache, rot, blocks, ops)
 
 
 def logits(w, cfg: TextCfg, h: torch.Tensor) -> torch.Tensor:
