@@ -165,3 +165,23 @@ def test_bad_inputs(model):
         model.encode_image(np.zeros((10, 10), np.uint8))
     with pytest.raises(ValueError):
         model.start(np.zeros((40, 40, 3), np.uint8), Task("query", question=""))
+
+
+def test_vision_grid_tables_kept_per_grid(model):
+    """The encode keeps each grid's position table and rotary (vision.grid_tables) and
+    reuses them: the tower's output with the kept tables is vision.encode's without them,
+    bit for bit, and a second frame of the grid makes no new ones."""
+    from photon_core.models.qwen3_5 import vision
+    from photon_core.models.qwen3_5.image_processor import preprocess
+    rng = np.random.default_rng(4)
+    frames = [rng.integers(0, 256, (64, 96, 3), dtype=np.uint8) for _ in range(2)]
+    model._grid_tables.clear()
+    encs = [model.encode_image(f) for f in frames]
+    assert len(model._grid_tables) == 1
+    tables = next(iter(model._grid_tables.values()))
+    patches, grid = preprocess(frames[1], model.image_config)
+    p = torch.from_numpy(patches)
+    cfg = model.config.vision
+    assert torch.equal(vision.encode(model.weights, cfg, p, grid, tables),
+                       vision.encode(model.weights, cfg, p, grid))
+    assert len(encs) == 2 and len(model._grid_tables) == 1

@@ -70,6 +70,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         self.stats: Counter = Counter()   # grounding_parse_errors, grounding_skipped_entries
         self._table = None                # image_processor.normalize_table on the device
         self._resize_plans: dict = {}     # (in h, in w, h, w) -> the BICUBIC ResizePlan
+        self._grid_tables: dict = {}      # grid -> vision.grid_tables (made on first use)
 
     @property
     def device(self) -> torch.device:
@@ -135,7 +136,13 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         w, cfg, info, t = self.weights, self.config, inp.info, inp.tensors
         image = info["resize"](t["image"]) if info["resize"] is not None else t["image"]
         patches = patches_torch(image, t["table"], self.image_config)
-        feats = vision.encode(w, cfg.vision, patches, info["grid"])
+        grid = info["grid"]
+        tables = self._grid_tables.get(grid)
+        if tables is None:
+            dt = w[vision.V + "patch_embed.proj.weight"].dtype
+            tables = self._grid_tables[grid] = vision.grid_tables(w, cfg.vision, grid,
+                                                                  self.device, dt)
+        feats = vision.encode(w, cfg.vision, patches, grid, tables)
         x = decoder.embed(w, t["ids"])
         first, n = info["first"], info["n_image"]
         x[first:first + n] = feats.to(x.dtype)
