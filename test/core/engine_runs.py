@@ -97,3 +97,40 @@ def graphed_encodes(fe, model, shapes, seed: int = 7, layouts: int | None = None
     want = len(set(shapes)) if layouts is None else layouts
     assert len(fe.encoder.entries) == want and fe.encoder.capture_ms > 0
     return [(enc, model.encode_image(f)) for f, enc in zip(frames, encs)]
+
+
+def fast_encode_follows_reference(load, shapes, tensors_of, kv: int = 512) -> dict:
+    """FastEngine's default encoder on CUDA ("fast": the model's encode_body_fast in the
+    graphed encoder) against the reference encode_image: load(dtype) -> the model;
+    tensors_of(encoded image) -> its state tensors (None entries skipped). fp32: every
+    tensor within 2e-4 (relative to 1 + its largest value) of the reference encode's; bf16:
+    each tensor's error against the fp32 reference encode at most 3x the bf16 reference
+    encode's own + 1e-3 of its scale. Returns {"bf16_worst_ratio": ...}."""
+    from photon_core.fast import FastEngine
+    m32 = load("fp32")
+    ref_fe = FastEngine(m32, max_batch=1, kv_capacity=kv, encoder="reference")
+    exact = [ref for _, ref in graphed_encodes(ref_fe, m32, shapes)]
+    ref_fe.close()
+    worst = 0.0
+    for dtype in ("fp32", "bf16"):
+        m = m32 if dtype == "fp32" else load(dtype)
+        fe = FastEngine(m, max_batch=1, kv_capacity=kv)
+        assert fe.encoder is not None and fe.encoder.body == m.encode_body_fast
+        pairs = graphed_encodes(fe, m, shapes)
+        assert all(e.graph is not None for e in fe.encoder.entries.values())
+        for (enc, ref), ex in zip(pairs, exact):
+            for a, b, c in zip(tensors_of(enc), tensors_of(ref), tensors_of(ex)):
+                if a is None:
+                    continue
+                c = c.float()
+                scale = c.abs().max().item()
+                e_fast = (a.float() - c).abs().max().item()
+                if dtype == "fp32":
+                    assert e_fast <= 2e-4 * (1 + scale), e_fast
+                else:
+                    e_ref = (b.float() - c).abs().max().item()
+                    worst = max(worst, e_fast / max(e_ref, 1e-6))
+                    assert e_fast <= 3 * e_ref + 1e-3 * scale, (e_fast, e_ref, scale)
+        fe.close()
+    print(f"bf16: fast / reference encode error, worst tensor: {worst:.2f}")
+    return {"bf16_worst_ratio": worst}

@@ -142,6 +142,30 @@ def test_fused_delta_net_runs_as_one_launch(model, monkeypatch):
         torch.testing.assert_close(s1[key], s0[key], atol=1e-5, rtol=1e-5)
 
 
+def test_fused_norms_prefix_pass(model):
+    """decoder.forward(fused_norms=True) (the fast encode's image-prefix pass: the norms, the
+    residual adds and the MLP's gate as Triton kernels) over a 20-token prompt: the hidden
+    states and every layer's state within fp32 rounding of the torch pass."""
+    from photon_core.models.qwen3_5 import decoder
+    from photon_core.models.qwen3_5.state import HybridState
+    _fused_ok("on")
+    t = model.config.text
+    x = torch.randn(20, t.hidden_size, generator=torch.Generator().manual_seed(2))
+    pos = decoder.text_positions(0, 20, "cpu")
+    outs = []
+    for fused in (False, True):
+        st = HybridState.empty(t, 24, "cpu", model.dtype)
+        outs.append((decoder.forward(model.weights, t, x.clone(), pos, st, fused_norms=fused),
+                     st))
+    (h0, s0), (h1, s1) = outs
+    torch.testing.assert_close(h1, h0, atol=2e-5, rtol=2e-5)
+    for part in ("k", "v", "conv", "recurrent"):
+        d1, d0 = getattr(s1, part), getattr(s0, part)
+        assert d1.keys() == d0.keys() and d1
+        for i in d1:
+            torch.testing.assert_close(d1[i], d0[i], atol=2e-5, rtol=2e-5)
+
+
 def test_long_prompt_and_streaming(model, encs):
     """A question of more than 128 prompt tokens takes the generic eager prefill; streamed
     deltas concatenate to the answer."""

@@ -13,7 +13,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_runs import graphed_encodes  # noqa: E402
+from engine_runs import fast_encode_follows_reference, graphed_encodes  # noqa: E402
 
 
 def _tasks():
@@ -85,7 +85,7 @@ def test_graphed_encode_is_the_reference_encode(ckpt, dtype):
     from photon_core.models import qwen3_5
 
     m = qwen3_5.load_model(str(ckpt), device="cuda", dtype=dtype)
-    fe = FastEngine(m, max_batch=1, kv_capacity=512)
+    fe = FastEngine(m, max_batch=1, kv_capacity=512, encoder="reference")
     pairs = graphed_encodes(fe, m, ((96, 128, 3), (96, 128, 3), (64, 64, 3)))
     for enc, ref in pairs:
         s, r = enc.state, ref.state
@@ -101,3 +101,21 @@ def test_graphed_encode_is_the_reference_encode(ckpt, dtype):
     layer = next(iter(a.state.k))
     assert a.state.k[layer].data_ptr() != b.state.k[layer].data_ptr()
     fe.close()
+
+
+def test_fast_encode_follows_the_reference_encode(ckpt):
+    """FastEngine's default encoder on CUDA ("fast": the image prefix's norms, residual adds
+    and MLP gates as Triton kernels, decoder.forward(fused_norms=True)) against the
+    reference encode_image (engine_runs.fast_encode_follows_reference: fp32 within 2e-4,
+    bf16 at most 3x the bf16 reference encode's error against fp32)."""
+    from photon_core.models import qwen3_5
+
+    def state(enc):
+        s = enc.state
+        return ([s.k[i][..., :s.length, :] for i in s.k] +
+                [s.v[i][..., :s.length, :] for i in s.v] + list(s.conv.values()) +
+                list(s.recurrent.values()))
+
+    fast_encode_follows_reference(
+        lambda dtype: qwen3_5.load_model(str(ckpt), device="cuda", dtype=dtype),
+        ((96, 128, 3), (96, 128, 3), (64, 64, 3)), state)

@@ -18,6 +18,9 @@ beside each op's reference (fused residual add + norm, conv step, delta-rule ste
 fused q/k norm + M-RoPE written straight into the k cache, split-sequence gated attention);
 a prefill (T > 1) uses only the chunked delta-rule kernel, the rest stays torch. Off by
 default (on the CPU the kernels only run under TRITON_INTERPRET=1, for tests).
+forward(..., fused_norms=True) (the engine's fast image-prefix encode, T > 1): every
+zero-centred / gated RMSNorm (the residual add fused in) and the MLP's SiLU(gate) * up as
+one Triton launch each instead of a handful of torch ops: the same math, not the same bits.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from ...ops.gqa_attention import gated_gqa_decode_triton, gqa_attention
 from ...ops.mrope import apply_rope, mrope_cos_sin, qk_norm_rope_triton
 from ...ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_triton
 from ...ops.rmsnorm_zero_centred import rmsnorm_zero_centred, rmsnorm_zero_centred_triton
+from ...ops.silu_gate import silu_gate_triton
 from .config import TextConfig
 from .state import HybridState
 
@@ -42,14 +46,15 @@ def embed(w: dict, ids: torch.Tensor) -> torch.Tensor:
     return F.embedding(ids, w[L + "embed_tokens.weight"])
 
 
-def mlp(w: dict, i: int, x: torch.Tensor) -> torch.Tensor:
+def mlp(w: dict, i: int, x: torch.Tensor, kernel: bool = False) -> torch.Tensor:
     p = f"{L}layers.{i}.mlp."
-    return F.linear(F.silu(F.linear(x, w[p + "gate_proj.weight"])) * F.linear(x, w[p + "up_proj.weight"]),
+    g, u = F.linear(x, w[p + "gate_proj.weight"]), F.linear(x, w[p + "up_proj.weight"])
+    return F.linear(silu_gate_triton(g, u) if kernel else F.silu(g) * u,
                     w[p + "down_proj.weight"])
 
 
 def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridState,
-             kernels: bool = False) -> torch.Tensor:
+             kernels: bool = False, fused_norms: bool = False) -> torch.Tensor:
     """x [T, D] (normed) -> [T, D]; updates state.conv[i], state.recurrent[i]."""
     p = f"{L}layers.{i}.linear_attn."
     t = x.shape[0]
@@ -81,13 +86,14 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
                                         state.recurrent[i])
         o = o[0]                                                           # [T, Hv, Dv]
     z = F.linear(x, w[p + "in_proj_z.weight"]).reshape(t, hv, dv)
-    o = (rmsnorm_gated_triton if kernels and t == 1 else rmsnorm_gated)(
+    o = (rmsnorm_gated_triton if kernels and t == 1 or fused_norms else rmsnorm_gated)(
         o, z, w[p + "norm.weight"], cfg.rms_norm_eps)
     return F.linear(o.reshape(t, hv * dv), w[p + "out_proj.weight"])
 
 
 def attention(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, cos, sin,
-              state: HybridState, kernels: bool = False) -> torch.Tensor:
+              state: HybridState, kernels: bool = False, fused_norms: bool = False
+              ) -> torch.Tensor:
     """x [T, D] (normed) -> [T, D]; writes k/v at state.length .. + T."""
     p = f"{L}layers.{i}.self_attn."
     t, hq, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -95,9 +101,10 @@ def attention(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, cos, sin,
     if kernels and t == 1:
         return _attention_step_kernels(w, cfg, i, x, qg[0], cos, sin, state)
     q, gate = qg[..., :d], qg[..., d:].reshape(t, hq * d)
-    q = rmsnorm_zero_centred(q, w[p + "q_norm.weight"], cfg.rms_norm_eps).transpose(0, 1)
+    norm = rmsnorm_zero_centred_triton if fused_norms else rmsnorm_zero_centred
+    q = norm(q, w[p + "q_norm.weight"], cfg.rms_norm_eps).transpose(0, 1)
     k = F.linear(x, w[p + "k_proj.weight"]).reshape(t, hkv, d)
-    k = rmsnorm_zero_centred(k, w[p + "k_norm.weight"], cfg.rms_norm_eps).transpose(0, 1)
+    k = norm(k, w[p + "k_norm.weight"], cfg.rms_norm_eps).transpose(0, 1)
     v = F.linear(x, w[p + "v_proj.weight"]).reshape(t, hkv, d).transpose(0, 1)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     start = state.length
@@ -141,27 +148,30 @@ def text_positions(start: int, t: int, device) -> torch.Tensor:
 
 
 def forward(w: dict, cfg: TextConfig, x: torch.Tensor, positions: torch.Tensor,
-            state: HybridState, use_kernels: bool | None = False) -> torch.Tensor:
+            state: HybridState, use_kernels: bool | None = False,
+            fused_norms: bool = False) -> torch.Tensor:
     """x [T, D] embeddings, positions [3, T] -> final-normed hidden [T, D]; advances state.
     use_kernels: a decode step (T == 1) runs through the Triton kernels, a prefill through the
-    chunked delta-rule kernel; None: kernels when x is on a GPU."""
+    chunked delta-rule kernel; None: kernels when x is on a GPU. fused_norms: the norms and
+    the MLP's gate as Triton kernels (module docstring)."""
     if use_kernels is None:
         use_kernels = x.is_cuda
     kern = use_kernels and x.shape[0] == 1          # the one-token kernels
+    fn = fused_norms or kern
     eps = cfg.rms_norm_eps
     cos, sin = mrope_cos_sin(positions, cfg.rot_dim, cfg.rope_theta, cfg.mrope_section, x.dtype)
     delta = None                         # the residual branch not yet added to x
     for i, kind in enumerate(cfg.layer_types):
         p = f"{L}layers.{i}."
-        x, h = _add_norm(x, delta, w[p + "input_layernorm.weight"], eps, kern)
+        x, h = _add_norm(x, delta, w[p + "input_layernorm.weight"], eps, fn)
         if kind == "linear_attention":
-            delta = deltanet(w, cfg, i, h, state, use_kernels)
+            delta = deltanet(w, cfg, i, h, state, use_kernels, fused_norms)
         else:
-            delta = attention(w, cfg, i, h, cos, sin, state, kern)
-        x, h = _add_norm(x, delta, w[p + "post_attention_layernorm.weight"], eps, kern)
-        delta = mlp(w, i, h)
+            delta = attention(w, cfg, i, h, cos, sin, state, kern, fused_norms)
+        x, h = _add_norm(x, delta, w[p + "post_attention_layernorm.weight"], eps, fn)
+        delta = mlp(w, i, h, fused_norms)
     state.length += x.shape[0]
-    return _add_norm(x, delta, w[L + "norm.weight"], eps, kern)[1]
+    return _add_norm(x, delta, w[L + "norm.weight"], eps, fn)[1]
 
 
 def logits(w: dict, hidden: torch.Tensor) -> torch.Tensor:

@@ -128,7 +128,12 @@ class Qwen35Model(SplitEncode, EngineConveniences):
                 "resize": plan}
         return EncodeInputs((tuple(grid), len(ids), tuple(array.shape)), tensors, info, t0)
 
-    def encode_body(self, inp: EncodeInputs) -> HybridState:
+    def encode_body_fast(self, inp: EncodeInputs) -> HybridState:
+        """encode_body with the prefix pass's norms as Triton kernels on CUDA (FastEngine's
+        encoder "fast": decoder.forward(fused_norms=True); close, not bitwise)."""
+        return self.encode_body(inp, fast=True)
+
+    def encode_body(self, inp: EncodeInputs, fast: bool = False) -> HybridState:
         """The vision tower and the decoder's pass over the image prefix (device work only).
         (The chunked delta-rule kernel, decoder.forward(use_kernels=True), was measured 2.3x
         slower here than the torch form at a 640x480 frame's prefix: docs/benchmarks.md,
@@ -147,7 +152,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         first, n = info["first"], info["n_image"]
         x[first:first + n] = feats.to(x.dtype)
         state = HybridState.empty(cfg.text, len(info["ids"]), self.device, self.dtype)
-        decoder.forward(w, cfg.text, x, t["pos"], state)
+        decoder.forward(w, cfg.text, x, t["pos"], state, fused_norms=fast and x.is_cuda)
         return state
 
     def encode_result(self, state: HybridState, inp: EncodeInputs, copy: bool,
