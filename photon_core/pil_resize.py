@@ -217,6 +217,26 @@ class ResizePlan:
         return x
 
 
+class ResizePlans:
+    """A model's ResizePlans by frame size (a camera's frames share one): `for_size(in_h,
+    in_w, h, w)` -> the plan of that resize, made on first use, or None when the sizes are
+    equal (the frame is used as it is)."""
+
+    def __init__(self, device, filt: str):
+        self.device, self.filt = device, filt
+        self.plans: dict[tuple[int, int, int, int], ResizePlan] = {}
+
+    def for_size(self, in_height: int, in_width: int, height: int, width: int
+                 ) -> ResizePlan | None:
+        if (in_height, in_width) == (height, width):
+            return None
+        key = (in_height, in_width, height, width)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = ResizePlan(*key, self.device, self.filt)
+        return plan
+
+
 def _resize(image: torch.Tensor, height: int, width: int, filt: str) -> torch.Tensor:
     if image.dtype != torch.uint8 or image.dim() != 3:
         raise ValueError(f"expected a uint8 [H, W, C] tensor, got {image.dtype} "

@@ -24,6 +24,7 @@ import torch
 
 from ._triton import HAVE_TRITON, tl, triton
 from .gated_delta_net import conv1d_rows, delta_rule_rows
+from .gated_delta_rule import check_rows_state
 from .rmsnorm_gated import rmsnorm_gated
 
 if HAVE_TRITON:     # the one-token math of the delta rule kernels
@@ -164,11 +165,7 @@ def delta_net_rows_triton(qkv: torch.Tensor, z: torch.Tensor, b_in: torch.Tensor
             or kw < 2:
         raise ValueError(f"conv state {tuple(conv_state.shape)} does not fit [>={b}, {c}, "
                          f"{kw - 1}]")
-    if state.dtype != torch.float32 or state.shape[0] < b or state.shape[1:] != (hv, dk, dv) \
-            or state[0].stride() != (dk * dv, dv, 1):
-        raise ValueError(f"state must be fp32 [>={b}, {hv}, {dk}, {dv}], inner dims contiguous")
-    if active is not None and (active.shape != (b,) or active.dtype != torch.bool):
-        raise ValueError(f"active must be a [{b}] bool tensor")
+    check_rows_state(state, active, b, dims)
     conv_weight = conv_weight.reshape(c, kw).contiguous()
     qkv, z, b_in, a_in = (t if t.stride(-1) == 1 else t.contiguous()
                           for t in (qkv, z, b_in, a_in))

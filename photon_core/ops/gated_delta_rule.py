@@ -251,6 +251,18 @@ if triton is not None:
         tl.store(o_ptr + bi * s_o + h * DV + dv, o.to(o_ptr.dtype.element_ty), mask=vmask)
 
 
+def check_rows_state(state: torch.Tensor, active: torch.Tensor | None, b: int,
+                     dims: tuple[int, int, int, int]) -> None:
+    """The rows kernels' delta state [>= b, Hv, Dk, Dv] fp32 (inner dims contiguous) and
+    active [b] bool (or None), else a ValueError."""
+    _, hv, dk, dv = dims
+    if state.dtype != torch.float32 or state.shape[0] < b or state.shape[1:] != (hv, dk, dv) \
+            or state[0].stride() != (dk * dv, dv, 1):
+        raise ValueError(f"state must be fp32 [>={b}, {hv}, {dk}, {dv}], inner dims contiguous")
+    if active is not None and (active.shape != (b,) or active.dtype != torch.bool):
+        raise ValueError(f"active must be a [{b}] bool tensor")
+
+
 def gated_delta_rows_triton(qkv: torch.Tensor, b_in: torch.Tensor, a_in: torch.Tensor,
                             a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
                             dims: tuple[int, int, int, int], active: torch.Tensor | None = None,
@@ -271,11 +283,7 @@ def gated_delta_rows_triton(qkv: torch.Tensor, b_in: torch.Tensor, a_in: torch.T
             a_in.shape != (b, hv) or hv % hk or a_log.shape != (hv,) or dt_bias.shape != (hv,):
         raise ValueError(f"gated_delta_rows_triton: shapes qkv {tuple(qkv.shape)}, b_in "
                          f"{tuple(b_in.shape)}, a_in {tuple(a_in.shape)} do not fit {dims}")
-    if state.dtype != torch.float32 or state.shape[0] < b or state.shape[1:] != (hv, dk, dv) \
-            or state[0].stride() != (dk * dv, dv, 1):
-        raise ValueError(f"state must be fp32 [>={b}, {hv}, {dk}, {dv}], inner dims contiguous")
-    if active is not None and (active.shape != (b,) or active.dtype != torch.bool):
-        raise ValueError(f"active must be a [{b}] bool tensor")
+    check_rows_state(state, active, b, dims)
     qkv, b_in, a_in = (t if t.stride(-1) == 1 else t.contiguous() for t in (qkv, b_in, a_in))
     if out is None:
         out = torch.empty(b, hv * dv, dtype=qkv.dtype, device=qkv.device)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ...moondream.image_input import MAX_SIDE, to_rgb_array
-from ...pil_resize import ResizePlan
+from ...pil_resize import ResizePlans
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task
@@ -75,9 +75,9 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         self.freqs = {k: f.to(emb0.device) for k, f in text.rope_freqs(config.text).items()}
         emb = weights["language_model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
-        # the device encode's per-layout pieces (encode_inputs): BICUBIC resize plans by (in h,
-        # in w, h, w), patch positions by grid, vision.pixel_table on the device
-        self._resize_plans: dict = {}
+        # the device encode's per-layout pieces (encode_inputs): BICUBIC resize plans by frame
+        # size, patch positions by grid, vision.pixel_table on the device
+        self._resize_plans = ResizePlans(self.device, "bicubic")
         self._positions: dict = {}
         self._pixel_table = None
         self._fast_tower = None           # vision_fast.FastTower, made on first use
@@ -174,12 +174,7 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         th, tw = vision.target_size(array.shape[0], array.shape[1], vc.patch_size, vc.pool,
                                     self.max_soft_tokens)
         grid = (th // vc.patch_size, tw // vc.patch_size)
-        plan = None
-        if (th, tw) != array.shape[:2]:
-            key = (array.shape[0], array.shape[1], th, tw)
-            plan = self._resize_plans.get(key)
-            if plan is None:
-                plan = self._resize_plans[key] = ResizePlan(*key, dev, "bicubic")
+        plan = self._resize_plans.for_size(array.shape[0], array.shape[1], th, tw)
         positions = self._positions.get(grid)
         if positions is None:
             positions = self._positions[grid] = vision.grid_positions(*grid, dev)

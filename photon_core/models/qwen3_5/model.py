@@ -18,7 +18,7 @@ from ...engine_conveniences import EngineConveniences
 from ...split_encode import EncodeInputs, SplitEncode
 from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
-from ...pil_resize import ResizePlan
+from ...pil_resize import ResizePlans
 from .image_processor import (ImageProcessorConfig, normalize_table, patches_torch,
                               resized_size)
 from .prompts import ChatPrompts, instruction
@@ -69,7 +69,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         self.image_config, self.model_id, self.max_context = image_config, model_id, max_context
         self.stats: Counter = Counter()   # grounding_parse_errors, grounding_skipped_entries
         self._table = None                # image_processor.normalize_table on the device
-        self._resize_plans: dict = {}     # (in h, in w, h, w) -> the BICUBIC ResizePlan
+        self._resize_plans = ResizePlans(self.device, "bicubic")   # by frame size
         self._grid_tables: dict = {}      # grid -> vision.grid_tables (made on first use)
 
     @property
@@ -100,12 +100,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         p = self.image_config.patch_size
         grid = (1, h // p, w // p)
         dev = self.device
-        plan = None
-        if (h, w) != array.shape[:2]:
-            key = (array.shape[0], array.shape[1], h, w)
-            plan = self._resize_plans.get(key)
-            if plan is None:
-                plan = self._resize_plans[key] = ResizePlan(*key, dev, "bicubic")
+        plan = self._resize_plans.for_size(array.shape[0], array.shape[1], h, w)
         cfg = self.config
         m = cfg.vision.spatial_merge_size
         gh, gw = grid[1] // m, grid[2] // m
