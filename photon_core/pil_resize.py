@@ -49,6 +49,8 @@ import numpy as np
 import PIL
 import torch
 
+from .layout_cache import LayoutCache
+
 PRECISION_BITS = 22     # 32 - 8 - 2: 8 bits of result, 2 bits of headroom for overshoot
 
 
@@ -220,21 +222,18 @@ class ResizePlan:
 class ResizePlans:
     """A model's ResizePlans by frame size (a camera's frames share one): `for_size(in_h,
     in_w, h, w)` -> the plan of that resize, made on first use, or None when the sizes are
-    equal (the frame is used as it is)."""
+    equal (the frame is used as it is). At most `keep` plans are kept (layout_cache.py)."""
 
-    def __init__(self, device, filt: str):
+    def __init__(self, device, filt: str, keep: int = 32):
         self.device, self.filt = device, filt
-        self.plans: dict[tuple[int, int, int, int], ResizePlan] = {}
+        self.plans = LayoutCache(keep)
 
     def for_size(self, in_height: int, in_width: int, height: int, width: int
                  ) -> ResizePlan | None:
         if (in_height, in_width) == (height, width):
             return None
         key = (in_height, in_width, height, width)
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self.plans[key] = ResizePlan(*key, self.device, self.filt)
-        return plan
+        return self.plans.get(key, lambda: ResizePlan(*key, self.device, self.filt))
 
 
 def _resize(image: torch.Tensor, height: int, width: int, filt: str) -> torch.Tensor:

@@ -279,6 +279,8 @@ class FastEngine(EngineConveniences):
         if getattr(self.encoder, "capture_errors", None):
             d["encoder_capture_errors"] = {str(k): v for k, v in
                                            self.encoder.capture_errors.items()}
+        if getattr(self.encoder, "eager_encodes", 0):
+            d["encoder_eager_encodes"] = self.encoder.eager_encodes
         d["kv_capacity"] = self.kv.capacity
         d["pipelined"] = self.decoder.pipelined
         d["deterministic"] = self.deterministic

@@ -12,7 +12,10 @@ reference's calls, so the result is the reference encode's, bit for bit
 (FastEngine encoder "fast": the model's encode_body_fast, e.g. Gemma 4's fast vision tower:
 close to the reference, not bitwise). use_graphs=False: the body runs eagerly (the CPU); so
 does a layout whose capture fails (capture_errors says why, and
-FastEngine.metrics()["encoder_capture_errors"]).
+FastEngine.metrics()["encoder_capture_errors"]). At most MAX_LAYOUTS layouts get a graph (each
+holds its own static inputs and outputs in GPU memory): frames of a further layout run the body
+eagerly (the same result, slower), counted in `eager_encodes` (FastEngine.metrics()
+["encoder_eager_encodes"]), so a stream of ever-new frame sizes cannot grow GPU memory.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import torch
 from ..split_encode import EncodeInputs
 
 log = logging.getLogger(__name__)
+
+MAX_LAYOUTS = 8       # graphs kept (frame sizes x prefix lengths); later layouts run eagerly
 
 @dataclass
 class _Entry:
@@ -43,6 +48,7 @@ class GraphedReferenceEncoder:
         self.capture_ms = 0.0
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
         self.capture_errors: dict[tuple, str] = {}   # layout -> why it runs eagerly
+        self.eager_encodes = 0       # frames of a layout past MAX_LAYOUTS, run without a graph
 
     def _entry(self, inp: EncodeInputs) -> _Entry:
         e = self.entries.get(inp.key)
@@ -83,6 +89,9 @@ class GraphedReferenceEncoder:
             return image
         inp = m.encode_inputs(image)
         with torch.inference_mode():
+            if inp.key not in self.entries and len(self.entries) >= MAX_LAYOUTS:
+                self.eager_encodes += 1
+                return m.encode_result(self.body(inp), inp, copy=False)
             captured_before = self.capture_ms
             e = self._entry(inp)                      # captures a graph for a new layout
             setup_ms = self.capture_ms - captured_before

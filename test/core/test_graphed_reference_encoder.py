@@ -53,3 +53,33 @@ def test_a_layout_that_cannot_be_captured_runs_eagerly(model, monkeypatch):
     (key, why), = enc.capture_errors.items()
     assert why == "operation not permitted when stream is capturing"
     assert enc.entries[key].graph is None and enc.encode(got) is got
+
+
+class _Captured:
+    def replay(self):
+        pass
+
+
+def test_layouts_past_the_cap_run_eagerly(model, monkeypatch):
+    """At most MAX_LAYOUTS layouts get a graph; a frame of a further layout runs the body
+    eagerly (the reference's encode, bit for bit) and is counted, and no entry is kept for
+    it (bounded GPU memory for a stream of ever-new frame sizes)."""
+    from photon_core.fast import graphed_reference_encoder as gre
+    for name, value in (("Stream", _Stream), ("stream", lambda s: contextlib.nullcontext()),
+                        ("current_stream", _Stream), ("synchronize", lambda: None),
+                        ("CUDAGraph", _Captured),
+                        ("graph", lambda g, stream=None: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(gre, "MAX_LAYOUTS", 2)
+    enc = GraphedReferenceEncoder(model, use_graphs=True)
+    rng = np.random.default_rng(3)
+    for h, w in ((64, 64), (96, 128), (64, 64)):        # two layouts: graphs
+        enc.encode(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+    assert len(enc.entries) == 2 and enc.eager_encodes == 0
+    frame = rng.integers(0, 256, (128, 96, 3), dtype=np.uint8)   # a third layout
+    got, ref = enc.encode(frame), model.encode_image(frame)
+    assert len(enc.entries) == 2 and enc.eager_encodes == 1
+    for i in ref.state.k:
+        assert torch.equal(got.state.k[i], ref.state.k[i])
+    for i in ref.state.recurrent:
+        assert torch.equal(got.state.recurrent[i], ref.state.recurrent[i])

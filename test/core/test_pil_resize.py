@@ -207,3 +207,19 @@ def test_image_crops_torch_equals_pil(which, fast_model, monkeypatch):
         assert tiling2 == tiling and np.array_equal(array2, array)
         assert torch_x.dtype == pil_x.dtype == model.dtype
         assert torch.equal(torch_x, pil_x)
+
+
+def test_resize_plans_by_size_bounded():
+    """ResizePlans: None for an unchanged size, one plan per (in, out) size reused, the
+    oldest dropped past `keep`, each plan giving PIL's pixels."""
+    from photon_core.pil_resize import ResizePlans
+    plans = ResizePlans("cpu", "bicubic", keep=2)
+    assert plans.for_size(9, 9, 9, 9) is None and not len(plans.plans)
+    a = plans.for_size(20, 30, 10, 15)
+    assert plans.for_size(20, 30, 10, 15) is a
+    plans.for_size(20, 30, 11, 15)
+    plans.for_size(20, 30, 12, 15)
+    assert list(plans.plans.values) == [(20, 30, 11, 15), (20, 30, 12, 15)]
+    image = contents(20, 30)["random"]
+    assert np.array_equal(a(torch.from_numpy(image)).numpy(),
+                          pil_resize(image, 10, 15, "bicubic"))

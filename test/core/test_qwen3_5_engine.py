@@ -175,10 +175,10 @@ def test_vision_grid_tables_kept_per_grid(model):
     from photon_core.models.qwen3_5.image_processor import preprocess
     rng = np.random.default_rng(4)
     frames = [rng.integers(0, 256, (64, 96, 3), dtype=np.uint8) for _ in range(2)]
-    model._grid_tables.clear()
+    model._grid_tables.values.clear()
     encs = [model.encode_image(f) for f in frames]
     assert len(model._grid_tables) == 1
-    tables = next(iter(model._grid_tables.values()))
+    tables = next(iter(model._grid_tables.values.values()))
     patches, grid = preprocess(frames[1], model.image_config)
     p = torch.from_numpy(patches)
     cfg = model.config.vision

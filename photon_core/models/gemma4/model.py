@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ...moondream.image_input import MAX_SIDE, to_rgb_array
+from ...layout_cache import LayoutCache
 from ...pil_resize import ResizePlans
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
@@ -78,7 +79,7 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         # the device encode's per-layout pieces (encode_inputs): BICUBIC resize plans by frame
         # size, patch positions by grid, vision.pixel_table on the device
         self._resize_plans = ResizePlans(self.device, "bicubic")
-        self._positions: dict = {}
+        self._positions = LayoutCache()
         self._pixel_table = None
         self._fast_tower = None           # vision_fast.FastTower, made on first use
 
@@ -175,9 +176,7 @@ class Gemma4Model(SplitEncode, EngineConveniences):
                                     self.max_soft_tokens)
         grid = (th // vc.patch_size, tw // vc.patch_size)
         plan = self._resize_plans.for_size(array.shape[0], array.shape[1], th, tw)
-        positions = self._positions.get(grid)
-        if positions is None:
-            positions = self._positions[grid] = vision.grid_positions(*grid, dev)
+        positions = self._positions.get(grid, lambda: vision.grid_positions(*grid, dev))
         if self._pixel_table is None:
             self._pixel_table = vision.pixel_table().to(dev)
         n = (grid[0] // vc.pool) * (grid[1] // vc.pool)

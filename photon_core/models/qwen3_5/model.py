@@ -18,6 +18,7 @@ from ...engine_conveniences import EngineConveniences
 from ...split_encode import EncodeInputs, SplitEncode
 from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
+from ...layout_cache import LayoutCache
 from ...pil_resize import ResizePlans
 from .image_processor import (ImageProcessorConfig, normalize_table, patches_torch,
                               resized_size)
@@ -70,7 +71,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         self.stats: Counter = Counter()   # grounding_parse_errors, grounding_skipped_entries
         self._table = None                # image_processor.normalize_table on the device
         self._resize_plans = ResizePlans(self.device, "bicubic")   # by frame size
-        self._grid_tables: dict = {}      # grid -> vision.grid_tables (made on first use)
+        self._grid_tables = LayoutCache()  # grid -> vision.grid_tables (made on first use)
 
     @property
     def device(self) -> torch.device:
@@ -137,11 +138,9 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         image = info["resize"](t["image"]) if info["resize"] is not None else t["image"]
         patches = patches_torch(image, t["table"], self.image_config)
         grid = info["grid"]
-        tables = self._grid_tables.get(grid)
-        if tables is None:
-            dt = w[vision.V + "patch_embed.proj.weight"].dtype
-            tables = self._grid_tables[grid] = vision.grid_tables(w, cfg.vision, grid,
-                                                                  self.device, dt)
+        dt = w[vision.V + "patch_embed.proj.weight"].dtype
+        tables = self._grid_tables.get(grid, lambda: vision.grid_tables(
+            w, cfg.vision, grid, self.device, dt))
         feats = vision.encode(w, cfg.vision, patches, grid, tables)
         x = decoder.embed(w, t["ids"])
         first, n = info["first"], info["n_image"]
