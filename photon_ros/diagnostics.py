@@ -25,8 +25,17 @@ SCHEDULER_KEYS = ("submitted", "done", "late", "superseded", "skipped", "deadlin
                   "errors", "waiting", "running")
 
 
+# engine fallbacks (FastEngine.fallbacks) that turn the node's status to WARN: the engine
+# serves, slower than it could (a megakernel fallback is reported, not warned: it is the
+# normal case for a family without a megakernel lowering)
+WARN_FALLBACKS = {"encoder_capture_errors": "encode layouts without a CUDA graph",
+                  "prefill_capture_errors": "prompt buckets without a CUDA graph",
+                  "encoder_eager_encodes": "frames encoded without a graph (more frame "
+                                           "layouts than the encoder keeps graphs for)"}
+
+
 def node_status(name: str, state: str, model: str, model_loaded: bool, counts: dict,
-                scheduler=None) -> DiagnosticStatus:
+                scheduler=None, engine=None) -> DiagnosticStatus:
     values = {"state": state, "model": model, "model_loaded": str(model_loaded).lower(),
               **{k: str(v) for k, v in sorted(counts.items())}}
     if scheduler is not None:
@@ -36,8 +45,19 @@ def node_status(name: str, state: str, model: str, model_loaded: bool, counts: d
                 values[f"scheduler.{k}"] = str(m.get(k, ""))
         except Exception:  # noqa: BLE001 - the scheduler may be stopping
             pass
-    return DiagnosticStatus(name=f"{name}: node", hardware_id=name, level=DiagnosticStatus.OK,
-                            message=state,
+    problems = []
+    fallbacks = getattr(engine, "fallbacks", None)
+    if fallbacks is not None:
+        try:
+            for k, v in fallbacks().items():
+                values[f"engine.{k}"] = str(v)
+                if k in WARN_FALLBACKS and v:
+                    problems.append(f"engine: {v} {WARN_FALLBACKS[k]}")
+        except Exception:  # noqa: BLE001 - the engine may be closing
+            pass
+    return DiagnosticStatus(name=f"{name}: node", hardware_id=name,
+                            level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
+                            message="; ".join([state] + problems),
                             values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
 
 
@@ -95,7 +115,8 @@ def publish_diagnostics(node) -> None:
     arr.header.stamp = node.get_clock().now().to_msg()
     arr.status.append(node_status(name, state, cfg.model if cfg else "",
                                   live is not None and live.model is not None, dict(node.counts),
-                                  live.scheduler if live is not None else None))
+                                  live.scheduler if live is not None else None,
+                                  live.model if live is not None else None))
     health = {}
     if live is not None and live.scheduler is not None:
         try:

@@ -292,6 +292,18 @@ class FastEngine(EngineConveniences):
             d["encoder"] = self.batch_encoder.summary()
         return d
 
+    def fallbacks(self) -> dict:
+        """Where the engine runs slower than it could, for a node's diagnostics (cheap reads,
+        safe from another thread): encode layouts / prompt buckets whose graph capture failed,
+        frames encoded without a graph (more layouts than the encoder keeps graphs for), and
+        why the megakernel does not serve this model ("" where it does or is off)."""
+        enc = self.encoder
+        return {"encoder_capture_errors": len(getattr(enc, "capture_errors", None) or {}),
+                "prefill_capture_errors": len(self.prefill.capture_errors)
+                if self.prefill is not None else 0,
+                "encoder_eager_encodes": getattr(enc, "eager_encodes", 0),
+                "megakernel_fallback": self.state.megakernel_fallback or ""}
+
     def reset_metrics(self) -> None:
         self.idle.reset()
         self.decoder.host_launch_ms.clear()

@@ -79,6 +79,14 @@ def test_layouts_past_the_cap_run_eagerly(model, monkeypatch):
     frame = rng.integers(0, 256, (128, 96, 3), dtype=np.uint8)   # a third layout
     got, ref = enc.encode(frame), model.encode_image(frame)
     assert len(enc.entries) == 2 and enc.eager_encodes == 1
+    from photon_core.fast import FastEngine
+    fe = FastEngine(model, max_batch=1, kv_capacity=64)      # its counters, for diagnostics
+    assert fe.fallbacks() == {"encoder_capture_errors": 0, "prefill_capture_errors": 0,
+                              "encoder_eager_encodes": 0, "megakernel_fallback": ""}
+    fe.encoder = enc
+    assert fe.fallbacks()["encoder_eager_encodes"] == 1
+    assert fe.metrics()["encoder_eager_encodes"] == 1
+    fe.close()
     for i in ref.state.k:
         assert torch.equal(got.state.k[i], ref.state.k[i])
     for i in ref.state.recurrent:

@@ -340,3 +340,33 @@ def test_result_after_the_context_ended_is_counted_not_a_traceback():
         c = node.cameras.states["front"].stats.snapshot(time.monotonic())["counts"]
         assert c.get("unpublished_at_shutdown") == 1, c
         assert "unpublished_at_shutdown" in CAMERA_COUNTERS
+
+
+def test_engine_fallbacks_in_the_node_status():
+    """The node's status carries the engine's fallbacks (FastEngine.fallbacks) as
+    engine.* values; encode layouts / prompt buckets without a graph and frames encoded
+    without one turn it to WARN with the reason; a megakernel fallback (the normal case for
+    a family without a megakernel lowering) is reported, not warned about."""
+    from diagnostic_msgs.msg import DiagnosticStatus
+
+    from photon_ros.diagnostics import node_status
+
+    class Engine:
+        def __init__(self, **fb):
+            self.fb = {"encoder_capture_errors": 0, "prefill_capture_errors": 0,
+                       "encoder_eager_encodes": 0, "megakernel_fallback": "", **fb}
+
+        def fallbacks(self):
+            return self.fb
+
+    ok = node_status("n", "active", "m", True, {}, None,
+                     Engine(megakernel_fallback="no lowering for this family"))
+    vals = {kv.key: kv.value for kv in ok.values}
+    assert ok.level == DiagnosticStatus.OK and ok.message == "active"
+    assert vals["engine.megakernel_fallback"] == "no lowering for this family"
+    warn = node_status("n", "active", "m", True, {}, None,
+                       Engine(encoder_eager_encodes=3, encoder_capture_errors=1))
+    assert warn.level == DiagnosticStatus.WARN
+    assert "3 frames encoded without a graph" in warn.message
+    assert "1 encode layouts without a CUDA graph" in warn.message
+    assert node_status("n", "active", "m", True, {}).level == DiagnosticStatus.OK
