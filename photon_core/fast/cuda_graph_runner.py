@@ -17,6 +17,27 @@ import torch
 
 from . import decode_step as ds
 
+
+def warm_up(fn: Callable[[], object], capture_stream=None) -> None:
+    """Run fn once on the capture stream (or a side stream), before capturing it: lazy
+    allocations, cuBLAS / cuDNN picks and Triton compiles happen outside the capture."""
+    side = capture_stream or torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
+def capture_graph(fn: Callable[[], object], capture_stream=None):
+    """(the CUDA graph of fn, fn's output: the graph's static result); errors of the capture
+    propagate (the caller decides what runs instead)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=capture_stream):
+        out = fn()
+    torch.cuda.synchronize()
+    return g, out
+
 BUCKETS = (1, 2, 4, 8)
 
 

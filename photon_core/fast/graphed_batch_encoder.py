@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from ..encode_request import unwrap
+from .cuda_graph_runner import capture_graph, warm_up
 from ..models.moondream2.batched_encode import (FrameLayout, encode_body, frame_layout,
                                                  kv_buffer, pixel_layout)
 from ..models.moondream2.image_input import to_rgb_array
@@ -158,17 +159,8 @@ class GraphedBatchEncoder:
 
     def _capture(self, e: _Entry):
         """Warm up on the capture stream, then capture the body of this entry."""
-        side = self.capture_stream or torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._body(e)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=self.capture_stream):
-            self._body(e)
-        torch.cuda.synchronize()
-        return g
+        warm_up(lambda: self._body(e), self.capture_stream)
+        return capture_graph(lambda: self._body(e), self.capture_stream)[0]
 
     def n_batch_graphs(self) -> int:
         return sum(1 for k in self.entries if len(k) > 1)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..split_encode import EncodeInputs
+from .cuda_graph_runner import capture_graph, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +60,10 @@ class GraphedReferenceEncoder:
         e = _Entry(static)
         if self.use_graphs:
             t0 = time.perf_counter()
-            side = self.capture_stream or torch.cuda.Stream()   # warm-up
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.body(static)
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
+            warm_up(lambda: self.body(static), self.capture_stream)
             try:
-                with torch.cuda.graph(g, stream=self.capture_stream):
-                    e.state = self.body(static)
-                torch.cuda.synchronize()
-                e.graph = g
+                e.graph, e.state = capture_graph(lambda: self.body(static),
+                                                 self.capture_stream)
             except RuntimeError as exc:
                 # a body that cannot be captured (an op that syncs with the host) runs
                 # eagerly for this layout - slower, the same result - and says why

@@ -80,6 +80,7 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         # size, patch positions by grid, vision.pixel_table on the device
         self._resize_plans = ResizePlans(self.device, "bicubic")
         self._positions = LayoutCache()
+        self._prefix = LayoutCache()      # image tokens -> _prefix_layout
         self._pixel_table = None
         self._fast_tower = None           # vision_fast.FastTower, made on first use
 
@@ -180,23 +181,31 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         if self._pixel_table is None:
             self._pixel_table = vision.pixel_table().to(dev)
         n = (grid[0] // vc.pool) * (grid[1] // vc.pool)
-        ids = self.prefix_ids(n)
-        if len(ids) >= self.max_context:
-            raise ValueError(f"the image prefix ({len(ids)} tokens) does not fit the "
+        length, first, prefix_tensors = self._prefix.get(n, lambda: self._prefix_layout(n))
+        if length >= self.max_context:
+            raise ValueError(f"the image prefix ({length} tokens) does not fit the "
                              f"{self.max_context}-token context")
+        tensors = {"image": torch.from_numpy(np.require(array, requirements=["C", "W"])
+                                             ).to(dev),
+                   "table": self._pixel_table, "positions": positions, **prefix_tensors}
+        info = {"grid": grid, "first": first, "n_image": n, "length": length,
+                "width": array.shape[1], "height": array.shape[0], "resize": plan}
+        return EncodeInputs((tuple(grid), length, tuple(array.shape)), tensors, info, t0)
+
+    def _prefix_layout(self, n: int) -> tuple:
+        """The prefix of n image tokens, the same for every frame with n: (length, first image
+        position, {"safe_ids": the ids with the pad id at the image positions, "blocks": the
+        bidirectional image block of each position (when the model has one)} on the
+        device)."""
         t, dev = self.config.text, self.device
+        ids = self.prefix_ids(n)
         first = ids.index(self.config.image_token_id)
         is_image = torch.tensor([i == self.config.image_token_id for i in ids], device=dev)
         ids_t = torch.tensor(ids, device=dev)
-        tensors = {"image": torch.from_numpy(np.require(array, requirements=["C", "W"])
-                                             ).to(dev),
-                   "table": self._pixel_table, "positions": positions,
-                   "safe_ids": torch.where(is_image, torch.full_like(ids_t, t.pad_id), ids_t)}
+        tensors = {"safe_ids": torch.where(is_image, torch.full_like(ids_t, t.pad_id), ids_t)}
         if t.bidirectional == "vision":
             tensors["blocks"] = torch.where(is_image, 0, -1)
-        info = {"grid": grid, "first": first, "n_image": n, "length": len(ids),
-                "width": array.shape[1], "height": array.shape[0], "resize": plan}
-        return EncodeInputs((tuple(grid), len(ids), tuple(array.shape)), tensors, info, t0)
+        return len(ids), first, tensors
 
     def encode_body(self, inp: EncodeInputs, fast: bool = False) -> KVCache:
         """The vision tower and the decoder's pass over the image prefix (device work only):

@@ -136,8 +136,9 @@ def _inv_freq_on(device: torch.device, dim: int, theta: float) -> torch.Tensor:
 
 
 def tower(w, cfg: VisionCfg, patches: torch.Tensor, positions: torch.Tensor,
-          grid: tuple[int, int]) -> torch.Tensor:
-    """-> pooled soft tokens [rows/pool * cols/pool, vision hidden] (fp32, x sqrt(hidden))."""
+          grid: tuple[int, int], block=None) -> torch.Tensor:
+    """-> pooled soft tokens [rows/pool * cols/pool, vision hidden] (fp32, x sqrt(hidden)).
+    block(j, x, rot) -> x: a block's forward other than _block's (vision_fast.FastTower)."""
     dtype = w["vision_tower.patch_embedder.input_proj.weight"].dtype
     table = w["vision_tower.patch_embedder.position_embedding_table"]
     x = (2 * (patches - 0.5)).to(dtype) @ w["vision_tower.patch_embedder.input_proj.weight"].T
@@ -146,20 +147,14 @@ def tower(w, cfg: VisionCfg, patches: torch.Tensor, positions: torch.Tensor,
     cx, sx = cos_sin(positions[:, 0], f, x.dtype)
     cy, sy = cos_sin(positions[:, 1], f, x.dtype)
     for j in range(cfg.n_layers):
-        x = _block(w, cfg, j, x, (cx, sx, cy, sy))
-    return pool_soft_tokens(w, cfg, x, grid)
-
-
-def pool_soft_tokens(w, cfg: VisionCfg, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """The tower's output [rows * cols, hidden] -> soft tokens: pool x pool average pooling,
-    x sqrt(hidden) in fp32 (optional standardization), in x's dtype."""
+        x = block(j, x, (cx, sx, cy, sy)) if block else _block(w, cfg, j, x, (cx, sx, cy, sy))
     rows, cols = grid
     k = cfg.pool
     pooled = x.float().view(rows // k, k, cols // k, k, -1).mean(dim=(1, 3)).reshape(-1, x.shape[-1])
     pooled = pooled * cfg.hidden ** 0.5
     if cfg.standardize:
         pooled = (pooled - w["vision_tower.std_bias"].float()) * w["vision_tower.std_scale"].float()
-    return pooled.to(x.dtype)
+    return pooled.to(dtype)
 
 
 def project(w, cfg: VisionCfg, soft: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,9 @@ default on CUDA): the math of vision.tower with fewer, larger kernels -
 
 Not bitwise the reference (the attention's sums run in another order, bf16 probabilities
 are not rounded from fp32 ones): diff-tested against vision.tower (fp32 on the CPU, bf16 on
-the H200) in test_gemma4_fast.py / test_gemma4_fast_gpu.py. Pooling, the soft-token scale
-and the projection are the reference's.
+the H200) in test_gemma4_fast.py / test_gemma4_fast_gpu.py. The patch embedding, rotary
+tables, pooling, soft-token scale and projection are the reference's (vision.tower runs
+this form's blocks).
 """
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ import torch.nn.functional as F
 from ...ops.gelu_tanh_gate import gelu_tanh_gate, gelu_tanh_gate_triton
 from ...ops.rmsnorm_scaled import rmsnorm_scaled, rmsnorm_scaled_triton
 from .config import VisionCfg
-from .vision import _axial_rotary, _inv_freq_on, _linear, pool_soft_tokens
+from .vision import _axial_rotary, _linear, tower
 from .weights import vision_layer
-from ...ops.rotary_half import cos_sin
 
 
 class FastTower:
@@ -82,13 +82,5 @@ class FastTower:
 
     def __call__(self, patches: torch.Tensor, positions: torch.Tensor,
                  grid: tuple[int, int]) -> torch.Tensor:
-        w, cfg = self.w, self.cfg
-        dtype = w["vision_tower.patch_embedder.input_proj.weight"].dtype
-        table = w["vision_tower.patch_embedder.position_embedding_table"]
-        x = (2 * (patches - 0.5)).to(dtype) @ w["vision_tower.patch_embedder.input_proj.weight"].T
-        x = x + table[0][positions[:, 0]] + table[1][positions[:, 1]]
-        f = _inv_freq_on(positions.device, cfg.head_dim // 2, cfg.rope_theta)
-        rot = (*cos_sin(positions[:, 0], f, x.dtype), *cos_sin(positions[:, 1], f, x.dtype))
-        for j in range(cfg.n_layers):
-            x = self._block(j, x, rot)
-        return pool_soft_tokens(w, cfg, x, grid)
+        """vision.tower with this form's blocks (its embedding, rotary and pooling)."""
+        return tower(self.w, self.cfg, patches, positions, grid, block=self._block)

@@ -72,6 +72,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         self._table = None                # image_processor.normalize_table on the device
         self._resize_plans = ResizePlans(self.device, "bicubic")   # by frame size
         self._grid_tables = LayoutCache()  # grid -> vision.grid_tables (made on first use)
+        self._prefix = LayoutCache()       # merged grid -> _prefix_layout
 
     @property
     def device(self) -> torch.device:
@@ -102,9 +103,25 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         grid = (1, h // p, w // p)
         dev = self.device
         plan = self._resize_plans.for_size(array.shape[0], array.shape[1], h, w)
-        cfg = self.config
-        m = cfg.vision.spatial_merge_size
+        m = self.config.vision.spatial_merge_size
         gh, gw = grid[1] // m, grid[2] // m
+        text, ids, first, rope_pos, ids_t, pos = self._prefix.get(
+            (gh, gw), lambda: self._prefix_layout(gh, gw))
+        if self._table is None:
+            self._table = torch.from_numpy(normalize_table(self.image_config)).to(dev)
+        tensors = {"image": torch.from_numpy(np.require(array, requirements=["C", "W"])
+                                             ).to(dev),
+                   "table": self._table, "ids": ids_t, "pos": pos}
+        info = {"grid": grid, "first": first, "n_image": gh * gw, "ids": ids, "text": text,
+                "rope_pos": rope_pos, "width": array.shape[1], "height": array.shape[0],
+                "resize": plan}
+        return EncodeInputs((tuple(grid), len(ids), tuple(array.shape)), tensors, info, t0)
+
+    def _prefix_layout(self, gh: int, gw: int) -> tuple:
+        """The image prefix of a gh x gw merged grid, the same for every frame of that grid:
+        (text, ids, first image position, rope position after it, ids and M-RoPE positions
+        on the device)."""
+        cfg, dev = self.config, self.device
         text, ids = self.prompts.image_prefix(gh * gw)
         first = ids.index(cfg.image_token_id)
         if ids[first:first + gh * gw] != [cfg.image_token_id] * (gh * gw):
@@ -114,15 +131,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         pos = torch.cat([decoder.text_positions(0, first, dev),
                          image_positions(first, gh, gw, dev),
                          decoder.text_positions(img_end, after, dev)], dim=1)
-        if self._table is None:
-            self._table = torch.from_numpy(normalize_table(self.image_config)).to(dev)
-        tensors = {"image": torch.from_numpy(np.require(array, requirements=["C", "W"])
-                                             ).to(dev),
-                   "table": self._table, "ids": torch.tensor(ids, device=dev), "pos": pos}
-        info = {"grid": grid, "first": first, "n_image": gh * gw, "ids": ids, "text": text,
-                "rope_pos": img_end + after, "width": array.shape[1], "height": array.shape[0],
-                "resize": plan}
-        return EncodeInputs((tuple(grid), len(ids), tuple(array.shape)), tensors, info, t0)
+        return text, ids, first, img_end + after, torch.tensor(ids, device=dev), pos
 
     def encode_body_fast(self, inp: EncodeInputs) -> HybridState:
         """encode_body with the prefix pass's norms as Triton kernels on CUDA (FastEngine's
