@@ -1,9 +1,10 @@
 """A model's encode_image in three parts, so the runtime can replay the device part as a CUDA
 graph per input layout (fast/graphed_reference_encoder.py); the families' reference engines
 (Qwen 3.5, Gemma 4) mix in SplitEncode and provide:
-  encode_inputs(image) -> EncodeInputs: the host part (decode, resize, patches, the prompt's
-      ids) and the device tensors the device part reads; `key` names the layout - one key,
-      the same shapes and host-side values (a camera's frames share one);
+  encode_inputs(image) -> EncodeInputs: the host part (decode; Moondream 2: the crops) and
+      the device tensors the device part reads (the frame, the prefix's ids: per-layout ones
+      kept by the model); `key` names the layout - one key, the same shapes and host-side
+      values (a camera's frames share one);
   encode_body(inputs)  -> the prefix state, computed on the device only (no host sync);
   encode_result(state, inputs, copy) -> the EncodedImage (copy: owning a copy of the state).
 encode_image is their composition (`encode_split`; Moondream 2's encode_image adds its crop

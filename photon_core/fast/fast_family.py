@@ -111,7 +111,8 @@ class ReferenceEncodeFamily:
     encode_image (as CUDA graphs where the model splits it in three; no batched encoder of
     its own yet) and whose long prompts take the runtime's generic prefill. An encoded
     image's PrefixState is built once (`_build_prefix`, the family's) and shared by the
-    image's tasks; it is forgotten with the image. A family says which EncodedImage it made in `_made_here`."""
+    image's tasks; it is forgotten with the image. A family says which EncodedImage it made
+    in `_made_here`."""
 
     def __init__(self, model, spec):
         self.model = model

@@ -38,6 +38,9 @@ class _Entry:
     inputs: EncodeInputs                    # static inputs (the tensors the graph reads)
     state: Any = None                       # static output of the body
     graph: Any = None
+    # the tensors the static inputs were cloned from: a model's per-layout tensors (kept by
+    # the model, the same objects every frame) need no copy into the graph's inputs
+    sources: dict = None
 
 
 class GraphedReferenceEncoder:
@@ -57,7 +60,7 @@ class GraphedReferenceEncoder:
             return e
         static = EncodeInputs(inp.key, {k: t.clone() for k, t in inp.tensors.items()},
                               inp.info, inp.t0)
-        e = _Entry(static)
+        e = _Entry(static, sources=dict(inp.tensors))
         if self.use_graphs:
             t0 = time.perf_counter()
             warm_up(lambda: self.body(static), self.capture_stream)
@@ -91,7 +94,8 @@ class GraphedReferenceEncoder:
             if e.graph is None:
                 return m.encode_result(self.body(inp), inp, copy=False)
             for k, t in inp.tensors.items():
-                e.inputs.tensors[k].copy_(t)
+                if t is not e.sources[k]:
+                    e.inputs.tensors[k].copy_(t)
             e.graph.replay()
             enc = m.encode_result(e.state, inp, copy=True, setup_ms=setup_ms)
         return enc

@@ -91,3 +91,46 @@ def test_layouts_past_the_cap_run_eagerly(model, monkeypatch):
         assert torch.equal(got.state.k[i], ref.state.k[i])
     for i in ref.state.recurrent:
         assert torch.equal(got.state.recurrent[i], ref.state.recurrent[i])
+
+
+def test_replay_reads_each_frames_inputs(model, monkeypatch):
+    """A replay reads the new frame's inputs (copied into the graph's static inputs) while the
+    model's per-layout tensors (the same objects every frame) are not copied again: two
+    different frames of one layout, through a stand-in graph whose replay reruns the body on
+    the static inputs, give the reference encode's state each."""
+    from photon_core.fast import graphed_reference_encoder as gre
+    for name, value in (("Stream", _Stream), ("stream", lambda s: contextlib.nullcontext()),
+                        ("current_stream", _Stream), ("synchronize", lambda: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+
+    class Replay:
+        def __init__(self, fn, out):
+            self.fn, self.out = fn, out
+
+        def replay(self):                    # rerun the body, into the captured output
+            new = self.fn()
+            for part in ("k", "v", "conv", "recurrent"):
+                for i, t in getattr(new, part).items():
+                    getattr(self.out, part)[i].copy_(t)
+
+    def capture(fn, stream=None):
+        out = fn()
+        return Replay(fn, out), out
+    monkeypatch.setattr(gre, "capture_graph", capture)
+    copied = []
+    enc = GraphedReferenceEncoder(model, use_graphs=True)
+    rng = np.random.default_rng(5)
+    frames = [rng.integers(0, 256, (96, 128, 3), dtype=np.uint8) for _ in range(2)]
+    got = [enc.encode(frames[0])]
+    (e,) = enc.entries.values()
+    for k, t in e.inputs.tensors.items():
+        monkeypatch.setattr(t, "copy_", lambda src, k=k, t=t: (copied.append(k),
+                                                               torch.Tensor.copy_(t, src))[1])
+    got.append(enc.encode(frames[1]))
+    assert copied == ["image"]               # the per-layout ids / positions / table: kept
+    for g, f in zip(got, frames):
+        ref = model.encode_image(f)
+        for i in ref.state.k:
+            assert torch.equal(g.state.k[i], ref.state.k[i])
+        for i in ref.state.recurrent:
+            assert torch.equal(g.state.recurrent[i], ref.state.recurrent[i])
