@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ros_env import HERE, child_env, stop, wait_for  # noqa: F401
+from ros_env import HERE, child_env, settle_new_client, stop, wait_for  # noqa: F401
 
 REPO = HERE.parents[1]
 _MODEL_LOCK = threading.Lock()
@@ -105,7 +105,6 @@ class Collector:
         self.executor.add_node(self.node)
         self.lock = threading.Lock()
         self.got: dict[str, list] = {}
-        self._called: set = set()          # clients that made a call already
         self._thread = threading.Thread(target=self.executor.spin, daemon=True)
         self._thread.start()
 
@@ -131,14 +130,7 @@ class Collector:
 
     def call(self, client, request, timeout: float = 30.0):
         assert client.wait_for_service(timeout_sec=30), f"service {client.srv_name} not found"
-        if id(client) not in self._called:
-            # wait_for_service sees the server's request reader; the server may not have
-            # matched this client's response reader yet, and then its response is dropped
-            # ("failed to send response (timeout)", once on a loaded 2-core CI run): give
-            # discovery a moment before a client's first call (a lifecycle transition cannot
-            # simply be retried)
-            time.sleep(0.5)
-            self._called.add(id(client))
+        settle_new_client(client)
         future = client.call_async(request)
         assert wait_for(future.done, timeout=timeout), "no response"
         return future.result()

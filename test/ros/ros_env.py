@@ -48,3 +48,18 @@ def wait_for(pred, timeout: float = 20.0, spin=None, period: float = 0.05) -> bo
         else:
             time.sleep(period)
     return pred()
+
+
+_SETTLED: set = set()
+
+
+def settle_new_client(client, pause_s: float = 0.5) -> None:
+    """Before a service / action client's first request: a pause for discovery. Seeing the
+    server (wait_for_service / service_is_ready / server_is_ready) means the client found the
+    server's request reader; the server may not yet have matched the client's response reader,
+    and then its response is dropped ("failed to send response (timeout)"; twice in five
+    loaded 2-core CI runs, on a lifecycle transition and on a Query call). A request cannot
+    simply be retried (a lifecycle transition is not idempotent), so the first one waits."""
+    if id(client) not in _SETTLED:
+        time.sleep(pause_s)
+        _SETTLED.add(id(client))

@@ -16,7 +16,7 @@ import interface_samples as S  # noqa: E402
 from photon_ros.action import StreamAnswer  # noqa: E402
 from photon_ros.msg import Answer, TaskSpec  # noqa: E402
 from photon_ros.srv import Query, SetTasks  # noqa: E402
-from ros_env import spawn, stop, wait_for  # noqa: E402
+from ros_env import settle_new_client, spawn, stop, wait_for  # noqa: E402
 
 
 @pytest.fixture
@@ -58,6 +58,7 @@ def test_every_message_crosses_processes(ros):
 
 def _call(node, spin, client, request, timeout=20.0):
     assert wait_for(lambda: client.service_is_ready(), timeout=30, spin=spin), "service not found"
+    settle_new_client(client)
     future = client.call_async(request)
     assert wait_for(future.done, timeout=timeout, spin=spin), "no response"
     return future.result()
@@ -83,6 +84,7 @@ def test_services_and_action_round_trip_with_cancel(ros):
 
         action = ActionClient(node, StreamAnswer, "/photon_test/stream_answer")
         assert wait_for(lambda: action.server_is_ready(), timeout=30, spin=spin)
+        settle_new_client(action)
         # A full streamed answer: feedback grows the text one delta at a time.
         feedback: list[StreamAnswer.Feedback] = []
         goal_f = action.send_goal_async(StreamAnswer.Goal(camera="front", skill="query",

@@ -13,8 +13,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("rclpy")
 
-from node_helpers import (Collector, diag_values, moondream_available, spawn_camera,  # noqa: E402
-                          spawn_node, stamp_of, stop, tiny_model_dir, wait_for, write_config)
+from node_helpers import (Collector, diag_values, moondream_available,  # noqa: E402
+                          settle_new_client, spawn_camera, spawn_node, stamp_of, stop,
+                          tiny_model_dir, wait_for, write_config)
 
 pytestmark = pytest.mark.skipif(not moondream_available(),
                                 reason="photon_core.moondream not importable")
@@ -204,6 +205,7 @@ def test_stream_answer_with_feedback_and_cancel(env):
                "--stamp0", "900.0", "--count", "3")
     action = ActionClient(col.node, StreamAnswer, "/perception_node/stream_answer")
     assert action.wait_for_server(timeout_sec=30)
+    settle_new_client(action)
     feedback: list = []
     goal = col.wait_future(action.send_goal_async(
         StreamAnswer.Goal(camera="front", skill="caption", caption_length="long", max_tokens=20),
