@@ -8,12 +8,15 @@ with the module's own value ("now"), alternating --rounds times; per engine the 
 bench_timing.step_kernels). Moondream 2 has table entries for its shapes, so its step does
 not change under the default switch.
 
-Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,gemma4-e2b]
+Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,gemma4-e2b,moondream2]
                   [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300] [--top 12]
                   [--toggle photon_core.ops.sliding_window_attention:SPLIT_BELOW=0]
                   [--option pdl=1 --toggle none]
---option NAME=INT: an EngineOptions field the "now" engine is built with (the baseline keeps
-the default); with --toggle none it is the only difference between the two engines.
+--option NAME=VALUE (0 / 1, an int, or a string such as pdl=auto): an EngineOptions field the "now" engine is built with (the baseline keeps
+the default, or takes --baseline-option NAME=VALUE); with --toggle none it is the only
+difference between the two engines. E.g. PDL's trigger after the GEMV's loop against at its
+start, both engines with PDL:
+    --toggle photon_core.ops.pdl:LATE_TRIGGER=0 --option pdl=1 --baseline-option pdl=1
 Writes $OUT/ab_switch.json when OUT is set.
 """
 from __future__ import annotations
@@ -61,6 +64,21 @@ def same_bits(fe0, fe1, b: int) -> dict:
             "max_abs_diff": max(float((a - c).abs().max()) for a, c in zip(p0, p1))}
 
 
+def _option(spec: str) -> dict:
+    """"NAME=VALUE" -> {NAME: value}: an int for an int field, 0 / 1 -> False / True for a bool
+    field or a str one (pdl: bool or "auto"), any other VALUE as the string; "" -> {}."""
+    if not spec:
+        return {}
+    from photon_core.engine import EngineOptions
+    name, value_s = spec.split("=")
+    default = getattr(EngineOptions(), name)
+    if not value_s.lstrip("-").isdigit():
+        return {name: value_s}
+    if isinstance(default, int) and not isinstance(default, bool):
+        return {name: int(value_s)}
+    return {name: bool(int(value_s))}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default="qwen3.5-0.8b,gemma4-e2b")
@@ -72,7 +90,9 @@ def main():
     ap.add_argument("--toggle", default="photon_core.ops.gemv:PICK_RULES=0",
                     help="module:ATTR=int value of the baseline engine, or none")
     ap.add_argument("--option", default="",
-                    help="NAME=int: an EngineOptions field of the 'now' engine only")
+                    help="NAME=VALUE: an EngineOptions field of the 'now' engine only")
+    ap.add_argument("--baseline-option", default="",
+                    help="NAME=VALUE: an EngineOptions field of the baseline engine")
     args = ap.parse_args()
     from photon_core.fast import FastEngine
     batches = [int(b) for b in args.batches.split(",")]
@@ -86,16 +106,12 @@ def main():
             attr, value = assign.split("=")
             mod = importlib.import_module(mod_name)
             keep = getattr(mod, attr)
-        opt = {}
-        if args.option:
-            name, value_s = args.option.split("=")
-            from photon_core.engine import EngineOptions
-            opt[name] = type(getattr(EngineOptions(), name))(int(value_s))
+        opt, base_opt = _option(args.option), _option(args.baseline_option)
         for rules in (False, True):       # rules: the module's own value
             if mod is not None:
                 setattr(mod, attr, keep if rules else type(keep)(int(value)))
             engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024,
-                                        megakernel="off", **(opt if rules else {}))
+                                        megakernel="off", **(opt if rules else base_opt))
         if mod is not None:
             setattr(mod, attr, keep)
         res = out["families"][fam] = {"baseline": {}, "now": {}}

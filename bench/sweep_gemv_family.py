@@ -54,6 +54,10 @@ def build_model(family: str):
         args = argparse.Namespace(smoke=False, no_hf=True, layers=35, kv_shared=20,
                                   kv_heads=1)
         return build(args, torch.device("cuda"), torch.bfloat16)[0]
+    if family == "moondream2":
+        from photon_core.models.moondream2.config import MoondreamConfig
+        from photon_core.models.moondream2.model import build_random_model
+        return build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     raise SystemExit(f"unknown family {family}")
 
 

@@ -49,7 +49,12 @@ class EngineOptions:
     deterministic: repeatable bits run to run (no split-K atomics; slightly slower).
     pdl: the fused backend's kernels launch with programmatic dependent launch (Hopper+,
       a Triton with triton.language.extra.cuda.gdc_*; ops/pdl.py): each starts while the one
-      before finishes. Same results; ignored elsewhere (CPU, interpreter, older GPUs).
+      before finishes (a GEMV loads its first weights meanwhile). Same results; ignored
+      elsewhere (CPU, interpreter, older GPUs). "auto" (the default): on a GPU with the
+      griddepcontrol instructions (Hopper+; off elsewhere), for passes of at most
+      fused_backend.PDL_AUTO_ROWS rows of the families where it was measured to win
+      (fused_backend.auto_pdl_rows: Qwen 3.5 0.8B 1.11x, Gemma 4 E2B 1.14x at one row; not
+      at 8 rows, nor for Moondream 2), True: every pass, False: none.
     megakernel: the fast path's decode forward (feedback + decoder + row advance) as one
       persistent megakernel launch per step (photon_core/megakernel): "auto" (the
       default: "on" on a Hopper GPU, sm_90, where it was measured to win; "off" elsewhere),
@@ -73,7 +78,7 @@ class EngineOptions:
     crops: str = "overlap"
     encoder: str = "auto"
     deterministic: bool = False
-    pdl: bool = False
+    pdl: bool | str = "auto"
     megakernel: str = "auto"
     max_batch: int = 8
     kv_capacity: int | None = None
@@ -90,8 +95,8 @@ class EngineOptions:
             raise ValueError(f"crops must be 'overlap' or 'global', not {self.crops!r}")
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, not {self.encoder!r}")
-        if not isinstance(self.pdl, bool):
-            raise ValueError(f"pdl must be a bool, not {self.pdl!r}")
+        if not (isinstance(self.pdl, bool) or self.pdl == "auto"):
+            raise ValueError(f"pdl must be a bool or 'auto', not {self.pdl!r}")
         if not isinstance(self.megakernel, str):
             raise ValueError(f"megakernel must be 'auto', 'off', 'on' or a variant string, not "
                              f"{self.megakernel!r}")

@@ -28,6 +28,8 @@ import torch
 
 from ..ops import HAVE_TRITON, triton_on
 from .eager_backend import EagerBackend
+from ..ops.pdl import gdc_available
+from .fused_backend import auto_pdl_rows
 from .static_kv_cache import StaticKVCache
 
 
@@ -66,8 +68,11 @@ class StepState:
         self.fused = None
         if use_fused(options.fused, dev, dt):
             from .fused_backend import FusedBackend
+            auto = options.pdl == "auto"      # where griddepcontrol exists (Hopper+)
+            pdl = gdc_available(torch.empty(0, device=dev)) if auto else options.pdl
             self.fused = FusedBackend(spec, w, kv, rows, deterministic=options.deterministic,
-                                      pdl=options.pdl)
+                                      pdl=pdl,
+                                      pdl_rows=auto_pdl_rows(spec.program) if auto else None)
         self.backend = self.fused or self.eager
         self.megakernel, self.megakernel_fallback = None, ""
         spec = options.megakernel

@@ -23,7 +23,9 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
                  row states written only for active rows, positions / offsets / lengths
                  read on the device); prefill: the torch references (state_ops.py).
                  row_kernels=False: the torch references for decode too (the A/B baseline).
-                 The rows kernels take no PDL launch (pdl=True: they launch plainly)
+                 pdl=True: the norm, fused DeltaNet and attention kernels take a PDL launch
+                 (hybrid_rows.py), the other rows kernels launch plainly; Gemma 4's
+                 window attention kernels and sandwich norms take it too
   Per-layer attention programs (Gemma 4):
   window_attention -> fast/window_state_ops.py lower_fused: q|k per-head norm + rotary (one
                  launch, a weight per head), v's scale-free norm, the k/v slot write (one
@@ -45,6 +47,8 @@ advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked arg
 pdl (EngineOptions.pdl): every Triton kernel is launched with programmatic dependent launch
 (ops/pdl.py): it starts while the previous kernel finishes (GEMVs load their first weight
 tile meanwhile) and waits for it in-kernel; the torch ops in between launch as before.
+pdl_rows: only passes of at most that many rows (decode buckets, prompt tokens) do
+(EngineOptions.pdl "auto": PDL_AUTO_ROWS); None: every pass.
 
 For Moondream 2, per block: LN(x) -> GEMV [Wqkv; Wfc1] (+ GELU on the fc1 part) -> attention
 -> combine -> split-K GEMV [Wproj, Wfc2] over u = [qkv | a | g]'s [a | g] into x.
@@ -77,6 +81,19 @@ from .eager_backend import ACTS, ScaledTokenFeedback, feedback_weights
 from ..program import Op, read_before_written
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
+# EngineOptions.pdl "auto": PDL for passes of at most this many rows, for the programs with
+# hybrid or per-layer window attention ops (auto_pdl_rows). Decode step with / without PDL
+# (bench/ab_switch.py, session 13 calls 4-5): Qwen 3.5 0.8B b=1 / 2 / 4 / 8 1.11 / 1.06 / 1.03 /
+# 0.96x, Gemma 4 E2B 1.14 / 1.10 / 1.07 / 1.04x; Moondream 2 (plain attention) 1.02 / 0.97 /
+# 0.95 / 1.00x: none there
+PDL_AUTO_ROWS = 4
+
+
+def auto_pdl_rows(program) -> int:
+    """EngineOptions.pdl "auto"'s row limit for a step program (PDL_AUTO_ROWS; 0: none)."""
+    helped = state_ops.uses_state_ops(program) or \
+        window_state_ops.uses_window_attention(program)
+    return PDL_AUTO_ROWS if helped else 0
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
@@ -84,10 +101,12 @@ EPILOGUE_FUSION = True
 
 class FusedBackend:
     def __init__(self, spec, weights, kv, rows: int, attn_chunk: int = ATTN_CHUNK,
-                 deterministic: bool = False, pdl: bool = False, row_kernels: bool = True):
+                 deterministic: bool = False, pdl: bool = False, row_kernels: bool = True,
+                 pdl_rows: int | None = None):
         p = self.program = spec.program
-        # programmatic dependent launch of every kernel (ops/pdl.py; EngineOptions.pdl)
-        self.pdl = pdl
+        # programmatic dependent launch of every kernel (ops/pdl.py; EngineOptions.pdl), for
+        # passes of at most pdl_rows rows (None: all)
+        self.pdl, self.pdl_rows = pdl, pdl_rows
         self.spec, self.w, self.kv, self.rows = spec, weights, kv, rows
         dev, dt = kv.device, kv.dtype
         self.dtype = dt
@@ -131,6 +150,10 @@ class FusedBackend:
         # softcap, keep the width)
         self.head_width = {name: self.w[[op for op in h.ops if op.weights][-1].weights[0]
                                         + ".weight"].shape[0] for name, h in p.heads}
+
+    def pdl_at(self, b: int) -> bool:
+        """PDL launches for a pass over b rows (read when its graph is captured)."""
+        return self.pdl and (self.pdl_rows is None or b <= self.pdl_rows)
 
     # -- lowering -------------------------------------------------------------------------
     def _view(self, seg: str, b: int) -> torch.Tensor:
@@ -197,7 +220,7 @@ class FusedBackend:
                            rmsnorm_residual_triton(
                                self._src(op.src[0], env, b), wt, self.x[:b], op.eps, sc,
                                next_weight=w2, h=self._view(chain.dst[0], b) if chain else None,
-                               next_eps=chain.eps if chain else 1e-6))
+                               next_eps=chain.eps if chain else 1e-6, pdl=self.pdl_at(b)))
                 self.fused_norm_adds += 1
                 if chain is not None:
                     self.chained_norms += 1
@@ -238,12 +261,12 @@ class FusedBackend:
             bias = None if ws[0][1] is None else interleave_gated(ws[0][1], ws[1][1])
             return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                        self.bufs[buf][:b, off:], EPI_GATED, act=act,
-                                       pdl=self.pdl)
+                                       pdl=self.pdl_at(b))
         w, bias = ws[0][0].contiguous(), ws[0][1]
         q = nxt.src[1]
         return lambda b, env: gemv(self._src(src, env, b), w, bias, self.bufs[buf][:b, off:],
                                    EPI_ACT_MUL, act=act, mul=self._src(q, env, b),
-                                   pdl=self.pdl)
+                                   pdl=self.pdl_at(b))
 
     def _lower(self, op: Op):
         k = op.kind
@@ -270,9 +293,9 @@ class FusedBackend:
             if op.norm == "layer":
                 bias = bias.contiguous()
                 return lambda b, env: layer_norm(self._src(src, env, b), wt, bias,
-                                                 self._view(dst, b), eps, pdl=self.pdl)
+                                                 self._view(dst, b), eps, pdl=self.pdl_at(b))
             return lambda b, env: rms_norm(self._src(src, env, b), wt, self._view(dst, b), eps,
-                                           pdl=self.pdl)
+                                           pdl=self.pdl_at(b))
         if k == "linear":
             return self._lower_linear(op)
         if k == "attention":
@@ -318,7 +341,7 @@ class FusedBackend:
 
         def run(b, env):
             out = self.bufs[buf][:b, off:off + width]
-            gemv(self._src(x, env, b), wp, None, out, EPI_STORE, pdl=self.pdl)
+            gemv(self._src(x, env, b), wp, None, out, EPI_STORE, pdl=self.pdl_at(b))
             out.copy_(per_layer_input_tail(out, self._src(tok, env, b), wn, n, width // n,
                                            dim, op.eps))
         return run
@@ -350,7 +373,7 @@ class FusedBackend:
                                             gap=gap, epi=epi, src=src)
                 return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                            self.bufs[buf][:b, off:], epi, n_split=n_split,
-                                           gap=gap, pdl=self.pdl)
+                                           gap=gap, pdl=self.pdl_at(b))
         parts = []                              # one output at a time
         for d, (t, bb), act in zip(op.dst, ws, acts):
             buf, off, _ = self.program.segment(d)
@@ -359,7 +382,7 @@ class FusedBackend:
                 epi = EPI_STORE if act is None else EPI_QKV_GELU
                 parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off, epi=epi: gemv(
                     self._src(src, env, b), t, bb, self.bufs[buf][:b, off:], epi,
-                    pdl=self.pdl))
+                    pdl=self.pdl_at(b)))
             else:                               # no kernel epilogue: the torch op
                 parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(
                     d, b).copy_(act(F.linear(self._src(src, env, b), t, bb))))
@@ -383,7 +406,7 @@ class FusedBackend:
                 # baseline of EPILOGUE_FUSION: a cast launch first)
                 parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off, cast=cast: gemv(
                     self._src(src, env, b).to(cast) if cast else self._src(src, env, b), t,
-                    bb, self.bufs[buf][:b, off:], EPI_STORE, pdl=self.pdl))
+                    bb, self.bufs[buf][:b, off:], EPI_STORE, pdl=self.pdl_at(b)))
             else:
                 self.torch_linears.append(op.weights)
                 parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(
@@ -411,13 +434,13 @@ class FusedBackend:
                                         epi=EPI_RESIDUAL, src_buf=buf, src_off=off)
             return lambda b, env: gemv(self.bufs[buf][:b, off:off + width], w, bias,
                                        self.x[:b], EPI_RESIDUAL,
-                                       deterministic=self.deterministic, pdl=self.pdl)
+                                       deterministic=self.deterministic, pdl=self.pdl_at(b))
         parts = []
         for s, (t, bb) in zip(op.src, ws):
             t = t.contiguous()
             parts.append(lambda b, env, s=s, t=t, bb=bb: gemv(
                 self._view(s, b), t, None if bb is None else bb.float(), self.x[:b],
-                EPI_RESIDUAL, deterministic=self.deterministic, pdl=self.pdl))
+                EPI_RESIDUAL, deterministic=self.deterministic, pdl=self.pdl_at(b)))
 
         def run(b, env):
             for f in parts:
@@ -436,7 +459,7 @@ class FusedBackend:
         def attend(slot, qkv, out):
             decode_attention(qkv, pos, self.cos, self.sin, kv.data[slot, 0], kv.data[slot, 1],
                              out, self.scratch, a.n_heads, a.n_kv_heads, a.head_dim,
-                             pdl=self.pdl)
+                             pdl=self.pdl_at(b))
         env = {"attend": attend}
         if self.window:
             env["window"] = ("decode", self.row_ids[:b], pos.clamp(max=kv.capacity - 1),
@@ -456,7 +479,7 @@ class FusedBackend:
         """GPU-resident feedback: each row's next input embedding into the residual x."""
         if self.program.feedback.kind == "region":
             feedback_embedding(self.feedback, st.out[:b], st.phase[:b], self.x[:b],
-                               pdl=self.pdl)
+                               pdl=self.pdl_at(b))
         elif isinstance(self.feedback, ScaledTokenFeedback):
             self._inputs(self.feedback.embed(st.out[:b, 0]), b)
         else:
@@ -466,7 +489,7 @@ class FusedBackend:
         self.feed(st, b)
         self.decoder(st.pos[:b], b, st.pos_offset[:b], st.active[:b], attn_len)
         row_advance(self.x[:b], st.hidden[:b], st.active[:b], st.pos[:b], st.phase[:b],
-                    st.kind[:b], st.first[:b], st.phase_next, pdl=self.pdl)
+                    st.kind[:b], st.first[:b], st.phase_next, pdl=self.pdl_at(b))
 
     def head_logits(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
         """A head's logits [b, n] (a view of a buffer) from hidden [b, dim]."""
@@ -483,9 +506,9 @@ class FusedBackend:
         if h.mask_answer and self.spec.answer_id is not None:
             masked_argmax(logits, st.out, h.col, mask_col=self.spec.answer_id,
                           phase=st.phase[:b], first=st.first[:b],
-                          mask_phase=self.spec.answer_phase, pdl=self.pdl)
+                          mask_phase=self.spec.answer_phase, pdl=self.pdl_at(b))
         else:
-            masked_argmax(logits, st.out, h.col, segments=h.segments, pdl=self.pdl)
+            masked_argmax(logits, st.out, h.col, segments=h.segments, pdl=self.pdl_at(b))
 
     # -- a prompt prefill (T <= GEMV_MAX_ROWS tokens) into one row --------------------------
     def _inputs(self, inputs: dict, b: int) -> None:
@@ -506,7 +529,7 @@ class FusedBackend:
             def attend(slot, qkv, out):
                 decode_attention(qkv, pos, self.cos, self.sin, kv.data[slot, 0],
                                  kv.data[slot, 1], out, self.scratch, a.n_heads, a.n_kv_heads,
-                                 a.head_dim, pdl=self.pdl, kv_row=row)
+                                 a.head_dim, pdl=self.pdl_at(T), kv_row=row)
             env["attend"] = attend
         if self.hybrid:
             env["stateful"] = state_ops.prefill_ops(self.program, self.w, kv, row, pos,

@@ -15,6 +15,9 @@ and writing the backend's buffers as strided views (no copies), the state cache 
                    no later op): delta_net_rows_triton (ops/delta_net_rows.py)
                                                          1 launch (decode) instead of 3
 The stateful ops of a prefill (one row's prompt) stay the torch references of state_ops.py.
+With pdl (EngineOptions.pdl) the rms_zc norm, the fused DeltaNet kernel and the attention's
+three kernels launch with programmatic dependent launch (ops/pdl.py), so a GEMV after them
+starts loading its weights while they run; the other rows kernels launch plainly.
 Row states and cache slots are written only for active rows (no clone of the state); every
 per-step value (positions, offsets, active) is read on the device and the launch shapes
 depend only on the bucket and attn_len: the step is capturable in a CUDA graph.
@@ -133,7 +136,7 @@ class RowsLowering:
             delta_net_rows.delta_net_rows_triton(
                 be._view(x, b), be._view(z, b), be._view(bi, b), be._view(ai, b), cw, cstate,
                 a_log, dt_bias, nw, state, dims, eps, r.active, out=be._view(dst, b),
-                num_warps=warps)
+                num_warps=warps, pdl=be.pdl_at(b))
         return run, 3
 
     def _decode_or_torch(self, op, kernel):
@@ -155,7 +158,8 @@ class RowsLowering:
         w = be.w[op.weights[0] + ".weight"].contiguous()
         src, dst, eps = op.src[0], op.dst[0], op.eps
         return lambda b, env: rmsnorm_zero_centred_rows_triton(be._src(src, env, b), w,
-                                                               be._view(dst, b), eps)
+                                                               be._view(dst, b), eps,
+                                                               pdl=be.pdl_at(b))
 
     def _gated_norm(self, op):
         be = self.be
@@ -201,8 +205,8 @@ class RowsLowering:
             qk_norm_rope_rows_triton(qgh[..., :d], be._view(k, b).unflatten(1, (hkv, d)),
                                      be._view(v, b).unflatten(1, (hkv, d)), qn, kn, kc, vc,
                                      r.pos, r.offset, self.cos, self.sin, eps, r.active,
-                                     q_out=q)
+                                     q_out=q, pdl=be.pdl_at(b))
             gated_gqa_decode_rows_triton(q, kc, vc, r.pos, r.attn_len, qgh[..., d:],
                                          out=be._view(dst, b).unflatten(1, (hq, d)),
-                                         scratch=self.scratch[r.attn_len])
+                                         scratch=self.scratch[r.attn_len], pdl=be.pdl_at(b))
         return run

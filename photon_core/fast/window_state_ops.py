@@ -164,22 +164,25 @@ def lower_fused(be, op):
     def run(b, env):
         form = env["window"]
         pos = form[2]
+        pdl = be.pdl_at(b) and form[0] == "decode"     # (a prefill's torch ops launch plainly)
         q = be._view(op.src[0], b)
         k = v = None
         if la.writes:       # v first: with keys = values it is the raw k's scale-free norm
             k, v = be._view(op.src[1], b), be._view(op.src[2], b)
-            norm_rotary_triton(k if la.k_eq_v else v, None, None, None, None, D, op.eps, out=v)
+            norm_rotary_triton(k if la.k_eq_v else v, None, None, None, None, D, op.eps, out=v,
+                               pdl=pdl)
             qk = be.bufs[qbuf][:b, qoff:qoff + (la.n_heads + la.n_kv_heads) * D]
-            norm_rotary_triton(qk, qk_norm, cos, sin, pos, D, op.eps, out=qk)
+            norm_rotary_triton(qk, qk_norm, cos, sin, pos, D, op.eps, out=qk, pdl=pdl)
         else:
-            norm_rotary_triton(q, qn, cos, sin, pos, D, op.eps, out=q)
+            norm_rotary_triton(q, qn, cos, sin, pos, D, op.eps, out=q, pdl=pdl)
         out = be._view(op.dst[0], b)
         if form[0] == "decode":
             rows, attn_len = form[1], form[3]
             if k is not None:         # k and v at each row's slot: one launch
-                kv_slot_write_triton(k, v, kv.k[src], kv.v[src], rows, pos, kv.ring[src])
+                kv_slot_write_triton(k, v, kv.k[src], kv.v[src], rows, pos, kv.ring[src],
+                                     pdl=pdl)
             rows_decode_triton(q, kv.k[src], kv.v[src], rows, pos, la.window, kv.ring[src],
-                               la.scale, out, attn_len)
+                               la.scale, out, attn_len, pdl=pdl)
         else:
             row, n_valid, views = form[1], form[3], form[4]
             if k is not None:

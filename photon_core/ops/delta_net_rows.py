@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAVE_TRITON, tl, triton
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 from .gated_delta_net import conv1d_rows, delta_rule_rows
 from .gated_delta_rule import check_rows_state
 from .rmsnorm_gated import rmsnorm_gated
@@ -79,7 +80,9 @@ def _delta_net_rows_kernel(x_ptr, z_ptr, b_ptr, a_ptr, cw_ptr, cs_ptr, s_ptr, o_
                            s_s, eps, HAS_ACTIVE: tl.constexpr, HK: tl.constexpr,
                            HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                            DK_P2: tl.constexpr, DV_P2: tl.constexpr, K: tl.constexpr,
-                           K_P2: tl.constexpr):
+                           K_P2: tl.constexpr, GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     # every value head: its loads first (conv windows, state tile, z, gates: one round trip),
     # one barrier (the conv state is shifted in place), then the stores and the math
     bi = tl.program_id(0)
@@ -142,13 +145,13 @@ def delta_net_rows_triton(qkv: torch.Tensor, z: torch.Tensor, b_in: torch.Tensor
                           norm_weight: torch.Tensor, state: torch.Tensor,
                           dims: tuple[int, int, int, int], eps: float,
                           active: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                          num_warps: int = 0) -> torch.Tensor:
+                          num_warps: int = 0, pdl: bool = False) -> torch.Tensor:
     """As delta_net_rows_reference (in place on the states), one launch: qkv [b, C = 2 Hk Dk
     + Hv Dv] before the conv, z [b, Hv Dv], b_in / a_in [b, Hv] (any row strides, unit last
     stride), conv_weight [C, K], conv_state [>= b, C, K-1] (any strides), a_log / dt_bias
     [Hv], norm_weight [Dv], state [>= b, Hv, Dk, Dv] fp32 (inner dims contiguous), dims (Hk,
     Hv, Dk, Dv), active [b] bool or None (all rows), out [b, Hv Dv] (unit last stride; new
-    when None), num_warps (0: NUM_WARPS's rule) -> out in qkv's dtype."""
+    when None), num_warps (0: NUM_WARPS's rule), pdl (ops/pdl.py) -> out in qkv's dtype."""
     if not HAVE_TRITON:
         raise RuntimeError("Triton is not installed")
     hk, hv, dk, dv = dims
@@ -175,6 +178,7 @@ def delta_net_rows_triton(qkv: torch.Tensor, z: torch.Tensor, b_in: torch.Tensor
         raise ValueError(f"out must be [{b}, {hv * dv}] in qkv's dtype, unit last stride")
     act = active.view(torch.uint8) if active is not None else qkv
     tile = triton.next_power_of_2(dk) * triton.next_power_of_2(dv)
+    _, gdc, launch_kw = pdl_launch(pdl, qkv)
     _delta_net_rows_kernel[(b, hk)](
         qkv, z, b_in, a_in, conv_weight, conv_state, state, out, a_log.contiguous(),
         dt_bias.contiguous(), norm_weight.contiguous(), act, qkv.stride(0), z.stride(0),
@@ -182,6 +186,6 @@ def delta_net_rows_triton(qkv: torch.Tensor, z: torch.Tensor, b_in: torch.Tensor
         conv_state.stride(1), conv_state.stride(2), state.stride(0), eps,
         HAS_ACTIVE=active is not None, HK=hk, HV=hv, DK=dk, DV=dv,
         DK_P2=triton.next_power_of_2(dk), DV_P2=triton.next_power_of_2(dv), K=kw,
-        K_P2=triton.next_power_of_2(kw),
-        num_warps=num_warps or (4 if tile <= 16384 else 8))
+        K_P2=triton.next_power_of_2(kw), GDC=gdc,
+        num_warps=num_warps or (4 if tile <= 16384 else 8), **launch_kw)
     return out

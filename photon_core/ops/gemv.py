@@ -43,6 +43,7 @@ from ._triton import tl, triton
 from . import GEMV_MAX_ROWS
 from .gated_activation import (ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_activation,
                                gated_value)
+from . import pdl as _pdl
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
@@ -77,8 +78,9 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
-                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0):
-    pdl_launch_dependents(GDC)
+                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False):
+    if not LATE:
+        pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -118,6 +120,8 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
         else:
             acc2 += w.to(tl.float32) * x.to(w.dtype).to(tl.float32)
+    if LATE:        # (pdl.LATE_TRIGGER) the next kernel launches during the epilogue
+        pdl_launch_dependents(GDC)
     if not DOT:
         acc = tl.sum(acc2, axis=1)[None, :]
     mask = b_ok[:, None] & n_ok[None, :]
@@ -289,7 +293,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages,
-                       ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH, **launch_kw)
+                       ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
+                       LATE=gdc and _pdl.LATE_TRIGGER, **launch_kw)
     return y
 
 

@@ -178,10 +178,15 @@ def gated_gqa_decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # stores into the output view. The split plan depends only on attn_len (fixed per graph), so
 # one launch pair serves every step; splits past a row's length are empty and weigh 0.
 if triton is not None:
+    from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _gqa_rows_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, ATTN,
                                SPLIT, D, scale, sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-                               HQ, NS, REP: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
+                               HQ, NS, REP: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
+                               GDC: tl.constexpr = False):
+        pdl_launch_dependents(GDC)
+        pdl_wait(GDC)
         r = tl.program_id(0)
         h = tl.program_id(1)
         sp = tl.program_id(2)
@@ -202,7 +207,10 @@ if triton is not None:
 
     @triton.jit
     def _gqa_rows_combine_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, o_ptr, HQ, NS, D, sg_b, sg_h,
-                                 so_b, so_h, NS_P2: tl.constexpr, BD: tl.constexpr):
+                                 so_b, so_h, NS_P2: tl.constexpr, BD: tl.constexpr,
+                                 GDC: tl.constexpr = False):
+        pdl_launch_dependents(GDC)
+        pdl_wait(GDC)
         r = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.arange(0, NS_P2)
@@ -245,7 +253,8 @@ class RowsAttentionScratch:
 def gated_gqa_decode_rows_triton(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                                  pos: torch.Tensor, attn_len: int, gate: torch.Tensor,
                                  out: torch.Tensor | None = None,
-                                 scratch: RowsAttentionScratch | None = None) -> torch.Tensor:
+                                 scratch: RowsAttentionScratch | None = None,
+                                 pdl: bool = False) -> torch.Tensor:
     """A decode step over rows 0 .. b-1 (the attention part of
     gated_attention.gated_attention_rows): q [b, Hq, D] (normed, rotated), kc, vc [>= b, Hkv,
     capacity, D] (row r in slot r, its new k/v already written), pos [b] int on q's device
@@ -273,12 +282,14 @@ def gated_gqa_decode_rows_triton(q: torch.Tensor, kc: torch.Tensor, vc: torch.Te
     elif out.shape != (b, hq, d) or out.stride(-1) != 1:
         raise ValueError(f"out must be [{b}, {hq}, {d}] with unit last stride")
     ns, bd = scratch.n_splits, triton.next_power_of_2(d)
+    _, gdc, launch_kw = pdl_launch(pdl, q)      # (pdl: ops/pdl.py)
     _gqa_rows_split_kernel[(b, hq, ns)](
         q, kc, vc, pos, scratch.m, scratch.l, scratch.acc, attn_len, scratch.split, d,
         d ** -0.5, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2), hq, ns, REP=hq // hkv, BS=scratch.block_s,
-        BD=bd)
+        BD=bd, GDC=gdc, **launch_kw)
     _gqa_rows_combine_kernel[(b, hq)](
         scratch.m, scratch.l, scratch.acc, gate, out, hq, ns, d, gate.stride(0),
-        gate.stride(1), out.stride(0), out.stride(1), NS_P2=triton.next_power_of_2(ns), BD=bd)
+        gate.stride(1), out.stride(0), out.stride(1), NS_P2=triton.next_power_of_2(ns), BD=bd,
+        GDC=gdc, **launch_kw)
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import tl, triton
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 def kv_slot_write_reference(k: torch.Tensor, v: torch.Tensor, k_state: torch.Tensor,
@@ -27,7 +28,10 @@ def kv_slot_write_reference(k: torch.Tensor, v: torch.Tensor, k_state: torch.Ten
 @triton.jit
 def _kv_slot_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, rows_ptr, pos_ptr, n_slots,
                           stride_k, stride_v, stride_r, stride_h, stride_t,
-                          D: tl.constexpr, BLOCK_D: tl.constexpr, RING: tl.constexpr):
+                          D: tl.constexpr, BLOCK_D: tl.constexpr, RING: tl.constexpr,
+                          GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     i = tl.program_id(0)
     h = tl.program_id(1)
     row = tl.load(rows_ptr + i)
@@ -45,12 +49,13 @@ def _kv_slot_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, rows_ptr, pos_ptr, n_slo
 
 def kv_slot_write_triton(k: torch.Tensor, v: torch.Tensor, k_state: torch.Tensor,
                          v_state: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
-                         ring: bool) -> None:
+                         ring: bool, pdl: bool = False) -> None:
     b = k.shape[0]
     hkv, S, d = k_state.shape[1:]
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape[-1] == v.shape[-1] == hkv * d
     assert k_state.stride() == v_state.stride() and k_state.stride(3) == 1
+    _, gdc, launch_kw = pdl_launch(pdl, k)     # (pdl: ops/pdl.py)
     _kv_slot_write_kernel[(b, hkv)](
         k, v, k_state, v_state, rows, pos, S, k.stride(0), v.stride(0), k_state.stride(0),
         k_state.stride(1), k_state.stride(2), D=d, BLOCK_D=triton.next_power_of_2(d),
-        RING=ring, num_warps=1 if d <= 128 else 4)
+        RING=ring, GDC=gdc, num_warps=1 if d <= 128 else 4, **launch_kw)

@@ -143,12 +143,17 @@ def rope_table(n: int, rot_dim: int, theta: float, sections, dtype=torch.float32
 # three equal M-RoPE rows) indexes cos/sin tables [n, R] (rope_table; clamped to 0 .. n-1);
 # positions and offsets are read on the device (CUDA-graph friendly).
 if triton is not None:
+    from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _qk_norm_rope_rows_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, qo_ptr, kc_ptr, vc_ptr,
                                   cos_ptr, sin_ptr, pos_ptr, off_ptr, act_ptr, HQ, D, R, NTAB,
                                   CAP, sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sqo_b, sqo_h,
                                   skc_b, skc_h, skc_s, svc_b, svc_h, svc_s, eps,
-                                  HAS_ACTIVE: tl.constexpr, BD: tl.constexpr):
+                                  HAS_ACTIVE: tl.constexpr, BD: tl.constexpr,
+                                  GDC: tl.constexpr = False):
+        pdl_launch_dependents(GDC)
+        pdl_wait(GDC)
         r = tl.program_id(0)
         h = tl.program_id(1)
         pos = tl.load(pos_ptr + r)
@@ -180,13 +185,14 @@ def qk_norm_rope_rows_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              vc: torch.Tensor, pos: torch.Tensor, offset: torch.Tensor,
                              cos: torch.Tensor, sin: torch.Tensor, eps: float = 1e-6,
                              active: torch.Tensor | None = None,
-                             q_out: torch.Tensor | None = None) -> torch.Tensor:
+                             q_out: torch.Tensor | None = None, pdl: bool = False
+                             ) -> torch.Tensor:
     """A decode step over rows 0 .. b-1 (the q/k part of gated_attention.gated_attention_rows):
     q [b, Hq, D], k, v [b, Hkv, D] (any row / head strides, unit last stride; e.g. views of
     the projections' buffer), kc, vc [>= b, Hkv, capacity, D] (one layer of the state cache,
     row r in slot r), pos, offset [b] int (cache position; rotary position pos + offset),
     cos, sin [n, R] tables (rope_table), active [b] bool or None (all rows write their k/v).
-    -> q_out [b, Hq, D] (normed, rotated; new when None)."""
+    -> q_out [b, Hq, D] (normed, rotated; new when None). pdl: ops/pdl.py."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     b, hq, d = q.shape
@@ -209,10 +215,11 @@ def qk_norm_rope_rows_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     elif q_out.shape != (b, hq, d) or q_out.stride(-1) != 1:
         raise ValueError(f"q_out must be [{b}, {hq}, {d}] with unit last stride")
     act = active.view(torch.uint8) if active is not None else pos
+    _, gdc, launch_kw = pdl_launch(pdl, q)
     _qk_norm_rope_rows_kernel[(b, hq + hkv)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), q_out, kc, vc, cos, sin, pos,
         offset, act, hq, d, r, n, cap, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1), kc.stride(0), kc.stride(1),
         kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), eps,
-        HAS_ACTIVE=active is not None, BD=triton.next_power_of_2(d))
+        HAS_ACTIVE=active is not None, BD=triton.next_power_of_2(d), GDC=gdc, **launch_kw)
     return q_out

@@ -3,7 +3,11 @@
 A kernel launched with launch_pdl=True may start while the kernel before it in the stream is
 still running (once every program of that one has called gdc_launch_dependents, or ended).
 So each such kernel:
-  - calls pdl_launch_dependents(GDC) first (lets the NEXT kernel launch early),
+  - calls pdl_launch_dependents(GDC) (lets the NEXT kernel launch early): first, or - a
+    kernel that streams weights (the GEMV), with LATE_TRIGGER - after its main loop, so
+    the next kernel's programs launch (and load their first weights) during this one's
+    epilogue instead of sitting on the SMs beside its whole run (and the kernel after
+    that one launching as early, and so on down the stream),
   - reads only constant tensors (weights) before pdl_wait(GDC),
   - calls pdl_wait(GDC) unconditionally, in every program, before reading or writing anything
     an earlier kernel writes (it returns once the previous kernel has finished and its
@@ -20,6 +24,10 @@ from __future__ import annotations
 import os
 
 from ._triton import HAVE_TRITON, tl, triton
+
+# the GEMV's trigger after its K loop (False: at its start, sessions 3-11's form, measured
+# slower than no PDL at all; bench/ab_switch.py --toggle photon_core.ops.pdl:LATE_TRIGGER=0)
+LATE_TRIGGER = True
 
 HAVE_GDC = False
 if HAVE_TRITON:

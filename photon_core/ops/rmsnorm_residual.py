@@ -16,6 +16,7 @@ import torch
 
 from ._triton import tl, triton
 from .layernorm import rmsnorm_row
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 from .rmsnorm_scaled import rmsnorm_scaled
 
 
@@ -29,7 +30,9 @@ def rmsnorm_residual(src: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, e
 def _rmsnorm_residual_kernel(s_ptr, w_ptr, x_ptr, scale_ptr, n, stride_s, stride_x, eps,
                              w2_ptr, h_ptr, stride_h, eps2,
                              HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr,
-                             NEXT: tl.constexpr = False):
+                             NEXT: tl.constexpr = False, GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK)
     m = c < n
@@ -49,20 +52,21 @@ def _rmsnorm_residual_kernel(s_ptr, w_ptr, x_ptr, scale_ptr, n, stride_s, stride
 def rmsnorm_residual_triton(src: torch.Tensor, weight: torch.Tensor, x: torch.Tensor,
                             eps: float, scale: torch.Tensor | None = None,
                             next_weight: torch.Tensor | None = None,
-                            h: torch.Tensor | None = None, next_eps: float = 1e-6
-                            ) -> torch.Tensor:
+                            h: torch.Tensor | None = None, next_eps: float = 1e-6,
+                            pdl: bool = False) -> torch.Tensor:
     """src, x [rows, n] (unit column stride); x updated in place and returned. next_weight:
-    also h [rows, n] = RMSNorm(updated x) * next_weight (eps next_eps)."""
+    also h [rows, n] = RMSNorm(updated x) * next_weight (eps next_eps). pdl: ops/pdl.py."""
     assert src.shape == x.shape and src.stride(1) == 1 and x.stride(1) == 1
     nxt = next_weight is not None
     if nxt:
         assert h is not None and h.shape == x.shape and h.stride(1) == 1
     rows, n = x.shape
     block = triton.next_power_of_2(n)
+    _, gdc, launch_kw = pdl_launch(pdl, x)
     _rmsnorm_residual_kernel[(rows,)](src, weight, x, scale if scale is not None else weight,
                                       n, src.stride(0), x.stride(0), float(eps),
                                       next_weight if nxt else weight, h if nxt else x,
                                       h.stride(0) if nxt else 0, float(next_eps),
                                       HAS_SCALE=scale is not None, BLOCK=block, NEXT=nxt,
-                                      num_warps=4 if block <= 2048 else 8)
+                                      GDC=gdc, num_warps=4 if block <= 2048 else 8, **launch_kw)
     return x

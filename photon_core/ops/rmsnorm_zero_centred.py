@@ -32,9 +32,14 @@ except ImportError:   # the torch reference above needs no Triton
     triton = None
 
 if triton is not None:
+    from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _rmsnorm_zc_kernel(x_ptr, d_ptr, w_ptr, s_ptr, y_ptr, D, sx, sd, ss, sy, eps,
-                           HAS_DELTA: tl.constexpr, BD: tl.constexpr):
+                           HAS_DELTA: tl.constexpr, BD: tl.constexpr,
+                           GDC: tl.constexpr = False):
+        pdl_launch_dependents(GDC)
+        pdl_wait(GDC)
         row = tl.program_id(0)
         i = tl.arange(0, BD)
         m = i < D
@@ -85,11 +90,12 @@ def rmsnorm_zero_centred_triton(x: torch.Tensor, weight: torch.Tensor, eps: floa
 # in fp32, scaled by (1 + w) and stored into out's row (any row stride, out's dtype: a view of
 # the backend's buffer).
 def rmsnorm_zero_centred_rows_triton(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
-                                     eps: float = 1e-6, delta: torch.Tensor | None = None
-                                     ) -> torch.Tensor:
+                                     eps: float = 1e-6, delta: torch.Tensor | None = None,
+                                     pdl: bool = False) -> torch.Tensor:
     """x [b, D] (unit last stride, any row stride), out [b, D] (likewise; any float dtype):
     out = rmsnorm_zero_centred(x) rounded to out's dtype. With delta [b, D]: first x += delta
-    in place (rounded to x's dtype, as add_rmsnorm_zero_centred), then the norm of the sum."""
+    in place (rounded to x's dtype, as add_rmsnorm_zero_centred), then the norm of the sum.
+    pdl: programmatic dependent launch (ops/pdl.py)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     b, d = x.shape
@@ -101,8 +107,9 @@ def rmsnorm_zero_centred_rows_triton(x: torch.Tensor, weight: torch.Tensor, out:
     if delta is not None and delta.stride(-1) != 1:
         delta = delta.contiguous()
     # the one-sequence kernel with the sum stored back into x (s = x)
+    _, gdc, launch_kw = pdl_launch(pdl, x)
     _rmsnorm_zc_kernel[(b,)](
         x, delta if delta is not None else x, weight.contiguous(), x, out, d, x.stride(0),
         delta.stride(0) if delta is not None else 0, x.stride(0), out.stride(0), eps,
-        HAS_DELTA=delta is not None, BD=triton.next_power_of_2(d))
+        HAS_DELTA=delta is not None, BD=triton.next_power_of_2(d), GDC=gdc, **launch_kw)
     return out

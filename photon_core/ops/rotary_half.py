@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import tl, triton
+from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
 def inv_freq(head_dim: int, theta: float, rotary_fraction: float = 1.0,
@@ -42,7 +43,10 @@ def apply_rotary_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, heads, stride_x,
                         stride_o, stride_t, w_head_stride, eps, D: tl.constexpr,
                         BLOCK_H: tl.constexpr,
-                        NORM: tl.constexpr, HAS_W: tl.constexpr, ROTATE: tl.constexpr):
+                        NORM: tl.constexpr, HAS_W: tl.constexpr, ROTATE: tl.constexpr,
+                        GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
     row = tl.program_id(0)
     hh = tl.arange(0, BLOCK_H)[:, None]          # every head of the row in one tile
     i = tl.arange(0, D)[None, :]
@@ -70,12 +74,12 @@ def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, heads, s
 def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor | None,
                        sin: torch.Tensor | None, pos: torch.Tensor | None, head_dim: int,
                        eps: float = 1e-6, norm: bool = True,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """x [rows, heads * D] (unit column stride): per head RMSNorm (times weight [D], or
     [heads * D]: a weight per head, e.g. q and k side by side with their own norms; none:
     scale-free; norm=False: no norm), then rotate-half at position pos[row] of the tables
     cos/sin [positions, D] (skipped when cos is None). -> out [rows, heads * D] (may alias
-    x). One program per row (all its heads in one tile)."""
+    x). One program per row (all its heads in one tile). pdl: ops/pdl.py."""
     rows, n = x.shape
     d = head_dim
     assert n % d == 0 and x.stride(1) == 1 and d & (d - 1) == 0, "power-of-two head size"
@@ -88,12 +92,14 @@ def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.
     block_h = triton.next_power_of_2(heads)
     per_head = weight is not None and weight.numel() == n and n != d
     assert weight is None or weight.numel() in (d, n)
+    _, gdc, launch_kw = pdl_launch(pdl, x)
     _norm_rotary_kernel[(rows,)](
         x, weight if weight is not None else x, cos if rotate else x, sin if rotate else x,
         pos if rotate else x, out, heads, x.stride(0), out.stride(0),
         cos.stride(0) if rotate else 0, d if per_head else 0, float(eps), D=d,
-        BLOCK_H=block_h, NORM=norm, HAS_W=weight is not None, ROTATE=rotate,
-        num_warps=4 if block_h * d <= 4096 else 8)    # sm_90: no spills at 16 x 512 fp32
+        BLOCK_H=block_h, NORM=norm, HAS_W=weight is not None, ROTATE=rotate, GDC=gdc,
+        num_warps=4 if block_h * d <= 4096 else 8,    # sm_90: no spills at 16 x 512 fp32
+        **launch_kw)
     return out
 
 

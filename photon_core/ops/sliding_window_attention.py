@@ -254,6 +254,8 @@ if triton is not None:
             m = m_new
         return m, l, acc
 
+    from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
+
     @triton.jit
     def _rows_query(q_ptr, i, g, stride_qb, rep, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_R: tl.constexpr):
@@ -268,7 +270,9 @@ if triton is not None:
     def _rows_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, rows_ptr, pos_ptr, n_slots, window,
                             scale, stride_qb, stride_ob, stride_kr, stride_kh, stride_kt, rep,
                             D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_R: tl.constexpr, IEEE: tl.constexpr):
+                            BLOCK_R: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr = False):
+        pdl_launch_dependents(GDC)
+        pdl_wait(GDC)
         i = tl.program_id(0)
         g = tl.program_id(1)                     # the k/v head: its `rep` query heads at once
         row = tl.load(rows_ptr + i)
@@ -288,9 +292,11 @@ if triton is not None:
                                   stride_kh, stride_kt, rep, hq, chunk,
                                   D: tl.constexpr, BLOCK_D: tl.constexpr,
                                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-                                  IEEE: tl.constexpr):
+                                  IEEE: tl.constexpr, GDC: tl.constexpr = False):
         """Program (row, k/v head, split): the split's `chunk` slots of the row's range ->
         softmax partials per query head at [(i * hq + head) * n_split + split]."""
+        pdl_launch_dependents(GDC)
+        pdl_wait(GDC)
         i = tl.program_id(0)
         g = tl.program_id(1)
         sp = tl.program_id(2)
@@ -311,7 +317,10 @@ if triton is not None:
 
     @triton.jit
     def _rows_combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, stride_ob, hq, n_split,
-                             D: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_P2: tl.constexpr):
+                             D: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_P2: tl.constexpr,
+                             GDC: tl.constexpr = False):
+        pdl_launch_dependents(GDC)
+        pdl_wait(GDC)
         i = tl.program_id(0)
         h = tl.program_id(1)
         sidx = tl.arange(0, SPLIT_P2)
@@ -338,13 +347,15 @@ SPLIT_BELOW = 64
 def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        rows: torch.Tensor, pos: torch.Tensor, window: int | None, ring: bool,
                        scale: float, out: torch.Tensor, attn_len: int | None = None,
-                       block_n: int = 64, split: bool | None = None) -> torch.Tensor:
+                       block_n: int = 64, split: bool | None = None, pdl: bool = False
+                       ) -> torch.Tensor:
     """Triton kernel of `rows_decode_reference`: q [b, Hq * D] (row stride free), out the
     same shape; one program per (row, k/v head): its query heads share each k/v tile (two
     tl.dot per tile, the heads padded to 16), online softmax over the row's slots (a ring's
     S slots; a full-length layer's window only). Positions and rows are device tensors.
     split (None: when b x Hkv < SPLIT_BELOW): one program per (row, k/v head, tile of
-    block_n slots of the row's range), softmax partials merged by a second kernel."""
+    block_n slots of the row's range), softmax partials merged by a second kernel.
+    pdl: programmatic dependent launch (ops/pdl.py)."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     b = q.shape[0]
@@ -359,9 +370,10 @@ def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     block_d = max(16, triton.next_power_of_2(d))
     block_n, stages, warps = rows_decode_launch(block_d, k_cache.element_size(), block_n)
     args = (rows, pos, n, window if masked else 1 << 30, float(scale), q.stride(0))
+    _, gdc, launch_kw = pdl_launch(pdl, q)
     kw = dict(D=d, BLOCK_D=block_d, BLOCK_N=block_n,
               BLOCK_R=max(16, triton.next_power_of_2(hq // hkv)),
-              IEEE=q.dtype == torch.float32, num_warps=warps)
+              IEEE=q.dtype == torch.float32, num_warps=warps, GDC=gdc, **launch_kw)
     if split is None:
         split = b * hkv < SPLIT_BELOW
     if not split:
@@ -378,7 +390,7 @@ def rows_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         k_cache.stride(2), hq // hkv, hq, block_n, num_stages=stages, **kw)
     _rows_combine_kernel[(b, hq)](m, l, acc, out, out.stride(0), hq, n_split, D=d,
                                   BLOCK_D=block_d, SPLIT_P2=triton.next_power_of_2(n_split),
-                                  num_warps=4)
+                                  num_warps=4, GDC=gdc, **launch_kw)
     return out
 
 

@@ -55,14 +55,15 @@ def cancel_mid_flight(fe, a, b, steps: int = 5) -> int:
     return row
 
 
-def fused_pass(model, kv: int, monkeypatch, switches: dict, b: int = 2) -> tuple:
+def fused_pass(model, kv: int, monkeypatch, switches: dict, b: int = 2, **options) -> tuple:
     """One fused decoder pass over the same random rows (fresh state, positions 5 and 9) with
-    fused_backend's module switches set as given: (x, {buffer: rows}, the backend)."""
+    fused_backend's module switches set as given (and EngineOptions fields `options`):
+    (x, {buffer: rows}, the backend)."""
     from photon_core.fast import FastEngine
     from photon_core.fast import fused_backend as fb_mod
     for name, on in switches.items():
         monkeypatch.setattr(fb_mod, name, on)
-    fe = FastEngine(model, max_batch=b, kv_capacity=kv, fused="on")
+    fe = FastEngine(model, max_batch=b, kv_capacity=kv, fused="on", **options)
     f = fe.state.fused
     g = torch.Generator().manual_seed(0)
     f.x[:b] = torch.randn(b, f.x.shape[1], generator=g)
@@ -71,6 +72,24 @@ def fused_pass(model, kv: int, monkeypatch, switches: dict, b: int = 2) -> tuple
     bufs = {k: v[:b].clone() for k, v in f.bufs.items()}
     fe.close()
     return x, bufs, f
+
+
+def pdl_changes_no_bits(model, kv: int, monkeypatch) -> None:
+    """fused_pass without and with EngineOptions.pdl (the kernels' PDL code shapes; their
+    griddepcontrol instructions exist on a Hopper GPU only): the same bits in the residual,
+    every buffer and every row state."""
+    outs = []
+    for pdl in (False, True):
+        x, bufs, f = fused_pass(model, kv, monkeypatch, {}, pdl=pdl)
+        assert f.pdl is pdl
+        cache = [t.clone() for t in (*f.kv.k.values(), *f.kv.v.values())]
+        outs.append((x, bufs, {k: v.clone() for k, v in f.kv.states.items()}, cache))
+    (x0, b0, s0, c0), (x1, b1, s1, c1) = outs
+    assert torch.equal(x0, x1) and all(torch.equal(a, c) for a, c in zip(c0, c1))
+    for k in b0:
+        assert torch.equal(b0[k], b1[k]), k
+    for k in s0:
+        assert torch.equal(s0[k], s1[k]), k
 
 
 def fused_pattern_bits(model, kv: int, monkeypatch, b: int = 2) -> list:

@@ -23,7 +23,7 @@ from photon_core.task import Task, TaskError
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import cancel_mid_flight, results_and_text  # noqa: E402
 from engine_runs import fused_ok as _fused_ok  # noqa: E402
-from engine_runs import fused_pattern_bits  # noqa: E402
+from engine_runs import fused_pattern_bits, pdl_changes_no_bits  # noqa: E402
 from engine_runs import same_run as _same  # noqa: E402
 
 KV = 256      # state-cache positions per row (the CPU default, max_context 4096, is slow)
@@ -140,6 +140,15 @@ def test_fused_patterns_change_no_bits(model, monkeypatch):
                                   if s.startswith(("m.", "pm"))):
         buf, off, w = model.fast_family().spec.program.segment(seg)
         assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w]), seg
+
+
+def test_fused_pass_with_pdl_gives_the_same_bits(model, monkeypatch):
+    """EngineOptions.pdl (the GEMVs, sandwich norms, norm + rotary, k/v slot write and
+    window attention kernels with their PDL arguments) changes no bit of the pass."""
+    from photon_core.fast.fused_backend import PDL_AUTO_ROWS, auto_pdl_rows
+    _fused_ok("on")
+    pdl_changes_no_bits(model, KV, monkeypatch)
+    assert auto_pdl_rows(model.fast_family().spec.program) == PDL_AUTO_ROWS   # pdl "auto"
 
 
 def test_encode_runs_only_the_layers_that_store_kv(model, monkeypatch):

@@ -45,13 +45,13 @@ def _key(r):
     return (r.output, r.tokens, r.finish_reason)
 
 
-@pytest.mark.parametrize("fused", ["off", "on"])
-def test_graphs_match_reference_fp32(ckpt, frame, fused):
+@pytest.mark.parametrize("fused,pdl", [("off", False), ("on", False), ("on", True)])
+def test_graphs_match_reference_fp32(ckpt, frame, fused, pdl):
     from photon_core.fast import FastEngine
     from photon_core.models import gemma4
 
     m = gemma4.load_model(str(ckpt), device="cuda", dtype="fp32", max_soft_tokens=70)
-    fe = FastEngine(m, max_batch=4, kv_capacity=KV, fused=fused)
+    fe = FastEngine(m, max_batch=4, kv_capacity=KV, fused=fused, pdl=pdl)
     assert fe.use_graphs and len(fe.runner.graphs) > 0 and len(fe.prefill.graphs) > 0
     assert (fe.state.fused is not None) == (fused == "on")
     enc = fe.encode_image(frame)

@@ -19,7 +19,7 @@ from photon_core.task import Task
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import fused_ok as _fused_ok  # noqa: E402
-from engine_runs import fused_pass, fused_pattern_bits  # noqa: E402
+from engine_runs import fused_pass, fused_pattern_bits, pdl_changes_no_bits  # noqa: E402
 from engine_runs import results_and_text as _fast  # noqa: E402
 from engine_runs import same_run as _same  # noqa: E402
 
@@ -140,6 +140,16 @@ def test_fused_delta_net_runs_as_one_launch(model, monkeypatch):
     assert s1.keys() == s0.keys()
     for key in s1:
         torch.testing.assert_close(s1[key], s0[key], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_pass_with_pdl_gives_the_same_bits(model, monkeypatch):
+    """EngineOptions.pdl: the GEMVs' PDL code shape (first weight tile before the wait) and
+    the rows kernels' pdl arguments (the norm, fused DeltaNet, attention kernels) change no
+    bit of the pass, the buffers or the row states."""
+    from photon_core.fast.fused_backend import PDL_AUTO_ROWS, auto_pdl_rows
+    _fused_ok("on")
+    pdl_changes_no_bits(model, KV, monkeypatch)
+    assert auto_pdl_rows(model.fast_family().spec.program) == PDL_AUTO_ROWS   # pdl "auto"
 
 
 def test_fused_norms_prefix_pass(model):

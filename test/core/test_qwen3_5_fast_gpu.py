@@ -35,13 +35,15 @@ def frame():
     return np.random.default_rng(3).integers(0, 256, (96, 128, 3), dtype=np.uint8)
 
 
-@pytest.mark.parametrize("fused", ["off", "on"])
-def test_graphs_match_reference_fp32(ckpt, frame, fused):
+@pytest.mark.parametrize("fused,pdl", [("off", False), ("on", False), ("on", True)])
+def test_graphs_match_reference_fp32(ckpt, frame, fused, pdl):
+    """(pdl: every PDL-capable kernel of the step launched with programmatic dependent
+    launch, ops/pdl.py - on a Hopper GPU with its griddepcontrol waits)"""
     from photon_core.fast import FastEngine
     from photon_core.models import qwen3_5
 
     m = qwen3_5.load_model(str(ckpt), device="cuda", dtype="fp32")
-    fe = FastEngine(m, max_batch=4, kv_capacity=512, fused=fused)
+    fe = FastEngine(m, max_batch=4, kv_capacity=512, fused=fused, pdl=pdl)
     assert fe.use_graphs and len(fe.runner.graphs) > 0
     # the prompt prefill's graphs (a bucket that could not be captured runs eagerly)
     assert not fe.prefill.capture_errors, fe.prefill.capture_errors
