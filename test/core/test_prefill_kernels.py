@@ -215,6 +215,38 @@ def test_fused_prefill_matches_reference_prefill(model):
         prefill_prefix(w, t, x, fused, model.prefix_len, kernels=True)   # not fast
 
 
+def test_fused_prefill_without_hidden_writes_the_same_kv(model, monkeypatch):
+    """hidden=False (the runtime's encode): the fused form stops at the last k/v write - the
+    last layer runs its norm and qkv GEMM only (no fc1, attention, projection, fc2) - and
+    every layer's k/v is bitwise the k/v of the whole pass."""
+    from photon_core.models.moondream2 import batched_encode
+    from photon_core.models.moondream2 import prefix_prefill as pp
+    t, w = model.config.text, model.weights
+    x = torch.randn(2, model.prefix_len, t.dim, generator=torch.Generator().manual_seed(7))
+    whole, cut = (batched_encode.kv_buffer(model, 2) for _ in range(2))
+    cut.fill_(float("nan"))
+    calls = {"gelu": 0, "sdpa": 0}
+    gelu, sdpa = pp.linear_gelu, pp.F.scaled_dot_product_attention
+
+    def count(name, fn):
+        def wrapped(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapped
+    monkeypatch.setattr(pp, "linear_gelu", count("gelu", gelu))
+    monkeypatch.setattr(pp.F, "scaled_dot_product_attention", count("sdpa", sdpa))
+    with torch.inference_mode():
+        h = pp.prefill_prefix(w, t, x, whole, model.prefix_len, fast=True, kernels=True)
+        assert calls == {"gelu": t.n_layers, "sdpa": t.n_layers} and h is not None
+        got = pp.prefill_prefix(w, t, x, cut, model.prefix_len, fast=True, kernels=True,
+                                hidden=False)
+    assert got is None and calls == {"gelu": 2 * t.n_layers - 1, "sdpa": 2 * t.n_layers - 1}
+    assert torch.equal(cut, whole)
+    ops = pp.kv_ops(pp.decoder_ops(t))
+    assert [op.kind for op in ops[-4:]] == ["residual", "norm", "linear", "attention"]
+    assert ops[-2].dst == ("qkv",) and ops[-1].dst == ()
+
+
 def test_fused_prefill_fp16_close(model):
     """fp16 (the interpreter's reduced precision): close to the reference prefill."""
     from photon_core.models.moondream2 import batched_encode

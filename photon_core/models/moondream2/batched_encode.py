@@ -96,7 +96,9 @@ def encode_body(model, x: torch.Tensor, layouts: list[FrameLayout], kv: torch.Te
         tokens = w.mlp(stacked, "vision.proj_mlp")                       # [n, g*g, dim]
     bos = text.embed(w, torch.full((len(layouts), 1), model.config.tokenizer.bos_id,
                                    device=w.device))                     # [n, 1, dim]
-    prefill_prefix(w, t, torch.cat([bos, tokens], dim=1), kv, model.prefix_len, fast=fast)
+    # (only the k/v are kept: the fused form stops at the last k/v write)
+    prefill_prefix(w, t, torch.cat([bos, tokens], dim=1), kv, model.prefix_len, fast=fast,
+                   hidden=False)
 
 
 def frame_crops(model, images: list, crops: str | None):

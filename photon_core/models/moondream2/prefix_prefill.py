@@ -31,6 +31,10 @@ the leading dimension):
     Close to fast=True, kernels=False (other roundings: the sum x + t + b is rounded once,
     the GEMMs' sum once), not bitwise. kernels=True runs on the CPU too under
     TRITON_INTERPRET=1 (the tests), with linear_gelu's reference there.
+    hidden=False (the runtime's encode, which keeps only the k/v): the fused form stops at
+    the last k/v write - no attention, output projection or MLP after the last layer's
+    qkv GEMM, whose outputs no cache entry needs (~1/24 of the prefill's GEMMs); every k/v
+    the same bits as with hidden=True (the same calls up to there).
 """
 from __future__ import annotations
 
@@ -54,12 +58,15 @@ ATTENTION_FORMS = ("span", "prefix")
 
 def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
                    prefix_len: int, fast: bool = False,
-                   attention: str | None = None, kernels: bool | None = None) -> torch.Tensor:
+                   attention: str | None = None, kernels: bool | None = None,
+                   hidden: bool = True) -> torch.Tensor | None:
     """x [n, P, dim] at positions 0..P-1 (P <= prefix_len: all inside the bidirectional
     prefix) -> writes kv [n_layers, 2, n, Hkv, P, D] (k in the interleaved rope order, as
     every cache); returns the last hidden states [n, P, dim] (before post_ln).
     attention: "span" | "prefix" (default: "prefix" when fast, else "span").
-    kernels: the fused form of fast=True (module doc); None = on CUDA when triton imports."""
+    kernels: the fused form of fast=True (module doc); None = on CUDA when triton imports.
+    hidden=False: the fused form returns None after the last k/v write (module doc); the
+    other forms ignore it."""
     attention = attention or ("prefix" if fast else "span")
     if kernels is None:
         kernels = fast and x.is_cuda and HAVE_TRITON
@@ -116,7 +123,7 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
 
     ops = decoder_ops(cfg)
     if kernels:
-        return _prefill_fused(w, cfg, x, kv, ops)
+        return _prefill_fused(w, cfg, x, kv, ops if hidden else kv_ops(ops), hidden)
     if not (fast and x.is_cuda):
         return run_ops(ops, {"x": x}, w, attend)["x"]
     env = {"x": x}
@@ -131,18 +138,42 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
     return env["x"]
 
 
+def kv_ops(ops) -> list:
+    """decoder_ops cut to what the k/v writes need: the ops up to the last attention (its
+    k/v write is the last one), each linear's outputs that a later one of them reads, and
+    the last attention marked to write its k/v only (dst ())."""
+    from dataclasses import replace
+    last = max(i for i, op in enumerate(ops) if op.kind == "attention")
+    out, reads = [], set()
+    for i in range(last, -1, -1):
+        op = ops[i]
+        if i == last:
+            op = replace(op, dst=())
+        elif op.kind == "linear":
+            keep = [j for j, d in enumerate(op.dst) if d in reads]
+            op = replace(op, dst=tuple(op.dst[j] for j in keep),
+                         weights=tuple(op.weights[j] for j in keep),
+                         acts=tuple(op.acts[j] for j in keep))
+        out.append(op)
+        reads |= set(op.src)
+    return out[::-1]
+
+
 def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
-                   ops) -> torch.Tensor:
-    """decoder_ops run in the fused form (module doc): the ops' order and weights, with the
-    residual + next norm and the attention's input passes fused."""
+                   ops, hidden: bool = True) -> torch.Tensor | None:
+    """decoder_ops (or kv_ops's cut of them) run in the fused form (module doc): the ops'
+    order and weights, with the residual + next norm and the attention's input passes
+    fused; an attention op without dst writes its k/v only."""
     n, length, dim = x.shape
     nh, nkv = cfg.n_heads, cfg.n_kv_heads
     cos, sin = rope_angles(torch.arange(length, device=x.device), cfg.rot_dim)
     env = {"x": x}
     pending = {}                     # norm dst -> its output, computed by the fused add + LN
 
-    def attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
+    def attend(i: int, qkv: torch.Tensor, out: bool = True) -> torch.Tensor | None:
         q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[i, 0], kv[i, 1])
+        if not out:
+            return None
         a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
                                            enable_gqa=nh != nkv)
         return a.transpose(1, 2).reshape(n, length, dim)
@@ -161,7 +192,9 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
                 else:
                     raise ValueError(f"no fused prefill form for activation {act!r}")
         elif op.kind == "attention":
-            env[op.dst[0]] = attend(op.layer, env[op.src[0]])
+            a = attend(op.layer, env[op.src[0]], bool(op.dst))
+            if op.dst:
+                env[op.dst[0]] = a
         elif op.kind == "residual":
             resid = env[op.dst[0]]
             # the branches' GEMMs summed by cuBLAS into one [rows, dim] tensor t (the first
@@ -190,7 +223,7 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
                 env[op.dst[0]] = (s if tb is None else s + tb.float()).to(resid.dtype)
         else:
             raise ValueError(f"no fused prefill form for op {op.kind!r}")
-    return env["x"]
+    return env["x"] if hidden else None
 
 
 def _rope_perms_on_device(rot_dim: int, head_dim: int, device) -> torch.Tensor:
