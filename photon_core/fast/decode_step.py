@@ -28,8 +28,6 @@ import torch
 
 from ..ops import HAVE_TRITON, triton_on
 from .eager_backend import EagerBackend
-from ..ops.pdl import gdc_available
-from .fused_backend import auto_pdl_rows
 from .static_kv_cache import StaticKVCache
 
 
@@ -67,7 +65,8 @@ class StepState:
         self.eager = EagerBackend(spec, w, kv, use_sdpa(options.attention, dev))
         self.fused = None
         if use_fused(options.fused, dev, dt):
-            from .fused_backend import FusedBackend
+            from ..ops.pdl import gdc_available
+            from .fused_backend import FusedBackend, auto_pdl_rows
             auto = options.pdl == "auto"      # where griddepcontrol exists (Hopper+)
             pdl = gdc_available(torch.empty(0, device=dev)) if auto else options.pdl
             self.fused = FusedBackend(spec, w, kv, rows, deterministic=options.deterministic,

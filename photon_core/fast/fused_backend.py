@@ -94,6 +94,8 @@ def auto_pdl_rows(program) -> int:
     helped = state_ops.uses_state_ops(program) or \
         window_state_ops.uses_window_attention(program)
     return PDL_AUTO_ROWS if helped else 0
+
+
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
