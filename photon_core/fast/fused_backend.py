@@ -44,9 +44,11 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
               whose K fits no GEMV tile (K % 16) -> torch's linear (counted: torch_linears)
 Around the blocks: feedback (ops/feedback_embedding.py, or the token embedding), the row
 advance by the phase table (ops/row_advance.py), the heads as GEMVs + masked argmax.
-pdl (EngineOptions.pdl): every Triton kernel is launched with programmatic dependent launch
-(ops/pdl.py): it starts while the previous kernel finishes (GEMVs load their first weight
-tile meanwhile) and waits for it in-kernel; the torch ops in between launch as before.
+pdl (EngineOptions.pdl): the Triton kernels that take it (GEMVs, norms, attention, argmax,
+row advance, feedback; the hybrid / window kernels named above) launch with programmatic
+dependent launch (ops/pdl.py): each starts while the previous kernel finishes (a GEMV loads
+its first weight tile meanwhile) and waits for it in-kernel; the torch ops and the other
+kernels launch as before.
 pdl_rows: only passes of at most that many rows (decode buckets, prompt tokens) do
 (EngineOptions.pdl "auto": PDL_AUTO_ROWS); None: every pass.
 
