@@ -3,13 +3,15 @@
 merged into busy time, the idle gaps between them (with the kernels on each side and which
 part of the run they fall in), and the busy time per kind of kernel.
 
-Moondream 2 shapes, random bf16 weights, FastEngine defaults (or --deterministic /
---megakernel on). A few warm runs first (graph captures), then one profiled run of
+Moondream 2 shapes, random bf16 weights, FastEngine defaults but the megakernel: off unless
+--megakernel auto / on (or --deterministic). A few warm runs first (graph captures), then one profiled run of
 run(encode_image(frame), task); wall = the host's time for the whole call, also unprofiled
 (5 runs) and as the one call run(frame, task) (the encode not waited for).
 
 Usage: PYTHONPATH=. python3 bench/e2e_timeline.py [--tasks detect5,query32] [--gaps 12]
        [--megakernel on] [--deterministic] [--host-profile 30]
+       [--family qwen3.5-0.8b --tasks query32]   (another family's real shapes, random weights:
+       sweep_gemv_family.build_model)
 Writes $OUT/e2e_timeline.json when OUT is set.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench.probe_encode import kind_of  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
@@ -100,14 +103,21 @@ def main():
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--megakernel", default="off")
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--family", default="moondream2",
+                    help="moondream2 | qwen3.5-0.8b | gemma4-e2b (... sweep_gemv_family)")
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
                     help="also cProfile one run: the N functions by cumulative / own time")
     args = ap.parse_args()
-    m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    if args.family == "moondream2":
+        m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    else:
+        from sweep_gemv_family import build_model
+        m = build_model(args.family)
     fe = FastEngine(m, max_batch=4, deterministic=args.deterministic,
                     megakernel=args.megakernel)
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    out: dict = {"gpu": torch.cuda.get_device_name(), "megakernel": args.megakernel,
+    out: dict = {"gpu": torch.cuda.get_device_name(), "family": args.family,
+                 "megakernel": args.megakernel,
                  "deterministic": args.deterministic}
     for name in args.tasks.split(","):
         task = TASKS[name]
