@@ -29,11 +29,12 @@ def warm_up(fn: Callable[[], object], capture_stream=None) -> None:
     torch.cuda.synchronize()
 
 
-def capture_graph(fn: Callable[[], object], capture_stream=None):
-    """(the CUDA graph of fn, fn's output: the graph's static result); errors of the capture
+def capture_graph(fn: Callable[[], object], capture_stream=None, pool=None):
+    """(the CUDA graph of fn, fn's output: the graph's static result); pool: a memory pool
+    shared with other graphs (torch.cuda.graph_pool_handle()). Errors of the capture
     propagate (the caller decides what runs instead)."""
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=capture_stream):
+    with torch.cuda.graph(g, pool=pool, stream=capture_stream):
         out = fn()
     torch.cuda.synchronize()
     return g, out
@@ -81,24 +82,18 @@ class CudaGraphRunner:
         saved = {n: getattr(st, n).clone() for n in
                  ("hidden", "pos", "phase", "first", "active", "out")}
         st.active.zero_()   # inactive rows: capture runs do not advance anything
-        side = self.capture_stream or torch.cuda.Stream()   # warm-up
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):
-                for b in self.buckets:
-                    for name in self.pieces:
-                        self.fns[name](st, b)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        self.pool = torch.cuda.graph_pool_handle()
-        with torch.inference_mode():
+
+        def every_piece():
             for b in self.buckets:
                 for name in self.pieces:
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=self.pool, stream=self.capture_stream):
-                        self.fns[name](st, b)
-                    self.graphs[(name, b)] = g
-        torch.cuda.synchronize()
+                    self.fns[name](st, b)
+        with torch.inference_mode():
+            warm_up(lambda: (every_piece(), every_piece()), self.capture_stream)
+            self.pool = torch.cuda.graph_pool_handle()
+            for b in self.buckets:
+                for name in self.pieces:
+                    self.graphs[(name, b)] = capture_graph(
+                        lambda: self.fns[name](st, b), self.capture_stream, self.pool)[0]
         for n, t in saved.items():
             getattr(st, n).copy_(t)
         torch.cuda.synchronize()

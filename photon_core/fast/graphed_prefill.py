@@ -30,6 +30,7 @@ import torch
 
 from ..ops import GEMV_MAX_ROWS
 from . import state_ops
+from .cuda_graph_runner import capture_graph, warm_up
 from .eager_backend import embed_ids
 
 BUCKETS = (8, 16, 32, 64, 128)
@@ -79,21 +80,13 @@ class GraphedPrefill:
             return
         self.meta.zero_()
         self.meta[2] = 1
-        side = self.capture_stream or torch.cuda.Stream()   # warm-up
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):
-                for T in self.buckets:
-                    self._run(T)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
+            warm_up(lambda: [self._run(T) for _ in range(2) for T in self.buckets],
+                    self.capture_stream)
+            pool = torch.cuda.graph_pool_handle()
             for T in self.buckets:
-                g = torch.cuda.CUDAGraph()
                 try:
-                    with torch.cuda.graph(g, pool=pool, stream=self.capture_stream):
-                        self._run(T)
+                    g = capture_graph(lambda: self._run(T), self.capture_stream, pool)[0]
                 except RuntimeError as e:
                     # a hybrid program's prefill (the chunked delta rule's triangular
                     # solve) may not be capturable: that bucket runs eagerly, said here

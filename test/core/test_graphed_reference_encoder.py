@@ -32,7 +32,7 @@ class _Graph:
 
 
 @contextlib.contextmanager
-def _failing_capture(graph, stream=None):
+def _failing_capture(graph, pool=None, stream=None):
     yield
     raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
 
@@ -68,7 +68,7 @@ def test_layouts_past_the_cap_run_eagerly(model, monkeypatch):
     for name, value in (("Stream", _Stream), ("stream", lambda s: contextlib.nullcontext()),
                         ("current_stream", _Stream), ("synchronize", lambda: None),
                         ("CUDAGraph", _Captured),
-                        ("graph", lambda g, stream=None: contextlib.nullcontext())):
+                        ("graph", lambda g, **kw: contextlib.nullcontext())):
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(gre, "MAX_LAYOUTS", 2)
     enc = GraphedReferenceEncoder(model, use_graphs=True)
