@@ -227,7 +227,7 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         # the prefix's k/v only: the KV-shared layers, which store none, do not run; the
         # fast form's norms / gated GELUs as Triton kernels on CUDA
         text.prefix_kv(w, t, x, ple, cache, self.freqs, d.get("blocks"),
-                       text.FAST if fast and x.is_cuda else text.REFERENCE)
+                       text.fast_ops_on(x) if fast else text.REFERENCE)
         return cache
 
     def encode_body_fast(self, inp: EncodeInputs) -> KVCache:

@@ -46,6 +46,11 @@ REFERENCE = NormOps()
 FAST = NormOps(rmsnorm_scaled_triton, gelu_tanh_gate_triton)
 
 
+def fast_ops_on(t: torch.Tensor) -> NormOps:
+    """FAST for a tensor on CUDA, REFERENCE elsewhere (the CPU runs the torch ops)."""
+    return FAST if t.is_cuda else REFERENCE
+
+
 def rope_freqs(cfg: TextCfg) -> dict[str, torch.Tensor]:
     """Inverse frequencies per layer type (each type has its own head size and RoPE)."""
     out = {}

@@ -6,8 +6,8 @@ default on CUDA): the math of vision.tower with fewer, larger kernels -
   - attention by F.scaled_dot_product_attention (scale 1.0; flash / cuDNN on the GPU): the
     reference's fp32 score matrix [heads, N, N] and its softmax are never materialized
     (N = 2520 patches for a 640x480 frame: 12 x 2520^2 fp32 scores per layer);
-  - the RMSNorms and the gated GELU by their Triton kernels on CUDA (ops/rmsnorm_scaled.py,
-    ops/gelu_tanh_gate.py; the torch references elsewhere).
+  - the RMSNorms and the gated GELU by their Triton kernels on CUDA (text.FAST:
+    ops/rmsnorm_scaled.py, ops/gelu_tanh_gate.py; the torch references elsewhere).
 
 Not bitwise the reference (the attention's sums run in another order, bf16 probabilities
 are not rounded from fp32 ones): diff-tested against vision.tower (fp32 on the CPU, bf16 on
@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...ops.gelu_tanh_gate import gelu_tanh_gate, gelu_tanh_gate_triton
-from ...ops.rmsnorm_scaled import rmsnorm_scaled, rmsnorm_scaled_triton
 from .config import VisionCfg
+from .text import fast_ops_on
 from .vision import _axial_rotary, _linear, tower
 from .weights import vision_layer
 
@@ -41,11 +40,6 @@ class FastTower:
                 self.gate_up.append(torch.cat([w[vision_layer(j, f"mlp.{n}_proj.linear.weight")]
                                                for n in ("gate", "up")]).contiguous())
 
-    def _norm(self, x: torch.Tensor, weight) -> torch.Tensor:
-        if x.is_cuda:
-            return rmsnorm_scaled_triton(x, weight, self.cfg.eps)
-        return rmsnorm_scaled(x, weight, self.cfg.eps)
-
     def _attention(self, j: int, h: torch.Tensor, rot) -> torch.Tensor:
         w, cfg = self.w, self.cfg
         N, D = h.shape[0], cfg.head_dim
@@ -54,11 +48,12 @@ class FastTower:
             q, k, v = (h @ self.qkv[j].T).split([nq, nk, nk], dim=-1)
         else:
             q, k, v = (_linear(w, cfg, j, f"self_attn.{n}_proj", h) for n in "qkv")
-        q = _axial_rotary(self._norm(q.reshape(N, -1, D),
-                                     w[vision_layer(j, "self_attn.q_norm.weight")]), *rot)
-        k = _axial_rotary(self._norm(k.reshape(N, -1, D),
-                                     w[vision_layer(j, "self_attn.k_norm.weight")]), *rot)
-        v = self._norm(v.reshape(N, -1, D), None)
+        norm = fast_ops_on(h).norm
+        q = _axial_rotary(norm(q.reshape(N, -1, D),
+                               w[vision_layer(j, "self_attn.q_norm.weight")], cfg.eps), *rot)
+        k = _axial_rotary(norm(k.reshape(N, -1, D),
+                               w[vision_layer(j, "self_attn.k_norm.weight")], cfg.eps), *rot)
+        v = norm(v.reshape(N, -1, D), None, cfg.eps)
         q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))        # [1, heads, N, D]
         a = F.scaled_dot_product_attention(q, k, v, scale=1.0,
                                            enable_gqa=cfg.n_heads != cfg.n_kv_heads)
@@ -66,9 +61,10 @@ class FastTower:
 
     def _block(self, j: int, x: torch.Tensor, rot) -> torch.Tensor:
         w, cfg = self.w, self.cfg
+        ops = fast_ops_on(x)
 
         def norm(t, name):
-            return self._norm(t, w[vision_layer(j, name + ".weight")])
+            return ops.norm(t, w[vision_layer(j, name + ".weight")], cfg.eps)
 
         x = x + norm(self._attention(j, norm(x, "input_layernorm"), rot),
                      "post_attention_layernorm")
@@ -77,7 +73,7 @@ class FastTower:
             g, u = (h @ self.gate_up[j].T).chunk(2, dim=-1)
         else:
             g, u = (_linear(w, cfg, j, f"mlp.{n}_proj", h) for n in ("gate", "up"))
-        m = gelu_tanh_gate_triton(g, u) if g.is_cuda else gelu_tanh_gate(g, u)
+        m = ops.gate(g, u)
         return x + norm(_linear(w, cfg, j, "mlp.down_proj", m), "post_feedforward_layernorm")
 
     def __call__(self, patches: torch.Tensor, positions: torch.Tensor,
