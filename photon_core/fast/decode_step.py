@@ -68,7 +68,7 @@ class StepState:
             from ..ops.pdl import gdc_available
             from .fused_backend import FusedBackend, auto_pdl_rows
             auto = options.pdl == "auto"      # where griddepcontrol exists (Hopper+)
-            pdl = gdc_available(torch.empty(0, device=dev)) if auto else options.pdl
+            pdl = gdc_available(self.hidden) if auto else options.pdl
             self.fused = FusedBackend(spec, w, kv, rows, deterministic=options.deterministic,
                                       pdl=pdl,
                                       pdl_rows=auto_pdl_rows(spec.program) if auto else None)
