@@ -9,7 +9,7 @@ run(encode_image(frame), task); wall = the host's time for the whole call, also 
 (5 runs) and as the one call run(frame, task) (the encode not waited for).
 
 Usage: PYTHONPATH=. python3 bench/e2e_timeline.py [--tasks detect5,query32] [--gaps 12]
-       [--megakernel on] [--deterministic] [--host-profile 30]
+       [--megakernel on] [--deterministic] [--host-profile 30] [--profile-one-call]
        [--family qwen3.5-0.8b --tasks query32]   (another family's real shapes, random weights:
        sweep_gemv_family.build_model)
 Writes $OUT/e2e_timeline.json when OUT is set.
@@ -105,6 +105,11 @@ def main():
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--family", default="moondream2",
                     help="moondream2 | qwen3.5-0.8b | gemma4-e2b (... sweep_gemv_family)")
+    ap.add_argument("--option", action="append", default=[],
+                    help="NAME=VALUE: an EngineOptions field (ab_switch's form), repeatable")
+    ap.add_argument("--profile-one-call", action="store_true",
+                    help="profile run(frame, task) (the encode not waited for) instead of "
+                         "run(encode_image(frame), task)")
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
                     help="also cProfile one run: the N functions by cumulative / own time")
     args = ap.parse_args()
@@ -113,11 +118,13 @@ def main():
     else:
         from sweep_gemv_family import build_model
         m = build_model(args.family)
+    from ab_switch import _option
+    opts = {k: v for spec in args.option for k, v in _option(spec).items()}
     fe = FastEngine(m, max_batch=4, deterministic=args.deterministic,
-                    megakernel=args.megakernel)
+                    megakernel=args.megakernel, **opts)
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
     out: dict = {"gpu": torch.cuda.get_device_name(), "family": args.family,
-                 "megakernel": args.megakernel,
+                 "megakernel": args.megakernel, "options": args.option,
                  "deterministic": args.deterministic}
     for name in args.tasks.split(","):
         task = TASKS[name]
@@ -126,7 +133,8 @@ def main():
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            r = fe.run(fe.encode_image(frame), task, ignore_eos=True)
+            r = fe.run(frame if args.profile_one_call else fe.encode_image(frame), task,
+                       ignore_eos=True)
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e3
         res = timeline(kernels(prof), args.gaps)
@@ -150,6 +158,8 @@ def main():
             res["host_profile"] = host_profile(lambda: fe.run(fe.encode_image(frame), task,
                                                               ignore_eos=True),
                                                args.host_profile)
+        res["profiled"] = "run(frame, task)" if args.profile_one_call else \
+            "run(encode_image(frame), task)"
         out[name] = res
         print(json.dumps({name: {k: v for k, v in res.items() if k != "host_profile"}}),
               flush=True)
