@@ -68,12 +68,6 @@ class EngineOptions:
       Needs the fused backend; where the megakernel cannot serve the model (no lowering
       for the family's ops, no CUDA / cooperative launch) the fused backend runs and the
       reason is logged (FastEngine.metrics()["megakernel_fallback"]).
-    prompt_in_encode: the fast path's start() of an image (not of an encoded one, e.g.
-      run(frame, task)) prefills the task's prompt in the encode's own prefix pass where
-      the family's encoder can (Moondream 2's batched encoder: prompts of up to
-      graphed_batch_encoder.PROMPT_ROWS tokens; the prefix GEMMs' last row tile has room for
-      them), instead of a prompt prefill after it (~1.2 ms on the H200). "auto" (the
-      default): on CUDA with the fast encoder; True / False.
     max_batch: rows (batch slots) of the fast path; kv_capacity: positions per row
       (None: 1024 on the GPU, the model's context on the CPU).
     """
@@ -86,7 +80,6 @@ class EngineOptions:
     deterministic: bool = False
     pdl: bool | str = "auto"
     megakernel: str = "auto"
-    prompt_in_encode: bool | str = "auto"
     max_batch: int = 8
     kv_capacity: int | None = None
 
@@ -104,9 +97,6 @@ class EngineOptions:
             raise ValueError(f"encoder must be one of {ENCODERS}, not {self.encoder!r}")
         if not (isinstance(self.pdl, bool) or self.pdl == "auto"):
             raise ValueError(f"pdl must be a bool or 'auto', not {self.pdl!r}")
-        if not (isinstance(self.prompt_in_encode, bool) or self.prompt_in_encode == "auto"):
-            raise ValueError(f"prompt_in_encode must be a bool or 'auto', not "
-                             f"{self.prompt_in_encode!r}")
         if not isinstance(self.megakernel, str):
             raise ValueError(f"megakernel must be 'auto', 'off', 'on' or a variant string, not "
                              f"{self.megakernel!r}")
@@ -178,19 +168,6 @@ class Capabilities:
             raise TaskError(why)
 
 
-@dataclass(frozen=True)
-class PromptPrefill:
-    """A task's prompt prefilled in the encode's own prefix pass (the encode with a prompt,
-    FastEngine.start of an image; Moondream 2: models/moondream2/prefix_prefill.py): the
-    prompt's token ids, its k/v at the positions right after the prefix
-    [n_attention_layers, 2, 1, Hkv, len(ids), D], and the decoder's hidden state after its
-    last token (what a prompt prefill returns). A run on the PrefixState whose prompt is
-    exactly `ids` copies these instead of prefilling."""
-    ids: tuple
-    kv: Any
-    hidden: Any
-
-
 @dataclass(frozen=True, kw_only=True)
 class PrefixState:
     """An encoded image: the decoder's state after the image prefix, shared read-only by every
@@ -211,8 +188,6 @@ class PrefixState:
       (FastEngine.encode_image(sync=False)): encode_ms is then the host's time, and
       gpu_encode_ms() the GPU's between the events (this image's share of the call), once
       the encode has run.
-    prompt: a PromptPrefill when the encode prefilled one task's prompt with the prefix
-      (None otherwise); every other task prefills its own prompt as usual.
     """
     model_id: str
     kv: Any = None
@@ -225,7 +200,6 @@ class PrefixState:
     encode_ms: float = 0.0
     setup_ms: float = 0.0
     gpu_timing: Any = None
-    prompt: PromptPrefill | None = None
 
     def gpu_encode_ms(self) -> float:
         """encode_ms, or with gpu_timing the GPU's time of the encode (waits for it)."""
@@ -282,4 +256,4 @@ class Engine(Protocol):
         """Prompt tokens the task prefills after the image prefix (a cost hint)."""
 
 
-__all__ = ["ATTENTIONS", "CHOICES", "Capabilities", "ENCODERS", "ENGINES", "Engine", "EngineOptions", "PrefixState", "PromptPrefill", "Run"]
+__all__ = ["ATTENTIONS", "CHOICES", "Capabilities", "ENCODERS", "ENGINES", "Engine", "EngineOptions", "PrefixState", "Run"]

@@ -111,12 +111,6 @@ class FastEngine(EngineConveniences):
         self.batch_encoder = fam.make_batch_encoder(
             self.use_graphs and graphed_encoder, fast=self.fast_encode, max_frames=max_batch,
             default_crops=options.crops)
-        # start() of an image: the task's prompt prefilled in the encode (EngineOptions)
-        pie = options.prompt_in_encode
-        self.prompt_in_encode = (self.batch_encoder is not None
-                                 and hasattr(self.batch_encoder, "prompt_rows")
-                                 and (pie is True or (pie == "auto" and self.cuda
-                                                      and self.fast_encode)))
         self.slots = PingPongSlots(max_batch, dev)
         self.rows = RowRefcount(max_batch)
         self.idle = GpuIdleMeter(dev)
@@ -191,8 +185,7 @@ class FastEngine(EngineConveniences):
             if self.prefill is not None:
                 self.prefill.capture()
 
-    def encode_image(self, image, crops: str | None = None, sync: bool = True,
-                     prompt: list[int] | None = None):
+    def encode_image(self, image, crops: str | None = None, sync: bool = True):
         """-> the family's encoded image. image: an image or an EncodeRequest (its crop mode);
         crops: "overlap" | "global" (None: the request's, else EngineOptions.crops).
         sync=False: with the batched encoder on CUDA, return once the encode is queued on
@@ -204,16 +197,14 @@ class FastEngine(EngineConveniences):
         encoder "reference": the family's fast encoder (Moondream 2 on the GPU:
         graphed_reference_encoder.py, the reference's functions in one graph per tiling,
         bit-identical),
-        else the reference model's encode_image.
-        prompt: a task's prompt ids for the batched encoder to prefill in the same pass
-        (PrefixState.prompt; ignored by the other encoders and where it does not fit)."""
+        else the reference model's encode_image."""
         if isinstance(image, PrefixState):
             return image
         image, mode = unwrap(image, crops, self.options.crops)
         if self.batch_encoder is not None and (
                 self.fast_encode or (mode != "overlap" and self.encoder is not None)):
             with self._compute_stream_ctx():
-                return self.batch_encoder.encode(image, mode, sync, prompt=prompt)
+                return self.batch_encoder.encode(image, mode, sync)
         if mode != "overlap" and self.batch_encoder is None:
             raise ValueError(f"crops={mode!r}: this model family encodes whole images only "
                              "(crops='overlap')")
@@ -242,8 +233,7 @@ class FastEngine(EngineConveniences):
         if self.batch_encoder is None:
             return 0
         with self._compute_stream_ctx():
-            return self.batch_encoder.prepare(shapes, batch_sizes, crops,
-                                              prompt=self.prompt_in_encode)
+            return self.batch_encoder.prepare(shapes, batch_sizes, crops)
 
     def count_prompt_tokens(self, task: Task) -> int:
         return self.family.count_prompt_tokens(task)
@@ -252,13 +242,8 @@ class FastEngine(EngineConveniences):
               ignore_eos: bool = False) -> FastRun:
         self.capabilities.check_skill(task.skill)   # the family's refusal, before any encode
         # an encoded image is returned as is; an image is encoded without a host wait (the
-        # prefill goes on the same stream behind it), with the task's prompt prefilled in
-        # the encode's pass where the encoder can (EngineOptions.prompt_in_encode)
-        prompt = None
-        if self.prompt_in_encode and not isinstance(enc, PrefixState):
-            task.validate()
-            prompt = self.family.prompt(task, None)
-        enc = self.encode_image(enc, sync=False, prompt=prompt)
+        # prefill goes on the same stream behind it)
+        enc = self.encode_image(enc, sync=False)
         return FastRun(self, enc, task, stream, ignore_eos)
 
     def step_batch(self, runs) -> list[bool]:

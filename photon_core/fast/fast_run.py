@@ -64,7 +64,6 @@ class FastRun:
         self.committed = 0         # of which committed
         self.row: int | None = None
         self.pos = start + len(prompt)   # reference position after `steps` steps
-        self.prompt_in_encode = False    # the prompt came prefilled with the encode
         self._objects = None
 
         generator = None
@@ -87,12 +86,7 @@ class FastRun:
             start = engine.kv.load_prefix(self.row, prefix)
             offset = prefix.position_offset
             last = None
-            pp = getattr(prefix, "prompt", None)   # prefilled in the encode (PrefixState)
-            if (pp is not None and pp.ids == tuple(prompt)
-                    and engine.kv.load_positions(self.row, pp.kv, start)):
-                last = pp.hidden
-                self.prompt_in_encode = True
-            elif engine.prefill is not None and engine.prefill.bucket(len(prompt)):
+            if engine.prefill is not None and engine.prefill.bucket(len(prompt)):
                 last = engine.prefill.run(self.row, start, prompt, offset)   # graphed_prefill
             else:
                 last = fam.prefill_long(engine.kv, self.row, start, prompt, self.enc)

@@ -32,12 +32,6 @@ need graphs of their own (a layout per size, not per tiling), so at most `max_fr
 distinct (height, width) get in-graph crops; a batch with a frame of any other size is
 encoded with the crops made outside (counts["crops_outside"]), through the per-tiling graphs.
 
-A task's prompt in the encode (encode(..., prompt=ids): FastEngine.start of an image): a
-single frame's layout with prompt_rows = PROMPT_ROWS gets graphs of its own, whose prefix
-prefill also takes the prompt (ids padded to PROMPT_ROWS, its length: one pinned copy in)
-and returns its k/v and last hidden state (EncodedImage.prompt: engine.PromptPrefill), so
-the run copies them instead of prefilling the prompt (models/moondream2/prefix_prefill.py).
-
 fast=True runs the faster equivalent forms (vision_fused.py, prefix_prefill's fast form:
 close to the reference, not bitwise); fast=False the reference's functions (on the CPU each
 frame bit-identical to encode_image; on CUDA the batched GEMMs may round differently).
@@ -51,19 +45,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dataclasses import replace
-
 from ..encode_request import unwrap
-from ..engine import PromptPrefill
 from .cuda_graph_runner import capture_graph, warm_up
 from ..models.moondream2.batched_encode import (FrameLayout, encode_body, frame_layout,
                                                  kv_buffer, pixel_layout)
 from ..models.moondream2.image_input import to_rgb_array
-
-# prompt rows of an encode with a prompt (its prompts: 1..PROMPT_ROWS tokens). 16 and 32
-# rows cost the prefix prefill about the same (~0.56 ms, bench/probe_prompt_rows.py): 32
-# takes longer questions
-PROMPT_ROWS = 32
 
 
 @dataclass
@@ -80,17 +66,6 @@ class _Entry:
     plans: list | None = None
     staging: list | None = None
     copied: object = None      # CUDA event: the last copy-in has read the staging buffers
-    # a layout with prompt rows (one frame): [1 + T] long device input (the prompt's length,
-    # then its ids padded with 0) and the [1, dim] output (the hidden state after its last
-    # token)
-    prompt_in: torch.Tensor | None = None
-    prompt_hidden: torch.Tensor | None = None
-
-    def prompt_args(self) -> tuple | None:
-        """encode_body's prompt argument (ids [1, T], length [1], hidden [1, dim])."""
-        if self.prompt_in is None:
-            return None
-        return (self.prompt_in[1:].view(1, -1), self.prompt_in[:1], self.prompt_hidden)
 
 
 class GraphedBatchEncoder:
@@ -110,7 +85,6 @@ class GraphedBatchEncoder:
         self.fast = fast
         self.max_batch_graphs = max_batch_graphs
         self.max_frames = max(1, max_frames)
-        self.prompt_rows = PROMPT_ROWS          # a prompt's rows in an encode (encode())
         self.default_crops = default_crops
         self.entries: dict[tuple, _Entry] = {}
         self.seen: dict[tuple, int] = {}        # multi-frame layouts seen, not captured
@@ -119,7 +93,7 @@ class GraphedBatchEncoder:
         # calls: one frame / several in one graph / split over captured sizes / one by one;
         # batches whose crops were made outside the graph although crops_in_graph is on
         self.counts = {"single": 0, "batched": 0, "split": 0, "frame_by_frame": 0,
-                       "captures": 0, "crops_outside": 0, "prompts": 0}
+                       "captures": 0, "crops_outside": 0}
 
     # -- graphs ----------------------------------------------------------------------------
     def _body(self, e: _Entry) -> None:
@@ -128,23 +102,17 @@ class GraphedBatchEncoder:
             for frame, plan in zip(e.frames, e.plans):
                 e.x[off:off + plan.n_crops].copy_(self.model.device_crops(frame, plan))
                 off += plan.n_crops
-        encode_body(self.model, e.x, list(e.layouts), e.kv, fast=self.fast,
-                    prompt=e.prompt_args())
+        encode_body(self.model, e.x, list(e.layouts), e.kv, fast=self.fast)
 
-    def _make_entry(self, key: tuple, part: list, prompt=None) -> _Entry:
+    def _make_entry(self, key: tuple, part: list) -> _Entry:
         """A new entry's buffers, its inputs loaded from part [(index, array, crops, layout)]
-        (and prompt, a layout with prompt rows) (not captured)."""
+        (not captured)."""
         m = self.model
-        rows = key[0].prompt_rows
-        if rows and len(key) != 1:
-            raise ValueError("prompt rows are for a single frame's encode")
-        kv = kv_buffer(m, len(key), rows)
-        dev = m.weights.device
+        kv = kv_buffer(m, len(key))
         if key[0].size is None:             # crops made outside: a static crops input
-            e = _Entry(layouts=key, x=torch.empty_like(torch.cat([f[2] for f in part])),
-                       kv=kv)
-            self._prompt_buffers(e, rows, prompt)
-            return e
+            return _Entry(layouts=key, x=torch.empty_like(torch.cat([f[2] for f in part])),
+                          kv=kv)
+        dev = m.weights.device
         cuda = dev.type == "cuda"
         e = _Entry(layouts=key, x=None, kv=kv,
                    frames=[torch.empty((*lay.size, 3), dtype=torch.uint8, device=dev)
@@ -153,41 +121,15 @@ class GraphedBatchEncoder:
                    staging=[torch.empty((*lay.size, 3), dtype=torch.uint8, pin_memory=True)
                             for lay in key] if cuda else None,
                    copied=torch.cuda.Event() if cuda else None)
-        self._prompt_buffers(e, rows, prompt)
         self._load(e, part)
         # the static crops: laid out as the concatenated crops of image_crops are
         e.x = torch.cat([m.device_crops(f, p) for f, p in zip(e.frames, e.plans)])
         return e
 
-    def _prompt_buffers(self, e: _Entry, rows: int, prompt) -> None:
-        """A layout with prompt rows: its prompt input / hidden output, the prompt loaded."""
-        if not rows:
-            return
-        w = self.model.weights
-        e.prompt_in = torch.zeros(1 + rows, dtype=torch.long, device=w.device)
-        e.prompt_in[0] = 1
-        e.prompt_hidden = torch.zeros(1, self.model.config.text.dim, device=w.device,
-                                      dtype=w.dtype)
-        self._load_prompt(e, prompt)
-
-    def _load_prompt(self, e: _Entry, ids) -> None:
-        """The prompt's length and ids (padded with 0) in: one copy, on CUDA from a pinned
-        buffer with non_blocking."""
-        if e.prompt_in is None or ids is None:
-            return
-        rows = e.prompt_in.numel() - 1
-        if not 1 <= len(ids) <= rows:
-            raise ValueError(f"a prompt of {len(ids)} tokens does not fit {rows} prompt rows")
-        meta = torch.tensor([len(ids), *ids] + [0] * (rows - len(ids)), dtype=torch.long)
-        if e.prompt_in.is_cuda:
-            meta = meta.pin_memory()
-        e.prompt_in.copy_(meta, non_blocking=True)
-
-    def _load(self, e: _Entry, part: list, prompt=None) -> None:
+    def _load(self, e: _Entry, part: list) -> None:
         """Copy the frames' inputs in: their crops into x, or (crops in the graph) their
         pixels into the frame buffers, on CUDA through the pinned staging buffers with
-        non_blocking (no host sync, no pageable copy); a prompt layout's prompt."""
-        self._load_prompt(e, prompt)
+        non_blocking (no host sync, no pageable copy)."""
         if e.frames is None:
             off = 0
             for f in part:
@@ -204,9 +146,9 @@ class GraphedBatchEncoder:
                 buf.copy_(st, non_blocking=True)
             e.copied.record()
 
-    def _new_entry(self, key: tuple, part: list, prompt=None) -> _Entry:
+    def _new_entry(self, key: tuple, part: list) -> _Entry:
         t0 = time.perf_counter()
-        e = self._make_entry(key, part, prompt)
+        e = self._make_entry(key, part)
         if e.frames is None:
             self._load(e, part)
         e.graph = self._capture(e)
@@ -235,17 +177,16 @@ class GraphedBatchEncoder:
         self.frame_sizes |= new
         return True
 
-    def _entry_for(self, key: tuple, part: list,
-                   prompt=None) -> tuple[_Entry | None, bool]:
+    def _entry_for(self, key: tuple, part: list) -> tuple[_Entry | None, bool]:
         """(the entry of this layout, capturing it when due; None: go frame by frame,
         whether its inputs are loaded already)."""
         e = self.entries.get(key)
         if e is not None:
             return e, False
         if not self.use_graphs:                 # eager: fresh buffers, nothing kept
-            return self._make_entry(key, part, prompt), key[0].size is not None
+            return self._make_entry(key, part), key[0].size is not None
         if len(key) == 1:
-            return self._new_entry(key, part, prompt), True
+            return self._new_entry(key, part), True
         if self.n_batch_graphs() >= self.max_batch_graphs:
             return None, False
         self.seen[key] = self.seen.get(key, 0) + 1
@@ -254,32 +195,28 @@ class GraphedBatchEncoder:
         self.seen.pop(key, None)
         return self._new_entry(key, part), True
 
-    def _run(self, key: tuple, part: list, prompt=None) -> _Entry | None:
-        """Encode the frames part [(index, array, crops, layout)] (and a prompt layout's
-        prompt): the entry, whose static outputs (kv [n_layers, 2, n, Hkv, P (+ T), D], the
-        prompt's hidden state) hold the result until the next call; None: not graphed
-        yet."""
-        e, loaded = self._entry_for(key, part, prompt)
+    def _run(self, key: tuple, part: list) -> torch.Tensor | None:
+        """kv [n_layers, 2, n, Hkv, P, D] of the frames part [(index, array, crops,
+        layout)] (a view of the entry's static output: copy out before the next call), or
+        None (not graphed yet)."""
+        e, loaded = self._entry_for(key, part)
         if e is None:
             return None
         if not loaded:
-            self._load(e, part, prompt)
+            self._load(e, part)
         if e.graph is not None:
             e.graph.replay()
         else:
             self._body(e)
-        return e
+        return e.kv
 
     # -- encode ----------------------------------------------------------------------------
-    def encode_batch(self, images: list, crops: str | None = None, sync: bool = True,
-                     prompts: list | None = None) -> list:
+    def encode_batch(self, images: list, crops: str | None = None, sync: bool = True) -> list:
         """One EncodedImage per image, in order (EncodedImages given pass through).
         sync=False (CUDA): return once the encode is queued on the current stream (work
         queued after it on that stream sees its k/v: a task's prefill follows without the
         GPU idling while the host prepares it); encode_ms is then the host's time and
-        EncodedImage.gpu_encode_ms() the GPU's (CUDA events around the call).
-        prompts: per image a task's prompt ids or None; taken (EncodedImage.prompt) where a
-        single frame is encoded with a prompt of 1..PROMPT_ROWS tokens, else ignored."""
+        EncodedImage.gpu_encode_ms() the GPU's (CUDA events around the call)."""
         from ..models.moondream2.model import EncodedImage
 
         images = list(images)
@@ -314,16 +251,8 @@ class GraphedBatchEncoder:
                     array, x, tiling = m.image_crops(image, mode)
                     frames.append((i, array, x, frame_layout(x, tiling, mode)))
             frames.sort(key=lambda f: _order(f[3]))                  # canonical order
-            prompt = None
-            if prompts is not None and len(frames) == 1:
-                prompt = prompts[frames[0][0]]
-                if prompt is not None and 1 <= len(prompt) <= self.prompt_rows:
-                    i, array, x, lay = frames[0]
-                    frames = [(i, array, x, replace(lay, prompt_rows=self.prompt_rows))]
-                else:
-                    prompt = None
             with torch.inference_mode():
-                kvs = self._encode_frames(frames, prompt)
+                kvs = self._encode_frames(frames)
             # sync: the k/v are ready and encode_ms is their time: this stream's work only
             # (the encode's), not the whole device's (other engines' streams)
             if timing is not None:
@@ -333,12 +262,12 @@ class GraphedBatchEncoder:
                 torch.cuda.current_stream(m.weights.device).synchronize()
             ms = (time.perf_counter() - t0) * 1e3
             setup = self.capture_ms - captured_before
-            for (i, array, _, lay), (k, pp) in zip(frames, kvs):
+            for (i, array, _, lay), k in zip(frames, kvs):
                 out[i] = EncodedImage(kv=k, width=array.shape[1], height=array.shape[0],
                                       tiling=lay.tiling, crops=lay.crops,
                                       encode_ms=ms / len(frames),
                                       setup_ms=setup / len(frames), model_id=m.model_id,
-                                      gpu_timing=timing, prompt=pp)
+                                      gpu_timing=timing)
         return out
 
     def _crops_outside(self, array: np.ndarray, mode: str) -> tuple:
@@ -346,9 +275,8 @@ class GraphedBatchEncoder:
         _, x, tiling = self.model.image_crops(array, mode)
         return x, frame_layout(x, tiling, mode)
 
-    def _encode_frames(self, frames: list, prompt=None) -> list[tuple]:
-        """frames [(index, array, crops, layout)] in canonical order -> (k/v, PromptPrefill
-        or None) of each (prompt: the ids of a single frame's prompt layout)."""
+    def _encode_frames(self, frames: list) -> list[torch.Tensor]:
+        """frames [(index, array, crops, layout)] in canonical order -> k/v of each."""
         key = tuple(f[3] for f in frames)
         sizes = self._uniform_split(key)
         if sizes is not None:                  # k frames of one layout: captured sizes
@@ -357,26 +285,15 @@ class GraphedBatchEncoder:
             for n in sizes:
                 part = frames[off:off + n]
                 off += n
-                e = self._run(key[:n], part)
-                out += [(e.kv[:, :, j:j + 1].clone(), None) for j in range(n)]
+                kv = self._run(key[:n], part)
+                out += [kv[:, :, j:j + 1].clone() for j in range(n)]
             return out
-        e = self._run(key, frames, prompt)
-        if e is not None:
+        kv = self._run(key, frames)
+        if kv is not None:
             self.counts["batched" if len(key) > 1 else "single"] += 1
-            if e.prompt_in is not None:
-                return [self._split_prompt(e, prompt)]
-            return [(e.kv[:, :, j:j + 1].clone(), None) for j in range(len(frames))]
+            return [kv[:, :, j:j + 1].clone() for j in range(len(frames))]
         self.counts["frame_by_frame"] += 1     # through the single-frame graphs
-        return [(self._run((f[3],), [f]).kv.clone(), None) for f in frames]
-
-    def _split_prompt(self, e: _Entry, ids) -> tuple:
-        """A prompt layout's outputs: the prefix k/v and the PromptPrefill (copies)."""
-        self.counts["prompts"] += 1
-        P = self.model.prefix_len
-        kv = e.kv[:, :, 0:1, :, :P].clone()
-        return kv, PromptPrefill(ids=tuple(int(t) for t in ids),
-                                 kv=e.kv[:, :, 0:1, :, P:P + len(ids)].clone(),
-                                 hidden=e.prompt_hidden[0].clone())
+        return [self._run((f[3],), [f]).clone() for f in frames]
 
     def _uniform_split(self, key: tuple) -> list[int] | None:
         """For n frames of one layout with no graph of exactly n: the batch sizes of this
@@ -396,13 +313,11 @@ class GraphedBatchEncoder:
         return sizes if sizes[0] > 1 else None
 
     def prepare(self, shapes=((480, 640),), batch_sizes=(1, 2, 4, 8),
-                crops=("overlap",), prompt: bool = False) -> int:
+                crops=("overlap",)) -> int:
         """Capture ahead the graphs of frames of these (height, width) shapes, crop modes and
         batch sizes (k cameras of one shape and mode), so that no capture (~0.3-1 s) falls
         into live traffic; multi-frame layouts count against max_batch_graphs (first come).
-        Layouts of the current crops_in_graph kind; prompt: also each shape and mode's
-        single-frame layout with prompt rows (the encode with a prompt). Returns the graphs
-        captured."""
+        Layouts of the current crops_in_graph kind. Returns the graphs captured."""
         before = self.counts["captures"]
         if not self.use_graphs:
             return 0
@@ -421,16 +336,10 @@ class GraphedBatchEncoder:
                         continue
                     with torch.inference_mode():
                         self._new_entry(key, [(None, img, x, lay)] * n)
-                key = (replace(lay, prompt_rows=self.prompt_rows),)
-                if prompt and key not in self.entries:
-                    with torch.inference_mode():
-                        self._new_entry(key, [(None, img, x, key[0])], [0])
         return self.counts["captures"] - before
 
-    def encode(self, image, crops: str | None = None, sync: bool = True, prompt=None):
-        """One frame; prompt: a task's prompt ids to prefill in the same pass (encode_batch)."""
-        return self.encode_batch([image], crops, sync,
-                                 None if prompt is None else [prompt])[0]
+    def encode(self, image, crops: str | None = None, sync: bool = True):
+        return self.encode_batch([image], crops, sync)[0]
 
     def summary(self) -> dict:
         return {"graphs": len(self.entries), "batch_graphs": self.n_batch_graphs(),

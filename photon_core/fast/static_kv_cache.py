@@ -93,19 +93,6 @@ class StaticKVCache:
             dst[row].copy_(src.reshape(dst.shape[1:]))
         return prefix.length
 
-    def load_positions(self, row: int, kv: torch.Tensor, at: int) -> bool:
-        """Copy k/v [n_layers, 2, 1, Hkv, t, D] into a row at positions [at, at + t) (a
-        prompt prefilled in the encode, engine.PromptPrefill). False (nothing copied) for a
-        per-layer cache or k/v of another shape: the caller prefills instead."""
-        if self.data is None or kv is None:
-            return False
-        t = kv.shape[4]
-        if (tuple(kv.shape[:4]) != (self.data.shape[0], 2, 1, self.data.shape[3])
-                or kv.shape[5] != self.data.shape[5] or at + t > self.capacity):
-            return False
-        self.data[:, :, row:row + 1, :, at:at + t] = kv
-        return True
-
     def _load_layers(self, row: int, kv) -> None:
         if len(kv) != len(self.layers):
             raise ValueError(f"the prefix has k/v of {len(kv)} layers, the program "

@@ -49,9 +49,6 @@ class FrameLayout:
     # (height, width) of the frame when its crops are made inside the encode (the graphed
     # encoder's in-graph crops: the input is the uint8 frame); None: the crops come in made
     size: tuple[int, int] | None = None
-    # rows for a task's prompt after the image prefix in the same prefill (the encode with a
-    # prompt, prefix_prefill.py; 0: none)
-    prompt_rows: int = 0
 
 
 def frame_layout(x: torch.Tensor, tiling, crops: str) -> FrameLayout:
@@ -68,25 +65,20 @@ def pixel_layout(model, height: int, width: int, crops: str) -> FrameLayout:
                        (int(height), int(width)))
 
 
-def kv_buffer(model, n: int, prompt_rows: int = 0) -> torch.Tensor:
-    """[n_layers, 2, n, Hkv, prefix_len + prompt_rows, D] zeros on the model's device and
-    dtype."""
+def kv_buffer(model, n: int) -> torch.Tensor:
+    """[n_layers, 2, n, Hkv, prefix_len, D] zeros on the model's device and dtype."""
     t, w = model.config.text, model.weights
-    return torch.zeros(t.n_layers, 2, n, t.n_kv_heads, model.prefix_len + prompt_rows,
-                       t.head_dim, device=w.device, dtype=w.dtype)
+    return torch.zeros(t.n_layers, 2, n, t.n_kv_heads, model.prefix_len, t.head_dim,
+                       device=w.device, dtype=w.dtype)
 
 
 def encode_body(model, x: torch.Tensor, layouts: list[FrameLayout], kv: torch.Tensor, *,
-                fast: bool = False, prompt: tuple | None = None) -> None:
+                fast: bool = False) -> None:
     """x: the frames' normalized crops, concatenated in order [sum n_crops, 3, c, c];
     writes every frame's prefix k/v into kv [n_layers, 2, n, Hkv, P, D].
     fast=False: the reference's functions (vision.encoder, the span-attention prefill);
     fast=True: vision_fused.encoder, the projection's fc1 + GELU as one GEMM and
-    prefix_prefill's fast form (close, not bitwise).
-    prompt: (ids [n, T] long: each frame's task prompt padded after its tokens, length [n]
-    long: its real tokens (>= 1), hidden [n, dim]: out) - the prompts prefilled in the same
-    pass (prefix_prefill.py, prompt_rows=T): kv [n_layers, 2, n, Hkv, P + T, D] gets their
-    k/v at positions P.., hidden the state after each prompt's last token."""
+    prefix_prefill's fast form (close, not bitwise)."""
     w, v, t = model.weights, model.config.vision, model.config.text
     features = (vision_fused.encoder if fast else vision.encoder)(w, v, x)
     inputs, off = [], 0
@@ -104,15 +96,9 @@ def encode_body(model, x: torch.Tensor, layouts: list[FrameLayout], kv: torch.Te
         tokens = w.mlp(stacked, "vision.proj_mlp")                       # [n, g*g, dim]
     bos = text.embed(w, torch.full((len(layouts), 1), model.config.tokenizer.bos_id,
                                    device=w.device))                     # [n, 1, dim]
-    if prompt is None:
-        # (only the k/v are kept: the fused form stops at the last k/v write)
-        prefill_prefix(w, t, torch.cat([bos, tokens], dim=1), kv, model.prefix_len,
-                       fast=fast, hidden=False)
-        return
-    ids, length, hidden = prompt
-    h = prefill_prefix(w, t, torch.cat([bos, tokens, text.embed(w, ids)], dim=1), kv,
-                       model.prefix_len, fast=fast, prompt_rows=ids.shape[1])
-    hidden.copy_(h[torch.arange(h.shape[0], device=h.device), length - 1])
+    # (only the k/v are kept: the fused form stops at the last k/v write)
+    prefill_prefix(w, t, torch.cat([bos, tokens], dim=1), kv, model.prefix_len, fast=fast,
+                   hidden=False)
 
 
 def frame_crops(model, images: list, crops: str | None):

@@ -35,32 +35,11 @@ the leading dimension):
     the last k/v write - no attention, output projection or MLP after the last layer's
     qkv GEMM, whose outputs no cache entry needs (~1/24 of the prefill's GEMMs); every k/v
     the same bits as with hidden=True (the same calls up to there).
-
-A task's prompt in the same pass (prompt_rows=T, the encode with a prompt: FastEngine.start
-of an image): x holds the P prefix embeddings then T prompt embeddings (the prompt padded
-after its real tokens), kv gets P + T positions, and the call returns the prompt rows'
-hidden states [n, T, dim]. Each prompt token attends causally over the prefix and the prompt
-tokens before it (text.attention_mask for positions >= prefix_len): the reference's prefill
-of the prompt after the prefix, riding in the prefix pass's GEMMs instead of a second pass
-that streams every weight again for a few rows (the runtime's prompt prefill, ~1.15 ms on
-the H200). Padding rows come after the real ones, so causality keeps them out of every real
-row; their k/v are never read (a run copies only the real positions). "prefix" attention
-then runs twice per layer: the prefix queries over the prefix keys (unmasked, as without a
-prompt), the prompt queries over all P + T keys with the causal mask aligned to the last key
-(causal_lower_right: flash, no mask tensor); the fused form runs the last layer after its
-k/v write for the prompt rows only. "span" attention takes them with its mask.
-Measured (H200, bench/probe_prompt_rows.py, session 14): 32 prompt rows cost the pass
-~0.56 ms (3.43 -> 3.99 ms of kernels: cuBLAS picks other, slower tiles for 762 rows than
-for 730, +0.2 ms; the prompt queries' attention 0.27 ms; the output concatenation 0.07 ms)
-against the ~1.15 ms prompt prefill it replaces.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from ...ops._triton import HAVE_TRITON
 from ...ops.add_layernorm import add_layernorm
@@ -80,17 +59,14 @@ ATTENTION_FORMS = ("span", "prefix")
 def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
                    prefix_len: int, fast: bool = False,
                    attention: str | None = None, kernels: bool | None = None,
-                   hidden: bool = True, prompt_rows: int = 0) -> torch.Tensor | None:
+                   hidden: bool = True) -> torch.Tensor | None:
     """x [n, P, dim] at positions 0..P-1 (P <= prefix_len: all inside the bidirectional
     prefix) -> writes kv [n_layers, 2, n, Hkv, P, D] (k in the interleaved rope order, as
     every cache); returns the last hidden states [n, P, dim] (before post_ln).
     attention: "span" | "prefix" (default: "prefix" when fast, else "span").
     kernels: the fused form of fast=True (module doc); None = on CUDA when triton imports.
     hidden=False: the fused form returns None after the last k/v write (module doc); the
-    other forms ignore it.
-    prompt_rows=T > 0: x [n, prefix_len + T, dim] ends with T prompt rows (module doc);
-    kv gets prefix_len + T positions; returns the prompt rows' hidden states [n, T, dim]
-    (hidden is then ignored)."""
+    other forms ignore it."""
     attention = attention or ("prefix" if fast else "span")
     if kernels is None:
         kernels = fast and x.is_cuda and HAVE_TRITON
@@ -101,11 +77,7 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
     if attention not in ATTENTION_FORMS:
         raise ValueError(f"attention must be one of {ATTENTION_FORMS}, not {attention!r}")
     n, length, dim = x.shape
-    T = int(prompt_rows)
-    if T and length - T != prefix_len:
-        raise ValueError(f"{length - T} prefix tokens before the {T} prompt rows; the prompt "
-                         f"follows the whole {prefix_len}-token image prefix")
-    if length - T > prefix_len:
+    if length > prefix_len:
         raise ValueError(f"{length} tokens do not fit the {prefix_len}-token image prefix")
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     if tuple(kv.shape) != (cfg.n_layers, 2, n, nkv, length, hd):
@@ -145,16 +117,15 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
             qk = rope(qkv[..., :nqk].view(n, length, nh + nkv, hd), c, s, perm)
             kv[i, 0] = qk[:, :, nh:].transpose(1, 2)
             kv[i, 1] = qkv[..., nqk:].view(n, length, nkv, hd).transpose(1, 2)
-            return prefix_prompt_attention(qk[:, :, :nh], kv[i, 0], kv[i, 1],
-                                           T).reshape(n, length, dim)
+            a = F.scaled_dot_product_attention(qk[:, :, :nh].transpose(1, 2), kv[i, 0],
+                                               kv[i, 1], enable_gqa=nh != nkv)
+            return a.transpose(1, 2).reshape(n, length, dim)
 
     ops = decoder_ops(cfg)
     if kernels:
-        return _prefill_fused(w, cfg, x, kv, ops if (hidden or T) else kv_ops(ops), hidden,
-                              T)
+        return _prefill_fused(w, cfg, x, kv, ops if hidden else kv_ops(ops), hidden)
     if not (fast and x.is_cuda):
-        out = run_ops(ops, {"x": x}, w, attend)["x"]
-        return out[:, length - T:] if T else out
+        return run_ops(ops, {"x": x}, w, attend)["x"]
     env = {"x": x}
     for op in ops:              # the reference's ops, but linear + gelu_tanh in one GEMM
         if op.kind == "linear" and "gelu_tanh" in op.acts:
@@ -164,55 +135,7 @@ def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
                                 [_one_linear(op, dst, wn, act)], env, w)[dst])
         else:
             run_ops([op], env, w, attend)
-    return env["x"][:, length - T:] if T else env["x"]
-
-
-def prefix_prefill_queries(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                           P: int) -> torch.Tensor:
-    """The prefix queries q [n, P, nh, hd] (token-major) over the first P keys / values
-    [n, Hkv, >= P, D], unmasked -> [n, P, nh, hd]."""
-    nh, nkv = q.shape[2], keys.shape[1]
-    a = F.scaled_dot_product_attention(q.transpose(1, 2), keys[:, :, :P], values[:, :, :P],
-                                       **_gqa(nh, nkv))
-    return a.transpose(1, 2)
-
-
-# the SDPA backend of the prompt queries on CUDA (None: torch's pick; bench/probe_prompt_rows.py
-# measures the others)
-PROMPT_SDPA: str | None = None
-
-
-def prompt_queries(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """The T prompt queries q [n, T, nh, hd] over all P + T keys -> [n, T, nh, hd]: prompt
-    row i sees the prefix and the prompt rows <= i (text.attention_mask's rows for positions
-    >= prefix_len), i.e. the causal mask aligned to the last key (causal_lower_right: no
-    mask tensor, the flash / efficient kernels)."""
-    nh, nkv = q.shape[2], keys.shape[1]
-    bias = causal_lower_right(q.shape[1], keys.shape[2])
-    ctx = contextlib.nullcontext()
-    if PROMPT_SDPA is not None and q.is_cuda:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        ctx = sdpa_kernel(getattr(SDPBackend, PROMPT_SDPA))
-    with ctx:
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
-                                           **_gqa(nh, nkv))
-    return a.transpose(1, 2)
-
-
-def _gqa(nh: int, nkv: int) -> dict:
-    return {"enable_gqa": True} if nh != nkv else {}
-
-
-def prefix_prompt_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                            T: int) -> torch.Tensor:
-    """q [n, P + T, nh, hd] (token-major) over keys / values [n, Hkv, P + T, D] ->
-    [n, P + T, nh, hd]: the P prefix rows over the prefix alone, the T prompt rows (T may be
-    0) causally (module doc)."""
-    P = q.shape[1] - T
-    a = prefix_prefill_queries(q[:, :P], keys, values, P)
-    if not T:
-        return a
-    return torch.cat([a, prompt_queries(q[:, P:], keys, values)], dim=1)
+    return env["x"]
 
 
 def kv_ops(ops) -> list:
@@ -237,29 +160,23 @@ def kv_ops(ops) -> list:
 
 
 def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
-                   ops, hidden: bool = True, T: int = 0) -> torch.Tensor | None:
+                   ops, hidden: bool = True) -> torch.Tensor | None:
     """decoder_ops (or kv_ops's cut of them) run in the fused form (module doc): the ops'
     order and weights, with the residual + next norm and the attention's input passes
-    fused; an attention op without dst writes its k/v only. T prompt rows: after the last
-    k/v write only the prompt rows go on (the last layer's attention queries, fc1, output
-    projection and MLP for T rows); returns their hidden states [n, T, dim]."""
+    fused; an attention op without dst writes its k/v only."""
     n, length, dim = x.shape
     nh, nkv = cfg.n_heads, cfg.n_kv_heads
-    P = length - T
     cos, sin = rope_angles(torch.arange(length, device=x.device), cfg.rot_dim)
     env = {"x": x}
     pending = {}                     # norm dst -> its output, computed by the fused add + LN
-    last = max(k for k, op in enumerate(ops) if op.kind == "attention") if T else -1
-    last_qkv = ops[last].src[0] if T else None
 
-    def attend(i: int, qkv: torch.Tensor, out: bool = True,
-               prompt_only: bool = False) -> torch.Tensor | None:
+    def attend(i: int, qkv: torch.Tensor, out: bool = True) -> torch.Tensor | None:
         q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[i, 0], kv[i, 1])
         if not out:
             return None
-        if prompt_only:
-            return prompt_queries(q[:, P:], kv[i, 0], kv[i, 1]).reshape(n, T, dim)
-        return prefix_prompt_attention(q, kv[i, 0], kv[i, 1], T).reshape(n, length, dim)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
+                                           enable_gqa=nh != nkv)
+        return a.transpose(1, 2).reshape(n, length, dim)
 
     for k, op in enumerate(ops):
         if op.kind == "norm":
@@ -267,25 +184,17 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
             env[op.dst[0]] = got if got is not None else norm_reference(op, env[op.src[0]], w)
         elif op.kind == "linear":
             src = env[op.src[0]]
-            # the last layer's projection with prompt rows: its qkv for every row (the k/v),
-            # its other outputs (fc1) for the prompt rows alone
-            tail = T and k < last and last_qkv in op.dst and \
-                not any(o.kind == "linear" for o in ops[k + 1:last])
             for dst, wn, act in zip(op.dst, op.weights, op.acts):
-                a = src[:, P:] if tail and dst != last_qkv else src
                 if act == "gelu_tanh":
-                    env[dst] = linear_gelu(a, w[wn + ".weight"], w.get(wn + ".bias"))
+                    env[dst] = linear_gelu(src, w[wn + ".weight"], w.get(wn + ".bias"))
                 elif act is None:
-                    env[dst] = F.linear(a, w[wn + ".weight"], w.get(wn + ".bias"))
+                    env[dst] = F.linear(src, w[wn + ".weight"], w.get(wn + ".bias"))
                 else:
                     raise ValueError(f"no fused prefill form for activation {act!r}")
         elif op.kind == "attention":
-            a = attend(op.layer, env[op.src[0]], bool(op.dst), k == last)
+            a = attend(op.layer, env[op.src[0]], bool(op.dst))
             if op.dst:
                 env[op.dst[0]] = a
-            if k == last:            # from here on the prompt rows alone
-                env = {name: (t[:, P:] if name != op.dst[0] and t.dim() == 3
-                              and t.shape[1] == length else t) for name, t in env.items()}
         elif op.kind == "residual":
             resid = env[op.dst[0]]
             # the branches' GEMMs summed by cuBLAS into one [rows, dim] tensor t (the first
@@ -314,7 +223,7 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
                 env[op.dst[0]] = (s if tb is None else s + tb.float()).to(resid.dtype)
         else:
             raise ValueError(f"no fused prefill form for op {op.kind!r}")
-    return env["x"] if (hidden or T) else None
+    return env["x"] if hidden else None
 
 
 def _rope_perms_on_device(rot_dim: int, head_dim: int, device) -> torch.Tensor:
