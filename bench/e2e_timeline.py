@@ -128,8 +128,9 @@ def main():
                  "deterministic": args.deterministic}
     for name in args.tasks.split(","):
         task = TASKS[name]
-        for _ in range(args.warm):
-            fe.run(fe.encode_image(frame), task, ignore_eos=True)
+        for _ in range(args.warm):      # (in the form that is profiled)
+            fe.run(frame if args.profile_one_call else fe.encode_image(frame), task,
+                   ignore_eos=True)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
