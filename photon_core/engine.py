@@ -168,8 +168,21 @@ class Capabilities:
             raise TaskError(why)
 
 
+class GpuTiming:
+    """gpu_encode_ms() of an encoding with a `gpu_timing` field: (start event, end event,
+    share) of an encode returned before the GPU ran it, or None."""
+
+    def gpu_encode_ms(self) -> float:
+        """encode_ms, or with gpu_timing the GPU's time of the encode (waits for it)."""
+        if self.gpu_timing is None:
+            return self.encode_ms
+        start, end, share = self.gpu_timing
+        end.synchronize()
+        return start.elapsed_time(end) * share
+
+
 @dataclass(frozen=True, kw_only=True)
-class PrefixState:
+class PrefixState(GpuTiming):
     """An encoded image: the decoder's state after the image prefix, shared read-only by every
     task started on it (each task copies it into its own cache row).
 
@@ -200,14 +213,6 @@ class PrefixState:
     encode_ms: float = 0.0
     setup_ms: float = 0.0
     gpu_timing: Any = None
-
-    def gpu_encode_ms(self) -> float:
-        """encode_ms, or with gpu_timing the GPU's time of the encode (waits for it)."""
-        if self.gpu_timing is None:
-            return self.encode_ms
-        start, end, share = self.gpu_timing
-        end.synchronize()
-        return start.elapsed_time(end) * share
 
     @property
     def length(self) -> int:
@@ -256,4 +261,4 @@ class Engine(Protocol):
         """Prompt tokens the task prefills after the image prefix (a cost hint)."""
 
 
-__all__ = ["ATTENTIONS", "CHOICES", "Capabilities", "ENCODERS", "ENGINES", "Engine", "EngineOptions", "PrefixState", "Run"]
+__all__ = ["ATTENTIONS", "CHOICES", "Capabilities", "ENCODERS", "ENGINES", "Engine", "EngineOptions", "GpuTiming", "PrefixState", "Run"]

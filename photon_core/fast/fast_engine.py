@@ -210,7 +210,7 @@ class FastEngine(EngineConveniences):
                              "(crops='overlap')")
         if self.encoder is not None:
             with self._compute_stream_ctx():
-                return self.encoder.encode(image)
+                return self.encoder.encode(image, sync=sync)
         return self.family.encode_image(image, crops=mode) if self.batch_encoder is not None \
             else self.family.encode_image(image)
 

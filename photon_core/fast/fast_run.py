@@ -34,7 +34,10 @@ class FastRun:
         fam = engine.family
         self.engine, self.enc, self.task = engine, enc, task
         self.ignore_eos = ignore_eos
-        prefix = fam.prefix(enc)                      # PrefixState (checked by the family)
+        # PrefixState (checked by the family; built on the engine's stream, behind an encode
+        # that may still run there: FastEngine.start of an image does not wait for it)
+        with engine._compute_stream_ctx(), torch.inference_mode():
+            prefix = fam.prefix(enc)
         prompt = fam.prompt(task, enc)
         start = prefix.length
         limit = min(fam.max_context, engine.kv.capacity)

@@ -79,7 +79,10 @@ class GraphedReferenceEncoder:
         self.entries[inp.key] = e
         return e
 
-    def encode(self, image):
+    def encode(self, image, sync: bool = True):
+        """sync=False (a captured layout): return once the replay is queued on the current
+        stream (no host wait: the task's prefill is queued behind it while the GPU encodes);
+        the encoding then carries gpu_timing (CUDA events around the replay)."""
         m = self.model
         if m.is_encoded(image):
             return image
@@ -93,9 +96,18 @@ class GraphedReferenceEncoder:
             setup_ms = self.capture_ms - captured_before
             if e.graph is None:
                 return m.encode_result(self.body(inp), inp, copy=False)
+            timing = None
+            if not sync:
+                timing = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+                timing[0].record()
             for k, t in inp.tensors.items():
                 if t is not e.sources[k]:
                     e.inputs.tensors[k].copy_(t)
             e.graph.replay()
-            enc = m.encode_result(e.state, inp, copy=True, setup_ms=setup_ms)
+            if timing is not None:
+                timing[1].record()
+                timing = (*timing, 1.0)
+            enc = m.encode_result(e.state, inp, copy=True, setup_ms=setup_ms,
+                                  gpu_timing=timing)
         return enc

@@ -134,3 +134,29 @@ def test_replay_reads_each_frames_inputs(model, monkeypatch):
             assert torch.equal(g.state.k[i], ref.state.k[i])
         for i in ref.state.recurrent:
             assert torch.equal(g.state.recurrent[i], ref.state.recurrent[i])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
+def test_gpu_encode_without_host_wait(family, tmp_path):
+    """encode(image, sync=False) (FastEngine.start of an image, the scheduler's queued
+    encodes): the replay is only queued, the encoding carries gpu_timing, its GPU time is
+    readable, and a task on it gives the result of the synchronized encode."""
+    import importlib
+    from photon_core.fast import FastEngine
+    from photon_core.task import Task
+    fam = importlib.import_module(f"photon_core.models.{family}")
+    m = fam.load_model(str(fam.make_test_model(tmp_path / family, seed=5)), device="cuda")
+    fe = FastEngine(m, max_batch=2, kv_capacity=1024)
+    try:
+        frame = np.random.default_rng(3).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+        task = Task("query", question="What is it?", max_tokens=6)
+        ref = fe.run(fe.encode_image(frame), task, ignore_eos=True)    # (captures)
+        enc = fe.encode_image(frame, sync=False)
+        assert enc.gpu_timing is not None and enc.gpu_encode_ms() > 0
+        assert fe.encode_image(frame).gpu_timing is None
+        got = fe.run(frame, task, ignore_eos=True)                      # start(): sync=False
+        assert (got.output, got.tokens) == (ref.output, ref.tokens)
+        assert fe.run(enc, task, ignore_eos=True).output == ref.output
+    finally:
+        fe.close()

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from ...pil_resize import ResizePlans
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task
-from ...engine import Capabilities
+from ...engine import Capabilities, GpuTiming
 from ...split_encode import EncodeInputs, SplitEncode
 from . import text, vision
 from .config import Gemma4Cfg, parse_config
@@ -45,10 +45,11 @@ class CheckpointNotFound(ValueError):
 
 
 @dataclass(frozen=True)
-class EncodedImage:
+class EncodedImage(GpuTiming):
     """An image after the vision tower AND the decoder's pass over its prefix
     (head + <boi> + image tokens + <eoi>): `cache` holds that prefix's k/v, read-only
-    (every task copies it into its own cache)."""
+    (every task copies it into its own cache). gpu_timing: engine.GpuTiming's (an encode
+    returned before the GPU ran it)."""
     cache: KVCache
     length: int
     n_image_tokens: int
@@ -58,6 +59,7 @@ class EncodedImage:
     model_id: str
     setup_ms: float = 0.0
     n_crops: int = 1            # one variable-resolution image (for the scheduler's cost model)
+    gpu_timing: Any = None
 
 
 class Gemma4Model(SplitEncode, EngineConveniences):
@@ -235,7 +237,9 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         return self.encode_body(inp, fast=True)
 
     def encode_result(self, cache: KVCache, inp: EncodeInputs, copy: bool,
-                      setup_ms: float = 0.0) -> EncodedImage:
+                      setup_ms: float = 0.0, gpu_timing=None) -> EncodedImage:
+        """gpu_timing (the graphed encoder's sync=False): no host wait; encode_ms is the
+        host's time, gpu_encode_ms() the GPU's."""
         info = inp.info
         if copy:                       # a graph's static cache: this image owns a copy
             own = KVCache.__new__(KVCache)
@@ -243,11 +247,12 @@ class Gemma4Model(SplitEncode, EngineConveniences):
             own.k = [None if a is None else a.clone() for a in cache.k]
             own.v = [None if a is None else a.clone() for a in cache.v]
             cache = own
-        _sync(self.device)
+        if gpu_timing is None:
+            _sync(self.device)
         return EncodedImage(cache=cache, length=info["length"], n_image_tokens=info["n_image"],
                             width=info["width"], height=info["height"],
                             encode_ms=(time.perf_counter() - inp.t0) * 1e3,
-                            model_id=self.model_id, setup_ms=setup_ms)
+                            model_id=self.model_id, setup_ms=setup_ms, gpu_timing=gpu_timing)
 
     # -- tasks -----------------------------------------------------------------------------
     max_runs = None     # the reference engine holds any number of runs (engine.Engine)

@@ -184,13 +184,16 @@ class MoondreamModel(SplitEncode, EngineConveniences):
         return cache
 
     def encode_result(self, cache: KVCache, inp: EncodeInputs, copy: bool,
-                      setup_ms: float = 0.0) -> EncodedImage:
+                      setup_ms: float = 0.0, gpu_timing=None) -> EncodedImage:
+        """gpu_timing (the graphed encoder's sync=False): no host wait; encode_ms is the
+        host's time, gpu_encode_ms() the GPU's."""
         info = inp.info
         kv = cache.data.clone() if copy else cache.data
-        _sync(self.weights.device)
+        if gpu_timing is None:
+            _sync(self.weights.device)
         return EncodedImage(kv=kv, width=info["width"], height=info["height"],
                             tiling=info["tiling"], encode_ms=(time.perf_counter() - inp.t0) * 1e3,
-                            model_id=self.model_id, setup_ms=setup_ms)
+                            model_id=self.model_id, setup_ms=setup_ms, gpu_timing=gpu_timing)
 
     def encode_batch(self, images: list, crops: str | None = None) -> list[EncodedImage]:
         """Several images in one vision pass (all their crops) and one batched image-prefix

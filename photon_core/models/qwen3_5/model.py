@@ -6,12 +6,12 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ...engine import Capabilities
+from ...engine import Capabilities, GpuTiming
 from . import checkpoint, decoder, vision
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
@@ -33,10 +33,11 @@ MAX_CONTEXT = 8192   # per task (image prefix + prompt + answer); real models al
 
 
 @dataclass(frozen=True)
-class EncodedImage:
+class EncodedImage(GpuTiming):
     """A frame after the vision tower AND the decoder's pass over the image prefix
     (<|im_start|>user\\n<|vision_start|> image tokens <|vision_end|>). Read-only: tasks copy
-    `state` (k/v + DeltaNet states) on start."""
+    `state` (k/v + DeltaNet states) on start. gpu_timing: engine.GpuTiming's (an encode
+    returned before the GPU ran it)."""
     state: HybridState
     prefix_text: str
     width: int
@@ -45,6 +46,7 @@ class EncodedImage:
     encode_ms: float
     model_id: str
     setup_ms: float = 0.0
+    gpu_timing: Any = None
 
     @property
     def n_crops(self) -> int:
@@ -159,18 +161,22 @@ class Qwen35Model(SplitEncode, EngineConveniences):
         return state
 
     def encode_result(self, state: HybridState, inp: EncodeInputs, copy: bool,
-                      setup_ms: float = 0.0) -> EncodedImage:
+                      setup_ms: float = 0.0, gpu_timing=None) -> EncodedImage:
+        """gpu_timing (the graphed encoder's sync=False): no host wait; encode_ms is the
+        host's time, gpu_encode_ms() the GPU's."""
         info = inp.info
         if copy:                       # a graph's static state: this image owns a copy
             state = state.copy()
         state.length = len(info["ids"])
         state.rope_pos = info["rope_pos"]
         state.tokens = list(info["ids"])
-        _sync(self.device)
+        if gpu_timing is None:
+            _sync(self.device)
         return EncodedImage(state=state, prefix_text=info["text"], width=info["width"],
                             height=info["height"], grid=info["grid"],
                             encode_ms=(time.perf_counter() - inp.t0) * 1e3,
-                            model_id=self.model_id, setup_ms=setup_ms)
+                            model_id=self.model_id, setup_ms=setup_ms,
+                            gpu_timing=gpu_timing)
 
     def fast_family(self):
         """The runtime's plugin view of this model (photon_core/fast/fast_family.py)."""
