@@ -11,8 +11,9 @@ it settles it (the device time read, the cost model and the frames' encode_ms up
 it decides on the next request, at the end of its admission round (before a decode step is
 timed), or when a request of the frame ends (its Outcome carries the real encode cost).
 
-An encoding without gpu_timing (the engine encoded synchronously: CPU, a family without the
-batched encoder) is settled with the host time of the call, exactly as a synchronous encode
+FastEngine's graphed reference encoder (Qwen 3.5, Gemma 4) does the same for one image (no
+encode_batch). An encoding without gpu_timing (the engine encoded synchronously: CPU, an
+encode without a graph) is settled with the host time of the call, exactly as a synchronous encode
 is measured (the scheduler measures those at once through the same record: _encode_call).
 """
 from __future__ import annotations
