@@ -136,6 +136,52 @@ def test_replay_reads_each_frames_inputs(model, monkeypatch):
             assert torch.equal(g.state.recurrent[i], ref.state.recurrent[i])
 
 
+def test_encode_without_host_wait_records_events_instead_of_syncing(model, monkeypatch):
+    """sync=False (stand-ins for the CUDA calls): the replay is bracketed by two recorded
+    events handed to encode_result as gpu_timing (share 1), no device synchronize runs,
+    and gpu_encode_ms() reads the events; sync=True synchronizes and carries none."""
+    from photon_core.fast import graphed_reference_encoder as gre
+    syncs, log = [], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            log.append("record")
+            self.t = len(log)
+
+        def synchronize(self):
+            log.append("wait")
+
+        def elapsed_time(self, end):
+            return float(end.t - self.t)
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+    from photon_core.models.qwen3_5 import model as qwen_model
+    for name, value in (("Stream", _Stream), ("stream", lambda s: contextlib.nullcontext()),
+                        ("current_stream", _Stream), ("Event", Event),
+                        ("synchronize", lambda *a: None)):     # (the warm-up's)
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(qwen_model, "_sync", lambda device: syncs.append(1))
+    monkeypatch.setattr(gre, "capture_graph", lambda fn, stream=None, pool=None:
+                        (Graph(), fn()))
+    enc = GraphedReferenceEncoder(model, use_graphs=True)
+    frame = np.random.default_rng(4).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    enc.encode(frame)                          # the capture
+    syncs.clear()
+    log.clear()
+    got = enc.encode(frame, sync=False)
+    assert syncs == [] and log == ["record", "replay", "record"]
+    start, end, share = got.gpu_timing
+    assert share == 1.0 and got.gpu_encode_ms() == 2.0 and log[-1] == "wait"
+    waited = enc.encode(frame)
+    assert waited.gpu_timing is None and syncs == [1]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("family", ["qwen3_5", "gemma4"])
 def test_gpu_encode_without_host_wait(family, tmp_path):
