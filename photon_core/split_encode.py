@@ -14,7 +14,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+
+def frame_to_device(array: np.ndarray, device) -> torch.Tensor:
+    """The uint8 frame on the device. On CUDA through pinned memory with non_blocking: a copy
+    from pageable memory waits for the stream's earlier work, so an encode queued without a
+    host wait (sync=False) behind another would hold the host until that one has run
+    (Qwen 3.5 0.8B back-to-back 640x480 encodes: ~12 ms per call in the copy, H200 session
+    14); the pinned buffer is freed by torch's caching host allocator once the copy is done."""
+    t = torch.from_numpy(np.require(array, requirements=["C", "W"]))
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
