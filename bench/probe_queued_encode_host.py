@@ -5,7 +5,7 @@ holding the host ~12 ms each in the frame's pageable upload, and a 5 ms gap befo
 encode graph started in a one-call run.
 
   1. n back-to-back encode_image(frame, sync=False), the frame uploaded through pinned memory
-     (split_encode.frame_to_device, since 77fbb88) and, same process, from pageable memory
+     (split_encode.upload_frame, since 77fbb88) and, same process, from pageable memory
      (the form before): host ms per call, the wall until the last encode is done, and the
      GPU's time of the n encodes (their events) - wall minus GPU = idle;
   2. the encode graph's replay() alone (cudaGraphLaunch of its nodes): host ms per call,
@@ -68,15 +68,15 @@ def main():
     for _ in range(3):
         fe.encode_image(frame)                  # capture + warm
     fam_mod = sys.modules[type(m).__module__]
-    pinned = fam_mod.frame_to_device
+    pinned = fam_mod.upload_frame
     out: dict = {"gpu": torch.cuda.get_device_name(), "family": args.family, "n": args.n}
     for rnd in range(args.rounds):
         for name, fn in (("pinned", pinned), ("pageable", pageable)):
-            fam_mod.frame_to_device = fn
+            fam_mod.upload_frame = fn
             try:
                 res = back_to_back(fe, frame, args.n)
             finally:
-                fam_mod.frame_to_device = pinned
+                fam_mod.upload_frame = pinned
             out.setdefault(name, []).append(res)
             print(name, json.dumps(res), flush=True)
     (e,) = [x for x in fe.encoder.entries.values() if x.graph is not None][:1]
@@ -90,7 +90,7 @@ def main():
     out["graph_replay_host_ms"] = {"median": round(statistics.median(ms), 3),
                                    "all": [round(v, 3) for v in ms]}
     print("encode graph replay(), host ms:", json.dumps(out["graph_replay_host_ms"]), flush=True)
-    assert split_encode.frame_to_device is pinned
+    assert split_encode.upload_frame is pinned
     fe.close()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)

@@ -180,6 +180,21 @@ class GpuTiming:
         end.synchronize()
         return start.elapsed_time(end) * share
 
+    @staticmethod
+    def start_event():
+        """A CUDA timing event recorded now on the current stream: where a queued encode's
+        device work begins."""
+        import torch
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    @staticmethod
+    def timing(start, share: float = 1.0) -> tuple:
+        """gpu_timing of an encode queued since `start` (start_event): (start, an end event
+        recorded now, this encoding's share of the work between them)."""
+        return (start, GpuTiming.start_event(), share)
+
 
 @dataclass(frozen=True, kw_only=True)
 class PrefixState(GpuTiming):

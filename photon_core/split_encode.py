@@ -18,16 +18,18 @@ import numpy as np
 import torch
 
 
-def frame_to_device(array: np.ndarray, device) -> torch.Tensor:
-    """The uint8 frame on the device. On CUDA through pinned memory with non_blocking: a copy
-    from pageable memory waits for the stream's earlier work, so an encode queued without a
-    host wait (sync=False) behind another would hold the host until that one has run
-    (Qwen 3.5 0.8B back-to-back 640x480 encodes: ~12 ms per call in the copy, H200 session
-    14); the pinned buffer is freed by torch's caching host allocator once the copy is done."""
-    t = torch.from_numpy(np.require(array, requirements=["C", "W"]))
-    if torch.device(device).type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+def upload_frame(array: np.ndarray, device) -> torch.Tensor:
+    """HxWx3 uint8 array -> the same uint8 tensor on device (C order). CUDA: through pinned
+    host memory with non_blocking, so the host does not wait for the device's queued work (a
+    pageable copy synchronizes the stream: Qwen 3.5 0.8B back-to-back queued 640x480 encodes
+    spent ~12 ms per call in it, H200 session 14); the caching host allocator keeps the
+    pinned block until the copy has run."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.from_numpy(np.require(array, requirements=["C", "W"])).to(device)
+    staging = torch.empty(array.shape, dtype=torch.uint8, pin_memory=True)
+    np.copyto(staging.numpy(), array)
+    return staging.to(device, non_blocking=True)
 
 
 @dataclass

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from ..encode_request import unwrap
+from ..engine import GpuTiming
 from .cuda_graph_runner import capture_graph, warm_up
 from ..models.moondream2.batched_encode import (FrameLayout, encode_body, frame_layout,
                                                  kv_buffer, pixel_layout)
@@ -229,11 +230,8 @@ class GraphedBatchEncoder:
             t0 = time.perf_counter()
             captured_before = self.capture_ms
             cuda = m.weights.device.type == "cuda"
+            start = GpuTiming.start_event() if cuda and not sync else None
             timing = None
-            if cuda and not sync:
-                timing = (torch.cuda.Event(enable_timing=True),
-                          torch.cuda.Event(enable_timing=True))
-                timing[0].record()
             frames = []                 # (index, array, crops or None, layout)
             if in_graph:                # the pixels go in; the graph makes the crops
                 for i in chunk:
@@ -255,9 +253,8 @@ class GraphedBatchEncoder:
                 kvs = self._encode_frames(frames)
             # sync: the k/v are ready and encode_ms is their time: this stream's work only
             # (the encode's), not the whole device's (other engines' streams)
-            if timing is not None:
-                timing[1].record()
-                timing = (*timing, 1.0 / len(frames))
+            if start is not None:
+                timing = GpuTiming.timing(start, 1.0 / len(frames))
             elif cuda:
                 torch.cuda.current_stream(m.weights.device).synchronize()
             ms = (time.perf_counter() - t0) * 1e3

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..engine import GpuTiming
 from ..split_encode import EncodeInputs
 from .cuda_graph_runner import capture_graph, warm_up
 
@@ -96,18 +97,11 @@ class GraphedReferenceEncoder:
             setup_ms = self.capture_ms - captured_before
             if e.graph is None:
                 return m.encode_result(self.body(inp), inp, copy=False)
-            timing = None
-            if not sync:
-                timing = (torch.cuda.Event(enable_timing=True),
-                          torch.cuda.Event(enable_timing=True))
-                timing[0].record()
+            start = None if sync else GpuTiming.start_event()
             for k, t in inp.tensors.items():
                 if t is not e.sources[k]:
                     e.inputs.tensors[k].copy_(t)
             e.graph.replay()
-            if timing is not None:
-                timing[1].record()
-                timing = (*timing, 1.0)
             enc = m.encode_result(e.state, inp, copy=True, setup_ms=setup_ms,
-                                  gpu_timing=timing)
+                                  gpu_timing=None if sync else GpuTiming.timing(start))
         return enc

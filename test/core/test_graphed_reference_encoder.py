@@ -208,13 +208,13 @@ def test_gpu_encode_without_host_wait(family, tmp_path):
         fe.close()
 
 
-def test_frame_to_device_keeps_the_pixels():
-    """split_encode.frame_to_device (the families' encode_inputs): the frame's pixels, C
+def test_upload_frame_keeps_the_pixels():
+    """split_encode.upload_frame (the families' encode_inputs): the frame's pixels, C
     order, on the device (CUDA: through pinned memory, non_blocking - read back here)."""
-    from photon_core.split_encode import frame_to_device
+    from photon_core.split_encode import upload_frame
     a = np.random.default_rng(1).integers(0, 256, (5, 7, 3), dtype=np.uint8)[:, ::-1]
-    t = frame_to_device(a, "cpu")
+    t = upload_frame(a, "cpu")
     assert t.dtype == torch.uint8 and t.is_contiguous() and np.array_equal(t.numpy(), a)
     if torch.cuda.is_available():
-        g = frame_to_device(a, "cuda")
+        g = upload_frame(a, "cuda")
         assert g.is_cuda and np.array_equal(g.cpu().numpy(), a)

@@ -23,7 +23,7 @@ from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
 from ...task import Task
 from ...engine import Capabilities, GpuTiming
-from ...split_encode import EncodeInputs, SplitEncode, frame_to_device
+from ...split_encode import EncodeInputs, SplitEncode, upload_frame
 from . import text, vision
 from .config import Gemma4Cfg, parse_config
 from .kv_cache import KVCache
@@ -186,7 +186,7 @@ class Gemma4Model(SplitEncode, EngineConveniences):
         if length >= self.max_context:
             raise ValueError(f"the image prefix ({length} tokens) does not fit the "
                              f"{self.max_context}-token context")
-        tensors = {"image": frame_to_device(array, dev),
+        tensors = {"image": upload_frame(array, dev),
                    "table": self._pixel_table, "positions": positions, **prefix_tensors}
         info = {"grid": grid, "first": first, "n_image": n, "length": length,
                 "width": array.shape[1], "height": array.shape[0], "resize": plan}

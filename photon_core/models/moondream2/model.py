@@ -11,7 +11,7 @@ import torch
 from ...engine import Capabilities, PrefixState
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
-from ...split_encode import EncodeInputs, SplitEncode
+from ...split_encode import EncodeInputs, SplitEncode, upload_frame
 from ...task import Task
 from ...task import SKILLS as ALL_SKILLS
 from . import hub, text, vision
@@ -29,18 +29,6 @@ from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_meta
 # "global" crop mode (photon_core/encode_request.py)
 CAPABILITIES = Capabilities("moondream2", "Moondream 2", frozenset(ALL_SKILLS),
                             crop_modes=("overlap", "global"))
-
-
-def upload_frame(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """HxWx3 uint8 array -> the same uint8 tensor on device. CUDA: through pinned host
-    memory with non_blocking, so the host does not wait for the device's queued work (a
-    pageable copy synchronizes the stream); the caching host allocator keeps the pinned block
-    until the copy has run."""
-    if device.type != "cuda":
-        return torch.from_numpy(np.require(array, requirements="W")).to(device)
-    staging = torch.empty(array.shape, dtype=torch.uint8, pin_memory=True)
-    np.copyto(staging.numpy(), array)
-    return staging.to(device, non_blocking=True)
 
 
 def parse_device(device) -> torch.device:

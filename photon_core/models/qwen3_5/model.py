@@ -14,7 +14,7 @@ from ...engine import Capabilities, GpuTiming
 from . import checkpoint, decoder, vision
 from ...dtype_names import parse_dtype
 from ...engine_conveniences import EngineConveniences
-from ...split_encode import EncodeInputs, SplitEncode, frame_to_device
+from ...split_encode import EncodeInputs, SplitEncode, upload_frame
 from ._shared import Task, to_rgb_array
 from .config import Qwen35Config
 from ...layout_cache import LayoutCache
@@ -110,7 +110,7 @@ class Qwen35Model(SplitEncode, EngineConveniences):
             (gh, gw), lambda: self._prefix_layout(gh, gw))
         if self._table is None:
             self._table = torch.from_numpy(normalize_table(self.image_config)).to(dev)
-        tensors = {"image": frame_to_device(array, dev),
+        tensors = {"image": upload_frame(array, dev),
                    "table": self._table, "ids": ids_t, "pos": pos}
         info = {"grid": grid, "first": first, "n_image": gh * gw, "ids": ids, "text": text,
                 "rope_pos": rope_pos, "width": array.shape[1], "height": array.shape[0],
