@@ -69,8 +69,8 @@ from ..ops.eager import gated_norm_reference, norm_reference
 from ..ops.feedback_embedding import feedback_embedding
 from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
 from ..ops.gated_activation import ACTIVATIONS
-from ..ops.gemv import (EPI_ACT_MUL, EPI_GATED, EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE,
-                        NORM_KINDS, gemv, interleave_gated)
+from ..ops.gemv import (EPI_ACT_MUL, EPI_GATED, EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv,
+                        interleave_gated)
 from ..ops.layernorm import layer_norm, rms_norm
 from ..ops.logit_softcap import logit_softcap_triton
 from ..ops.masked_argmax import masked_argmax
@@ -101,7 +101,6 @@ def auto_pdl_rows(program) -> int:
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
-NORM_PROLOGUE = True
 
 
 class FusedBackend:
@@ -148,10 +147,9 @@ class FusedBackend:
         self.fused_norm_adds = 0          # sandwich norms lowered with their add (+ scale)
         self.chained_norms = 0            # ... and with the RMSNorm after them
         self.gated_gemvs = 0              # linear + act_mul pairs as one GEMV
-        self.norm_prologues = 0           # norm + linear pairs as one GEMV
         self.fused_runs = 0               # hybrid runs of ops as one launch (hybrid_rows)
         self.lowered = self._lower_ops(p.ops)
-        self.heads = {name: (self._lower_ops(h.ops), h) for name, h in p.heads}
+        self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
         # softcap, keep the width)
         self.head_width = {name: self.w[[op for op in h.ops if op.weights][-1].weights[0]
@@ -199,10 +197,7 @@ class FusedBackend:
           EPILOGUE_FUSION: `linear h -> [g, u]; act_mul (g, u) -> m` -> one GEMV over the
             (gate, up) row pairs whose epilogue writes m (EPI_GATED); `linear s -> [p];
             act_mul (p, q) -> m` -> one GEMV writing act(p) * q (EPI_ACT_MUL); when g / u /
-            p are read by no later op;
-          NORM_PROLOGUE: `norm x -> h; linear h -> ...` (or the gated pair above after the
-            norm) -> one GEMV that normalizes x's rows as it reads them (gemv(norm=...)),
-            when h is read by no later op and the linear is one GEMV."""
+            p are read by no later op."""
         out, i = [], 0
         while i < len(ops):
             op = ops[i]
@@ -235,12 +230,6 @@ class FusedBackend:
                     self.chained_norms += 1
                     i += 1
                 continue
-            f, n = self._lower_normed(ops, i) if NORM_PROLOGUE else (None, 0)
-            if f is not None:
-                out.append(f)
-                self.norm_prologues += 1
-                i += n
-                continue
             f = self._lower_gated(op, nxt, ops[i + 2:]) if EPILOGUE_FUSION else None
             if f is not None:
                 out.append(f)
@@ -251,39 +240,9 @@ class FusedBackend:
             i += 1
         return out
 
-    def _lower_normed(self, ops, i: int):
-        """(closure, ops consumed) for ops[i] = a norm whose output only the linear after it
-        reads (with its act_mul: the gated GEMV), as one GEMV with the norm as its prologue;
-        (None, 0) where the pattern does not apply (_lower_ops)."""
-        op = ops[i]
-        lin = ops[i + 1] if i + 1 < len(ops) else None
-        if not (op.kind == "norm" and op.norm in NORM_KINDS and lin is not None
-                and lin.kind == "linear" and tuple(lin.src) == tuple(op.dst)
-                and not read_before_written(ops[i + 2:], op.dst[0])):
-            return None, 0
-        wt, bias = self._weight(op.weights[0])
-        if (op.norm == "layer") != (bias is not None):
-            return None, 0
-        norm = (op.src[0], (op.norm, wt.contiguous(),
-                            bias.contiguous() if bias is not None else None, op.eps))
-        if EPILOGUE_FUSION and i + 2 < len(ops):
-            f = self._lower_gated(lin, ops[i + 2], ops[i + 3:], norm)
-            if f is not None:
-                self.gated_gemvs += 1
-                return f, 3
-        f = self._lower_linear(lin, norm)
-        return (f, 2) if f is not None else (None, 0)
-
-    def _gemv_input(self, src: str, norm, env: dict, b: int) -> tuple[torch.Tensor, dict]:
-        """A GEMV's input rows and gemv()'s norm argument: src, or the normed op's source."""
-        if norm is None:
-            return self._src(src, env, b), {}
-        return self._src(norm[0], env, b), {"norm": norm[1]}
-
-    def _lower_gated(self, op: Op, nxt: Op | None, rest, norm=None):
+    def _lower_gated(self, op: Op, nxt: Op | None, rest):
         """The linear + act_mul pair as one GEMV with a gated epilogue (_lower_ops), or None
-        where the pattern does not apply. norm: (source, gemv's norm) of a norm op before
-        the linear (_lower_normed)."""
+        where the pattern does not apply."""
         if not (op.kind == "linear" and nxt is not None and nxt.kind == "act_mul"
                 and all(a is None for a in op.acts) and nxt.src[0] == op.dst[0]
                 and nxt.acts[0] in ACTIVATIONS):
@@ -304,20 +263,14 @@ class FusedBackend:
         if gated:
             w = interleave_gated(ws[0][0], ws[1][0]).contiguous()
             bias = None if ws[0][1] is None else interleave_gated(ws[0][1], ws[1][1])
-
-            def run_gated(b, env):
-                x, kw = self._gemv_input(src, norm, env, b)
-                gemv(x, w, bias, self.bufs[buf][:b, off:], EPI_GATED, act=act,
-                     pdl=self.pdl_at(b), **kw)
-            return run_gated
+            return lambda b, env: gemv(self._src(src, env, b), w, bias,
+                                       self.bufs[buf][:b, off:], EPI_GATED, act=act,
+                                       pdl=self.pdl_at(b))
         w, bias = ws[0][0].contiguous(), ws[0][1]
         q = nxt.src[1]
-
-        def run_act_mul(b, env):
-            x, kw = self._gemv_input(src, norm, env, b)
-            gemv(x, w, bias, self.bufs[buf][:b, off:], EPI_ACT_MUL, act=act,
-                 mul=self._src(q, env, b), pdl=self.pdl_at(b), **kw)
-        return run_act_mul
+        return lambda b, env: gemv(self._src(src, env, b), w, bias, self.bufs[buf][:b, off:],
+                                   EPI_ACT_MUL, act=act, mul=self._src(q, env, b),
+                                   pdl=self.pdl_at(b))
 
     def _lower(self, op: Op):
         k = op.kind
@@ -397,13 +350,11 @@ class FusedBackend:
                                            dim, op.eps))
         return run
 
-    def _lower_linear(self, op: Op, norm=None):
-        """norm (_lower_normed): the linear as one GEMV with the norm as its prologue, or
-        None where it is not one GEMV."""
+    def _lower_linear(self, op: Op):
         src, acts = op.src[0], list(op.acts)
         ws = [self._weight(n) for n in op.weights]
         if src == "x" or ws[0][0].shape[1] % 16:
-            return None if norm is not None else self._lower_linear_plain(op, ws)
+            return self._lower_linear_plain(op, ws)
         n_plain = next((i for i, a in enumerate(acts) if a is not None), len(acts))
         plain = self._contiguous(op.dst[:n_plain]) if n_plain else None
         gelu_last = acts[n_plain:] == ["gelu_tanh"]
@@ -424,14 +375,9 @@ class FusedBackend:
                 epi = EPI_QKV_GELU if gelu_last else EPI_STORE
                 self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=n_split,
                                             gap=gap, epi=epi, src=src)
-
-                def run_one(b, env):
-                    x, kw = self._gemv_input(src, norm, env, b)
-                    gemv(x, w, bias, self.bufs[buf][:b, off:], epi, n_split=n_split, gap=gap,
-                         pdl=self.pdl_at(b), **kw)
-                return run_one
-        if norm is not None:
-            return None
+                return lambda b, env: gemv(self._src(src, env, b), w, bias,
+                                           self.bufs[buf][:b, off:], epi, n_split=n_split,
+                                           gap=gap, pdl=self.pdl_at(b))
         parts = []                              # one output at a time
         for d, (t, bb), act in zip(op.dst, ws, acts):
             buf, off, _ = self.program.segment(d)

@@ -47,10 +47,6 @@ from . import pdl as _pdl
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
-# the prologue norm of x's rows (gemv(norm=...)): none, LayerNorm, RMSNorm, zero-centred RMSNorm
-# (the kernel compares NORM with these numbers)
-NORM_NONE, NORM_LAYER, NORM_RMS, NORM_RMS_ZC = 0, 1, 2, 3
-NORM_KINDS = {"layer": NORM_LAYER, "rms": NORM_RMS, "rms_zc": NORM_RMS_ZC}
 
 
 @dataclass(frozen=True)
@@ -76,57 +72,13 @@ class GemvConfig:
         return True
 
 
-@triton.jit
-def _norm_stats(x_rows, b_ok, K, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                NORM: tl.constexpr, eps):
-    """The prologue norm's row statistics over the K columns of x's rows (fp32): (mean,
-    rstd) [BLOCK_B]; mean 0 for the RMS norms. LayerNorm: two passes (mean, then the
-    centred squares), as F.layer_norm; the rows are tiny and stay in L2."""
-    s = tl.zeros([BLOCK_B], dtype=tl.float32)
-    for kk in range(0, K, BLOCK_K):
-        x = tl.load(x_rows + (kk + tl.arange(0, BLOCK_K))[None, :], mask=b_ok[:, None],
-                    other=0.0).to(tl.float32)
-        if NORM == 1:
-            s += tl.sum(x, axis=1)
-        else:
-            s += tl.sum(x * x, axis=1)
-    mean = tl.zeros([BLOCK_B], dtype=tl.float32)
-    if NORM == 1:
-        mean = s / K
-        s = tl.zeros([BLOCK_B], dtype=tl.float32)
-        for kk in range(0, K, BLOCK_K):
-            x = tl.load(x_rows + (kk + tl.arange(0, BLOCK_K))[None, :], mask=b_ok[:, None],
-                        other=0.0).to(tl.float32)
-            xc = tl.where(b_ok[:, None], x - mean[:, None], 0.0)
-            s += tl.sum(xc * xc, axis=1)
-    return mean, 1.0 / tl.sqrt(s / K + eps)
-
-
-@triton.jit
-def _load_x(x_rows, offs_k, b_ok, mean, rstd, g_ptr, beta_ptr, dtype,
-            NORM: tl.constexpr):
-    """x's tile [BLOCK_B, BLOCK_K]: as stored, or (NORM) the norm of its rows in fp32 rounded
-    to dtype (the separate norm kernel's output, ops/layernorm.py / rmsnorm_zero_centred.py)."""
-    x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
-    if NORM != 0:
-        g = tl.load(g_ptr + offs_k).to(tl.float32)
-        if NORM == 3:
-            g = 1.0 + g
-        h = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :]
-        if NORM == 1:
-            h += tl.load(beta_ptr + offs_k).to(tl.float32)[None, :]
-        x = h.to(dtype)
-    return x
-
-
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
-                 mul_ptr, stride_mb, g_ptr, beta_ptr, eps,
+                 mul_ptr, stride_mb,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
-                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
-                 NORM: tl.constexpr = 0):
+                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False):
     if not LATE:
         pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
@@ -143,16 +95,12 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     else:
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    mean = tl.zeros([BLOCK_B], dtype=tl.float32)
-    rstd = mean
     k_first = k_start
     if PDL:     # the first weight tile is loaded before waiting for the previous kernel
         offs_k = k_start + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         pdl_wait(GDC)
-        if NORM != 0:
-            mean, rstd = _norm_stats(x_rows, b_ok, K, BLOCK_B, BLOCK_K, NORM, eps)
-        x = _load_x(x_rows, offs_k, b_ok, mean, rstd, g_ptr, beta_ptr, w.dtype, NORM)
+        x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
@@ -161,12 +109,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         else:
             acc2 += w.to(tl.float32) * x.to(w.dtype).to(tl.float32)
         k_first = k_start + BLOCK_K
-    elif NORM != 0:
-        mean, rstd = _norm_stats(x_rows, b_ok, K, BLOCK_B, BLOCK_K, NORM, eps)
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-        x = _load_x(x_rows, offs_k, b_ok, mean, rstd, g_ptr, beta_ptr, w.dtype, NORM)
+        x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
@@ -317,8 +263,8 @@ def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvC
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
          epi: int = EPI_STORE, n_split: int = 0, gap: int = 0,
          cfg: GemvConfig | None = None, deterministic: bool = False,
-         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None,
-         norm: tuple | None = None) -> torch.Tensor:
+         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None
+         ) -> torch.Tensor:
     """x [b, K] (row stride free, unit column stride; may be fp32 with bf16 / fp16 weights:
     rounded as it is loaded), w [N, K] contiguous, y [b, *] with unit column stride (fp32
     for EPI_RESIDUAL; N / 2 columns for EPI_GATED).
@@ -326,11 +272,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     pdl: programmatic dependent launch (ops/pdl.py): the first weight tile loads while the
     previous kernel finishes.
     act: EPI_GATED / EPI_ACT_MUL's activation ("gelu_tanh" | "silu"); mul [b, N]: EPI_ACT_MUL's
-    multiplier (unit column stride).
-    norm: (kind, weight [K], bias [K] or None, eps) with kind "layer" | "rms" | "rms_zc": the
-    GEMV reads norm(x) (ops/layernorm.py's / rmsnorm_zero_centred.py's math, rounded to the
-    weights' dtype) instead of x - the norm's launch and its output's round trip saved; every
-    program computes its rows' statistics (x's rows are K wide)."""
+    multiplier (unit column stride)."""
     b, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
@@ -342,24 +284,17 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     mul = mul if mul is not None else y
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
-    kind, g, beta, eps = norm if norm is not None else (None, w, None, 0.0)
-    if kind is not None:
-        if kind not in NORM_KINDS or g.shape != (k,) or (kind == "layer") != (beta is not None):
-            raise ValueError(f"norm {kind!r}: weight [{k}] (and a bias for 'layer') expected")
-        assert g.is_contiguous() and (beta is None or beta.is_contiguous())
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k,
-                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), g,
-                       beta if beta is not None else g, eps, EPI=epi,
+                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages,
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
-                       LATE=gdc and _pdl.LATE_TRIGGER, NORM=NORM_KINDS.get(kind, NORM_NONE),
-                       **launch_kw)
+                       LATE=gdc and _pdl.LATE_TRIGGER, **launch_kw)
     return y
 
 
@@ -383,12 +318,9 @@ def interleave_gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                    y: torch.Tensor, epi: int = EPI_STORE, n_split: int = 0,
                    gap: int = 0, act: str = "gelu_tanh",
-                   mul: torch.Tensor | None = None, norm: tuple | None = None
-                   ) -> torch.Tensor:
+                   mul: torch.Tensor | None = None) -> torch.Tensor:
     """What gemv() writes into y, in torch (the kernel's test oracle)."""
     dt = y.dtype
-    if norm is not None:
-        x = norm_rows_reference(x, *norm).to(w.dtype)
     acc = F.linear(x.to(w.dtype).float(), w.float(), None if bias is None else bias.float())
     if epi in (EPI_GATED, EPI_ACT_MUL):
         t = acc.to(dt).float()
@@ -404,13 +336,3 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     else:
         y[:, :acc.shape[1]] = acc.to(dt)
     return y
-
-
-def norm_rows_reference(x: torch.Tensor, kind: str, g: torch.Tensor, beta, eps: float
-                        ) -> torch.Tensor:
-    """gemv(norm=...)'s prologue in torch, fp32 (the caller rounds it)."""
-    xf, gf = x.float(), g.float()
-    if kind == "layer":
-        return F.layer_norm(xf, gf.shape, gf, beta.float(), eps)
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return y * (1.0 + gf) if kind == "rms_zc" else y * gf

@@ -94,31 +94,14 @@ def pdl_changes_no_bits(model, kv: int, monkeypatch) -> None:
 
 def fused_pattern_bits(model, kv: int, monkeypatch, b: int = 2) -> list:
     """fused_pass with the fused backend's lowering patterns (fused_backend.NORM_CHAIN,
-    EPILOGUE_FUSION) on, then off (NORM_PROLOGUE off in both: norm_prologue_pass):
-    [(x, {buffer: rows}, (chained norms, gated GEMVs, launches)), ...] - the patterns must
-    change no bit."""
+    EPILOGUE_FUSION) on, then off: [(x, {buffer: rows}, (chained norms, gated GEMVs,
+    launches)), ...] - the patterns must change no bit."""
     out = []
     for on in (True, False):
-        x, bufs, f = fused_pass(model, kv, monkeypatch, dict(NORM_CHAIN=on, EPILOGUE_FUSION=on,
-                                                             NORM_PROLOGUE=False), b)
+        x, bufs, f = fused_pass(model, kv, monkeypatch, dict(NORM_CHAIN=on, EPILOGUE_FUSION=on),
+                                b)
         out.append((x, bufs, (f.chained_norms, f.gated_gemvs, len(f.lowered))))
     return out
-
-
-def norm_prologue_pass(model, kv: int, monkeypatch, b: int = 2) -> int:
-    """fused_pass with fused_backend.NORM_PROLOGUE on, then off: each norm that only a GEMV
-    reads is that GEMV's prologue - one launch less per fused norm, the residual within fp32
-    rounding of the separate norm kernels' (the statistics' sums run in another order).
-    Returns the number of norms fused."""
-    (x1, _, f1), (x0, _, f0) = (fused_pass(model, kv, monkeypatch, dict(NORM_PROLOGUE=on), b)
-                                for on in (True, False))
-    assert f0.norm_prologues == 0 and f1.norm_prologues > 0
-    def launches(f):        # the pass's closures and the heads'
-        return len(f.lowered) + sum(len(fns) for fns, _ in f.heads.values())
-    assert launches(f0) - launches(f1) == f1.norm_prologues
-    err = (x1 - x0).abs().max().item()
-    assert err <= 1e-5 * (1 + x0.abs().max().item()), err
-    return f1.norm_prologues
 
 
 def graphed_encodes(fe, model, shapes, seed: int = 7, layouts: int | None = None) -> list:

@@ -131,48 +131,6 @@ def test_gemv_reads_the_fp32_residual_as_the_weights_dtype(cfg):
         assert torch.equal(y0, y1)
 
 
-@pytest.mark.parametrize("b", [1, 3])
-@pytest.mark.parametrize("cfg", CFGS, ids=str)
-@pytest.mark.parametrize("kind", ["layer", "rms", "rms_zc"])
-def test_gemv_norm_prologue_equals_the_norm_kernel_then_the_gemv(b, cfg, kind):
-    """gemv(norm=...) on the fp32 residual with fp16 weights: what the norm kernel into an
-    fp16 buffer followed by the plain GEMV writes (the fused backend's two launches), for
-    the epilogues a norm precedes; and gemv_reference's norm."""
-    from photon_core.ops.rmsnorm_zero_centred import rmsnorm_zero_centred_rows_triton
-    g = torch.Generator().manual_seed(5)
-    n, k = 40, 128
-    x = torch.randn(b, k, generator=g) * 3 + 0.5
-    w = (torch.randn(n, k, generator=g) / 8).half()
-    bias = torch.randn(n, generator=g).half()
-    gam = (torch.randn(k, generator=g) / 4 + (0.0 if kind == "rms_zc" else 1.0)).half()
-    beta = torch.randn(k, generator=g).half() if kind == "layer" else None
-    h = torch.zeros(b, k, dtype=torch.half)
-    if kind == "layer":
-        layer_norm(x, gam, beta, h, 1e-5)
-    elif kind == "rms":
-        rms_norm(x, gam, h, 1e-5)
-    else:
-        rmsnorm_zero_centred_rows_triton(x, gam, h, 1e-5)
-    assert (h.float() - G.norm_rows_reference(x, kind, gam, beta, 1e-5)).abs().max() < 2e-2
-    for epi, width in ((G.EPI_STORE, n), (G.EPI_QKV_GELU, n + 5), (G.EPI_GATED, n // 2),
-                       (G.EPI_RESIDUAL, n)):
-        if not cfg.fits(b, n, k, epi):
-            continue
-        dt = torch.float32 if epi == G.EPI_RESIDUAL else torch.half
-        y0 = torch.randn(b, width, generator=g).to(dt)
-        y1, y2 = y0.clone(), y0.clone()
-        G.gemv(h, w, bias, y0, epi, n_split=24, gap=5, cfg=cfg)
-        G.gemv(x, w, bias, y1, epi, n_split=24, gap=5, cfg=cfg,
-               norm=(kind, gam, beta, 1e-5))
-        _close(y1, y0, 2e-3)
-        G.gemv_reference(x, w, bias, y2, epi, n_split=24, gap=5,
-                         norm=(kind, gam, beta, 1e-5))
-        _close(y1, y2, 2e-3)
-    with pytest.raises(ValueError, match="norm"):
-        G.gemv(x, w, bias, torch.zeros(b, n, dtype=torch.half), cfg=CFGS[0],
-               norm=(kind, gam[:64], beta, 1e-5))
-
-
 def test_gemv_strided_input_and_pick():
     g = torch.Generator().manual_seed(1)
     buf = torch.randn(2, 300, generator=g)
@@ -390,9 +348,6 @@ def test_fused_decoder_matches_torch_step():
     from photon_core.fast.static_kv_cache import StaticKVCache
 
     m, st, fd = _tiny_state(rows=2)
-    # every LayerNorm is its GEMV's prologue (fused_backend.NORM_PROLOGUE): the blocks' and
-    # the lm head's
-    assert fd.norm_prologues == m.config.text.n_layers + 1
     kv = st.kv
     kv.data.normal_(generator=torch.Generator().manual_seed(4))
     saved = kv.data.clone()

@@ -20,7 +20,6 @@ from photon_core.task import Task
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import fused_ok as _fused_ok  # noqa: E402
 from engine_runs import fused_pass, fused_pattern_bits, pdl_changes_no_bits  # noqa: E402
-from engine_runs import norm_prologue_pass  # noqa: E402
 from engine_runs import results_and_text as _fast  # noqa: E402
 from engine_runs import same_run as _same  # noqa: E402
 
@@ -120,14 +119,6 @@ def test_fused_gated_mlp_changes_no_bits(model, monkeypatch):
     prog = model.fast_family().spec.program
     buf, off, w = prog.segment("m")
     assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w])
-
-
-def test_fused_norms_are_the_gemvs_prologues(model, monkeypatch):
-    """fused_backend.NORM_PROLOGUE: every zero-centred RMSNorm (two per layer, the lm head's)
-    is computed by the GEMV that reads it (its [gate, up] GEMV's for the MLP's)."""
-    _fused_ok("on")
-    n = norm_prologue_pass(model, KV, monkeypatch)
-    assert n == 2 * model.config.text.num_hidden_layers + 1
 
 
 def test_fused_delta_net_runs_as_one_launch(model, monkeypatch):
