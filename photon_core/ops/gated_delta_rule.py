@@ -19,6 +19,8 @@ Triton kernels (below the references): gated_delta_step_triton and gated_delta_c
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -78,9 +80,38 @@ def gated_delta_scan(q, k, v, g, beta, state: torch.Tensor | None = None
     return out.transpose(1, 2).to(v.dtype), s
 
 
-def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chunk: int = 64
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked form of gated_delta_scan (same arguments and results)."""
+# gated_delta_chunked(fast=True): its chunk, and FAST = False makes it the reference form (the
+# A/B baseline of bench/ab_encode.py)
+FAST_CHUNK = 64
+FAST = True
+
+
+@contextlib.contextmanager
+def tf32_matmuls(on: bool = True):
+    """fp32 matmuls on TF32 tensor cores inside when on (CUDA; read when a matmul is issued,
+    so a CUDA graph captured inside keeps them); the process's setting restored after."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = on or prev
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chunk: int = 64,
+                        fast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked form of gated_delta_scan (same arguments and results). fast: the encode's
+    form (close, not bitwise): chunks of FAST_CHUNK tokens, one triangular solve for both
+    right-hand sides and, for bf16 / fp16 inputs on CUDA, the fp32 matmuls on TF32 tensor
+    cores (10-bit mantissas: finer than the inputs' own; the reference's FFMA GEMMs took ~4
+    ms of Qwen 3.5 0.8B's 640x480 encode on the H200, docs/benchmarks.md session 15)."""
+    if fast and FAST:
+        with tf32_matmuls(v.dtype != torch.float32):
+            return _chunked(q, k, v, g, beta, state, FAST_CHUNK, True)
+    return _chunked(q, k, v, g, beta, state, chunk, False)
+
+
+def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool):
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
     b, h, t, dk = kf.shape
     dv = vf.shape[-1]
@@ -101,9 +132,14 @@ def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chu
     # decayed keys that read the state carried in from the previous chunk.
     a = (kb @ kc.transpose(-1, -2)) * decay
     a = a.masked_fill(~torch.ones_like(future).tril(-1), 0.0) + torch.eye(chunk, device=q.device)
-    u = torch.linalg.solve_triangular(a, vb, upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(a, kb * cum.exp()[..., None], upper=False,
-                                      unitriangular=True)
+    if one_solve:
+        uw = torch.linalg.solve_triangular(a, torch.cat([vb, kb * cum.exp()[..., None]], -1),
+                                           upper=False, unitriangular=True)
+        u, w = uw[..., :dv], uw[..., dv:]
+    else:
+        u = torch.linalg.solve_triangular(a, vb, upper=False, unitriangular=True)
+        w = torch.linalg.solve_triangular(a, kb * cum.exp()[..., None], upper=False,
+                                          unitriangular=True)
     attn = (qc @ kc.transpose(-1, -2)) * decay                     # causal, diagonal included
     q_dec = qc * cum.exp()[..., None]
     k_dec = kc * (cum[..., -1:] - cum).exp()[..., None]

@@ -39,6 +39,27 @@ def test_chunked_equals_scan_equals_steps(t, chunk, with_state):
     torch.testing.assert_close(state, s_scan, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("t,fast_chunk", [(70, 64), (70, 16), (33, 128)])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_fast_chunked_equals_scan(monkeypatch, t, fast_chunk, with_state):
+    """gated_delta_chunked(fast=True), the encode's form: FAST_CHUNK-token chunks, one
+    triangular solve for both right-hand sides, TF32 matmuls inside (CUDA only: on the CPU
+    fp32 stays exact) - the scan's results; the process's TF32 setting is left as it was."""
+    from photon_core.ops import gated_delta_rule as gdr
+    monkeypatch.setattr(gdr, "FAST_CHUNK", fast_chunk)
+    q, k, v, g, beta, s0 = _inputs(t)
+    init = s0 if with_state else None
+    o_scan, s_scan = gated_delta_scan(q, k, v, g, beta, init)
+    before = torch.backends.cuda.matmul.allow_tf32
+    o, st = gated_delta_chunked(q, k, v, g, beta, init, fast=True)
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+    torch.testing.assert_close(o, o_scan, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(st, s_scan, atol=1e-5, rtol=1e-5)
+    with gdr.tf32_matmuls():
+        assert torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
 def test_delta_rule_writes_value_for_unit_beta_and_no_decay():
     """beta = 1, g = 0, one token: S = k v^T (k unit), so reading with q = k gives v * Dk^-0.5."""
     dk, dv = 4, 3

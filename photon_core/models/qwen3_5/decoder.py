@@ -20,7 +20,9 @@ a prefill (T > 1) uses only the chunked delta-rule kernel, the rest stays torch.
 default (on the CPU the kernels only run under TRITON_INTERPRET=1, for tests).
 forward(..., fused_norms=True) (the engine's fast image-prefix encode, T > 1): every
 zero-centred / gated RMSNorm (the residual add fused in) and the MLP's SiLU(gate) * up as
-one Triton launch each instead of a handful of torch ops: the same math, not the same bits.
+one Triton launch each instead of a handful of torch ops, and the chunked delta rule's fast
+form (gated_delta_chunked(fast=True): its fp32 matmuls on TF32 tensor cores on CUDA, one
+triangular solve): the same math, not the same bits.
 """
 from __future__ import annotations
 
@@ -81,9 +83,13 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
         o = gated_delta_step(q, k, v, g, beta, state.recurrent[i])         # [1, Hv, Dv]
     else:
         g, beta = delta_gates(a, b, a_log, dt_bias)
-        chunked = gated_delta_chunked_triton if kernels else gated_delta_chunked
-        o, state.recurrent[i] = chunked(q[None], k[None], v[None], g[None], beta[None],
-                                        state.recurrent[i])
+        if kernels:
+            o, state.recurrent[i] = gated_delta_chunked_triton(
+                q[None], k[None], v[None], g[None], beta[None], state.recurrent[i])
+        else:       # fused_norms: the fast encode's form (TF32 matmuls, one solve)
+            o, state.recurrent[i] = gated_delta_chunked(
+                q[None], k[None], v[None], g[None], beta[None], state.recurrent[i],
+                fast=fused_norms)
         o = o[0]                                                           # [T, Hv, Dv]
     z = F.linear(x, w[p + "in_proj_z.weight"]).reshape(t, hv, dv)
     o = (rmsnorm_gated_triton if kernels and t == 1 or fused_norms else rmsnorm_gated)(

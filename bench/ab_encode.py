@@ -1,0 +1,124 @@
+"""A/B of a module switch on a family's fast encode (FastEngine.encode_image, encoder "fast",
+a CUDA graph per layout), same process (H200): by default the chunked delta rule's fast form
+against its reference form (`--toggle photon_core.ops.gated_delta_rule:FAST=0`: Qwen 3.5's
+image-prefix pass). Per engine: the graph replay (CUDA events, min of --iters), the whole
+encode_image (synced wall, min), the replay's kernel time and launches (torch profiler), and
+each state tensor's error against the reference encode of the same weights in fp32 (the
+worst tensor of each kind, relative to that tensor's largest value), beside the bf16
+reference encode's own error (FastEngine encoder "reference": the reference's bits).
+
+Real shapes, random weights (sweep_gemv_family.build_model; the fp32 copy is the same
+weights before their bf16 rounding - bench_qwen3_5.build seeds the init).
+
+Usage (H200): PYTHONPATH=. python3 bench/ab_encode.py [--family qwen3.5-0.8b] [--iters 5]
+              [--toggle photon_core.ops.gated_delta_rule:FAST_CHUNK=128]
+Writes $OUT/ab_encode.json when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench.probe_encode import kernel_times  # noqa: E402
+from bench.probe_family_encode import encoder_times  # noqa: E402
+
+
+def qwen_model(size: str, dtype):
+    import bench_qwen3_5 as bq
+    from photon_core.models.qwen3_5.image_processor import ImageProcessorConfig
+    from photon_core.models.qwen3_5.model import Qwen35Model
+    tok, prompts = bq.bench_prompts()
+    hf, cfg, weights = bq.build(size, torch.device("cuda"), dtype, tok)
+    del hf
+    return Qwen35Model(cfg, weights, prompts, ImageProcessorConfig(), f"random-qwen3.5-{size}")
+
+
+def qwen_state(enc) -> dict:
+    s = enc.state
+    return {"k": [s.k[i][..., :s.length, :] for i in s.k],
+            "v": [s.v[i][..., :s.length, :] for i in s.v],
+            "conv": list(s.conv.values()), "recurrent": list(s.recurrent.values())}
+
+
+def errors(state: dict, exact: dict) -> dict:
+    """Per kind: the worst tensor's max |error| / its largest |value| (fp32 exact)."""
+    out = {}
+    for kind, ts in state.items():
+        out[kind] = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                        for a, b in zip(ts, exact[kind]))
+    return {k: round(v, 5) for k, v in out.items()}
+
+
+def parse_toggle(spec: str):
+    target, _, value = spec.partition("=")
+    mod_name, _, attr = target.partition(":")
+    mod = importlib.import_module(mod_name)
+    cur = getattr(mod, attr)
+    return mod, attr, type(cur)(int(value)) if isinstance(cur, (bool, int)) else value
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--family", default="qwen3.5-0.8b")
+    ap.add_argument("--toggle", default="photon_core.ops.gated_delta_rule:FAST=0")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--top", type=int, default=8)
+    args = ap.parse_args()
+    if not args.family.startswith("qwen3.5-"):
+        raise SystemExit("only the Qwen 3.5 family is wired here so far")
+    from photon_core.fast import FastEngine
+    size = args.family.split("-", 1)[1]
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    m32 = qwen_model(size, torch.float32)
+    exact = qwen_state(m32.encode_image(frame))
+    del m32
+    torch.cuda.empty_cache()
+    model = qwen_model(size, torch.bfloat16)
+    ref_fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
+                        encoder="reference")
+    out = {"gpu": torch.cuda.get_device_name(), "family": args.family, "toggle": args.toggle,
+           "reference_form_bf16_error": errors(qwen_state(ref_fe.encode_image(frame)), exact)}
+    ref_fe.close()
+    mod, attr, value = parse_toggle(args.toggle)
+    now = getattr(mod, attr)
+    for label, v in (("baseline", value), ("now", now)):
+        setattr(mod, attr, v)
+        try:
+            fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
+                            encoder="fast")
+            enc = fe.encode_image(frame)                 # captures the layout's graph
+            err = errors(qwen_state(enc), exact)
+            times = encoder_times(fe, frame, args.iters, 0, label)
+            e = next(iter(fe.encoder.entries.values()))
+            rows = kernel_times(e.graph.replay)
+        finally:
+            setattr(mod, attr, now)
+        res = {**times, "kernel_ms": round(sum(r[1] for r in rows), 3),
+               "launches": sum(r[2] for r in rows), "error_vs_fp32": err,
+               "top": [(n[:80], round(ms, 3), c) for n, ms, c in rows[:args.top]]}
+        out[label] = res
+        print(f"{label} ({attr}={v}): replay {res['replay_ms']} ms, encode_image "
+              f"{res['encode_ms']} ms, kernels {res['kernel_ms']} ms in {res['launches']} "
+              f"launches; error vs fp32 {err}", flush=True)
+        for n, ms, c in res["top"]:
+            print(f"    {ms:8.3f} ms {c:5d} x  {n}")
+        fe.close()
+    print("bf16 reference form's error vs fp32:", out["reference_form_bf16_error"])
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        Path(os.environ["OUT"], "ab_encode.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
