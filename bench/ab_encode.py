@@ -1,7 +1,9 @@
 """A/B of a module switch on a family's fast encode (FastEngine.encode_image, encoder "fast",
 a CUDA graph per layout), same process (H200): by default the chunked delta rule's fast form
 against its reference form (`--toggle photon_core.ops.gated_delta_rule:FAST=0`: Qwen 3.5's
-image-prefix pass). Per engine: the graph replay (CUDA events, min of --iters), the whole
+image-prefix pass). Per engine (--rounds pairs, built in alternating order: the second engine of a process
+replayed ~1.4 ms slower whichever it was, session 15): the graph replay (CUDA events, min
+of --iters), the whole
 encode_image (synced wall, min), the replay's kernel time and launches (torch profiler), and
 each state tensor's error against the reference encode of the same weights in fp32 (the
 worst tensor of each kind, relative to that tensor's largest value), beside the bf16
@@ -74,6 +76,8 @@ def main():
     ap.add_argument("--toggle", default="photon_core.ops.gated_delta_rule:FAST=0")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="engine pairs, the order alternating (baseline first in round 0)")
     args = ap.parse_args()
     if not args.family.startswith("qwen3.5-"):
         raise SystemExit("only the Qwen 3.5 family is wired here so far")
@@ -92,7 +96,11 @@ def main():
     ref_fe.close()
     mod, attr, value = parse_toggle(args.toggle)
     now = getattr(mod, attr)
-    for label, v in (("baseline", value), ("now", now)):
+    order = []
+    for r in range(args.rounds):       # ABBA...: a later engine of a process replays slower
+        pair = [("baseline", value), ("now", now)]
+        order += pair if r % 2 == 0 else pair[::-1]
+    for label, v in order:
         setattr(mod, attr, v)
         try:
             fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
@@ -107,13 +115,16 @@ def main():
         res = {**times, "kernel_ms": round(sum(r[1] for r in rows), 3),
                "launches": sum(r[2] for r in rows), "error_vs_fp32": err,
                "top": [(n[:80], round(ms, 3), c) for n, ms, c in rows[:args.top]]}
-        out[label] = res
+        out.setdefault(label, []).append(res)
         print(f"{label} ({attr}={v}): replay {res['replay_ms']} ms, encode_image "
               f"{res['encode_ms']} ms, kernels {res['kernel_ms']} ms in {res['launches']} "
               f"launches; error vs fp32 {err}", flush=True)
         for n, ms, c in res["top"]:
             print(f"    {ms:8.3f} ms {c:5d} x  {n}")
         fe.close()
+    for label in ("baseline", "now"):
+        print(f"{label}: replay ms by round {[r['replay_ms'] for r in out[label]]}, "
+              f"min {min(r['replay_ms'] for r in out[label])}")
     print("bf16 reference form's error vs fp32:", out["reference_form_bf16_error"])
     if os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)

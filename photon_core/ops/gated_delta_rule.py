@@ -82,7 +82,7 @@ def gated_delta_scan(q, k, v, g, beta, state: torch.Tensor | None = None
 
 # gated_delta_chunked(fast=True): its chunk, and FAST = False makes it the reference form (the
 # A/B baseline of bench/ab_encode.py)
-FAST_CHUNK = 64
+FAST_CHUNK = 128
 FAST = True
 
 
