@@ -83,7 +83,7 @@ def gated_delta_scan(q, k, v, g, beta, state: torch.Tensor | None = None
 # gated_delta_chunked(fast=True): its chunk, and FAST = False makes it the reference form (the
 # A/B baseline of bench/ab_encode.py); FAST_SCAN: on CUDA the loop over chunks is the Triton
 # scan kernel (_gdr_chunk_scan_kernel, TF32 dots: one launch per layer instead of ~8 per chunk)
-FAST_CHUNK = 64
+FAST_CHUNK = 128
 FAST = True
 FAST_SCAN = True
 
@@ -153,12 +153,8 @@ def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = 
     if scan:
         o = torch.empty_like(v)
         s = s.contiguous() if state is None else s.clone().contiguous()
-        # (the kernel takes unit-stride rows: u / w are column slices of the solve's result,
-        # whose reshape may stay a view with the rows 2 Dv apart)
-        _chunk_scan(q.contiguous(), k.contiguous(),
-                    u.reshape(b * h, n * chunk, dv).contiguous(),
-                    w.reshape(b * h, n * chunk, dk).contiguous(),
-                    cum.reshape(b * h, n * chunk).contiguous(), s, o,
+        _chunk_scan(q.contiguous(), k.contiguous(), u.reshape(b * h, n * chunk, dv),
+                    w.reshape(b * h, n * chunk, dk), cum.reshape(b * h, n * chunk), s, o,
                     chunk, "ieee" if v.dtype == torch.float32 else "tf32")
         return o, s
     attn = (qc @ kc.transpose(-1, -2)) * decay                     # causal, diagonal included
