@@ -74,6 +74,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", default="qwen3.5-0.8b")
     ap.add_argument("--toggle", default="photon_core.ops.gated_delta_rule:FAST=0")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE:NAME=VALUE",
+                    help="a module switch set for both engines (before the A/B)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=1,
@@ -94,6 +96,9 @@ def main():
     out = {"gpu": torch.cuda.get_device_name(), "family": args.family, "toggle": args.toggle,
            "reference_form_bf16_error": errors(qwen_state(ref_fe.encode_image(frame)), exact)}
     ref_fe.close()
+    for spec in args.set:
+        m_, a_, v_ = parse_toggle(spec)
+        setattr(m_, a_, v_)
     mod, attr, value = parse_toggle(args.toggle)
     now = getattr(mod, attr)
     order = []
