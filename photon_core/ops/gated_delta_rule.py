@@ -81,9 +81,16 @@ def gated_delta_scan(q, k, v, g, beta, state: torch.Tensor | None = None
 
 
 # gated_delta_chunked(fast=True): its chunk, and FAST = False makes it the reference form (the
-# A/B baseline of bench/ab_encode.py)
-FAST_CHUNK = 128
+# A/B baseline of bench/ab_encode.py); FAST_SCAN: on CUDA the loop over chunks is the Triton
+# scan kernel (_gdr_chunk_scan_kernel, TF32 dots: one launch per layer instead of ~8 per chunk)
+FAST_CHUNK = 64
 FAST = True
+FAST_SCAN = True
+
+
+def _scan_on_device(v: torch.Tensor) -> bool:
+    """The fast form's loop as the Triton scan kernel (CUDA; tests force it in the interpreter)."""
+    return FAST_SCAN and v.is_cuda and triton is not None
 
 
 @contextlib.contextmanager
@@ -107,11 +114,14 @@ def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chu
     ms of Qwen 3.5 0.8B's 640x480 encode on the H200, docs/benchmarks.md session 15)."""
     if fast and FAST:
         with tf32_matmuls(v.dtype != torch.float32):
-            return _chunked(q, k, v, g, beta, state, FAST_CHUNK, True)
+            return _chunked(q, k, v, g, beta, state, FAST_CHUNK, True,
+                            scan=_scan_on_device(v))
     return _chunked(q, k, v, g, beta, state, chunk, False)
 
 
-def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool):
+def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = False):
+    """scan: the loop over chunks through _gdr_chunk_scan_kernel (TF32 dots for 16-bit
+    inputs, exact fp32 otherwise), fed the u, w and cum computed here."""
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
     b, h, t, dk = kf.shape
     dv = vf.shape[-1]
@@ -140,6 +150,19 @@ def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool):
         u = torch.linalg.solve_triangular(a, vb, upper=False, unitriangular=True)
         w = torch.linalg.solve_triangular(a, kb * cum.exp()[..., None], upper=False,
                                           unitriangular=True)
+    if scan:
+        # compact [B, T, Hv, Dv] (v may be a view of the conv's column-major output: an
+        # empty_like would copy its strides, and the kernel writes rows in order)
+        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        s = s.contiguous() if state is None else s.clone().contiguous()
+        # (the kernel takes unit-stride rows: u / w are column slices of the solve's result,
+        # whose reshape may stay a view with the rows 2 Dv apart)
+        _chunk_scan(q.contiguous(), k.contiguous(),
+                    u.reshape(b * h, n * chunk, dv).contiguous(),
+                    w.reshape(b * h, n * chunk, dk).contiguous(),
+                    cum.reshape(b * h, n * chunk).contiguous(), s, o,
+                    chunk, "ieee" if v.dtype == torch.float32 else "tf32")
+        return o, s
     attn = (qc @ kc.transpose(-1, -2)) * decay                     # causal, diagonal included
     q_dec = qc * cum.exp()[..., None]
     k_dec = kc * (cum[..., -1:] - cum).exp()[..., None]
@@ -472,12 +495,23 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
     _gdr_chunk_prep_kernel[(nc, b * hv)](
         k, v, g, beta, u, w, cum, t, tp, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2, DV_P2=dv_p2,
         C=chunk, PREC=precision, num_warps=8)
-    bv = max(16, min(block_v, dv_p2))
-    _gdr_chunk_scan_kernel[(b * hv, triton.cdiv(dv, bv))](
-        q, k, u, w, cum, s, o, t, tp, nc, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2, BV=bv,
-        C=chunk, PREC=precision, num_warps=8,
-        num_stages=chunk_scan_stages(chunk, dk_p2, bv, q.element_size()))
+    _chunk_scan(q, k, u, w, cum, s, o, chunk, precision, block_v)
     return o, s
+
+
+def _chunk_scan(q, k, u, w, cum, s, o, chunk: int, precision: str, block_v: int = 32) -> None:
+    """_gdr_chunk_scan_kernel over q, k [B, T, Hk, Dk] (contiguous), u / w [B Hv, TP, Dv / Dk]
+    and cum [B Hv, TP] fp32 (TP = the chunks' padded length), the fp32 state s [B, Hv, Dk,
+    Dv] (updated in place) -> o [B, T, Hv, Dv]."""
+    b, t, hk, dk = q.shape
+    hv, dv = o.shape[2], o.shape[3]
+    tp = u.shape[1]
+    dk_p2 = max(16, triton.next_power_of_2(dk))
+    bv = max(16, min(block_v, max(16, triton.next_power_of_2(dv))))
+    _gdr_chunk_scan_kernel[(b * hv, triton.cdiv(dv, bv))](
+        q, k, u, w, cum, s, o, t, tp, tp // chunk, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2,
+        BV=bv, C=chunk, PREC=precision, num_warps=8,
+        num_stages=chunk_scan_stages(chunk, dk_p2, bv, q.element_size()))
 
 
 # a block's shared memory on sm_90 is 227 KB (232,448 bytes); the estimate below is within a

@@ -3,6 +3,8 @@
 conv prefill in pieces == conv steps == one prefill; M-RoPE selects rows as documented."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -58,6 +60,44 @@ def test_fast_chunked_equals_scan(monkeypatch, t, fast_chunk, with_state):
     with gdr.tf32_matmuls():
         assert torch.backends.cuda.matmul.allow_tf32
     assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
+@pytest.mark.parametrize("t,fast_chunk", [(70, 64), (33, 16)])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_state):
+    """The fast form with its loop over chunks as the Triton scan kernel (FAST_SCAN, CUDA's
+    path; here forced, in the interpreter, fp32): the scan's results, the state passed in
+    untouched."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter test")
+    from photon_core.ops import gated_delta_rule as gdr
+    monkeypatch.setattr(gdr, "FAST_CHUNK", fast_chunk)
+    monkeypatch.setattr(gdr, "_scan_on_device", lambda v: True)
+    calls = []
+    kernel = gdr._chunk_scan
+    monkeypatch.setattr(gdr, "_chunk_scan", lambda *a, **kw: (calls.append(1),
+                                                                kernel(*a, **kw)))
+    q, k, v, g, beta, s0 = _inputs(t, hk=2, hv=4, dk=16, dv=16)
+    # v as Qwen's decoder hands it over: a dense view of a column-major buffer
+    v = v[0].reshape(t, -1).T.contiguous().T.reshape(v.shape)
+    assert not v.is_contiguous()
+    init = s0.clone() if with_state else None
+    o_scan, s_scan = gated_delta_scan(q, k, v, g, beta, init)
+    solve = torch.linalg.solve_triangular
+
+    def row_major_solve(*a, **kw):      # cuBLAS's layout: rows of the result a row apart,
+        r = solve(*a, **kw)             # here inside a wider buffer (strided, not compact)
+        wide = torch.zeros(*r.shape[:-1], 2 * r.shape[-1])
+        wide[..., :r.shape[-1]] = r
+        return wide[..., :r.shape[-1]]
+    monkeypatch.setattr(torch.linalg, "solve_triangular", row_major_solve)
+    o, st = gated_delta_chunked(q, k, v, g, beta, init, fast=True)
+    assert calls == [1]
+    torch.testing.assert_close(o, o_scan, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(st, s_scan, atol=1e-5, rtol=1e-5)
+    if with_state:
+        assert torch.equal(init, s0)
 
 
 def test_delta_rule_writes_value_for_unit_beta_and_no_decay():
