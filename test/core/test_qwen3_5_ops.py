@@ -65,14 +65,14 @@ def test_fast_chunked_equals_scan(monkeypatch, t, fast_chunk, with_state):
 @pytest.mark.parametrize("t,fast_chunk", [(70, 64), (33, 16)])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_state):
-    """The fast form with its loop over chunks as the Triton scan kernel (FAST_SCAN, CUDA's
-    path; here forced, in the interpreter, fp32): the scan's results, the state passed in
-    untouched."""
+    """The fast form with its loop over chunks as the Triton scan kernel (FAST_SCAN, opt-in on
+    CUDA; here forced, in the interpreter, fp32): the scan's results, the state passed in
+    untouched, for a v laid out as Qwen's decoder hands it over."""
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter test")
     from photon_core.ops import gated_delta_rule as gdr
-    monkeypatch.setattr(gdr, "FAST_CHUNK", fast_chunk)
+    monkeypatch.setattr(gdr, "SCAN_CHUNK", fast_chunk)
     monkeypatch.setattr(gdr, "_scan_on_device", lambda v: True)
     calls = []
     kernel = gdr._chunk_scan
