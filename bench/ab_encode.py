@@ -1,19 +1,20 @@
 """A/B of a module switch on a family's fast encode (FastEngine.encode_image, encoder "fast",
 a CUDA graph per layout), same process (H200): by default the chunked delta rule's fast form
 against its reference form (`--toggle photon_core.ops.gated_delta_rule:FAST=0`: Qwen 3.5's
-image-prefix pass). Per engine (--rounds pairs, built in alternating order: the second engine of a process
-replayed ~1.4 ms slower whichever it was, session 15): the graph replay (CUDA events, min
-of --iters), the whole
-encode_image (synced wall, min), the replay's kernel time and launches (torch profiler), and
-each state tensor's error against the reference encode of the same weights in fp32 (the
-worst tensor of each kind, relative to that tensor's largest value), beside the bf16
-reference encode's own error (FastEngine encoder "reference": the reference's bits).
+image-prefix pass). Per engine - --rounds pairs built in alternating order (the engine built
+first in a process replayed ~1.4 ms faster whichever form it had, session 15) - the graph
+replay (CUDA events, min of --iters), the whole encode_image (synced wall, min), the
+replay's kernel time and launches (torch profiler), and each state tensor's error against
+the reference encode of the same weights in fp32 (the worst tensor of each kind, relative to
+that tensor's largest value), beside the bf16 reference encode's own error (FastEngine
+encoder "reference": the reference's bits).
 
-Real shapes, random weights (sweep_gemv_family.build_model; the fp32 copy is the same
-weights before their bf16 rounding - bench_qwen3_5.build seeds the init).
+Real shapes, random weights (bench_qwen3_5.build, seeded: the fp32 model holds the same
+weights as the bf16 one before their rounding).
 
 Usage (H200): PYTHONPATH=. python3 bench/ab_encode.py [--family qwen3.5-0.8b] [--iters 5]
-              [--toggle photon_core.ops.gated_delta_rule:FAST_CHUNK=128]
+              [--rounds 2] [--toggle photon_core.ops.gated_delta_rule:FAST_SCAN=1]
+              [--set photon_core.ops.gated_delta_rule:FAST_CHUNK=64]
 Writes $OUT/ab_encode.json when OUT is set.
 """
 from __future__ import annotations

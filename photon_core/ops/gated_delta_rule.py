@@ -100,7 +100,9 @@ def _scan_on_device(v: torch.Tensor) -> bool:
 @contextlib.contextmanager
 def tf32_matmuls(on: bool = True):
     """fp32 matmuls on TF32 tensor cores inside when on (CUDA; read when a matmul is issued,
-    so a CUDA graph captured inside keeps them); the process's setting restored after."""
+    so a CUDA graph captured inside keeps them); the process's setting restored after. The
+    flag is torch's, process-wide: another thread's CUDA fp32 matmuls issued meanwhile get
+    TF32 too (the engine captures its encode graphs on one thread)."""
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = on or prev
     try:

@@ -86,8 +86,8 @@ def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_s
     o_scan, s_scan = gated_delta_scan(q, k, v, g, beta, init)
     solve = torch.linalg.solve_triangular
 
-    def row_major_solve(*a, **kw):      # cuBLAS's layout: rows of the result a row apart,
-        r = solve(*a, **kw)             # here inside a wider buffer (strided, not compact)
+    def row_major_solve(*a, **kw):      # the solve's result as a strided view (its column
+        r = solve(*a, **kw)             # slices u / w stay strided through the reshape)
         wide = torch.zeros(*r.shape[:-1], 2 * r.shape[-1])
         wide[..., :r.shape[-1]] = r
         return wide[..., :r.shape[-1]]
