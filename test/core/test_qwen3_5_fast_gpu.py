@@ -105,12 +105,17 @@ def test_graphed_encode_is_the_reference_encode(ckpt, dtype):
     fe.close()
 
 
-def test_fast_encode_follows_the_reference_encode(ckpt):
+@pytest.mark.parametrize("scan", [False, True], ids=["torch-loop", "scan-kernel"])
+def test_fast_encode_follows_the_reference_encode(ckpt, monkeypatch, scan):
     """FastEngine's default encoder on CUDA ("fast": the image prefix's norms, residual adds
-    and MLP gates as Triton kernels, decoder.forward(fused_norms=True)) against the
-    reference encode_image (engine_runs.fast_encode_follows_reference: fp32 within 2e-4,
-    bf16 at most 3x the bf16 reference encode's error against fp32)."""
+    and MLP gates as Triton kernels and the delta rule's fast form, decoder.forward(
+    fused_norms=True)) against the reference encode_image (engine_runs.
+    fast_encode_follows_reference: fp32 within 2e-4, bf16 at most 3x the bf16 reference
+    encode's error against fp32); scan: with the opt-in gated_delta_rule.FAST_SCAN (the loop
+    over chunks as the Triton scan kernel: wrong before session 15's fix, not yet re-run)."""
     from photon_core.models import qwen3_5
+    from photon_core.ops import gated_delta_rule
+    monkeypatch.setattr(gated_delta_rule, "FAST_SCAN", scan)
 
     def state(enc):
         s = enc.state
