@@ -20,7 +20,6 @@ Writes $OUT/ab_encode.json when OUT is set.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench.ab_switch import parse_toggle  # noqa: E402
 from bench.probe_encode import kernel_times  # noqa: E402
 from bench.probe_family_encode import encoder_times  # noqa: E402
 
@@ -61,14 +61,6 @@ def errors(state: dict, exact: dict) -> dict:
         out[kind] = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                         for a, b in zip(ts, exact[kind]))
     return {k: round(v, 5) for k, v in out.items()}
-
-
-def parse_toggle(spec: str):
-    target, _, value = spec.partition("=")
-    mod_name, _, attr = target.partition(":")
-    mod = importlib.import_module(mod_name)
-    cur = getattr(mod, attr)
-    return mod, attr, type(cur)(int(value)) if isinstance(cur, (bool, int)) else value
 
 
 def main():

@@ -64,6 +64,19 @@ def same_bits(fe0, fe1, b: int) -> dict:
             "max_abs_diff": max(float((a - c).abs().max()) for a, c in zip(p0, p1))}
 
 
+def parse_toggle(spec: str):
+    """"module:NAME=VALUE" -> (module, NAME, VALUE in the switch's own type: a bool / int
+    switch takes an int, a float one a number, anything else the string). ab_encode.py's
+    --toggle / --set too."""
+    target, _, value = spec.partition("=")
+    mod_name, _, attr = target.partition(":")
+    mod = importlib.import_module(mod_name)
+    cur = getattr(mod, attr)
+    if isinstance(cur, (bool, int)):
+        return mod, attr, type(cur)(int(value))
+    return mod, attr, float(value) if isinstance(cur, float) else value
+
+
 def _option(spec: str) -> dict:
     """"NAME=VALUE" -> {NAME: value}: an int for an int field, 0 / 1 -> False / True for a bool
     field or a str one (pdl: bool or "auto"), any other VALUE as the string; "" -> {}."""
@@ -102,14 +115,12 @@ def main():
         engines = {}
         mod = attr = keep = None
         if args.toggle != "none":
-            mod_name, assign = args.toggle.split(":")
-            attr, value = assign.split("=")
-            mod = importlib.import_module(mod_name)
+            mod, attr, value = parse_toggle(args.toggle)
             keep = getattr(mod, attr)
         opt, base_opt = _option(args.option), _option(args.baseline_option)
         for rules in (False, True):       # rules: the module's own value
             if mod is not None:
-                setattr(mod, attr, keep if rules else type(keep)(int(value)))
+                setattr(mod, attr, keep if rules else value)
             engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024,
                                         megakernel="off", **(opt if rules else base_opt))
         if mod is not None:

@@ -162,7 +162,8 @@ def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = 
         # compact [B, T, Hv, Dv] (v may be a view of the conv's column-major output: an
         # empty_like would copy its strides, and the kernel writes rows in order)
         o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        s = s.contiguous() if state is None else s.clone().contiguous()
+        if state is not None:       # (the kernel updates s in place; state stays as given)
+            s = s.clone(memory_format=torch.contiguous_format)
         # (the kernel takes unit-stride rows: u / w are column slices of the solve's result,
         # whose reshape may stay a view with the rows 2 Dv apart)
         _chunk_scan(q.contiguous(), k.contiguous(),
