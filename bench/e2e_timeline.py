@@ -9,7 +9,7 @@ run(encode_image(frame), task); wall = the host's time for the whole call, also 
 (5 runs) and as the one call run(frame, task) (the encode not waited for).
 
 Usage: PYTHONPATH=. python3 bench/e2e_timeline.py [--tasks detect5,query32] [--gaps 12]
-       [--megakernel on] [--deterministic] [--host-profile 30] [--profile-one-call]
+       [--megakernel on] [--deterministic] [--host-profile 30] [--profile-one-call] [--top 20]
        [--family qwen3.5-0.8b --tasks query32]   (another family's real shapes, random weights:
        sweep_gemv_family.build_model)
 Writes $OUT/e2e_timeline.json when OUT is set.
@@ -76,6 +76,17 @@ def timeline(ks: list, n_gaps: int) -> dict:
                              for g, at, a, b in gaps[:n_gaps]]}
 
 
+def top_kernels(ks: list, n: int) -> list:
+    """The n kernel names with the most GPU time: [name, ms, launches]."""
+    tot: dict[str, list] = {}
+    for t0, t1, name in ks:
+        e = tot.setdefault(name, [0.0, 0])
+        e[0] += t1 - t0
+        e[1] += 1
+    best = sorted(tot.items(), key=lambda kv: -kv[1][0])[:n]
+    return [[name[:90], round(ms / 1e3, 3), cnt] for name, (ms, cnt) in best]
+
+
 def host_profile(fn, top: int) -> list[str]:
     """cProfile of one call (the host's side: GPU work runs ahead of it, a synchronizing
     call shows as its wait): the `top` functions by cumulative and by own time."""
@@ -110,6 +121,9 @@ def main():
     ap.add_argument("--profile-one-call", action="store_true",
                     help="profile run(frame, task) (the encode not waited for) instead of "
                          "run(encode_image(frame), task)")
+    ap.add_argument("--top", type=int, default=0, metavar="N",
+                    help="also list the N kernels of the profiled call by total time "
+                         "(name, ms, launches)")
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
                     help="also cProfile one run: the N functions by cumulative / own time")
     args = ap.parse_args()
@@ -138,7 +152,10 @@ def main():
                        ignore_eos=True)
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e3
-        res = timeline(kernels(prof), args.gaps)
+        ks = kernels(prof)
+        res = timeline(ks, args.gaps)
+        if args.top:
+            res["top_kernels"] = top_kernels(ks, args.top)
         res["wall_ms_profiled"] = round(wall, 3)
         res["tokens"] = r.tokens if isinstance(r.tokens, int) else len(r.tokens)
         t0 = time.perf_counter()

@@ -81,14 +81,14 @@ def gated_delta_scan(q, k, v, g, beta, state: torch.Tensor | None = None
 
 
 # gated_delta_chunked(fast=True): its chunk, and FAST = False makes it the reference form (the
-# A/B baseline of bench/ab_encode.py). FAST_SCAN (opt-in, off: not yet measured correct on the
-# GPU): on CUDA the loop over chunks as the Triton scan kernel (_gdr_chunk_scan_kernel, TF32
-# dots for 16-bit inputs) at SCAN_CHUNK tokens per chunk - one launch per layer instead of ~8
-# per chunk (session 15 calls 7-8: 14.27 -> 13.18 ms of kernels, 3259 -> 2323 launches in Qwen
-# 3.5 0.8B's encode, but a wrong output layout then, fixed after the device time was spent)
+# A/B baseline of bench/ab_encode.py). FAST_SCAN (on since session 16): on CUDA the loop over
+# chunks as the Triton scan kernel (_gdr_chunk_scan_kernel, TF32 dots for 16-bit inputs) at
+# SCAN_CHUNK tokens per chunk - one launch per layer instead of ~8 per chunk (session 16 call
+# 1, Qwen 3.5 0.8B's 640x480 encode: replay 15.74-16.05 -> 13.67-14.42 ms, kernels 14.17 ->
+# 13.07 ms, launches 2971 -> 2305, the state's error vs fp32 as the torch loop's)
 FAST_CHUNK = 128
 FAST = True
-FAST_SCAN = False
+FAST_SCAN = True
 SCAN_CHUNK = 64
 
 
@@ -118,7 +118,7 @@ def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chu
     right-hand sides and, for bf16 / fp16 inputs on CUDA, the fp32 matmuls on TF32 tensor
     cores (10-bit mantissas: finer than the inputs' own; the reference's FFMA GEMMs took ~4
     ms of Qwen 3.5 0.8B's 640x480 encode on the H200, docs/benchmarks.md session 15); with
-    FAST_SCAN on CUDA the loop over chunks is the Triton scan kernel."""
+    FAST_SCAN (the default) on CUDA the loop over chunks is the Triton scan kernel."""
     if fast and FAST:
         scan = _scan_on_device(v)
         with tf32_matmuls(v.dtype != torch.float32):

@@ -111,8 +111,8 @@ def test_fast_encode_follows_the_reference_encode(ckpt, monkeypatch, scan):
     and MLP gates as Triton kernels and the delta rule's fast form, decoder.forward(
     fused_norms=True)) against the reference encode_image (engine_runs.
     fast_encode_follows_reference: fp32 within 2e-4, bf16 at most 3x the bf16 reference
-    encode's error against fp32); scan: with the opt-in gated_delta_rule.FAST_SCAN (the loop
-    over chunks as the Triton scan kernel: wrong before session 15's fix, not yet re-run)."""
+    encode's error against fp32); scan: gated_delta_rule.FAST_SCAN, the default (the loop
+    over chunks as the Triton scan kernel; torch-loop: the form without it)."""
     from photon_core.models import qwen3_5
     from photon_core.ops import gated_delta_rule
     monkeypatch.setattr(gated_delta_rule, "FAST_SCAN", scan)

@@ -65,8 +65,8 @@ def test_fast_chunked_equals_scan(monkeypatch, t, fast_chunk, with_state):
 @pytest.mark.parametrize("t,fast_chunk", [(70, 64), (33, 16)])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_state):
-    """The fast form with its loop over chunks as the Triton scan kernel (FAST_SCAN, opt-in on
-    CUDA; here forced, in the interpreter, fp32): the scan's results, the state passed in
+    """The fast form with its loop over chunks as the Triton scan kernel (FAST_SCAN, the default
+    on CUDA; here forced, in the interpreter, fp32): the scan's results, the state passed in
     untouched, for a v laid out as Qwen's decoder hands it over."""
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
