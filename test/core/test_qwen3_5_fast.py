@@ -154,7 +154,8 @@ def test_fused_pass_with_pdl_gives_the_same_bits(model, monkeypatch):
 
 def test_fused_norms_prefix_pass(model):
     """decoder.forward(fused_norms=True) (the fast encode's image-prefix pass: the norms, the
-    residual adds and the MLP's gate as Triton kernels) over a 20-token prompt: the hidden
+    residual adds and the MLP's gate as Triton kernels, the full-attention layers by SDPA's
+    causal kernel) over a 20-token prompt: the hidden
     states and every layer's state within fp32 rounding of the torch pass."""
     from photon_core.models.qwen3_5 import decoder
     from photon_core.models.qwen3_5.state import HybridState

@@ -22,7 +22,8 @@ forward(..., fused_norms=True) (the engine's fast image-prefix encode, T > 1): e
 zero-centred / gated RMSNorm (the residual add fused in) and the MLP's SiLU(gate) * up as
 one Triton launch each instead of a handful of torch ops, and the chunked delta rule's fast
 form (gated_delta_chunked(fast=True): its fp32 matmuls on TF32 tensor cores on CUDA, one
-triangular solve): the same math, not the same bits.
+triangular solve), the full-attention layers of a pass from position 0 by SDPA's fused causal
+kernel: the same math, not the same bits.
 """
 from __future__ import annotations
 
@@ -118,7 +119,11 @@ def attention(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, cos, sin,
         raise ValueError(f"k/v cache full: {start} + {t} > {state.k[i].shape[1]} positions")
     state.k[i][:, start:start + t] = k
     state.v[i][:, start:start + t] = v
-    o = gqa_attention(q, state.k[i][:, :start + t], state.v[i][:, :start + t], start)
+    if fused_norms and start == 0:      # the fast encode's prefix: SDPA's fused causal kernel
+        o = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
+                                           enable_gqa=True)[0]
+    else:
+        o = gqa_attention(q, state.k[i][:, :start + t], state.v[i][:, :start + t], start)
     o = o.transpose(0, 1).reshape(t, hq * d) * torch.sigmoid(gate)
     return F.linear(o, w[p + "o_proj.weight"])
 
