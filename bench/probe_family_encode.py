@@ -173,6 +173,7 @@ def main():
         del fe, fast, model
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         Path(os.environ["OUT"], "probe_family_encode.json").write_text(json.dumps(out, indent=1))
 
 
