@@ -1,11 +1,12 @@
-"""Which source line launches each GPU kernel of a family's fast encode (Qwen 3.5 by default):
-the encode body (vision tower + image-prefix pass, encoder "fast") run eagerly - not as the
-graph, so the profiler links every kernel to the aten op and the Python line that issued it -
-and the kernels grouped by (kernel, aten op, the innermost photon_core lines), longest first.
+"""Which source line launches each GPU kernel of a family's encode (Qwen 3.5 by default):
+FastEngine.encode_image with the engine's default encoder run eagerly (use_graphs=False - not
+as the graph, so the profiler links every kernel to the aten op and the Python line that
+issued it), the kernels grouped by (kernel, aten op, the innermost photon_core lines),
+longest first.
 Made to find what launches the two fp32 FFMA GEMMs per DeltaNet layer in Qwen 3.5's encode
-(session 15's profile) that the delta rule's TF32 products did not move.
+(session 15's profile) that the delta rule's TF32 products did not move: the vision attention (session 16).
 
-Usage (H200): PYTHONPATH=. python3 bench/probe_encode_ops.py [--family qwen3.5-0.8b] [--top 25]
+Usage (H200): PYTHONPATH=. python3 bench/probe_encode_ops.py [--family qwen3.5-0.8b|gemma4-e2b|moondream2] [--top 25]
               [--set photon_core.ops.gated_delta_rule:FAST_SCAN=1]
 Writes $OUT/probe_encode_ops.json when OUT is set.
 """
@@ -60,15 +61,16 @@ def main():
         mod, name, val = parse_toggle(spec)
         setattr(mod, name, val)
     from sweep_gemv_family import build_model
-    m = build_model(args.family)
+    from photon_core.fast import FastEngine
+    fe = FastEngine(build_model(args.family), max_batch=1, kv_capacity=2048, megakernel="off",
+                    use_graphs=False, graphed_encoder=True)   # its encoder's body, eagerly
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    inp = m.encode_inputs(frame)
     for _ in range(2):
-        m.encode_body_fast(inp)
+        fe.encode_image(frame)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with LineRanges():
-            m.encode_body_fast(inp)
+            fe.encode_image(frame)
         torch.cuda.synchronize()
     groups: dict = collections.defaultdict(lambda: [0.0, 0])
     total = 0.0

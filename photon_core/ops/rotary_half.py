@@ -4,7 +4,8 @@ proportional RoPE: only the first `rotary_fraction` of the D/2 frequencies turn,
 
 Torch reference: `inv_freq`, `cos_sin`, `apply_rotary_half`. Triton kernel, fused where
 Gemma 4 uses it: `norm_rotary_triton` = per-head RMSNorm (optional weight, optional
-scale-free) then the rotation at each row's own position (cos/sin tables indexed by a
+scale-free) then the rotation (or, halves=2, the axial rotation of its vision tower,
+reference `axial_rotary`) at each row's own position (cos/sin tables indexed by a
 device position tensor, so it runs inside a CUDA graph), one program per row;
 `rotary_half_triton` is the plain rotation. Both diff-tested under TRITON_INTERPRET=1.
 """
@@ -44,13 +45,14 @@ def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, heads, s
                         stride_o, stride_t, w_head_stride, eps, D: tl.constexpr,
                         BLOCK_H: tl.constexpr,
                         NORM: tl.constexpr, HAS_W: tl.constexpr, ROTATE: tl.constexpr,
-                        GDC: tl.constexpr = False):
+                        GDC: tl.constexpr = False, HALVES: tl.constexpr = 1):
     pdl_launch_dependents(GDC)
     pdl_wait(GDC)
     row = tl.program_id(0)
     hh = tl.arange(0, BLOCK_H)[:, None]          # every head of the row in one tile
     i = tl.arange(0, D)[None, :]
-    j = (i + D // 2) % D                         # the partner channel of the rotate-half pair
+    B: tl.constexpr = D // HALVES                # each rotate-half block's width
+    j = (i // B) * B + (i % B + B // 2) % B      # the partner channel of the rotate-half pair
     m = (hh < heads) & (i < D)
     base = x_ptr + row * stride_x + hh * D
     x = tl.load(base + i, mask=m, other=0.0).to(tl.float32)
@@ -67,22 +69,26 @@ def _norm_rotary_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, o_ptr, heads, s
         p = tl.load(pos_ptr + row)
         c = tl.load(cos_ptr + p * stride_t + i).to(tl.float32)
         s = tl.load(sin_ptr + p * stride_t + i).to(tl.float32)
-        x = x * c + tl.where(i < D // 2, -xj, xj) * s
+        x = x * c + tl.where(i % B < B // 2, -xj, xj) * s
     tl.store(o_ptr + row * stride_o + hh * D + i, x.to(o_ptr.dtype.element_ty), mask=m)
 
 
 def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor | None,
                        sin: torch.Tensor | None, pos: torch.Tensor | None, head_dim: int,
                        eps: float = 1e-6, norm: bool = True,
-                       out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                       out: torch.Tensor | None = None, pdl: bool = False,
+                       halves: int = 1) -> torch.Tensor:
     """x [rows, heads * D] (unit column stride): per head RMSNorm (times weight [D], or
     [heads * D]: a weight per head, e.g. q and k side by side with their own norms; none:
     scale-free; norm=False: no norm), then rotate-half at position pos[row] of the tables
     cos/sin [positions, D] (skipped when cos is None). -> out [rows, heads * D] (may alias
-    x). One program per row (all its heads in one tile). pdl: ops/pdl.py."""
+    x). One program per row (all its heads in one tile). pdl: ops/pdl.py. halves=2: each
+    head's two halves rotate on their own (rotate-half over D/2 each, the tables' columns
+    giving each half its angles: Gemma 4's axial vision rotary, `axial_rotary`)."""
     rows, n = x.shape
     d = head_dim
     assert n % d == 0 and x.stride(1) == 1 and d & (d - 1) == 0, "power-of-two head size"
+    assert halves in (1, 2)
     out = torch.empty_like(x) if out is None else out
     assert out.shape == x.shape and out.stride(1) == 1
     rotate = cos is not None
@@ -98,9 +104,20 @@ def norm_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.
         pos if rotate else x, out, heads, x.stride(0), out.stride(0),
         cos.stride(0) if rotate else 0, d if per_head else 0, float(eps), D=d,
         BLOCK_H=block_h, NORM=norm, HAS_W=weight is not None, ROTATE=rotate, GDC=gdc,
+        HALVES=halves,
         num_warps=4 if block_h * d <= 4096 else 8,    # sm_90: no spills at 16 x 512 fp32
         **launch_kw)
     return out
+
+
+def axial_rotary(x: torch.Tensor, cx: torch.Tensor, sx: torch.Tensor, cy: torch.Tensor,
+                 sy: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, D]: rotate-half by column angles (cx, sx [N, D/2]) on x[..., :D/2], by row
+    angles (cy, sy) on x[..., D/2:] (Gemma 4's vision; norm_rotary_triton(halves=2) with the
+    tables side by side, [cx | cy] and [sx | sy], is its kernel)."""
+    half = x.shape[-1] // 2
+    return torch.cat([apply_rotary_half(x[..., :half], cx, sx),
+                      apply_rotary_half(x[..., half:], cy, sy)], dim=-1)
 
 
 def rotary_half_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ or full length with the window as a mask.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 try:
     import triton
@@ -65,6 +66,21 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
     scores = scores.masked_fill(~mask[None], float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return probs @ v
+
+
+def window_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          q_pos: torch.Tensor, window: int | None, scale: float,
+                          blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """window_attention through F.scaled_dot_product_attention with its boolean mask (a
+    fused kernel on the GPU where one takes the mask and head size - memory-efficient or
+    cuDNN -, the math form elsewhere): the same math, not the same bits (the fast encode's
+    prefix pass). Every query sees at least its own key, so no row is fully masked."""
+    rep = q.shape[0] // k.shape[0]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
+    mask = attention_mask(q_pos, k.shape[1], window, blocks)
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask[None, None],
+                                          scale=scale)[0]
 
 
 def sliding_window_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -178,6 +178,36 @@ def test_encode_runs_only_the_layers_that_store_kv(model, monkeypatch):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
+def test_prefix_attention_by_sdpa(model, monkeypatch):
+    """The fast encode's prefix attention (text.FAST.attend = window_attention_sdpa: SDPA
+    with the window / image-block mask) in encode_body(fast=True) against the reference
+    encode_body's fp32 scores (fp32, CPU; the other FAST ops kept torch's): the cache
+    within fp32 rounding, and the mask matters (a causal-only SDPA differs)."""
+    import torch.nn.functional as F
+    from photon_core.models.gemma4 import text
+    from photon_core.ops.sliding_window_attention import window_attention_sdpa
+    frame = np.random.default_rng(4).integers(0, 256, (36, 30, 3), dtype=np.uint8)
+    inp = model.encode_inputs(frame)
+
+    def caches(attend=None):
+        if attend is not None:
+            monkeypatch.setattr(text, "fast_ops_on", lambda t: text.REFERENCE._replace(
+                attend=attend))
+        c = model.encode_body(inp, fast=attend is not None)
+        return [a for a in c.k + c.v if a is not None]
+
+    want = caches()
+    for a, b in zip(caches(window_attention_sdpa), want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)   # (the fast tower's too)
+
+    def causal_only(q, k, v, p, window, scale, blocks):
+        rep = q.shape[0] // k.shape[0]
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 0),
+                                              v.repeat_interleave(rep, 0), is_causal=True,
+                                              scale=scale)
+    assert max((a - b).abs().max() for a, b in zip(caches(causal_only), want)) > 1e-2
+
+
 def test_fast_vision_tower_and_encode_body(model):
     """vision_fast.FastTower (the fast encode's tower: concatenated q|k|v and gate|up GEMMs,
     SDPA attention) against vision.tower in fp32, with and without clipped linears; the
@@ -195,6 +225,9 @@ def test_fast_vision_tower_and_encode_body(model):
     got = FastTower(w, cfg)(patches, positions, grid)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    if os.environ.get("TRITON_INTERPRET") == "1":   # q / k's norm + axial rotary kernel
+        got = FastTower(w, cfg, kernels=True)(patches, positions, grid)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     if not cfg.clipped_linears:          # the per-projection path of clipped checkpoints
         tower = FastTower(w, replace(cfg, clipped_linears=True))
         assert not tower.qkv

@@ -165,6 +165,29 @@ def test_triton_norm_rotary_kernel(dtype, tol, fraction, norm, with_weight):
                                atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 3e-3)])
+def test_triton_norm_axial_rotary_kernel(dtype, tol):
+    """halves=2 (Gemma 4's vision q / k): per-head RMSNorm, then each half of a head rotated
+    by its own angles = rmsnorm_scaled then axial_rotary, rows read from a q | k | v slice."""
+    _interpreted()
+    from photon_core.ops.rotary_half import axial_rotary, norm_rotary_triton
+    g = torch.Generator().manual_seed(10)
+    n, heads, d = 5, 3, 16
+    buf = (2 * torch.randn(n, 3 * heads * d, generator=g)).to(dtype)
+    x = buf[:, heads * d:2 * heads * d]                      # k of a fused q | k | v GEMM
+    w = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype)
+    f = inv_freq(d // 2, 100.0)
+    cx, sx = cos_sin(torch.tensor([0, 1, 2, 0, 1]), f, torch.float32)
+    cy, sy = cos_sin(torch.tensor([0, 0, 0, 1, 1]), f, torch.float32)
+    y = rmsnorm_scaled(x.float().view(n, heads, d), w.float(), 1e-6)
+    ref = axial_rotary(y, cx, sx, cy, sy).reshape(n, heads * d)
+    cos, sin = (torch.cat(p, -1).to(dtype) for p in ((cx, cy), (sx, sy)))
+    out = norm_rotary_triton(x, w, cos, sin, torch.arange(n), d, 1e-6, halves=2)
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+    whole = norm_rotary_triton(x, w, cos, sin, torch.arange(n), d, 1e-6)   # one block per head
+    assert not torch.allclose(whole.float(), ref, atol=0.1)
+
+
 def test_triton_rotary_half_kernel():
     _interpreted()
     from photon_core.ops.rotary_half import rotary_half_triton

@@ -26,7 +26,8 @@ from ...ops.gelu_tanh_gate import gelu_tanh_gate, gelu_tanh_gate_triton
 from ...ops.logit_softcap import logit_softcap
 from ...ops.rmsnorm_scaled import rmsnorm_scaled, rmsnorm_scaled_triton
 from ...ops.rotary_half import apply_rotary_half, cos_sin, inv_freq
-from ...ops.sliding_window_attention import sliding_window_decode, window_attention
+from ...ops.sliding_window_attention import (sliding_window_decode, window_attention,
+                                             window_attention_sdpa)
 from .config import SLIDING, TextCfg
 from .kv_cache import KVCache
 from .weights import lm_head, text_layer
@@ -35,15 +36,18 @@ ATTENTION_SCALE = 1.0
 
 
 class NormOps(NamedTuple):
-    """The RMSNorm and the gated GELU a pass uses: the references (torch ops, the default),
-    or their Triton kernels (FAST: the fast encode's prefix pass on CUDA, one launch each
-    instead of ~8 torch ops; the same math, not the same bits)."""
+    """The RMSNorm, the gated GELU and the attention of several tokens a pass uses: the
+    references (torch ops, the default), or their fast forms (FAST: the fast encode's prefix
+    pass on CUDA - the norm and the gate as one Triton launch each instead of ~8 torch ops,
+    the attention by SDPA with the window / block mask instead of an fp32 score matrix; the
+    same math, not the same bits)."""
     norm: Callable = rmsnorm_scaled
     gate: Callable = gelu_tanh_gate
+    attend: Callable = window_attention
 
 
 REFERENCE = NormOps()
-FAST = NormOps(rmsnorm_scaled_triton, gelu_tanh_gate_triton)
+FAST = NormOps(rmsnorm_scaled_triton, gelu_tanh_gate_triton, window_attention_sdpa)
 
 
 def fast_ops_on(t: torch.Tensor) -> NormOps:
@@ -119,8 +123,8 @@ def attention(w, cfg: TextCfg, i: int, h: torch.Tensor, pos0: int, cache: KVCach
         a = sliding_window_decode(q[:, 0], cache.k[src], cache.v[src], pos0, window,
                                   ATTENTION_SCALE)[:, None]
     else:
-        a = window_attention(q, cache.k[src][:, :end], cache.v[src][:, :end], positions, window,
-                             ATTENTION_SCALE, blocks if ty == SLIDING else None)
+        a = ops.attend(q, cache.k[src][:, :end], cache.v[src][:, :end], positions, window,
+                       ATTENTION_SCALE, blocks if ty == SLIDING else None)
     a = a.transpose(0, 1).reshape(S, -1)
     return a @ w[text_layer(i, "self_attn.o_proj.weight")].T
 

@@ -22,7 +22,7 @@ from PIL import Image
 
 from ...ops.gelu_tanh_gate import gelu_tanh_gate
 from ...ops.rmsnorm_scaled import rmsnorm_scaled
-from ...ops.rotary_half import apply_rotary_half, cos_sin, inv_freq
+from ...ops.rotary_half import axial_rotary, cos_sin, inv_freq
 from .config import VisionCfg
 from .weights import vision_layer
 
@@ -93,20 +93,13 @@ def _linear(w, cfg: VisionCfg, j: int, name: str, x: torch.Tensor) -> torch.Tens
     return y
 
 
-def _axial_rotary(x: torch.Tensor, cx, sx, cy, sy) -> torch.Tensor:
-    """x [N, heads, D]: rotary by column on x[..., :D/2], by row on x[..., D/2:]."""
-    half = x.shape[-1] // 2
-    return torch.cat([apply_rotary_half(x[..., :half], cx, sx),
-                      apply_rotary_half(x[..., half:], cy, sy)], dim=-1)
-
-
 def _attention(w, cfg: VisionCfg, j: int, h: torch.Tensor, rot) -> torch.Tensor:
     N, D = h.shape[0], cfg.head_dim
     q = _linear(w, cfg, j, "self_attn.q_proj", h).view(N, -1, D)
     k = _linear(w, cfg, j, "self_attn.k_proj", h).view(N, -1, D)
     v = _linear(w, cfg, j, "self_attn.v_proj", h).view(N, -1, D)
-    q = _axial_rotary(rmsnorm_scaled(q, w[vision_layer(j, "self_attn.q_norm.weight")], cfg.eps), *rot)
-    k = _axial_rotary(rmsnorm_scaled(k, w[vision_layer(j, "self_attn.k_norm.weight")], cfg.eps), *rot)
+    q = axial_rotary(rmsnorm_scaled(q, w[vision_layer(j, "self_attn.q_norm.weight")], cfg.eps), *rot)
+    k = axial_rotary(rmsnorm_scaled(k, w[vision_layer(j, "self_attn.k_norm.weight")], cfg.eps), *rot)
     v = rmsnorm_scaled(v, None, cfg.eps)
     q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
     rep = q.shape[0] // k.shape[0]
@@ -136,9 +129,11 @@ def _inv_freq_on(device: torch.device, dim: int, theta: float) -> torch.Tensor:
 
 
 def tower(w, cfg: VisionCfg, patches: torch.Tensor, positions: torch.Tensor,
-          grid: tuple[int, int], block=None) -> torch.Tensor:
+          grid: tuple[int, int], block=None, rotary=None) -> torch.Tensor:
     """-> pooled soft tokens [rows/pool * cols/pool, vision hidden] (fp32, x sqrt(hidden)).
-    block(j, x, rot) -> x: a block's forward other than _block's (vision_fast.FastTower)."""
+    block(j, x, rot) -> x: a block's forward other than _block's (vision_fast.FastTower);
+    rotary(cx, sx, cy, sy) -> rot: the form of the rotary tables the blocks get (default
+    the tuple of the four)."""
     dtype = w["vision_tower.patch_embedder.input_proj.weight"].dtype
     table = w["vision_tower.patch_embedder.position_embedding_table"]
     x = (2 * (patches - 0.5)).to(dtype) @ w["vision_tower.patch_embedder.input_proj.weight"].T
@@ -146,8 +141,9 @@ def tower(w, cfg: VisionCfg, patches: torch.Tensor, positions: torch.Tensor,
     f = _inv_freq_on(positions.device, cfg.head_dim // 2, cfg.rope_theta)
     cx, sx = cos_sin(positions[:, 0], f, x.dtype)
     cy, sy = cos_sin(positions[:, 1], f, x.dtype)
+    rot = rotary(cx, sx, cy, sy) if rotary else (cx, sx, cy, sy)
     for j in range(cfg.n_layers):
-        x = block(j, x, (cx, sx, cy, sy)) if block else _block(w, cfg, j, x, (cx, sx, cy, sy))
+        x = block(j, x, rot) if block else _block(w, cfg, j, x, rot)
     rows, cols = grid
     k = cfg.pool
     pooled = x.float().view(rows // k, k, cols // k, k, -1).mean(dim=(1, 3)).reshape(-1, x.shape[-1])

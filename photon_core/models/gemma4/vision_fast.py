@@ -7,7 +7,10 @@ default on CUDA): the math of vision.tower with fewer, larger kernels -
     reference's fp32 score matrix [heads, N, N] and its softmax are never materialized
     (N = 2520 patches for a 640x480 frame: 12 x 2520^2 fp32 scores per layer);
   - the RMSNorms and the gated GELU by their Triton kernels on CUDA (text.FAST:
-    ops/rmsnorm_scaled.py, ops/gelu_tanh_gate.py; the torch references elsewhere).
+    ops/rmsnorm_scaled.py, ops/gelu_tanh_gate.py; the torch references elsewhere); q's and
+    k's per-head norm and axial rotary as one launch each (ops/rotary_half.py's
+    norm_rotary_triton, halves=2: ~0.85 ms of torch cat / mul launches in the 640x480
+    encode before, session 16).
 
 Not bitwise the reference (the attention's sums run in another order, bf16 probabilities
 are not rounded from fp32 ones): diff-tested against vision.tower (fp32 on the CPU, bf16 on
@@ -17,21 +20,40 @@ this form's blocks).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from .config import VisionCfg
 from .text import fast_ops_on
-from .vision import _axial_rotary, _linear, tower
+from ...ops.rotary_half import axial_rotary, norm_rotary_triton
+from .vision import _linear, tower
 from .weights import vision_layer
+
+
+class AxialTables(NamedTuple):
+    """The vision rotary's tables as norm_rotary_triton(halves=2) reads them: [cx | cy] and
+    [sx | sy] [N, D] (each half of a head its own angles) and the rows' indices into them."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    rows: torch.Tensor
+
+
+def axial_tables(cx, sx, cy, sy) -> AxialTables:
+    """Made once per tower call (vision.tower's `rotary` hook), read by every layer."""
+    return AxialTables(torch.cat([cx, cy], -1).contiguous(), torch.cat([sx, sy], -1).contiguous(),
+                       torch.arange(cx.shape[0], device=cx.device))
 
 
 class FastTower:
     """The tower's weights as the fast form reads them (concatenated once, on their device)
     and its forward: tower(patches, positions, grid) -> pooled soft tokens, as vision.tower."""
 
-    def __init__(self, w: dict, cfg: VisionCfg):
-        self.w, self.cfg = w, cfg
+    def __init__(self, w: dict, cfg: VisionCfg, kernels: bool | None = None):
+        """kernels: q / k's norm and axial rotary as one Triton launch each (None: on CUDA,
+        for a power-of-two head size)."""
+        self.w, self.cfg, self.kernels = w, cfg, kernels
         self.qkv, self.gate_up = [], []
         if not cfg.clipped_linears:
             for j in range(cfg.n_layers):
@@ -49,10 +71,14 @@ class FastTower:
         else:
             q, k, v = (_linear(w, cfg, j, f"self_attn.{n}_proj", h) for n in "qkv")
         norm = fast_ops_on(h).norm
-        q = _axial_rotary(norm(q.reshape(N, -1, D),
-                               w[vision_layer(j, "self_attn.q_norm.weight")], cfg.eps), *rot)
-        k = _axial_rotary(norm(k.reshape(N, -1, D),
-                               w[vision_layer(j, "self_attn.k_norm.weight")], cfg.eps), *rot)
+        qw, kw = (w[vision_layer(j, f"self_attn.{n}_norm.weight")] for n in "qk")
+        if isinstance(rot, AxialTables):         # per-head norm + axial rotary, one launch each
+            q, k = (norm_rotary_triton(t, nw, rot.cos, rot.sin, rot.rows, D, cfg.eps,
+                                       halves=2).view(N, -1, D)
+                    for t, nw in ((q, qw), (k, kw)))
+        else:
+            q = axial_rotary(norm(q.reshape(N, -1, D), qw, cfg.eps), *rot)
+            k = axial_rotary(norm(k.reshape(N, -1, D), kw, cfg.eps), *rot)
         v = norm(v.reshape(N, -1, D), None, cfg.eps)
         q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))        # [1, heads, N, D]
         a = F.scaled_dot_product_attention(q, k, v, scale=1.0,
@@ -79,4 +105,8 @@ class FastTower:
     def __call__(self, patches: torch.Tensor, positions: torch.Tensor,
                  grid: tuple[int, int]) -> torch.Tensor:
         """vision.tower with this form's blocks (its embedding, rotary and pooling)."""
-        return tower(self.w, self.cfg, patches, positions, grid, block=self._block)
+        d = self.cfg.head_dim
+        fused = (patches.is_cuda if self.kernels is None else self.kernels) \
+            and d & (d - 1) == 0
+        return tower(self.w, self.cfg, patches, positions, grid, block=self._block,
+                     rotary=axial_tables if fused else None)
