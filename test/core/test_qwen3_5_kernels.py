@@ -52,6 +52,26 @@ def close(a, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,c,k", [(70, 37, 4), (2, 300, 4), (33, 16, 3)])
+def test_conv1d_prefill_rows(dtype, t, c, k):
+    """The prefill in the row layout (x [T, C] a column slice of a wider GEMM output, as the
+    decoder hands it over) = the reference over x^T: output and new state, with a zero start
+    and continuing a given state (T = 2 < K-1 = 3 reads the old state's tail into the new),
+    the given state untouched."""
+    w = rnd(c, k, dtype=dtype)
+    wide = rnd(t, c + 9, dtype=dtype)
+    x = wide[:, 5:5 + c]
+    for state in (None, rnd(1, c, k - 1, dtype=dtype)):
+        keep = None if state is None else state.clone()
+        ref, ref_state = causal_conv1d.causal_conv1d_prefill(x.T[None], w, state)
+        out, new_state = causal_conv1d.causal_conv1d_prefill_triton(x, w, state, block_t=16,
+                                                                    block_c=32)
+        close(out, ref[0].T, dtype)
+        close(new_state, ref_state, dtype)
+        assert state is None or torch.equal(state, keep)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,c,k", [(1, 37, 4), (2, 300, 4), (1, 16, 3)])
 def test_conv1d_step(dtype, b, c, k):
     w = rnd(c, k, dtype=dtype)

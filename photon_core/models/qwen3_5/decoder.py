@@ -19,8 +19,9 @@ fused q/k norm + M-RoPE written straight into the k cache, split-sequence gated 
 a prefill (T > 1) uses only the chunked delta-rule kernel, the rest stays torch. Off by
 default (on the CPU the kernels only run under TRITON_INTERPRET=1, for tests).
 forward(..., fused_norms=True) (the engine's fast image-prefix encode, T > 1): every
-zero-centred / gated RMSNorm (the residual add fused in) and the MLP's SiLU(gate) * up as
-one Triton launch each instead of a handful of torch ops, and the chunked delta rule's fast
+zero-centred / gated RMSNorm (the residual add fused in), the MLP's SiLU(gate) * up and the
+causal conv (in the in-projection's row layout) as one Triton launch each instead of a
+handful of torch ops, and the chunked delta rule's fast
 form (gated_delta_chunked(fast=True): its fp32 matmuls on TF32 tensor cores on CUDA, one
 triangular solve), the full-attention layers of a pass from position 0 by SDPA's fused causal
 kernel: the same math, not the same bits.
@@ -30,8 +31,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...ops.causal_conv1d import (causal_conv1d_prefill, causal_conv1d_step,
-                                  causal_conv1d_step_triton)
+from ...ops.causal_conv1d import (causal_conv1d_prefill, causal_conv1d_prefill_triton,
+                                  causal_conv1d_step, causal_conv1d_step_triton)
 from ...ops.gated_delta_rule import (delta_gates, gated_delta_chunked, gated_delta_chunked_triton,
                                      gated_delta_step, gated_delta_step_triton)
 from ...ops.gqa_attention import gated_gqa_decode_triton, gqa_attention
@@ -68,6 +69,8 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
     if t == 1:
         conv_step = causal_conv1d_step_triton if kernels else causal_conv1d_step
         mixed = conv_step(mixed, conv_w, state.conv[i])                    # [1, conv_dim]
+    elif fused_norms:       # the fast encode: the conv in the GEMM output's row layout
+        mixed, state.conv[i] = causal_conv1d_prefill_triton(mixed, conv_w, state.conv[i])
     else:
         out, state.conv[i] = causal_conv1d_prefill(mixed.T[None], conv_w, state.conv[i])
         mixed = out[0].T
