@@ -69,6 +69,8 @@ def qwen3_5_launches(dtype=torch.bfloat16):
         return torch.empty(*shape, dtype=dt)
     with torch.inference_mode(), record_launches() as launches:
         causal_conv1d.causal_conv1d_step_triton(e(1, 6144), e(6144, 4), e(1, 6144, 3))
+        # the fast encode's conv over the image prefix, in the in-projection's row layout
+        causal_conv1d.causal_conv1d_prefill_triton(e(1000, 6144), e(6144, 4), e(1, 6144, 3))
         rzc.rmsnorm_zero_centred_triton(e(1, 2048), e(2048), 1e-6, delta=e(1, 2048))
         rmsnorm_gated.rmsnorm_gated_triton(e(16, 128), e(16, 128), e(128))
         pos = torch.tensor([[900], [905], [911]])
@@ -117,10 +119,29 @@ def moondream_encode_launches(dtype=torch.bfloat16):
     return launches
 
 
+def gemma4_encode_launches(dtype=torch.bfloat16):
+    """The Triton launch of Gemma 4's fast vision tower that only it makes (recorded, not
+    run): q / k's per-head norm + axial rotary (norm_rotary_triton, halves=2) over a 640x480
+    frame's 2520 patches, 12 heads of 64, read from the q | k | v GEMM's output."""
+    from photon_core.ops.launch_resources import record_launches
+    from photon_core.ops.rotary_half import norm_rotary_triton
+
+    def e(*shape, dt=dtype):
+        return torch.empty(*shape, dtype=dt)
+    n, h, d = 2520, 12, 64
+    with torch.inference_mode(), record_launches() as launches:
+        qkv = e(n, 3 * h * d)
+        norm_rotary_triton(qkv[:, :h * d], e(d), e(n, d), e(n, d), torch.arange(n), d, 1e-6,
+                           halves=2)
+    return launches
+
+
 def check(what: str, dtype: torch.dtype, **kw) -> list:
-    """Compile the launches of `what` ("gemma4" / "qwen3_5" / "moondream_encode")."""
+    """Compile the launches of `what` ("gemma4" / "gemma4_encode" / "qwen3_5" /
+    "moondream_encode")."""
     from photon_core.ops.launch_resources import compile_launches
     launches = (fused_launches(dtype, **kw) if what == "gemma4" else
+                gemma4_encode_launches(dtype) if what == "gemma4_encode" else
                 moondream_encode_launches(dtype) if what == "moondream_encode" else
                 qwen3_5_launches(dtype))
     return compile_launches(launches)

@@ -192,22 +192,22 @@ if triton is not None:
         out = acc / (1.0 + tl.exp(-acc))                          # SiLU
         tl.store(o_ptr + t[:, None] * so_t + c[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=tm[:, None] & cm[None, :])
-        if tl.program_id(0) == 0:
+        if tl.program_id(0) == 0:    # (names of their own: a Triton branch keeps each type)
             j = tl.arange(0, K_P2)                               # new state tap j: input T-(K-1)+j
-            r = T - (K - 1) + j
+            rn = T - (K - 1) + j
             jm = j < K - 1
-            xv = tl.load(x_ptr + r[None, :] * sx_t + c[:, None],
-                         mask=cm[:, None] & (jm & (r >= 0))[None, :], other=0.0)
-            sv = tl.load(s_ptr + c[:, None] * ss_c + (K - 1 + r)[None, :] * ss_k,
-                         mask=cm[:, None] & (jm & (r < 0))[None, :], other=0.0)
-            nv = tl.where((r >= 0)[None, :], xv.to(ns_ptr.dtype.element_ty),
-                          sv.to(ns_ptr.dtype.element_ty))
+            xn = tl.load(x_ptr + rn[None, :] * sx_t + c[:, None],
+                         mask=cm[:, None] & (jm & (rn >= 0))[None, :], other=0.0)
+            sn = tl.load(s_ptr + c[:, None] * ss_c + (K - 1 + rn)[None, :] * ss_k,
+                         mask=cm[:, None] & (jm & (rn < 0))[None, :], other=0.0)
+            nv = tl.where((rn >= 0)[None, :], xn.to(ns_ptr.dtype.element_ty),
+                          sn.to(ns_ptr.dtype.element_ty))
             tl.store(ns_ptr + c[:, None] * (K - 1) + j[None, :], nv,
                      mask=cm[:, None] & jm[None, :])
 
 
 def causal_conv1d_prefill_triton(x: torch.Tensor, weight: torch.Tensor,
-                                 state: torch.Tensor | None = None, block_t: int = 32,
+                                 state: torch.Tensor | None = None, block_t: int = 16,
                                  block_c: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """causal_conv1d_prefill for one sequence in the row layout: x [T, C] (unit channel
     stride), weight [C, K], state [1, C, K-1] (None = zeros; not modified) -> (SiLU(conv)
@@ -230,5 +230,6 @@ def causal_conv1d_prefill_triton(x: torch.Tensor, weight: torch.Tensor,
     bt = min(block_t, triton.next_power_of_2(max(t, 1)))
     _causal_conv1d_prefill_kernel[(triton.cdiv(t, bt), triton.cdiv(c, bc))](
         x, weight, state, out, new_state, t, c, x.stride(0), state.stride(1), state.stride(2),
-        out.stride(0), K=k, K_P2=triton.next_power_of_2(k), BT=bt, BC=bc)
+        out.stride(0), K=k, K_P2=triton.next_power_of_2(k), BT=bt, BC=bc,
+        num_warps=4)
     return out, new_state

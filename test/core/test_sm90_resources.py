@@ -1,7 +1,8 @@
 """The Triton launches fit the H200 (sm_90): compiled ahead of time on the CPU with Triton's
 bundled ptxas (bench/compile_sm90.py, ops/launch_resources.py; nothing runs), every launch of
 Gemma 4's fused step executor at E2B shapes (bf16 and fp32) and of the Qwen 3.5 kernels at
-test_real_sizes_on_gpu's sizes (fp32/fp16/bf16) asks for at most 232,448 bytes of shared
+test_real_sizes_on_gpu's sizes (fp32/fp16/bf16; with the fast encode's conv prefill) and of
+Gemma 4's fast vision tower compiles and asks for at most 232,448 bytes of shared
 memory per block (the H200 refused 280,576 and 296,960 before the fixes). The Gemma
 executor's launches also compile without register spills, and in fp32 without TF32 math
 (tl.dot's GPU default, which the interpreter does not emulate: it moved the fp32 tiny model's
@@ -71,8 +72,20 @@ def test_gemma4_fused_executor_fits_sm90():
 def test_qwen3_5_real_size_kernels_fit_sm90():
     rows = _compile("--what", "qwen3_5", "--dtype", "fp32,fp16,bf16")
     assert {r["dtype"] for r in rows} == {"fp32", "fp16", "bf16"}
-    assert any(r["kernel"] == "_gdr_chunk_scan_kernel" for r in rows)
+    assert {"_gdr_chunk_scan_kernel", "_causal_conv1d_prefill_kernel"} <= {r["kernel"]
+                                                                             for r in rows}
     bad = [r for r in rows if not r["fits"]]
+    assert not bad, _report(bad)
+
+
+def test_gemma4_encode_kernels_compile_for_sm90():
+    """The fast vision tower's q / k norm + axial rotary (halves=2) compiles for sm_90 (the
+    interpreter does not apply the compiler's rules: a name rebound to another shape in a
+    branch compiles nowhere but there - what session 16's conv prefill kernel did on the
+    H200 first) and fits, without spills."""
+    rows = _compile("--what", "gemma4_encode", "--dtype", "bf16,fp32")
+    assert {r["kernel"] for r in rows} == {"_norm_rotary_kernel"}
+    bad = [r for r in rows if not r["fits"] or r["spill"]]
     assert not bad, _report(bad)
 
 
