@@ -19,9 +19,9 @@ fused q/k norm + M-RoPE written straight into the k cache, split-sequence gated 
 a prefill (T > 1) uses only the chunked delta-rule kernel, the rest stays torch. Off by
 default (on the CPU the kernels only run under TRITON_INTERPRET=1, for tests).
 forward(..., fused_norms=True) (the engine's fast image-prefix encode, T > 1): every
-zero-centred / gated RMSNorm (the residual add fused in), the MLP's SiLU(gate) * up and the
-causal conv (in the in-projection's row layout) as one Triton launch each instead of a
-handful of torch ops, and the chunked delta rule's fast
+zero-centred / gated RMSNorm (the residual add fused in), the MLP's SiLU(gate) * up (and,
+with FAST_CONV, the causal conv in the in-projection's row layout) as one Triton launch each
+instead of a handful of torch ops, and the chunked delta rule's fast
 form (gated_delta_chunked(fast=True): its fp32 matmuls on TF32 tensor cores on CUDA, one
 triangular solve), the full-attention layers of a pass from position 0 by SDPA's fused causal
 kernel: the same math, not the same bits.
@@ -44,6 +44,11 @@ from .config import TextConfig
 from .state import HybridState
 
 L = "model.language_model."
+# The fast encode's causal conv as one Triton launch in the in-projection's row layout
+# (causal_conv1d_prefill_triton; CPU-tested under the interpreter and compiled for sm_90
+# offline - its first H200 run, session 16, failed to compile, fixed after the device time
+# was spent): opt-in until a device run passes test_qwen3_5_fast_gpu.py with it.
+FAST_CONV = False
 
 
 def embed(w: dict, ids: torch.Tensor) -> torch.Tensor:
@@ -69,7 +74,7 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
     if t == 1:
         conv_step = causal_conv1d_step_triton if kernels else causal_conv1d_step
         mixed = conv_step(mixed, conv_w, state.conv[i])                    # [1, conv_dim]
-    elif fused_norms:       # the fast encode: the conv in the GEMM output's row layout
+    elif fused_norms and FAST_CONV:     # the conv in the GEMM output's row layout
         mixed, state.conv[i] = causal_conv1d_prefill_triton(mixed, conv_w, state.conv[i])
     else:
         out, state.conv[i] = causal_conv1d_prefill(mixed.T[None], conv_w, state.conv[i])
