@@ -116,8 +116,9 @@ def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chu
     """Chunked form of gated_delta_scan (same arguments and results). fast: the encode's
     form (close, not bitwise): chunks of FAST_CHUNK tokens, one triangular solve for both
     right-hand sides and, for bf16 / fp16 inputs on CUDA, the fp32 matmuls on TF32 tensor
-    cores (10-bit mantissas: finer than the inputs' own; the reference's FFMA GEMMs took ~4
-    ms of Qwen 3.5 0.8B's 640x480 encode on the H200, docs/benchmarks.md session 15); with
+    cores (10-bit mantissas: finer than the inputs' own; the per-chunk products 23.4 -> 10.9
+    us per layer on the H200, docs/benchmarks.md session 15 - the two fp32 FFMA GEMMs of the
+    encode's profile then blamed on this rule were the vision attention's, session 16); with
     FAST_SCAN (the default) on CUDA the loop over chunks is the Triton scan kernel."""
     if fast and FAST:
         scan = _scan_on_device(v)
