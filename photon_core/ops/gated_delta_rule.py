@@ -90,6 +90,11 @@ FAST_CHUNK = 128
 FAST = True
 FAST_SCAN = True
 SCAN_CHUNK = 64
+# FAST_PREP (opt-in, not yet run on a GPU; session 16): with the scan kernel, what feeds it -
+# q / k / v's fp32 transposed copies, the l2 norms, the gates' cumsum, the decays, the chunk
+# matrices and the solve's right-hand sides (~1 ms in ~250 launches of the eager 0.8B encode,
+# session 16 call 3) - as ONE launch per layer (_gdr_fast_prep_kernel) before the solve
+FAST_PREP = False
 
 
 def _scan_on_device(v: torch.Tensor) -> bool:
@@ -130,7 +135,10 @@ def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chu
 
 def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = False):
     """scan: the loop over chunks through _gdr_chunk_scan_kernel (TF32 dots for 16-bit
-    inputs, exact fp32 otherwise), fed the u, w and cum computed here."""
+    inputs, exact fp32 otherwise), fed the u, w and cum computed here (FAST_PREP: by
+    _gdr_fast_prep_kernel and the solve)."""
+    if scan and FAST_PREP:
+        return _prepped_scan(q, k, v, g, beta, state, chunk)
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
     b, h, t, dk = kf.shape
     dv = vf.shape[-1]
@@ -160,19 +168,7 @@ def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = 
         w = torch.linalg.solve_triangular(a, kb * cum.exp()[..., None], upper=False,
                                           unitriangular=True)
     if scan:
-        # compact [B, T, Hv, Dv] (v may be a view of the conv's column-major output: an
-        # empty_like would copy its strides, and the kernel writes rows in order)
-        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        if state is not None:       # (the kernel updates s in place; state stays as given)
-            s = s.clone(memory_format=torch.contiguous_format)
-        # (the kernel takes unit-stride rows: u / w are column slices of the solve's result,
-        # whose reshape may stay a view with the rows 2 Dv apart)
-        _chunk_scan(q.contiguous(), k.contiguous(),
-                    u.reshape(b * h, n * chunk, dv).contiguous(),
-                    w.reshape(b * h, n * chunk, dk).contiguous(),
-                    cum.reshape(b * h, n * chunk).contiguous(), s, o,
-                    chunk, "ieee" if v.dtype == torch.float32 else "tf32")
-        return o, s
+        return _scan_from(q, k, v, u, w, cum, state, s, chunk)
     attn = (qc @ kc.transpose(-1, -2)) * decay                     # causal, diagonal included
     q_dec = qc * cum.exp()[..., None]
     k_dec = kc * (cum[..., -1:] - cum).exp()[..., None]
@@ -183,6 +179,43 @@ def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = 
         s = s * cum[:, :, i, -1].exp()[..., None, None] + k_dec[:, :, i].transpose(-1, -2) @ v_new
     out = out.reshape(b, h, n * chunk, dv)[:, :, :t]
     return out.transpose(1, 2).to(v.dtype), s
+
+
+def _scan_from(q, k, v, u, w, cum, state, s, chunk: int):
+    """The scan kernel over the chunks' u / w [B, H, N, C, D] and cum [B, H, N, C] from the
+    fp32 state s (a copy of `state`, which stays as given) -> (o [B, T, Hv, Dv], s)."""
+    b, h, n = u.shape[:3]
+    dv, dk = u.shape[-1], w.shape[-1]
+    # compact [B, T, Hv, Dv] (v may be a view of the conv's column-major output: an
+    # empty_like would copy its strides, and the kernel writes rows in order)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if state is not None:       # (the kernel updates s in place; state stays as given)
+        s = s.clone(memory_format=torch.contiguous_format)
+    # (the kernel takes unit-stride rows: u / w are column slices of the solve's result,
+    # whose reshape may stay a view with the rows 2 Dv apart)
+    _chunk_scan(q.contiguous(), k.contiguous(),
+                u.reshape(b * h, n * chunk, dv).contiguous(),
+                w.reshape(b * h, n * chunk, dk).contiguous(),
+                cum.reshape(b * h, n * chunk).contiguous(), s, o,
+                chunk, "ieee" if v.dtype == torch.float32 else "tf32")
+    return o, s
+
+
+def _prepped_scan(q, k, v, g, beta, state, chunk: int):
+    """The scan form fed by _gdr_fast_prep_kernel: per (chunk, value head) the l2-normed
+    keys, the gates' cumsum, the unit lower-triangular chunk matrix I + A and the right-hand
+    sides [beta v | beta k e^cum] in one launch; then the one solve and the scan kernel."""
+    b, t, hv, dv = v.shape
+    dk = k.shape[-1]
+    n = triton.cdiv(t, chunk)
+    a, rhs, cum = _fast_prep(k, v, g, beta, chunk,
+                             "ieee" if v.dtype == torch.float32 else "tf32")
+    uw = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    s = torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=v.device) if state is None \
+        else state.float()
+    shape = (b, hv, n, chunk)
+    return _scan_from(q, k, v, uw[..., :dv].reshape(*shape, dv),
+                      uw[..., dv:].reshape(*shape, dk), cum.reshape(shape), state, s, chunk)
 
 
 # -- Triton: the one-token step ----------------------------------------------------------------
@@ -426,6 +459,47 @@ if triton is not None:
         tl.store(cum_ptr + row0 + r, cum)
 
     @triton.jit
+    def _gdr_fast_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, a_ptr, rhs_ptr, cum_ptr, T, TP,
+                              sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_h,
+                              sb_b, sb_t, sb_h, HK: tl.constexpr, HV: tl.constexpr,
+                              DK: tl.constexpr, DV: tl.constexpr, DK_P2: tl.constexpr,
+                              DV_P2: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr):
+        """Program (chunk ci, batch x value head bh): I + A [C, C] (A[i, j] = beta_i k_i.k_j
+        e^(cum_i - cum_j), j < i, keys l2-normed), the solve's right-hand sides [beta v |
+        beta k e^cum] [C, DV + DK] and cum [C] (the gates' cumsum from the chunk's start),
+        fp32; tokens past T: zeros (g = beta = 0), as the torch form's padding."""
+        ci = tl.program_id(0)
+        bh = tl.program_id(1)
+        bi = bh // HV
+        h = bh % HV
+        hk = h // (HV // HK)
+        r = tl.arange(0, C)
+        t = ci * C + r
+        tm = t < T
+        dk = tl.arange(0, DK_P2)
+        dv = tl.arange(0, DV_P2)
+        k = tl.load(k_ptr + bi * sk_b + t[:, None] * sk_t + hk * sk_h + dk[None, :],
+                    mask=tm[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
+        k = _l2norm_rows(k)
+        v = tl.load(v_ptr + bi * sv_b + t[:, None] * sv_t + h * sv_h + dv[None, :],
+                    mask=tm[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + bi * sg_b + t * sg_t + h * sg_h, mask=tm, other=0.0).to(tl.float32)
+        beta = tl.load(b_ptr + bi * sb_b + t * sb_t + h * sb_h, mask=tm,
+                       other=0.0).to(tl.float32)
+        cum = tl.cumsum(g, axis=0)
+        lower = r[:, None] > r[None, :]
+        kb = k * beta[:, None]
+        a = tl.dot(kb, tl.trans(k), input_precision=PREC)
+        a = tl.where(lower, a * tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)),
+                     tl.where(r[:, None] == r[None, :], 1.0, 0.0))
+        row0 = bh * TP + ci * C
+        tl.store(a_ptr + (row0 + r[:, None]) * C + r[None, :], a)
+        rp = rhs_ptr + (row0 + r[:, None]) * (DV + DK)
+        tl.store(rp + dv[None, :], v * beta[:, None], mask=(dv < DV)[None, :])
+        tl.store(rp + DV + dk[None, :], kb * tl.exp(cum)[:, None], mask=(dk < DK)[None, :])
+        tl.store(cum_ptr + row0 + r, cum)
+
+    @triton.jit
     def _gdr_chunk_scan_kernel(q_ptr, k_ptr, u_ptr, w_ptr, cum_ptr, s_ptr, o_ptr, T, TP, NC,
                                HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                                DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr,
@@ -507,6 +581,26 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
         C=chunk, PREC=precision, num_warps=8)
     _chunk_scan(q, k, u, w, cum, s, o, chunk, precision, block_v)
     return o, s
+
+
+def _fast_prep(k, v, g, beta, chunk: int, precision: str):
+    """_gdr_fast_prep_kernel over k [B, T, Hk, Dk], v [B, T, Hv, Dv] (unit last stride),
+    g / beta [B, T, Hv] -> (I + A [B Hv, N, C, C], right-hand sides [B Hv, N, C, Dv + Dk],
+    cum [B Hv, N C]), fp32, N = cdiv(T, C)."""
+    b, t, hk, dk = k.shape
+    hv, dv = v.shape[2], v.shape[3]
+    k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
+    n = triton.cdiv(t, chunk)
+    dev = v.device
+    a = torch.empty(b * hv, n, chunk, chunk, dtype=torch.float32, device=dev)
+    rhs = torch.empty(b * hv, n, chunk, dv + dk, dtype=torch.float32, device=dev)
+    cum = torch.empty(b * hv, n * chunk, dtype=torch.float32, device=dev)
+    _gdr_fast_prep_kernel[(n, b * hv)](
+        k, v, g, beta, a, rhs, cum, t, n * chunk, *k.stride()[:3], *v.stride()[:3],
+        *g.stride(), *beta.stride(), HK=hk, HV=hv, DK=dk, DV=dv,
+        DK_P2=max(16, triton.next_power_of_2(dk)), DV_P2=max(16, triton.next_power_of_2(dv)),
+        C=chunk, PREC=precision, num_warps=8)
+    return a, rhs, cum
 
 
 def _chunk_scan(q, k, u, w, cum, s, o, chunk: int, precision: str, block_v: int = 32) -> None:

@@ -64,15 +64,22 @@ def test_fast_chunked_equals_scan(monkeypatch, t, fast_chunk, with_state):
 
 @pytest.mark.parametrize("t,fast_chunk", [(70, 64), (33, 16)])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_state):
+@pytest.mark.parametrize("prep", [False, True], ids=["torch-prep", "prep-kernel"])
+def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_state, prep):
     """The fast form with its loop over chunks as the Triton scan kernel (FAST_SCAN, the default
     on CUDA; here forced, in the interpreter, fp32): the scan's results, the state passed in
-    untouched, for a v laid out as Qwen's decoder hands it over."""
+    untouched, for a v laid out as Qwen's decoder hands it over; prep: what feeds the scan
+    from the opt-in FAST_PREP's kernel (GQA: 2 key heads for 4 value heads)."""
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter test")
     from photon_core.ops import gated_delta_rule as gdr
     monkeypatch.setattr(gdr, "SCAN_CHUNK", fast_chunk)
+    monkeypatch.setattr(gdr, "FAST_PREP", prep)
+    preps = []
+    prep_kernel = gdr._fast_prep
+    monkeypatch.setattr(gdr, "_fast_prep", lambda *a, **kw: (preps.append(1),
+                                                              prep_kernel(*a, **kw))[1])
     monkeypatch.setattr(gdr, "_scan_on_device", lambda v: True)
     calls = []
     kernel = gdr._chunk_scan
@@ -93,7 +100,7 @@ def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_s
         return wide[..., :r.shape[-1]]
     monkeypatch.setattr(torch.linalg, "solve_triangular", row_major_solve)
     o, st = gated_delta_chunked(q, k, v, g, beta, init, fast=True)
-    assert calls == [1]
+    assert calls == [1] and preps == ([1] if prep else [])
     torch.testing.assert_close(o, o_scan, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(st, s_scan, atol=1e-5, rtol=1e-5)
     if with_state:

@@ -1,7 +1,7 @@
 """The Triton launches fit the H200 (sm_90): compiled ahead of time on the CPU with Triton's
 bundled ptxas (bench/compile_sm90.py, ops/launch_resources.py; nothing runs), every launch of
 Gemma 4's fused step executor at E2B shapes (bf16 and fp32) and of the Qwen 3.5 kernels at
-test_real_sizes_on_gpu's sizes (fp32/fp16/bf16; with the fast encode's conv prefill) and of
+test_real_sizes_on_gpu's sizes (fp32/fp16/bf16; with the fast encode's conv prefill and delta-rule prep) and of
 Gemma 4's fast vision tower compiles and asks for at most 232,448 bytes of shared
 memory per block (the H200 refused 280,576 and 296,960 before the fixes). The Gemma
 executor's launches also compile without register spills, and in fp32 without TF32 math
@@ -72,8 +72,8 @@ def test_gemma4_fused_executor_fits_sm90():
 def test_qwen3_5_real_size_kernels_fit_sm90():
     rows = _compile("--what", "qwen3_5", "--dtype", "fp32,fp16,bf16")
     assert {r["dtype"] for r in rows} == {"fp32", "fp16", "bf16"}
-    assert {"_gdr_chunk_scan_kernel", "_causal_conv1d_prefill_kernel"} <= {r["kernel"]
-                                                                             for r in rows}
+    assert {"_gdr_chunk_scan_kernel", "_causal_conv1d_prefill_kernel",
+            "_gdr_fast_prep_kernel"} <= {r["kernel"] for r in rows}
     bad = [r for r in rows if not r["fits"]]
     assert not bad, _report(bad)
 
