@@ -2,11 +2,13 @@
 FastEngine.encode_image with the engine's default encoder run eagerly (use_graphs=False - not
 as the graph, so the profiler links every kernel to the aten op and the Python line that
 issued it), the kernels grouped by (kernel, aten op, the innermost photon_core lines),
-longest first.
-Made to find what launches the two fp32 FFMA GEMMs per DeltaNet layer in Qwen 3.5's encode
-(session 15's profile) that the delta rule's TF32 products did not move: the vision attention (session 16).
+longest first. Made to find what launched the two fp32 FFMA GEMMs of Qwen 3.5's encode
+(session 15's profile) that the delta rule's TF32 products did not move: the vision
+attention (session 16, when the probe ran the model's encode_body_fast directly; the
+engine's eager encoder since, not yet run on the device).
 
-Usage (H200): PYTHONPATH=. python3 bench/probe_encode_ops.py [--family qwen3.5-0.8b|gemma4-e2b|moondream2] [--top 25]
+Usage (H200): PYTHONPATH=. python3 bench/probe_encode_ops.py [--top 25]
+              [--family qwen3.5-0.8b|gemma4-e2b|moondream2]
               [--set photon_core.ops.gated_delta_rule:FAST_SCAN=1]
 Writes $OUT/probe_encode_ops.json when OUT is set.
 """
@@ -89,6 +91,7 @@ def main():
     for r in out["top"]:
         print(f"{r['ms']:8.3f} ms {r['launches']:5d} x  {r['kernel'][:60]:60s} {r['op']:28s} "
               f"{r['where']}")
+    fe.close()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         Path(os.environ["OUT"], "probe_encode_ops.json").write_text(json.dumps(out, indent=1))
