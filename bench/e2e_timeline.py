@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench.out_dir import write_json  # noqa: E402
 from bench.probe_encode import kind_of  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.models.moondream2.config import MoondreamConfig  # noqa: E402
@@ -184,9 +184,7 @@ def main():
         for line in res.get("host_profile", []):
             print(f"{name} host | {line[:150]}", flush=True)
     fe.close()
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        Path(os.environ["OUT"], "e2e_timeline.json").write_text(json.dumps(out, indent=1))
+    write_json("e2e_timeline.json", out)
 
 
 if __name__ == "__main__":

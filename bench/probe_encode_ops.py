@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -32,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench.ab_switch import parse_toggle  # noqa: E402
+from bench.out_dir import write_json  # noqa: E402
 
 
 class LineRanges(TorchDispatchMode):
@@ -92,9 +91,7 @@ def main():
         print(f"{r['ms']:8.3f} ms {r['launches']:5d} x  {r['kernel'][:60]:60s} {r['op']:28s} "
               f"{r['where']}")
     fe.close()
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        Path(os.environ["OUT"], "probe_encode_ops.json").write_text(json.dumps(out, indent=1))
+    write_json("probe_encode_ops.json", out)
 
 
 if __name__ == "__main__":

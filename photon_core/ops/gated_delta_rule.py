@@ -181,9 +181,11 @@ def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = 
     return out.transpose(1, 2).to(v.dtype), s
 
 
-def _scan_from(q, k, v, u, w, cum, state, s, chunk: int):
+def _scan_from(q, k, v, u, w, cum, state, s, chunk: int, precision: str | None = None,
+               block_v: int = 32):
     """The scan kernel over the chunks' u / w [B, H, N, C, D] and cum [B, H, N, C] from the
-    fp32 state s (a copy of `state`, which stays as given) -> (o [B, T, Hv, Dv], s)."""
+    fp32 state s (a copy of `state`, which stays as given) -> (o [B, T, Hv, Dv], s).
+    precision None: TF32 dots for 16-bit inputs, exact fp32 for fp32 ones."""
     b, h, n = u.shape[:3]
     dv, dk = u.shape[-1], w.shape[-1]
     # compact [B, T, Hv, Dv] (v may be a view of the conv's column-major output: an
@@ -196,26 +198,32 @@ def _scan_from(q, k, v, u, w, cum, state, s, chunk: int):
     _chunk_scan(q.contiguous(), k.contiguous(),
                 u.reshape(b * h, n * chunk, dv).contiguous(),
                 w.reshape(b * h, n * chunk, dk).contiguous(),
-                cum.reshape(b * h, n * chunk).contiguous(), s, o,
-                chunk, "ieee" if v.dtype == torch.float32 else "tf32")
+                cum.reshape(b * h, n * chunk).contiguous(), s, o, chunk,
+                precision or _precision(v), block_v)
     return o, s
 
 
-def _prepped_scan(q, k, v, g, beta, state, chunk: int):
+def _precision(v: torch.Tensor) -> str:
+    return "ieee" if v.dtype == torch.float32 else "tf32"
+
+
+def _prepped_scan(q, k, v, g, beta, state, chunk: int, precision: str | None = None,
+                  block_v: int = 32):
     """The scan form fed by _gdr_fast_prep_kernel: per (chunk, value head) the l2-normed
     keys, the gates' cumsum, the unit lower-triangular chunk matrix I + A and the right-hand
-    sides [beta v | beta k e^cum] in one launch; then the one solve and the scan kernel."""
+    sides [beta v | beta k e^cum] in one launch; then the one solve (torch's) and the scan
+    kernel (gated_delta_chunked_triton, and the fast form with FAST_PREP)."""
     b, t, hv, dv = v.shape
     dk = k.shape[-1]
     n = triton.cdiv(t, chunk)
-    a, rhs, cum = _fast_prep(k, v, g, beta, chunk,
-                             "ieee" if v.dtype == torch.float32 else "tf32")
+    a, rhs, cum = _fast_prep(k, v, g, beta, chunk, precision or _precision(v))
     uw = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
     s = torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=v.device) if state is None \
         else state.float()
     shape = (b, hv, n, chunk)
     return _scan_from(q, k, v, uw[..., :dv].reshape(*shape, dv),
-                      uw[..., dv:].reshape(*shape, dk), cum.reshape(shape), state, s, chunk)
+                      uw[..., dv:].reshape(*shape, dk), cum.reshape(shape), state, s, chunk,
+                      precision, block_v)
 
 
 # -- Triton: the one-token step ----------------------------------------------------------------
@@ -404,10 +412,13 @@ def gated_delta_rows_triton(qkv: torch.Tensor, b_in: torch.Tensor, a_in: torch.T
 
 
 # -- Triton: the chunked prefill ----------------------------------------------------------------
-# Two kernels, the same algebra as gated_delta_chunked:
-#  1. grid (chunks, B*Hv), every chunk at once: normalise k, cumulative log decay, the strictly
-#     lower A = (beta k k^T) * decay, T = (I + A)^-1 by forward substitution (row by row, in
-#     registers), then u = T (beta v) and w = T (beta k e^cum), stored fp32 with cum.
+# Two kernels and a solve, the same algebra as gated_delta_chunked:
+#  1. grid (chunks, B*Hv), every chunk at once (_gdr_fast_prep_kernel): normalise k,
+#     cumulative log decay, I + A with the strictly lower A = (beta k k^T) * decay, and the
+#     right-hand sides [beta v | beta k e^cum], stored fp32 with cum; then torch's batched
+#     triangular solve gives u and w. (Until session 16 the kernel inverted I + A itself, row
+#     by row in registers: 9 KB of spills on sm_90, the form session 11 measured 2.3x slower
+#     than torch's.)
 #  2. grid (B*Hv, Dv/BV), chunks in order: the [Dk, BV] fp32 state stays in registers;
 #     v_new = u - w S, o = (q e^cum) S + causal(q k^T decay) v_new,
 #     S = e^cum_last S + (k e^(cum_last - cum))^T v_new; the final state is stored.
@@ -416,47 +427,6 @@ if triton is not None:
     @triton.jit
     def _l2norm_rows(x):
         return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
-
-    @triton.jit
-    def _gdr_chunk_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, u_ptr, w_ptr, cum_ptr, T, TP,
-                               HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                               DV: tl.constexpr, DK_P2: tl.constexpr, DV_P2: tl.constexpr,
-                               C: tl.constexpr, PREC: tl.constexpr):
-        ci = tl.program_id(0)
-        bh = tl.program_id(1)
-        bi = bh // HV
-        h = bh % HV
-        hk = h // (HV // HK)
-        r = tl.arange(0, C)
-        t = ci * C + r
-        tm = t < T
-        dk = tl.arange(0, DK_P2)
-        dv = tl.arange(0, DV_P2)
-        k = tl.load(k_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
-                    mask=tm[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
-        k = _l2norm_rows(k)
-        v = tl.load(v_ptr + ((bi * T + t[:, None]) * HV + h) * DV + dv[None, :],
-                    mask=tm[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + (bi * T + t) * HV + h, mask=tm, other=0.0).to(tl.float32)
-        beta = tl.load(b_ptr + (bi * T + t) * HV + h, mask=tm, other=0.0).to(tl.float32)
-        cum = tl.cumsum(g, axis=0)
-        lower = r[:, None] > r[None, :]
-        decay = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0))
-        kb = k * beta[:, None]
-        a = tl.dot(kb, tl.trans(k), input_precision=PREC)
-        a = tl.where(lower, a * decay, 0.0)
-        # T = (I + A)^-1, A strictly lower: row i of T is e_i - A[i, :] T (rows < i known)
-        tinv = tl.zeros([C, C], tl.float32)
-        for i in range(C):
-            a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), axis=0)            # A[i, :]
-            row = tl.where(r == i, 1.0, 0.0) - tl.sum(a_i[:, None] * tinv, axis=0)
-            tinv = tl.where(r[:, None] == i, row[None, :], tinv)
-        u = tl.dot(tinv, v * beta[:, None], input_precision=PREC)
-        w = tl.dot(tinv, kb * tl.exp(cum)[:, None], input_precision=PREC)
-        row0 = bh * TP + ci * C
-        tl.store(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], u, mask=(dv < DV)[None, :])
-        tl.store(w_ptr + (row0 + r[:, None]) * DK + dk[None, :], w, mask=(dk < DK)[None, :])
-        tl.store(cum_ptr + row0 + r, cum)
 
     @triton.jit
     def _gdr_fast_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, a_ptr, rhs_ptr, cum_ptr, T, TP,
@@ -553,7 +523,8 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
                                chunk: int = 64, block_v: int = 32, precision: str = "ieee"
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as gated_delta_chunked: -> (o [B, T, Hv, Dv] in v's dtype, final state
-    [B, Hv, Dk, Dv] fp32, a new tensor; `state` is not modified)."""
+    [B, Hv, Dk, Dv] fp32, a new tensor; `state` is not modified). _prepped_scan with its dots
+    at `precision` (since session 16; its prep kernel not yet run on a GPU)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     b, t, hk, dk = q.shape
@@ -562,25 +533,11 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
             beta.shape != (b, t, hv) or hv % hk or chunk < 16 or chunk & (chunk - 1):
         raise ValueError("gated_delta_chunked_triton: shapes do not fit (or chunk is not a "
                          "power of two >= 16)")
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    s = torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=v.device) if state is None \
-        else state.float().clone().contiguous()
-    o = torch.empty_like(v)
     if t == 0:
-        return o, s
-    nc = triton.cdiv(t, chunk)
-    tp = nc * chunk
-    dev = v.device
-    u = torch.empty(b * hv, tp, dv, dtype=torch.float32, device=dev)
-    w = torch.empty(b * hv, tp, dk, dtype=torch.float32, device=dev)
-    cum = torch.empty(b * hv, tp, dtype=torch.float32, device=dev)
-    dk_p2 = max(16, triton.next_power_of_2(dk))
-    dv_p2 = max(16, triton.next_power_of_2(dv))
-    _gdr_chunk_prep_kernel[(nc, b * hv)](
-        k, v, g, beta, u, w, cum, t, tp, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2, DV_P2=dv_p2,
-        C=chunk, PREC=precision, num_warps=8)
-    _chunk_scan(q, k, u, w, cum, s, o, chunk, precision, block_v)
-    return o, s
+        s = torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=v.device) \
+            if state is None else state.float().clone()
+        return torch.empty_like(v), s
+    return _prepped_scan(q, k, v, g, beta, state, chunk, precision, block_v)
 
 
 def _fast_prep(k, v, g, beta, chunk: int, precision: str):
