@@ -20,8 +20,6 @@ Writes $OUT/ab_encode.json when OUT is set.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -32,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench.ab_switch import parse_toggle  # noqa: E402
+from bench.ab_switch import apply_switches, parse_toggle  # noqa: E402
+from bench.out_dir import write_json  # noqa: E402
 from bench.probe_encode import kernel_times  # noqa: E402
 from bench.probe_family_encode import encoder_times  # noqa: E402
 
@@ -89,9 +88,7 @@ def main():
     out = {"gpu": torch.cuda.get_device_name(), "family": args.family, "toggle": args.toggle,
            "reference_form_bf16_error": errors(qwen_state(ref_fe.encode_image(frame)), exact)}
     ref_fe.close()
-    for spec in args.set:
-        m_, a_, v_ = parse_toggle(spec)
-        setattr(m_, a_, v_)
+    apply_switches(args.set)
     mod, attr, value = parse_toggle(args.toggle)
     now = getattr(mod, attr)
     order = []
@@ -124,9 +121,7 @@ def main():
         print(f"{label}: replay ms by round {[r['replay_ms'] for r in out[label]]}, "
               f"min {min(r['replay_ms'] for r in out[label])}")
     print("bf16 reference form's error vs fp32:", out["reference_form_bf16_error"])
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        Path(os.environ["OUT"], "ab_encode.json").write_text(json.dumps(out, indent=1))
+    write_json("ab_encode.json", out)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,13 @@ def parse_toggle(spec: str):
     return mod, attr, float(value) if isinstance(cur, float) else value
 
 
+def apply_switches(specs) -> None:
+    """Set each "module:NAME=VALUE" switch (parse_toggle's form) for the rest of the run."""
+    for spec in specs:
+        mod, attr, value = parse_toggle(spec)
+        setattr(mod, attr, value)
+
+
 def _option(spec: str) -> dict:
     """"NAME=VALUE" -> {NAME: value}: an int for an int field, 0 / 1 -> False / True for a bool
     field or a str one (pdl: bool or "auto"), any other VALUE as the string; "" -> {}."""

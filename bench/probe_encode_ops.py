@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench.ab_switch import parse_toggle  # noqa: E402
+from bench.ab_switch import apply_switches  # noqa: E402
 from bench.out_dir import write_json  # noqa: E402
 
 
@@ -58,9 +58,7 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="MODULE:NAME=VALUE")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
-    for spec in args.set:
-        mod, name, val = parse_toggle(spec)
-        setattr(mod, name, val)
+    apply_switches(args.set)
     from sweep_gemv_family import build_model
     from photon_core.fast import FastEngine
     fe = FastEngine(build_model(args.family), max_batch=1, kv_capacity=2048, megakernel="off",

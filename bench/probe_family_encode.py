@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench.out_dir import write_json  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
 
 
@@ -172,9 +171,7 @@ def main():
         fast.close()
         del fe, fast, model
         torch.cuda.empty_cache()
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        Path(os.environ["OUT"], "probe_family_encode.json").write_text(json.dumps(out, indent=1))
+    write_json("probe_family_encode.json", out)
 
 
 if __name__ == "__main__":

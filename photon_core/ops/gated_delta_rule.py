@@ -218,8 +218,7 @@ def _prepped_scan(q, k, v, g, beta, state, chunk: int, precision: str | None = N
     n = triton.cdiv(t, chunk)
     a, rhs, cum = _fast_prep(k, v, g, beta, chunk, precision or _precision(v))
     uw = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
-    s = torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=v.device) if state is None \
-        else state.float()
+    s = _new_state(v.transpose(1, 2), dk, state)
     shape = (b, hv, n, chunk)
     return _scan_from(q, k, v, uw[..., :dv].reshape(*shape, dv),
                       uw[..., dv:].reshape(*shape, dk), cum.reshape(shape), state, s, chunk,
@@ -528,15 +527,13 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
     if triton is None:
         raise RuntimeError("Triton is not installed")
     b, t, hk, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
+    hv = v.shape[2]
     if k.shape != q.shape or v.shape[:2] != (b, t) or g.shape != (b, t, hv) or \
             beta.shape != (b, t, hv) or hv % hk or chunk < 16 or chunk & (chunk - 1):
         raise ValueError("gated_delta_chunked_triton: shapes do not fit (or chunk is not a "
                          "power of two >= 16)")
     if t == 0:
-        s = torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=v.device) \
-            if state is None else state.float().clone()
-        return torch.empty_like(v), s
+        return torch.empty_like(v), _new_state(v.transpose(1, 2), dk, state).clone()
     return _prepped_scan(q, k, v, g, beta, state, chunk, precision, block_v)
 
 
@@ -568,7 +565,7 @@ def _chunk_scan(q, k, u, w, cum, s, o, chunk: int, precision: str, block_v: int 
     hv, dv = o.shape[2], o.shape[3]
     tp = u.shape[1]
     dk_p2 = max(16, triton.next_power_of_2(dk))
-    bv = max(16, min(block_v, max(16, triton.next_power_of_2(dv))))
+    bv = max(16, min(block_v, triton.next_power_of_2(dv)))
     _gdr_chunk_scan_kernel[(b * hv, triton.cdiv(dv, bv))](
         q, k, u, w, cum, s, o, t, tp, tp // chunk, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2,
         BV=bv, C=chunk, PREC=precision, num_warps=8,
