@@ -83,7 +83,7 @@ def qwen3_5_launches(dtype=torch.bfloat16):
         g, beta = e(1, t, h, dt=torch.float32), e(1, t, h, dt=torch.float32)
         s0 = e(1, h, d, d, dt=torch.float32)
         gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
-        # the fast encode's opt-in FAST_PREP: what feeds the scan kernel, one launch
+        # the fast encode's FAST_PREP: what feeds the scan kernel, one launch
         gdr._fast_prep(k, v, g, beta, gdr.SCAN_CHUNK,
                        "ieee" if dtype == torch.float32 else "tf32")
         gdr.gated_delta_step_triton(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], s0)

@@ -156,13 +156,12 @@ def test_fused_pass_with_pdl_gives_the_same_bits(model, monkeypatch):
 def test_fused_norms_prefix_pass(model, monkeypatch, conv_kernel):
     """decoder.forward(fused_norms=True) (the fast encode's image-prefix pass: the norms, the
     residual adds and the MLP's gate as Triton kernels, the full-attention layers by SDPA's
-    causal kernel; conv-kernel: with the opt-in FAST_CONV's conv kernel) over a 20-token
-    prompt: the hidden
-    states and every layer's state within fp32 rounding of the torch pass."""
+    causal kernel; conv-kernel: with FAST_CONV's conv kernel, the default) over a 20-token
+    prompt: the hidden states and every layer's state within fp32 rounding of the torch pass."""
     from photon_core.models.qwen3_5 import decoder
     from photon_core.models.qwen3_5.state import HybridState
     _fused_ok("on")
-    monkeypatch.setattr(decoder, "FAST_CONV", conv_kernel)   # (opt-in: causal_conv1d_prefill_triton)
+    monkeypatch.setattr(decoder, "FAST_CONV", conv_kernel)   # causal_conv1d_prefill_triton
     t = model.config.text
     x = torch.randn(20, t.hidden_size, generator=torch.Generator().manual_seed(2))
     pos = decoder.text_positions(0, 20, "cpu")

@@ -106,18 +106,17 @@ def test_graphed_encode_is_the_reference_encode(ckpt, dtype):
 
 
 @pytest.mark.parametrize("scan,conv,prep", [(False, False, False), (True, False, False),
-                                            (True, True, False), (True, False, True)],
-                         ids=["torch-loop", "scan-kernel", "scan-conv-kernels",
-                              "scan-prep-kernels"])
+                                            (True, True, True)],
+                         ids=["torch-loop", "scan-kernel", "default"])
 def test_fast_encode_follows_the_reference_encode(ckpt, monkeypatch, scan, conv, prep):
     """FastEngine's default encoder on CUDA ("fast": the image prefix's norms, residual adds
     and MLP gates as Triton kernels and the delta rule's fast form, decoder.forward(
     fused_norms=True)) against the reference encode_image (engine_runs.
     fast_encode_follows_reference: fp32 within 2e-4, bf16 at most 3x the bf16 reference
-    encode's error against fp32); scan: gated_delta_rule.FAST_SCAN, the default (the loop
-    over chunks as the Triton scan kernel; torch-loop: the form without it); conv: the
-    opt-in decoder.FAST_CONV (the causal conv as one Triton launch, not yet run on a GPU);
-    prep: the opt-in gated_delta_rule.FAST_PREP (what feeds the scan, one launch; the same)."""
+    encode's error against fp32); scan: gated_delta_rule.FAST_SCAN (the loop over chunks as
+    the Triton scan kernel; torch-loop: the form without it); conv: decoder.FAST_CONV (the
+    causal conv as one Triton launch); prep: gated_delta_rule.FAST_PREP (what feeds the
+    scan, one launch); "default": all three, the defaults since session 17."""
     from photon_core.models import qwen3_5
     from photon_core.models.qwen3_5 import decoder
     from photon_core.ops import gated_delta_rule

@@ -69,7 +69,7 @@ def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_s
     """The fast form with its loop over chunks as the Triton scan kernel (FAST_SCAN, the default
     on CUDA; here forced, in the interpreter, fp32): the scan's results, the state passed in
     untouched, for a v laid out as Qwen's decoder hands it over; prep: what feeds the scan
-    from the opt-in FAST_PREP's kernel (GQA: 2 key heads for 4 value heads)."""
+    from FAST_PREP's kernel (the default) (GQA: 2 key heads for 4 value heads)."""
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter test")
