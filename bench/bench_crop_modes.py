@@ -1,11 +1,11 @@
-"""What the global-only encode costs in outputs and saves in time: the same frames encoded with
-the full overlap crops and with the global view only (EncodeRequest crops="global",
-photon_core/encode_request.py), then the same detect task on both; boxes matched greedily by
-IoU, the full encode's boxes taken as the reference.
+"""What the cheaper crop modes cost in outputs and save in time: the same frames encoded with
+the full overlap crops and with each of --modes (default: the global view only, crops="global",
+and a budget of 4 local crops, "overlap:4"; photon_core/encode_request.py), then the same
+detect task on each; boxes matched greedily by IoU, the full encode's boxes taken as the
+reference.
 
-Reported per frame set: encode ms (full / global), detect boxes (full / global), mean IoU of
-each full box with its best global box, recall / precision at IoU >= 0.5, frames whose box
-count agrees.
+Reported per mode: encode ms (median), detect boxes, mean IoU of each full box with its best
+box in the mode, recall / precision at IoU >= 0.5, frames whose box count agrees.
 
 With random weights (no checkpoint given) the detections are noise and this is only a
 plumbing check of the option (it runs end to end, the numbers are not a quality figure);
@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--object", default="person")
     ap.add_argument("--max-objects", type=int, default=5)
+    ap.add_argument("--modes", default="global,overlap:4",
+                    help="crop modes compared with the full overlap crops (comma list)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny random model")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
@@ -109,14 +111,13 @@ def main():
     frames = (load_images(args.images, args.frames) if args.images
               else synthetic_frames(args.frames, 480, 640))
     task = Task("detect", object=args.object, max_objects=args.max_objects)
-    rows, enc_ms = [], {"overlap": [], "global": []}
-    for f in frames:                                   # warm-up: graph captures
-        for mode in ("overlap", "global"):
-            engine.encode_image(EncodeRequest(f, mode))
-        break
+    modes = ["overlap"] + [m for m in args.modes.split(",") if m and m != "overlap"]
+    res = {m: [] for m in modes}
+    enc_ms = {m: [] for m in modes}
+    for mode in modes:                                 # warm-up: graph captures
+        engine.encode_image(EncodeRequest(frames[0], mode))
     for f in frames:
-        res = {}
-        for mode in ("overlap", "global"):
+        for mode in modes:
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -124,32 +125,39 @@ def main():
             if cuda:
                 torch.cuda.synchronize()
             enc_ms[mode].append((time.perf_counter() - t0) * 1e3)
-            res[mode] = engine.run(enc, task).output["objects"]
-        m = match(res["overlap"], res["global"])
-        rows.append({"full": len(res["overlap"]), "global": len(res["global"]), **m})
-    n_full = sum(r["full"] for r in rows)
-    n_glob = sum(r["global"] for r in rows)
-    matched = sum(r["matched"] for r in rows)
-    ious = [v for r in rows for v in r["best_iou"]]
+            res[mode].append(engine.run(enc, task).output["objects"])
     out = {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "random_weights": random_weights,
         "frames": len(frames), "object": args.object,
         "encode_ms_overlap_median": round(statistics.median(enc_ms["overlap"]), 3),
-        "encode_ms_global_median": round(statistics.median(enc_ms["global"]), 3),
-        "boxes_full": n_full, "boxes_global": n_glob,
-        "mean_best_iou_of_full_boxes": round(statistics.mean(ious), 4) if ious else None,
-        "recall_at_0.5": round(matched / n_full, 4) if n_full else None,
-        "precision_at_0.5": round(matched / n_glob, 4) if n_glob else None,
-        "frames_same_box_count": sum(r["full"] == r["global"] for r in rows),
+        "boxes_full": sum(len(r) for r in res["overlap"]), "modes": {},
     }
+    print("| crops | encode ms (median) | boxes | mean best IoU of the full boxes | "
+          "recall / precision at IoU 0.5 | frames with the same box count |")
+    print("|---|---|---|---|---|---|")
+    print(f"| overlap (full) | {out['encode_ms_overlap_median']} | {out['boxes_full']} | "
+          "- | - | - |")
+    for mode in modes[1:]:
+        rows = [match(full, got) for full, got in zip(res["overlap"], res[mode])]
+        n_full, n_got = out["boxes_full"], sum(len(r) for r in res[mode])
+        matched = sum(r["matched"] for r in rows)
+        ious = [v for r in rows for v in r["best_iou"]]
+        m = out["modes"][mode] = {
+            "encode_ms_median": round(statistics.median(enc_ms[mode]), 3),
+            "boxes": n_got,
+            "mean_best_iou_of_full_boxes": round(statistics.mean(ious), 4) if ious else None,
+            "recall_at_0.5": round(matched / n_full, 4) if n_full else None,
+            "precision_at_0.5": round(matched / n_got, 4) if n_got else None,
+            "frames_same_box_count": sum(len(a) == len(b)
+                                         for a, b in zip(res["overlap"], res[mode])),
+        }
+        print(f"| {mode} | {m['encode_ms_median']} | {n_got} | "
+              f"{m['mean_best_iou_of_full_boxes']} | {m['recall_at_0.5']} / "
+              f"{m['precision_at_0.5']} | {m['frames_same_box_count']} of {len(frames)} |")
     if random_weights:
         out["note"] = ("random weights: detections are noise; a plumbing check of the crops "
                        "option, not its effect on quality")
-    print("| crops | encode ms (median) | boxes |")
-    print("|---|---|---|")
-    print(f"| overlap (full) | {out['encode_ms_overlap_median']} | {n_full} |")
-    print(f"| global only | {out['encode_ms_global_median']} | {n_glob} |")
     print(json.dumps(out, indent=1))
     od = os.environ.get("OUT")
     if od:

@@ -17,7 +17,8 @@ fraction = (encode + prefill + decode ms the scheduler measured around its engin
 wall time of the run, split by kind, with ms per encode call, per prefill, per decode step.
 
 --crops: every camera's crop mode (photon_core.encode_request): "overlap" (default: the full
-tiling, 9 crops at 640x480) or "global" (one crop, ~half the encode); a comma list runs each
+tiling, 9 crops at 640x480), "overlap:N" (at most N local crops: "overlap:4" = 5 crops at
+640x480) or "global" (one crop, ~half the encode); a comma list runs each
 scenario once per mode (e.g. --crops global,overlap), "mixed" = half the cameras global.
 
 Usage: PYTHONPATH=. python3 bench/bench_live.py [--cams 2 --fps 10 --seconds 8 --deadline-ms 150]
@@ -44,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from photon_core.encode_request import EncodeRequest  # noqa: E402
+from photon_core.encode_request import EncodeRequest, check_crops  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.moondream.config import MoondreamConfig  # noqa: E402
 from photon_core.moondream.model import build_random_model  # noqa: E402
@@ -169,7 +170,7 @@ def main():
     ap.add_argument("--deadline-ms", type=float, default=150.0)
     ap.add_argument("--max-batch", type=int, default=4, help="the scheduler's decode batch limit")
     ap.add_argument("--crops", default="overlap",
-                    help="every camera's crop mode: overlap | global | mixed (half global); a "
+                    help="every camera's crop mode: overlap | overlap:N | global | mixed (half global); a "
                          "comma list runs each scenario once per mode")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="run these configs one after the other (fast path only, unless --engines)")
@@ -179,8 +180,11 @@ def main():
     args = ap.parse_args()
     crop_runs = [c.strip() for c in args.crops.split(",") if c.strip()]
     for c in crop_runs:
-        if c not in ("overlap", "global", "mixed"):
-            ap.error(f"--crops: {c!r} is not overlap, global or mixed")
+        if c != "mixed":
+            try:
+                check_crops(c)
+            except ValueError as e:
+                ap.error(f"--crops: {e} (or mixed)")
     engines = (args.engines or ("fast" if args.preset else "fast,reference")).split(",")
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"), "args": vars(args), "runs": []}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from .encode_request import CROP_MODES
+from .encode_request import CROP_MODES, check_crops, parse_crops
 from .task import SKILLS as ALL_SKILLS
 from .task import Task, TaskError, TaskResult
 
@@ -39,7 +39,8 @@ class EngineOptions:
     crops_on_device: image crops on the model's device (torch LANCZOS, bit-identical to PIL)
       or with PIL on the CPU; None = on device when it is CUDA.
     crops: the default crop mode of encode_image / encode_batch: "overlap" (global view +
-      local crops) or "global" (the global view only: faster, less detail); a frame's
+      local crops), "overlap:N" (at most N local crops) or "global" (the global view only:
+      faster, less detail); a frame's
       photon_core.encode_request.EncodeRequest overrides it per frame (per camera).
     encoder: the fast path's image encode: "reference" (the reference's functions, as CUDA
       graphs: bit-identical to the reference encode), "fast" (Moondream 2: fused GELU
@@ -91,8 +92,7 @@ class EngineOptions:
             raise ValueError(f"fused must be one of {CHOICES}, not {self.fused!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, not {self.attention!r}")
-        if self.crops not in ("overlap", "global"):
-            raise ValueError(f"crops must be 'overlap' or 'global', not {self.crops!r}")
+        check_crops(self.crops)
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, not {self.encoder!r}")
         if not (isinstance(self.pdl, bool) or self.pdl == "auto"):
@@ -123,8 +123,9 @@ class Capabilities:
 
     family: the family name ("moondream2", "qwen3.5", "gemma4"); name: for messages.
     skills: the skills it serves (a subset of photon_core.task.SKILLS).
-    crop_modes: the encode crop modes it serves (photon_core.encode_request): ("overlap",)
-      = whole-image encode only; Moondream 2 also "global".
+    crop_modes: the encode crop modes' forms it serves (photon_core.encode_request.
+      CROP_MODES): ("overlap",) = whole-image encode only; Moondream 2 also "global" and
+      "overlap:N" (a local-crop budget per frame).
     unsupported: the family's own refusal of a skill, with {skill} (and optionally {name},
       {skills}) to fill in; "" = a generic one.
     """
@@ -154,12 +155,24 @@ class Capabilities:
         template = self.unsupported or "{name} does not support {skill}; it serves {skills}"
         return template.format(skill=skill, name=self.name, skills=self.served())
 
+    def serves_crops(self, crops: str) -> bool:
+        """Whether the crop mode (e.g. "overlap:4", of the form "overlap:N") is served."""
+        try:
+            return parse_crops(crops)[0] in self.crop_modes
+        except ValueError:
+            return False
+
     def crops_refusal(self, crops: str) -> str:
         """"" when the crop mode is served, else why not."""
-        if crops in self.crop_modes or crops not in CROP_MODES:
+        try:
+            parse_crops(crops)
+        except ValueError:
             return ""       # unknown modes are check_crops' to refuse
+        if self.serves_crops(crops):
+            return ""
         return (f"{self.name} does not support crops {crops!r}: it encodes the whole image "
-                f"(crop modes: {', '.join(self.crop_modes)}; 'global' is Moondream 2's)")
+                f"(crop modes: {', '.join(self.crop_modes)}; 'global' and 'overlap:N' are "
+                "Moondream 2's)")
 
     def check_skill(self, skill: str) -> None:
         """TaskError with the family's message when the skill is not served."""

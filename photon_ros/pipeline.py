@@ -108,7 +108,7 @@ class PerceptionPipeline:
             crops = self._config.camera(camera).crops
         except KeyError:
             return image
-        return EncodeRequest(image, crops=crops) if crops in caps.crop_modes else image
+        return EncodeRequest(image, crops=crops) if caps.serves_crops(crops) else image
 
     # -- messages --------------------------------------------------------------------------
     def message_for(self, camera: str, task_name: str, result, header, width: int, height: int,

@@ -12,7 +12,7 @@ One file format, the ROS 2 parameters file (config/perception.yaml):
           type: image              # image | compressed
           qos_reliable: false      # false: sensor-data QoS (best effort)
           qos_depth: 1
-          crops: overlap           # overlap (all crops) | global (one crop: faster, less detail)
+          crops: overlap           # overlap (all crops) | overlap:N (at most N local crops) | global (one crop: faster, less detail)
           width: 640               # optional: the frames' size, so encodes are prepared ahead
           height: 480
           tasks: ["people", "scene"]
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from photon_core import ENGINES
-from photon_core.encode_request import CROP_MODES
+from photon_core.encode_request import CROP_MODES, MAX_CROP_BUDGET, parse_crops
 from photon_core.task import (CAPTION_LENGTHS, cut_message, DEFAULT_MAX_OBJECTS, DEFAULT_MAX_TOKENS,
                               MAX_OBJECTS_LIMIT, MAX_QUESTION_CHARS, MAX_TOKENS_LIMIT, SKILLS,
                               Task, TaskError)
@@ -469,9 +469,12 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
                                   f"({name}.{t}.skill, ...)")
             tasks.append(make_task(t, d, defaults, f"{where} task {t!r}"))
         crops = _as_str(c.get("crops", "") or "overlap", f"{where}.crops").strip()
-        if crops not in CROP_MODES:
-            raise ConfigError(f"{where}: crops must be one of {', '.join(CROP_MODES)}, got "
-                              f"{_short(crops)}")
+        try:
+            parse_crops(crops)
+        except ValueError:
+            raise ConfigError(f"{where}: crops must be one of {', '.join(CROP_MODES)} (N: at "
+                              f"most N local crops, 1-{MAX_CROP_BUDGET}), got "
+                              f"{_short(crops)}") from None
         width = _as_int(c.get("width", 0), f"{where}.width", 0)
         height = _as_int(c.get("height", 0), f"{where}.height", 0)
         if (width == 0) != (height == 0):

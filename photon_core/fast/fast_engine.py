@@ -187,7 +187,7 @@ class FastEngine(EngineConveniences):
 
     def encode_image(self, image, crops: str | None = None, sync: bool = True):
         """-> the family's encoded image. image: an image or an EncodeRequest (its crop mode);
-        crops: "overlap" | "global" (None: the request's, else EngineOptions.crops).
+        crops: "overlap" | "overlap:N" | "global" (None: the request's, else EngineOptions.crops).
         sync=False: with the batched encoder on CUDA, return once the encode is queued on
         the engine's stream (start() does this for an image: the task's prefill is queued
         behind it while the GPU still encodes; encode_ms is the host's time, the task's

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from photon_core.encode_request import parse_crops
 from photon_core.task import Task
 
 from .engine import count_prompt_tokens, encoded_crops, engine_capacity, step_batch
@@ -33,10 +34,19 @@ def crop_mode(image: Any) -> str:
     return crops if isinstance(crops, str) and crops else "overlap"
 
 
+def crop_budget_of(mode: str) -> int | None:
+    """N of an "overlap:N" crop mode; None for any other mode (e.g. "global")."""
+    try:
+        return parse_crops(mode)[1]
+    except ValueError:
+        return None
+
+
 def encode_key(image: Any):
     """The encode cost key of an image: its (height, width); a frame encoded with crops other
-    than "overlap" (a global-crop camera: EncodeRequest(crops="global")) adds the mode, so two
-    cameras of one size but different crop modes are costed (and probed) apart."""
+    than "overlap" (a global-crop camera: EncodeRequest(crops="global"), a crop budget
+    "overlap:N") adds the mode, so two cameras of one size but different crop modes are
+    costed (and probed) apart."""
     shape = image_shape(image)
     mode = crop_mode(image)
     if mode != "overlap" and shape is not None:
@@ -106,8 +116,12 @@ class CostModel:
         return self.f_encode * (self.encode_base_ms + self.encode_per_crop_ms * self._crops(shape))
 
     def _crops(self, key) -> int:
-        """Crops of an encode_key: 1 for a global-crop frame, else self.crops(shape)."""
-        return 1 if key is not None and len(key) == 3 else self.crops(key)
+        """Crops of an encode_key: 1 for a global-crop frame, at most 1 + N for "overlap:N",
+        else self.crops(shape)."""
+        if key is None or len(key) != 3:
+            return self.crops(key)
+        budget = crop_budget_of(key[2])
+        return 1 if budget is None else min(1 + budget, self.crops(key[:2]))
 
     def prefill_ms(self, tokens: int) -> float:
         return self.f_prefill * (self.prefill_base_ms + self.prefill_per_token_ms * tokens)

@@ -36,7 +36,7 @@ def png(tmp_path_factory):
 
 
 def test_every_family_declares_its_capabilities():
-    want = {"moondream2": (set(SKILLS), ("overlap", "global")),
+    want = {"moondream2": (set(SKILLS), ("overlap", "global", "overlap:N")),
             "qwen3.5": (set(SKILLS), ("overlap",)),
             "gemma4": ({"query", "caption"}, ("overlap",))}
     for name, fam in models.families().items():
@@ -57,8 +57,14 @@ def test_refusals_carry_the_family_message():
     caps.check_skill("query")                              # served: no error
     assert "does not support crops 'global'" in caps.crops_refusal("global")
     assert caps.crops_refusal("overlap") == ""
+    assert "does not support crops 'overlap:4'" in caps.crops_refusal("overlap:4")
+    assert not caps.serves_crops("overlap:4") and caps.serves_crops("overlap")
     md = models.families()["moondream2"].CAPABILITIES
     assert md.crops_refusal("global") == "" and md.skill_refusal("point") == ""
+    assert md.crops_refusal("overlap:4") == "" and md.serves_crops("overlap:12")
+    assert not md.serves_crops("overlap:0") and md.crops_refusal("tiles") == ""  # check_crops'
+    with pytest.raises(ValueError, match="crop modes of toy"):
+        Capabilities("toy", "Toy", crop_modes=("overlap", "overlap:4"))
     generic = Capabilities("toy", "Toy", frozenset({"query"}))
     assert generic.skill_refusal("detect") == "Toy does not support detect; it serves query"
     with pytest.raises(ValueError, match="unknown skills"):

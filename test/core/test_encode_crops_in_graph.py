@@ -151,12 +151,12 @@ def test_prepare_in_graph_layouts(model, images):
 
 def test_pixel_layout_is_image_crops_layout(model, images):
     for img in images + [np.zeros((378, 1000, 3), np.uint8), np.zeros((1, 1, 3), np.uint8)]:
-        for mode in ("overlap", "global"):
+        for mode in ("overlap", "global", "overlap:1"):
             _, x, tiling = model.image_crops(img, mode)
             lay = pixel_layout(model, *img.shape[:2], mode)
             assert (lay.tiling, lay.n_crops, lay.crops) == (tuple(tiling), x.shape[0], mode)
             assert lay.size == img.shape[:2]
-    with pytest.raises(ValueError, match="crop mode"):
+    with pytest.raises(ValueError, match="unknown crops mode"):
         pixel_layout(model, 10, 10, "tiles")
 
 

@@ -1,7 +1,7 @@
 """The crops inside the encode graph on a GPU (skipped without CUDA): Moondream 2's real
 shapes, random bf16 weights; FastEngine's graphed encode with the crops in the graph gives
 bitwise the k/v of the same engine with the crops made outside the graph (the path as it
-was), for 640x480 and 1280x720 frames, crops="overlap" and "global", one frame and several
+was), for 640x480 and 1280x720 frames, crops="overlap", "global" and "overlap:4", one frame and several
 cameras in one graph; the graph's crops are model.image_crops' bit for bit; loading a frame
 and replaying its graph makes no host sync."""
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _encode(fe, image, mode, in_graph: bool):
         be.crops_in_graph = True
 
 
-@pytest.mark.parametrize("mode", ["overlap", "global"])
+@pytest.mark.parametrize("mode", ["overlap", "global", "overlap:4"])
 @pytest.mark.parametrize("size", SIZES)
 def test_in_graph_crops_bitwise_as_eager_crops(engine, size, mode):
     m, fe = engine

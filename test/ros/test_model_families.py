@@ -38,7 +38,9 @@ def test_camera_crops_and_size_are_validated():
     cfg = config_from_params(params(crops="global", width=640, height=480))
     c = cfg.camera("front")
     assert (c.crops, c.width, c.height) == ("global", 640, 480)
+    assert config_from_params(params(crops="overlap:4")).camera("front").crops == "overlap:4"
     for bad, why in [({"crops": "tiles"}, "crops must be one of overlap, global"),
+                     ({"crops": "overlap:0"}, "overlap:N"),
                      ({"crops": 3}, "expected a string"),
                      ({"width": 640}, "both width and height"),
                      ({"width": -1, "height": 4}, "must be >= 0")]:
@@ -122,12 +124,12 @@ class EncodeSpy:
         monkeypatch.setattr(model, "encode_batch", encode_batch)
 
 
-def two_cameras(model_dir="m"):
+def two_cameras(model_dir="m", full_crops="overlap"):
     task = {"skill": "detect", "object": "person", "max_objects": 1, "deadline_ms": 60000.0}
     return config_from_params({
         "model": model_dir, "cameras": ["fast", "full"],
         "fast": {"topic": "/fast", "crops": "global", "tasks": ["people"], "people": task},
-        "full": {"topic": "/full", "tasks": ["people"], "people": task}})
+        "full": {"topic": "/full", "crops": full_crops, "tasks": ["people"], "people": task}})
 
 
 def test_a_global_crop_camera_is_encoded_with_one_crop(moondream, monkeypatch):
@@ -155,6 +157,23 @@ def test_a_global_crop_camera_is_encoded_with_one_crop(moondream, monkeypatch):
     assert all(e.n_crops > 1 and e.crops == "overlap" for e in by_mode["overlap"])
     # on-demand requests on a camera's latest frame are wrapped the same way
     assert live.encode_input("fast", img).crops == "global"
+    live.stop()
+
+
+def test_a_crop_budget_camera_is_encoded_with_its_budget(moondream):
+    """crops "overlap:N": the camera's frames go to the engine with the budget, and the encode
+    tiles them with at most N local crops (120 x 160 on the tiny model: (1, 2) by default,
+    (1, 1) with a budget of 1)."""
+    from photon_ros.live_pipeline import build_live_pipeline
+
+    live = build_live_pipeline(two_cameras(full_crops="overlap:1"), moondream, threaded=False,
+                               calibrate=False)
+    img = np.random.default_rng(2).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    req = live.encode_input("full", img)
+    assert req.crops == "overlap:1"
+    enc = moondream.encode_image(req)
+    assert (enc.crops, enc.tiling, enc.n_crops) == ("overlap:1", (1, 1), 2)
+    assert moondream.encode_image(img).n_crops == 3
     live.stop()
 
 

@@ -43,7 +43,7 @@ from .prefix_prefill import prefill_prefix
 @dataclass(frozen=True)
 class FrameLayout:
     """What fixes a frame's shapes inside a batched encode (a graph key)."""
-    crops: str                 # "overlap" | "global"
+    crops: str                 # "overlap" | "overlap:N" | "global"
     tiling: tuple[int, int]
     n_crops: int               # crops the vision encoder runs for this frame
     # (height, width) of the frame when its crops are made inside the encode (the graphed

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...encode_request import crop_budget
 from ...pil_resize import ResizePlan
 
 
@@ -133,15 +134,14 @@ def crop_geometry(height: int, width: int, mode: str, crop_size: int, patch: int
     from or None) of a height x width frame in crop mode `mode`, without any pixel work."""
     if mode == "global":
         return GLOBAL_TILING, 1, None
-    if mode != "overlap":
-        raise ValueError(f"unknown crop mode {mode!r}")
-    tiling, big = crops_layout(height, width, crop_size, patch, margin, max_crops)
+    tiling, big = crops_layout(height, width, crop_size, patch, margin,
+                               crop_budget(mode, max_crops))      # ValueError: unknown mode
     return tiling, 1 + tiling[0] * tiling[1], big
 
 
 class CropPlan:
     """The torch crops of uint8 [height, width, 3] frames in one crop mode on one device:
-    overlap_crops_tensor ("overlap") or global_crop_tensor ("global"), their resizes'
+    overlap_crops_tensor ("overlap", "overlap:N") or global_crop_tensor ("global"), their resizes'
     tables put on the device when the plan is made, so that calling it launches tensor ops
     only (no host->device copy, no host sync): the graphed encoder runs it inside its CUDA
     graph (fast/graphed_batch_encoder.py). tiling / n_crops: the frame's, known without

@@ -16,7 +16,7 @@ from ...task import Task
 from ...task import SKILLS as ALL_SKILLS
 from . import hub, text, vision
 from .config import MoondreamConfig
-from ...encode_request import unwrap
+from ...encode_request import crop_budget, unwrap
 from .crops import GLOBAL_TILING, CropPlan, global_crop, overlap_crops
 from .image_input import MAX_SIDE, to_rgb_array
 from .kv_cache import KVCache
@@ -26,9 +26,9 @@ from .tokenizer import Tokenizer
 from .weights import TEST_MODEL_KEY, load_safetensors, random_weights, read_metadata
 
 # what the family serves (photon_core.engine.Capabilities): every skill natively, and the
-# "global" crop mode (photon_core/encode_request.py)
+# "global" and "overlap:N" crop modes (photon_core/encode_request.py)
 CAPABILITIES = Capabilities("moondream2", "Moondream 2", frozenset(ALL_SKILLS),
-                            crop_modes=("overlap", "global"))
+                            crop_modes=("overlap", "global", "overlap:N"))
 
 
 def parse_device(device) -> torch.device:
@@ -81,7 +81,7 @@ class MoondreamModel(SplitEncode, EngineConveniences):
         # ms with PIL), else with PIL on the CPU (faster there); True / False force the torch /
         # PIL path (EngineOptions.crops_on_device)
         self.crops_on_device: bool | None = None
-        # the default crop mode of encode_image / encode_batch ("overlap" | "global";
+        # the default crop mode of encode_image / encode_batch ("overlap" | "overlap:N" | "global";
         # EngineOptions.crops); a frame's EncodeRequest or the crops keyword overrides it
         self.crops = "overlap"
 
@@ -117,7 +117,8 @@ class MoondreamModel(SplitEncode, EngineConveniences):
                 pixels, tiling = global_crop(array, v.crop_size), GLOBAL_TILING
             else:
                 pixels, tiling = overlap_crops(array, v.crop_size, v.enc_patch_size,
-                                               v.overlap_margin, v.max_crops)
+                                               v.overlap_margin,
+                                               crop_budget(crops, v.max_crops))
             return array, vision.normalize(pixels, w.device, w.dtype), tiling
 
     def crop_plan(self, height: int, width: int, crops: str = "overlap") -> CropPlan:
@@ -136,8 +137,8 @@ class MoondreamModel(SplitEncode, EngineConveniences):
 
     def encode_image(self, image, crops: str | None = None) -> EncodedImage:
         """numpy HxWx3 uint8 RGB | PIL image | path | EncodeRequest -> EncodedImage (vision +
-        prefix prefill). crops: "overlap" | "global" (photon_core/encode_request.py); None:
-        the EncodeRequest's, else self.crops."""
+        prefix prefill). crops: "overlap" | "overlap:N" | "global"
+        (photon_core/encode_request.py); None: the EncodeRequest's, else self.crops."""
         if isinstance(image, EncodedImage):
             return image
         image, mode = unwrap(image, crops, self.crops)
