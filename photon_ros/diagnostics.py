@@ -66,9 +66,11 @@ def _fmt(v) -> str:
 
 
 def camera_status(name: str, camera: str, topic: str, snap: dict, active: bool,
-                  health=None) -> DiagnosticStatus:
+                  health=None, crops: str = "", cheaper_crops: tuple = ()) -> DiagnosticStatus:
     """`health`: the scheduler's StreamHealth of this camera (stream_health()[camera]) or
-    None (no scheduler, or it has not seen the camera yet)."""
+    None (no scheduler, or it has not seen the camera yet). `crops`: the camera's crop mode
+    ("" = the family has none); `cheaper_crops`: the cheaper modes its family serves, named
+    in the message when the scheduler cannot meet the camera's deadlines."""
     c = snap["counts"]
     vals = {"input_fps": f"{snap['input_fps']:.2f}",
             "processed_fps": f"{snap['processed_fps']:.2f}",
@@ -95,10 +97,25 @@ def camera_status(name: str, camera: str, topic: str, snap: dict, active: bool,
         vals["scheduler.health"] = str(health.level)
         if active and health.level == "warn":
             problems.append(f"scheduler: {health.reason}")
+            if cheaper_crops and health.skipped_frac > 0:
+                problems.append(f"crops {crops}: a cheaper mode encodes faster "
+                                f"({' or '.join(cheaper_crops)})")
+    if crops:
+        vals["crops"] = crops
     return DiagnosticStatus(name=f"{name}: camera {camera}", hardware_id=topic,
                             level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
                             message="; ".join(problems) or "ok",
                             values=[KeyValue(key=k, value=v) for k, v in vals.items()])
+
+
+def crop_advice(caps, crops: str) -> tuple[str, tuple]:
+    """(the camera's crop mode, or "" for a family without crop modes; the cheaper modes the
+    family serves: for the full "overlap", a budget of 4 local crops and the global view)."""
+    if caps is None or not caps.serves_crops("global"):
+        return "", ()
+    cheaper = ("overlap:4", "global") if crops == "overlap" else \
+        ("global",) if crops.startswith("overlap:") else ()
+    return crops, cheaper
 
 
 def publish_diagnostics(node) -> None:
@@ -123,13 +140,14 @@ def publish_diagnostics(node) -> None:
             health = live.scheduler.stream_health()
         except Exception as e:  # noqa: BLE001 - the scheduler may be stopping
             node.get_logger().debug(f"stream health failed: {e}")
+    caps = getattr(live.model, "capabilities", None) if live is not None else None
     for st in node.cameras.all():
-        topic = ""
+        topic, crops = "", ""
         if cfg is not None:
             try:
-                topic = cfg.camera(st.name).topic
+                topic, crops = cfg.camera(st.name).topic, cfg.camera(st.name).crops
             except KeyError:
                 pass
         arr.status.append(camera_status(name, st.name, topic, st.stats.snapshot(now), node.active,
-                                        health.get(st.name)))
+                                        health.get(st.name), *crop_advice(caps, crops)))
     node.diag_pub.publish(arr)

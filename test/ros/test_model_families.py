@@ -268,3 +268,37 @@ def test_replay_with_a_family_model(family, bag, tmp_path, capsys):
         assert topics.count("/front/detections") == frames and "refused" not in err
     if summary is not None:
         assert bool(summary["refused"]) == (family == "gemma4")
+
+
+def test_camera_diagnostics_name_the_cheaper_crop_modes():
+    """A camera whose deadlines the scheduler cannot meet (WARN with skipped requests) is told
+    which cheaper crop modes its family serves; a family without crop modes, a camera that is
+    already on the global view, or a stalled camera with nothing skipped get no such advice."""
+    import time
+
+    from photon_core.scheduler.stream_health import StreamHealth
+    from photon_ros.camera_stats import CameraStats
+    from photon_ros.diagnostics import camera_status, crop_advice
+
+    snap = CameraStats().snapshot(time.monotonic())
+    assert crop_advice(MOONDREAM, "overlap") == ("overlap", ("overlap:4", "global"))
+    assert crop_advice(MOONDREAM, "overlap:4") == ("overlap:4", ("global",))
+    assert crop_advice(MOONDREAM, "global") == ("global", ())
+    assert crop_advice(QWEN, "overlap") == ("", ()) and crop_advice(None, "overlap") == ("", ())
+
+    def health(skipped_frac):
+        return StreamHealth("front", "warn", "80 % of its last 10 task requests not answered",
+                            1.0, skipped_frac, 0.0, 0.5, 10, 2, 8, 10)
+
+    st = camera_status("n", "front", "/t", snap, True, health(0.8),
+                       *crop_advice(MOONDREAM, "overlap"))
+    vals = {kv.key: kv.value for kv in st.values}
+    assert "crops overlap: a cheaper mode encodes faster (overlap:4 or global)" in st.message
+    assert vals["crops"] == "overlap"
+    for h, advice in ((health(0.8), crop_advice(MOONDREAM, "global")),
+                      (health(0.8), crop_advice(QWEN, "overlap")),
+                      (health(0.0), crop_advice(MOONDREAM, "overlap"))):
+        st = camera_status("n", "front", "/t", snap, True, h, *advice)
+        assert "cheaper mode" not in st.message and "scheduler:" in st.message
+    assert "crops" not in {kv.key for kv in camera_status(
+        "n", "front", "/t", snap, True, health(0.8), *crop_advice(QWEN, "overlap")).values}

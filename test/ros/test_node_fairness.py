@@ -118,6 +118,10 @@ def test_four_cameras_under_overload_all_served_and_the_skipped_one_warns(tmp_pa
         assert "skipped" in s3.message and "cannot meet its deadline" in s3.message, info
         assert float(v3["scheduler.skipped_frac"]) > 0.5, v3
         assert int(v3["skipped"]) > 0 and v3["scheduler.health"] == "warn"
+        # the tiny Moondream 2 has crop modes: the message names the cheaper ones
+        assert v3["crops"] == "overlap", v3
+        assert "crops overlap: a cheaper mode encodes faster (overlap:4 or global)" in \
+            s3.message, info
         for c in CAMS[:3]:          # the others: their tasks are answered or superseded
             v = diag_values(diags[-1], f"camera {c}")
             assert float(v["scheduler.skipped_frac"]) < 0.5, (c, v)
