@@ -18,8 +18,10 @@ wall time of the run, split by kind, with ms per encode call, per prefill, per d
 
 --crops: every camera's crop mode (photon_core.encode_request): "overlap" (default: the full
 tiling, 9 crops at 640x480), "overlap:N" (at most N local crops: "overlap:4" = 5 crops at
-640x480) or "global" (one crop, ~half the encode); a comma list runs each
-scenario once per mode (e.g. --crops global,overlap), "mixed" = half the cameras global.
+640x480), "global" (one crop, ~half the encode) or "adaptive" (the scheduler's crop ladder:
+overlap -> overlap:4 -> global under overload, photon_core/scheduler/crop_ladder.py); a comma
+list runs each scenario once per mode (e.g. --crops global,overlap), "mixed" = half the
+cameras global.
 
 Usage: PYTHONPATH=. python3 bench/bench_live.py [--cams 2 --fps 10 --seconds 8 --deadline-ms 150]
        PYTHONPATH=. python3 bench/bench_live.py --preset issue13     # 4 x 15 fps / 100 ms and
@@ -46,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from photon_core.encode_request import EncodeRequest, check_crops  # noqa: E402
+from photon_core.scheduler.crop_ladder import LADDER, AdaptiveCrops  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
 from photon_core.moondream.config import MoondreamConfig  # noqa: E402
 from photon_core.moondream.model import build_random_model  # noqa: E402
@@ -82,7 +85,8 @@ def run_live(engine, args, frames) -> dict:
     clock = sched.sched.clock
     modes = [cam_crops(args.crops, c) for c in range(args.cams)]
     # each camera's frames as the node hands them over: wrapped with the camera's crop mode
-    images = [[f if m == "overlap" else EncodeRequest(f, crops=m) for f in frames] for m in modes]
+    images = [[f if m == "overlap" else AdaptiveCrops(f) if m == "adaptive" else
+               EncodeRequest(f, crops=m) for f in frames] for m in modes]
     start = clock.now() + 0.05
     for i in range(n_frames):              # the cameras, interleaved on one feeder thread
         for c in range(args.cams):
@@ -138,7 +142,7 @@ def run_live(engine, args, frames) -> dict:
             "ms_per_encode_call": round(eng.get("encode", 0) / calls, 2) if calls else None,
             "ms_per_prefill": round(eng.get("prefill", 0) / prefills, 2) if prefills else None,
             "ms_per_decode_step": round(eng.get("decode", 0) / steps, 3) if steps else None,
-            "health": health,
+            "health": health, "crop_ladder": m.get("crop_ladder", {}),
             "scheduler": {k: m[k] for k in ("encodes", "encode_calls", "probes", "task_probes",
                                             "decode_steps", "superseded", "skipped",
                                             "deadline_cancelled", "errors", "fair_holds",
@@ -155,7 +159,8 @@ def summary(label: str, name: str, r: dict) -> str:
             f"{100 * b.get('decode', 0):.0f} %; {r['ms_per_encode_call']} ms per encode call, "
             f"{r['ms_per_prefill']} ms per prefill, {r['ms_per_decode_step']} ms per step), "
             f"skipped {r['skipped']}, superseded {r['superseded']}, cancelled at deadline "
-            f"{r['deadline_cancelled']}")
+            f"{r['deadline_cancelled']}" +
+            (f", crop ladder {r['crop_ladder']}" if r.get("crop_ladder") else ""))
 
 
 PRESETS = {"issue13": [dict(cams=4, fps=15.0, deadline_ms=100.0, max_batch=4),
@@ -170,7 +175,7 @@ def main():
     ap.add_argument("--deadline-ms", type=float, default=150.0)
     ap.add_argument("--max-batch", type=int, default=4, help="the scheduler's decode batch limit")
     ap.add_argument("--crops", default="overlap",
-                    help="every camera's crop mode: overlap | overlap:N | global | mixed (half global); a "
+                    help="every camera's crop mode: overlap | overlap:N | global | adaptive | mixed (half global); a "
                          "comma list runs each scenario once per mode")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
                     help="run these configs one after the other (fast path only, unless --engines)")
@@ -180,7 +185,7 @@ def main():
     args = ap.parse_args()
     crop_runs = [c.strip() for c in args.crops.split(",") if c.strip()]
     for c in crop_runs:
-        if c != "mixed":
+        if c not in ("mixed", "adaptive"):
             try:
                 check_crops(c)
             except ValueError as e:
@@ -195,7 +200,8 @@ def main():
     fast = FastEngine(model, max_batch=8, megakernel=args.megakernel)
     # batched-encode graphs now, not in live traffic: every crop mode used; with two modes
     # frames per call 1/2/4 (the engine keeps at most 4 multi-frame graphs; 8 -> 4 + 4)
-    modes = sorted({m for c in crop_runs for m in (("global", "overlap") if c == "mixed" else (c,))})
+    modes = sorted({m for c in crop_runs for m in (("global", "overlap") if c == "mixed" else
+                                                   LADDER if c == "adaptive" else (c,))})
     sizes = (1, 2, 4, 8) if len(modes) == 1 else (1, 2, 4)
     n_graphs = fast.prepare_encode(shapes=(frames[0].shape[:2],), batch_sizes=sizes,
                                    crops=tuple(modes))

@@ -6,7 +6,9 @@ import time
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
+from photon_core.scheduler.crop_ladder import LADDER
 from photon_ros.camera_stats import WINDOW_S
+from photon_ros.task_config import ADAPTIVE
 from photon_ros.transport_loss import loss_problem
 
 STALE_INPUT_S = 3.0       # a camera warns when active and it sent nothing for this long
@@ -108,11 +110,16 @@ def camera_status(name: str, camera: str, topic: str, snap: dict, active: bool,
                             values=[KeyValue(key=k, value=v) for k, v in vals.items()])
 
 
-def crop_advice(caps, crops: str) -> tuple[str, tuple]:
-    """(the camera's crop mode, or "" for a family without crop modes; the cheaper modes the
-    family serves: for the full "overlap", a budget of 4 local crops and the global view)."""
+def crop_advice(caps, crops: str, ladder=None) -> tuple[str, tuple]:
+    """(the camera's crop mode, or "" for a family without crop modes - "adaptive" with the
+    scheduler's current mode, `ladder`: its CropLadder -; the cheaper modes the family
+    serves: for the full "overlap", a budget of 4 local crops and the global view; none for
+    an adaptive camera, which steps down by itself)."""
     if caps is None or not caps.serves_crops("global"):
         return "", ()
+    if crops == ADAPTIVE:
+        level = min(getattr(ladder, "level", 0), len(LADDER) - 1)
+        return f"{ADAPTIVE} (now {LADDER[level]})", ()
     cheaper = ("overlap:4", "global") if crops == "overlap" else \
         ("global",) if crops.startswith("overlap:") else ()
     return crops, cheaper
@@ -141,6 +148,7 @@ def publish_diagnostics(node) -> None:
         except Exception as e:  # noqa: BLE001 - the scheduler may be stopping
             node.get_logger().debug(f"stream health failed: {e}")
     caps = getattr(live.model, "capabilities", None) if live is not None else None
+    ladder = getattr(live.scheduler, "crop_ladder", None) if live is not None else None
     for st in node.cameras.all():
         topic, crops = "", ""
         if cfg is not None:
@@ -149,5 +157,5 @@ def publish_diagnostics(node) -> None:
             except KeyError:
                 pass
         arr.status.append(camera_status(name, st.name, topic, st.stats.snapshot(now), node.active,
-                                        health.get(st.name), *crop_advice(caps, crops)))
+                                        health.get(st.name), *crop_advice(caps, crops, ladder)))
     node.diag_pub.publish(arr)

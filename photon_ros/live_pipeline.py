@@ -16,8 +16,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from photon_core.scheduler.crop_ladder import LADDER
 from photon_ros.pipeline import JUMP_BACK_S, PerceptionPipeline
-from photon_ros.task_config import PerceptionConfig, TaskConfig
+from photon_ros.task_config import ADAPTIVE, PerceptionConfig, TaskConfig
 
 NEW, JUMP, STALE = "new", "jump", "stale"
 
@@ -115,7 +116,7 @@ class LivePipeline:
         """The frame as the scheduler hands it to the engine: with the camera's crops mode
         (an EncodeRequest) where the family has crop modes (PerceptionPipeline.encode_input).
         On-demand requests on a camera's latest frame go through this too."""
-        return self.pipeline.encode_input(camera, image)
+        return self.pipeline.encode_input(camera, image, adaptive=True)
 
     def prepare(self) -> int:
         """Capture the encode graphs of every configured camera size and crop mode now
@@ -136,13 +137,15 @@ class LivePipeline:
 
 def prepare_encodes(prepare: Callable, config: PerceptionConfig) -> int:
     """engine.prepare_encode for each configured camera size (<camera>.width/height) with its
-    crops mode: frames per batched encode 1, 2, 4, 8 up to the cameras of that size and mode
-    (and max_batch); returns the graphs captured."""
+    crops mode (an adaptive camera: each mode of the ladder): frames per batched encode 1, 2,
+    4, 8 up to the cameras of that size and mode (and max_batch); returns the graphs
+    captured."""
     groups: dict[tuple, int] = {}
     for c in config.cameras:
         if c.width and c.height:
-            key = (c.crops, c.height, c.width)
-            groups[key] = groups.get(key, 0) + 1
+            for mode in (LADDER if c.crops == ADAPTIVE else (c.crops,)):
+                key = (mode, c.height, c.width)
+                groups[key] = groups.get(key, 0) + 1
     n = 0
     for (mode, h, w), cams in sorted(groups.items()):
         most = max(1, min(cams, config.max_batch))

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from photon_core.encode_request import EncodeRequest
+from photon_core.scheduler.crop_ladder import LADDER, AdaptiveCrops
 from photon_ros.result_messages import ResultTiming, build_result, stamp_to_s
-from photon_ros.task_config import PerceptionConfig, TaskConfig
+from photon_ros.task_config import ADAPTIVE, PerceptionConfig, TaskConfig
 
 # A source stamp this much older than the previous one of a camera counts as a clock jump
 # backwards (bag loop, camera restart with a fresh clock): the camera's state is reset.
@@ -97,10 +98,12 @@ class PerceptionPipeline:
                              f"{', '.join(self._config.camera_names) or 'none'}") from None
         return self.cadence.due(camera, tasks, frame_index, stamp_s)
 
-    def encode_input(self, camera: str, image: Any) -> Any:
+    def encode_input(self, camera: str, image: Any, adaptive: bool = False) -> Any:
         """The frame as the engine encodes it: for a family with crop modes (Moondream 2,
         photon_core.engine.Capabilities.crop_modes) an EncodeRequest carrying the camera's
-        `crops`; for the others (whole-image encode) the bare image."""
+        `crops`; for the others (whole-image encode) the bare image. A camera with crops
+        "adaptive": with `adaptive` (a scheduler picks the mode: the live pipeline) an
+        AdaptiveCrops, else the ladder's best mode (this synchronous path, offline replay)."""
         caps = self.model.capabilities if self.model is not None else None
         if caps is None or tuple(caps.crop_modes) == ("overlap",):
             return image
@@ -108,6 +111,10 @@ class PerceptionPipeline:
             crops = self._config.camera(camera).crops
         except KeyError:
             return image
+        if crops == ADAPTIVE:
+            if adaptive:
+                return AdaptiveCrops(image, LADDER)
+            crops = LADDER[0]
         return EncodeRequest(image, crops=crops) if caps.serves_crops(crops) else image
 
     # -- messages --------------------------------------------------------------------------

@@ -12,7 +12,7 @@ One file format, the ROS 2 parameters file (config/perception.yaml):
           type: image              # image | compressed
           qos_reliable: false      # false: sensor-data QoS (best effort)
           qos_depth: 1
-          crops: overlap           # overlap (all crops) | overlap:N (at most N local crops) | global (one crop: faster, less detail)
+          crops: overlap           # overlap (all crops) | overlap:N (at most N local crops) | global (one crop: faster, less detail) | adaptive (the scheduler steps down to cheaper modes under overload)
           width: 640               # optional: the frames' size, so encodes are prepared ahead
           height: 480
           tasks: ["people", "scene"]
@@ -41,6 +41,11 @@ from typing import Any, Iterable, Mapping
 
 from photon_core import ENGINES
 from photon_core.encode_request import CROP_MODES, MAX_CROP_BUDGET, parse_crops
+from photon_core.scheduler.crop_ladder import LADDER
+
+# a camera's crops setting that lets the scheduler pick its mode among LADDER (the node
+# hands its frames over as crop_ladder.AdaptiveCrops)
+ADAPTIVE = "adaptive"
 from photon_core.task import (CAPTION_LENGTHS, cut_message, DEFAULT_MAX_OBJECTS, DEFAULT_MAX_TOKENS,
                               MAX_OBJECTS_LIMIT, MAX_QUESTION_CHARS, MAX_TOKENS_LIMIT, SKILLS,
                               Task, TaskError)
@@ -119,7 +124,9 @@ class CameraConfig:
     type: str = "image"
     qos_reliable: bool = False
     qos_depth: int = 1
-    crops: str = "overlap"        # encode crop mode (photon_core/encode_request.py)
+    # encode crop mode (photon_core/encode_request.py), or ADAPTIVE: the scheduler's crop
+    # ladder picks it (photon_core/scheduler/crop_ladder.py)
+    crops: str = "overlap"
     width: int = 0                # the frames' size where known (0: unknown): encode graphs
     height: int = 0               # are prepared for it at activation (fast path)
     tasks: tuple[TaskConfig, ...] = ()
@@ -213,7 +220,13 @@ def restrict(cfg: PerceptionConfig, caps: Any) -> PerceptionConfig:
             else:
                 keep.append(t)
         crops = c.crops
-        why = caps.crops_refusal(crops)
+        if crops != ADAPTIVE:
+            why = caps.crops_refusal(crops)
+        elif not all(caps.serves_crops(m) for m in LADDER):
+            why = (f"{caps.name} does not support crops 'adaptive' (stepping between "
+                   f"{', '.join(LADDER)}): it encodes the whole image")
+        else:
+            why = ""
         if why:
             refused.append(Refusal(c.name, "", why))
             crops = "overlap"
@@ -470,10 +483,11 @@ def config_from_params(params: Mapping[str, Any]) -> PerceptionConfig:
             tasks.append(make_task(t, d, defaults, f"{where} task {t!r}"))
         crops = _as_str(c.get("crops", "") or "overlap", f"{where}.crops").strip()
         try:
-            parse_crops(crops)
+            if crops != ADAPTIVE:
+                parse_crops(crops)
         except ValueError:
-            raise ConfigError(f"{where}: crops must be one of {', '.join(CROP_MODES)} (N: at "
-                              f"most N local crops, 1-{MAX_CROP_BUDGET}), got "
+            raise ConfigError(f"{where}: crops must be one of {', '.join(CROP_MODES)}, "
+                              f"{ADAPTIVE} (N: at most N local crops, 1-{MAX_CROP_BUDGET}), got "
                               f"{_short(crops)}") from None
         width = _as_int(c.get("width", 0), f"{where}.width", 0)
         height = _as_int(c.get("height", 0), f"{where}.height", 0)

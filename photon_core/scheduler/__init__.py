@@ -9,6 +9,7 @@ See docs/architecture.md, section Scheduler.
 from .admission import Load, fits, hopeless, project
 from .clock import Clock, MonotonicClock, VirtualClock
 from .cost_model import CostModel, TokenEstimator, moondream_crops
+from .crop_ladder import AdaptiveCrops, CropLadder
 from .edf_queue import EDF, FIFO, RequestQueue
 from .engine import EngineLike, TaskRunLike, step_batch
 from .fairness import FairShare
@@ -26,5 +27,5 @@ __all__ = [
     "fifo_scheduler", "LatestFrameTable", "KINDS", "ON_DEMAND", "ON_MISS_CANCEL", "ON_MISS_FINISH",
     "PERIODIC", "Frame", "Outcome", "Status", "TaskRequest", "TaskSpec", "MAX_BATCH_LIMIT",
     "Policy", "Scheduler", "ThreadedScheduler", "Load", "fits", "hopeless", "project",
-    "FairShare", "StreamHealth", "StreamHealthTracker",
+    "FairShare", "StreamHealth", "StreamHealthTracker", "AdaptiveCrops", "CropLadder",
 ]

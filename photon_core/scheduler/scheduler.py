@@ -39,6 +39,7 @@ from .probes import Probes
 from .queued_encode import QueuedEncode, setup_ms
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
                       TaskRequest, TaskSpec)
+from .crop_ladder import CropLadder
 from .stream_health import StreamHealth, StreamHealthTracker
 
 log = logging.getLogger("photon_core.scheduler")
@@ -141,6 +142,7 @@ class Scheduler(Probes):
                                p.fair_halflife_s)
                      if p.fair else FairShare(tie_s=0.0, gather_s=0.0, halflife_s=0.0))
         self.health = StreamHealthTracker()
+        self.crop_ladder = CropLadder()           # the streams that submit AdaptiveCrops frames
         self.wake_at: float | None = None     # work is held (fairness) until this clock time
         self.queue = RequestQueue(self.policy.order, self.fair)
         self.limiter = BatchLimiter(self.policy.max_batch, hold_s=p.shed_hold_s)
@@ -182,8 +184,9 @@ class Scheduler(Probes):
         now = self.clock.now()
         fkey = (stream, stamp)
         frame = self.frames.get(fkey)
-        if frame is None:
-            frame = Frame(stream, stamp, image, now if capture_time is None else capture_time)
+        if frame is None:              # (an AdaptiveCrops frame takes the stream's crop mode)
+            frame = Frame(stream, stamp, self.crop_ladder.resolve(stream, image, now),
+                          now if capture_time is None else capture_time)
             if kind == PERIODIC:
                 self.fair.note_frame(stream, frame.capture_time)
         tasks = list(tasks)
@@ -747,6 +750,7 @@ class Scheduler(Probes):
                      "decode_ms": decode_ms, "preempted_steps": float(r.preempted_steps)},
             steps=r.steps, missed_deadline=missed, probe=r.probe)
         self.health.note_outcome(out)
+        self.crop_ladder.note(out, now)
         for cb in (r.on_result, self.on_result):
             if cb is None:
                 continue
@@ -784,4 +788,5 @@ class Scheduler(Probes):
                            for s, v in sorted(self.per_stream.items())},
             "cost_factors": {"encode": self.cost.f_encode, "prefill": self.cost.f_prefill,
                              "step": self.cost.f_step},
+            "crop_ladder": self.crop_ladder.summary(),
         }

@@ -19,11 +19,13 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from photon_core.encode_request import EncodeRequest
 from photon_core.task import FINISH_LENGTH, FINISH_STOP, Task, TaskResult
 
 from .clock import VirtualClock
 from .cost_model import CostModel, encode_key
 from .cost_profiles import PROFILES
+from .crop_ladder import AdaptiveCrops
 from .fifo import fifo_policy
 from .request import ON_DEMAND, ON_MISS_CANCEL, ON_MISS_FINISH, PERIODIC, Outcome, Status, TaskSpec
 from .scheduler import Policy, Scheduler
@@ -105,7 +107,13 @@ class SimEngine:
     def encode_image(self, image: SimImage) -> SimEnc:
         self.calls["encode"] += 1
         self._spend(self.cost.encode_ms(image))
-        return SimEnc(image, self.cost._crops(encode_key(image)))
+        return self._enc(image)
+
+    def _enc(self, image) -> SimEnc:
+        """A SimImage or an EncodeRequest of one (an adaptive stream's frame: its crop mode
+        in the request) -> its SimEnc."""
+        sim = image.image if isinstance(image, EncodeRequest) else image
+        return SimEnc(sim, self.cost._crops(encode_key(image)))
 
     def start(self, enc: SimEnc, task: Task) -> SimRun:
         self.calls["start"] += 1
@@ -146,7 +154,7 @@ class BatchEncodeSimEngine(SimEngine):
         self.calls["encode_batch"] += 1
         f = 1.0 - self.gain * (n - 1) / n
         self._spend(f * sum(self.cost.encode_ms(im) for im in images))
-        return [SimEnc(im, self.cost._crops(encode_key(im))) for im in images]
+        return [self._enc(im) for im in images]
 
 
 # ---------------------------------------------------------------- traces
@@ -211,6 +219,9 @@ class TraceSpec:
     task_names: tuple[str, ...] | None = None   # tasks of every camera, by name (NAMED_TASKS)
     encode_batch_gain: float | None = None      # engine with encode_batch (BatchEncodeSimEngine)
     crops: str = "overlap"            # every camera's crop mode ("global": 1 crop per frame)
+    # adaptive crops (crop_ladder.py): every periodic frame an AdaptiveCrops over these modes
+    # (best first; the default 378 x 672 frames have 3 / 2 / 1 crops with the one below)
+    crop_modes: tuple = ()
     even_phases: bool = False         # cameras evenly spread over a frame period (bench_live.py)
 
     @property
@@ -289,6 +300,8 @@ def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
             steps.append((od.task.target, rng.randint(*od.fixed_steps)))
             img = SimImage(spec.image_shape, tuple(steps), spec.crops)
             specs = [TaskSpec(pt.name, pt.task, spec.deadline, pt.on_miss) for pt in spec.tasks]
+            if spec.crop_modes:
+                img = AdaptiveCrops(img, spec.crop_modes)
             events.append(Event(t0 + t, stream, round(t, 9), img, PERIODIC, specs))
             frames.append((t, img))
             k += 1

@@ -59,6 +59,11 @@ class ThreadedScheduler:
         with self._state:
             return self.sched.metrics()
 
+    @property
+    def crop_ladder(self):
+        """The scheduler's CropLadder (its own lock: any thread)."""
+        return self.sched.crop_ladder
+
     def stream_health(self) -> dict:
         """{stream: StreamHealth} (see Scheduler.stream_health); any thread."""
         with self._state:

@@ -177,6 +177,29 @@ def test_a_crop_budget_camera_is_encoded_with_its_budget(moondream):
     live.stop()
 
 
+def test_an_adaptive_camera_reaches_the_engine_with_a_concrete_mode(moondream, monkeypatch):
+    """Through the live pipeline and the scheduler: an unloaded adaptive camera's frames are
+    encoded with the full crops; the scheduler's ladder knows the camera."""
+    from photon_ros.live_pipeline import build_live_pipeline
+
+    spy = EncodeSpy(moondream, monkeypatch)
+    outcomes = []
+    live = build_live_pipeline(two_cameras(full_crops="adaptive"), moondream, threaded=False,
+                               calibrate=False, on_result=outcomes.append)
+    rng = np.random.default_rng(5)
+    for i in range(2):
+        ticket = live.accept("full", 20.0 + i)
+        live.submit("full", ticket, rng.integers(0, 256, (120, 160, 3), dtype=np.uint8),
+                    arrival=live.scheduler.clock.now())
+        live.scheduler.run_until_idle()
+    assert [str(o.status) for o in outcomes] == ["done", "done"], outcomes
+    assert spy.seen and {c for c, _ in spy.seen} == {"overlap"}
+    assert all(e.n_crops == 3 for _, e in spy.seen)
+    lad = live.scheduler.crop_ladder.summary()
+    assert lad["streams"] == ["full"] and lad["frames"] == {"overlap": 2} and lad["level"] == 0
+    live.stop()
+
+
 def test_encode_batch_is_reached_through_the_adapter(moondream, monkeypatch):
     from photon_ros.live_pipeline import build_live_pipeline
 
@@ -302,3 +325,40 @@ def test_camera_diagnostics_name_the_cheaper_crop_modes():
         assert "cheaper mode" not in st.message and "scheduler:" in st.message
     assert "crops" not in {kv.key for kv in camera_status(
         "n", "front", "/t", snap, True, health(0.8), *crop_advice(QWEN, "overlap")).values}
+
+
+def test_an_adaptive_camera_is_handed_over_for_the_scheduler_to_pick():
+    """crops "adaptive": accepted for Moondream 2, refused (back to overlap) for a whole-image
+    family; the live pipeline hands its frames over as AdaptiveCrops (the scheduler resolves
+    them), the synchronous path (offline replay) encodes them with the ladder's best mode;
+    encode graphs are prepared for every mode of the ladder; the camera's diagnostics show
+    the current mode and give no advice (it steps down by itself)."""
+    from photon_core.scheduler import AdaptiveCrops, CropLadder
+    from photon_core.scheduler.crop_ladder import LADDER
+    from photon_ros.diagnostics import crop_advice
+    from photon_ros.live_pipeline import prepare_encodes
+    from photon_ros.pipeline import PerceptionPipeline
+
+    cfg = config_from_params(params(crops="adaptive", width=640, height=480))
+    assert cfg.camera("front").crops == "adaptive"
+    assert restrict(cfg, MOONDREAM).refused == ()
+    q = restrict(cfg, QWEN)
+    assert q.camera("front").crops == "overlap"
+    assert "does not support crops 'adaptive'" in q.refused[0].message
+
+    class Model:
+        capabilities = MOONDREAM
+
+    pipe = PerceptionPipeline(cfg, Model())
+    img = np.zeros((48, 64, 3), np.uint8)
+    live_in = pipe.encode_input("front", img, adaptive=True)
+    assert isinstance(live_in, AdaptiveCrops) and live_in.modes == LADDER
+    sync_in = pipe.encode_input("front", img)
+    assert sync_in.crops == LADDER[0] and sync_in.image is img
+    calls = []
+    prepare_encodes(lambda **kw: calls.append(kw["crops"]) or 1, cfg)
+    assert sorted(calls) == sorted((m,) for m in LADDER)
+    lad = CropLadder()
+    assert crop_advice(MOONDREAM, "adaptive", lad) == ("adaptive (now overlap)", ())
+    lad.level = 2
+    assert crop_advice(MOONDREAM, "adaptive", lad) == ("adaptive (now global)", ())
