@@ -15,10 +15,11 @@ from photon_core.scheduler.simulator import VGA, TraceSpec, simulate
 MODES = ("overlap", "overlap:4", "global")
 
 
-def outcome(stream="a", status=Status.DONE, t=0.0, submit=None, late=False, kind=PERIODIC):
+def outcome(stream="a", status=Status.DONE, t=0.0, submit=None, late=False, kind=PERIODIC,
+            probe=False):
     return Outcome(request_id=0, stream=stream, stamp=t, task_name="x", kind=kind,
                    status=status, submit_time=t if submit is None else submit, end_time=t,
-                   missed_deadline=late)
+                   missed_deadline=late, probe=probe)
 
 
 def test_adaptive_frames_are_checked():
@@ -39,20 +40,23 @@ def test_resolve_gives_the_current_mode_and_leaves_other_images_alone():
     assert lad.summary()["frames"] == {"overlap": 1} and lad.summary()["streams"] == ["a"]
 
 
-def test_steps_down_on_failures_not_on_superseded_and_stops_at_the_last_mode():
+def test_steps_down_on_unanswered_frames_and_stops_at_the_last_mode():
     lad = CropLadder(window_s=2.0, min_outcomes=4, down_frac=0.1)
     assert lad.mode("a", MODES, 0.0) == "overlap"
-    for i in range(10):                      # superseded: latest frame wins, not a failure
-        lad.note(outcome(status=Status.SUPERSEDED, t=0.1 * i), 0.1 * i)
+    for i in range(10):                      # answered in time
+        lad.note(outcome(status=Status.DONE, t=0.1 * i), 0.1 * i)
+    lad.note(outcome(status=Status.SUPERSEDED, t=0.95, probe=True), 0.95)  # a probe: not counted
     for kind, st in ((ON_DEMAND, Status.SKIPPED), (PERIODIC, Status.SKIPPED)):
         lad.note(outcome(stream="other", status=st, kind=kind, t=1.0), 1.0)   # not adaptive
     lad.note(outcome(stream="a", status=Status.SKIPPED, kind=ON_DEMAND, t=1.0), 1.0)
     assert lad.level == 0
-    for i in range(3):                       # 3 outcomes: fewer than min_outcomes
-        lad.note(outcome(status=Status.SKIPPED, t=1.0 + 0.1 * i), 1.0 + 0.1 * i)
-    assert lad.level == 0
     lad.note(outcome(status=Status.DONE, t=1.35, late=True), 1.35)   # answered late: failed
+    assert lad.level == 0                                             # (one is not enough)
+    lad.note(outcome(status=Status.SUPERSEDED, t=1.36), 1.36)  # not started before the next
     assert lad.level == 1 and lad.mode("a", MODES, 1.4) == "overlap:4"
+    for i in range(3):                       # 3 outcomes: fewer than min_outcomes
+        lad.note(outcome(status=Status.SKIPPED, t=1.42 + 0.01 * i, submit=1.4), 1.42)
+    assert lad.level == 1
     lad.note(outcome(status=Status.SKIPPED, t=1.5, submit=1.3), 1.5)  # submitted before the step
     for i in range(4):
         lad.note(outcome(status=Status.DEADLINE, t=2.0 + 0.1 * i, submit=1.5), 2.0 + 0.1 * i)
