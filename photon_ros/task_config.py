@@ -42,13 +42,13 @@ from typing import Any, Iterable, Mapping
 from photon_core import ENGINES
 from photon_core.encode_request import CROP_MODES, MAX_CROP_BUDGET, parse_crops
 from photon_core.scheduler.crop_ladder import LADDER
+from photon_core.task import (CAPTION_LENGTHS, cut_message, DEFAULT_MAX_OBJECTS, DEFAULT_MAX_TOKENS,
+                              MAX_OBJECTS_LIMIT, MAX_QUESTION_CHARS, MAX_TOKENS_LIMIT, SKILLS,
+                              Task, TaskError)
 
 # a camera's crops setting that lets the scheduler pick its mode among LADDER (the node
 # hands its frames over as crop_ladder.AdaptiveCrops)
 ADAPTIVE = "adaptive"
-from photon_core.task import (CAPTION_LENGTHS, cut_message, DEFAULT_MAX_OBJECTS, DEFAULT_MAX_TOKENS,
-                              MAX_OBJECTS_LIMIT, MAX_QUESTION_CHARS, MAX_TOKENS_LIMIT, SKILLS,
-                              Task, TaskError)
 
 CAMERA_TYPES = ("image", "compressed")
 ON_MISS = ("finish", "cancel")
