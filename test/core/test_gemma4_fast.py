@@ -115,7 +115,9 @@ def test_fast_path_matches_reference(model, encs, fused):
         for t in tasks:
             got = _fast(fe, [(enc, t)])[0]
             assert _same(got, _reference(model, enc, t)), (i, t)
-    for batch in (2, 4):          # two frames, mixed skills and lengths in one batch
+    # two frames, mixed skills and lengths in one batch (fused: the batch of 4 covers the
+    # batch of 2's cases; it was 1/3 of CI's longest test)
+    for batch in ((2, 4) if fused == "off" else (4,)):
         pairs = [(encs[j % 2], TASKS[j % len(TASKS)]) for j in range(batch)]
         for (e, t), got in zip(pairs, _fast(fe, pairs)):
             assert _same(got, _reference(model, e, t)), (batch, t)
