@@ -108,11 +108,12 @@ class CropLadder:
             return m
 
     def note(self, o: Outcome, now: float) -> None:
-        """A periodic outcome of an adaptive stream (others are ignored)."""
-        if o.kind != PERIODIC or o.probe:          # (on-demand questions: their own deadlines)
+        """The outcome of a task on a frame this ladder resolved (the scheduler's call);
+        periodic ones count (on-demand questions have their own deadlines)."""
+        if o.kind != PERIODIC or o.probe:
             return
         with self._lock:
-            if o.stream not in self.streams or o.submit_time < self.since:
+            if self.since is None or o.submit_time < self.since:
                 return
             self._ended.append((o.end_time, o.status in _FAILED or o.missed_deadline))
             self._trim(now)

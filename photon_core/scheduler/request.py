@@ -72,6 +72,7 @@ class Frame:
     tasks: int = 0               # its periodic task requests that could meet their deadline
                                  # on arrival (fairness: each started one is 1/tasks of a frame)
     started: int = 0             # its periodic task requests started so far
+    adaptive: bool = False       # submitted as AdaptiveCrops: its crop mode is the ladder's
 
     @property
     def encoded(self) -> bool:

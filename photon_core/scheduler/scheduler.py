@@ -39,7 +39,7 @@ from .probes import Probes
 from .queued_encode import QueuedEncode, setup_ms
 from .request import (KINDS, ON_DEMAND, ON_MISS_CANCEL, PERIODIC, Frame, Outcome, Status,
                       TaskRequest, TaskSpec)
-from .crop_ladder import CropLadder
+from .crop_ladder import AdaptiveCrops, CropLadder
 from .stream_health import StreamHealth, StreamHealthTracker
 
 log = logging.getLogger("photon_core.scheduler")
@@ -142,7 +142,7 @@ class Scheduler(Probes):
                                p.fair_halflife_s)
                      if p.fair else FairShare(tie_s=0.0, gather_s=0.0, halflife_s=0.0))
         self.health = StreamHealthTracker()
-        self.crop_ladder = CropLadder()           # the streams that submit AdaptiveCrops frames
+        self.crop_ladder = CropLadder()           # the crop mode of AdaptiveCrops frames
         self.wake_at: float | None = None     # work is held (fairness) until this clock time
         self.queue = RequestQueue(self.policy.order, self.fair)
         self.limiter = BatchLimiter(self.policy.max_batch, hold_s=p.shed_hold_s)
@@ -184,9 +184,10 @@ class Scheduler(Probes):
         now = self.clock.now()
         fkey = (stream, stamp)
         frame = self.frames.get(fkey)
-        if frame is None:              # (an AdaptiveCrops frame takes the stream's crop mode)
+        if frame is None:              # (an AdaptiveCrops frame takes the ladder's crop mode)
             frame = Frame(stream, stamp, self.crop_ladder.resolve(stream, image, now),
-                          now if capture_time is None else capture_time)
+                          now if capture_time is None else capture_time,
+                          adaptive=isinstance(image, AdaptiveCrops))
             if kind == PERIODIC:
                 self.fair.note_frame(stream, frame.capture_time)
         tasks = list(tasks)
@@ -750,7 +751,8 @@ class Scheduler(Probes):
                      "decode_ms": decode_ms, "preempted_steps": float(r.preempted_steps)},
             steps=r.steps, missed_deadline=missed, probe=r.probe)
         self.health.note_outcome(out)
-        self.crop_ladder.note(out, now)
+        if f.adaptive:
+            self.crop_ladder.note(out, now)
         for cb in (r.on_result, self.on_result):
             if cb is None:
                 continue

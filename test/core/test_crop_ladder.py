@@ -46,9 +46,8 @@ def test_steps_down_on_unanswered_frames_and_stops_at_the_last_mode():
     for i in range(10):                      # answered in time
         lad.note(outcome(status=Status.DONE, t=0.1 * i), 0.1 * i)
     lad.note(outcome(status=Status.SUPERSEDED, t=0.95, probe=True), 0.95)  # a probe: not counted
-    for kind, st in ((ON_DEMAND, Status.SKIPPED), (PERIODIC, Status.SKIPPED)):
-        lad.note(outcome(stream="other", status=st, kind=kind, t=1.0), 1.0)   # not adaptive
-    lad.note(outcome(stream="a", status=Status.SKIPPED, kind=ON_DEMAND, t=1.0), 1.0)
+    for _ in range(2):                       # on-demand questions: their own deadlines
+        lad.note(outcome(stream="a", status=Status.SKIPPED, kind=ON_DEMAND, t=1.0), 1.0)
     assert lad.level == 0
     lad.note(outcome(status=Status.DONE, t=1.35, late=True), 1.35)   # answered late: failed
     assert lad.level == 0                                             # (one is not enough)
@@ -99,6 +98,36 @@ def test_steps_up_after_a_clean_hold_and_backs_off_when_it_does_not_hold():
     assert lad.mode("a", MODES, 15.03 + 16.0) == "overlap"
     assert lad.mode("a", MODES, 31.03 + 16.0) == "overlap"   # held: the hold resets
     assert lad.hold == 4.0 and lad.level == 0
+
+
+def test_the_scheduler_counts_only_the_adaptive_frames_outcomes():
+    """Failures (here: invalid tasks, ERROR at submission) of a stream submitting plain frames
+    do not move the ladder; those of an AdaptiveCrops frame do, and its frame reaches the
+    engine as an EncodeRequest with the ladder's mode."""
+    from photon_core.scheduler import Scheduler, VirtualClock
+    from photon_core.scheduler.simulator import TRUE_COST, SimEngine
+    from photon_core.task import Task
+
+    clock = VirtualClock()
+    sched = Scheduler(SimEngine(clock, TRUE_COST), clock=clock)
+    sched.crop_ladder = CropLadder(min_outcomes=2)
+    bad = [("q", Task("query", question=""), 1.0)]
+    good = [("q", Task("query", question="a?"), 9.0)]
+    img = np.zeros((4, 4, 3), np.uint8)
+    sched.submit_frame("cam", 0, AdaptiveCrops(img), good)      # waits in the queue
+    first = sched.frames[("cam", 0)]
+    assert first.adaptive and isinstance(first.image, EncodeRequest)
+    assert first.image.crops == "overlap" and first.image.image is img
+    for i in range(4):
+        sched.submit_frame("plain", i, img, bad)
+    assert sched.crop_ladder.level == 0 and sched.metrics()["errors"] == 4
+    sched.submit_frame("cam", 1, AdaptiveCrops(img), bad)
+    assert sched.crop_ladder.level == 0                      # one failure is not enough
+    sched.submit_frame("cam", 2, AdaptiveCrops(img), bad)
+    assert sched.crop_ladder.level == 1
+    sched.submit_frame("cam", 3, AdaptiveCrops(img), good)
+    assert sched.frames[("cam", 3)].image.crops == "overlap:4"
+    assert sched.crop_ladder.summary()["streams"] == ["cam"]
 
 
 def test_one_level_for_every_adaptive_stream():
