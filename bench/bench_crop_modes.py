@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.out_dir import write_json  # noqa: E402
 from photon_core.encode_request import EncodeRequest  # noqa: E402
 from photon_core.task import Task  # noqa: E402
 
@@ -159,10 +159,7 @@ def main():
         out["note"] = ("random weights: detections are noise; a plumbing check of the crops "
                        "option, not its effect on quality")
     print(json.dumps(out, indent=1))
-    od = os.environ.get("OUT")
-    if od:
-        Path(od).mkdir(parents=True, exist_ok=True)
-        (Path(od) / "bench_crop_modes.json").write_text(json.dumps(out, indent=1))
+    write_json("bench_crop_modes.json", out)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
@@ -47,6 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.out_dir import write_json  # noqa: E402
 from photon_core.encode_request import EncodeRequest, check_crops  # noqa: E402
 from photon_core.scheduler.crop_ladder import LADDER, AdaptiveCrops  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
@@ -227,8 +227,7 @@ def main():
     fast.close()
     print("\nsummary:\n" + "\n".join(lines))
     print(f"(total {time.perf_counter() - t0:.0f} s)")
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_live.json").write_text(json.dumps(out, indent=1))
+    write_json("bench_live.json", out)
 
 
 if __name__ == "__main__":

@@ -165,11 +165,10 @@ class Capabilities:
     def crops_refusal(self, crops: str) -> str:
         """"" when the crop mode is served, else why not."""
         try:
-            parse_crops(crops)
+            if parse_crops(crops)[0] in self.crop_modes:
+                return ""
         except ValueError:
             return ""       # unknown modes are check_crops' to refuse
-        if self.serves_crops(crops):
-            return ""
         return (f"{self.name} does not support crops {crops!r}: it encodes the whole image "
                 f"(crop modes: {', '.join(self.crop_modes)}; 'global' and 'overlap:N' are "
                 "Moondream 2's)")

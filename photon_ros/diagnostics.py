@@ -120,8 +120,8 @@ def crop_advice(caps, crops: str, ladder=None) -> tuple[str, tuple]:
     if crops == ADAPTIVE:
         level = min(getattr(ladder, "level", 0), len(LADDER) - 1)
         return f"{ADAPTIVE} (now {LADDER[level]})", ()
-    cheaper = ("overlap:4", "global") if crops == "overlap" else \
-        ("global",) if crops.startswith("overlap:") else ()
+    cheaper = LADDER[1:] if crops == LADDER[0] else \
+        LADDER[-1:] if crops.startswith("overlap:") else ()
     return crops, cheaper
 
 

@@ -524,7 +524,7 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as gated_delta_chunked: -> (o [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] fp32, a new tensor; `state` is not modified). _prepped_scan with its dots
-    at `precision` (since session 16; its prep kernel not yet run on a GPU)."""
+    at `precision` (since session 16; on the H200 in session 17: test_real_sizes_on_gpu)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
     b, t, hk, dk = q.shape
