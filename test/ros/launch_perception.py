@@ -33,6 +33,9 @@ STAMP0 = 1000.0                         # frame stamps; /clock runs CLOCK_AHEAD_
 CLOCK_AHEAD_S = 0.25
 W, H = 64, 48
 TIMEOUT = 120.0
+# `ros2 ... --no-daemon` waits this long for discovery on every call (a missed node is
+# "not found" and tried again by ros2()); 5 s per call made this file ~100 s
+SPIN = "2"
 
 
 @pytest.mark.launch_test
@@ -172,7 +175,7 @@ class TestPerceptionLaunch(unittest.TestCase):
 
     def test_1_node_comes_up_active(self):
         def active():
-            r = ros2("lifecycle", "get", "--no-daemon", "--spin-time", "5", NODE)
+            r = ros2("lifecycle", "get", "--no-daemon", "--spin-time", SPIN, NODE)
             return r.returncode == 0 and r.stdout.startswith("active")
         self.assertTrue(until(active, timeout=180, period=1.0),
                         ros2("lifecycle", "get", "--no-daemon", NODE).stdout)
@@ -200,31 +203,44 @@ class TestPerceptionLaunch(unittest.TestCase):
     def test_3_arguments_took_effect(self):
         for name, want in (("use_sim_time", "True"), ("camera_topic", CAMERA_TOPIC),
                            ("rear.topic", REAR_TOPIC)):
-            r = ros2("param", "get", "--no-daemon", "--spin-time", "5", NODE, name)
+            r = ros2("param", "get", "--no-daemon", "--spin-time", SPIN, NODE, name)
             self.assertIn(want, r.stdout, (name, r.stdout, r.stderr))
         # the params file's second camera is subscribed; the YAML's own front topic is not
         def rear_subscribed():
-            r = ros2("topic", "info", "--no-daemon", "--spin-time", "5", REAR_TOPIC)
+            r = ros2("topic", "info", "--no-daemon", "--spin-time", SPIN, REAR_TOPIC)
             return "Subscription count: 1" in r.stdout and r
         self.assertTrue(until(rear_subscribed, timeout=60, period=1.0),
                         ros2("topic", "info", "--no-daemon", REAR_TOPIC).stdout)
-        r = ros2("topic", "info", "--no-daemon", "--spin-time", "5", "/not/this/one")
+        r = ros2("topic", "info", "--no-daemon", "--spin-time", SPIN, "/not/this/one")
         self.assertNotIn("Subscription count: 1", r.stdout)
 
     def test_4_topic_echo_of_each_result_type(self):
-        for topic, typ in (("detections", "photon_ros/msg/DetectionArray"),
-                           ("points", "photon_ros/msg/PointArray"),
-                           ("answer", "photon_ros/msg/Answer"),
-                           ("detections_2d", "vision_msgs/msg/Detection2DArray"),
-                           ("points_2d", "vision_msgs/msg/Detection2DArray")):
-            r = ros2("topic", "echo", "--once", "--no-daemon", "--timeout", "60",
-                     f"/{NS}/front/{topic}", typ, timeout=90)
-            self.assertEqual(r.returncode, 0, (topic, r.stdout[-2000:], r.stderr[-2000:]))
-            self.assertIn("frame_id: lt_frame_", r.stdout, (topic, r.stdout[-2000:]))
+        # the five echoes at once (each is a process of its own; one after the other they
+        # took ~30 s, mostly start-up)
+        exe = os.path.join(os.path.dirname(sys.executable), "ros2")
+        echoes = {topic: subprocess.Popen(
+            [exe, "topic", "echo", "--once", "--no-daemon", "--timeout", "60",
+             f"/{NS}/front/{topic}", typ], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+            for topic, typ in (("detections", "photon_ros/msg/DetectionArray"),
+                               ("points", "photon_ros/msg/PointArray"),
+                               ("answer", "photon_ros/msg/Answer"),
+                               ("detections_2d", "vision_msgs/msg/Detection2DArray"),
+                               ("points_2d", "vision_msgs/msg/Detection2DArray"))}
+        try:
+            for topic, p in echoes.items():
+                out, err = p.communicate(timeout=90)
+                self.assertEqual(p.returncode, 0, (topic, out[-2000:], err[-2000:]))
+                self.assertIn("frame_id: lt_frame_", out, (topic, out[-2000:]))
+        finally:
+            for p in echoes.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
 
     def test_5_lifecycle_set_frees_the_model_and_activate_serves_again(self):
         d = self.drive
-        r = ros2("lifecycle", "set", "--no-daemon", "--spin-time", "5", NODE, "deactivate",
+        r = ros2("lifecycle", "set", "--no-daemon", "--spin-time", SPIN, NODE, "deactivate",
                  timeout=90)
         self.assertIn("Transitioning successful", r.stdout, r.stdout + r.stderr)
         self.assertTrue(until(lambda: (d.node_diag() or {}).get("model_loaded") == "false",
@@ -234,7 +250,7 @@ class TestPerceptionLaunch(unittest.TestCase):
         d.clear()
         time.sleep(2.0)
         self.assertEqual(d.msgs("detections"), [], "inactive, yet detections were published")
-        r = ros2("lifecycle", "set", "--no-daemon", "--spin-time", "5", NODE, "activate",
+        r = ros2("lifecycle", "set", "--no-daemon", "--spin-time", SPIN, NODE, "activate",
                  timeout=180)
         self.assertIn("Transitioning successful", r.stdout, r.stdout + r.stderr)
         self.assertTrue(until(lambda: d.msgs("detections")), "no results after activate")

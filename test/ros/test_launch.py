@@ -126,14 +126,14 @@ def test_params_file_alone_gives_the_cameras_and_the_log_names_it(tmp_path_facto
                          env=_env(ROS_LOG_DIR=str(tmp_path / "log")), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        lc = [str(BIN / "ros2"), "lifecycle", "set", "--no-daemon", "--spin-time", "5",
+        lc = [str(BIN / "ros2"), "lifecycle", "set", "--no-daemon", "--spin-time", "2",
               "/pf_node", "configure"]
         for _ in range(6):                     # discovery of the new node takes a moment
             r = subprocess.run(lc, env=_env(), capture_output=True, text=True, timeout=60)
             if "Transitioning successful" in r.stdout:
                 break
         assert "Transitioning successful" in r.stdout, r.stdout + r.stderr
-        r = subprocess.run([str(BIN / "ros2"), "param", "get", "--no-daemon", "--spin-time", "5",
+        r = subprocess.run([str(BIN / "ros2"), "param", "get", "--no-daemon", "--spin-time", "2",
                             "/pf_node", "left.topic"], env=_env(), capture_output=True,
                            text=True, timeout=60)
         assert "/pf/left" in r.stdout, r.stdout + r.stderr
