@@ -11,7 +11,8 @@ photon_core.engine.Capabilities), `queued_encode` (the model's flag: encodes ret
 the device ran them, photon_core/scheduler/queued_encode.py), `encode_image` and, where the
 model has it, `encode_batch` (several cameras' frames in one engine call,
 photon_core/scheduler/encode_batch.py: an engine without it keeps encoding frame by frame, so
-the adapter has the method only then). Frames may be
+the adapter has the method only then), and where the model has it `crop_count` (a frame's
+crops before it is encoded: the cost model's hint). Frames may be
 photon_core.encode_request.EncodeRequests (a camera's crops mode): passed on untouched.
 """
 from __future__ import annotations
@@ -58,6 +59,10 @@ class HookedEngine:
         self.encode_batches = 0                 # encode_batch calls forwarded (diagnostics)
         if callable(getattr(model, "encode_batch", None)):
             self.encode_batch = self._encode_batch
+        # a frame's crop count before it is encoded (the cost model's hint), where the model
+        # has one (photon_core/scheduler/engine.py crop_counter)
+        if callable(getattr(model, "crop_count", None)):
+            self.crop_count = model.crop_count
         # encodes the scheduler need not wait for (FastEngine: sync=False), only where the
         # model declares them (photon_core/scheduler/engine.py encodes_queued)
         self.queued_encode = getattr(model, "queued_encode", False) is True

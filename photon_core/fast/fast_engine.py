@@ -111,6 +111,8 @@ class FastEngine(EngineConveniences):
         self.batch_encoder = fam.make_batch_encoder(
             self.use_graphs and graphed_encoder, fast=self.fast_encode, max_frames=max_batch,
             default_crops=options.crops)
+        if callable(getattr(fam, "crop_count", None)):
+            self.crop_count = self._crop_count
         self.slots = PingPongSlots(max_batch, dev)
         self.rows = RowRefcount(max_batch)
         self.idle = GpuIdleMeter(dev)
@@ -224,6 +226,12 @@ class FastEngine(EngineConveniences):
             return [self.encode_image(i, crops, sync) for i in images]
         with self._compute_stream_ctx():
             return self.batch_encoder.encode_batch(list(images), crops, sync)
+
+    def _crop_count(self, height: int, width: int, crops: str | None = None) -> int:
+        """Crops the encoder runs for a height x width frame in crop mode `crops` (None:
+        EngineOptions.crops): the family's tiling rule (bound as `crop_count` only where
+        the family has one; the scheduler's encode cost hint, scheduler/engine.py)."""
+        return self.family.crop_count(height, width, crops or self.options.crops)
 
     def prepare_encode(self, shapes=((480, 640),), batch_sizes=(1, 2, 4, 8),
                        crops=("overlap",)) -> int:

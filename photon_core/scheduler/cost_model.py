@@ -13,7 +13,7 @@ from typing import Any, Callable
 from photon_core.encode_request import parse_crops
 from photon_core.task import Task
 
-from .engine import count_prompt_tokens, encoded_crops, engine_capacity, step_batch
+from .engine import count_prompt_tokens, crop_counter, encoded_crops, engine_capacity, step_batch
 
 
 def image_shape(image: Any) -> tuple[int, int] | None:
@@ -89,6 +89,9 @@ class CostModel:
     prefill_per_token_ms: float = 0.1
     decode_step_ms: dict[int, float] = field(default_factory=lambda: {1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0})
     crops: Callable[[tuple[int, int] | None], int] = moondream_crops
+    # the engine's own count of a frame's crops (engine.crop_count(height, width, mode):
+    # Moondream 2's tiling rule), found by calibrate(); None: the `crops` estimate above
+    crop_count: Callable[[int, int, str], int] | None = None
     ema: float = 0.1                 # online correction rate (0 disables)
     # online correction factors (actual / predicted)
     f_encode: float = 1.0
@@ -116,8 +119,11 @@ class CostModel:
         return self.f_encode * (self.encode_base_ms + self.encode_per_crop_ms * self._crops(shape))
 
     def _crops(self, key) -> int:
-        """Crops of an encode_key: 1 for a global-crop frame, at most 1 + N for "overlap:N",
-        else self.crops(shape)."""
+        """Crops of an encode_key: the engine's count where it has one (crop_count); else
+        estimated: 1 for a global-crop frame, at most 1 + N for "overlap:N", else
+        self.crops(shape)."""
+        if self.crop_count is not None and key is not None:
+            return int(self.crop_count(key[0], key[1], key[2] if len(key) == 3 else "overlap"))
         if key is None or len(key) != 3:
             return self.crops(key)
         budget = crop_budget_of(key[2])
@@ -215,7 +221,8 @@ class CostModel:
         """Every cost times k (the simulator sets load levels this way)."""
         return CostModel(self.encode_base_ms * k, self.encode_per_crop_ms * k,
                          self.prefill_base_ms * k, self.prefill_per_token_ms * k,
-                         {b: v * k for b, v in self.decode_step_ms.items()}, self.crops, self.ema,
+                         {b: v * k for b, v in self.decode_step_ms.items()}, self.crops,
+                         self.crop_count, self.ema,
                          encode_batch_factor=dict(self.encode_batch_factor))
 
     def as_dict(self) -> dict:
@@ -297,6 +304,7 @@ class CostModel:
         best = 0.0
         for b in sorted(steps_ms):
             best = steps_ms[b] = max(steps_ms[b], best)
+        kw.setdefault("crop_count", crop_counter(engine))
         return cls(encode_base_ms=base, encode_per_crop_ms=per, prefill_base_ms=p_base,
                    prefill_per_token_ms=p_per, decode_step_ms=steps_ms, **kw)
 

@@ -1,7 +1,8 @@
 """The engine contract as the scheduler uses it (photon_core.engine: Engine, Run, PrefixState).
 The families' reference engines, the runtime's FastEngine, photon_ros' HookedEngine and the
 simulator's SimEngine all implement it; nothing here guesses an engine's methods.
-Optional, declared by the engine: encode_batch (encode_batch.py), queued_encode (encodes_queued)."""
+Optional, declared by the engine: encode_batch (encode_batch.py), queued_encode (encodes_queued),
+crop_count (crop_counter)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -31,6 +32,14 @@ def encoded_crops(enc: Any) -> int | None:
     """Image units (crops) an encoded image was made of (PrefixState.n_crops)."""
     n = enc.n_crops
     return None if n is None else int(n)
+
+
+def crop_counter(engine: Any):
+    """The engine's `crop_count(height, width, crops)` (crops the encoder will run for a frame,
+    by the family's own tiling rule: Moondream 2's reference and fast engines) where it has
+    one, else None (the cost model then estimates, cost_model.moondream_crops)."""
+    f = getattr(engine, "crop_count", None)
+    return f if callable(f) else None
 
 
 def engine_capacity(engine: Engine) -> int | None:

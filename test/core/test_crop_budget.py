@@ -131,3 +131,41 @@ def test_the_cost_model_counts_a_budget_and_keys_it_apart():
     cost.observe_encode(EncodeRequest(frame, "overlap:4"), 3.0)
     assert cost.encode_ms(EncodeRequest(frame, "overlap:4")) == 3.0
     assert cost.encode_ms(frame) != 3.0                     # the full mode is costed apart
+
+
+def test_the_engines_count_a_frames_crops_before_encoding_it(model):
+    """crop_count (the reference and the fast engine, the node's HookedEngine) gives what the
+    encode then runs, for every mode; a calibrated cost model takes it in place of its
+    size estimate (cost_model.moondream_crops: 5 for a real 640x480 frame, which runs 9)."""
+    from photon_core.scheduler.engine import crop_counter
+
+    fe = FastEngine(model, max_batch=1)
+    try:
+        rng = np.random.default_rng(0)
+        for h, w in ((40, 50), (120, 130), (90, 260), (300, 90)):
+            img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            for mode in ("overlap", "overlap:1", "overlap:3", "global"):
+                n = model.encode_image(img, crops=mode).n_crops
+                assert model.crop_count(h, w, mode) == n, (h, w, mode)
+                assert fe.crop_count(h, w, mode) == n, (h, w, mode)
+        assert fe.crop_count(120, 130) == 5 and crop_counter(fe) == fe.crop_count
+        cost = CostModel(encode_base_ms=4.0, encode_per_crop_ms=1.0, crop_count=fe.crop_count)
+        assert cost._crops((120, 130)) == 5 and cost._crops((120, 130, "overlap:1")) == 2
+        assert cost.encode_ms(shape=(120, 130, "global")) == 5.0
+    finally:
+        fe.close()
+    # the real model's 640x480 frame: its tiling rule against the size estimate
+    real = MoondreamModel(MoondreamConfig(), model.weights, model.tokenizer)
+    assert real.crop_count(480, 640) == 9 and real.crop_count(480, 640, "overlap:4") == 5
+    estimate = CostModel(encode_base_ms=4.0, encode_per_crop_ms=1.0)
+    counted = CostModel(encode_base_ms=4.0, encode_per_crop_ms=1.0, crop_count=real.crop_count)
+    assert estimate._crops((480, 640)) == 5 and counted._crops((480, 640)) == 9
+    assert counted.scaled(2.0)._crops((480, 640, "overlap:4")) == 5
+
+
+def test_calibration_takes_the_engines_crop_count(model):
+    from photon_core.scheduler.engine import crop_counter
+
+    cost = CostModel.calibrate(model, image_sizes=((40, 50), (120, 130)), batch_sizes=(1,),
+                               steps=1, repeats=1)
+    assert cost.crop_count == model.crop_count and crop_counter(object()) is None

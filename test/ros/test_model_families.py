@@ -229,6 +229,12 @@ def test_adapter_has_no_encode_batch_where_the_model_has_none():
 
     eng = HookedEngine(Whole())
     assert eng.capabilities is QWEN and not hasattr(eng, "encode_batch")
+    assert not hasattr(eng, "crop_count")
+
+    class Tiled(Whole):
+        def crop_count(self, height, width, crops):
+            return 7
+    assert HookedEngine(Tiled()).crop_count(480, 640, "overlap") == 7
 
 
 def test_prepare_encode_for_each_configured_camera_size():

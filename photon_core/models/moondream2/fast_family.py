@@ -113,6 +113,9 @@ class MoondreamFast:
     def encode_image(self, image, crops: str = "overlap"):
         return self.model.encode_image(image, crops=crops)
 
+    def crop_count(self, height: int, width: int, crops: str) -> int:
+        return self.model.crop_count(height, width, crops)
+
     def make_batch_encoder(self, use_graphs: bool, fast: bool, max_frames: int,
                            default_crops: str):
         from ...fast.graphed_batch_encoder import GraphedBatchEncoder   # Moondream's encode

@@ -17,7 +17,7 @@ from ...task import SKILLS as ALL_SKILLS
 from . import hub, text, vision
 from .config import MoondreamConfig
 from ...encode_request import crop_budget, unwrap
-from .crops import GLOBAL_TILING, CropPlan, global_crop, overlap_crops
+from .crops import GLOBAL_TILING, CropPlan, crop_geometry, global_crop, overlap_crops
 from .image_input import MAX_SIDE, to_rgb_array
 from .kv_cache import KVCache
 from .layers import Weights
@@ -120,6 +120,15 @@ class MoondreamModel(SplitEncode, EngineConveniences):
                                                v.overlap_margin,
                                                crop_budget(crops, v.max_crops))
             return array, vision.normalize(pixels, w.device, w.dtype), tiling
+
+    def crop_count(self, height: int, width: int, crops: str | None = None) -> int:
+        """Crops the vision encoder runs for a height x width frame in crop mode `crops`
+        (None: self.crops), by the tiling rule itself, without any pixel work: the
+        scheduler's encode cost hint before the frame is encoded (a frame past MAX_SIDE is
+        shrunk first; its tiling is at max_crops either way)."""
+        v = self.config.vision
+        return crop_geometry(int(height), int(width), crops or self.crops, v.crop_size,
+                             v.enc_patch_size, v.overlap_margin, v.max_crops)[1]
 
     def crop_plan(self, height: int, width: int, crops: str = "overlap") -> CropPlan:
         """The torch crops of height x width frames in this crop mode on the model's device
