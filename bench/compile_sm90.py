@@ -94,15 +94,6 @@ def qwen3_5_launches(dtype=torch.bfloat16):
                               e(h, dt=torch.float32), e(h), e(d), e(8, h, d, d,
                                                                  dt=torch.float32),
                               (h, h, d, d), 1e-6)
-        # the residual GEMVs with the next norm in their last program (gemv.NormTail), at
-        # Qwen 3.5 0.8B's down / out projections and Moondream 2's (1 and 8 rows, split-K)
-        from photon_core.ops import gemv as G
-        for b, n, k, kind in ((1, 1024, 3584, "rms_zc"), (8, 1024, 2048, "rms_zc"),
-                              (1, 2048, 10240, "layer"), (8, 2048, 10240, "layer")):
-            tail = G.NormTail(kind, e(n), e(b, n), e(1, dt=torch.int32), 1e-6,
-                              e(n) if kind == "layer" else None)
-            G.gemv(e(b, k), e(n, k), e(n, dt=torch.float32), e(b, n, dt=torch.float32),
-                   G.EPI_RESIDUAL, norm=tail)
     return launches
 
 

@@ -69,8 +69,7 @@ from ..ops.eager import gated_norm_reference, norm_reference
 from ..ops.feedback_embedding import feedback_embedding
 from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
 from ..ops.gated_activation import ACTIVATIONS
-from ..ops.gemv import (EPI_ACT_MUL, EPI_GATED, EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE,
-                        NORM_KINDS, NormTail, gemv,
+from ..ops.gemv import (EPI_ACT_MUL, EPI_GATED, EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv,
                         interleave_gated)
 from ..ops.layernorm import layer_norm, rms_norm
 from ..ops.logit_softcap import logit_softcap_triton
@@ -102,7 +101,6 @@ def auto_pdl_rows(program) -> int:
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
-NORM_TAIL = False     # (opt-in until measured on a GPU)
 
 
 class FusedBackend:
@@ -150,7 +148,6 @@ class FusedBackend:
         self.chained_norms = 0            # ... and with the RMSNorm after them
         self.gated_gemvs = 0              # linear + act_mul pairs as one GEMV
         self.fused_runs = 0               # hybrid runs of ops as one launch (hybrid_rows)
-        self.norm_tails = 0               # residual GEMVs that write the norm after them
         self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
@@ -197,9 +194,6 @@ class FusedBackend:
             after it (`norm x -> h2`) is written by the same kernel;
           a Gated DeltaNet's conv1d -> delta_rule -> gated_norm -> one launch per decode
             step (hybrid_rows.RowsLowering.lower_run, FUSE_DELTA_NET);
-          NORM_TAIL: `residual [..] -> x; norm x -> h` (a pre-norm block's residual GEMV and
-            the next block's input norm) -> one GEMV whose last program writes h
-            (gemv.NormTail), where the residual is one GEMV;
           EPILOGUE_FUSION: `linear h -> [g, u]; act_mul (g, u) -> m` -> one GEMV over the
             (gate, up) row pairs whose epilogue writes m (EPI_GATED); `linear s -> [p];
             act_mul (p, q) -> m` -> one GEMV writing act(p) * q (EPI_ACT_MUL); when g / u /
@@ -236,14 +230,6 @@ class FusedBackend:
                     self.chained_norms += 1
                     i += 1
                 continue
-            if (NORM_TAIL and op.kind == "residual" and nxt is not None and nxt.kind == "norm"
-                    and nxt.src == ("x",) and nxt.norm in NORM_KINDS):
-                f = self._lower_residual(op, norm=nxt)
-                if f is not None:
-                    out.append(f)
-                    self.norm_tails += 1
-                    i += 2
-                    continue
             f = self._lower_gated(op, nxt, ops[i + 2:]) if EPILOGUE_FUSION else None
             if f is not None:
                 out.append(f)
@@ -435,14 +421,10 @@ class FusedBackend:
                 f(b, env)
         return run
 
-    def _lower_residual(self, op: Op, norm: Op | None = None):
-        """norm: the `norm x -> h` right after it, written by the GEMV's last program (one
-        GEMV only; None is returned where the residual is several)."""
+    def _lower_residual(self, op: Op):
         ws = [self._weight(n) for n in op.weights]
         place = self._contiguous(op.src)
         biases = [bb for _, bb in ws if bb is not None]
-        if norm is not None and place is None:
-            return None
         if place is not None:
             w = torch.cat([t for t, _ in ws], dim=1).contiguous() if len(ws) > 1 \
                 else ws[0][0].contiguous()
@@ -454,16 +436,9 @@ class FusedBackend:
             buf, off, width = place
             self.fused_gemvs[op] = dict(w=w, bias=bias, buf="x", off=0, n_split=0, gap=0,
                                         epi=EPI_RESIDUAL, src_buf=buf, src_off=off)
-            tail = None
-            if norm is not None:
-                nw, nb = self._weight(norm.weights[0])
-                tail = dict(kind=norm.norm, weight=nw.contiguous(), eps=norm.eps,
-                            bias=None if nb is None else nb.contiguous(),
-                            counter=torch.zeros(1, dtype=torch.int32, device=self.x.device))
-            return lambda b, env: gemv(
-                self.bufs[buf][:b, off:off + width], w, bias, self.x[:b], EPI_RESIDUAL,
-                deterministic=self.deterministic, pdl=self.pdl_at(b),
-                norm=tail and NormTail(h=self._view(norm.dst[0], b), **tail))
+            return lambda b, env: gemv(self.bufs[buf][:b, off:off + width], w, bias,
+                                       self.x[:b], EPI_RESIDUAL,
+                                       deterministic=self.deterministic, pdl=self.pdl_at(b))
         parts = []
         for s, (t, bb) in zip(op.src, ws):
             t = t.contiguous()

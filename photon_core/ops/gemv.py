@@ -25,13 +25,6 @@ Epilogues (EPI):
   EPI_ACT_MUL  y = act(acc + bias rounded to y's dtype) * mul[:, n] (Gemma 4's per-layer
                input gate: gelu_tanh(x W^T) * ple), the same math
   act (ACT): ACT_GELU_TANH or ACT_SILU.
-Norm tail (EPI_RESIDUAL only, `norm=NormTail(...)`): the residual GEMV of a pre-norm block is
-followed by the norm of the whole new residual row (the next block's input norm); each
-program, its slice of y written, adds 1 to a counter (acquire / release) and the last one
-normalizes the bucket's full rows of y into h - the norm kernels' math (ops/layernorm.py
-rows: LayerNorm, RMSNorm, zero-centred RMSNorm), one launch less per norm (sums in another
-thread order than the norm kernel's: close, not always bitwise). The last program resets
-the counter for the next launch.
 x may be the fp32 residual stream: it is rounded to the weights' dtype as it is loaded, the
 same values as torch's x.to(w.dtype) before the call.
 
@@ -51,46 +44,9 @@ from . import GEMV_MAX_ROWS
 from .gated_activation import (ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_activation,
                                gated_value)
 from . import pdl as _pdl
-from .layernorm import layernorm_row, rmsnorm_row
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
-# the norm tail's kinds (the program's norm kinds: "layer", "rms", "rms_zc")
-NORM_NONE, NORM_LAYER, NORM_RMS, NORM_RMS_ZC = 0, 1, 2, 3
-NORM_KINDS = {"layer": NORM_LAYER, "rms": NORM_RMS, "rms_zc": NORM_RMS_ZC}
-
-
-@dataclass(frozen=True)
-class NormTail:
-    """The norm of the residual GEMV's whole output rows, by its last program: h[b, :N] =
-    norm(y[b, :N]) (h any float dtype, unit column stride); kind: NORM_KINDS' keys; bias:
-    LayerNorm's; counter: an int32 [1] tensor of zeros owned by this call site (one per
-    launch site: two kernels in flight must not share it)."""
-    kind: str
-    weight: torch.Tensor
-    h: torch.Tensor
-    counter: torch.Tensor
-    eps: float = 1e-6
-    bias: torch.Tensor | None = None
-
-
-@triton.jit
-def _norm_rows(y_ptr, stride_yb, B, N, h_ptr, stride_hb, nw_ptr, nb_ptr, eps,
-               NORM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """h[r] = norm(y[r]) for the B rows (the norm kernels' row math)."""
-    offs = tl.arange(0, BLOCK_D)
-    ok = offs < N
-    for r in range(0, B):
-        x = tl.load(y_ptr + r * stride_yb + offs, mask=ok, other=0.0).to(tl.float32)
-        if NORM == 1:
-            h = layernorm_row(x, ok, offs, nw_ptr, nb_ptr, N, eps)
-        elif NORM == 2:
-            h = rmsnorm_row(x, ok, offs, nw_ptr, N, eps)
-        else:       # zero-centred: x * rstd * (1 + w) (ops/rmsnorm_zero_centred.py)
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
-            w = tl.load(nw_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-            h = x * rstd * (1.0 + w)
-        tl.store(h_ptr + r * stride_hb + offs, h.to(h_ptr.dtype.element_ty), mask=ok)
 
 
 @dataclass(frozen=True)
@@ -122,9 +78,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
-                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
-                 h_ptr=None, stride_hb=0, nw_ptr=None, nb_ptr=None, eps=0.0, cnt_ptr=None,
-                 NORM: tl.constexpr = 0, BLOCK_D: tl.constexpr = 16):
+                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False):
     if not LATE:
         pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
@@ -182,13 +136,6 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
             tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + acc, mask=mask)
         else:
             tl.atomic_add(ptrs, acc, mask=mask)
-        if NORM != 0:       # the last program to finish normalizes the whole rows
-            tl.debug_barrier()          # every thread's part of y is written
-            done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-            if done == tl.num_programs(0) * tl.num_programs(1) - 1:
-                _norm_rows(y_ptr, stride_yb, B, N, h_ptr, stride_hb, nw_ptr, nb_ptr, eps,
-                           NORM, BLOCK_D)
-                tl.atomic_xchg(cnt_ptr, 0)
     elif EPI == 3:         # (gate, up) row pairs -> act(gate) * up at column n // 2
         t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
         g, u = tl.split(tl.reshape(t, [BLOCK_B, BLOCK_N // 2, 2]))
@@ -316,8 +263,8 @@ def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvC
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
          epi: int = EPI_STORE, n_split: int = 0, gap: int = 0,
          cfg: GemvConfig | None = None, deterministic: bool = False,
-         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None,
-         norm: NormTail | None = None) -> torch.Tensor:
+         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None
+         ) -> torch.Tensor:
     """x [b, K] (row stride free, unit column stride; may be fp32 with bf16 / fp16 weights:
     rounded as it is loaded), w [N, K] contiguous, y [b, *] with unit column stride (fp32
     for EPI_RESIDUAL; N / 2 columns for EPI_GATED).
@@ -325,9 +272,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     pdl: programmatic dependent launch (ops/pdl.py): the first weight tile loads while the
     previous kernel finishes.
     act: EPI_GATED / EPI_ACT_MUL's activation ("gelu_tanh" | "silu"); mul [b, N]: EPI_ACT_MUL's
-    multiplier (unit column stride).
-    norm (EPI_RESIDUAL only): the norm of y's whole rows into norm.h by the last program
-    (NormTail)."""
+    multiplier (unit column stride)."""
     b, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
@@ -341,17 +286,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    tail = {}
-    if norm is not None:
-        if epi != EPI_RESIDUAL or norm.kind not in NORM_KINDS or y.shape[1] != n:
-            raise ValueError(f"a {norm.kind!r} norm tail needs EPI_RESIDUAL over y's {n} "
-                             "columns")
-        assert norm.h.stride(1) == 1 and norm.h.shape[0] >= b and norm.weight.shape == (n,)
-        assert norm.counter.dtype == torch.int32
-        tail = dict(h_ptr=norm.h, stride_hb=norm.h.stride(0), nw_ptr=norm.weight,
-                    nb_ptr=norm.bias if norm.bias is not None else norm.weight,
-                    eps=norm.eps, cnt_ptr=norm.counter, NORM=NORM_KINDS[norm.kind],
-                    BLOCK_D=triton.next_power_of_2(n))
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k,
                        x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), EPI=epi,
@@ -360,7 +294,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages,
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
-                       LATE=gdc and _pdl.LATE_TRIGGER, **tail, **launch_kw)
+                       LATE=gdc and _pdl.LATE_TRIGGER, **launch_kw)
     return y
 
 
