@@ -10,10 +10,14 @@ the same run:
     columns are sliced off; the scale stays 1/sqrt(72));
   - bf16 GEMM rates (TFLOP/s) of the vision shapes (M = 6561) and the prefill shapes
     (M = 730 and 2920), F.linear with bias;
-  - torch.compile of vision_fused.encoder's math (default mode): compile seconds and the
-    graph-replayed time, against the same encoder as a CUDA graph (what a compiler would buy).
+  - torch.compile of vision_fused.encoder's math (--compile-mode, default "default"): compile
+    seconds and the graph-replayed time, against the same encoder as a CUDA graph (what a
+    compiler would buy); the vision GEMMs alone compiled the same way against cuBLAS
+    and the image-prefix prefill's (730 rows) (gemm_rates_compiled: with
+    max-autotune-no-cudagraphs, Inductor's Triton GEMM templates).
 
 Usage: PYTHONPATH=. python3 bench/probe_encode.py [--iters 10] [--no-compile]
+           [--compile-mode max-autotune-no-cudagraphs] [--only SECTION,...]
 Writes $OUT/probe_encode.json when OUT is set.
 
 A/B of the encode between checkouts (issue 13), same GPU, same run:
@@ -417,6 +421,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile mode of the compile sections, e.g. "
+                    "max-autotune-no-cudagraphs (Triton GEMM templates against cuBLAS)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated section names to run (default: all), e.g. "
+                    "vision_graph_ms,gemm_rates,gemm_rates_compiled,vision_torch_compile")
     ap.add_argument("--ab", nargs="+", metavar="TREE",
                     help="A/B of these checkouts' encode, each in a subprocess")
     ap.add_argument("--rounds", type=int, default=1, help="--ab: runs per tree, alternating")
@@ -442,6 +452,12 @@ def main():
     m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     v, w, t = m.config.vision, m.weights, m.config.text
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    only = set(filter(None, args.only.split(",")))
+    mode = args.compile_mode
+
+    def part(name, fn):                         # section(), filtered by --only
+        if not only or name in only:
+            section(out, name, fn)
     with torch.inference_mode():
         _, x, _ = m.image_crops(frame)
         out["crops"] = int(x.shape[0])
@@ -449,16 +465,16 @@ def main():
         def vis():
             return vision_fused.encoder(w, v, x)
 
-        section(out, "vision_graph_ms", lambda: round(graph_ms(vis, it), 3))
-        section(out, "vision_profile", lambda: profile_kinds(vis))
+        part("vision_graph_ms", lambda: round(graph_ms(vis, it), 3))
+        part("vision_profile", lambda: profile_kinds(vis))
         for n in (1, 4):
             pre = torch.randn(n, m.prefix_len, t.dim, device="cuda", dtype=w.dtype)
             kv = batched_encode.kv_buffer(m, n)
 
             def pf(pre=pre, kv=kv):
                 return prefill_prefix(w, t, pre, kv, m.prefix_len, fast=True)
-            section(out, f"prefill_n{n}_graph_ms", lambda: round(graph_ms(pf, it), 3))
-            section(out, f"prefill_n{n}_profile", lambda: profile_kinds(pf))
+            part(f"prefill_n{n}_graph_ms", lambda: round(graph_ms(pf, it), 3))
+            part(f"prefill_n{n}_profile", lambda: profile_kinds(pf))
 
         def sdpa_pad():
             res = {}
@@ -482,7 +498,7 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         res[f"d{pad}_{be[:5].lower()}"] = repr(e)[:100]
             return res
-        section(out, "vision_sdpa_padded", sdpa_pad)
+        part("vision_sdpa_padded", sdpa_pad)
 
         def gemms():
             res = {}
@@ -501,23 +517,63 @@ def main():
                     res[f"{label}_{kdim}x{ndim}"] = {
                         "ms": round(ms, 4), "tflops": round(2 * mrows * kdim * ndim / ms / 1e9, 1)}
             return res
-        section(out, "gemm_rates", gemms)
+        part("gemm_rates", gemms)
+
+        def gemms_compiled():
+            """The vision GEMMs (and fc1's GELU) through torch.compile(mode=--compile-mode)
+            against F.linear (cuBLAS) in the same run: under max-autotune, Inductor times its
+            Triton GEMM templates against cuBLAS per shape and keeps the faster."""
+            res = {}
+            lin = torch.compile(lambda a, wt, b: F.linear(a, wt, b), mode=mode, dynamic=False)
+            lin_gelu = torch.compile(lambda a, wt, b: F.gelu(F.linear(a, wt, b),
+                                                             approximate="tanh"),
+                                     mode=mode, dynamic=False)
+            vis_rows, pre_rows = x.shape[0] * 729, m.prefix_len
+            for mrows, kdim, ndim, gelu in (
+                    (vis_rows, 1152, 3456, False), (vis_rows, 1152, 1152, False),
+                    (vis_rows, 1152, 4304, True), (vis_rows, 4304, 1152, False),
+                    (pre_rows, 2048, 6144, False), (pre_rows, 2048, 2048, False),
+                    (pre_rows, 2048, 8192, True), (pre_rows, 8192, 2048, False)):
+                a = torch.randn(mrows, kdim, device="cuda", dtype=torch.bfloat16)
+                wt = torch.randn(ndim, kdim, device="cuda", dtype=torch.bfloat16) / 30
+                b = torch.randn(ndim, device="cuda", dtype=torch.bfloat16)
+                fn = lin_gelu if gelu else lin
+                t0 = time.perf_counter()
+                y = fn(a, wt, b)
+                torch.cuda.synchronize()
+                secs = time.perf_counter() - t0
+                ref = F.linear(a, wt, b)
+                if gelu:
+                    ref = F.gelu(ref, approximate="tanh")
+                flop = 2 * mrows * kdim * ndim
+                eager = cuda_ms(lambda: F.gelu(F.linear(a, wt, b), approximate="tanh")
+                                if gelu else F.linear(a, wt, b), it)
+                comp = cuda_ms(lambda: fn(a, wt, b), it)
+                res[f"{mrows}x{kdim}x{ndim}{'_gelu' if gelu else ''}"] = {
+                    "eager_ms": round(eager, 4), "compiled_ms": round(comp, 4),
+                    "eager_tflops": round(flop / eager / 1e9, 1),
+                    "compiled_tflops": round(flop / comp / 1e9, 1),
+                    "compile_s": round(secs, 1),
+                    "rel_diff": round(((y.float() - ref.float()).norm()
+                                       / ref.float().norm()).item(), 5)}
+            return res
+        part("gemm_rates_compiled", gemms_compiled)
 
         if not args.no_compile:
             def compiled():
                 t0 = time.perf_counter()
-                cf = torch.compile(vision_fused.encoder)
+                cf = torch.compile(vision_fused.encoder, mode=mode)
                 y = cf(w, v, x, fuse_norms=False)
                 torch.cuda.synchronize()
                 secs = time.perf_counter() - t0
                 ref = vis()
                 rel = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
-                return {"compile_s": round(secs, 1),
+                return {"mode": mode, "compile_s": round(secs, 1),
                         "compiled_graph_ms": round(graph_ms(
                             lambda: cf(w, v, x, fuse_norms=False), it), 3),
                         "eager_graph_ms": round(graph_ms(vis, it), 3),
                         "rel_diff": round(rel, 5)}
-            section(out, "vision_torch_compile", compiled)
+            part("vision_torch_compile", compiled)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "probe_encode.json").write_text(json.dumps(out, indent=1))
 
