@@ -86,6 +86,10 @@ def qwen3_5_launches(dtype=torch.bfloat16):
         # the fast encode's FAST_PREP: what feeds the scan kernel, one launch
         gdr._fast_prep(k, v, g, beta, gdr.SCAN_CHUNK,
                        "ieee" if dtype == torch.float32 else "tf32")
+        # FAST_SOLVE: the chunks' unit lower-triangular systems (16 heads x 16 chunks of 64)
+        from photon_core.ops.unit_lower_solve import unit_lower_solve_triton
+        unit_lower_solve_triton(e(h, 16, 64, 64, dt=torch.float32),
+                                e(h, 16, 64, 2 * d, dt=torch.float32))
         gdr.gated_delta_step_triton(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], s0)
         # a decode bucket's Gated DeltaNet layer in one launch (fast/hybrid_rows.py)
         from photon_core.ops.delta_net_rows import delta_net_rows_triton

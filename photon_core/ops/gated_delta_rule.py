@@ -24,6 +24,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from .unit_lower_solve import unit_lower_solve_reference, unit_lower_solve_triton
+
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
@@ -96,6 +98,11 @@ SCAN_CHUNK = 64
 # session 16 call 3) - as ONE launch per layer (_gdr_fast_prep_kernel) before the solve
 # (Qwen 3.5 0.8B's 640x480 encode graph replay 9.60 -> 7.51-7.58 ms, launches 2071 -> 1261)
 FAST_PREP = True
+# FAST_SOLVE (session 18): the prep's unit lower-triangular systems solved by the Triton kernel
+# of ops/unit_lower_solve.py (blocked substitution, one program per system) instead of
+# torch.linalg.solve_triangular (cuBLAS's batched trsm: ~37 us per layer, 0.67 ms of Qwen 3.5
+# 0.8B's 640x480 encode); opt-in until measured on the H200
+FAST_SOLVE = False
 
 
 def _scan_on_device(v: torch.Tensor) -> bool:
@@ -218,7 +225,8 @@ def _prepped_scan(q, k, v, g, beta, state, chunk: int, precision: str | None = N
     dk = k.shape[-1]
     n = triton.cdiv(t, chunk)
     a, rhs, cum = _fast_prep(k, v, g, beta, chunk, precision or _precision(v))
-    uw = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    uw = unit_lower_solve_triton(a, rhs) if FAST_SOLVE else \
+        unit_lower_solve_reference(a, rhs)
     s = _new_state(v.transpose(1, 2), dk, state)
     shape = (b, hv, n, chunk)
     return _scan_from(q, k, v, uw[..., :dv].reshape(*shape, dv),
