@@ -99,10 +99,12 @@ SCAN_CHUNK = 64
 # (Qwen 3.5 0.8B's 640x480 encode graph replay 9.60 -> 7.51-7.58 ms, launches 2071 -> 1261)
 FAST_PREP = True
 # FAST_SOLVE (session 18): the prep's unit lower-triangular systems solved by the Triton kernel
-# of ops/unit_lower_solve.py (blocked substitution, one program per system) instead of
-# torch.linalg.solve_triangular (cuBLAS's batched trsm: ~37 us per layer, 0.67 ms of Qwen 3.5
-# 0.8B's 640x480 encode); opt-in until measured on the H200
-FAST_SOLVE = False
+# of ops/unit_lower_solve.py (blocked substitution, a program per system and 64 columns)
+# instead of torch.linalg.solve_triangular (cuBLAS's batched trsm and its copies): Qwen 3.5
+# 0.8B's 640x480 encode on the H200 (session 18 calls 3-4), graph replay 6.65-6.71 -> 5.97-6.00
+# ms, the solve 0.669 ms (+ 0.15 ms of copies) -> 0.243 ms per encode; the state's error vs
+# fp32 k / v / conv / recurrent 0.056 / 0.054 / 0.063 / 0.058 -> 0.048 / 0.048 / 0.059 / 0.064
+FAST_SOLVE = True
 
 
 def _scan_on_device(v: torch.Tensor) -> bool:

@@ -8,7 +8,8 @@ of `a` is read as 1, its upper triangle ignored). On the GPU that is cuBLAS's ba
 ~37 us per layer for Qwen 3.5 0.8B's 640x480 prefix (80 systems), latency of its sequential
 substitution, 0.67 ms of the encode (docs/benchmarks.md, session 16).
 
-Kernel: one program per system, blocked forward substitution over block rows of 16:
+Kernel: one program per (system, COLUMNS columns of R), blocked forward substitution over
+block rows of 16:
     X_i = D_i^-1 (R_i - sum_{j<i} L_ij X_j)
 with each diagonal block's inverse (I + L_ii)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8) (L
 strictly lower 16 x 16: L^16 = 0, so the product is the whole Neumann series, exact up to
@@ -23,6 +24,10 @@ import torch
 from ._triton import tl, triton
 
 BLOCK = 16          # rows per diagonal block (tl.dot's smallest M / K)
+# right-hand-side columns per program (each program of a system inverts the diagonal blocks
+# itself); Qwen 3.5 0.8B's encode (18 launches of 80 systems x 256 columns) on the H200:
+# 0.242 ms with 64, 0.330 with 32, 0.594 with all 256 in one program (session 18 calls 3-5)
+COLUMNS = 64
 
 
 def unit_lower_solve_reference(a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -49,13 +54,13 @@ def _diag_inverse(a, i0, C: tl.constexpr, BC: tl.constexpr, NSQ: tl.constexpr):
 
 @triton.jit
 def _unit_lower_solve_kernel(a_ptr, r_ptr, x_ptr, W, C: tl.constexpr, BC: tl.constexpr,
-                             NSQ: tl.constexpr, WP: tl.constexpr):
+                             NSQ: tl.constexpr, WB: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
     a = a_ptr + s * C * C
     r = r_ptr + s * C * W
     x = x_ptr + s * C * W
     rows = tl.arange(0, BC)
-    cols = tl.arange(0, WP)
+    cols = tl.program_id(1) * WB + tl.arange(0, WB)
     cm = (cols < W)[None, :]
     for i in tl.static_range(C // BC):
         blk = (i * BC + rows)[:, None] * W + cols[None, :]
@@ -81,11 +86,10 @@ def unit_lower_solve_triton(a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     a, r = a.contiguous(), r.contiguous()
     x = torch.empty_like(r)
     systems = a.numel() // (c * c)
+    wb = min(COLUMNS, max(16, triton.next_power_of_2(w)))
     if systems:
-        _unit_lower_solve_kernel[(systems,)](a, r, x, w, C=c, BC=BLOCK,
-                                             NSQ=BLOCK.bit_length() - 2,
-                                             WP=max(16, triton.next_power_of_2(w)),
-                                             num_warps=4)
+        _unit_lower_solve_kernel[(systems, triton.cdiv(w, wb))](
+            a, r, x, w, C=c, BC=BLOCK, NSQ=BLOCK.bit_length() - 2, WB=wb, num_warps=4)
     return x
 
 
