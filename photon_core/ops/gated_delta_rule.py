@@ -92,6 +92,9 @@ FAST_CHUNK = 128
 FAST = True
 FAST_SCAN = True
 SCAN_CHUNK = 64
+# value columns per program of the scan kernel (grid: B Hv x Dv / SCAN_BLOCK_V; Qwen 3.5 0.8B:
+# 16 heads x 4 = 64 programs at 32)
+SCAN_BLOCK_V = 32
 # FAST_PREP (session 16; on since session 17 call 1): with the scan kernel, what feeds it -
 # q / k / v's fp32 transposed copies, the l2 norms, the gates' cumsum, the decays, the chunk
 # matrices and the solve's right-hand sides (~1 ms in ~250 launches of the eager 0.8B encode,
@@ -192,7 +195,7 @@ def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = 
 
 
 def _scan_from(q, k, v, u, w, cum, state, s, chunk: int, precision: str | None = None,
-               block_v: int = 32):
+               block_v: int | None = None):
     """The scan kernel over the chunks' u / w [B, H, N, C, D] and cum [B, H, N, C] from the
     fp32 state s (a copy of `state`, which stays as given) -> (o [B, T, Hv, Dv], s).
     precision None: TF32 dots for 16-bit inputs, exact fp32 for fp32 ones."""
@@ -209,7 +212,7 @@ def _scan_from(q, k, v, u, w, cum, state, s, chunk: int, precision: str | None =
                 u.reshape(b * h, n * chunk, dv).contiguous(),
                 w.reshape(b * h, n * chunk, dk).contiguous(),
                 cum.reshape(b * h, n * chunk).contiguous(), s, o, chunk,
-                precision or _precision(v), block_v)
+                precision or _precision(v), block_v or SCAN_BLOCK_V)
     return o, s
 
 
@@ -218,7 +221,7 @@ def _precision(v: torch.Tensor) -> str:
 
 
 def _prepped_scan(q, k, v, g, beta, state, chunk: int, precision: str | None = None,
-                  block_v: int = 32):
+                  block_v: int | None = None):
     """The scan form fed by _gdr_fast_prep_kernel: per (chunk, value head) the l2-normed
     keys, the gates' cumsum, the unit lower-triangular chunk matrix I + A and the right-hand
     sides [beta v | beta k e^cum] in one launch; then the one solve (torch's) and the scan
@@ -227,13 +230,15 @@ def _prepped_scan(q, k, v, g, beta, state, chunk: int, precision: str | None = N
     dk = k.shape[-1]
     n = triton.cdiv(t, chunk)
     a, rhs, cum = _fast_prep(k, v, g, beta, chunk, precision or _precision(v))
-    uw = unit_lower_solve_triton(a, rhs) if FAST_SOLVE else \
-        unit_lower_solve_reference(a, rhs)
+    if FAST_SOLVE:          # u and w written apart, contiguous (no copies in _scan_from)
+        u, w = unit_lower_solve_triton(a, rhs, split=dv)
+    else:
+        uw = unit_lower_solve_reference(a, rhs)
+        u, w = uw[..., :dv], uw[..., dv:]
     s = _new_state(v.transpose(1, 2), dk, state)
     shape = (b, hv, n, chunk)
-    return _scan_from(q, k, v, uw[..., :dv].reshape(*shape, dv),
-                      uw[..., dv:].reshape(*shape, dk), cum.reshape(shape), state, s, chunk,
-                      precision, block_v)
+    return _scan_from(q, k, v, u.reshape(*shape, dv), w.reshape(*shape, dk),
+                      cum.reshape(shape), state, s, chunk, precision, block_v)
 
 
 # -- Triton: the one-token step ----------------------------------------------------------------

@@ -53,30 +53,41 @@ def _diag_inverse(a, i0, C: tl.constexpr, BC: tl.constexpr, NSQ: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_solve_kernel(a_ptr, r_ptr, x_ptr, W, C: tl.constexpr, BC: tl.constexpr,
-                             NSQ: tl.constexpr, WB: tl.constexpr):
+def _unit_lower_solve_kernel(a_ptr, r_ptr, x_ptr, x2_ptr, W, SPLIT, C: tl.constexpr,
+                             BC: tl.constexpr, NSQ: tl.constexpr, WB: tl.constexpr):
+    """X's columns [0, SPLIT) go to x (rows SPLIT wide), the rest to x2 (rows W - SPLIT wide);
+    SPLIT a multiple of WB (SPLIT = W: all to x)."""
     s = tl.program_id(0).to(tl.int64)
     a = a_ptr + s * C * C
     r = r_ptr + s * C * W
-    x = x_ptr + s * C * W
+    c0 = tl.program_id(1) * WB
+    if c0 < SPLIT:
+        x = x_ptr + s * C * SPLIT
+        xw = SPLIT
+        xc0 = c0
+    else:
+        x = x2_ptr + s * C * (W - SPLIT)
+        xw = W - SPLIT
+        xc0 = c0 - SPLIT
     rows = tl.arange(0, BC)
-    cols = tl.program_id(1) * WB + tl.arange(0, WB)
-    cm = (cols < W)[None, :]
+    cw = tl.arange(0, WB)
+    cm = (c0 + cw < W)[None, :]
     for i in tl.static_range(C // BC):
-        blk = (i * BC + rows)[:, None] * W + cols[None, :]
-        acc = tl.load(r + blk, mask=cm, other=0.0)
+        acc = tl.load(r + (i * BC + rows)[:, None] * W + (c0 + cw)[None, :], mask=cm, other=0.0)
         for j in tl.static_range(i):
             lij = tl.load(a + (i * BC + rows)[:, None] * C + (j * BC + rows)[None, :])
-            xj = tl.load(x + (j * BC + rows)[:, None] * W + cols[None, :], mask=cm, other=0.0)
+            xj = tl.load(x + (j * BC + rows)[:, None] * xw + (xc0 + cw)[None, :], mask=cm,
+                         other=0.0)
             acc -= tl.dot(lij, xj, input_precision="ieee")
         xi = tl.dot(_diag_inverse(a, i * BC, C, BC, NSQ), acc, input_precision="ieee")
-        tl.store(x + blk, xi, mask=cm)
+        tl.store(x + (i * BC + rows)[:, None] * xw + (xc0 + cw)[None, :], xi, mask=cm)
         tl.debug_barrier()          # this block row is read back by the next ones
 
 
-def unit_lower_solve_triton(a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+def unit_lower_solve_triton(a: torch.Tensor, r: torch.Tensor, split: int | None = None):
     """As unit_lower_solve_reference for fp32 a [..., C, C] and r [..., C, W] (C a multiple of
-    16; both made contiguous) -> a new fp32 X."""
+    16; both made contiguous) -> a new fp32 X. split: -> (X[..., :split], X[..., split:]) as
+    two contiguous tensors, written so by the kernel (the delta rule's u and w: no copies)."""
     c, w = a.shape[-1], r.shape[-1]
     if a.dtype != torch.float32 or r.dtype != torch.float32 or a.shape[-2] != c or \
             c % BLOCK or r.shape[:-1] != a.shape[:-1]:
@@ -84,13 +95,19 @@ def unit_lower_solve_triton(a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
                          f"{tuple(r.shape)} {r.dtype}: fp32 [..., C, C] and [..., C, W] with C "
                          f"a multiple of {BLOCK} expected")
     a, r = a.contiguous(), r.contiguous()
-    x = torch.empty_like(r)
-    systems = a.numel() // (c * c)
     wb = min(COLUMNS, max(16, triton.next_power_of_2(w)))
+    if split is not None and (split % wb or not 0 < split < w):
+        x = unit_lower_solve_triton(a, r)            # (a split inside a program's columns)
+        return x[..., :split].contiguous(), x[..., split:].contiguous()
+    cut = w if split is None else split
+    x = r.new_empty(*r.shape[:-1], cut)
+    x2 = r.new_empty(*r.shape[:-1], w - cut) if split is not None else x
+    systems = a.numel() // (c * c)
     if systems:
         _unit_lower_solve_kernel[(systems, triton.cdiv(w, wb))](
-            a, r, x, w, C=c, BC=BLOCK, NSQ=BLOCK.bit_length() - 2, WB=wb, num_warps=4)
-    return x
+            a, r, x, x2, w, cut, C=c, BC=BLOCK, NSQ=BLOCK.bit_length() - 2, WB=wb,
+            num_warps=4)
+    return x if split is None else (x, x2)
 
 
 __all__ = ["BLOCK", "unit_lower_solve_reference", "unit_lower_solve_triton"]

@@ -41,6 +41,20 @@ def test_matches_the_triangular_solve(c, w, batch):
         assert resid <= 1e-5 * size, (resid, size)
 
 
+@pytest.mark.parametrize("split", [64, 48, 16])
+def test_split_outputs_are_the_columns_apart(split):
+    """split: (X[..., :split], X[..., split:]) as two contiguous tensors - written apart by the
+    kernel where split is a multiple of its 64-column block (64 here), else copied out of the
+    whole X (48, 16)."""
+    g = torch.Generator(device=DEV).manual_seed(split)
+    a = torch.randn(2, 3, 64, 64, generator=g, device=DEV) * 0.2
+    r = torch.randn(2, 3, 64, 128, generator=g, device=DEV)
+    whole = unit_lower_solve_triton(a, r)
+    u, w = unit_lower_solve_triton(a, r, split=split)
+    assert u.is_contiguous() and w.is_contiguous()
+    assert torch.equal(u, whole[..., :split]) and torch.equal(w, whole[..., split:])
+
+
 def test_bad_inputs_are_refused():
     a, r = torch.zeros(2, 20, 20), torch.zeros(2, 20, 8)
     with pytest.raises(ValueError, match="multiple of 16"):
