@@ -93,7 +93,8 @@ FAST = True
 FAST_SCAN = True
 SCAN_CHUNK = 64
 # value columns per program of the scan kernel (grid: B Hv x Dv / SCAN_BLOCK_V; Qwen 3.5 0.8B:
-# 16 heads x 4 = 64 programs at 32)
+# 16 heads x 4 = 64 programs at 32); 16 (128 programs) was slower on the H200: 1.096 vs 1.040
+# ms per encode (session 18 call 6)
 SCAN_BLOCK_V = 32
 # FAST_PREP (session 16; on since session 17 call 1): with the scan kernel, what feeds it -
 # q / k / v's fp32 transposed copies, the l2 norms, the gates' cumsum, the decays, the chunk
@@ -104,9 +105,10 @@ FAST_PREP = True
 # FAST_SOLVE (session 18): the prep's unit lower-triangular systems solved by the Triton kernel
 # of ops/unit_lower_solve.py (blocked substitution, a program per system and 64 columns)
 # instead of torch.linalg.solve_triangular (cuBLAS's batched trsm and its copies): Qwen 3.5
-# 0.8B's 640x480 encode on the H200 (session 18 calls 3-4), graph replay 6.65-6.71 -> 5.97-6.00
-# ms, the solve 0.669 ms (+ 0.15 ms of copies) -> 0.243 ms per encode; the state's error vs
-# fp32 k / v / conv / recurrent 0.056 / 0.054 / 0.063 / 0.058 -> 0.048 / 0.048 / 0.059 / 0.064
+# 0.8B's 640x480 encode on the H200 (session 18 calls 3-6), graph replay 6.63-6.67 -> 5.82-5.83
+# ms (call 6, u and w written apart: no copies), the solve 0.669 ms (+ ~0.15 ms of copies) ->
+# 0.244 ms per encode; the state's error vs fp32 k / v / conv / recurrent 0.056 / 0.054 /
+# 0.063 / 0.058 -> 0.048 / 0.048 / 0.059 / 0.064
 FAST_SOLVE = True
 
 
