@@ -86,6 +86,9 @@ def qwen3_5_launches(dtype=torch.bfloat16):
         # the fast encode's FAST_PREP: what feeds the scan kernel, one launch
         gdr._fast_prep(k, v, g, beta, gdr.SCAN_CHUNK,
                        "ieee" if dtype == torch.float32 else "tf32")
+        # ... with the gates made in it from the raw projections (FAST_GATES)
+        gdr._fast_prep(k, v, e(1, t, h), e(1, t, h), gdr.SCAN_CHUNK,
+                       "ieee" if dtype == torch.float32 else "tf32", (e(h), e(h)))
         # FAST_SOLVE: the chunks' unit lower-triangular systems (16 heads x 16 chunks of 64)
         from photon_core.ops.unit_lower_solve import unit_lower_solve_triton
         unit_lower_solve_triton(e(h, 16, 64, 64, dt=torch.float32),

@@ -110,6 +110,11 @@ FAST_PREP = True
 # 0.244 ms per encode; the state's error vs fp32 k / v / conv / recurrent 0.056 / 0.054 /
 # 0.063 / 0.058 -> 0.048 / 0.048 / 0.059 / 0.064
 FAST_SOLVE = True
+# FAST_GATES (session 18): with FAST_PREP, the prep kernel makes the gates from the raw
+# projections (g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b): delta_gates' math)
+# instead of ~6 torch launches per layer before it (gated_delta_chunked(raw_gates=...));
+# opt-in until measured on the H200
+FAST_GATES = False
 
 
 def _scan_on_device(v: torch.Tensor) -> bool:
@@ -132,26 +137,35 @@ def tf32_matmuls(on: bool = True):
 
 
 def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chunk: int = 64,
-                        fast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        fast: bool = False, raw_gates=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked form of gated_delta_scan (same arguments and results). fast: the encode's
     form (close, not bitwise): chunks of FAST_CHUNK tokens, one triangular solve for both
     right-hand sides and, for bf16 / fp16 inputs on CUDA, the fp32 matmuls on TF32 tensor
     cores (10-bit mantissas: finer than the inputs' own; the per-chunk products 23.4 -> 10.9
     us per layer on the H200, docs/benchmarks.md session 15 - the two fp32 FFMA GEMMs of the
     encode's profile then blamed on this rule were the vision attention's, session 16); with
-    FAST_SCAN (the default) on CUDA the loop over chunks is the Triton scan kernel."""
+    FAST_SCAN (the default) on CUDA the loop over chunks is the Triton scan kernel.
+    raw_gates (A_log, dt_bias): g / beta are the raw projections a / b (delta_gates' inputs);
+    the scan form's prep kernel makes the gates itself (FAST_GATES), the others first."""
     if fast and FAST:
         scan = _scan_on_device(v)
         with tf32_matmuls(v.dtype != torch.float32):
             return _chunked(q, k, v, g, beta, state, SCAN_CHUNK if scan else FAST_CHUNK, True,
-                            scan=scan)
+                            scan=scan, raw_gates=raw_gates)
+    if raw_gates is not None:
+        g, beta = delta_gates(g, beta, *raw_gates)
     return _chunked(q, k, v, g, beta, state, chunk, False)
 
 
-def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = False):
+def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = False,
+             raw_gates=None):
     """scan: the loop over chunks through _gdr_chunk_scan_kernel (TF32 dots for 16-bit
     inputs, exact fp32 otherwise), fed the u, w and cum computed here (FAST_PREP: by
-    _gdr_fast_prep_kernel and the solve)."""
+    _gdr_fast_prep_kernel and the solve). raw_gates: as gated_delta_chunked's."""
+    if scan and FAST_PREP and FAST_GATES and raw_gates is not None:
+        return _prepped_scan(q, k, v, g, beta, state, chunk, raw_gates=raw_gates)
+    if raw_gates is not None:
+        g, beta = delta_gates(g, beta, *raw_gates)
     if scan and FAST_PREP:
         return _prepped_scan(q, k, v, g, beta, state, chunk)
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
@@ -223,7 +237,7 @@ def _precision(v: torch.Tensor) -> str:
 
 
 def _prepped_scan(q, k, v, g, beta, state, chunk: int, precision: str | None = None,
-                  block_v: int | None = None):
+                  block_v: int | None = None, raw_gates=None):
     """The scan form fed by _gdr_fast_prep_kernel: per (chunk, value head) the l2-normed
     keys, the gates' cumsum, the unit lower-triangular chunk matrix I + A and the right-hand
     sides [beta v | beta k e^cum] in one launch; then the one solve (torch's) and the scan
@@ -231,7 +245,7 @@ def _prepped_scan(q, k, v, g, beta, state, chunk: int, precision: str | None = N
     b, t, hv, dv = v.shape
     dk = k.shape[-1]
     n = triton.cdiv(t, chunk)
-    a, rhs, cum = _fast_prep(k, v, g, beta, chunk, precision or _precision(v))
+    a, rhs, cum = _fast_prep(k, v, g, beta, chunk, precision or _precision(v), raw_gates)
     if FAST_SOLVE:          # u and w written apart, contiguous (no copies in _scan_from)
         u, w = unit_lower_solve_triton(a, rhs, split=dv)
     else:
@@ -448,13 +462,16 @@ if triton is not None:
     @triton.jit
     def _gdr_fast_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, a_ptr, rhs_ptr, cum_ptr, T, TP,
                               sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_h,
-                              sb_b, sb_t, sb_h, HK: tl.constexpr, HV: tl.constexpr,
-                              DK: tl.constexpr, DV: tl.constexpr, DK_P2: tl.constexpr,
-                              DV_P2: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr):
+                              sb_b, sb_t, sb_h, alog_ptr, dtb_ptr, HK: tl.constexpr,
+                              HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                              DK_P2: tl.constexpr, DV_P2: tl.constexpr, C: tl.constexpr,
+                              PREC: tl.constexpr, RAW: tl.constexpr = False):
         """Program (chunk ci, batch x value head bh): I + A [C, C] (A[i, j] = beta_i k_i.k_j
         e^(cum_i - cum_j), j < i, keys l2-normed), the solve's right-hand sides [beta v |
         beta k e^cum] [C, DV + DK] and cum [C] (the gates' cumsum from the chunk's start),
-        fp32; tokens past T: zeros (g = beta = 0), as the torch form's padding."""
+        fp32; tokens past T: zeros (g = beta = 0), as the torch form's padding. RAW: g_ptr /
+        b_ptr hold the raw projections a / b, the gates made here (delta_gates' math, with
+        A_log / dt_bias [HV])."""
         ci = tl.program_id(0)
         bh = tl.program_id(1)
         bi = bh // HV
@@ -473,6 +490,11 @@ if triton is not None:
         g = tl.load(g_ptr + bi * sg_b + t * sg_t + h * sg_h, mask=tm, other=0.0).to(tl.float32)
         beta = tl.load(b_ptr + bi * sb_b + t * sb_t + h * sb_h, mask=tm,
                        other=0.0).to(tl.float32)
+        if RAW:
+            g, beta = _raw_delta_gates(g + tl.load(dtb_ptr + h).to(tl.float32),
+                                       tl.load(alog_ptr + h).to(tl.float32), beta, b_ptr)
+            g = tl.where(tm, g, 0.0)
+            beta = tl.where(tm, beta, 0.0)
         cum = tl.cumsum(g, axis=0)
         lower = r[:, None] > r[None, :]
         kb = k * beta[:, None]
@@ -555,10 +577,11 @@ def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = No
     return _prepped_scan(q, k, v, g, beta, state, chunk, precision, block_v)
 
 
-def _fast_prep(k, v, g, beta, chunk: int, precision: str):
+def _fast_prep(k, v, g, beta, chunk: int, precision: str, raw_gates=None):
     """_gdr_fast_prep_kernel over k [B, T, Hk, Dk], v [B, T, Hv, Dv] (unit last stride),
     g / beta [B, T, Hv] -> (I + A [B Hv, N, C, C], right-hand sides [B Hv, N, C, Dv + Dk],
-    cum [B Hv, N C]), fp32, N = cdiv(T, C)."""
+    cum [B Hv, N C]), fp32, N = cdiv(T, C). raw_gates (A_log, dt_bias): g / beta are the raw
+    projections a / b and the kernel makes the gates (delta_gates)."""
     b, t, hk, dk = k.shape
     hv, dv = v.shape[2], v.shape[3]
     k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
@@ -569,9 +592,9 @@ def _fast_prep(k, v, g, beta, chunk: int, precision: str):
     cum = torch.empty(b * hv, n * chunk, dtype=torch.float32, device=dev)
     _gdr_fast_prep_kernel[(n, b * hv)](
         k, v, g, beta, a, rhs, cum, t, n * chunk, *k.stride()[:3], *v.stride()[:3],
-        *g.stride(), *beta.stride(), HK=hk, HV=hv, DK=dk, DV=dv,
+        *g.stride(), *beta.stride(), *(raw_gates or (g, g)), HK=hk, HV=hv, DK=dk, DV=dv,
         DK_P2=max(16, triton.next_power_of_2(dk)), DV_P2=max(16, triton.next_power_of_2(dv)),
-        C=chunk, PREC=precision, num_warps=8)
+        C=chunk, PREC=precision, RAW=raw_gates is not None, num_warps=8)
     return a, rhs, cum
 
 

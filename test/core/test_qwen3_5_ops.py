@@ -107,6 +107,43 @@ def test_fast_chunked_scan_kernel_equals_scan(monkeypatch, t, fast_chunk, with_s
         assert torch.equal(init, s0)
 
 
+@pytest.mark.parametrize("fast_gates", [False, True], ids=["torch-gates", "gates-in-prep"])
+@pytest.mark.parametrize("scan", [False, True], ids=["torch-loop", "scan-kernel"])
+def test_raw_gates_are_delta_gates(monkeypatch, fast_gates, scan):
+    """gated_delta_chunked(a, b, raw_gates=(A_log, dt_bias)) = gated_delta_chunked(
+    *delta_gates(a, b, A_log, dt_bias)): the reference form bit for bit; the fast form with the
+    scan kernel (forced, interpreter) and FAST_GATES makes the gates in its prep kernel (70
+    tokens: the second chunk's padded tokens must get g = beta = 0), else delta_gates first."""
+    from photon_core.ops import gated_delta_rule as gdr
+    q, k, v, _, _, s0 = _inputs(70, hk=2, hv=4, dk=16, dv=16)
+    g = torch.Generator().manual_seed(5)
+    a_raw, b_raw = torch.randn(1, 70, 4, generator=g), torch.randn(1, 70, 4, generator=g)
+    a_log, dt_bias = torch.randn(4, generator=g), torch.randn(4, generator=g)
+    gates = gdr.delta_gates(a_raw, b_raw, a_log, dt_bias)
+    ref = gated_delta_chunked(q, k, v, *gates, s0, chunk=16)
+    raw = gated_delta_chunked(q, k, v, a_raw, b_raw, s0, chunk=16, raw_gates=(a_log, dt_bias))
+    assert all(torch.equal(x, y) for x, y in zip(ref, raw))
+    if scan:
+        pytest.importorskip("triton")
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("interpreter test")
+        monkeypatch.setattr(gdr, "_scan_on_device", lambda v: True)
+    monkeypatch.setattr(gdr, "FAST_GATES", fast_gates)
+    seen = []
+    prep = gdr._fast_prep
+    monkeypatch.setattr(gdr, "_fast_prep", lambda *a, **kw: (seen.append(a[-1]),
+                                                              prep(*a, **kw))[1])
+    fast_ref = gated_delta_chunked(q, k, v, *gates, s0, fast=True)
+    fast_raw = gated_delta_chunked(q, k, v, a_raw, b_raw, s0, fast=True,
+                                   raw_gates=(a_log, dt_bias))
+    for x, y in zip(fast_ref, fast_raw):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    if scan:            # the prep kernel got the raw projections only with FAST_GATES
+        assert seen[0] is None and (seen[1] is not None) == fast_gates
+    else:
+        assert seen == []
+
+
 def test_delta_rule_writes_value_for_unit_beta_and_no_decay():
     """beta = 1, g = 0, one token: S = k v^T (k unit), so reading with q = k gives v * Dk^-0.5."""
     dk, dv = 4, 3
