@@ -156,9 +156,7 @@ def gated_delta_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chu
         with tf32_matmuls(v.dtype != torch.float32):
             return _chunked(q, k, v, g, beta, state, SCAN_CHUNK if scan else FAST_CHUNK, True,
                             scan=scan, raw_gates=raw_gates)
-    if raw_gates is not None:
-        g, beta = delta_gates(g, beta, *raw_gates)
-    return _chunked(q, k, v, g, beta, state, chunk, False)
+    return _chunked(q, k, v, g, beta, state, chunk, False, raw_gates=raw_gates)
 
 
 def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = False,
@@ -243,9 +241,10 @@ def _precision(v: torch.Tensor) -> str:
 def _prepped_scan(q, k, v, g, beta, state, chunk: int, precision: str | None = None,
                   block_v: int | None = None, raw_gates=None):
     """The scan form fed by _gdr_fast_prep_kernel: per (chunk, value head) the l2-normed
-    keys, the gates' cumsum, the unit lower-triangular chunk matrix I + A and the right-hand
-    sides [beta v | beta k e^cum] in one launch; then the one solve (torch's) and the scan
-    kernel (gated_delta_chunked_triton, and the fast form with FAST_PREP)."""
+    keys, the gates' cumsum (raw_gates: the gates themselves), the unit lower-triangular chunk
+    matrix I + A and the right-hand sides [beta v | beta k e^cum] in one launch; then the one
+    solve (FAST_SOLVE: ops/unit_lower_solve.py's kernel, else torch's) and the scan kernel
+    (gated_delta_chunked_triton, and the fast form with FAST_PREP)."""
     b, t, hv, dv = v.shape
     dk = k.shape[-1]
     n = triton.cdiv(t, chunk)

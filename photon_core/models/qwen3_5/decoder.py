@@ -94,8 +94,9 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
         o, state.recurrent[i] = gated_delta_chunked_triton(
             q[None], k[None], v[None], g[None], beta[None], state.recurrent[i])
         o = o[0]                                                           # [T, Hv, Dv]
-    else:       # fused_norms: the fast encode's form (TF32 matmuls, one solve; the gates
-        #         from a and b by delta_gates, or in its prep kernel: raw_gates)
+    else:       # the reference form, or with fused_norms the fast encode's (TF32 matmuls,
+        #         one solve); the gates from a and b (raw_gates: by delta_gates, or in the
+        #         fast form's prep kernel)
         o, state.recurrent[i] = gated_delta_chunked(
             q[None], k[None], v[None], a[None], b[None], state.recurrent[i], fast=fused_norms,
             raw_gates=(a_log, dt_bias))
