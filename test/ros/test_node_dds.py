@@ -143,7 +143,10 @@ def test_two_cameras_into_one_node(env):
         dets, _ = run_camera(col, "/front/detections", 6, "--topic", "/pt/front/image", "--fps",
                              "5", "--stamp0", "now", "--frame-id", "front_optical")
         assert wait_for(lambda: len(col.msgs("/back/detections")) >= 6, timeout=20)
-        diag = last_diag(col, "camera back", lambda v: float(v["input_fps"]) > 1)
+        # (a diagnostics message from before the back camera's second result says
+        # processed_fps 0: wait for one with both rates while the camera still sends)
+        diag = last_diag(col, "camera back", lambda v: float(v["input_fps"]) > 1
+                         and float(v["processed_fps"]) > 1)
     finally:
         stop(back)
     backs = col.msgs("/back/detections")
