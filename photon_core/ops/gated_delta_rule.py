@@ -164,12 +164,11 @@ def _chunked(q, k, v, g, beta, state, chunk: int, one_solve: bool, scan: bool = 
     """scan: the loop over chunks through _gdr_chunk_scan_kernel (TF32 dots for 16-bit
     inputs, exact fp32 otherwise), fed the u, w and cum computed here (FAST_PREP: by
     _gdr_fast_prep_kernel and the solve). raw_gates: as gated_delta_chunked's."""
-    if scan and FAST_PREP and FAST_GATES and raw_gates is not None:
-        return _prepped_scan(q, k, v, g, beta, state, chunk, raw_gates=raw_gates)
-    if raw_gates is not None:
+    if raw_gates is not None and not (scan and FAST_PREP and FAST_GATES):
         g, beta = delta_gates(g, beta, *raw_gates)
+        raw_gates = None
     if scan and FAST_PREP:
-        return _prepped_scan(q, k, v, g, beta, state, chunk)
+        return _prepped_scan(q, k, v, g, beta, state, chunk, raw_gates=raw_gates)
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
     b, h, t, dk = kf.shape
     dv = vf.shape[-1]

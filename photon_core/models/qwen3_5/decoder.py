@@ -89,17 +89,17 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
     elif t == 1:
         g, beta = delta_gates(a, b, a_log, dt_bias)
         o = gated_delta_step(q, k, v, g, beta, state.recurrent[i])         # [1, Hv, Dv]
-    elif kernels:
-        g, beta = delta_gates(a, b, a_log, dt_bias)
-        o, state.recurrent[i] = gated_delta_chunked_triton(
-            q[None], k[None], v[None], g[None], beta[None], state.recurrent[i])
-        o = o[0]                                                           # [T, Hv, Dv]
-    else:       # the reference form, or with fused_norms the fast encode's (TF32 matmuls,
-        #         one solve); the gates from a and b (raw_gates: by delta_gates, or in the
-        #         fast form's prep kernel)
-        o, state.recurrent[i] = gated_delta_chunked(
-            q[None], k[None], v[None], a[None], b[None], state.recurrent[i], fast=fused_norms,
-            raw_gates=(a_log, dt_bias))
+    else:
+        if kernels:
+            g, beta = delta_gates(a, b, a_log, dt_bias)
+            o, state.recurrent[i] = gated_delta_chunked_triton(
+                q[None], k[None], v[None], g[None], beta[None], state.recurrent[i])
+        else:   # the reference form, or with fused_norms the fast encode's (TF32 matmuls,
+            #     one solve); the gates from a and b (raw_gates: by delta_gates, or in the
+            #     fast form's prep kernel)
+            o, state.recurrent[i] = gated_delta_chunked(
+                q[None], k[None], v[None], a[None], b[None], state.recurrent[i],
+                fast=fused_norms, raw_gates=(a_log, dt_bias))
         o = o[0]                                                           # [T, Hv, Dv]
     z = F.linear(x, w[p + "in_proj_z.weight"]).reshape(t, hv, dv)
     o = (rmsnorm_gated_triton if kernels and t == 1 or fused_norms else rmsnorm_gated)(
