@@ -12,7 +12,7 @@ encoder "reference": the reference's bits).
 Real shapes, random weights (bench_qwen3_5.build, seeded: the fp32 model holds the same
 weights as the bf16 one before their rounding).
 
-Usage (H200): PYTHONPATH=. python3 bench/ab_encode.py [--family qwen3.5-0.8b] [--iters 5]
+Usage (H200): PYTHONPATH=. python3 bench/ab_encode.py [--family qwen3.5-0.8b|moondream2] [--iters 5]
               [--rounds 2] [--toggle photon_core.ops.gated_delta_rule:FAST_SCAN=1]
               [--set photon_core.ops.gated_delta_rule:FAST_CHUNK=64]
 Writes $OUT/ab_encode.json when OUT is set.
@@ -53,6 +53,39 @@ def qwen_state(enc) -> dict:
             "conv": list(s.conv.values()), "recurrent": list(s.recurrent.values())}
 
 
+def moondream_model(dtype):
+    from photon_core.models.moondream2.config import MoondreamConfig
+    from photon_core.models.moondream2.model import build_random_model
+    return build_random_model(MoondreamConfig(), device="cuda", dtype=dtype, seed=0)
+
+
+def build(family: str, dtype):
+    if family == "moondream2":
+        return moondream_model(dtype)
+    return qwen_model(family.split("-", 1)[1], dtype)
+
+
+def state_of(family: str, enc) -> dict:
+    return {"kv": [enc.kv]} if family == "moondream2" else qwen_state(enc)
+
+
+def graph_entry(fe):
+    """The encode graph's entry: the family encoder's, or (Moondream 2) the batch encoder's."""
+    for enc in (fe.encoder, fe.batch_encoder):
+        if enc is not None and getattr(enc, "entries", None):
+            return next(iter(enc.entries.values()))
+    raise RuntimeError("no encode graph captured")
+
+
+def digest(state: dict) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for kind in sorted(state):
+        for t in state[kind]:
+            h.update(t.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def errors(state: dict, exact: dict) -> dict:
     """Per kind: the worst tensor's max |error| / its largest |value| (fp32 exact)."""
     out = {}
@@ -65,7 +98,9 @@ def errors(state: dict, exact: dict) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", default="qwen3.5-0.8b")
-    ap.add_argument("--toggle", default="photon_core.ops.gated_delta_rule:FAST=0")
+    ap.add_argument("--toggle", action="append", default=[],
+                    help="MODULE:NAME=VALUE, the baseline's value (repeatable: all switched "
+                         "together; default photon_core.ops.gated_delta_rule:FAST=0)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE:NAME=VALUE",
                     help="a module switch set for both engines (before the A/B)")
     ap.add_argument("--iters", type=int, default=5)
@@ -73,47 +108,53 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="engine pairs, the order alternating (baseline first in round 0)")
     args = ap.parse_args()
-    if not args.family.startswith("qwen3.5-"):
-        raise SystemExit("only the Qwen 3.5 family is wired here so far")
+    fam = args.family
+    if not (fam.startswith("qwen3.5-") or fam == "moondream2"):
+        raise SystemExit("wired here: the Qwen 3.5 family and moondream2")
     from photon_core.fast import FastEngine
-    size = args.family.split("-", 1)[1]
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    m32 = qwen_model(size, torch.float32)
-    exact = qwen_state(m32.encode_image(frame))
+    m32 = build(fam, torch.float32)
+    exact = state_of(fam, m32.encode_image(frame))
     del m32
     torch.cuda.empty_cache()
-    model = qwen_model(size, torch.bfloat16)
+    model = build(fam, torch.bfloat16)
     ref_fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
                         encoder="reference")
-    out = {"gpu": torch.cuda.get_device_name(), "family": args.family, "toggle": args.toggle,
-           "reference_form_bf16_error": errors(qwen_state(ref_fe.encode_image(frame)), exact)}
+    toggles = [parse_toggle(t) for t in
+               (args.toggle or ["photon_core.ops.gated_delta_rule:FAST=0"])]
+    out = {"gpu": torch.cuda.get_device_name(), "family": fam, "toggle": args.toggle,
+           "reference_form_bf16_error": errors(state_of(fam, ref_fe.encode_image(frame)),
+                                               exact)}
     ref_fe.close()
     apply_switches(args.set)
-    mod, attr, value = parse_toggle(args.toggle)
-    now = getattr(mod, attr)
+    now = [getattr(mod, attr) for mod, attr, _ in toggles]
     order = []
     for r in range(args.rounds):       # ABBA...: a later engine of a process replays slower
-        pair = [("baseline", value), ("now", now)]
+        pair = [("baseline", [v for _, _, v in toggles]), ("now", now)]
         order += pair if r % 2 == 0 else pair[::-1]
-    for label, v in order:
-        setattr(mod, attr, v)
+    for label, values in order:
+        for (mod, attr, _), v in zip(toggles, values):
+            setattr(mod, attr, v)
         try:
             fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
                             encoder="fast")
             enc = fe.encode_image(frame)                 # captures the layout's graph
-            err = errors(qwen_state(enc), exact)
+            st = state_of(fam, enc)
+            err, sha = errors(st, exact), digest(st)
             times = encoder_times(fe, frame, args.iters, 0, label)
-            e = next(iter(fe.encoder.entries.values()))
-            rows = kernel_times(e.graph.replay)
+            if times["replay_ms"] is None:
+                times["replay_ms"] = round(min(_replays(graph_entry(fe).graph, args.iters)), 2)
+            rows = kernel_times(graph_entry(fe).graph.replay)
         finally:
-            setattr(mod, attr, now)
+            for (mod, attr, _), v in zip(toggles, now):
+                setattr(mod, attr, v)
         res = {**times, "kernel_ms": round(sum(r[1] for r in rows), 3),
-               "launches": sum(r[2] for r in rows), "error_vs_fp32": err,
+               "launches": sum(r[2] for r in rows), "error_vs_fp32": err, "state_sha": sha,
                "top": [(n[:80], round(ms, 3), c) for n, ms, c in rows[:args.top]]}
         out.setdefault(label, []).append(res)
-        print(f"{label} ({attr}={v}): replay {res['replay_ms']} ms, encode_image "
+        print(f"{label} ({values}): replay {res['replay_ms']} ms, encode_image "
               f"{res['encode_ms']} ms, kernels {res['kernel_ms']} ms in {res['launches']} "
-              f"launches; error vs fp32 {err}", flush=True)
+              f"launches; error vs fp32 {err}; state sha {sha}", flush=True)
         for n, ms, c in res["top"]:
             print(f"    {ms:8.3f} ms {c:5d} x  {n}")
         fe.close()
@@ -121,7 +162,21 @@ def main():
         print(f"{label}: replay ms by round {[r['replay_ms'] for r in out[label]]}, "
               f"min {min(r['replay_ms'] for r in out[label])}")
     print("bf16 reference form's error vs fp32:", out["reference_form_bf16_error"])
+    shas = {r["state_sha"] for label in ("baseline", "now") for r in out[label]}
+    print("state bitwise the same in every engine:", len(shas) == 1)
     write_json("ab_encode.json", out)
+
+
+def _replays(graph, iters: int) -> list:
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
 
 
 if __name__ == "__main__":

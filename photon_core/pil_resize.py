@@ -19,8 +19,9 @@ every output position, a small filter over consecutive input positions:
 
 The coefficient tables are computed here exactly as the C does (the same IEEE double
 operations in the same order, libm's sin through `math.sin`, sums accumulated left to
-right) once per (filter, input size, output size) and cached; the passes are integer tensor
-ops on the image's device. Products and sums are int32 as in the C, so even an overflow would
+right) once per (filter, input size, output size) and cached; the passes are integer ops on
+the image's device (torch ops; on CUDA one Triton launch per pass, ops/resample_pass.py: the
+same integer arithmetic, the same bytes). Products and sums are int32 as in the C, so even an overflow would
 wrap alike; none occurs: it needs sum|w| >= 2.006 (255 * sum|w| * 2^22 + 2^21 >= 2^31), and
 sum|w| is at most 1.5715 (LANCZOS) / 1.269 (BICUBIC) over all (in, out) sizes 1..159
 (test_pil_resize.py). A ResizePlan holds one resize's
@@ -50,8 +51,12 @@ import PIL
 import torch
 
 from .layout_cache import LayoutCache
+from .ops._triton import HAVE_TRITON
+from .ops.resample_pass import PRECISION_BITS, resample_pass, resample_pass_reference
 
-PRECISION_BITS = 22     # 32 - 8 - 2: 8 bits of result, 2 bits of headroom for overshoot
+# PRECISION_BITS (ops/resample_pass.py) = 32 - 8 - 2: 8 bits of result, 2 of headroom
+# each pass on CUDA as one Triton launch (ops/resample_pass.py) instead of ~7 torch ops
+TRITON_PASS = False
 
 
 def _sinc(x: float) -> float:
@@ -132,32 +137,20 @@ CHUNK_ELEMENTS = 1 << 26
 def _pass(x: torch.Tensor, dim: int, out_size: int,
           tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Resample the uint8 [H, W, C] image along dim (0: rows, 1: columns) to out_size;
-    tables: this pass's _device_tables (looked up when None)."""
+    tables: this pass's _device_tables (looked up when None). On CUDA (TRITON_PASS): one
+    Triton launch (ops/resample_pass.py, the same bytes); else torch ops, in chunks."""
     index, weights = tables if tables is not None else _device_tables(x.shape[dim], out_size,
                                                                       x.device)
+    if TRITON_PASS and x.is_cuda and HAVE_TRITON:
+        return resample_pass(x, dim, index, weights)
     ksize = weights.shape[1]
     per_out = x.numel() // x.shape[dim] * ksize
     step = max(1, CHUNK_ELEMENTS // per_out)
     if step >= out_size:
-        return _pass_chunk(x, dim, index, weights)
-    return torch.cat([_pass_chunk(x, dim, index[o * ksize:(o + step) * ksize],
-                                  weights[o:o + step]) for o in range(0, out_size, step)],
-                     dim=dim)
-
-
-def _pass_chunk(x: torch.Tensor, dim: int, index: torch.Tensor,
-                weights: torch.Tensor) -> torch.Tensor:
-    """The output positions whose taps are `index` [n * ksize] with `weights` [n, ksize]."""
-    n, ksize = weights.shape
-    taps = x.index_select(dim, index)               # uint8, the tap axis right after dim
-    shape = list(x.shape)
-    shape[dim:dim + 1] = [n, ksize]
-    w_shape = [1] * len(shape)
-    w_shape[dim:dim + 2] = [n, ksize]
-    # uint8 * int32 promotes to int32 inside the one kernel
-    acc = (taps.view(shape) * weights.view(w_shape)).sum(dim=dim + 1, dtype=torch.int32)
-    acc += 1 << (PRECISION_BITS - 1)
-    return (acc >> PRECISION_BITS).clamp_(0, 255).to(torch.uint8)
+        return resample_pass_reference(x, dim, index, weights)
+    return torch.cat([resample_pass_reference(x, dim, index[o * ksize:(o + step) * ksize],
+                                              weights[o:o + step])
+                      for o in range(0, out_size, step)], dim=dim)
 
 
 def _pillow_version() -> tuple[int, int]:

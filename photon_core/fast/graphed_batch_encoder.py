@@ -101,7 +101,7 @@ class GraphedBatchEncoder:
         if e.frames is not None:            # the crops, as model.image_crops makes them
             off = 0
             for frame, plan in zip(e.frames, e.plans):
-                e.x[off:off + plan.n_crops].copy_(self.model.device_crops(frame, plan))
+                self.model.device_crops(frame, plan, out=e.x[off:off + plan.n_crops])
                 off += plan.n_crops
         encode_body(self.model, e.x, list(e.layouts), e.kv, fast=self.fast)
 

@@ -19,7 +19,12 @@ import torch
 from PIL import Image
 
 from ...encode_request import crop_budget
+from ...ops.crop_normalize import crop_normalize, fill_crops
 from ...pil_resize import ResizePlan
+
+# the on-device crops (model.device_crops) on CUDA cut and normalized by one Triton launch
+# (CropPlan.normalized, ops/crop_normalize.py) instead of ~15 torch ops
+TRITON_CROPS = False
 
 
 def select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:
@@ -75,19 +80,6 @@ def crops_layout(height: int, width: int, crop_size: int, patch: int, margin: in
     return (rows, cols), (rows * window + 2 * margin_px, cols * window + 2 * margin_px)
 
 
-def _fill_crops(crops, global_view, big, tiling: tuple[int, int], window: int):
-    """crops[0] = the global view, crops[1 + i*cols + j] = the crop of `big` at
-    (i*window, j*window). Indexing only: numpy arrays and torch tensors alike."""
-    rows, cols = tiling
-    crop_size = crops.shape[1]
-    crops[0] = global_view
-    for i in range(rows):
-        for j in range(cols):
-            tile = big[i * window:i * window + crop_size, j * window:j * window + crop_size]
-            crops[1 + i * cols + j, :tile.shape[0], :tile.shape[1]] = tile
-    return crops
-
-
 def overlap_crops(image: np.ndarray, crop_size: int, patch: int, margin: int,
                   max_crops: int) -> tuple[np.ndarray, tuple[int, int]]:
     """HxWx3 uint8 -> (crops [1 + rows*cols, crop, crop, 3] uint8, (rows, cols)), with PIL."""
@@ -96,7 +88,7 @@ def overlap_crops(image: np.ndarray, crop_size: int, patch: int, margin: int,
     crops = np.zeros((1 + tiling[0] * tiling[1], crop_size, crop_size, 3), dtype=np.uint8)
     global_view = _resize_in_background(image, crop_size, crop_size)
     big = _resize(image, big_h, big_w)
-    _fill_crops(crops, global_view.result(), big, tiling, crop_size - 2 * margin * patch)
+    fill_crops(crops, global_view.result(), big, tiling, crop_size - 2 * margin * patch)
     return crops, tiling
 
 
@@ -162,8 +154,17 @@ class CropPlan:
             return self.global_view(image)[None]
         c = self.crop_size
         crops = image.new_zeros((self.n_crops, c, c, 3))
-        return _fill_crops(crops, self.global_view(image), self.big(image), self.tiling,
-                           self.window)
+        return fill_crops(crops, self.global_view(image), self.big(image), self.tiling,
+                          self.window)
+
+    def normalized(self, image: torch.Tensor, lut: torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [height, width, 3] -> the crops normalized by lut (ops/crop_normalize.py's
+        pixel_lut of vision.normalize) [n_crops, 3, crop, crop], cut and normalized in one
+        Triton launch into out (made when None): bitwise normalize(self(image))."""
+        return crop_normalize(self.global_view(image),
+                              None if self.big is None else self.big(image), self.tiling,
+                              self.window, lut, out)
 
 
 def stitch_features(local: torch.Tensor, tiling: tuple[int, int], margin: int) -> torch.Tensor:

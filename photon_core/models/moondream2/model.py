@@ -14,9 +14,12 @@ from ...engine_conveniences import EngineConveniences
 from ...split_encode import EncodeInputs, SplitEncode, upload_frame
 from ...task import Task
 from ...task import SKILLS as ALL_SKILLS
+from . import crops as crop_ops
 from . import hub, text, vision
 from .config import MoondreamConfig
 from ...encode_request import crop_budget, unwrap
+from ...ops._triton import HAVE_TRITON
+from ...ops.crop_normalize import pixel_lut
 from .crops import GLOBAL_TILING, CropPlan, crop_geometry, global_crop, overlap_crops
 from .image_input import MAX_SIDE, to_rgb_array
 from .kv_cache import KVCache
@@ -81,6 +84,7 @@ class MoondreamModel(SplitEncode, EngineConveniences):
         # ms with PIL), else with PIL on the CPU (faster there); True / False force the torch /
         # PIL path (EngineOptions.crops_on_device)
         self.crops_on_device: bool | None = None
+        self._pixel_lut = None            # device_crops' normalize table (ops/crop_normalize)
         # the default crop mode of encode_image / encode_batch ("overlap" | "overlap:N" | "global";
         # EngineOptions.crops); a frame's EncodeRequest or the crops keyword overrides it
         self.crops = "overlap"
@@ -137,12 +141,20 @@ class MoondreamModel(SplitEncode, EngineConveniences):
         return CropPlan(height, width, crops, v.crop_size, v.enc_patch_size, v.overlap_margin,
                         v.max_crops, self.weights.device)
 
-    def device_crops(self, frame: torch.Tensor, plan: CropPlan) -> torch.Tensor:
+    def device_crops(self, frame: torch.Tensor, plan: CropPlan,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 [H, W, 3] frame on the model's device -> its normalized crops [N, 3, crop,
         crop] (image_crops' on-device path; tensor ops only, so the graphed encoder runs it
-        inside its CUDA graph: the same pixels either way)."""
+        inside its CUDA graph: the same pixels either way), written into out when given.
+        On CUDA (crops.TRITON_CROPS) cut and normalized by one Triton launch
+        (CropPlan.normalized: the same bits)."""
         w = self.weights
-        return vision.normalize(plan(frame), w.device, w.dtype)
+        if crop_ops.TRITON_CROPS and frame.is_cuda and HAVE_TRITON:
+            if self._pixel_lut is None:
+                self._pixel_lut = pixel_lut(vision.normalize, w.device, w.dtype)
+            return plan.normalized(frame, self._pixel_lut, out)
+        x = vision.normalize(plan(frame), w.device, w.dtype)
+        return x if out is None else out.copy_(x)
 
     def encode_image(self, image, crops: str | None = None) -> EncodedImage:
         """numpy HxWx3 uint8 RGB | PIL image | path | EncodeRequest -> EncodedImage (vision +
