@@ -56,7 +56,7 @@ from .ops.resample_pass import PRECISION_BITS, resample_pass, resample_pass_refe
 
 # PRECISION_BITS (ops/resample_pass.py) = 32 - 8 - 2: 8 bits of result, 2 of headroom
 # each pass on CUDA as one Triton launch (ops/resample_pass.py) instead of ~7 torch ops
-TRITON_PASS = False
+TRITON_PASS = True
 
 
 def _sinc(x: float) -> float:

@@ -24,7 +24,7 @@ from ...pil_resize import ResizePlan
 
 # the on-device crops (model.device_crops) on CUDA cut and normalized by one Triton launch
 # (CropPlan.normalized, ops/crop_normalize.py) instead of ~15 torch ops
-TRITON_CROPS = False
+TRITON_CROPS = True
 
 
 def select_tiling(height: int, width: int, window: int, max_crops: int) -> tuple[int, int]:
