@@ -26,8 +26,9 @@ from ._triton import tl, triton
 def _crop_normalize_kernel(g_ptr, big_ptr, lut_ptr, out_ptr, total, BIG_H, BIG_W, COLS,
                            WINDOW, CROP: tl.constexpr, HAS_BIG: tl.constexpr,
                            BLOCK: tl.constexpr):
-    """out [n, 3, CROP, CROP]: one block of its elements."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    """out [n, 3, CROP, CROP]: one block of its elements (int32 offsets: crop_normalize
+    checks the sizes)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
     x = offs % CROP
     t = offs // CROP
@@ -102,6 +103,8 @@ def crop_normalize(global_view: torch.Tensor, big: torch.Tensor | None,
     g = global_view.contiguous()
     b = big.contiguous() if big is not None else g
     total = out.numel()
+    if max(total, b.numel()) >= 2 ** 31:
+        raise ValueError("crops or images of 2^31 elements or more are not supported")
     _crop_normalize_kernel[(triton.cdiv(total, block),)](
         g, b, lut, out, total, b.shape[0], b.shape[1], tiling[1] if big is not None else 1,
         window, CROP=c, HAS_BIG=big is not None, BLOCK=block, num_warps=4)

@@ -27,8 +27,9 @@ PRECISION_BITS = 22     # pil_resize.PRECISION_BITS
 @triton.jit
 def _resample_pass_kernel(x_ptr, idx_ptr, w_ptr, y_ptr, total, IN, OUT, INNER,
                           KSIZE: tl.constexpr, PREC: tl.constexpr, BLOCK: tl.constexpr):
-    """x viewed as [outer, IN, INNER] -> y [outer, OUT, INNER]; one block of y's bytes."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    """x viewed as [outer, IN, INNER] -> y [outer, OUT, INNER]; one block of y's bytes
+    (int32 offsets: the wrapper checks that both images have fewer than 2^31 bytes)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
     inner = offs % INNER
     t = offs // INNER
@@ -78,6 +79,9 @@ def resample_pass(x: torch.Tensor, dim: int, index: torch.Tensor, weights: torch
     shape[dim] = n
     y = torch.empty(shape, dtype=torch.uint8, device=x.device)
     total = y.numel()
+    if max(total, x.numel()) >= 2 ** 31:
+        raise ValueError(f"images of 2^31 bytes or more are not supported ({tuple(x.shape)} "
+                         f"-> {tuple(y.shape)})")
     if total:
         _resample_pass_kernel[(triton.cdiv(total, block),)](
             x, index.contiguous(), weights.contiguous(), y, total, x.shape[dim], n, inner,
