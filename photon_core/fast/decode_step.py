@@ -30,6 +30,10 @@ from ..ops import HAVE_TRITON, triton_on
 from .eager_backend import EagerBackend
 from .static_kv_cache import StaticKVCache
 
+# ids of the weights objects a StepState was built on (an id reused by a later object only
+# costs that object the sharing, never correctness)
+_WEIGHTS_WITH_STATE: set[int] = set()
+
 
 class StepState:
     """Preallocated device state for `rows` batch slots (written only by start() and steps).
@@ -45,6 +49,10 @@ class StepState:
         w = family.weights
         dev, dt = family.device, family.dtype
         self.family = family
+        # the first StepState on these weights: no CUDA graph can read them yet, so its fused
+        # backend may replace the weights it joins by views (FusedBackend share_weights)
+        first_on_weights = id(w) not in _WEIGHTS_WITH_STATE
+        _WEIGHTS_WITH_STATE.add(id(w))
         self.options, self.spec, self.program = options, spec, spec.program
         self.rows, self.kv, self.w = rows, kv, w
         self.hidden = torch.zeros(rows, self.program.dim, device=dev, dtype=dt)
@@ -71,7 +79,8 @@ class StepState:
             pdl = gdc_available(self.hidden) if auto else options.pdl
             self.fused = FusedBackend(spec, w, kv, rows, deterministic=options.deterministic,
                                       pdl=pdl,
-                                      pdl_rows=auto_pdl_rows(spec.program) if auto else None)
+                                      pdl_rows=auto_pdl_rows(spec.program) if auto else None,
+                                      share_weights=first_on_weights)
         self.backend = self.fused or self.eager
         self.megakernel, self.megakernel_fallback = None, ""
         spec = options.megakernel

@@ -101,17 +101,45 @@ def auto_pdl_rows(program) -> int:
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
+# the model's weights that a fused GEMV concatenates (rows, K columns, or gate / up row pairs)
+# become views of the concatenated tensor (share_weights), so they are held once, not twice
+SHARE_WEIGHTS = False
+
+
+def joined_views(joined: torch.Tensor, shapes: list, how: str) -> list[torch.Tensor]:
+    """The parts of a joined weight as views of it: how "rows" (torch.cat), "cols"
+    (torch.cat along K: strided views), "pairs" (interleave_gated of two: strided views)."""
+    if how == "rows":
+        return list(joined.split([s[0] for s in shapes]))
+    if how == "cols":
+        return list(joined.split([s[1] for s in shapes], dim=1))
+    n = shapes[0][0]
+    return list(joined.view(n, 2, *joined.shape[1:]).unbind(1))
+
+
+def join_weights(tensors: list[torch.Tensor], how: str) -> torch.Tensor:
+    """One contiguous tensor holding the weights side by side (joined_views' layouts)."""
+    if how == "rows":
+        return torch.cat(tensors).contiguous()
+    if how == "cols":
+        return torch.cat(tensors, dim=1).contiguous()
+    return interleave_gated(*tensors).contiguous()
 
 
 class FusedBackend:
     def __init__(self, spec, weights, kv, rows: int, attn_chunk: int = ATTN_CHUNK,
                  deterministic: bool = False, pdl: bool = False, row_kernels: bool = True,
-                 pdl_rows: int | None = None):
+                 pdl_rows: int | None = None, share_weights: bool = False):
         p = self.program = spec.program
         # programmatic dependent launch of every kernel (ops/pdl.py; EngineOptions.pdl), for
         # passes of at most pdl_rows rows (None: all)
         self.pdl, self.pdl_rows = pdl, pdl_rows
         self.spec, self.w, self.kv, self.rows = spec, weights, kv, rows
+        # share_weights (with SHARE_WEIGHTS): the weights this backend joins become views of
+        # the joined tensors in `weights` itself (their own tensors are freed): only where no
+        # CUDA graph may read the old tensors yet (StepState: the first engine on a model)
+        self.share_weights = share_weights and SHARE_WEIGHTS
+        self.shared_bytes = 0
         dev, dt = kv.device, kv.dtype
         self.dtype = dt
         # no split-K GEMV (its fp32 atomics add in a varying order): bitwise repeatable steps
@@ -185,6 +213,18 @@ class FusedBackend:
 
     def _weight(self, name: str):
         return self.w[name + ".weight"], self.w.get(name + ".bias")
+
+    def _join(self, names, tensors: list[torch.Tensor], how: str) -> torch.Tensor:
+        """join_weights; with share_weights the model's entries `names` (+ ".weight") then
+        point at views of the joined tensor (the same values)."""
+        joined = join_weights(tensors, how)
+        if self.share_weights:
+            for name, t, v in zip(names, tensors, joined_views(joined, [t.shape for t in tensors],
+                                                               how)):
+                if self.w[name + ".weight"] is t:
+                    self.w[name + ".weight"] = v
+                    self.shared_bytes += v.numel() * v.element_size()
+        return joined
 
     def _lower_ops(self, ops) -> list:
         """Op by op, except these patterns (each one launch; module switches NORM_CHAIN,
@@ -261,7 +301,7 @@ class FusedBackend:
         src, act, dst = op.src[0], nxt.acts[0], nxt.dst[0]
         buf, off, _ = self.program.segment(dst)
         if gated:
-            w = interleave_gated(ws[0][0], ws[1][0]).contiguous()
+            w = self._join(op.weights, [ws[0][0], ws[1][0]], "pairs")
             bias = None if ws[0][1] is None else interleave_gated(ws[0][1], ws[1][1])
             return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                        self.bufs[buf][:b, off:], EPI_GATED, act=act,
@@ -370,7 +410,8 @@ class FusedBackend:
             else:
                 buf = None
             if buf is not None:
-                w = torch.cat([t for t, _ in ws]).contiguous()
+                w = self._join(op.weights, [t for t, _ in ws], "rows") if len(ws) > 1 \
+                    else ws[0][0].contiguous()
                 bias = torch.cat([bb for _, bb in ws]) if ws[0][1] is not None else None
                 epi = EPI_QKV_GELU if gelu_last else EPI_STORE
                 self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=n_split,
@@ -426,7 +467,7 @@ class FusedBackend:
         place = self._contiguous(op.src)
         biases = [bb for _, bb in ws if bb is not None]
         if place is not None:
-            w = torch.cat([t for t, _ in ws], dim=1).contiguous() if len(ws) > 1 \
+            w = self._join(op.weights, [t for t, _ in ws], "cols") if len(ws) > 1 \
                 else ws[0][0].contiguous()
             bias = None
             if biases:

@@ -1,0 +1,105 @@
+"""The fused backend holds the weights it joins once (fused_backend.SHARE_WEIGHTS): in the first
+StepState built on a model, each weight a fused GEMV concatenates (rows, K columns, gate / up
+row pairs) becomes a view of the joined tensor, with the same values, and its own tensor is
+freed; a later StepState on the same weights (whose engines may hold CUDA graphs reading the
+old tensors) leaves them as they are. Tiny fp32 checkpoints of the three families, the
+fused backend under TRITON_INTERPRET=1 on the CPU."""
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
+                                os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests (tiny fp32 models on the CPU)")
+
+
+def _moondream(tmp_path):
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import tiny_config
+    return build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
+
+
+def _qwen(tmp_path):
+    from photon_core.models import qwen3_5
+    return qwen3_5.load_model(str(qwen3_5.make_test_model(tmp_path, seed=5)))
+
+
+def _gemma(tmp_path):
+    from photon_core.models import gemma4
+    return gemma4.load_model(str(gemma4.make_test_model(tmp_path, seed=3)),
+                             max_soft_tokens=70)
+
+
+def _state(model):
+    """A FastEngine's StepState with the fused backend (and the weights it was built on)."""
+    from photon_core.fast import FastEngine
+    fe = FastEngine(model, max_batch=2, kv_capacity=64, fused="on", warmup=False,
+                    detok_thread=False)
+    fe.close()
+    return fe.state, fe.state.w
+
+
+def _storage_bytes(tensors) -> int:
+    seen = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("build", [_moondream, _qwen, _gemma])
+def test_joined_weights_are_held_once(build, tmp_path):
+    model = build(tmp_path)
+    w = model.fast_family().weights
+    before = {n: t.clone() for n, t in w.items() if torch.is_tensor(t)}
+    old = {n: t for n, t in w.items() if torch.is_tensor(t)}
+    st, w = _state(model)
+    fd = st.fused
+    assert fd is not None and fd.share_weights
+    joined = [(op, g) for op, g in fd.fused_gemvs.items() if len(op.weights) > 1]
+    assert joined, "no joined GEMV weights in this program"
+    for op, g in joined:
+        base = g["w"].untyped_storage().data_ptr()
+        for name in op.weights:
+            t = w[name + ".weight"]
+            assert t is not old[name + ".weight"], name
+            assert t.untyped_storage().data_ptr() == base, name      # a view of the joined
+            assert torch.equal(t, before[name + ".weight"]), name    # the same values
+    assert fd.shared_bytes > 0
+    del old
+    gc.collect()
+    tensors = [t for t in w.values() if torch.is_tensor(t)]
+    tensors += [g["w"] for g in fd.fused_gemvs.values()]
+    # the model's weights and the backend's GEMV weights together: no more bytes than the
+    # weights alone plus the biases the backend sums / interleaves (its joined weights are
+    # the model's now)
+    bias_bytes = sum(g["bias"].numel() * g["bias"].element_size()
+                     for g in fd.fused_gemvs.values() if g["bias"] is not None)
+    assert _storage_bytes(tensors) <= _storage_bytes(before.values()) + bias_bytes
+    # a second state on the same weights shares nothing and changes no entry
+    entries = {n: t for n, t in w.items() if torch.is_tensor(t)}
+    st2, _ = _state(model)
+    assert not st2.fused.share_weights and st2.fused.shared_bytes == 0
+    assert all(w[n] is t for n, t in entries.items())
+
+
+def test_joined_views_layouts():
+    from photon_core.fast.fused_backend import join_weights, joined_views
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(*s, generator=g) for s in ((3, 4), (5, 4), (3, 4)))
+    for how, parts in (("rows", [a, b]), ("cols", [a.T.contiguous(), b.T.contiguous()]),
+                       ("pairs", [a, c])):
+        j = join_weights(parts, how)
+        views = joined_views(j, [p.shape for p in parts], how)
+        assert all(torch.equal(v, p) for v, p in zip(views, parts)), how
+        assert all(v.untyped_storage().data_ptr() == j.untyped_storage().data_ptr()
+                   for v in views), how
