@@ -103,7 +103,7 @@ NORM_CHAIN = True
 EPILOGUE_FUSION = True
 # the model's weights that a fused GEMV concatenates (rows, K columns, or gate / up row pairs)
 # become views of the concatenated tensor (share_weights), so they are held once, not twice
-SHARE_WEIGHTS = False
+SHARE_WEIGHTS = True
 
 
 def joined_views(joined: torch.Tensor, shapes: list, how: str) -> list[torch.Tensor]:

@@ -57,7 +57,9 @@ def _storage_bytes(tensors) -> int:
 
 
 @pytest.mark.parametrize("build", [_moondream, _qwen, _gemma])
-def test_joined_weights_are_held_once(build, tmp_path):
+def test_joined_weights_are_held_once(build, tmp_path, monkeypatch):
+    from photon_core.fast import fused_backend
+    monkeypatch.setattr(fused_backend, "SHARE_WEIGHTS", True)
     model = build(tmp_path)
     w = model.fast_family().weights
     before = {n: t.clone() for n, t in w.items() if torch.is_tensor(t)}
