@@ -24,15 +24,32 @@ fused backend with the reason logged where the megakernel cannot serve the model
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..ops import HAVE_TRITON, triton_on
 from .eager_backend import EagerBackend
 from .static_kv_cache import StaticKVCache
 
-# ids of the weights objects a StepState was built on (an id reused by a later object only
-# costs that object the sharing, never correctness)
-_WEIGHTS_WITH_STATE: set[int] = set()
+# the weight tensors of every model a StepState was built on (weakly held: a freed model's
+# entries go with it, so a new tensor at a reused address is never taken for an old one)
+_TENSORS_WITH_STATE: "weakref.WeakValueDictionary[int, torch.Tensor]" = \
+    weakref.WeakValueDictionary()
+
+
+def _tensors(w) -> list:
+    return [t for t in w.values() if isinstance(t, torch.Tensor)]
+
+
+def first_state_on(w) -> bool:
+    """No StepState has been built on the weights `w` yet (none of its tensors is known)."""
+    return not any(_TENSORS_WITH_STATE.get(id(t)) is t for t in _tensors(w))
+
+
+def _register(w) -> None:
+    for t in _tensors(w):
+        _TENSORS_WITH_STATE[id(t)] = t
 
 
 class StepState:
@@ -51,8 +68,7 @@ class StepState:
         self.family = family
         # the first StepState on these weights: no CUDA graph can read them yet, so its fused
         # backend may replace the weights it joins by views (FusedBackend share_weights)
-        first_on_weights = id(w) not in _WEIGHTS_WITH_STATE
-        _WEIGHTS_WITH_STATE.add(id(w))
+        first_on_weights = first_state_on(w)
         self.options, self.spec, self.program = options, spec, spec.program
         self.rows, self.kv, self.w = rows, kv, w
         self.hidden = torch.zeros(rows, self.program.dim, device=dev, dtype=dt)
@@ -82,6 +98,7 @@ class StepState:
                                       pdl_rows=auto_pdl_rows(spec.program) if auto else None,
                                       share_weights=first_on_weights)
         self.backend = self.fused or self.eager
+        _register(w)          # (after the fused backend: the views it put in w too)
         self.megakernel, self.megakernel_fallback = None, ""
         spec = options.megakernel
         if spec == "auto":                    # on where measured to win (megakernel_backend)

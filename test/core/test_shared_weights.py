@@ -105,3 +105,16 @@ def test_joined_views_layouts():
         assert all(torch.equal(v, p) for v, p in zip(views, parts)), how
         assert all(v.untyped_storage().data_ptr() == j.untyped_storage().data_ptr()
                    for v in views), how
+
+
+def test_a_new_model_after_a_freed_one_shares_again(tmp_path, monkeypatch):
+    """The first-state rule follows the weight tensors themselves, not the weights object's
+    id (a new model is often allocated where the freed one was)."""
+    from photon_core.fast import fused_backend
+    monkeypatch.setattr(fused_backend, "SHARE_WEIGHTS", True)
+    for _ in range(3):
+        model = _moondream(tmp_path)
+        st, _ = _state(model)
+        assert st.fused.share_weights and st.fused.shared_bytes > 0
+        del model, st
+        gc.collect()
