@@ -7,10 +7,12 @@ built on a model, so one model cannot carry both forms), alternating the order p
 torch.cuda.memory_allocated() after the model and after FastEngine(model) (defaults), the
 engine's 640x480 encode (graph replay, min of --iters; Moondream 2: the batch encoder's
 graph, Qwen 3.5: the family encoder's), one task as run(frame, task) (min wall of --iters),
-and whether the task's output is the same in every form and round.
+and whether the task's output is the same in every form and round (with --deterministic:
+engines without split-K GEMVs, whose outputs repeat; the default engine's split-K sums vary
+from run to run) and the encode's k/v digest (Moondream 2).
 
 Usage: PYTHONPATH=. python3 bench/bench_shared_weights.py [--families moondream2,qwen3.5-0.8b]
-           [--rounds 2] [--iters 10]
+           [--rounds 2] [--iters 10] [--deterministic]
 Writes $OUT/bench_shared_weights.json when OUT is set.
 """
 from __future__ import annotations
@@ -44,7 +46,13 @@ def _replay_ms(graph, iters: int) -> float:
     return min(times)
 
 
-def one(family: str, share: bool, iters: int, frame) -> dict:
+def _sha(t: torch.Tensor) -> str:
+    import hashlib
+    return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()
+                          ).hexdigest()[:16]
+
+
+def one(family: str, share: bool, iters: int, frame, deterministic: bool = False) -> dict:
     from photon_core.fast import FastEngine
     from photon_core.fast import fused_backend
     from photon_core.task import Task
@@ -55,12 +63,14 @@ def one(family: str, share: bool, iters: int, frame) -> dict:
     model = build_model(family)
     torch.cuda.synchronize()
     after_model = torch.cuda.memory_allocated()
-    fe = FastEngine(model)
+    fe = FastEngine(model, deterministic=True) if deterministic else FastEngine(model)
     torch.cuda.synchronize()
     after_engine = torch.cuda.memory_allocated()
     task = Task("detect", object="person", max_objects=5) if family == "moondream2" else \
         Task("query", question="What is in the image?", max_tokens=32)
-    fe.encode_image(frame)
+    encoded = fe.encode_image(frame)
+    kv_sha = _sha(encoded.kv) if family == "moondream2" else None
+    del encoded
     enc = fe.batch_encoder if family == "moondream2" else fe.encoder
     replay = _replay_ms(next(iter(enc.entries.values())).graph, iters)
     walls, out = [], None
@@ -76,7 +86,7 @@ def one(family: str, share: bool, iters: int, frame) -> dict:
            "engine_MiB": round((after_engine - after_model) / 2 ** 20),
            "shared_MiB": round((fd.shared_bytes if fd else 0) / 2 ** 20),
            "encode_replay_ms": round(replay, 3), "run_ms": round(min(walls), 2),
-           "task": task.skill, "output": out}
+           "task": task.skill, "output": out, "encode_kv_sha": kv_sha}
     fe.close()
     del fe, model, enc
     gc.collect()
@@ -89,6 +99,8 @@ def main():
     ap.add_argument("--families", default="moondream2,qwen3.5-0.8b")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--deterministic", action="store_true",
+                    help="engines in deterministic mode (no split-K GEMV: repeatable outputs)")
     args = ap.parse_args()
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
     out = {"gpu": torch.cuda.get_device_name(), "families": {}}
@@ -96,7 +108,7 @@ def main():
         rows = []
         for r in range(args.rounds):
             for share in ((False, True) if r % 2 == 0 else (True, False)):
-                res = one(family, share, args.iters, frame)
+                res = one(family, share, args.iters, frame, args.deterministic)
                 rows.append(res)
                 print(family, {k: v for k, v in res.items() if k != "output"}, flush=True)
         same = len({r["output"] for r in rows}) == 1
