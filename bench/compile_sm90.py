@@ -83,6 +83,12 @@ def qwen3_5_launches(dtype=torch.bfloat16):
         g, beta = e(1, t, h, dt=torch.float32), e(1, t, h, dt=torch.float32)
         s0 = e(1, h, d, d, dt=torch.float32)
         gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
+        two = gdr.SCAN_TWO_PASS            # ... and the scan in two passes (SCAN_TWO_PASS)
+        gdr.SCAN_TWO_PASS = True
+        try:
+            gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
+        finally:
+            gdr.SCAN_TWO_PASS = two
         # the fast encode's FAST_PREP: what feeds the scan kernel, one launch
         gdr._fast_prep(k, v, g, beta, gdr.SCAN_CHUNK,
                        "ieee" if dtype == torch.float32 else "tf32")

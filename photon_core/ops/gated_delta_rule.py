@@ -96,6 +96,11 @@ SCAN_CHUNK = 64
 # 16 heads x 4 = 64 programs at 32); 16 (128 programs) was slower on the H200: 1.096 vs 1.040
 # ms per encode (session 18 call 6)
 SCAN_BLOCK_V = 32
+# SCAN_TWO_PASS (session 19, not yet measured on the GPU): the scan as two launches - the
+# states pass (chunks in order, 2 of the 5 dots) and the outputs pass (every chunk at once,
+# SCAN_OUT_BLOCK_V value columns per program); see _gdr_chunk_states_kernel
+SCAN_TWO_PASS = False
+SCAN_OUT_BLOCK_V = 32
 # FAST_PREP (session 16; on since session 17 call 1): with the scan kernel, what feeds it -
 # q / k / v's fp32 transposed copies, the l2 norms, the gates' cumsum, the decays, the chunk
 # matrices and the solve's right-hand sides (~1 ms in ~250 launches of the eager 0.8B encode,
@@ -560,6 +565,92 @@ if triton is not None:
         tl.store(sp, s, mask=smask)
 
 
+    # SCAN_TWO_PASS: the scan in two launches. (1) states: per (head, value block), chunks in
+    # order, only what carries the state - v_new = u - w S (stored), S = e^cum_last S +
+    # (k e^(cum_last - cum))^T v_new - and each chunk's starting S stored; (2) outputs: a
+    # program per (head, chunk, value block), all chunks at once: o = (q e^cum) S_chunk +
+    # causal(q k^T decay) v_new. The same products in the same order per chunk as the one-pass
+    # kernel; the sequential part does 2 of its 5 dots.
+    @triton.jit
+    def _gdr_chunk_states_kernel(k_ptr, u_ptr, w_ptr, cum_ptr, s_ptr, st_ptr, vn_ptr, T, TP,
+                                 NC, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                                 DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr,
+                                 C: tl.constexpr, PREC: tl.constexpr):
+        bh = tl.program_id(0)
+        vb = tl.program_id(1)
+        bi = bh // HV
+        hk = (bh % HV) // (HV // HK)
+        r = tl.arange(0, C)
+        dk = tl.arange(0, DK_P2)
+        kmask = dk < DK
+        dv = vb * BV + tl.arange(0, BV)
+        vmask = dv < DV
+        smask = kmask[:, None] & vmask[None, :]
+        sp = s_ptr + bh * DK * DV + dk[:, None] * DV + dv[None, :]
+        s = tl.load(sp, mask=smask, other=0.0)
+        for ci in range(NC):
+            tl.store(st_ptr + ((bh * NC + ci) * DK + dk[:, None]) * DV + dv[None, :], s,
+                     mask=smask)
+            t = ci * C + r
+            k = tl.load(k_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
+                        mask=(t < T)[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            k = _l2norm_rows(k)
+            row0 = bh * TP + ci * C
+            cum = tl.load(cum_ptr + row0 + r)
+            u = tl.load(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
+                        other=0.0)
+            w = tl.load(w_ptr + (row0 + r[:, None]) * DK + dk[None, :], mask=kmask[None, :],
+                        other=0.0)
+            v_new = u - tl.dot(w, s, input_precision=PREC)
+            tl.store(vn_ptr + (row0 + r[:, None]) * DV + dv[None, :], v_new,
+                     mask=vmask[None, :])
+            last = tl.sum(tl.where(r == C - 1, cum, 0.0), axis=0)
+            k_dec = k * tl.exp(last - cum)[:, None]
+            s = s * tl.exp(last) + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+        tl.store(sp, s, mask=smask)
+
+    @triton.jit
+    def _gdr_chunk_out_kernel(q_ptr, k_ptr, vn_ptr, cum_ptr, st_ptr, o_ptr, T, TP, NC,
+                              HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                              DV: tl.constexpr, DK_P2: tl.constexpr, BV: tl.constexpr,
+                              C: tl.constexpr, PREC: tl.constexpr):
+        pid = tl.program_id(0)
+        vb = tl.program_id(1)
+        bh = pid // NC
+        ci = pid % NC
+        bi = bh // HV
+        h = bh % HV
+        hk = h // (HV // HK)
+        r = tl.arange(0, C)
+        dk = tl.arange(0, DK_P2)
+        kmask = dk < DK
+        dv = vb * BV + tl.arange(0, BV)
+        vmask = dv < DV
+        t = ci * C + r
+        tm = t < T
+        qk_mask = tm[:, None] & kmask[None, :]
+        q = tl.load(q_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
+                    mask=qk_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
+                    mask=qk_mask, other=0.0).to(tl.float32)
+        q = _l2norm_rows(q) * (1.0 / tl.sqrt(DK * 1.0))
+        k = _l2norm_rows(k)
+        row0 = bh * TP + ci * C
+        cum = tl.load(cum_ptr + row0 + r)
+        s = tl.load(st_ptr + ((bh * NC + ci) * DK + dk[:, None]) * DV + dv[None, :],
+                    mask=kmask[:, None] & vmask[None, :], other=0.0)
+        v_new = tl.load(vn_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
+                        other=0.0)
+        causal = r[:, None] >= r[None, :]
+        attn = tl.dot(q, tl.trans(k), input_precision=PREC)
+        attn = tl.where(causal, attn * tl.exp(tl.where(causal, cum[:, None] - cum[None, :],
+                                                       0.0)), 0.0)
+        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision=PREC) + \
+            tl.dot(attn, v_new, input_precision=PREC)
+        tl.store(o_ptr + ((bi * T + t[:, None]) * HV + h) * DV + dv[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=tm[:, None] & vmask[None, :])
+
+
 def gated_delta_chunked_triton(q, k, v, g, beta, state: torch.Tensor | None = None,
                                chunk: int = 64, block_v: int = 32, precision: str = "ieee"
                                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -607,10 +698,23 @@ def _chunk_scan(q, k, u, w, cum, s, o, chunk: int, precision: str, block_v: int 
     b, t, hk, dk = q.shape
     hv, dv = o.shape[2], o.shape[3]
     tp = u.shape[1]
+    nc = tp // chunk
     dk_p2 = max(16, triton.next_power_of_2(dk))
     bv = max(16, min(block_v, triton.next_power_of_2(dv)))
+    if SCAN_TWO_PASS:
+        st = torch.empty(b * hv, nc, dk, dv, dtype=torch.float32, device=o.device)
+        vn = torch.empty(b * hv, tp, dv, dtype=torch.float32, device=o.device)
+        _gdr_chunk_states_kernel[(b * hv, triton.cdiv(dv, bv))](
+            k, u, w, cum, s, st, vn, t, tp, nc, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2,
+            BV=bv, C=chunk, PREC=precision, num_warps=8,
+            num_stages=chunk_states_stages(chunk, dk_p2, bv, k.element_size()))
+        bo = max(16, min(SCAN_OUT_BLOCK_V, triton.next_power_of_2(dv)))
+        _gdr_chunk_out_kernel[(b * hv * nc, triton.cdiv(dv, bo))](
+            q, k, vn, cum, st, o, t, tp, nc, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2, BV=bo,
+            C=chunk, PREC=precision, num_warps=8)
+        return
     _gdr_chunk_scan_kernel[(b * hv, triton.cdiv(dv, bv))](
-        q, k, u, w, cum, s, o, t, tp, tp // chunk, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2,
+        q, k, u, w, cum, s, o, t, tp, nc, HK=hk, HV=hv, DK=dk, DV=dv, DK_P2=dk_p2,
         BV=bv, C=chunk, PREC=precision, num_warps=8,
         num_stages=chunk_scan_stages(chunk, dk_p2, bv, q.element_size()))
 
@@ -618,6 +722,18 @@ def _chunk_scan(q, k, u, w, cum, s, o, chunk: int, precision: str, block_v: int 
 # a block's shared memory on sm_90 is 227 KB (232,448 bytes); the estimate below is within a
 # few KB of what Triton asks for, so the budget leaves ~10 KB for version-to-version drift
 CHUNK_SCAN_SMEM_BUDGET = 216 * 1024
+
+
+def chunk_states_stages(chunk: int, dk_p2: int, bv: int, elem: int) -> int:
+    """num_stages of `_gdr_chunk_states_kernel` (SCAN_TWO_PASS): per stage one chunk's k (input
+    dtype), w (fp32 [C, Dk]), u (fp32 [C, BV]) and cum, on ~2 [C, Dk] fp32 tiles of scratch;
+    the most stages (<= 3) within CHUNK_SCAN_SMEM_BUDGET."""
+    base = 2 * chunk * dk_p2 * 4
+    per_stage = chunk * dk_p2 * (elem + 4) + chunk * bv * 4 + chunk * 4
+    for stages in (3, 2):
+        if base + (stages - 1) * per_stage <= CHUNK_SCAN_SMEM_BUDGET:
+            return stages
+    return 1
 
 
 def chunk_scan_stages(chunk: int, dk_p2: int, bv: int, elem: int) -> int:

@@ -256,13 +256,18 @@ def _delta_inputs(t, hk, hv, dk, dv, dtype):
 @pytest.mark.parametrize("t,hk,hv,dk,dv,with_state", [
     (1, 1, 1, 16, 16, False), (63, 2, 4, 16, 8, True), (70, 2, 2, 12, 40, False),
     (130, 1, 2, 32, 16, True)])
-@pytest.mark.parametrize("solve", ["trsm", "kernel"])
-def test_gated_delta_chunked_triton(dtype, t, hk, hv, dk, dv, with_state, solve, monkeypatch):
+@pytest.mark.parametrize("solve,scan", [("trsm", "one"), ("kernel", "one"), ("kernel", "two")])
+def test_gated_delta_chunked_triton(dtype, t, hk, hv, dk, dv, with_state, solve, scan,
+                                    monkeypatch):
     """solve: the chunks' unit lower-triangular systems by torch's solve or by
-    ops/unit_lower_solve.py's kernel (gated_delta_rule.FAST_SOLVE)."""
+    ops/unit_lower_solve.py's kernel (gated_delta_rule.FAST_SOLVE); scan: the loop over chunks
+    as one kernel or as the states + outputs kernels (SCAN_TWO_PASS; its outputs pass at 32
+    value columns per program where the states pass takes 16)."""
     from photon_core.ops import gated_delta_rule as gdr
 
     monkeypatch.setattr(gdr, "FAST_SOLVE", solve == "kernel")
+    monkeypatch.setattr(gdr, "SCAN_TWO_PASS", scan == "two")
+    monkeypatch.setattr(gdr, "SCAN_OUT_BLOCK_V", 32)
     q, k, v, g, beta, s0 = _delta_inputs(t, hk, hv, dk, dv, dtype)
     init = s0 if with_state else None
     keep = s0.clone()
@@ -357,15 +362,16 @@ def test_real_sizes_on_gpu(dtype):
                                gqa_attention.gated_gqa_decode(q, kc, vc, 1000, gate), **tol)
     qd, kd, vd, g, beta, s0 = _delta_inputs(1000, 16, 16, 128, 128, dtype)
     o_ref, s_ref = gdr.gated_delta_chunked(qd, kd, vd, g, beta, s0)
-    keep = gdr.FAST_SOLVE
+    keep = gdr.FAST_SOLVE, gdr.SCAN_TWO_PASS
     try:
-        for solve in (False, True):         # torch's trsm, the unit_lower_solve kernel
-            gdr.FAST_SOLVE = solve
+        # torch's trsm, the unit_lower_solve kernel; the scan in one pass or two
+        for solve, two in ((False, False), (True, False), (True, True)):
+            gdr.FAST_SOLVE, gdr.SCAN_TWO_PASS = solve, two
             o, st = gdr.gated_delta_chunked_triton(qd, kd, vd, g, beta, s0)
             torch.testing.assert_close(o, o_ref, **tol)
             torch.testing.assert_close(st, s_ref, atol=1e-3, rtol=1e-3)
     finally:
-        gdr.FAST_SOLVE = keep
+        gdr.FAST_SOLVE, gdr.SCAN_TWO_PASS = keep
     s_ref, s_tri = s0.clone(), s0.clone()
     o_ref = gdr.gated_delta_step(qd[:, 0], kd[:, 0], vd[:, 0], g[:, 0], beta[:, 0], s_ref)
     o = gdr.gated_delta_step_triton(qd[:, 0], kd[:, 0], vd[:, 0], g[:, 0], beta[:, 0], s_tri)

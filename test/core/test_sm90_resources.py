@@ -73,7 +73,8 @@ def test_qwen3_5_real_size_kernels_fit_sm90():
     rows = _compile("--what", "qwen3_5", "--dtype", "fp32,fp16,bf16")
     assert {r["dtype"] for r in rows} == {"fp32", "fp16", "bf16"}
     assert {"_gdr_chunk_scan_kernel", "_causal_conv1d_prefill_kernel",
-            "_gdr_fast_prep_kernel"} <= {r["kernel"] for r in rows}
+            "_gdr_fast_prep_kernel", "_gdr_chunk_states_kernel",
+            "_gdr_chunk_out_kernel"} <= {r["kernel"] for r in rows}
     bad = [r for r in rows if not r["fits"]]
     assert not bad, _report(bad)
 
