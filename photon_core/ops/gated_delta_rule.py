@@ -96,11 +96,14 @@ SCAN_CHUNK = 64
 # 16 heads x 4 = 64 programs at 32); 16 (128 programs) was slower on the H200: 1.096 vs 1.040
 # ms per encode (session 18 call 6)
 SCAN_BLOCK_V = 32
-# SCAN_TWO_PASS (session 19, not yet measured on the GPU): the scan as two launches - the
-# states pass (chunks in order, 2 of the 5 dots) and the outputs pass (every chunk at once,
-# SCAN_OUT_BLOCK_V value columns per program); see _gdr_chunk_states_kernel
-SCAN_TWO_PASS = False
-SCAN_OUT_BLOCK_V = 32
+# SCAN_TWO_PASS (session 19): the scan as two launches - the states pass (chunks in order,
+# 2 of the 5 dots) and the outputs pass (every chunk at once, SCAN_OUT_BLOCK_V value columns
+# per program); see _gdr_chunk_states_kernel. Qwen 3.5 0.8B's 640x480 encode on the H200
+# (session 19 call 8, same process): graph replay 5.51-5.55 -> 5.26-5.28 ms with 32 output
+# columns per program (the scan 1.044 ms -> 0.375 + 0.363), 5.53 -> 5.16 ms with 64 (the
+# outputs pass 0.275 ms); the state bitwise the same as the one-pass kernel's
+SCAN_TWO_PASS = True
+SCAN_OUT_BLOCK_V = 64
 # FAST_PREP (session 16; on since session 17 call 1): with the scan kernel, what feeds it -
 # q / k / v's fp32 transposed copies, the l2 norms, the gates' cumsum, the decays, the chunk
 # matrices and the solve's right-hand sides (~1 ms in ~250 launches of the eager 0.8B encode,
