@@ -82,11 +82,10 @@ def qwen3_5_launches(dtype=torch.bfloat16):
         q, k, v = e(1, t, h, d), e(1, t, h, d), e(1, t, h, d)
         g, beta = e(1, t, h, dt=torch.float32), e(1, t, h, dt=torch.float32)
         s0 = e(1, h, d, d, dt=torch.float32)
-        gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
-        two = gdr.SCAN_TWO_PASS            # ... and the scan in two passes (SCAN_TWO_PASS)
-        gdr.SCAN_TWO_PASS = True
+        two = gdr.SCAN_TWO_PASS            # the scan in one pass and in two (SCAN_TWO_PASS)
         try:
-            gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
+            for gdr.SCAN_TWO_PASS in (False, True):
+                gdr.gated_delta_chunked_triton(q, k, v, g, beta, s0)
         finally:
             gdr.SCAN_TWO_PASS = two
         # the fast encode's FAST_PREP: what feeds the scan kernel, one launch
