@@ -99,7 +99,7 @@ SCAN_BLOCK_V = 32
 # SCAN_TWO_PASS (session 19): the scan as two launches - the states pass (chunks in order,
 # 2 of the 5 dots) and the outputs pass (every chunk at once, SCAN_OUT_BLOCK_V value columns
 # per program); see _gdr_chunk_states_kernel. Qwen 3.5 0.8B's 640x480 encode on the H200
-# (session 19 call 8, same process): graph replay 5.51-5.55 -> 5.26-5.28 ms with 32 output
+# (session 19 call 7, same process): graph replay 5.51-5.55 -> 5.26-5.28 ms with 32 output
 # columns per program (the scan 1.044 ms -> 0.375 + 0.363), 5.53 -> 5.16 ms with 64 (the
 # outputs pass 0.275 ms); the state bitwise the same as the one-pass kernel's
 SCAN_TWO_PASS = True
