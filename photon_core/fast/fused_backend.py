@@ -81,6 +81,7 @@ from ..ops.row_advance import row_advance
 from . import hybrid_rows, state_ops, window_state_ops
 from .eager_backend import ACTS, ScaledTokenFeedback, feedback_weights
 from ..program import Op, read_before_written
+from ..weight_layout import join_weights, joined_views
 
 ATTN_CHUNK = 128     # measured on the H200: 7.3 us/layer at b=1 vs 8.1 (64), 9.3 (32)
 # EngineOptions.pdl "auto": PDL for passes of at most this many rows, for the programs with
@@ -104,26 +105,6 @@ EPILOGUE_FUSION = True
 # the model's weights that a fused GEMV concatenates (rows, K columns, or gate / up row pairs)
 # become views of the concatenated tensor (share_weights), so they are held once, not twice
 SHARE_WEIGHTS = True
-
-
-def joined_views(joined: torch.Tensor, shapes: list, how: str) -> list[torch.Tensor]:
-    """The parts of a joined weight as views of it: how "rows" (torch.cat), "cols"
-    (torch.cat along K: strided views), "pairs" (interleave_gated of two: strided views)."""
-    if how == "rows":
-        return list(joined.split([s[0] for s in shapes]))
-    if how == "cols":
-        return list(joined.split([s[1] for s in shapes], dim=1))
-    n = shapes[0][0]
-    return list(joined.view(n, 2, *joined.shape[1:]).unbind(1))
-
-
-def join_weights(tensors: list[torch.Tensor], how: str) -> torch.Tensor:
-    """One contiguous tensor holding the weights side by side (joined_views' layouts)."""
-    if how == "rows":
-        return torch.cat(tensors).contiguous()
-    if how == "cols":
-        return torch.cat(tensors, dim=1).contiguous()
-    return interleave_gated(*tensors).contiguous()
 
 
 class FusedBackend:

@@ -152,24 +152,39 @@ def test_fused_pass_with_pdl_gives_the_same_bits(model, monkeypatch):
     assert auto_pdl_rows(model.fast_family().spec.program) == PDL_AUTO_ROWS   # pdl "auto"
 
 
-@pytest.mark.parametrize("conv_kernel", [False, True], ids=["torch-conv", "conv-kernel"])
-def test_fused_norms_prefix_pass(model, monkeypatch, conv_kernel):
+@pytest.mark.parametrize("conv_kernel,joined", [(False, False), (True, False), (True, True)],
+                         ids=["torch-conv", "conv-kernel", "joined-in-proj"])
+def test_fused_norms_prefix_pass(model, monkeypatch, conv_kernel, joined):
     """decoder.forward(fused_norms=True) (the fast encode's image-prefix pass: the norms, the
     residual adds and the MLP's gate as Triton kernels, the full-attention layers by SDPA's
-    causal kernel; conv-kernel: with FAST_CONV's conv kernel, the default) over a 20-token
-    prompt: the hidden states and every layer's state within fp32 rounding of the torch pass."""
+    causal kernel; conv-kernel: with FAST_CONV's conv kernel, the default; joined-in-proj:
+    the DeltaNet in-projections' weights in consecutive rows of one tensor, as the fused
+    backend leaves them, run as one GEMM - JOINED_IN_PROJ) over a 20-token prompt: the hidden
+    states and every layer's state within fp32 rounding of the torch pass."""
     from photon_core.models.qwen3_5 import decoder
     from photon_core.models.qwen3_5.state import HybridState
+    from photon_core.weight_layout import join_weights, joined_views
     _fused_ok("on")
     monkeypatch.setattr(decoder, "FAST_CONV", conv_kernel)   # causal_conv1d_prefill_triton
     t = model.config.text
     x = torch.randn(20, t.hidden_size, generator=torch.Generator().manual_seed(2))
     pos = decoder.text_positions(0, 20, "cpu")
+    w = dict(model.weights)
+    names = [n[:-len("in_proj_qkv.weight")] for n in w if n.endswith("in_proj_qkv.weight")]
+    for p in names:                  # fresh copies, joined (or apart: no stale sharing)
+        parts = [w[p + n + ".weight"] for n in decoder.IN_PROJ]
+        views = joined_views(join_weights(parts, "rows"), [v.shape for v in parts], "rows")
+        for n, v in zip(decoder.IN_PROJ, views):
+            w[p + n + ".weight"] = v if joined else v.clone()
+    calls = []
+    real = decoder.adjacent_rows
+    monkeypatch.setattr(decoder, "adjacent_rows",
+                        lambda ts: calls.append(real(ts) is not None) or real(ts))
     outs = []
     for fused in (False, True):
         st = HybridState.empty(t, 24, "cpu", model.dtype)
-        outs.append((decoder.forward(model.weights, t, x.clone(), pos, st, fused_norms=fused),
-                     st))
+        outs.append((decoder.forward(w, t, x.clone(), pos, st, fused_norms=fused), st))
+    assert calls and set(calls) == {joined}
     (h0, s0), (h1, s1) = outs
     torch.testing.assert_close(h1, h0, atol=2e-5, rtol=2e-5)
     for part in ("k", "v", "conv", "recurrent"):

@@ -40,6 +40,7 @@ from ...ops.mrope import apply_rope, mrope_cos_sin, qk_norm_rope_triton
 from ...ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_triton
 from ...ops.rmsnorm_zero_centred import rmsnorm_zero_centred, rmsnorm_zero_centred_triton
 from ...ops.silu_gate import silu_gate_triton
+from ...weight_layout import adjacent_rows
 from .config import TextConfig
 from .state import HybridState
 
@@ -48,6 +49,11 @@ L = "model.language_model."
 # (causal_conv1d_prefill_triton; on since session 17 call 1: Qwen 3.5 0.8B's 640x480
 # encode graph replay 9.62 -> 8.57-8.64 ms, in place of transpose + cat + depthwise conv)
 FAST_CONV = True
+# The fast encode's four DeltaNet in-projections (qkv, z, b, a) as one GEMM where the weights
+# lie in consecutive rows of one tensor (weight_layout.adjacent_rows: the fused backend's
+# joined [qkv; z; b; a] once an engine shares the weights); else four
+JOINED_IN_PROJ = False
+IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
 def embed(w: dict, ids: torch.Tensor) -> torch.Tensor:
@@ -68,7 +74,13 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
     t = x.shape[0]
     hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
                       cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-    mixed = F.linear(x, w[p + "in_proj_qkv.weight"])                     # [T, conv_dim]
+    joined = adjacent_rows([w[p + n + ".weight"] for n in IN_PROJ]) \
+        if fused_norms and t > 1 and JOINED_IN_PROJ else None
+    if joined is not None:      # the four in-projections as one GEMM (column views of it)
+        mixed, z, b, a = F.linear(x, joined).split(
+            [w[p + n + ".weight"].shape[0] for n in IN_PROJ], dim=-1)
+    else:
+        mixed = F.linear(x, w[p + "in_proj_qkv.weight"])                 # [T, conv_dim]
     conv_w = w[p + "conv1d.weight"][:, 0]                                  # [conv_dim, K]
     if t == 1:
         conv_step = causal_conv1d_step_triton if kernels else causal_conv1d_step
@@ -80,8 +92,9 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
         mixed = out[0].T
     q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
     q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
-    b = F.linear(x, w[p + "in_proj_b.weight"])
-    a = F.linear(x, w[p + "in_proj_a.weight"])
+    if joined is None:
+        b = F.linear(x, w[p + "in_proj_b.weight"])
+        a = F.linear(x, w[p + "in_proj_a.weight"])
     a_log, dt_bias = w[p + "A_log"], w[p + "dt_bias"]
     if t == 1 and kernels:                              # the kernel applies delta_gates itself
         o = gated_delta_step_triton(q, k, v, a, b, state.recurrent[i], a_log=a_log,
@@ -101,7 +114,7 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
                 q[None], k[None], v[None], a[None], b[None], state.recurrent[i],
                 fast=fused_norms, raw_gates=(a_log, dt_bias))
         o = o[0]                                                           # [T, Hv, Dv]
-    z = F.linear(x, w[p + "in_proj_z.weight"]).reshape(t, hv, dv)
+    z = (z if joined is not None else F.linear(x, w[p + "in_proj_z.weight"])).reshape(t, hv, dv)
     o = (rmsnorm_gated_triton if kernels and t == 1 or fused_norms else rmsnorm_gated)(
         o, z, w[p + "norm.weight"], cfg.rms_norm_eps)
     return F.linear(o.reshape(t, hv * dv), w[p + "out_proj.weight"])
