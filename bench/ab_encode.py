@@ -141,7 +141,8 @@ def main():
             err, sha = errors(st, exact), digest(st)
             times = encoder_times(fe, frame, args.iters, 0, label)
             if fam == "moondream2":      # (its encoder entries are the reference encode's)
-                times["replay_ms"] = round(min(_replays(graph_entry(fe, fam).graph, args.iters)), 2)
+                graph = graph_entry(fe, fam).graph
+                times["replay_ms"] = round(min(replay_times(graph, args.iters)), 2)
             rows = kernel_times(graph_entry(fe, fam).graph.replay)
         finally:
             for (mod, attr, _), v in zip(toggles, now):
@@ -165,7 +166,8 @@ def main():
     write_json("ab_encode.json", out)
 
 
-def _replays(graph, iters: int) -> list:
+def replay_times(graph, iters: int) -> list:
+    """CUDA-event times (ms) of `iters` replays of a captured graph, each after a sync."""
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -30,20 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench.ab_encode import replay_times  # noqa: E402
 from bench.out_dir import write_json  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
-
-
-def _replay_ms(graph, iters: int) -> float:
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return min(times)
 
 
 def _sha(t: torch.Tensor) -> str:
@@ -72,7 +61,7 @@ def one(family: str, share: bool, iters: int, frame, deterministic: bool = False
     kv_sha = _sha(encoded.kv) if family == "moondream2" else None
     del encoded
     enc = fe.batch_encoder if family == "moondream2" else fe.encoder
-    replay = _replay_ms(next(iter(enc.entries.values())).graph, iters)
+    replay = min(replay_times(next(iter(enc.entries.values())).graph, iters))
     walls, out = [], None
     for _ in range(iters):
         torch.cuda.synchronize()

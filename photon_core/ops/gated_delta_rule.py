@@ -470,6 +470,31 @@ if triton is not None:
         return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
 
     @triton.jit
+    def _chunk_rows(x_ptr, bi, t, hk, dk, mask, T, HK: tl.constexpr, DK: tl.constexpr):
+        """One chunk's q or k rows (key head hk, tokens t) in fp32, l2-normed."""
+        x = tl.load(x_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        return _l2norm_rows(x)
+
+    @triton.jit
+    def _chunk_output(q, k, cum, s, v_new, r, PREC: tl.constexpr):
+        """A chunk's output from the state S it starts with: (q e^cum) S + causal(q k^T
+        decay) v_new (q already scaled)."""
+        causal = r[:, None] >= r[None, :]
+        attn = tl.dot(q, tl.trans(k), input_precision=PREC)
+        attn = tl.where(causal, attn * tl.exp(tl.where(causal, cum[:, None] - cum[None, :],
+                                                       0.0)), 0.0)
+        return tl.dot(q * tl.exp(cum)[:, None], s, input_precision=PREC) + \
+            tl.dot(attn, v_new, input_precision=PREC)
+
+    @triton.jit
+    def _chunk_carry(s, k, cum, v_new, r, C: tl.constexpr, PREC: tl.constexpr):
+        """The state after a chunk: e^cum_last S + (k e^(cum_last - cum))^T v_new."""
+        last = tl.sum(tl.where(r == C - 1, cum, 0.0), axis=0)
+        k_dec = k * tl.exp(last - cum)[:, None]
+        return s * tl.exp(last) + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+
+    @triton.jit
     def _gdr_fast_prep_kernel(k_ptr, v_ptr, g_ptr, b_ptr, a_ptr, rhs_ptr, cum_ptr, T, TP,
                               sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_h,
                               sb_b, sb_t, sb_h, alog_ptr, dtb_ptr, HK: tl.constexpr,
@@ -536,18 +561,13 @@ if triton is not None:
         sp = s_ptr + bh * DK * DV + dk[:, None] * DV + dv[None, :]
         smask = kmask[:, None] & vmask[None, :]
         s = tl.load(sp, mask=smask, other=0.0)
-        causal = r[:, None] >= r[None, :]
         scale = 1.0 / tl.sqrt(DK * 1.0)
         for ci in range(NC):
             t = ci * C + r
             tm = t < T
             qk_mask = tm[:, None] & kmask[None, :]
-            q = tl.load(q_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
-                        mask=qk_mask, other=0.0).to(tl.float32)
-            k = tl.load(k_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
-                        mask=qk_mask, other=0.0).to(tl.float32)
-            q = _l2norm_rows(q) * scale
-            k = _l2norm_rows(k)
+            q = _chunk_rows(q_ptr, bi, t, hk, dk, qk_mask, T, HK, DK) * scale
+            k = _chunk_rows(k_ptr, bi, t, hk, dk, qk_mask, T, HK, DK)
             row0 = bh * TP + ci * C
             cum = tl.load(cum_ptr + row0 + r)
             u = tl.load(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
@@ -555,16 +575,10 @@ if triton is not None:
             w = tl.load(w_ptr + (row0 + r[:, None]) * DK + dk[None, :], mask=kmask[None, :],
                         other=0.0)
             v_new = u - tl.dot(w, s, input_precision=PREC)
-            attn = tl.dot(q, tl.trans(k), input_precision=PREC)
-            attn = tl.where(causal, attn * tl.exp(tl.where(causal, cum[:, None] - cum[None, :],
-                                                           0.0)), 0.0)
-            o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision=PREC) + \
-                tl.dot(attn, v_new, input_precision=PREC)
+            o = _chunk_output(q, k, cum, s, v_new, r, PREC)
             tl.store(o_ptr + ((bi * T + t[:, None]) * HV + h) * DV + dv[None, :],
                      o.to(o_ptr.dtype.element_ty), mask=tm[:, None] & vmask[None, :])
-            last = tl.sum(tl.where(r == C - 1, cum, 0.0), axis=0)
-            k_dec = k * tl.exp(last - cum)[:, None]
-            s = s * tl.exp(last) + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+            s = _chunk_carry(s, k, cum, v_new, r, C, PREC)
         tl.store(sp, s, mask=smask)
 
 
@@ -595,9 +609,7 @@ if triton is not None:
             tl.store(st_ptr + ((bh * NC + ci) * DK + dk[:, None]) * DV + dv[None, :], s,
                      mask=smask)
             t = ci * C + r
-            k = tl.load(k_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
-                        mask=(t < T)[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            k = _l2norm_rows(k)
+            k = _chunk_rows(k_ptr, bi, t, hk, dk, (t < T)[:, None] & kmask[None, :], T, HK, DK)
             row0 = bh * TP + ci * C
             cum = tl.load(cum_ptr + row0 + r)
             u = tl.load(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
@@ -607,9 +619,7 @@ if triton is not None:
             v_new = u - tl.dot(w, s, input_precision=PREC)
             tl.store(vn_ptr + (row0 + r[:, None]) * DV + dv[None, :], v_new,
                      mask=vmask[None, :])
-            last = tl.sum(tl.where(r == C - 1, cum, 0.0), axis=0)
-            k_dec = k * tl.exp(last - cum)[:, None]
-            s = s * tl.exp(last) + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+            s = _chunk_carry(s, k, cum, v_new, r, C, PREC)
         tl.store(sp, s, mask=smask)
 
     @triton.jit
@@ -632,24 +642,15 @@ if triton is not None:
         t = ci * C + r
         tm = t < T
         qk_mask = tm[:, None] & kmask[None, :]
-        q = tl.load(q_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
-                    mask=qk_mask, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + ((bi * T + t[:, None]) * HK + hk) * DK + dk[None, :],
-                    mask=qk_mask, other=0.0).to(tl.float32)
-        q = _l2norm_rows(q) * (1.0 / tl.sqrt(DK * 1.0))
-        k = _l2norm_rows(k)
+        q = _chunk_rows(q_ptr, bi, t, hk, dk, qk_mask, T, HK, DK) * (1.0 / tl.sqrt(DK * 1.0))
+        k = _chunk_rows(k_ptr, bi, t, hk, dk, qk_mask, T, HK, DK)
         row0 = bh * TP + ci * C
         cum = tl.load(cum_ptr + row0 + r)
         s = tl.load(st_ptr + ((bh * NC + ci) * DK + dk[:, None]) * DV + dv[None, :],
                     mask=kmask[:, None] & vmask[None, :], other=0.0)
         v_new = tl.load(vn_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
                         other=0.0)
-        causal = r[:, None] >= r[None, :]
-        attn = tl.dot(q, tl.trans(k), input_precision=PREC)
-        attn = tl.where(causal, attn * tl.exp(tl.where(causal, cum[:, None] - cum[None, :],
-                                                       0.0)), 0.0)
-        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision=PREC) + \
-            tl.dot(attn, v_new, input_precision=PREC)
+        o = _chunk_output(q, k, cum, s, v_new, r, PREC)
         tl.store(o_ptr + ((bi * T + t[:, None]) * HV + h) * DV + dv[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=tm[:, None] & vmask[None, :])
 
