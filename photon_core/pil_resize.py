@@ -21,8 +21,8 @@ The coefficient tables are computed here exactly as the C does (the same IEEE do
 operations in the same order, libm's sin through `math.sin`, sums accumulated left to
 right) once per (filter, input size, output size) and cached; the passes are integer ops on
 the image's device (torch ops; on CUDA one Triton launch per pass, ops/resample_pass.py: the
-same integer arithmetic, the same bytes). Products and sums are int32 as in the C, so even an overflow would
-wrap alike; none occurs: it needs sum|w| >= 2.006 (255 * sum|w| * 2^22 + 2^21 >= 2^31), and
+same integer arithmetic, the same bytes). Products and sums are int32 as in the C, so even
+an overflow would wrap alike; none occurs: it needs sum|w| >= 2.006 (255 * sum|w| * 2^22 + 2^21 >= 2^31), and
 sum|w| is at most 1.5715 (LANCZOS) / 1.269 (BICUBIC) over all (in, out) sizes 1..159
 (test_pil_resize.py). A ResizePlan holds one resize's
 tables on the device, so that running it needs no host->device copy (CUDA graph capture:
@@ -54,8 +54,10 @@ from .layout_cache import LayoutCache
 from .ops._triton import HAVE_TRITON
 from .ops.resample_pass import PRECISION_BITS, resample_pass, resample_pass_reference
 
-# PRECISION_BITS (ops/resample_pass.py) = 32 - 8 - 2: 8 bits of result, 2 of headroom
-# each pass on CUDA as one Triton launch (ops/resample_pass.py) instead of ~7 torch ops
+# PRECISION_BITS (ops/resample_pass.py) = 32 - 8 - 2: 8 bits of result, 2 of headroom.
+# TRITON_PASS: each pass on CUDA as one Triton launch (ops/resample_pass.py) instead of ~7
+# torch ops (session 19: the same bytes; with crops.TRITON_CROPS Moondream 2's 640x480 encode
+# replay 15.91-16.01 -> 15.67-15.77 ms on the H200, docs/benchmarks.md)
 TRITON_PASS = True
 
 

@@ -463,6 +463,9 @@ def gated_delta_rows_triton(qkv: torch.Tensor, b_in: torch.Tensor, a_in: torch.T
 #  2. grid (B*Hv, Dv/BV), chunks in order: the [Dk, BV] fp32 state stays in registers;
 #     v_new = u - w S, o = (q e^cum) S + causal(q k^T decay) v_new,
 #     S = e^cum_last S + (k e^(cum_last - cum))^T v_new; the final state is stored.
+#     With SCAN_TWO_PASS (the default since session 19) step 2 is two launches: the states
+#     (chunks in order: v_new and S only, each chunk's starting S stored) and the outputs
+#     (grid (B*Hv*chunks, Dv/BV): every chunk's o from its stored S at once).
 # fp32 throughout; `precision` is tl.dot's input precision ("ieee" exact fp32, "tf32" faster).
 if triton is not None:
     @triton.jit
