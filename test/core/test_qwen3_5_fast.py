@@ -166,6 +166,7 @@ def test_fused_norms_prefix_pass(model, monkeypatch, conv_kernel, joined):
     from photon_core.weight_layout import join_weights, joined_views
     _fused_ok("on")
     monkeypatch.setattr(decoder, "FAST_CONV", conv_kernel)   # causal_conv1d_prefill_triton
+    monkeypatch.setattr(decoder, "JOINED_IN_PROJ", True)     # (used where the rows allow)
     t = model.config.text
     x = torch.randn(20, t.hidden_size, generator=torch.Generator().manual_seed(2))
     pos = decoder.text_positions(0, 20, "cpu")
