@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench.ab_switch import apply_switches, parse_toggle  # noqa: E402
 from bench.out_dir import write_json  # noqa: E402
 from bench.probe_encode import kernel_times  # noqa: E402
-from bench.probe_family_encode import encoder_times  # noqa: E402
+from bench.probe_family_encode import encoder_times, replay_times  # noqa: E402
 
 
 def qwen_model(size: str, dtype):
@@ -140,10 +140,10 @@ def main():
             st = state_of(fam, enc)
             err, sha = errors(st, exact), digest(st)
             times = encoder_times(fe, frame, args.iters, 0, label)
+            graph = graph_entry(fe, fam).graph
             if fam == "moondream2":      # (its encoder entries are the reference encode's)
-                graph = graph_entry(fe, fam).graph
                 times["replay_ms"] = round(min(replay_times(graph, args.iters)), 2)
-            rows = kernel_times(graph_entry(fe, fam).graph.replay)
+            rows = kernel_times(graph.replay)
         finally:
             for (mod, attr, _), v in zip(toggles, now):
                 setattr(mod, attr, v)
@@ -164,19 +164,6 @@ def main():
     shas = {r["state_sha"] for label in ("baseline", "now") for r in out[label]}
     print("state bitwise the same in every engine:", len(shas) == 1)
     write_json("ab_encode.json", out)
-
-
-def replay_times(graph, iters: int) -> list:
-    """CUDA-event times (ms) of `iters` replays of a captured graph, each after a sync."""
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return times
 
 
 if __name__ == "__main__":

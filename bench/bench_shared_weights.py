@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench.ab_encode import replay_times  # noqa: E402
 from bench.out_dir import write_json  # noqa: E402
+from bench.probe_family_encode import replay_times  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
 
 

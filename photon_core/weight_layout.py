@@ -14,9 +14,6 @@ import torch
 
 from .ops.gemv import interleave_gated
 
-HOWS = ("rows", "cols", "pairs")
-
-
 def joined_views(joined: torch.Tensor, shapes: list, how: str) -> list[torch.Tensor]:
     """The parts of a joined weight as views of it: how "rows" (torch.cat), "cols"
     (torch.cat along K: strided views), "pairs" (interleave_gated of two: strided views)."""
@@ -53,4 +50,4 @@ def adjacent_rows(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((sum(t.shape[0] for t in tensors), k), (k, 1))
 
 
-__all__ = ["HOWS", "adjacent_rows", "join_weights", "joined_views"]
+__all__ = ["adjacent_rows", "join_weights", "joined_views"]

@@ -584,7 +584,6 @@ if triton is not None:
             s = _chunk_carry(s, k, cum, v_new, r, C, PREC)
         tl.store(sp, s, mask=smask)
 
-
     # SCAN_TWO_PASS: the scan in two launches. (1) states: per (head, value block), chunks in
     # order, only what carries the state - v_new = u - w S (stored), S = e^cum_last S +
     # (k e^(cum_last - cum))^T v_new - and each chunk's starting S stored; (2) outputs: a
@@ -735,12 +734,8 @@ def chunk_states_stages(chunk: int, dk_p2: int, bv: int, elem: int) -> int:
     """num_stages of `_gdr_chunk_states_kernel` (SCAN_TWO_PASS): per stage one chunk's k (input
     dtype), w (fp32 [C, Dk]), u (fp32 [C, BV]) and cum, on ~2 [C, Dk] fp32 tiles of scratch;
     the most stages (<= 3) within CHUNK_SCAN_SMEM_BUDGET."""
-    base = 2 * chunk * dk_p2 * 4
-    per_stage = chunk * dk_p2 * (elem + 4) + chunk * bv * 4 + chunk * 4
-    for stages in (3, 2):
-        if base + (stages - 1) * per_stage <= CHUNK_SCAN_SMEM_BUDGET:
-            return stages
-    return 1
+    return _stages_within(2 * chunk * dk_p2 * 4,
+                          chunk * dk_p2 * (elem + 4) + chunk * bv * 4 + chunk * 4)
 
 
 def chunk_scan_stages(chunk: int, dk_p2: int, bv: int, elem: int) -> int:
@@ -751,8 +746,14 @@ def chunk_scan_stages(chunk: int, dk_p2: int, bv: int, elem: int) -> int:
     3 stages (over the H200's limit; 189,440 with 2) and 16-bit inputs 231,424 (1 KB under
     it; 156,672 with 2): the most stages whose estimate fits CHUNK_SCAN_SMEM_BUDGET (checked
     by compiling for sm_90 on the CPU: bench/compile_sm90.py, test_sm90_resources.py)."""
-    base = 3 * chunk * dk_p2 * 4
-    per_stage = chunk * dk_p2 * (2 * elem + 4) + chunk * bv * 4 + chunk * 4
+    return _stages_within(3 * chunk * dk_p2 * 4,
+                          chunk * dk_p2 * (2 * elem + 4) + chunk * bv * 4 + chunk * 4)
+
+
+def _stages_within(base: int, per_stage: int) -> int:
+    """The most software-pipelining stages (3, 2 or 1) whose shared-memory estimate - `base`
+    bytes of scratch plus `per_stage` for each stage beyond the first - fits
+    CHUNK_SCAN_SMEM_BUDGET."""
     for stages in (3, 2):
         if base + (stages - 1) * per_stage <= CHUNK_SCAN_SMEM_BUDGET:
             return stages
