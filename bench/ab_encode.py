@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench.ab_switch import apply_switches, parse_toggle  # noqa: E402
 from bench.out_dir import write_json  # noqa: E402
 from bench.probe_encode import kernel_times  # noqa: E402
-from bench.probe_family_encode import encoder_times, replay_times  # noqa: E402
+from bench.bench_timing import call_times  # noqa: E402
+from bench.probe_family_encode import encoder_times  # noqa: E402
 
 
 def qwen_model(size: str, dtype):
@@ -142,7 +143,8 @@ def main():
             times = encoder_times(fe, frame, args.iters, 0, label)
             graph = graph_entry(fe, fam).graph
             if fam == "moondream2":      # (its encoder entries are the reference encode's)
-                times["replay_ms"] = round(min(replay_times(graph, args.iters)), 2)
+                times["replay_ms"] = round(min(call_times(graph.replay, "cuda", args.iters,
+                                                            warmup=0)), 2)
             rows = kernel_times(graph.replay)
         finally:
             for (mod, attr, _), v in zip(toggles, now):

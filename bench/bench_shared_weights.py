@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench.out_dir import write_json  # noqa: E402
-from bench.probe_family_encode import replay_times  # noqa: E402
+from bench.bench_timing import call_times  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
 
 
@@ -61,7 +61,8 @@ def one(family: str, share: bool, iters: int, frame, deterministic: bool = False
     kv_sha = _sha(encoded.kv) if family == "moondream2" else None
     del encoded
     enc = fe.batch_encoder if family == "moondream2" else fe.encoder
-    replay = min(replay_times(next(iter(enc.entries.values())).graph, iters))
+    replay = min(call_times(next(iter(enc.entries.values())).graph.replay, "cuda", iters,
+                            warmup=0))
     walls, out = [], None
     for _ in range(iters):
         torch.cuda.synchronize()

@@ -12,6 +12,12 @@ import torch
 def median_ms(fn, device, iters: int = 20, warmup: int = 3) -> float:
     """Median ms of fn() over `iters` calls after `warmup` calls: CUDA events around each call
     on a CUDA device (the host waits for the device after each), perf_counter elsewhere."""
+    return statistics.median(call_times(fn, device, iters, warmup))
+
+
+def call_times(fn, device, iters: int = 20, warmup: int = 3) -> list[float]:
+    """ms of each of `iters` calls of fn() after `warmup` calls (median_ms' measurement)."""
+    device = torch.device(device)
     for _ in range(warmup):
         fn()
     times = []
@@ -27,7 +33,7 @@ def median_ms(fn, device, iters: int = 20, warmup: int = 3) -> float:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 def graph_ms(fn, calls: int = 20, replays: int = 7) -> float:

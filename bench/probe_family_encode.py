@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench.bench_timing import call_times  # noqa: E402
 from bench.out_dir import write_json  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
 
@@ -90,19 +91,6 @@ def kernel_busy(prof) -> dict:
     return {n: {"kernel_ms": round(busy[n] / 1e3, 3), "launches": launches[n]} for n in busy}
 
 
-def replay_times(graph, iters: int) -> list:
-    """CUDA-event times (ms) of `iters` replays of a captured graph, each after a sync."""
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return times
-
-
 def encoder_times(fe, frame, iters: int, top: int, label: str) -> dict:
     """FastEngine.encode_image's wall (min of iters, synced) and its graph's replay alone
     (CUDA events); top > 0: the replay's top kernels printed."""
@@ -115,7 +103,7 @@ def encoder_times(fe, frame, iters: int, top: int, label: str) -> dict:
         walls.append((time.perf_counter() - t0) * 1e3)
     e = next(iter(getattr(fe.encoder, "entries", {}).values()), None)
     if e is not None and e.graph is not None:
-        replay = replay_times(e.graph, iters)
+        replay = call_times(e.graph.replay, "cuda", iters, warmup=0)
         if top:
             from bench.probe_encode import kernel_times
             rows = kernel_times(e.graph.replay)
