@@ -52,7 +52,7 @@ FAST_CONV = True
 # The fast encode's four DeltaNet in-projections (qkv, z, b, a) as one GEMM where the weights
 # lie in consecutive rows of one tensor (weight_layout.adjacent_rows: the fused backend's
 # joined [qkv; z; b; a] once an engine shares the weights); else four
-JOINED_IN_PROJ = False
+JOINED_IN_PROJ = True
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
