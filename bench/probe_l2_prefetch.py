@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -43,8 +42,8 @@ def main():
     ap.add_argument("--families", default="qwen3.5-0.8b,moondream2")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--windows", default="8,16,32", help="MiB ahead of the GEMVs")
-    ap.add_argument("--programs", default="16", help="prefetcher programs (comma list)")
-    ap.add_argument("--chunk", default="64", help="KiB per prefetch (comma list)")
+    ap.add_argument("--programs", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=64, help="KiB per prefetch")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--pos", type=int, default=300)
@@ -72,14 +71,11 @@ def main():
             torch.cuda.synchronize()
             forms = {"plain": capture_graph(step)[0]}
             wps = {}
-            for w, np_, ch in itertools.product(*(
-                    [int(x) for x in a.split(",")] for a in (args.windows, args.programs,
-                                                             args.chunk))):
-                wp = WeightPrefetch("cuda", w << 20, np_, ch << 10)
-                name = f"{w} MiB/{np_}p/{ch} KiB"
-                forms[name] = capture_graph(wp.around(step))[0]
+            for w in (int(x) for x in args.windows.split(",")):
+                wp = WeightPrefetch("cuda", w << 20, args.programs, args.chunk << 10)
+                forms[f"window {w} MiB"] = capture_graph(wp.around(step))[0]
                 wp.fill()
-                wps[name] = wp
+                wps[f"window {w} MiB"] = wp
             shas, times = {}, {k: [] for k in forms}
             for name, g in forms.items():
                 g.replay()
@@ -102,7 +98,7 @@ def main():
             base = min(times["plain"])
             for name in forms:
                 ms = min(times[name])
-                print(f"{fam} b={b} {name:>20}: {ms:.4f} ms ({base / ms:.3f}x plain, "
+                print(f"{fam} b={b} {name:>16}: {ms:.4f} ms ({base / ms:.3f}x plain, "
                       f"{ms / floor:.2f}x the GEMV weights' copy time {floor:.4f}) rounds "
                       f"{', '.join(f'{t:.4f}' for t in times[name])}; outputs "
                       f"{'same' if shas[name] == shas['plain'] else 'DIFFER'}", flush=True)

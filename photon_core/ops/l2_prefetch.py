@@ -106,7 +106,6 @@ def _prefetch_stream_kernel(table_ptr, n_segs, counter_ptr, window, timeout, log
     p = tl.program_id(0)
     n_prog = tl.num_programs(0)
     live = 1
-    seen = 0        # the counter's last value read: polled again only when short of a target
     base = 0
     for s in range(n_segs):
         addr = tl.load(table_ptr + 3 * s)
@@ -116,13 +115,11 @@ def _prefetch_stream_kernel(table_ptr, n_segs, counter_ptr, window, timeout, log
         for j in range(p, n_chunks, n_prog):
             need = start + (j + 1) * (CHUNK >> 8) - window
             polls = 0
-            while (live != 0) & (seen < need):
-                if polls > 0:
-                    if HW:
-                        tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
-                                                  [tl.full([], SLEEP, tl.int32)],
-                                                  dtype=tl.int32, is_pure=False, pack=1)
-                seen = tl.load(counter_ptr, volatile=True)
+            while (live != 0) & (tl.load(counter_ptr, volatile=True) < need):
+                if HW:
+                    tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
+                                              [tl.full([], SLEEP, tl.int32)], dtype=tl.int32,
+                                              is_pure=False, pack=1)
                 polls += 1
                 if polls > timeout:
                     live = 0
