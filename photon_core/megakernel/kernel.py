@@ -39,7 +39,6 @@ import triton
 import triton.language as tl
 
 from ..ops.decode_attention import _merge, rotary_sources
-from ..ops.l2_prefetch import l2_prefetch_bytes as _l2_prefetch
 from .compiler import CNT_STRIDE
 
 _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
@@ -117,6 +116,22 @@ def _aligned(off, ALIGNED: tl.constexpr):
     if ALIGNED:
         off = (off // 16) * 16
     return off
+
+
+@triton.jit
+def _l2_prefetch(ptr, nbytes, NT: tl.constexpr):
+    """Bulk-prefetch the bytes [ptr, ptr + nbytes) into L2 (cp.async.bulk.prefetch.L2, sm_90):
+    NT chunks of whole 16-byte units, one per thread; a hint: no result, no ordering. The
+    weights never change during a step, so this may run before the instruction waits (its
+    HBM reads then overlap the wait), or for the next instruction of the queue."""
+    chunk = (nbytes // NT) // 16 * 16
+    if chunk > 0:
+        t = tl.arange(0, NT)
+        addr = ptr.to(tl.pointer_type(tl.int8), bitcast=True) + t.to(tl.int64) * chunk
+        tl.inline_asm_elementwise(
+            "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+            [addr.to(tl.int64, bitcast=True), (t * 0 + chunk).to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -43,7 +43,6 @@ from ._triton import tl, triton
 from . import GEMV_MAX_ROWS
 from .gated_activation import (ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_activation,
                                gated_value)
-from . import l2_prefetch as _l2
 from . import pdl as _pdl
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
@@ -73,14 +72,13 @@ class GemvConfig:
         return True
 
 
-@triton.jit(do_not_specialize=["B", "credit"])     # one binary for every batch size
+@triton.jit(do_not_specialize=["B"])     # one binary for every batch size
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                  mul_ptr, stride_mb,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
-                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
-                 progress_ptr=None, credit=0, PROGRESS: tl.constexpr = False):
+                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False):
     if not LATE:
         pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
@@ -122,8 +120,6 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                 acc += tl.dot(x.to(w.dtype), tl.trans(w))
         else:
             acc2 += w.to(tl.float32) * x.to(w.dtype).to(tl.float32)
-    if PROGRESS:    # this program's weights are read: the L2 prefetch stream may move on
-        tl.atomic_add(progress_ptr, credit, sem="relaxed")
     if LATE:        # (pdl.LATE_TRIGGER) the next kernel launches during the epilogue
         pdl_launch_dependents(GDC)
     if not DOT:
@@ -291,11 +287,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
-    rec = _l2.ACTIVE
-    if rec is not None:     # a step captured with the L2 prefetch stream (ops/l2_prefetch.py)
-        credit = _l2.program_credit(cfg.block_n, k // cfg.split_k, w.element_size())
-        rec.add(w, credit * grid[0] * grid[1])
-        launch_kw = dict(launch_kw, progress_ptr=rec.counter, credit=credit, PROGRESS=True)
     _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k,
                        x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
