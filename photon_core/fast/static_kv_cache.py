@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ops.kv_block_copy import kv_block_copy
+
 
 class StaticKVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, rows: int, capacity: int,
@@ -85,7 +87,7 @@ class StaticKVCache:
             if t > self.capacity:
                 raise ValueError(f"a {t}-token prefix does not fit the {self.capacity}-position "
                                  "state cache")
-            self.data[:, :, row:row + 1, :, :t] = prefix.kv
+            kv_block_copy(self.data[:, :, row:row + 1, :, :t], prefix.kv)
         if len(prefix.recurrent) != len(self.recurrent):
             raise ValueError(f"the prefix has {len(prefix.recurrent)} recurrent states, the "
                              f"program {len(self.recurrent)}")
@@ -107,10 +109,11 @@ class StaticKVCache:
             if self.ring[layer]:                 # the last n positions, slot p % n
                 p = torch.arange(max(0, n_pos - n), n_pos, device=kc.device)
                 slots = torch.remainder(p, n)
+                kc[row][:, slots] = t[0, 0][:, p].to(kc.dtype)
+                self.v[layer][row][:, slots] = t[1, 0][:, p].to(kc.dtype)
             else:
-                p = slots = torch.arange(n_pos, device=kc.device)
-            kc[row][:, slots] = t[0, 0][:, p].to(kc.dtype)
-            self.v[layer][row][:, slots] = t[1, 0][:, p].to(kc.dtype)
+                kv_block_copy(kc[row][:, :n_pos], t[0, 0])
+                kv_block_copy(self.v[layer][row][:, :n_pos], t[1, 0])
 
     @property
     def nbytes(self) -> int:

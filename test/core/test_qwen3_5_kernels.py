@@ -117,6 +117,22 @@ def test_rmsnorm_gated(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_gated_reads_a_column_view_without_copying(dtype):
+    """z as the joined in-projection's column view [T, H, Dv] (row stride of the whole GEMM
+    output): the same bits as a contiguous z, the kernel reading z in place (no copy)."""
+    t, h, d = 5, 3, 40
+    joined = rnd(t, 2 * h * d + 7, dtype=dtype)
+    z = joined[:, h * d + 3:2 * h * d + 3].reshape(t, h, d)
+    x, w = rnd(t, h, d, dtype=dtype), (1 + rnd(d, scale=0.3)).to(dtype)
+    want = rmsnorm_gated.rmsnorm_gated_triton(x, z.contiguous(), w, 1e-6)
+    got = rmsnorm_gated.rmsnorm_gated_triton(x, z, w, 1e-6)
+    rows = rmsnorm_gated._rows_view(z, h * d)           # what the kernel reads: z itself
+    assert rows.data_ptr() == z.data_ptr() and rows.stride() == (joined.shape[1], 1)
+    assert torch.equal(got, want)
+    close(got, rmsnorm_gated.rmsnorm_gated(x, z, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hkv,d,sections", [(4, 2, 32, (2, 1, 1)), (6, 3, 48, (2, 2, 2)),
                                                (2, 1, 64, (4, 2, 2))])
 def test_qk_norm_rope(dtype, hq, hkv, d, sections):
