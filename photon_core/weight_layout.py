@@ -7,12 +7,40 @@ of the joined tensor (fast/fused_backend.py, SHARE_WEIGHTS), so the model is hel
   adjacent_rows(tensors)         one view spanning weights that already lie in consecutive
                                  rows of one tensor (None otherwise): a reference op can then
                                  run one GEMM where it named several (Qwen 3.5's encode)
+  paired_rows(gate, up)          the [2N, K] view of gate / up weights held as row pairs
+                                 ("pairs"; None otherwise): one GEMM, its even / odd columns
+  hold(tensors) / held(tensors)  the tensors a built engine or a captured CUDA graph may read
+                                 by address: a weight may be replaced by a view of a joined
+                                 copy only while none of its tensors is held
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
 from .ops.gemv import interleave_gated
+
+# the weight tensors a StepState was built on or a CUDA graph captured with (weakly held: a
+# freed model's entries go with it, so a new tensor at a reused address is never taken for
+# an old one)
+_HELD: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def _tensors(ts) -> list:
+    ts = ts.values() if isinstance(ts, dict) else ts
+    return [t for t in ts if isinstance(t, torch.Tensor)]
+
+
+def held(tensors) -> bool:
+    """Some of these tensors (a list, or a dict's values) may be read by address already."""
+    return any(_HELD.get(id(t)) is t for t in _tensors(tensors))
+
+
+def hold(tensors) -> None:
+    """Mark these tensors (a list, or a dict's values) as read by address from now on."""
+    for t in _tensors(tensors):
+        _HELD[id(t)] = t
 
 def joined_views(joined: torch.Tensor, shapes: list, how: str) -> list[torch.Tensor]:
     """The parts of a joined weight as views of it: how "rows" (torch.cat), "cols"
@@ -50,4 +78,17 @@ def adjacent_rows(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((sum(t.shape[0] for t in tensors), k), (k, 1))
 
 
-__all__ = ["adjacent_rows", "join_weights", "joined_views"]
+def paired_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """gate, up [N, K] that are joined_views(..., "pairs") of one tensor (row 2j gate j, row
+    2j + 1 up j) -> the [2N, K] view of that tensor; None where they are not."""
+    if gate.dim() != 2 or gate.shape != up.shape or gate.dtype != up.dtype:
+        return None
+    n, k = gate.shape
+    if (gate.stride() != (2 * k, 1) or up.stride() != (2 * k, 1)
+            or gate.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()
+            or up.storage_offset() != gate.storage_offset() + k):
+        return None
+    return gate.as_strided((2 * n, k), (k, 1))
+
+
+__all__ = ["adjacent_rows", "hold", "held", "join_weights", "joined_views", "paired_rows"]

@@ -24,32 +24,41 @@ fused backend with the reason logged where the megakernel cannot serve the model
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
+from .. import weight_layout
 from ..ops import HAVE_TRITON, triton_on
 from .eager_backend import EagerBackend
 from .static_kv_cache import StaticKVCache
 
-# the weight tensors of every model a StepState was built on (weakly held: a freed model's
-# entries go with it, so a new tensor at a reused address is never taken for an old one)
-_TENSORS_WITH_STATE: "weakref.WeakValueDictionary[int, torch.Tensor]" = \
-    weakref.WeakValueDictionary()
-
-
-def _tensors(w) -> list:
-    return [t for t in w.values() if isinstance(t, torch.Tensor)]
-
 
 def first_state_on(w) -> bool:
-    """No StepState has been built on the weights `w` yet (none of its tensors is known)."""
-    return not any(_TENSORS_WITH_STATE.get(id(t)) is t for t in _tensors(w))
+    """No StepState has been built on the weights `w` yet, nor a graph captured with them
+    (weight_layout.held)."""
+    return not weight_layout.held(w)
 
 
-def _register(w) -> None:
-    for t in _tensors(w):
-        _TENSORS_WITH_STATE[id(t)] = t
+def program_tensors(program, w: dict) -> list:
+    """The tensors of w that the step program names (an op's weight prefix: its ".weight" /
+    ".bias"; a feedback table; a parameter tensor): what its graphs read by address. Not
+    the rest of the model (e.g. a vision tower, which the image encode reads)."""
+    names: set[str] = set()
+
+    def walk(obj):
+        if isinstance(obj, str):
+            names.add(obj)
+        elif isinstance(obj, (tuple, list)):
+            for o in obj:
+                walk(o)
+        elif isinstance(obj, dict):
+            walk(list(obj.keys()))
+            walk(list(obj.values()))
+        elif hasattr(obj, "__dataclass_fields__"):
+            for f in obj.__dataclass_fields__:
+                walk(getattr(obj, f))
+    walk(program)
+    return [t for k, t in w.items()
+            if k in names or k.rsplit(".", 1)[0] in names]
 
 
 class StepState:
@@ -98,7 +107,8 @@ class StepState:
                                       pdl_rows=auto_pdl_rows(spec.program) if auto else None,
                                       share_weights=first_on_weights)
         self.backend = self.fused or self.eager
-        _register(w)          # (after the fused backend: the views it put in w too)
+        # (after the fused backend: the views it put in w too)
+        weight_layout.hold(program_tensors(self.program, w))
         self.megakernel, self.megakernel_fallback = None, ""
         spec = options.megakernel
         if spec == "auto":                    # on where measured to win (megakernel_backend)

@@ -28,6 +28,7 @@ import torch
 
 from ..engine import GpuTiming
 from ..split_encode import EncodeInputs
+from .. import weight_layout
 from .cuda_graph_runner import capture_graph, warm_up
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ class GraphedReferenceEncoder:
             try:
                 e.graph, e.state = capture_graph(lambda: self.body(static),
                                                  self.capture_stream)
+                # the graph reads the model's weights by address: none may be swapped for a
+                # view of a joined copy from now on (weight_layout.held)
+                weight_layout.hold(getattr(self.model, "weights", {}))
             except RuntimeError as exc:
                 # a body that cannot be captured (an op that syncs with the host) runs
                 # eagerly for this layout - slower, the same result - and says why

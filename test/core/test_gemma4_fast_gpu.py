@@ -150,3 +150,36 @@ def test_fast_encode_follows_the_reference_encode(ckpt):
 
     fast_encode_follows_reference(load, ((48, 64, 3), (48, 64, 3), (36, 30, 3)),
                                   lambda e: e.cache.k + e.cache.v, KV)
+
+
+def test_fast_tower_shares_its_weights_only_before_a_graph_reads_them(ckpt, frame):
+    """The fast vision tower (built at the first fast encode, before its graph is captured)
+    makes the model's q / k / v entries views of its joined tensors; on a model whose
+    reference encode was captured first (a graph reading those entries by address) it keeps
+    copies, and that graph still encodes the same bits afterwards."""
+    from photon_core.fast import FastEngine
+    from photon_core.models import gemma4
+    from photon_core.models.gemma4.weights import vision_layer
+    name = vision_layer(0, "self_attn.q_proj.linear.weight")
+
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    m = gemma4.load_model(str(ckpt), device="cuda", dtype="bf16", max_soft_tokens=70)
+    fe = FastEngine(m, max_batch=1, kv_capacity=KV)
+    fe.encode_image(frame)
+    assert storage(m.weights[name]) == storage(m._fast_tower.qkv[0])
+    fe.close()
+
+    m = gemma4.load_model(str(ckpt), device="cuda", dtype="bf16", max_soft_tokens=70)
+    ref = FastEngine(m, max_batch=1, kv_capacity=KV, encoder="reference")
+    first = ref.encode_image(frame)
+    k0 = [t.clone() for t in first.cache.k if t is not None]
+    fast = FastEngine(m, max_batch=1, kv_capacity=KV)
+    fast.encode_image(frame)
+    assert storage(m.weights[name]) != storage(m._fast_tower.qkv[0])
+    again = ref.encode_image(frame)
+    assert all(torch.equal(a, b) for a, b in zip(k0, (t for t in again.cache.k
+                                                       if t is not None)))
+    ref.close()
+    fast.close()

@@ -95,7 +95,7 @@ def test_joined_weights_are_held_once(build, tmp_path, monkeypatch):
 
 
 def test_joined_views_layouts():
-    from photon_core.weight_layout import adjacent_rows, join_weights, joined_views
+    from photon_core.weight_layout import adjacent_rows, join_weights, joined_views, paired_rows
     g = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(*s, generator=g) for s in ((3, 4), (5, 4), (3, 4)))
     for how, parts in (("rows", [a, b]), ("cols", [a.T.contiguous(), b.T.contiguous()]),
@@ -110,7 +110,12 @@ def test_joined_views_layouts():
             assert adjacent_rows(views).data_ptr() == j.data_ptr()
             assert adjacent_rows(views[::-1]) is None             # not in storage order
             assert adjacent_rows([views[0], b]) is None           # another storage
+        if how == "pairs":          # the pair views span the joined tensor again
+            assert paired_rows(*views).data_ptr() == j.data_ptr()
+            assert torch.equal(paired_rows(*views), j)
+            assert paired_rows(views[1], views[0]) is None        # up before gate
     assert adjacent_rows([a, a]) is None                          # the same rows twice
+    assert paired_rows(a, c) is None                              # two tensors
 
 
 def test_a_new_model_after_a_freed_one_shares_again(tmp_path, monkeypatch):
@@ -124,3 +129,30 @@ def test_a_new_model_after_a_freed_one_shares_again(tmp_path, monkeypatch):
         assert st.fused.share_weights and st.fused.shared_bytes > 0
         del model, st
         gc.collect()
+
+
+@pytest.mark.parametrize("captured_first", [False, True])
+def test_gemma_fast_tower_holds_its_joined_weights_once(tmp_path, captured_first):
+    """Gemma 4's fast vision tower joins q | k | v and gate | up per layer: after an engine
+    was built on the model (its StepState holds only the step program's tensors) the model's
+    entries become views of the joined tensors; once a graph may read them by address
+    (weight_layout.held: a captured reference encode) the tower keeps copies beside them."""
+    from photon_core import weight_layout
+    from photon_core.models.gemma4.vision_fast import FastTower
+    from photon_core.models.gemma4.weights import vision_layer
+    model = _gemma(tmp_path)
+    st, w = _state(model)
+    names = [vision_layer(j, f"self_attn.{n}_proj.linear.weight")
+             for j in range(model.config.vision.n_layers) for n in "qkv"]
+    assert names[0] in w and not weight_layout.held([w[n] for n in names])
+    if captured_first:
+        weight_layout.hold(w)
+    old = {n: w[n] for n in names}
+    before = {n: t.clone() for n, t in old.items()}
+    tower = FastTower(w, model.config.vision)
+    for j in range(model.config.vision.n_layers):
+        for n in names[3 * j:3 * j + 3]:
+            shared = w[n].untyped_storage().data_ptr() == tower.qkv[j].data_ptr()
+            assert shared != captured_first, n
+            assert (w[n] is old[n]) == captured_first, n
+            assert torch.equal(w[n], before[n]), n

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ... import weight_layout
 from .config import VisionCfg
 from .text import fast_ops_on
 from ...ops.rotary_half import axial_rotary, norm_rotary_triton
@@ -52,15 +53,25 @@ class FastTower:
 
     def __init__(self, w: dict, cfg: VisionCfg, kernels: bool | None = None):
         """kernels: q / k's norm and axial rotary as one Triton launch each (None: on CUDA,
-        for a power-of-two head size)."""
+        for a power-of-two head size). The joined q | k | v and gate | up weights replace the
+        model's own entries (views of them: the model holds them once) unless a CUDA graph or
+        an engine may read those entries by address already (weight_layout.held): then
+        they are copies beside them."""
         self.w, self.cfg, self.kernels = w, cfg, kernels
         self.qkv, self.gate_up = [], []
         if not cfg.clipped_linears:
             for j in range(cfg.n_layers):
-                self.qkv.append(torch.cat([w[vision_layer(j, f"self_attn.{n}_proj.linear.weight")]
-                                           for n in "qkv"]).contiguous())
-                self.gate_up.append(torch.cat([w[vision_layer(j, f"mlp.{n}_proj.linear.weight")]
-                                               for n in ("gate", "up")]).contiguous())
+                self.qkv.append(self._join(j, "self_attn.{}_proj.linear.weight", "qkv"))
+                self.gate_up.append(self._join(j, "mlp.{}_proj.linear.weight", ("gate", "up")))
+
+    def _join(self, j: int, pattern: str, parts) -> torch.Tensor:
+        names = [vision_layer(j, pattern.format(n)) for n in parts]
+        tensors = [self.w[n] for n in names]
+        joined = weight_layout.join_weights(tensors, "rows")
+        if not weight_layout.held(tensors):
+            views = weight_layout.joined_views(joined, [t.shape for t in tensors], "rows")
+            self.w.update(zip(names, views))
+        return joined
 
     def _attention(self, j: int, h: torch.Tensor, rot) -> torch.Tensor:
         w, cfg = self.w, self.cfg
