@@ -7,8 +7,6 @@ of the joined tensor (fast/fused_backend.py, SHARE_WEIGHTS), so the model is hel
   adjacent_rows(tensors)         one view spanning weights that already lie in consecutive
                                  rows of one tensor (None otherwise): a reference op can then
                                  run one GEMM where it named several (Qwen 3.5's encode)
-  paired_rows(gate, up)          the [2N, K] view of gate / up weights held as row pairs
-                                 ("pairs"; None otherwise): one GEMM, its even / odd columns
   hold(tensors) / held(tensors)  the tensors a built engine or a captured CUDA graph may read
                                  by address: a weight may be replaced by a view of a joined
                                  copy only while none of its tensors is held
@@ -78,17 +76,4 @@ def adjacent_rows(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((sum(t.shape[0] for t in tensors), k), (k, 1))
 
 
-def paired_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """gate, up [N, K] that are joined_views(..., "pairs") of one tensor (row 2j gate j, row
-    2j + 1 up j) -> the [2N, K] view of that tensor; None where they are not."""
-    if gate.dim() != 2 or gate.shape != up.shape or gate.dtype != up.dtype:
-        return None
-    n, k = gate.shape
-    if (gate.stride() != (2 * k, 1) or up.stride() != (2 * k, 1)
-            or gate.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()
-            or up.storage_offset() != gate.storage_offset() + k):
-        return None
-    return gate.as_strided((2 * n, k), (k, 1))
-
-
-__all__ = ["adjacent_rows", "hold", "held", "join_weights", "joined_views", "paired_rows"]
+__all__ = ["adjacent_rows", "hold", "held", "join_weights", "joined_views"]

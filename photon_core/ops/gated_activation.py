@@ -1,8 +1,7 @@
 """act(gate) * up over tiles of rows, fp32 math, rounded once to the output's dtype: the one
 Triton kernel behind the gated MLP activations (ops/gelu_tanh_gate.py: Gemma's tanh GELU,
-ops/silu_gate.py: SwiGLU's SiLU). Any strides in (the segments of a step program's buffers;
-the interleaved columns of a GEMM over gate / up row pairs), unit column stride out; out may
-alias gate or up.
+ops/silu_gate.py: SwiGLU's SiLU). Any row strides, unit column stride (the segments of a step
+program's buffers); out may alias gate or up.
 """
 from __future__ import annotations
 
@@ -37,13 +36,13 @@ def gated_value(g, u, GELU: tl.constexpr):
 
 
 @triton.jit
-def _gated_act_kernel(g_ptr, u_ptr, o_ptr, rows, n, stride_g, stride_u, stride_o, col_g, col_u,
+def _gated_act_kernel(g_ptr, u_ptr, o_ptr, rows, n, stride_g, stride_u, stride_o,
                       BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, GELU: tl.constexpr):
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]
     c = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))[None, :]
     m = (r < rows) & (c < n)
-    g = tl.load(g_ptr + r * stride_g + c * col_g, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + r * stride_u + c * col_u, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + r * stride_g + c, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + r * stride_u + c, mask=m, other=0.0).to(tl.float32)
     y = gated_value(g, u, GELU)
     tl.store(o_ptr + r * stride_o + c, y.to(o_ptr.dtype.element_ty), mask=m)
 
@@ -58,22 +57,20 @@ def gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Te
 
 def gated_activation_triton(gate: torch.Tensor, up: torch.Tensor, act: str,
                             out: torch.Tensor | None = None, block: int = 1024) -> torch.Tensor:
-    """gate, up [rows, n] (any strides: e.g. the even and odd columns of one GEMM over row
-    pairs of gate / up weights) -> out [rows, n] (unit column stride) = act(gate) * up; tiles
-    of up to 16 rows x `block` columns."""
+    """gate, up [rows, n] (unit column stride) -> out [rows, n] = act(gate) * up; tiles of up
+    to 16 rows x `block` columns."""
     if act not in ACTIVATIONS:
         raise ValueError(f"act must be one of {ACTIVATIONS}, not {act!r}")
-    if gate.shape != up.shape or gate.dim() != 2:
+    if gate.shape != up.shape or gate.dim() != 2 or gate.stride(1) != 1 or up.stride(1) != 1:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must be equal "
-                         "[rows, n]")
-    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if out is None else out
+                         "[rows, n] with unit column stride")
+    out = torch.empty_like(gate) if out is None else out
     if out.shape != gate.shape or out.stride(1) != 1:
         raise ValueError(f"out must be {tuple(gate.shape)} with unit column stride")
     rows, n = gate.shape
     block_r = min(16, triton.next_power_of_2(rows))
     block = max(16, min(block, triton.next_power_of_2(n)) // block_r)
     _gated_act_kernel[(triton.cdiv(rows, block_r), triton.cdiv(n, block))](
-        gate, up, out, rows, n, gate.stride(0), up.stride(0), out.stride(0), gate.stride(1),
-        up.stride(1), BLOCK_R=block_r,
+        gate, up, out, rows, n, gate.stride(0), up.stride(0), out.stride(0), BLOCK_R=block_r,
         BLOCK=block, GELU=act == "gelu_tanh")
     return out

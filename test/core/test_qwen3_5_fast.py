@@ -159,17 +159,14 @@ def test_fused_norms_prefix_pass(model, monkeypatch, conv_kernel, joined):
     residual adds and the MLP's gate as Triton kernels, the full-attention layers by SDPA's
     causal kernel; conv-kernel: with FAST_CONV's conv kernel, the default; joined-in-proj:
     the DeltaNet in-projections' weights in consecutive rows of one tensor, as the fused
-    backend leaves them, run as one GEMM - JOINED_IN_PROJ -, and the MLPs' gate / up as its
-    row pairs, one GEMM read by the SiLU gate's strided columns - PAIRED_GATE_UP) over a
-    20-token prompt: the hidden states and every layer's state within fp32 rounding of the
-    torch pass."""
+    backend leaves them, run as one GEMM - JOINED_IN_PROJ) over a 20-token prompt: the hidden
+    states and every layer's state within fp32 rounding of the torch pass."""
     from photon_core.models.qwen3_5 import decoder
     from photon_core.models.qwen3_5.state import HybridState
     from photon_core.weight_layout import join_weights, joined_views
     _fused_ok("on")
     monkeypatch.setattr(decoder, "FAST_CONV", conv_kernel)   # causal_conv1d_prefill_triton
     monkeypatch.setattr(decoder, "JOINED_IN_PROJ", True)     # (used where the rows allow)
-    monkeypatch.setattr(decoder, "PAIRED_GATE_UP", True)
     t = model.config.text
     x = torch.randn(20, t.hidden_size, generator=torch.Generator().manual_seed(2))
     pos = decoder.text_positions(0, 20, "cpu")
@@ -180,24 +177,15 @@ def test_fused_norms_prefix_pass(model, monkeypatch, conv_kernel, joined):
         views = joined_views(join_weights(parts, "rows"), [v.shape for v in parts], "rows")
         for n, v in zip(decoder.IN_PROJ, views):
             w[p + n + ".weight"] = v if joined else v.clone()
-    for p in [n[:-len("gate_proj.weight")] for n in w if n.endswith("mlp.gate_proj.weight")]:
-        parts = [w[p + n + "_proj.weight"] for n in ("gate", "up")]
-        views = joined_views(join_weights(parts, "pairs"), [v.shape for v in parts], "pairs")
-        for n, v in zip(("gate", "up"), views):
-            w[p + n + "_proj.weight"] = v if joined else v.clone()
-    calls, paired = [], []
-    real, real_pairs = decoder.adjacent_rows, decoder.paired_rows
+    calls = []
+    real = decoder.adjacent_rows
     monkeypatch.setattr(decoder, "adjacent_rows",
                         lambda ts: calls.append(real(ts) is not None) or real(ts))
-    monkeypatch.setattr(decoder, "paired_rows",
-                        lambda g, u: paired.append(real_pairs(g, u) is not None) or
-                        real_pairs(g, u))
     outs = []
     for fused in (False, True):
         st = HybridState.empty(t, 24, "cpu", model.dtype)
         outs.append((decoder.forward(w, t, x.clone(), pos, st, fused_norms=fused), st))
     assert calls and set(calls) == {joined}
-    assert paired and set(paired) == {joined}
     (h0, s0), (h1, s1) = outs
     torch.testing.assert_close(h1, h0, atol=2e-5, rtol=2e-5)
     for part in ("k", "v", "conv", "recurrent"):

@@ -95,7 +95,7 @@ def test_joined_weights_are_held_once(build, tmp_path, monkeypatch):
 
 
 def test_joined_views_layouts():
-    from photon_core.weight_layout import adjacent_rows, join_weights, joined_views, paired_rows
+    from photon_core.weight_layout import adjacent_rows, join_weights, joined_views
     g = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(*s, generator=g) for s in ((3, 4), (5, 4), (3, 4)))
     for how, parts in (("rows", [a, b]), ("cols", [a.T.contiguous(), b.T.contiguous()]),
@@ -110,12 +110,7 @@ def test_joined_views_layouts():
             assert adjacent_rows(views).data_ptr() == j.data_ptr()
             assert adjacent_rows(views[::-1]) is None             # not in storage order
             assert adjacent_rows([views[0], b]) is None           # another storage
-        if how == "pairs":          # the pair views span the joined tensor again
-            assert paired_rows(*views).data_ptr() == j.data_ptr()
-            assert torch.equal(paired_rows(*views), j)
-            assert paired_rows(views[1], views[0]) is None        # up before gate
     assert adjacent_rows([a, a]) is None                          # the same rows twice
-    assert paired_rows(a, c) is None                              # two tensors
 
 
 def test_a_new_model_after_a_freed_one_shares_again(tmp_path, monkeypatch):

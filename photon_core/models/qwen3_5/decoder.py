@@ -40,7 +40,7 @@ from ...ops.mrope import apply_rope, mrope_cos_sin, qk_norm_rope_triton
 from ...ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_triton
 from ...ops.rmsnorm_zero_centred import rmsnorm_zero_centred, rmsnorm_zero_centred_triton
 from ...ops.silu_gate import silu_gate_triton
-from ...weight_layout import adjacent_rows, paired_rows
+from ...weight_layout import adjacent_rows
 from .config import TextConfig
 from .state import HybridState
 
@@ -53,10 +53,6 @@ FAST_CONV = True
 # lie in consecutive rows of one tensor (weight_layout.adjacent_rows: the fused backend's
 # joined [qkv; z; b; a] once an engine shares the weights); else four
 JOINED_IN_PROJ = True
-# The fast encode's MLP gate / up as one GEMM where the weights lie as row pairs of one tensor
-# (weight_layout.paired_rows: the fused backend's EPI_GATED layout once an engine shares the
-# weights), the SiLU gate reading its even / odd columns; else two GEMMs
-PAIRED_GATE_UP = False
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
@@ -66,13 +62,7 @@ def embed(w: dict, ids: torch.Tensor) -> torch.Tensor:
 
 def mlp(w: dict, i: int, x: torch.Tensor, kernel: bool = False) -> torch.Tensor:
     p = f"{L}layers.{i}.mlp."
-    gate, up = w[p + "gate_proj.weight"], w[p + "up_proj.weight"]
-    pairs = paired_rows(gate, up) if kernel and PAIRED_GATE_UP else None
-    if pairs is not None:       # one GEMM: gate j in column 2j, up j in column 2j + 1
-        gu = F.linear(x, pairs)
-        g, u = gu[..., 0::2], gu[..., 1::2]
-    else:
-        g, u = F.linear(x, gate), F.linear(x, up)
+    g, u = F.linear(x, w[p + "gate_proj.weight"]), F.linear(x, w[p + "up_proj.weight"])
     return F.linear(silu_gate_triton(g, u) if kernel else F.silu(g) * u,
                     w[p + "down_proj.weight"])
 
