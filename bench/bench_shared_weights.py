@@ -1,6 +1,8 @@
 """GPU memory and speed of a FastEngine with the fused backend's joined weights held once
 (fused_backend.SHARE_WEIGHTS: the model's weights become views of the joined GEMV weights)
-against held twice (the joined copies beside the model's own tensors), on the H200.
+against held twice (the joined copies beside the model's own tensors), on the H200; with
+Gemma 4 also its fast vision tower's joined q | k | v and gate | up (vision_fast.SHARE_JOINED,
+made at the first encode: "first_encode_MiB" is what that encode leaves allocated).
 
 Per family and round, each form in a fresh model (the sharing happens in the first engine
 built on a model, so one model cannot carry both forms), alternating the order per round:
@@ -45,7 +47,9 @@ def one(family: str, share: bool, iters: int, frame, deterministic: bool = False
     from photon_core.fast import FastEngine
     from photon_core.fast import fused_backend
     from photon_core.task import Task
+    from photon_core.models.gemma4 import vision_fast
     fused_backend.SHARE_WEIGHTS = share
+    vision_fast.SHARE_JOINED = share
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -58,6 +62,8 @@ def one(family: str, share: bool, iters: int, frame, deterministic: bool = False
     task = Task("detect", object="person", max_objects=5) if family == "moondream2" else \
         Task("query", question="What is in the image?", max_tokens=32)
     encoded = fe.encode_image(frame)
+    torch.cuda.synchronize()
+    after_encode = torch.cuda.memory_allocated()
     kv_sha = _sha(encoded.kv) if family == "moondream2" else None
     del encoded
     enc = fe.batch_encoder if family == "moondream2" else fe.encoder
@@ -75,6 +81,7 @@ def one(family: str, share: bool, iters: int, frame, deterministic: bool = False
     res = {"share": share, "model_MiB": round((after_model - base) / 2 ** 20),
            "engine_MiB": round((after_engine - after_model) / 2 ** 20),
            "shared_MiB": round((fd.shared_bytes if fd else 0) / 2 ** 20),
+           "first_encode_MiB": round((after_encode - after_engine) / 2 ** 20),
            "encode_replay_ms": round(replay, 3), "run_ms": round(min(walls), 2),
            "task": task.skill, "output": out, "encode_kv_sha": kv_sha}
     fe.close()

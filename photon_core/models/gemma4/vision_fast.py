@@ -33,6 +33,11 @@ from .vision import _linear, tower
 from .weights import vision_layer
 
 
+# the tower's joined weights replace the model's entries where no graph reads them yet (the
+# model holds them once); False: copies beside them (bench/bench_shared_weights.py's baseline)
+SHARE_JOINED = True
+
+
 class AxialTables(NamedTuple):
     """The vision rotary's tables as norm_rotary_triton(halves=2) reads them: [cx | cy] and
     [sx | sy] [N, D] (each half of a head its own angles) and the rows' indices into them."""
@@ -68,7 +73,7 @@ class FastTower:
         names = [vision_layer(j, pattern.format(n)) for n in parts]
         tensors = [self.w[n] for n in names]
         joined = weight_layout.join_weights(tensors, "rows")
-        if not weight_layout.held(tensors):
+        if SHARE_JOINED and not weight_layout.held(tensors):
             views = weight_layout.joined_views(joined, [t.shape for t in tensors], "rows")
             self.w.update(zip(names, views))
         return joined
