@@ -68,7 +68,7 @@ def kv_block_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
                          f"{tuple(src.shape)}")
     bd, bs = _blocks(dst), _blocks(src)
     if not kernel_runs(dst) or bd is None or bs is None or bd[0] != bs[0] or dst.numel() == 0:
-        dst.copy_(src)
+        kv_block_copy_reference(dst, src)
         return
     (n0, n1, n2), (d0, d1, d2) = bd
     s0, s1, s2 = bs[1]

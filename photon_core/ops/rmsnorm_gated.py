@@ -40,7 +40,7 @@ def rmsnorm_gated_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     if z.shape != x.shape or weight.shape != (d,):
         raise ValueError(f"shapes x {tuple(x.shape)}, z {tuple(z.shape)}, weight "
                          f"{tuple(weight.shape)} do not fit")
-    width = d * (x.shape[-2] if x.dim() > 1 else 1)
+    width = d * x.shape[-2] if x.dim() >= 3 else d      # a row: one token's value heads
     x2, z2 = (_rows_view(t, width) for t in (x, z))
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     return rmsnorm_gated_rows_triton(x2, z2, weight, out, eps).reshape(x.shape)
