@@ -40,6 +40,7 @@ def hold(tensors) -> None:
     for t in _tensors(tensors):
         _HELD[id(t)] = t
 
+
 def joined_views(joined: torch.Tensor, shapes: list, how: str) -> list[torch.Tensor]:
     """The parts of a joined weight as views of it: how "rows" (torch.cat), "cols"
     (torch.cat along K: strided views), "pairs" (interleave_gated of two: strided views)."""
