@@ -56,7 +56,7 @@ def main():
                   and not isinstance(prefix.kv, (list, tuple)) else
                   sum(t.numel() * t.element_size() for t in prefix.kv))
         res["prefix_MiB"] = nbytes / 2 ** 20
-        shas = {}
+        rows = {}
         for name, fn in forms.items():
             K.kernel_runs = fn
             ms = statistics.median(call_times(lambda: kv.load_prefix(1, prefix), "cuda",
@@ -64,11 +64,11 @@ def main():
             torch.cuda.synchronize()
             row = kv.data[:, :, 1] if kv.data is not None else \
                 torch.cat([kv.k[i][1].flatten() for i in kv.layers])
-            shas[name] = hash(row.float().sum().item()), row.clone()
+            rows[name] = row.clone()
             res[f"copy_ms {name}"] = ms
             print(f"{fam}: load_prefix with {name}: {ms:.4f} ms ({2 * nbytes / ms / 1e6:.0f} "
                   f"GB/s read + write, {nbytes / 2**20:.1f} MiB)", flush=True)
-        a, b = (v[1] for v in shas.values())
+        a, b = rows.values()
         res["same_row"] = bool(torch.equal(a, b))
         print(f"{fam}: the row bitwise the same: {res['same_row']}", flush=True)
         for r in range(args.rounds):

@@ -491,6 +491,16 @@ if triton is not None:
             tl.dot(attn, v_new, input_precision=PREC)
 
     @triton.jit
+    def _chunk_v_new(u_ptr, w_ptr, row0, r, dk, dv, kmask, vmask, s, DK: tl.constexpr,
+                     DV: tl.constexpr, PREC: tl.constexpr):
+        """A chunk's v_new = u - w S (u, w: the solve's rows of the chunk at row0)."""
+        u = tl.load(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + (row0 + r[:, None]) * DK + dk[None, :], mask=kmask[None, :],
+                    other=0.0)
+        return u - tl.dot(w, s, input_precision=PREC)
+
+    @triton.jit
     def _chunk_carry(s, k, cum, v_new, r, C: tl.constexpr, PREC: tl.constexpr):
         """The state after a chunk: e^cum_last S + (k e^(cum_last - cum))^T v_new."""
         last = tl.sum(tl.where(r == C - 1, cum, 0.0), axis=0)
@@ -573,11 +583,7 @@ if triton is not None:
             k = _chunk_rows(k_ptr, bi, t, hk, dk, qk_mask, T, HK, DK)
             row0 = bh * TP + ci * C
             cum = tl.load(cum_ptr + row0 + r)
-            u = tl.load(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
-                        other=0.0)
-            w = tl.load(w_ptr + (row0 + r[:, None]) * DK + dk[None, :], mask=kmask[None, :],
-                        other=0.0)
-            v_new = u - tl.dot(w, s, input_precision=PREC)
+            v_new = _chunk_v_new(u_ptr, w_ptr, row0, r, dk, dv, kmask, vmask, s, DK, DV, PREC)
             o = _chunk_output(q, k, cum, s, v_new, r, PREC)
             tl.store(o_ptr + ((bi * T + t[:, None]) * HV + h) * DV + dv[None, :],
                      o.to(o_ptr.dtype.element_ty), mask=tm[:, None] & vmask[None, :])
@@ -614,11 +620,7 @@ if triton is not None:
             k = _chunk_rows(k_ptr, bi, t, hk, dk, (t < T)[:, None] & kmask[None, :], T, HK, DK)
             row0 = bh * TP + ci * C
             cum = tl.load(cum_ptr + row0 + r)
-            u = tl.load(u_ptr + (row0 + r[:, None]) * DV + dv[None, :], mask=vmask[None, :],
-                        other=0.0)
-            w = tl.load(w_ptr + (row0 + r[:, None]) * DK + dk[None, :], mask=kmask[None, :],
-                        other=0.0)
-            v_new = u - tl.dot(w, s, input_precision=PREC)
+            v_new = _chunk_v_new(u_ptr, w_ptr, row0, r, dk, dv, kmask, vmask, s, DK, DV, PREC)
             tl.store(vn_ptr + (row0 + r[:, None]) * DV + dv[None, :], v_new,
                      mask=vmask[None, :])
             s = _chunk_carry(s, k, cum, v_new, r, C, PREC)

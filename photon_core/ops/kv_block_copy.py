@@ -54,11 +54,11 @@ def _blocks(t: torch.Tensor) -> tuple[list[int], list[int]] | None:
     return [n for n, _ in lead], [s for _, s in lead]
 
 
+INTERPRET_ON_CPU = False        # the CPU test's switch: run the kernel under the interpreter
+
+
 def kernel_runs(t: torch.Tensor) -> bool:
     return (t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1") or INTERPRET_ON_CPU
-
-
-INTERPRET_ON_CPU = False        # the CPU test's switch: run the kernel under the interpreter
 
 
 def kv_block_copy(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -79,8 +79,8 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
     if joined is not None:      # the four in-projections as one GEMM (column views of it)
         mixed, z, b, a = F.linear(x, joined).split(
             [w[p + n + ".weight"].shape[0] for n in IN_PROJ], dim=-1)
-    else:
-        mixed = F.linear(x, w[p + "in_proj_qkv.weight"])                 # [T, conv_dim]
+    else:                       # mixed: [T, conv_dim]
+        mixed, z, b, a = (F.linear(x, w[p + n + ".weight"]) for n in IN_PROJ)
     conv_w = w[p + "conv1d.weight"][:, 0]                                  # [conv_dim, K]
     if t == 1:
         conv_step = causal_conv1d_step_triton if kernels else causal_conv1d_step
@@ -92,9 +92,6 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
         mixed = out[0].T
     q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
     q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
-    if joined is None:
-        b = F.linear(x, w[p + "in_proj_b.weight"])
-        a = F.linear(x, w[p + "in_proj_a.weight"])
     a_log, dt_bias = w[p + "A_log"], w[p + "dt_bias"]
     if t == 1 and kernels:                              # the kernel applies delta_gates itself
         o = gated_delta_step_triton(q, k, v, a, b, state.recurrent[i], a_log=a_log,
@@ -114,7 +111,7 @@ def deltanet(w: dict, cfg: TextConfig, i: int, x: torch.Tensor, state: HybridSta
                 q[None], k[None], v[None], a[None], b[None], state.recurrent[i],
                 fast=fused_norms, raw_gates=(a_log, dt_bias))
         o = o[0]                                                           # [T, Hv, Dv]
-    z = (z if joined is not None else F.linear(x, w[p + "in_proj_z.weight"])).reshape(t, hv, dv)
+    z = z.reshape(t, hv, dv)
     o = (rmsnorm_gated_triton if kernels and t == 1 or fused_norms else rmsnorm_gated)(
         o, z, w[p + "norm.weight"], cfg.rms_norm_eps)
     return F.linear(o.reshape(t, hv * dv), w[p + "out_proj.weight"])
