@@ -34,10 +34,10 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
   norm + add (+ scale)  a sandwich norm `norm o -> h; add x += h` (and the layer scalar
                  `scale x` right after) -> one rmsnorm_residual kernel into the fp32 x, which
                  also writes an RMSNorm of x that follows it (NORM_CHAIN)
-  norm + linear (NORM_PROLOGUE) `norm x -> h; linear h -> ...` (an RMSNorm, plain or
-                 zero-centred) where no later op reads h -> the linear's GEMV(s) over the
-                 norm's input with the norm as their prologue (ops/gemv.py NormPrologue: no
-                 norm launch; Qwen 3.5's two norms per layer, the lm heads' final norms)
+  norm + linear (NORM_PROLOGUE) `norm x -> h; linear h -> ...` where no later op reads h ->
+                 the linear's GEMV(s) over the norm's input with the norm as their prologue
+                 (ops/gemv.py NormPrologue: no norm launch; Qwen 3.5's two norms per layer,
+                 Moondream 2's LayerNorm, the lm heads' final norms)
   linear + act_mul (EPILOGUE_FUSION) `linear h -> [gate, up]; act_mul -> m` (SwiGLU, Gemma's
                  GELU MLP) -> one GEMV over the (gate, up) row pairs writing m (EPI_GATED);
                  `linear s -> [p]; act_mul (p, q) -> m` (Gemma's per-layer input gate) -> one
@@ -285,10 +285,14 @@ class FusedBackend:
                 and nxt is not None and nxt.kind == "linear" and nxt.src == op.dst
                 and not read_before_written(rest, op.dst[0])):
             return None
+        wt, bias = self._weight(op.weights[0])
+        if op.norm == "layer" and bias is None:
+            return None
         if any(self.w[n + ".weight"].shape[1] % 16 for n in nxt.weights) or \
                 any(a not in (None, "gelu_tanh") for a in nxt.acts):
             return None
-        norm = NormPrologue(op.norm, self._weight(op.weights[0])[0].contiguous(), op.eps)
+        norm = NormPrologue(op.norm, wt.contiguous(),
+                            bias.contiguous() if op.norm == "layer" else None, op.eps)
         src = op.src[0]
         after = rest[0] if rest else None
         f = self._lower_gated(nxt, after, rest[1:], src=src, norm=norm) \

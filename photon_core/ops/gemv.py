@@ -28,14 +28,16 @@ Epilogues (EPI):
 x may be the fp32 residual stream: it is rounded to the weights' dtype as it is loaded, the
 same values as torch's x.to(w.dtype) before the call.
 
-Norm prologue (`norm=NormPrologue(...)`, SPLIT_K 1): the GEMV reads x un-normalized and
-applies the RMSNorm that would have run before it (plain, or zero-centred: ops/layernorm.py,
-ops/rmsnorm_zero_centred.py) without a pass of its own: each K tile of x is multiplied by the
-norm's weight (1 + w) in fp32 and rounded to the weights' dtype for the products, the row's
-sum of squares accumulates from the same tiles, and the sums are scaled by the row's
-1 / rms(x) before the epilogue - the norm's math with its scalar applied after the sum
-(rounding x w instead of x w / rms: other bits, the same precision). No norm launch, no h
-buffer round trip; nothing added before the weights stream.
+Norm prologue (`norm=NormPrologue(...)`): the GEMV reads x un-normalized and applies the norm
+that would have run before it (LayerNorm, RMSNorm, zero-centred RMSNorm: the ops of
+ops/layernorm.py / ops/rmsnorm_zero_centred.py) as it loads x: every program first takes its
+rows' statistics over all of K (x is a few KB in L2), then each K tile of x is normalized in
+fp32, scaled (and shifted) by the norm's weights and rounded to the weights' dtype - the
+values the norm kernel would have written, but for the fp32 sums' order (one launch and the
+h buffer's round trip less per norm).
+
+Torch references (the eager backend's ops, and what the kernel is diff-tested against):
+`linear`, `linear_gelu`, and `gemv_reference` (the kernel's contract, epilogues included).
 """
 from __future__ import annotations
 
@@ -53,22 +55,24 @@ from . import pdl as _pdl
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
-# the norm prologue's kinds (the program's norm kinds; a LayerNorm's mean would have to come
-# off after the sums: not offered)
-NORM_KINDS = {"rms": 1, "rms_zc": 2}
+# the norm prologue's kinds (the program's norm kinds)
+NORM_KINDS = {"layer": 1, "rms": 2, "rms_zc": 3}
 
 
 @dataclass(frozen=True, eq=False)
 class NormPrologue:
-    """The norm a GEMV applies to x: kind "rms" (x / rms(x) * weight) or "rms_zc" (x / rms(x)
-    * (1 + weight)); eps inside the square root, as the norm ops."""
+    """The norm a GEMV applies to x as it loads it: kind "layer" (weight, bias), "rms" (x *
+    rstd * weight) or "rms_zc" (x * rstd * (1 + weight)); eps inside the square root."""
     kind: str
     weight: torch.Tensor
-    eps: float = 1e-6
+    bias: torch.Tensor | None = None
+    eps: float = 1e-5
 
     def __post_init__(self):
         if self.kind not in NORM_KINDS:
             raise ValueError(f"norm kind must be one of {tuple(NORM_KINDS)}, not {self.kind!r}")
+        if self.kind == "layer" and self.bias is None:
+            raise ValueError("a LayerNorm prologue needs its bias")
 
 
 @dataclass(frozen=True)
@@ -95,19 +99,45 @@ class GemvConfig:
 
 
 @triton.jit
-def _load_x(x_rows, offs_k, b_ok, sq, nw_ptr, NORM: tl.constexpr):
-    """A [BLOCK_B, BLOCK_K] tile of x. With a norm prologue: x times the norm's weight (1 + w
-    for the zero-centred kind) in fp32, and its squares added into sq (the same shape: the
-    rows' sums are taken once after the loop, no reduction across threads per tile)."""
+def _norm_stats(x_rows, b_ok, K, eps, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+                NORM: tl.constexpr):
+    """The norm prologue's per-row statistics over all K columns of x (fp32): (mean, rstd);
+    mean stays 0 for the RMS kinds. The formulas of ops/layernorm.py's rows (the mean, then
+    the variance of the centred values; the mean square)."""
+    mean = tl.zeros([BLOCK_B], dtype=tl.float32)
+    if NORM == 1:
+        s1 = tl.zeros([BLOCK_B], dtype=tl.float32)
+        for kk in range(0, K, BLOCK_K):
+            xk = tl.load(x_rows + (kk + tl.arange(0, BLOCK_K))[None, :], mask=b_ok[:, None],
+                         other=0.0).to(tl.float32)
+            s1 += tl.sum(xk, axis=1)
+        mean = s1 / K
+    s2 = tl.zeros([BLOCK_B], dtype=tl.float32)
+    for kk in range(0, K, BLOCK_K):
+        xk = tl.load(x_rows + (kk + tl.arange(0, BLOCK_K))[None, :], mask=b_ok[:, None],
+                     other=0.0).to(tl.float32)
+        if NORM == 1:
+            xk = xk - mean[:, None]
+        s2 += tl.sum(xk * xk, axis=1)
+    return mean, 1.0 / tl.sqrt(s2 / K + eps)
+
+
+@triton.jit
+def _load_x(x_rows, offs_k, b_ok, mean, rstd, nw_ptr, nb_ptr, NORM: tl.constexpr):
+    """A [BLOCK_B, BLOCK_K] tile of x; with a norm prologue normalized in fp32 (the caller
+    rounds it to the weights' dtype: what the norm kernel would have stored)."""
     x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
     if NORM != 0:
         xf = x.to(tl.float32)
-        sq += xf * xf
-        g = tl.load(nw_ptr + offs_k).to(tl.float32)
-        if NORM == 2:
-            g = 1.0 + g
-        x = xf * g[None, :]
-    return x, sq
+        g = tl.load(nw_ptr + offs_k).to(tl.float32)[None, :]
+        if NORM == 1:
+            sh = tl.load(nb_ptr + offs_k).to(tl.float32)[None, :]
+            x = (xf - mean[:, None]) * rstd[:, None] * g + sh
+        elif NORM == 2:
+            x = xf * rstd[:, None] * g
+        else:
+            x = xf * rstd[:, None] * (1.0 + g)
+    return x
 
 
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
@@ -117,7 +147,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
                  IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
-                 nw_ptr=None, norm_eps=1e-6, NORM: tl.constexpr = 0):
+                 nw_ptr=None, nb_ptr=None, norm_eps=1e-5, NORM: tl.constexpr = 0):
     if not LATE:
         pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
@@ -139,9 +169,12 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         offs_k = k_start + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         pdl_wait(GDC)
-    sq = tl.zeros([BLOCK_B, BLOCK_K], dtype=tl.float32)     # the norm prologue's squares
+    mean = tl.zeros([BLOCK_B], dtype=tl.float32)
+    rstd = tl.zeros([BLOCK_B], dtype=tl.float32)
+    if NORM != 0:
+        mean, rstd = _norm_stats(x_rows, b_ok, K, norm_eps, BLOCK_B, BLOCK_K, NORM)
     if PDL:
-        x, sq = _load_x(x_rows, offs_k, b_ok, sq, nw_ptr, NORM)
+        x = _load_x(x_rows, offs_k, b_ok, mean, rstd, nw_ptr, nb_ptr, NORM)
         if DOT:
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
@@ -153,7 +186,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-        x, sq = _load_x(x_rows, offs_k, b_ok, sq, nw_ptr, NORM)
+        x = _load_x(x_rows, offs_k, b_ok, mean, rstd, nw_ptr, nb_ptr, NORM)
         if DOT:
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
@@ -165,8 +198,6 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         pdl_launch_dependents(GDC)
     if not DOT:
         acc = tl.sum(acc2, axis=1)[None, :]
-    if NORM != 0:       # the row's 1 / rms scales its dot products
-        acc = acc * (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + norm_eps))[:, None]
     mask = b_ok[:, None] & n_ok[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
@@ -328,8 +359,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     mul = mul if mul is not None else y
     if norm is not None:
         assert norm.weight.shape == (k,) and norm.weight.is_contiguous()
+        assert norm.bias is None or (norm.bias.shape == (k,) and norm.bias.is_contiguous())
     cfg = cfg or pick(b, n, k, epi, deterministic)
-    assert norm is None or cfg.split_k == 1, "a norm prologue needs every K in one program"
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
@@ -343,7 +374,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
                        LATE=gdc and _pdl.LATE_TRIGGER,
                        nw_ptr=norm.weight if norm is not None else w,
-                       norm_eps=norm.eps if norm is not None else 1e-6,
+                       nb_ptr=norm.bias if norm is not None and norm.bias is not None else w,
+                       norm_eps=norm.eps if norm is not None else 1e-5,
                        NORM=NORM_KINDS[norm.kind] if norm is not None else 0, **launch_kw)
     return y
 
@@ -393,9 +425,11 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
 
 def norm_prologue_reference(norm: NormPrologue, x: torch.Tensor) -> torch.Tensor:
     """The prologue's norm in torch (fp32 result): the norm ops' references."""
-    from .layernorm import rms_norm_reference
+    from .layernorm import layer_norm_reference, rms_norm_reference
     from .rmsnorm_zero_centred import rmsnorm_zero_centred
     xf = x.float()
+    if norm.kind == "layer":
+        return layer_norm_reference(xf, norm.weight.float(), norm.bias.float(), norm.eps)
     if norm.kind == "rms":
         return rms_norm_reference(xf, norm.weight.float(), norm.eps)
     return rmsnorm_zero_centred(xf, norm.weight.float(), norm.eps)

@@ -118,13 +118,13 @@ def test_gemv_gated_epilogues_equal_the_two_launches(b, cfg, act):
 
 @pytest.mark.parametrize("b", [1, 3])
 @pytest.mark.parametrize("cfg", CFGS, ids=str)
-@pytest.mark.parametrize("kind", ["rms", "rms_zc"])
+@pytest.mark.parametrize("kind", ["layer", "rms", "rms_zc"])
 def test_gemv_norm_prologue_equals_the_norm_then_the_gemv(b, cfg, kind):
     """A GEMV with a norm prologue over the un-normalized (fp32) x writes what the norm op
-    (its kernel, into the model dtype) followed by the plain GEMV writes, within fp16
-    rounding (fp16 weights: the kernel rounds x * w before its products and scales the sums
-    by 1 / rms, the norm kernel rounds x * w / rms). Every epilogue a linear after a norm
-    lowers to, the row's statistics over all K tiles; a split-K config is refused."""
+    (its kernel, into the model dtype) followed by the plain GEMV writes: fp16 weights, so the
+    normalized x is rounded between the two as the norm kernel's output is. Every epilogue a
+    linear after a norm lowers to; the K tiles of x and the statistics over all of K (split-K
+    programs too)."""
     from photon_core.ops.rmsnorm_zero_centred import rmsnorm_zero_centred_rows_triton
     g = torch.Generator().manual_seed(5)
     n, k = 40, 128
@@ -132,16 +132,15 @@ def test_gemv_norm_prologue_equals_the_norm_then_the_gemv(b, cfg, kind):
     w = (torch.randn(n, k, generator=g) / 8).half()
     bias = torch.randn(n, generator=g).half()
     nw = (torch.randn(k, generator=g) / 4 + (0.0 if kind == "rms_zc" else 1.0)).half()
-    pro = G.NormPrologue(kind, nw, 1e-5)
+    nb = (torch.randn(k, generator=g) / 4).half() if kind == "layer" else None
+    pro = G.NormPrologue(kind, nw, nb, 1e-5)
     h = torch.zeros(b, k, dtype=torch.half)
-    if kind == "rms":
+    if kind == "layer":
+        layer_norm(x, nw, nb, h, 1e-5)
+    elif kind == "rms":
         rms_norm(x, nw, h, 1e-5)
     else:
         rmsnorm_zero_centred_rows_triton(x, nw, h, 1e-5)
-    if cfg.split_k > 1:
-        with pytest.raises(AssertionError, match="norm prologue"):
-            G.gemv(x, w, bias, torch.zeros(b, n), G.EPI_RESIDUAL, cfg=cfg, norm=pro)
-        return
     for epi, width in ((G.EPI_STORE, n), (G.EPI_QKV_GELU, n + 5), (G.EPI_GATED, n // 2),
                        (G.EPI_RESIDUAL, n)):
         if not cfg.fits(b, n, k, epi):
@@ -408,6 +407,19 @@ def test_fused_decoder_matches_torch_step():
     _close(logits, m.weights.linear(m.weights.layer_norm(ref, "text.post_ln"),
                                     "text.lm_head"), 2e-4)
     _close(logits, st.eager.head_logits("lm", ref), 2e-4)
+
+
+def test_fused_layernorms_ride_in_the_next_gemv(monkeypatch):
+    """fused_backend.NORM_PROLOGUE for Moondream 2: each block's LayerNorm is the prologue of
+    its [qkv | fc1] GEMV, the lm head's post_ln of the lm head's GEMV (the region heads read
+    the hidden state directly): the pass and the logits within fp32 rounding."""
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from engine_runs import norm_prologue_pass
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import tiny_config
+    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
+    assert norm_prologue_pass(m, 64, monkeypatch) == m.config.text.n_layers + 1
 
 
 def test_fast_engine_with_fused_kernels_matches_reference():
