@@ -34,10 +34,6 @@ Lowering rules (Moondream 2's Phi block -> 5 launches per block):
   norm + add (+ scale)  a sandwich norm `norm o -> h; add x += h` (and the layer scalar
                  `scale x` right after) -> one rmsnorm_residual kernel into the fp32 x, which
                  also writes an RMSNorm of x that follows it (NORM_CHAIN)
-  norm + linear (NORM_PROLOGUE) `norm x -> h; linear h -> ...` where no later op reads h ->
-                 the linear's GEMV(s) over the norm's input with the norm as their prologue
-                 (ops/gemv.py NormPrologue: no norm launch; Qwen 3.5's two norms per layer,
-                 Moondream 2's LayerNorm, the lm heads' final norms)
   linear + act_mul (EPILOGUE_FUSION) `linear h -> [gate, up]; act_mul -> m` (SwiGLU, Gemma's
                  GELU MLP) -> one GEMV over the (gate, up) row pairs writing m (EPI_GATED);
                  `linear s -> [p]; act_mul (p, q) -> m` (Gemma's per-layer input gate) -> one
@@ -73,8 +69,8 @@ from ..ops.eager import gated_norm_reference, norm_reference
 from ..ops.feedback_embedding import feedback_embedding
 from ..ops.gelu_tanh_gate import gelu_tanh_gate_triton
 from ..ops.gated_activation import ACTIVATIONS
-from ..ops.gemv import (EPI_ACT_MUL, EPI_GATED, EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE,
-                        NORM_KINDS, NormPrologue, gemv, interleave_gated)
+from ..ops.gemv import (EPI_ACT_MUL, EPI_GATED, EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv,
+                        interleave_gated)
 from ..ops.layernorm import layer_norm, rms_norm
 from ..ops.logit_softcap import logit_softcap_triton
 from ..ops.masked_argmax import masked_argmax
@@ -106,9 +102,6 @@ def auto_pdl_rows(program) -> int:
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
-# a norm followed by a linear -> the linear's GEMV with the norm as its prologue (not yet
-# measured on the GPU: off by default until it is)
-NORM_PROLOGUE = False
 # the model's weights that a fused GEMV concatenates (rows, K columns, or gate / up row pairs)
 # become views of the concatenated tensor (share_weights), so they are held once, not twice
 SHARE_WEIGHTS = True
@@ -164,9 +157,8 @@ class FusedBackend:
         self.chained_norms = 0            # ... and with the RMSNorm after them
         self.gated_gemvs = 0              # linear + act_mul pairs as one GEMV
         self.fused_runs = 0               # hybrid runs of ops as one launch (hybrid_rows)
-        self.norm_prologues = 0           # norms lowered into the next linear's GEMV
         self.lowered = self._lower_ops(p.ops)
-        self.heads = {name: (self._lower_ops(h.ops), h) for name, h in p.heads}
+        self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
         # softcap, keep the width)
         self.head_width = {name: self.w[[op for op in h.ops if op.weights][-1].weights[0]
@@ -259,13 +251,6 @@ class FusedBackend:
                     self.chained_norms += 1
                     i += 1
                 continue
-            pro = self._norm_prologue(op, nxt, ops[i + 2:])
-            if pro is not None:
-                f, n = pro
-                out.append(f)
-                self.norm_prologues += 1
-                i += n
-                continue
             f = self._lower_gated(op, nxt, ops[i + 2:]) if EPILOGUE_FUSION else None
             if f is not None:
                 out.append(f)
@@ -276,37 +261,9 @@ class FusedBackend:
             i += 1
         return out
 
-    def _norm_prologue(self, op: Op, nxt: Op | None, rest):
-        """(closure, ops consumed) for `norm s -> h; linear h -> ...` (+ a gated act_mul after
-        it, EPILOGUE_FUSION) as the linear's GEMV(s) reading s with the norm as their
-        prologue, or None: NORM_PROLOGUE off, another pattern, h read by a later op, or a
-        linear that does not lower to GEMVs of K = the norm's width."""
-        if not (NORM_PROLOGUE and op.kind == "norm" and op.norm in NORM_KINDS
-                and nxt is not None and nxt.kind == "linear" and nxt.src == op.dst
-                and not read_before_written(rest, op.dst[0])):
-            return None
-        wt, bias = self._weight(op.weights[0])
-        if op.norm == "layer" and bias is None:
-            return None
-        if any(self.w[n + ".weight"].shape[1] % 16 for n in nxt.weights) or \
-                any(a not in (None, "gelu_tanh") for a in nxt.acts):
-            return None
-        norm = NormPrologue(op.norm, wt.contiguous(),
-                            bias.contiguous() if op.norm == "layer" else None, op.eps)
-        src = op.src[0]
-        after = rest[0] if rest else None
-        f = self._lower_gated(nxt, after, rest[1:], src=src, norm=norm) \
-            if EPILOGUE_FUSION else None
-        if f is not None:
-            self.gated_gemvs += 1
-            return f, 3
-        return self._lower_linear(nxt, src=src, norm=norm), 2
-
-    def _lower_gated(self, op: Op, nxt: Op | None, rest, src: str | None = None,
-                     norm: NormPrologue | None = None):
+    def _lower_gated(self, op: Op, nxt: Op | None, rest):
         """The linear + act_mul pair as one GEMV with a gated epilogue (_lower_ops), or None
-        where the pattern does not apply. src / norm: the GEMV reads src through that norm
-        prologue (_norm_prologue) instead of the linear's own input."""
+        where the pattern does not apply."""
         if not (op.kind == "linear" and nxt is not None and nxt.kind == "act_mul"
                 and all(a is None for a in op.acts) and nxt.src[0] == op.dst[0]
                 and nxt.acts[0] in ACTIVATIONS):
@@ -322,19 +279,19 @@ class FusedBackend:
         if any(t.shape != ws[0][0].shape for t, _ in ws) or \
                 self.program.segment(nxt.src[1])[2] != n:
             return None                 # gate / up (or the multiplier) of another width
-        src, act, dst = src or op.src[0], nxt.acts[0], nxt.dst[0]
+        src, act, dst = op.src[0], nxt.acts[0], nxt.dst[0]
         buf, off, _ = self.program.segment(dst)
         if gated:
             w = self._join(op.weights, [ws[0][0], ws[1][0]], "pairs")
             bias = None if ws[0][1] is None else interleave_gated(ws[0][1], ws[1][1])
             return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                        self.bufs[buf][:b, off:], EPI_GATED, act=act,
-                                       pdl=self.pdl_at(b), norm=norm)
+                                       pdl=self.pdl_at(b))
         w, bias = ws[0][0].contiguous(), ws[0][1]
         q = nxt.src[1]
         return lambda b, env: gemv(self._src(src, env, b), w, bias, self.bufs[buf][:b, off:],
                                    EPI_ACT_MUL, act=act, mul=self._src(q, env, b),
-                                   pdl=self.pdl_at(b), norm=norm)
+                                   pdl=self.pdl_at(b))
 
     def _lower(self, op: Op):
         k = op.kind
@@ -414,13 +371,11 @@ class FusedBackend:
                                            dim, op.eps))
         return run
 
-    def _lower_linear(self, op: Op, src: str | None = None, norm: NormPrologue | None = None):
-        """src / norm: the GEMVs read src through that norm prologue (_norm_prologue)."""
-        acts = list(op.acts)
+    def _lower_linear(self, op: Op):
+        src, acts = op.src[0], list(op.acts)
         ws = [self._weight(n) for n in op.weights]
-        if norm is None and (op.src[0] == "x" or ws[0][0].shape[1] % 16):
+        if src == "x" or ws[0][0].shape[1] % 16:
             return self._lower_linear_plain(op, ws)
-        src = src or op.src[0]
         n_plain = next((i for i, a in enumerate(acts) if a is not None), len(acts))
         plain = self._contiguous(op.dst[:n_plain]) if n_plain else None
         gelu_last = acts[n_plain:] == ["gelu_tanh"]
@@ -441,10 +396,10 @@ class FusedBackend:
                 bias = torch.cat([bb for _, bb in ws]) if ws[0][1] is not None else None
                 epi = EPI_QKV_GELU if gelu_last else EPI_STORE
                 self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=n_split,
-                                            gap=gap, epi=epi, src=src, norm=norm)
+                                            gap=gap, epi=epi, src=src)
                 return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                            self.bufs[buf][:b, off:], epi, n_split=n_split,
-                                           gap=gap, pdl=self.pdl_at(b), norm=norm)
+                                           gap=gap, pdl=self.pdl_at(b))
         parts = []                              # one output at a time
         for d, (t, bb), act in zip(op.dst, ws, acts):
             buf, off, _ = self.program.segment(d)
@@ -453,9 +408,8 @@ class FusedBackend:
                 epi = EPI_STORE if act is None else EPI_QKV_GELU
                 parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off, epi=epi: gemv(
                     self._src(src, env, b), t, bb, self.bufs[buf][:b, off:], epi,
-                    pdl=self.pdl_at(b), norm=norm))
+                    pdl=self.pdl_at(b)))
             else:                               # no kernel epilogue: the torch op
-                assert norm is None             # (_norm_prologue does not apply)
                 parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(
                     d, b).copy_(act(F.linear(self._src(src, env, b), t, bb))))
 

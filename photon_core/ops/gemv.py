@@ -28,14 +28,6 @@ Epilogues (EPI):
 x may be the fp32 residual stream: it is rounded to the weights' dtype as it is loaded, the
 same values as torch's x.to(w.dtype) before the call.
 
-Norm prologue (`norm=NormPrologue(...)`): the GEMV reads x un-normalized and applies the norm
-that would have run before it (LayerNorm, RMSNorm, zero-centred RMSNorm: the ops of
-ops/layernorm.py / ops/rmsnorm_zero_centred.py) as it loads x: every program first takes its
-rows' statistics over all of K (x is a few KB in L2), then each K tile of x is normalized in
-fp32, scaled (and shifted) by the norm's weights and rounded to the weights' dtype - the
-values the norm kernel would have written, but for the fp32 sums' order (one launch and the
-h buffer's round trip less per norm).
-
 Torch references (the eager backend's ops, and what the kernel is diff-tested against):
 `linear`, `linear_gelu`, and `gemv_reference` (the kernel's contract, epilogues included).
 """
@@ -55,24 +47,6 @@ from . import pdl as _pdl
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
-# the norm prologue's kinds (the program's norm kinds)
-NORM_KINDS = {"layer": 1, "rms": 2, "rms_zc": 3}
-
-
-@dataclass(frozen=True, eq=False)
-class NormPrologue:
-    """The norm a GEMV applies to x as it loads it: kind "layer" (weight, bias), "rms" (x *
-    rstd * weight) or "rms_zc" (x * rstd * (1 + weight)); eps inside the square root."""
-    kind: str
-    weight: torch.Tensor
-    bias: torch.Tensor | None = None
-    eps: float = 1e-5
-
-    def __post_init__(self):
-        if self.kind not in NORM_KINDS:
-            raise ValueError(f"norm kind must be one of {tuple(NORM_KINDS)}, not {self.kind!r}")
-        if self.kind == "layer" and self.bias is None:
-            raise ValueError("a LayerNorm prologue needs its bias")
 
 
 @dataclass(frozen=True)
@@ -98,56 +72,13 @@ class GemvConfig:
         return True
 
 
-@triton.jit
-def _norm_stats(x_rows, b_ok, K, eps, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                NORM: tl.constexpr):
-    """The norm prologue's per-row statistics over all K columns of x (fp32): (mean, rstd);
-    mean stays 0 for the RMS kinds. The formulas of ops/layernorm.py's rows (the mean, then
-    the variance of the centred values; the mean square)."""
-    mean = tl.zeros([BLOCK_B], dtype=tl.float32)
-    if NORM == 1:
-        s1 = tl.zeros([BLOCK_B], dtype=tl.float32)
-        for kk in range(0, K, BLOCK_K):
-            xk = tl.load(x_rows + (kk + tl.arange(0, BLOCK_K))[None, :], mask=b_ok[:, None],
-                         other=0.0).to(tl.float32)
-            s1 += tl.sum(xk, axis=1)
-        mean = s1 / K
-    s2 = tl.zeros([BLOCK_B], dtype=tl.float32)
-    for kk in range(0, K, BLOCK_K):
-        xk = tl.load(x_rows + (kk + tl.arange(0, BLOCK_K))[None, :], mask=b_ok[:, None],
-                     other=0.0).to(tl.float32)
-        if NORM == 1:
-            xk = xk - mean[:, None]
-        s2 += tl.sum(xk * xk, axis=1)
-    return mean, 1.0 / tl.sqrt(s2 / K + eps)
-
-
-@triton.jit
-def _load_x(x_rows, offs_k, b_ok, mean, rstd, nw_ptr, nb_ptr, NORM: tl.constexpr):
-    """A [BLOCK_B, BLOCK_K] tile of x; with a norm prologue normalized in fp32 (the caller
-    rounds it to the weights' dtype: what the norm kernel would have stored)."""
-    x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
-    if NORM != 0:
-        xf = x.to(tl.float32)
-        g = tl.load(nw_ptr + offs_k).to(tl.float32)[None, :]
-        if NORM == 1:
-            sh = tl.load(nb_ptr + offs_k).to(tl.float32)[None, :]
-            x = (xf - mean[:, None]) * rstd[:, None] * g + sh
-        elif NORM == 2:
-            x = xf * rstd[:, None] * g
-        else:
-            x = xf * rstd[:, None] * (1.0 + g)
-    return x
-
-
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                  mul_ptr, stride_mb,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
-                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
-                 nw_ptr=None, nb_ptr=None, norm_eps=1e-5, NORM: tl.constexpr = 0):
+                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False):
     if not LATE:
         pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
@@ -169,12 +100,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         offs_k = k_start + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         pdl_wait(GDC)
-    mean = tl.zeros([BLOCK_B], dtype=tl.float32)
-    rstd = tl.zeros([BLOCK_B], dtype=tl.float32)
-    if NORM != 0:
-        mean, rstd = _norm_stats(x_rows, b_ok, K, norm_eps, BLOCK_B, BLOCK_K, NORM)
-    if PDL:
-        x = _load_x(x_rows, offs_k, b_ok, mean, rstd, nw_ptr, nb_ptr, NORM)
+        x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
@@ -186,7 +112,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-        x = _load_x(x_rows, offs_k, b_ok, mean, rstd, nw_ptr, nb_ptr, NORM)
+        x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
@@ -337,8 +263,8 @@ def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvC
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
          epi: int = EPI_STORE, n_split: int = 0, gap: int = 0,
          cfg: GemvConfig | None = None, deterministic: bool = False,
-         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None,
-         norm: NormPrologue | None = None) -> torch.Tensor:
+         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None
+         ) -> torch.Tensor:
     """x [b, K] (row stride free, unit column stride; may be fp32 with bf16 / fp16 weights:
     rounded as it is loaded), w [N, K] contiguous, y [b, *] with unit column stride (fp32
     for EPI_RESIDUAL; N / 2 columns for EPI_GATED).
@@ -346,8 +272,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     pdl: programmatic dependent launch (ops/pdl.py): the first weight tile loads while the
     previous kernel finishes.
     act: EPI_GATED / EPI_ACT_MUL's activation ("gelu_tanh" | "silu"); mul [b, N]: EPI_ACT_MUL's
-    multiplier (unit column stride).
-    norm: a norm prologue (NormPrologue): x is the norm's input (its weights [K])."""
+    multiplier (unit column stride)."""
     b, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
@@ -357,9 +282,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     if epi == EPI_ACT_MUL:
         assert mul is not None and mul.stride(1) == 1 and mul.shape[0] >= b
     mul = mul if mul is not None else y
-    if norm is not None:
-        assert norm.weight.shape == (k,) and norm.weight.is_contiguous()
-        assert norm.bias is None or (norm.bias.shape == (k,) and norm.bias.is_contiguous())
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
@@ -372,11 +294,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages,
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
-                       LATE=gdc and _pdl.LATE_TRIGGER,
-                       nw_ptr=norm.weight if norm is not None else w,
-                       nb_ptr=norm.bias if norm is not None and norm.bias is not None else w,
-                       norm_eps=norm.eps if norm is not None else 1e-5,
-                       NORM=NORM_KINDS[norm.kind] if norm is not None else 0, **launch_kw)
+                       LATE=gdc and _pdl.LATE_TRIGGER, **launch_kw)
     return y
 
 
@@ -400,12 +318,9 @@ def interleave_gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                    y: torch.Tensor, epi: int = EPI_STORE, n_split: int = 0,
                    gap: int = 0, act: str = "gelu_tanh",
-                   mul: torch.Tensor | None = None,
-                   norm: NormPrologue | None = None) -> torch.Tensor:
+                   mul: torch.Tensor | None = None) -> torch.Tensor:
     """What gemv() writes into y, in torch (the kernel's test oracle)."""
     dt = y.dtype
-    if norm is not None:        # the norm op's torch reference, rounded to the weights' dtype
-        x = norm_prologue_reference(norm, x).to(w.dtype)
     acc = F.linear(x.to(w.dtype).float(), w.float(), None if bias is None else bias.float())
     if epi in (EPI_GATED, EPI_ACT_MUL):
         t = acc.to(dt).float()
@@ -421,15 +336,3 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     else:
         y[:, :acc.shape[1]] = acc.to(dt)
     return y
-
-
-def norm_prologue_reference(norm: NormPrologue, x: torch.Tensor) -> torch.Tensor:
-    """The prologue's norm in torch (fp32 result): the norm ops' references."""
-    from .layernorm import layer_norm_reference, rms_norm_reference
-    from .rmsnorm_zero_centred import rmsnorm_zero_centred
-    xf = x.float()
-    if norm.kind == "layer":
-        return layer_norm_reference(xf, norm.weight.float(), norm.bias.float(), norm.eps)
-    if norm.kind == "rms":
-        return rms_norm_reference(xf, norm.weight.float(), norm.eps)
-    return rmsnorm_zero_centred(xf, norm.weight.float(), norm.eps)

@@ -95,12 +95,11 @@ def pdl_changes_no_bits(model, kv: int, monkeypatch) -> None:
 def fused_pattern_bits(model, kv: int, monkeypatch, b: int = 2) -> list:
     """fused_pass with the fused backend's lowering patterns (fused_backend.NORM_CHAIN,
     EPILOGUE_FUSION) on, then off: [(x, {buffer: rows}, (chained norms, gated GEMVs,
-    launches)), ...] - the patterns must change no bit. (NORM_PROLOGUE off in both: its
-    statistics sum in another order, norm_prologue_pass.)"""
+    launches)), ...] - the patterns must change no bit."""
     out = []
     for on in (True, False):
-        x, bufs, f = fused_pass(model, kv, monkeypatch, dict(NORM_CHAIN=on, EPILOGUE_FUSION=on,
-                                                             NORM_PROLOGUE=False), b)
+        x, bufs, f = fused_pass(model, kv, monkeypatch, dict(NORM_CHAIN=on, EPILOGUE_FUSION=on),
+                                b)
         out.append((x, bufs, (f.chained_norms, f.gated_gemvs, len(f.lowered))))
     return out
 
@@ -154,25 +153,3 @@ def fast_encode_follows_reference(load, shapes, tensors_of, kv: int = 512) -> di
         fe.close()
     print(f"bf16: fast / reference encode error, worst tensor: {worst:.2f}")
     return {"bf16_worst_ratio": worst}
-
-
-def norm_prologue_pass(model, kv: int, monkeypatch, b: int = 2) -> int:
-    """fused_pass with fused_backend.NORM_PROLOGUE on, then off: the residual within fp32
-    rounding (the norms' statistics sum in another order), one launch less per fused norm,
-    and the same lm logits from the head (its final norm fused too, where it has one).
-    Returns the number of norms fused (decoder and heads)."""
-    outs = []
-    for on in (True, False):
-        x, bufs, f = fused_pass(model, kv, monkeypatch, dict(NORM_PROLOGUE=on), b)
-        hidden = torch.randn(b, f.x.shape[1], generator=torch.Generator().manual_seed(1)
-                             ).to(f.dtype)
-        logits = f.head_logits("lm", hidden).clone()
-        outs.append((x, f, logits))
-    (x1, f1, l1), (x0, f0, l0) = outs
-    assert f0.norm_prologues == 0
-    n_dec = len(f0.lowered) - len(f1.lowered)
-    n_head = len(f0.heads["lm"][0]) - len(f1.heads["lm"][0])
-    assert n_dec + n_head == f1.norm_prologues > 0
-    torch.testing.assert_close(x1, x0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(l1, l0, atol=1e-4, rtol=1e-4)
-    return f1.norm_prologues

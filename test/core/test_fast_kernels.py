@@ -116,47 +116,6 @@ def test_gemv_gated_epilogues_equal_the_two_launches(b, cfg, act):
         _close(y, ref, 2e-3)
 
 
-@pytest.mark.parametrize("b", [1, 3])
-@pytest.mark.parametrize("cfg", CFGS, ids=str)
-@pytest.mark.parametrize("kind", ["layer", "rms", "rms_zc"])
-def test_gemv_norm_prologue_equals_the_norm_then_the_gemv(b, cfg, kind):
-    """A GEMV with a norm prologue over the un-normalized (fp32) x writes what the norm op
-    (its kernel, into the model dtype) followed by the plain GEMV writes: fp16 weights, so the
-    normalized x is rounded between the two as the norm kernel's output is. Every epilogue a
-    linear after a norm lowers to; the K tiles of x and the statistics over all of K (split-K
-    programs too)."""
-    from photon_core.ops.rmsnorm_zero_centred import rmsnorm_zero_centred_rows_triton
-    g = torch.Generator().manual_seed(5)
-    n, k = 40, 128
-    x = torch.randn(b, k, generator=g) * 3 + 0.5       # a mean and a scale to remove
-    w = (torch.randn(n, k, generator=g) / 8).half()
-    bias = torch.randn(n, generator=g).half()
-    nw = (torch.randn(k, generator=g) / 4 + (0.0 if kind == "rms_zc" else 1.0)).half()
-    nb = (torch.randn(k, generator=g) / 4).half() if kind == "layer" else None
-    pro = G.NormPrologue(kind, nw, nb, 1e-5)
-    h = torch.zeros(b, k, dtype=torch.half)
-    if kind == "layer":
-        layer_norm(x, nw, nb, h, 1e-5)
-    elif kind == "rms":
-        rms_norm(x, nw, h, 1e-5)
-    else:
-        rmsnorm_zero_centred_rows_triton(x, nw, h, 1e-5)
-    for epi, width in ((G.EPI_STORE, n), (G.EPI_QKV_GELU, n + 5), (G.EPI_GATED, n // 2),
-                       (G.EPI_RESIDUAL, n)):
-        if not cfg.fits(b, n, k, epi):
-            continue
-        y0 = torch.randn(b, width, generator=g).to(torch.float32 if epi == G.EPI_RESIDUAL
-                                                   else torch.half)
-        y1, y2 = y0.clone(), y0.clone()
-        G.gemv(x, w, bias, y0, epi, n_split=24, gap=5, cfg=cfg, norm=pro)
-        G.gemv(h, w, bias, y1, epi, n_split=24, gap=5, cfg=cfg)
-        # the same normalized values up to the fp32 sums' order: at most one fp16 step of h
-        _close(y0, y1, 2e-3)
-        G.gemv_reference(x, w, bias, y2, epi, n_split=24, gap=5, norm=pro)
-        _close(y0, y2, 2e-3)
-    assert not torch.equal(G.norm_prologue_reference(pro, x), x)
-
-
 @pytest.mark.parametrize("cfg", CFGS, ids=str)
 def test_gemv_reads_the_fp32_residual_as_the_weights_dtype(cfg):
     """x in fp32 with fp16 weights: the same bits as x.to(fp16) passed in (the cast launch the
@@ -407,19 +366,6 @@ def test_fused_decoder_matches_torch_step():
     _close(logits, m.weights.linear(m.weights.layer_norm(ref, "text.post_ln"),
                                     "text.lm_head"), 2e-4)
     _close(logits, st.eager.head_logits("lm", ref), 2e-4)
-
-
-def test_fused_layernorms_ride_in_the_next_gemv(monkeypatch):
-    """fused_backend.NORM_PROLOGUE for Moondream 2: each block's LayerNorm is the prologue of
-    its [qkv | fc1] GEMV, the lm head's post_ln of the lm head's GEMV (the region heads read
-    the hidden state directly): the pass and the logits within fp32 rounding."""
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from engine_runs import norm_prologue_pass
-    from photon_core.moondream.model import build_random_model
-    from photon_core.moondream.test_model import tiny_config
-    m = build_random_model(tiny_config(fast=True), device="cpu", dtype="fp32", seed=0)
-    assert norm_prologue_pass(m, 64, monkeypatch) == m.config.text.n_layers + 1
 
 
 def test_fast_engine_with_fused_kernels_matches_reference():

@@ -23,8 +23,7 @@ from photon_core.task import Task, TaskError
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import cancel_mid_flight, results_and_text  # noqa: E402
 from engine_runs import fused_ok as _fused_ok  # noqa: E402
-from engine_runs import (fused_pattern_bits, norm_prologue_pass,  # noqa: E402
-                         pdl_changes_no_bits)
+from engine_runs import fused_pattern_bits, pdl_changes_no_bits  # noqa: E402
 from engine_runs import same_run as _same  # noqa: E402
 
 KV = 256      # state-cache positions per row (the CPU default, max_context 4096, is slow)
@@ -143,13 +142,6 @@ def test_fused_patterns_change_no_bits(model, monkeypatch):
                                   if s.startswith(("m.", "pm"))):
         buf, off, w = model.fast_family().spec.program.segment(seg)
         assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w]), seg
-
-
-def test_fused_norms_ride_in_the_next_gemv(model, monkeypatch):
-    """fused_backend.NORM_PROLOGUE where no sandwich norm's kernel writes the norm already:
-    the first layer's input norm and the lm head's final norm."""
-    _fused_ok("on")
-    assert norm_prologue_pass(model, KV, monkeypatch) == 2
 
 
 def test_fused_pass_with_pdl_gives_the_same_bits(model, monkeypatch):

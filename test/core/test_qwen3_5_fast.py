@@ -19,8 +19,7 @@ from photon_core.task import Task
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import fused_ok as _fused_ok  # noqa: E402
-from engine_runs import (fused_pass, fused_pattern_bits, norm_prologue_pass,  # noqa: E402
-                         pdl_changes_no_bits)
+from engine_runs import fused_pass, fused_pattern_bits, pdl_changes_no_bits  # noqa: E402
 from engine_runs import results_and_text as _fast  # noqa: E402
 from engine_runs import same_run as _same  # noqa: E402
 
@@ -120,15 +119,6 @@ def test_fused_gated_mlp_changes_no_bits(model, monkeypatch):
     prog = model.fast_family().spec.program
     buf, off, w = prog.segment("m")
     assert torch.equal(b1[buf][:, off:off + w], b0[buf][:, off:off + w])
-
-
-def test_fused_norms_ride_in_the_next_gemv(model, monkeypatch):
-    """fused_backend.NORM_PROLOGUE: both zero-centred RMSNorms of a layer and the lm head's
-    final norm are the prologue of the GEMV after them (no norm launch), the pass and the
-    logits within fp32 rounding of the norm kernels'."""
-    _fused_ok("on")
-    n_layers = model.config.text.num_hidden_layers
-    assert norm_prologue_pass(model, KV, monkeypatch) == 2 * n_layers + 1
 
 
 def test_fused_delta_net_runs_as_one_launch(model, monkeypatch):
