@@ -8,11 +8,6 @@ vision tower of a 640x480 encode, ~15 MB each). s is bitwise the reference's (an
 rounded once); h's statistics are summed in another order: close, not always bitwise.
 With t_bias (a bias vector of the D columns, the image prefill's fc2 bias): s = x + t +
 t_bias in fp32, rounded once.
-
-offset_layernorm(x, c, ...): h = LayerNorm(x + c) for a vector c of the D columns (s rounded to
-x's dtype as above, not stored): the vision tower's residual form where the GEMMs add their
-products into x themselves and the biases they leave out are carried apart as c
-(vision_fused.RESIDUAL_GEMM) - one read of x and one write of h per norm.
 """
 from __future__ import annotations
 
@@ -25,20 +20,17 @@ from .layernorm import layernorm_row
 
 @triton.jit
 def _add_layernorm_kernel(x_ptr, t_ptr, w_ptr, b_ptr, s_ptr, h_ptr, D, eps, tb_ptr,
-                          BLOCK: tl.constexpr, HAS_TB: tl.constexpr = False,
-                          T_ROWS: tl.constexpr = True, WRITE_S: tl.constexpr = True):
-    """T_ROWS False: t is one row of D (the offset form); WRITE_S False: s is not stored."""
+                          BLOCK: tl.constexpr, HAS_TB: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < D
     x = tl.load(x_ptr + row * D + offs, mask=ok, other=0.0).to(tl.float32)
-    t = tl.load(t_ptr + row * D * T_ROWS + offs, mask=ok, other=0.0).to(tl.float32)
+    t = tl.load(t_ptr + row * D + offs, mask=ok, other=0.0).to(tl.float32)
     st = x + t
     if HAS_TB:
         st = st + tl.load(tb_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    s = st.to(x_ptr.dtype.element_ty)
-    if WRITE_S:
-        tl.store(s_ptr + row * D + offs, s, mask=ok)
+    s = st.to(s_ptr.dtype.element_ty)
+    tl.store(s_ptr + row * D + offs, s, mask=ok)
     h = layernorm_row(s.to(tl.float32), ok, offs, w_ptr, b_ptr, D, eps)
     tl.store(h_ptr + row * D + offs, h.to(h_ptr.dtype.element_ty), mask=ok)
 
@@ -74,29 +66,4 @@ def add_layernorm(x: torch.Tensor, t: torch.Tensor, weight: torch.Tensor, bias: 
     return s, h
 
 
-def offset_layernorm_reference(x: torch.Tensor, c: torch.Tensor, weight: torch.Tensor,
-                               bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    s = (x.float() + c.float()).to(x.dtype)
-    return F.layer_norm(s, weight.shape, weight, bias, eps=eps)
-
-
-def offset_layernorm(x: torch.Tensor, c: torch.Tensor, weight: torch.Tensor,
-                     bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """x [..., D] contiguous, c [D] (any float dtype) -> LayerNorm(x + c), the sum rounded to
-    x's dtype (offset_layernorm_reference); x + c is not stored."""
-    x, c = x.contiguous(), c.contiguous()
-    d = x.shape[-1]
-    if c.shape != (d,):
-        raise ValueError(f"c {tuple(c.shape)} is not one row of {d}")
-    h = torch.empty_like(x)
-    rows = x.numel() // d
-    if rows:
-        block = triton.next_power_of_2(d)
-        _add_layernorm_kernel[(rows,)](x, c, weight, bias, h, h, d, eps, x, BLOCK=block,
-                                       T_ROWS=False, WRITE_S=False,
-                                       num_warps=4 if block <= 2048 else 8)
-    return h
-
-
-__all__ = ["add_layernorm", "add_layernorm_reference", "offset_layernorm",
-           "offset_layernorm_reference"]
+__all__ = ["add_layernorm", "add_layernorm_reference"]
