@@ -54,10 +54,6 @@ from .rope import apply_rope, rope_angles
 from .text import attention_mask
 
 ATTENTION_FORMS = ("span", "prefix")
-# the fused form's SDPA backend for the prefix attention (None: torch's pick, cuDNN on the
-# H200; "flash": SDPBackend.FLASH_ATTENTION - no cuDNN memsets in the encode graph). Opt-in
-# until measured on the GPU.
-PREFIX_SDPA: str | None = None
 
 
 def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
@@ -178,14 +174,8 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
         q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[i, 0], kv[i, 1])
         if not out:
             return None
-        if PREFIX_SDPA == "flash" and q.is_cuda:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
-                                                   enable_gqa=nh != nkv)
-        else:
-            a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
-                                               enable_gqa=nh != nkv)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
+                                           enable_gqa=nh != nkv)
         return a.transpose(1, 2).reshape(n, length, dim)
 
     for k, op in enumerate(ops):
