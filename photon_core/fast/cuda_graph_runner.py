@@ -39,6 +39,44 @@ def capture_graph(fn: Callable[[], object], capture_stream=None, pool=None):
     torch.cuda.synchronize()
     return g, out
 
+class GraphParts:
+    """Consecutive CUDA graphs replayed in order as one (capture_graph_parts)."""
+
+    def __init__(self, graphs: list):
+        self.graphs = graphs
+
+    def replay(self) -> None:
+        for g in self.graphs:
+            g.replay()
+
+
+def capture_graph_parts(fn: Callable[[Callable[[], None]], object], capture_stream=None
+                        ) -> tuple[GraphParts, object]:
+    """fn(cut) captured as consecutive graphs, one memory pool: each cut() call inside fn
+    ends the graph being captured and begins the next. Replaying them in order is fn's work;
+    the host launches a short first part and the GPU starts on it while the host launches
+    the rest (one long graph keeps the GPU idle through its whole launch). Errors of the
+    capture propagate."""
+    pool = torch.cuda.graph_pool_handle()
+    stream = capture_stream if capture_stream is not None else torch.cuda.Stream()
+    graphs = [torch.cuda.CUDAGraph()]
+
+    def cut() -> None:
+        graphs[-1].capture_end()
+        graphs.append(torch.cuda.CUDAGraph())
+        graphs[-1].capture_begin(pool=pool)
+
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        graphs[0].capture_begin(pool=pool)
+        try:
+            out = fn(cut)
+        finally:
+            graphs[-1].capture_end()
+    torch.cuda.synchronize()
+    return GraphParts(graphs), out
+
+
 BUCKETS = (1, 2, 4, 8)
 
 

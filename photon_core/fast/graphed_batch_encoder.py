@@ -47,9 +47,10 @@ import torch
 
 from ..encode_request import unwrap
 from ..engine import GpuTiming
-from .cuda_graph_runner import capture_graph, warm_up
+from .cuda_graph_runner import capture_graph, capture_graph_parts, warm_up
 from ..models.moondream2.batched_encode import (FrameLayout, encode_body, frame_layout,
                                                  kv_buffer, pixel_layout)
+from ..models.moondream2 import vision_fused
 from ..models.moondream2.image_input import to_rgb_array
 
 
@@ -97,13 +98,13 @@ class GraphedBatchEncoder:
                        "captures": 0, "crops_outside": 0}
 
     # -- graphs ----------------------------------------------------------------------------
-    def _body(self, e: _Entry) -> None:
+    def _body(self, e: _Entry, cut=None) -> None:
         if e.frames is not None:            # the crops, as model.image_crops makes them
             off = 0
             for frame, plan in zip(e.frames, e.plans):
                 self.model.device_crops(frame, plan, out=e.x[off:off + plan.n_crops])
                 off += plan.n_crops
-        encode_body(self.model, e.x, list(e.layouts), e.kv, fast=self.fast)
+        encode_body(self.model, e.x, list(e.layouts), e.kv, fast=self.fast, cut=cut)
 
     def _make_entry(self, key: tuple, part: list) -> _Entry:
         """A new entry's buffers, its inputs loaded from part [(index, array, crops, layout)]
@@ -159,8 +160,12 @@ class GraphedBatchEncoder:
         return e
 
     def _capture(self, e: _Entry):
-        """Warm up on the capture stream, then capture the body of this entry."""
+        """Warm up on the capture stream, then capture the body of this entry: as two
+        graphs where the fast vision encoder cuts it (vision_fused.CUT_AFTER_BLOCK), the
+        first short, so the GPU starts while the host launches the second."""
         warm_up(lambda: self._body(e), self.capture_stream)
+        if self.fast and vision_fused.CUT_AFTER_BLOCK is not None:
+            return capture_graph_parts(lambda cut: self._body(e, cut), self.capture_stream)[0]
         return capture_graph(lambda: self._body(e), self.capture_stream)[0]
 
     def n_batch_graphs(self) -> int:

@@ -240,7 +240,7 @@ def test_add_layernorm_kernel_matches_reference(dtype):
         add_layernorm(x, t[..., :71].contiguous(), w, b)
 
 
-def test_vision_fused_forms(model, images):
+def test_vision_fused_forms(model, images, monkeypatch):
     """vision_fused.encoder: the reference's ops on the CPU (bitwise); with the add+norm
     kernel (interpreter) close."""
     import os
@@ -255,6 +255,13 @@ def test_vision_fused_forms(model, images):
         if os.environ.get("TRITON_INTERPRET") == "1":
             fused = vision_fused.encoder(w, v, x, fuse_norms=True)
             assert (fused - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+        cuts = []                 # the graph cut hook: once, after block CUT_AFTER_BLOCK
+        assert torch.equal(vision_fused.encoder(w, v, x, cut=lambda: cuts.append(1)), ref)
+        assert cuts == ([1] if vision_fused.CUT_AFTER_BLOCK is not None else [])
+        monkeypatch.setattr(vision_fused, "CUT_AFTER_BLOCK", None)
+        cuts.clear()
+        vision_fused.encoder(w, v, x, cut=lambda: cuts.append(1))
+        assert cuts == []
     a, wt, b = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)
     assert torch.equal(linear_gelu(a, wt, b), linear_gelu_reference(a, wt, b))
     with pytest.raises(ValueError, match="CUDA"):

@@ -148,3 +148,29 @@ def test_start_of_an_image_does_not_wait_for_its_encode(engine, monkeypatch):
     assert enc.gpu_timing is not None and ref.gpu_timing is None
     # (its k/v are ready in the engine stream's order: read them after its end event)
     assert 0.5 < enc.gpu_encode_ms() < 1000 and torch.equal(enc.kv, ref.kv)
+
+
+def test_encode_graph_cut_in_two_parts_bitwise_as_one(monkeypatch):
+    """vision_fused.CUT_AFTER_BLOCK: the captured encode is two graphs (the first ends after
+    that vision block) replayed in order; the k/v are bitwise one graph's (a fresh engine of
+    each form on one model), for a first capture and a replay with another frame."""
+    from photon_core.fast import FastEngine
+    from photon_core.fast.cuda_graph_runner import GraphParts
+    from photon_core.models.moondream2 import vision_fused
+    from photon_core.models.moondream2.config import MoondreamConfig
+    from photon_core.moondream.model import build_random_model
+
+    m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=1)
+    outs = {}
+    for cut in (0, None):
+        monkeypatch.setattr(vision_fused, "CUT_AFTER_BLOCK", cut)
+        fe = FastEngine(m, max_batch=1)
+        outs[cut] = [fe.encode_image(_frame(480, 640, s)).kv.clone() for s in (0, 7, 0)]
+        (e,) = fe.batch_encoder.entries.values()
+        assert isinstance(e.graph, GraphParts) == (cut is not None)
+        if cut is not None:
+            assert len(e.graph.graphs) == 2
+        fe.close()
+    for a, b in zip(outs[0], outs[None]):
+        assert torch.equal(a, b)
+    assert torch.equal(outs[0][0], outs[0][2]) and not torch.equal(outs[0][0], outs[0][1])

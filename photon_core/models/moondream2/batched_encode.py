@@ -73,14 +73,15 @@ def kv_buffer(model, n: int) -> torch.Tensor:
 
 
 def encode_body(model, x: torch.Tensor, layouts: list[FrameLayout], kv: torch.Tensor, *,
-                fast: bool = False) -> None:
+                fast: bool = False, cut=None) -> None:
     """x: the frames' normalized crops, concatenated in order [sum n_crops, 3, c, c];
     writes every frame's prefix k/v into kv [n_layers, 2, n, Hkv, P, D].
     fast=False: the reference's functions (vision.encoder, the span-attention prefill);
     fast=True: vision_fused.encoder, the projection's fc1 + GELU as one GEMM and
-    prefix_prefill's fast form (close, not bitwise)."""
+    prefix_prefill's fast form (close, not bitwise). cut: the fast vision encoder's graph
+    cut hook (vision_fused.encoder)."""
     w, v, t = model.weights, model.config.vision, model.config.text
-    features = (vision_fused.encoder if fast else vision.encoder)(w, v, x)
+    features = vision_fused.encoder(w, v, x, cut=cut) if fast else vision.encoder(w, v, x)
     inputs, off = [], 0
     for lay in layouts:
         f = features[off:off + lay.n_crops]

@@ -32,15 +32,21 @@ from .vision import patchify
 
 
 ATTENTION_FORMS = ("sdpa", "triton")
+# a captured encode is cut into two graphs after this block (the `cut` hook; None: one
+# graph): the host's launch of the second (most of the encode's ~540 nodes) overlaps the
+# GPU's work on the first instead of delaying the encode's first kernel (not yet measured
+# on the GPU: off until it is)
+CUT_AFTER_BLOCK: int | None = None
 
 
 def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
             fuse_norms: bool | None = None, attention: str = "sdpa",
-            attention_config: tuple | None = None) -> torch.Tensor:
+            attention_config: tuple | None = None, cut=None) -> torch.Tensor:
     """fuse_norms: each residual add and the LayerNorm after it in one Triton kernel
     (ops/add_layernorm.py); None = on CUDA when triton imports. attention: "sdpa" |
     "triton" (ops/vision_attention.py; attention_config: its (BLOCK_M, BLOCK_N, warps,
-    stages))."""
+    stages)). cut: called after block CUT_AFTER_BLOCK (a graph capture's cut point,
+    cuda_graph_runner.capture_graph_parts)."""
     if attention not in ATTENTION_FORMS:
         raise ValueError(f"attention must be one of {ATTENTION_FORMS}, not {attention!r}")
     if fuse_norms is None:
@@ -69,6 +75,8 @@ def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
         g = linear_gelu(h2, w[p + ".mlp.fc1.weight"], w[p + ".mlp.fc1.bias"])
         x, h = add_norm(x, w.linear(g, p + ".mlp.fc2"),
                         "vision.post_ln" if i == last else f"vision.blocks.{i + 1}.ln1")
+        if cut is not None and i == CUT_AFTER_BLOCK:
+            cut()
     return h                                 # the last block's output through post_ln
 
 
