@@ -9,6 +9,7 @@ run(encode_image(frame), task); wall = the host's time for the whole call, also 
 (5 runs) and as the one call run(frame, task) (the encode not waited for).
 
 Usage: PYTHONPATH=. python3 bench/e2e_timeline.py [--tasks detect5,query32] [--gaps 12]
+       [--set photon_core.fast.pipelined_decoder:SKIP_FINAL_FORWARD=0]
        [--megakernel on] [--deterministic] [--host-profile 30] [--profile-one-call] [--top 20]
        [--family qwen3.5-0.8b --tasks query32]   (another family's real shapes, random weights:
        sweep_gemv_family.build_model)
@@ -118,6 +119,8 @@ def main():
                     help="moondream2 | qwen3.5-0.8b | gemma4-e2b (... sweep_gemv_family)")
     ap.add_argument("--option", action="append", default=[],
                     help="NAME=VALUE: an EngineOptions field (ab_switch's form), repeatable")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE:NAME=VALUE",
+                    help="a module switch for the whole run (ab_switch.parse_toggle's form)")
     ap.add_argument("--profile-one-call", action="store_true",
                     help="profile run(frame, task) (the encode not waited for) instead of "
                          "run(encode_image(frame), task)")
@@ -127,6 +130,8 @@ def main():
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
                     help="also cProfile one run: the N functions by cumulative / own time")
     args = ap.parse_args()
+    from ab_switch import apply_switches
+    apply_switches(args.set)
     if args.family == "moondream2":
         m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
     else:
@@ -138,7 +143,7 @@ def main():
                     megakernel=args.megakernel, **opts)
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
     out: dict = {"gpu": torch.cuda.get_device_name(), "family": args.family,
-                 "megakernel": args.megakernel, "options": args.option,
+                 "megakernel": args.megakernel, "options": args.option, "set": args.set,
                  "deterministic": args.deterministic}
     for name in args.tasks.split(","):
         task = TASKS[name]

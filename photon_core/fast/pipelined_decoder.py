@@ -18,6 +18,11 @@ the step's sampled values count (token vs coordinate vs size; continue vs stop) 
 applied when the step is committed. A run found finished at commit t is already in step t+1:
 it rides along as a zombie and its row is released by refcount when t+1 commits.
 
+A step whose commit surely ends every member's run (its last step in budget: the
+max_tokens-th token, the step after the last object allowed) launches its sample pieces only:
+its forward would feed back a value no later step samples (SKIP_FINAL_FORWARD; a run that
+stops early, at eos, is learned a step late and that zombie step still runs its forward).
+
 blocking=True (the baseline) commits each step right after launching it.
 """
 from __future__ import annotations
@@ -31,6 +36,10 @@ from .decode_step import StepState
 from .gpu_idle import GpuIdleMeter
 from .pingpong_slots import PingPongSlots
 from .zombie_refcount import RowRefcount
+
+# a final step (every member's run ends at its commit) runs without its forward (False: the
+# baseline, every step runs it)
+SKIP_FINAL_FORWARD = True
 
 
 class PipelinedDecoder:
@@ -47,6 +56,7 @@ class PipelinedDecoder:
         self.record = False
         self.host_launch_ms: list[float] = []
         self.host_commit_ms: list[float] = []
+        self.final_forwards_skipped = 0  # final steps launched without their forward
 
     # -- the loop -----------------------------------------------------------------------
     def step_batch(self, runs) -> list[bool]:
@@ -88,16 +98,23 @@ class PipelinedDecoder:
             self.state.active.copy_(slot.host_active, non_blocking=True)
             self._uploaded_active = active
         ordered = tuple(h for h in self.runner.pieces if h in heads)
-        for h in ordered:
-            self.runner.run(h, bucket)
-        self.runner.run("forward", bucket)
-        self.slots.stage(slot, self.state.out)
-        self.idle.end(step)
         slot.members = []
         for r in members:
             phase = r.launched_step()
             self.rows.hold(r.row)
             slot.members.append((r, r.row, phase))
+        # the step's forward feeds back what it samples for a step after it; when every
+        # member's run surely ends at this step's commit (its last step in budget: max
+        # tokens / objects) nothing reads that, so only the sample pieces run
+        final = all(r.final_launched for r in members)
+        for h in ordered:
+            self.runner.run(h, bucket)
+        if final and SKIP_FINAL_FORWARD:
+            self.final_forwards_skipped += 1
+        else:
+            self.runner.run("forward", bucket)
+        self.slots.stage(slot, self.state.out)
+        self.idle.end(step)
         slot.step, slot.bucket, slot.heads = step, bucket, ordered
         self.in_flight.append(slot)
         self.next_step += 1

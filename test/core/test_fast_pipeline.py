@@ -154,3 +154,61 @@ def test_fast_rope_equals_reference_rope():
     cos, sin = rope_angles(pos, 32)
     ref = apply_rope(x, cos[:, None, None, :], sin[:, None, None, :])
     torch.testing.assert_close(rope(x, c, s, perm), ref, rtol=1e-6, atol=1e-6)
+
+
+def _forward_counting(fe):
+    """Count the forward pieces the engine's decoder launches."""
+    runner, calls = fe.decoder.runner, []
+    inner = runner.run
+
+    def run(name, bucket):
+        if name == "forward":
+            calls.append(bucket)
+        return inner(name, bucket)
+    runner.run = run
+    return calls
+
+
+def test_final_step_runs_without_its_forward(model, enc, monkeypatch):
+    """pipelined_decoder.SKIP_FINAL_FORWARD: a step whose commit surely ends its run (the
+    max_tokens-th token; the step after the last allowed object) launches its sample pieces
+    only - the same outputs and finish reasons as with the forward, one forward less per run
+    that reaches its budget, none less for a run that stops early (its zombie step is not
+    known final at launch)."""
+    from photon_core.fast import pipelined_decoder
+    tasks = [(Task("query", question="What?", max_tokens=5), True),
+             (Task("detect", object="cat", max_objects=2), True),
+             (Task("point", object="cup", max_objects=2), True),
+             (Task("query", question="What?", max_tokens=40), False)]
+    got = {}
+    for skip in (True, False):
+        monkeypatch.setattr(pipelined_decoder, "SKIP_FINAL_FORWARD", skip)
+        fe = FastEngine(model, max_batch=2)
+        calls = _forward_counting(fe)
+        for i, (t, ignore_eos) in enumerate(tasks):
+            before = len(calls)
+            r = fe.start(enc, t, ignore_eos=ignore_eos)
+            while r.step():
+                pass
+            fe.drain()
+            res = r.result()
+            got[skip, i] = ((res.output, res.tokens, res.finish_reason),
+                            len(calls) - before, r.launched)
+        # two runs in one batch: the shorter one's final step still forwards the other
+        runs = [fe.start(enc, Task("query", question="What?", max_tokens=n), ignore_eos=True)
+                for n in (3, 6)]
+        while any(fe.step_batch(runs)):
+            pass
+        fe.drain()
+        got[skip, "batch"] = [(r.result().output, r.result().tokens) for r in runs]
+        assert fe.decoder.final_forwards_skipped == (4 if skip else 0)
+        fe.close()
+    assert got[True, "batch"] == got[False, "batch"]
+    assert [t for _, t in got[True, "batch"]] == [3, 6]
+    for i, (t, ignore_eos) in enumerate(tasks):
+        (out1, fwd1, launched1), (out0, fwd0, launched0) = got[True, i], got[False, i]
+        assert out1 == out0 and launched1 == launched0, (t, out1, out0)
+        assert fwd0 == launched0
+        assert fwd1 == launched1 - (1 if ignore_eos else 0), t
+    assert got[True, 3][0][2] == "stop"          # the early stop: its zombie step forwarded
+    assert got[True, 1][0][2] == "length" and len(got[True, 1][0][0]["objects"]) == 2
