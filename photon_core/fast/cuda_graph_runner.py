@@ -11,6 +11,8 @@ so the pipeline logic above it is identical.
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Callable
 
 import torch
@@ -38,6 +40,7 @@ def capture_graph(fn: Callable[[], object], capture_stream=None, pool=None):
         out = fn()
     torch.cuda.synchronize()
     return g, out
+
 
 class GraphParts:
     """Consecutive CUDA graphs replayed in order as one (capture_graph_parts)."""
@@ -71,8 +74,11 @@ def capture_graph_parts(fn: Callable[[Callable[[], None]], object], capture_stre
         graphs[0].capture_begin(pool=pool)
         try:
             out = fn(cut)
-        finally:
-            graphs[-1].capture_end()
+        except BaseException:
+            with contextlib.suppress(Exception):    # end the capture; fn's error propagates
+                graphs[-1].capture_end()
+            raise
+        graphs[-1].capture_end()
     torch.cuda.synchronize()
     return GraphParts(graphs), out
 
