@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import weight_layout
 from ..encode_request import unwrap
 from ..engine import GpuTiming
 from .cuda_graph_runner import capture_graph, capture_graph_parts, warm_up
@@ -165,8 +166,13 @@ class GraphedBatchEncoder:
         first short, so the GPU starts while the host launches the second."""
         warm_up(lambda: self._body(e), self.capture_stream)
         if self.fast and vision_fused.CUT_AFTER_BLOCK is not None:
-            return capture_graph_parts(lambda cut: self._body(e, cut), self.capture_stream)[0]
-        return capture_graph(lambda: self._body(e), self.capture_stream)[0]
+            g = capture_graph_parts(lambda cut: self._body(e, cut), self.capture_stream)[0]
+        else:
+            g = capture_graph(lambda: self._body(e), self.capture_stream)[0]
+        # the graph reads the model's weights by address: none may be swapped for a view of
+        # a joined copy from now on (weight_layout.held)
+        weight_layout.hold(self.model.weights)
+        return g
 
     def n_batch_graphs(self) -> int:
         return sum(1 for k in self.entries if len(k) > 1)

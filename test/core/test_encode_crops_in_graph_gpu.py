@@ -154,6 +154,7 @@ def test_encode_graph_cut_in_two_parts_bitwise_as_one(monkeypatch):
     """vision_fused.CUT_AFTER_BLOCK: the captured encode is two graphs (the first ends after
     that vision block) replayed in order; the k/v are bitwise one graph's (a fresh engine of
     each form on one model), for a first capture and a replay with another frame."""
+    from photon_core import weight_layout
     from photon_core.fast import FastEngine
     from photon_core.fast.cuda_graph_runner import GraphParts
     from photon_core.models.moondream2 import vision_fused
@@ -168,6 +169,8 @@ def test_encode_graph_cut_in_two_parts_bitwise_as_one(monkeypatch):
         outs[cut] = [fe.encode_image(_frame(480, 640, s)).kv.clone() for s in (0, 7, 0)]
         (e,) = fe.batch_encoder.entries.values()
         assert isinstance(e.graph, GraphParts) == (cut is not None)
+        # the captured graph reads the vision weights by address: held (weight_layout)
+        assert weight_layout.held([m.weights["vision.blocks.0.attn.qkv.weight"]])
         if cut is not None:
             assert len(e.graph.graphs) == 2
         fe.close()
