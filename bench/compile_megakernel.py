@@ -60,7 +60,7 @@ def moondream_shape(b: int, cap: int, chunk: int = 128) -> tuple[dict, dict]:
     return sh, dict(n1=sh["N1"], d=t.dim, kw2=sh["KW2"], vocab=t.vocab_size, n_split=n_qkv)
 
 
-def compile_megakernel(b: int, variant, cap: int, trace: bool = False):
+def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: bool = False):
     """variant: megakernel_step.Variant or its string; trace: the build with instruction
     timestamps (bench/trace_megakernel.py); returns (seconds, kernel, constexprs)."""
     from photon_core.megakernel.kernel import constexprs, megakernel
@@ -73,10 +73,11 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False):
     kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), v.align, unroll, is_pipe(gemv),
                     v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace, v.split)
     kw["STAGES"] = v.stages
+    kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}
     types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",
              "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32",
-             "trace_ptr": "*i64"}
+             "trace_ptr": "*i64", "stop_ptr": "*i32", "act_ptr": "*i1"}
     for name in megakernel.arg_names:
         sig[name] = "constexpr" if name in kw else types.get(name, "i64")
     t0 = time.perf_counter()
@@ -130,6 +131,8 @@ def main():
     ap.add_argument("--kv", type=int, default=832)
     ap.add_argument("--gemv-pdl", action="store_true", help="also the fused GEMV +- PDL")
     ap.add_argument("--trace", action="store_true", help="the builds with instruction timestamps")
+    ap.add_argument("--skip", action="store_true",
+                    help="the builds that skip their work when every active row has stopped")
     a = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90", flush=True)
     if a.gemv_pdl:
@@ -140,7 +143,7 @@ def main():
     for b in (int(x) for x in a.b.split(",")):
         for v in a.variants.split(","):
             try:
-                dt, k, kw = compile_megakernel(b, v, a.kv, a.trace)
+                dt, k, kw = compile_megakernel(b, v, a.kv, a.trace, a.skip)
                 un = {n: kw[f"{n}_UN"] for n in ("W1", "W2", "LM")}
                 print(f"megakernel b={b} {v} unroll {un}: compile {dt:.1f} s, {describe(k)}",
                       flush=True)

@@ -28,6 +28,7 @@ import torch
 
 from .. import weight_layout
 from ..ops import HAVE_TRITON, triton_on
+from ..ops.row_stop import MAX_STOP_IDS
 from .eager_backend import EagerBackend
 from .static_kv_cache import StaticKVCache
 
@@ -92,6 +93,11 @@ class StepState:
         self.seed = torch.zeros(rows, device=dev, dtype=torch.long)    # sampling rows' seeds
         self.drawn = torch.zeros(rows, device=dev, dtype=torch.long)
         self.out = torch.zeros(rows, 4, device=dev, dtype=torch.long)
+        # which rows picked a stop token (ops/row_stop.py: their run ends at that step's
+        # commit), by their task's stop tokens and the phases that stop on them
+        self.stopped = torch.zeros(rows, device=dev, dtype=torch.int32)
+        self.stop_ids = torch.full((rows, MAX_STOP_IDS), -1, device=dev, dtype=torch.long)
+        self.stop_phases = torch.zeros(rows, device=dev, dtype=torch.int32)
         self.row_ids = torch.arange(rows, device=dev)
         self.phase_next = torch.tensor(spec.phase_next, device=dev, dtype=torch.long)
         self.generators: list = [None] * rows      # eager (CPU) seeded sampling, per row
@@ -124,9 +130,17 @@ class StepState:
 
     def set_row(self, row: int, hidden: torch.Tensor, pos: int, phase: int, kind: int,
                 temperature: float, top_p: float, generator=None,
-                seed: int | None = None, offset: int = 0) -> None:
-        """Called by start() after the prefill (device fills, no host sync)."""
+                seed: int | None = None, offset: int = 0, stop_ids=(),
+                stop_phases: int = 0) -> None:
+        """Called by start() after the prefill (device fills, no host sync). stop_ids /
+        stop_phases: the lm picks that end the task and the phases (a bit each) where they
+        do (ops/row_stop.py; none: the row never counts as stopped)."""
         self.hidden[row].copy_(hidden)
+        self.stopped[row:row + 1].fill_(0)
+        self.stop_ids[row].fill_(-1)
+        for i, t in enumerate(tuple(stop_ids)[:MAX_STOP_IDS]):
+            self.stop_ids[row, i:i + 1].fill_(int(t))
+        self.stop_phases[row:row + 1].fill_(stop_phases if stop_ids else 0)
         self.pos[row:row + 1].fill_(pos)
         self.pos_offset[row:row + 1].fill_(offset)
         self.phase[row:row + 1].fill_(phase)

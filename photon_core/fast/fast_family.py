@@ -70,6 +70,8 @@ class TaskProtocol(Protocol):
 
     def heads(self, phase: int) -> tuple[str, ...]: ...
 
+    def stops(self) -> tuple[tuple[int, ...], int]: ...   # lm picks that end it, phase bits
+
     def next_phase(self, phase: int) -> int: ...
 
     def launched(self, run, phase: int) -> bool: ...
@@ -192,6 +194,11 @@ class TextTask:
 
     def heads(self, phase: int) -> tuple[str, ...]:
         return ("lm_sample",) if self.temperature > 0 else ("lm",)
+
+    def stops(self) -> tuple[tuple[int, ...], int]:
+        """(the lm picks that end the task on the GPU's view, a bit per phase where they do):
+        the stop ids in this task's phase; none when eos is ignored (ops/row_stop.py)."""
+        return ((), 0) if self.ignore_eos else (tuple(sorted(self.stop_ids)), 1 << self.phase)
 
     def next_phase(self, phase: int) -> int:
         return self.phase

@@ -95,10 +95,12 @@ class FastRun:
                 last = fam.prefill_long(engine.kv, self.row, start, prompt, self.enc)
                 if last is None:                  # the step program over the whole prompt
                     last = engine.state.prefill_eager(self.row, start, prompt, offset)
+            stop_ids, stop_phases = proto.stops()
             engine.state.set_row(self.row, last, self.pos, self.phase, self.kind,
                                  proto.temperature, proto.top_p, generator,
                                  seed=proto.seed % 2 ** 63 if proto.seed is not None
-                                 else None, offset=offset)
+                                 else None, offset=offset, stop_ids=stop_ids,
+                                 stop_phases=stop_phases)
 
     # -- public (TaskRunLike) -----------------------------------------------------------
     @property

@@ -660,7 +660,7 @@ def _argmax_row(x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row,
 @triton.jit
 def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                cos_off, sin_off, m_off, l_off, acc_off, n_prog, n_cnt, hc_base, eps, scale,
-               trace_ptr,
+               trace_ptr, stop_ptr, act_ptr,
                B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, KW2: tl.constexpr,
                V: tl.constexpr, LS: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                HD: tl.constexpr, HALF: tl.constexpr, CAP: tl.constexpr,
@@ -677,10 +677,16 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
-               TRACE: tl.constexpr, W2_FIRST: tl.constexpr):
+               TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
+               B_P2: tl.constexpr = 1):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
+    if SKIP:    # every active row stopped (ops/row_stop.py): no work; the counters stay
+        r = tl.arange(0, B_P2)
+        act = tl.load(act_ptr + r, mask=r < B, other=0).to(tl.int32)
+        live = act * (tl.load(stop_ptr + r, mask=r < B, other=1) == 0).to(tl.int32)
+        q1 = tl.where((tl.sum(act, axis=0) > 0) & (tl.sum(live, axis=0) == 0), q0, q1)
     for i in range(q0, q1):
         if TRACE:        # (start, end) of instruction i in ns: bench/trace_megakernel.py
             tl.store(trace_ptr + 2 * i, _globaltimer())
@@ -834,19 +840,26 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
-                pre: bool = False, trace=None, split: bool = False) -> tuple[tuple, dict]:
+                pre: bool = False, trace=None, split: bool = False,
+                skip=None) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 2] for the instructions'
-    start / end ns, None: no trace)."""
+    start / end ns, None: no trace; skip: (stopped int32 [rows], active bool [rows]) - every
+    program skips its queue when every active row of the bucket has stopped, None: never)."""
     off = c.offsets
+    stop, act = skip if skip is not None else (c.counters, c.counters)
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["sc_m"], off["sc_l"], off["sc_acc"],
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
-            low.shape["HD"] ** -0.5, c.table if trace is None else trace)
-    return args, constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                            getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                            pre, trace is not None, split)
+            low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
+    kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
+                    getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
+                    pre, trace is not None, split)
+    if skip is not None:
+        kw["SKIP"] = True
+        kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
+    return args, kw
 
 
 # warps / pipelining depth of the megakernel (one value for every op: its registers are the
@@ -858,13 +871,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
-           split: bool = False):
-    """One step: the whole instruction table in one launch (grid = c.n_programs); trace:
-    kernel_args'."""
+           split: bool = False, skip=None):
+    """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
+    skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split)
+                           split, skip)
     kw["STAGES"] = num_stages
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

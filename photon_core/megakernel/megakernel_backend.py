@@ -10,6 +10,9 @@ forward-now-sample-later, zombies) drives it unchanged.
 
 The lm pick stays a sample piece (the megakernel's own lm / argmax tail would write the
 NEXT step's pick into `out` before the pipeline stages this step's values).
+SKIP_STOPPED (off until measured): before the megakernel, ops/row_stop.py marks the rows whose
+pick was their task's stop token, and the megakernel's programs skip their queues when every
+active row has stopped (kernel_args(skip=...)).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import logging
 
 import torch
 
+from ..ops.row_stop import row_stop
 from .kernel import interpreted
 from .lowering import Unsupported
 from .megakernel_step import MegakernelStep, Variant
@@ -47,6 +51,12 @@ def resolve_variant(spec: str) -> Variant | None:
         return Variant() if interpreted() else Variant.parse(BEST)
     return Variant.parse(spec)
 
+
+# rows that picked a stop token (ops/row_stop.py) mark themselves before the megakernel, whose
+# programs then skip their queues when every active row of the bucket has stopped: the step
+# that sampled eos and the zombie step after it cost no decoder pass. Not yet measured on the
+# GPU: off until it is.
+SKIP_STOPPED = False
 
 # three key splits per attention instruction since session 9 (calls 19-20: 0.908-0.909 vs
 # 0.929-0.934 ms for a2 in the same runs, with the fitted fill constants; a4 0.952)
@@ -102,7 +112,13 @@ class MegakernelBackend:
             return
         s = self.steps[b]
         s.feed()
-        s.run_kernel()
+        if SKIP_STOPPED:
+            st = self.st
+            row_stop(st.out[:b], st.phase[:b], st.stop_ids[:b], st.stop_phases[:b],
+                     st.stopped[:b])
+            s.run_kernel(skip=(st.stopped, st.active))
+        else:
+            s.run_kernel()
 
 
 def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str]:

@@ -9,7 +9,8 @@ decode_attention.py (decode attention over the prefix + causal text, with the ro
 k/v write; the prompt's causal attention), feedback_embedding.py (Moondream's GPU-resident
 feedback: token / coordinate / size embedding by phase), row_advance.py (end of a step:
 hidden, position, phase by the skill's phase table), masked_argmax.py (greedy picks with the
-answer-marker rule, segments), seeded_sample.py (sampling inside a graph).
+answer-marker rule, segments), seeded_sample.py (sampling inside a graph), row_stop.py (rows
+whose lm pick is their task's stop token, marked on the GPU).
 
 HAVE_TRITON is False when triton is not importable: the kernels cannot run and the runtime
 uses the eager backend.

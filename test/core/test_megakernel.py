@@ -546,3 +546,33 @@ def test_variant_strings_and_alignment_flag():
     c = compile_program(ops, mk.low.buffers, 2, mk.low.shape, mk.low.gemv_cfg, 1,
                         torch.float32)
     assert not c.aligned
+
+
+def test_kernel_skips_its_work_when_every_active_row_has_stopped():
+    """kernel_args(skip=(stopped, active)): every program skips its queue when every active
+    row of the bucket has stopped (ops/row_stop.py) - nothing is written, the counters stay
+    reset - and runs the whole step as without the check when one active row has not."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd, s0, ref = _with_fused_reference(2)
+    mk = MegakernelStep(fd, st, 2)
+    skip = (st.stopped, st.active)
+    st.stopped[:2] = torch.tensor([1, 0], dtype=torch.int32)
+    mk.run_kernel(skip=skip)
+    _close_rows(_snapshot(st, fd), ref, 2)
+    assert int(mk.compiled.counters.abs().sum()) == 0
+    _restore(st, fd, s0)
+    st.stopped[:2] = 1
+    mk.run_kernel(skip=skip)
+    got = _snapshot(st, fd)
+    for f in FIELDS:
+        assert torch.equal(got[f], s0[f]), f
+    assert int(mk.compiled.counters.abs().sum()) == 0
+    st.active[1] = False                # the stopped row 0 is the only active one: skipped
+    st.stopped[:2] = torch.tensor([1, 0], dtype=torch.int32)
+    mk.run_kernel(skip=skip)
+    assert torch.equal(_snapshot(st, fd)["hidden"], s0["hidden"])
+    _restore(st, fd, s0)
+    st.stopped.zero_()
+    mk.run_kernel(skip=skip)
+    _close_rows(_snapshot(st, fd), ref, 2)

@@ -280,3 +280,24 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
         for k, (x, y) in enumerate(zip(runs[""], snaps)):
             for f in T.FIELDS:
                 assert torch.equal(x[f], y[f]), (extra, k, f)
+
+
+@cpu_only
+def test_stopped_rows_skip_the_megakernel_with_the_same_outputs(model, encs, monkeypatch):
+    """megakernel_backend.SKIP_STOPPED: a row whose lm pick is its task's eos marks itself
+    stopped (ops/row_stop.py) and the megakernel then skips the step's work (the eos
+    step's and the zombie step's): every skill's outputs as the fused engine's; an eos-ended
+    task leaves its row stopped, a task that ignores eos never marks it."""
+    from photon_core.megakernel import megakernel_backend
+    monkeypatch.setattr(megakernel_backend, "SKIP_STOPPED", True)
+    fu, mk = _engines(model, 1)
+    reasons = []
+    for k, t in enumerate(TASKS[:3]):
+        a, b = fu.run(encs[k % 2], t), mk.run(encs[k % 2], t)
+        assert same(a, b), (t, a.output, b.output)
+        reasons.append(b.finish_reason)
+        assert mk.state.stopped[0].item() == (b.finish_reason == "stop"), t
+    assert "stop" in reasons
+    b = mk.run(encs[0], TASKS[2], ignore_eos=True)
+    assert b.finish_reason == "length" and mk.state.stopped[0].item() == 0
+    fu.close(), mk.close()

@@ -41,6 +41,10 @@ class RegionTask:
     def heads(self, phase: int) -> tuple[str, ...]:
         return sp.HEADS[phase]
 
+    def stops(self) -> tuple[tuple[int, ...], int]:
+        """eos picked in the x phase ends the task (ops/row_stop.py); none with ignore_eos."""
+        return ((), 0) if self.ignore_eos else ((self.eos_id,), 1 << PHASE_X)
+
     def next_phase(self, phase: int) -> int:
         return sp.next_phase(phase, self.kind)
 
