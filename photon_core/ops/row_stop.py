@@ -23,8 +23,7 @@ MAX_STOP_IDS = 4
 def row_stop_reference(out: torch.Tensor, phase: torch.Tensor, stop_ids: torch.Tensor,
                        stop_phases: torch.Tensor, stopped: torch.Tensor) -> torch.Tensor:
     """In place on stopped [b] (int32); every argument holds the bucket's b rows."""
-    tok = out[:, 0]
-    hit = (stop_ids == tok[:, None]).any(dim=1) & (stop_ids >= 0).any(dim=1)
+    hit = ((stop_ids == out[:, :1]) & (stop_ids >= 0)).any(dim=1)      # the kernel's test
     on = ((stop_phases >> phase) & 1).bool()
     stopped |= (hit & on).to(stopped.dtype)
     return stopped
