@@ -20,6 +20,7 @@ from typing import Callable
 
 from .bag_io import CAMERA_TYPES, CLOCK, BagError, BagReader
 from .cli import parse_pairs
+from .deferred_interrupt import DeferredInterrupt
 from .progress import progress_bar
 
 DEFAULT_CLOCK_HZ = 50.0
@@ -95,39 +96,42 @@ def play(bag, topics: list[str] | None = None, rate: float = 1.0, clock_hz: floa
                 stats["clock"] += 1
 
         bar = progress_bar(total * loop, progress, "play", "msg")
-        try:
-            for _ in range(loop):
-                with BagReader(bag) as r:
-                    wall0 = bag0 = None
-                    next_clock = 0.0
-                    try:
-                        for m in r.messages(sel):
-                            if wall0 is None:
-                                wall0, bag0 = time.monotonic(), m.log_time_ns
-                            due = wall0 + (m.log_time_ns - bag0) / 1e9 / rate
-                            # wait, publishing /clock on its own rate meanwhile
-                            while True:
-                                now = time.monotonic()
-                                if clock_pub is not None and now >= next_clock:
-                                    pub_clock(bag0 + int((now - wall0) * rate * 1e9))
-                                    next_clock = now + 1.0 / clock_hz
-                                if now >= due:
-                                    break
-                                time.sleep(min(due - now, (next_clock - now) if clock_pub else 1.0, 0.05))
-                            pub_clock(m.log_time_ns)
-                            pubs[m.topic].publish(m.raw)
-                            stats["published"] += 1
-                            stats["per_topic"][m.topic] = stats["per_topic"].get(m.topic, 0) + 1
-                            if bar is not None:
-                                bar.update(1)
-                    except BagError as e:       # truncated bag: what was read went out
-                        stats["error"] = str(e)
-                        log(f"photon play: {e}")
-                        break
-                stats["loops"] += 1
-        finally:
-            if bar is not None:
-                bar.close()
+        # a signal is taken between messages (see deferred_interrupt)
+        with DeferredInterrupt() as interrupt:
+            try:
+                for _ in range(loop):
+                    with BagReader(bag) as r:
+                        wall0 = bag0 = None
+                        next_clock = 0.0
+                        try:
+                            for m in r.messages(sel):
+                                if wall0 is None:
+                                    wall0, bag0 = time.monotonic(), m.log_time_ns
+                                due = wall0 + (m.log_time_ns - bag0) / 1e9 / rate
+                                # wait, publishing /clock on its own rate meanwhile
+                                while True:
+                                    interrupt.check()   # a signal stops here, between messages
+                                    now = time.monotonic()
+                                    if clock_pub is not None and now >= next_clock:
+                                        pub_clock(bag0 + int((now - wall0) * rate * 1e9))
+                                        next_clock = now + 1.0 / clock_hz
+                                    if now >= due:
+                                        break
+                                    time.sleep(min(due - now, (next_clock - now) if clock_pub else 1.0, 0.05))
+                                pub_clock(m.log_time_ns)
+                                pubs[m.topic].publish(m.raw)
+                                stats["published"] += 1
+                                stats["per_topic"][m.topic] = stats["per_topic"].get(m.topic, 0) + 1
+                                if bar is not None:
+                                    bar.update(1)
+                        except BagError as e:       # truncated bag: what was read went out
+                            stats["error"] = str(e)
+                            log(f"photon play: {e}")
+                            break
+                    stats["loops"] += 1
+            finally:
+                if bar is not None:
+                    bar.close()
         time.sleep(0.2)   # let the last reliable messages go out before the node closes
     except KeyboardInterrupt:
         stats["error"] = "interrupted"

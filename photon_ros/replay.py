@@ -43,6 +43,7 @@ from typing import Any, Callable
 from .bag_io import (COMPRESSED_IMAGE, IMAGE, BagError, BagReader, BagWriter, canonical_cdr,
                      deserialize, msgtype_of, serialize)
 from .cli import parse_pairs
+from .deferred_interrupt import DeferredInterrupt
 from .progress import progress_bar
 from .task_config import restrict
 
@@ -206,12 +207,13 @@ def _frame_ticket(accept, camera: str, stamp_s: float, stats: ReplayStats):
 # -- offline ---------------------------------------------------------------------------
 def _offline(reader: BagReader, cams: list[CameraInput], pipeline, sink: _ResultSink,
              stats: ReplayStats, max_pixels: int, bar, max_frames: int | None,
-             copy_images: BagWriter | None) -> None:
+             copy_images: BagWriter | None, interrupt: DeferredInterrupt) -> None:
     from .live_pipeline import FrameSequencer
 
     by_topic = {c.topic: c for c in cams}
     frames = FrameSequencer(on_jump=pipeline.cadence.reset)
     for m in reader.messages(list(by_topic)):
+        interrupt.check()
         if max_frames is not None and stats.frames >= max_frames:
             break
         cam = by_topic[m.topic]
@@ -266,7 +268,7 @@ class SkipIdleClock:
 def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, config,
               sink: _ResultSink, stats: ReplayStats, max_pixels: int, bar, rate: float,
               max_frames: int | None, copy_images: BagWriter | None,
-              calibrate: bool = True) -> None:
+              interrupt: DeferredInterrupt, calibrate: bool = True) -> None:
     from photon_core.scheduler.request import Status
 
     from .live_pipeline import build_live_pipeline
@@ -335,6 +337,7 @@ def _realtime(reader: BagReader, cams: list[CameraInput], pipeline, model, confi
 
     pending = next_frame()
     while pending is not None or sched.has_work():
+        interrupt.check()
         now = clock.now()
         while pending is not None and pending[1] <= now:
             submit(*pending)
@@ -403,13 +406,17 @@ def replay(in_bag, out_bag, config, model, *, mode: str = "offline", model_id: s
             sink = _ResultSink(writer, stats, zero_timing, namespace)
             bar = progress_bar(total, progress, f"replay {mode}", "frame")
             try:
-                if mode == "offline":
-                    _offline(reader, cams, pipeline, sink, stats, config.max_pixels, bar,
-                             max_frames, writer if with_images else None)
-                else:
-                    _realtime(reader, cams, pipeline, model, config, sink, stats,
-                              config.max_pixels, bar, rate, max_frames,
-                              writer if with_images else None, calibrate=calibrate)
+                # a signal is taken between frames (see deferred_interrupt), the output bag
+                # then closes as "interrupted"
+                with DeferredInterrupt() as interrupt:
+                    if mode == "offline":
+                        _offline(reader, cams, pipeline, sink, stats, config.max_pixels, bar,
+                                 max_frames, writer if with_images else None, interrupt)
+                    else:
+                        _realtime(reader, cams, pipeline, model, config, sink, stats,
+                                  config.max_pixels, bar, rate, max_frames,
+                                  writer if with_images else None, interrupt,
+                                  calibrate=calibrate)
             except BagError as e:
                 stats.error = str(e)
             except KeyboardInterrupt:
