@@ -284,6 +284,8 @@ class FusedBackend:
         if gated:
             w = self._join(op.weights, [ws[0][0], ws[1][0]], "pairs")
             bias = None if ws[0][1] is None else interleave_gated(ws[0][1], ws[1][1])
+            self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=0, gap=0,
+                                        epi=EPI_GATED, src=src, act=act)
             return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                        self.bufs[buf][:b, off:], EPI_GATED, act=act,
                                        pdl=self.pdl_at(b))

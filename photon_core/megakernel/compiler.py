@@ -31,10 +31,12 @@ import torch
 
 from .instructions import (ARENAS, F_A, F_B, F_N0, F_N1, F_OP, F_P0, F_P1, F_P2, F_P3,
                            F_SIG, F_TGT0, F_TGT1, F_W, F_WAIT0, F_WAIT1, F_Y, N_FIELDS,
-                           NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
-                           OP_GEMV_W2, F_P4, F_P5, F_P6, F_P7, Instr, Operand, ProgramOp)
+                           NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_DELTA, OP_GATTN,
+                           OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2, OP_HGEMV, F_P4, F_P5, F_P6,
+                           F_P7, Instr, Operand, ProgramOp)
 
 GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
+NORM_GEMV_OPS = GEMV_OPS + (OP_HGEMV,)     # GEMVs that may compute their input's norm
 # cost model (us): bytes at one SM's share of the copy bandwidth + a fixed cost per
 # instruction (wait, fetch, signal); H200: 4.26 TB/s over 132 SMs
 SM_BYTES_PER_US = 4.26e6 / 132
@@ -113,9 +115,10 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
         assert len(waits) <= 2, f"{op.name}: at most 2 dependencies per instruction"
         tiles, costs, subs, n_sub = [], [], [], 1
         dealt = bool(fill and op.kind in GEMV_OPS and op.params.get("fill"))
-        if op.kind in GEMV_OPS:
+        if op.kind in NORM_GEMV_OPS:
             cfg = gemv_cfg[op.kind]
-            kdim = shape["KW2"] if op.kind == OP_GEMV_W2 else shape["D"]
+            kdim = op.params["k"] if op.kind == OP_HGEMV else \
+                shape["KW2"] if op.kind == OP_GEMV_W2 else shape["D"]
             n0, n1 = op.rows
             assert n0 % cfg.block_n == 0, (op.name, n0, cfg.block_n)
             blocks = math.ceil((n1 - n0) / cfg.block_n)
@@ -140,6 +143,16 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                         subs.append((s0, s1))
                         costs.append((s1 - s0) * kv / rate + fixed + merge
                                      + (ATTN_LATENCY_US if fill else 0.0))
+        elif op.kind in (OP_DELTA, OP_GATTN):
+            # (row, key head): its value heads' fp32 states read and written; (row, head):
+            # the cache's k / v over the capacity (the position is not known here)
+            heads = shape["HK"] if op.kind == OP_DELTA else shape["NH"]
+            nbytes = (2 * shape["HV"] // shape["HK"] * shape["DK"] * shape["DV"] * 4
+                      if op.kind == OP_DELTA else 2 * shape["CAP"] * shape["HD"] * elsize)
+            for r in range(b):
+                for h in range(heads):
+                    tiles.append((r, h))
+                    costs.append(nbytes / rate + fixed)
         else:
             width = shape["V"] if op.kind == OP_ARGMAX else shape["D"]
             for r in range(b):
@@ -268,9 +281,9 @@ def ln_key(ins: Instr):
     """What a GEMV's fused LayerNorm computes: its operands and the counter states it waits
     for (None: no LayerNorm)."""
     a = ins.args
-    if ins.op not in GEMV_OPS or "ln_inp" not in a:
+    if ins.op not in NORM_GEMV_OPS or "ln_inp" not in a:
         return None
-    return a["ln_inp"], a["ln_gamma"], a["ln_beta"], ins.waits
+    return a["ln_inp"], a["ln_gamma"], a.get("ln_beta"), ins.waits
 
 
 def mark_ln_reuse(queues: list[list[Instr]]) -> None:
@@ -284,7 +297,8 @@ def mark_ln_reuse(queues: list[list[Instr]]) -> None:
         for ins in q:
             key = ln_key(ins)
             ins.ln_reuse = key is not None and key == last
-            if ins.op != OP_ATTN:     # (attention writes neither x nor the scratch rows)
+            if ins.op not in (OP_ATTN, OP_DELTA, OP_GATTN):   # (these write neither x nor
+                #                                                   the scratch rows)
                 last = key
 
 
@@ -360,6 +374,32 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_P1], r[F_P2] = ins.sub
             r[F_P3] = ins.n_sub
             r[F_P4] = ins.params["layer"]       # its (layer, row, head) merge counter
+        elif ins.op == OP_HGEMV:
+            r[F_A], r[F_W], r[F_Y] = off(a["inp"]), off(a["w"]), off(a["out"])
+            r[F_P0], r[F_P1] = ins.params["epi"], ins.params["k"]
+            r[F_P2], r[F_P3] = ins.params["sx"], ins.params["sy"]
+            r[F_P7] = -1            # no norm (operand offsets may be negative)
+            if "ln_inp" in a:       # the norm first: into this program's rows of hs
+                assert a["inp"].buf == "hs"
+                r[F_A] = off(a["inp"]) + ins.sm * b * d
+                r[F_P4], r[F_P5] = off(a["ln_inp"]), off(a["ln_gamma"])
+                r[F_P6] = ins.params["ln_in_f32"]
+                r[F_P7] = -1 if ins.ln_reuse else 1
+        elif ins.op == OP_DELTA:
+            r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["conv_w"]),
+                                              off(a["conv_state"]), off(a["out"]))
+            r[F_P0], r[F_P1], r[F_P2], r[F_P3] = (off(a["z"]), off(a["b_in"]), off(a["a_in"]),
+                                                  off(a["state"]))
+            r[F_P4], r[F_P5], r[F_P6] = off(a["a_log"]), off(a["dt_bias"]), off(a["norm_w"])
+        elif ins.op == OP_GATTN:
+            r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qg"]), off(a["kc"]), off(a["vc"]),
+                                              off(a["out"]))
+            r[F_P0], r[F_P1], r[F_P2], r[F_P3] = (off(a["k"]), off(a["v"]), off(a["q_norm"]),
+                                                  off(a["k_norm"]))
+            r[F_P4], r[F_P5] = off(a["pos"]), off(a["pos_offset"])
+            # the instruction's own q / k scratch ([2, head_dim]: no other instruction's)
+            row, h = ins.tile
+            r[F_P6] = off(a["scratch"]) + (row * shape["NH"] + h) * 2 * shape["HD"]
         elif ins.op == OP_ADVANCE:
             r[F_A], r[F_Y] = off(a["x"]), off(a["out_hidden"])
             r[F_W], r[F_B] = off(a["active"]), off(a["out_first"])

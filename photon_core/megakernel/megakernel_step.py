@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..ops.row_advance import row_advance
+from . import hybrid_kernel
 from .compiler import Compiled, compile_program
+from .hybrid_lowering import HybridLowering
 from .kernel import interpreted, launch
 from .lowering import ProgramLowering, is_pipe, parse_gemv
 from .python_vm import PythonVM
@@ -120,7 +122,7 @@ def reference_step(fd, st, b: int, feed: bool = True) -> None:
     the decoder, the row advance, the lm head's greedy pick."""
     if feed:
         fd.feed(st, b)
-    fd.decoder(st.pos[:b], b)
+    fd.decoder(st.pos[:b], b, st.pos_offset[:b], st.active[:b])
     row_advance(fd.x[:b], st.hidden[:b], st.active[:b], st.pos[:b], st.phase[:b],
                 st.kind[:b], st.first[:b], st.phase_next)
     fd.head_pick("lm", st, b)
@@ -148,7 +150,12 @@ class MegakernelStep:
         dev = fd.x.device
         if n_sm is None:
             n_sm = 1 if interpreted() else sm_count(dev) * v.per_sm
-        self.low = ProgramLowering(fd, st, b, n_sm, gemv, head)
+        # a hybrid program (Gated DeltaNet layers: Qwen 3.5) has its own lowering and kernel
+        # (hybrid_lowering.py, hybrid_kernel.py; its GEMVs take one tile shape, the variant's
+        # GEMV fields do not apply)
+        self.hybrid = fd.program.delta is not None
+        self.low = HybridLowering(fd, st, b, n_sm, head) if self.hybrid else \
+            ProgramLowering(fd, st, b, n_sm, gemv, head)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
             st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm)
@@ -158,6 +165,9 @@ class MegakernelStep:
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
+        if self.hybrid:
+            return hybrid_kernel.launch(self.compiled, self.low,
+                                        num_warps=kw.get("num_warps") or self.num_warps or 8)
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant
@@ -174,6 +184,8 @@ class MegakernelStep:
 
     def run_vm(self):
         """The same instructions through the Python twin."""
+        if self.hybrid:
+            raise NotImplementedError("the Python twin runs Moondream-shaped programs only")
         return PythonVM(self.compiled, self.low).run()
 
     def step(self) -> None:

@@ -75,45 +75,39 @@ def _conv_store(cs_row, ch, cmask, cs_c, cs_k, nxt, go, K: tl.constexpr, K_P2: t
 
 
 @triton.jit
-def _delta_net_rows_kernel(x_ptr, z_ptr, b_ptr, a_ptr, cw_ptr, cs_ptr, s_ptr, o_ptr, alog_ptr,
-                           dtb_ptr, nw_ptr, act_ptr, s_x, s_z, s_b, s_a, s_o, cs_b, cs_c, cs_k,
-                           s_s, eps, HAS_ACTIVE: tl.constexpr, HK: tl.constexpr,
-                           HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                           DK_P2: tl.constexpr, DV_P2: tl.constexpr, K: tl.constexpr,
-                           K_P2: tl.constexpr, GDC: tl.constexpr = False):
-    pdl_launch_dependents(GDC)
-    pdl_wait(GDC)
+def delta_net_group(x_row, z_row, b_row, a_row, cw_ptr, cs_row, s_row, o_row, alog_ptr,
+                    dtb_ptr, nw_ptr, go, hk, cs_c, cs_k, eps, HK: tl.constexpr,
+                    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                    DK_P2: tl.constexpr, DV_P2: tl.constexpr, K: tl.constexpr,
+                    K_P2: tl.constexpr):
+    """Key head hk of one row (row pointers: qkv before the conv, z, b, a, conv state, fp32
+    delta state, output): the conv of its q / k / v channels, its value heads' delta rule
+    and gated norm; the states written only when go != 0. (Also one instruction of the hybrid
+    megakernel: megakernel/hybrid_kernel.py.)"""
     # every value head: its loads first (conv windows, state tile, z, gates: one round trip),
     # one barrier (the conv state is shifted in place), then the stores and the math
-    bi = tl.program_id(0)
-    hk = tl.program_id(1)
-    go = 1
-    if HAS_ACTIVE:
-        go = tl.load(act_ptr + bi)
     dk = tl.arange(0, DK_P2)
     kmask = dk < DK
     dv = tl.arange(0, DV_P2)
     vmask = dv < DV
     smask = kmask[:, None] & vmask[None, :]
-    x_row = x_ptr + bi * s_x
-    cs_row = cs_ptr + bi * cs_b
     qc = hk * DK + dk
     kc = (HK + hk) * DK + dk
     q, q_nxt = _conv_load(x_row, cw_ptr, cs_row, qc, kmask, cs_c, cs_k, K, K_P2)
     k, k_nxt = _conv_load(x_row, cw_ptr, cs_row, kc, kmask, cs_c, cs_k, K, K_P2)
-    dt = o_ptr.dtype.element_ty
+    dt = o_row.dtype.element_ty
     nw = tl.load(nw_ptr + dv, mask=vmask, other=0.0).to(tl.float32)
     for gi in tl.static_range(HV // HK):
         h = hk * (HV // HK) + gi
         vc = 2 * HK * DK + h * DV + dv
         v, v_nxt = _conv_load(x_row, cw_ptr, cs_row, vc, vmask, cs_c, cs_k, K, K_P2)
-        sp = s_ptr + bi * s_s + h * DK * DV + dk[:, None] * DV + dv[None, :]
+        sp = s_row + h * DK * DV + dk[:, None] * DV + dv[None, :]
         s = tl.load(sp, mask=smask, other=0.0)
-        zz = tl.load(z_ptr + bi * s_z + h * DV + dv, mask=vmask, other=0.0).to(tl.float32)
+        zz = tl.load(z_row + h * DV + dv, mask=vmask, other=0.0).to(tl.float32)
         g, beta = _raw_delta_gates(
-            tl.load(a_ptr + bi * s_a + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32),
+            tl.load(a_row + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32),
             tl.load(alog_ptr + h).to(tl.float32),
-            tl.load(b_ptr + bi * s_b + h).to(tl.float32), b_ptr)
+            tl.load(b_row + h).to(tl.float32), b_row)
         tl.debug_barrier()      # every thread has read the old conv windows before any shift
         if gi == 0:
             _conv_store(cs_row, qc, kmask, cs_c, cs_k, q_nxt, go, K, K_P2)
@@ -128,8 +122,27 @@ def _delta_net_rows_kernel(x_ptr, z_ptr, b_ptr, a_ptr, cw_ptr, cs_ptr, s_ptr, o_
         rstd = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / DV + eps)
         y = (o * rstd).to(dt).to(tl.float32)
         y = (nw * y).to(dt).to(tl.float32)
-        tl.store(o_ptr + bi * s_o + h * DV + dv, (y * (zz / (1.0 + tl.exp(-zz)))).to(dt),
-                 mask=vmask)
+        tl.store(o_row + h * DV + dv, (y * (zz / (1.0 + tl.exp(-zz)))).to(dt), mask=vmask)
+
+
+@triton.jit
+def _delta_net_rows_kernel(x_ptr, z_ptr, b_ptr, a_ptr, cw_ptr, cs_ptr, s_ptr, o_ptr, alog_ptr,
+                           dtb_ptr, nw_ptr, act_ptr, s_x, s_z, s_b, s_a, s_o, cs_b, cs_c, cs_k,
+                           s_s, eps, HAS_ACTIVE: tl.constexpr, HK: tl.constexpr,
+                           HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                           DK_P2: tl.constexpr, DV_P2: tl.constexpr, K: tl.constexpr,
+                           K_P2: tl.constexpr, GDC: tl.constexpr = False):
+    pdl_launch_dependents(GDC)
+    pdl_wait(GDC)
+    bi = tl.program_id(0)
+    hk = tl.program_id(1)
+    go = 1
+    if HAS_ACTIVE:
+        go = tl.load(act_ptr + bi)
+    delta_net_group(x_ptr + bi * s_x, z_ptr + bi * s_z, b_ptr + bi * s_b, a_ptr + bi * s_a,
+                    cw_ptr, cs_ptr + bi * cs_b, s_ptr + bi * s_s, o_ptr + bi * s_o, alog_ptr,
+                    dtb_ptr, nw_ptr, go, hk, cs_c, cs_k, eps, HK, HV, DK, DV, DK_P2, DV_P2, K,
+                    K_P2)
 
 
 # warps per program (0: 4, 8 above a 128 x 128 state tile); the fused backend reads it when it

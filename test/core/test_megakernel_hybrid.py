@@ -1,0 +1,123 @@
+"""The megakernel for the hybrid families (megakernel/hybrid_lowering.py, hybrid_kernel.py):
+tiny random fp32 Qwen 3.5 under TRITON_INTERPRET=1 (one program), one step of the persistent
+kernel against the fused backend's step (megakernel_step.reference_step: its Gated DeltaNet,
+gated attention and GEMV kernels), field by field: residual x, hidden, logits, the pick,
+positions, the conv / delta states and the k/v cache; inactive rows keep their states."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
+                                os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from photon_core.models import qwen3_5
+    return qwen3_5.load_model(str(qwen3_5.make_test_model(tmp_path_factory.mktemp("q35mk"),
+                                                          seed=5)))
+
+
+def _setup(model, rows=2, seed=0):
+    """A FastEngine's StepState with the fused backend; random x, hidden, states and cache;
+    rows at different positions (pos_offset too: M-RoPE after an image)."""
+    from photon_core.fast import FastEngine
+
+    eng = FastEngine(model, max_batch=rows, fused="on", megakernel="off")
+    st, fd = eng.state, eng.state.backend
+    g = torch.Generator().manual_seed(seed)
+    for t in [fd.x, st.hidden, fd.kv.data, *fd.kv.states.values()]:
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype) * 0.5)
+    st.pos[:rows] = torch.tensor([5, 40, 63, 12][:rows])
+    st.pos_offset[:rows] = torch.tensor([0, -7, 3, 0][:rows])
+    st.active[:rows] = True
+    st.phase[:rows] = 0
+    st.kind[:rows] = 0
+    return st, fd
+
+
+def _snapshot(st, fd):
+    s = {"x": fd.x, "hidden": st.hidden, "logits": fd.bufs["logits"], "out": st.out,
+         "pos": st.pos, "phase": st.phase, "first": st.first, "kv": fd.kv.data}
+    s.update({f"{k[0]}.{k[1]}": v for k, v in fd.kv.states.items()})
+    return {k: v.clone() for k, v in s.items()}
+
+
+def _restore(st, fd, snap):
+    now = {"x": fd.x, "hidden": st.hidden, "logits": fd.bufs["logits"], "out": st.out,
+           "pos": st.pos, "phase": st.phase, "first": st.first, "kv": fd.kv.data}
+    now.update({f"{k[0]}.{k[1]}": v for k, v in fd.kv.states.items()})
+    for k, v in now.items():
+        v.copy_(snap[k])
+
+
+def _compare(got, want, b, what=""):
+    for k in want:
+        g, w = got[k], want[k]
+        if k in ("x", "hidden", "logits", "out", "pos", "phase", "first"):
+            g, w = g[:b], w[:b]
+        if g.dtype.is_floating_point:
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=f"{what}{k}")
+        else:
+            assert torch.equal(g, w), f"{what}{k}: {g.tolist()} != {w.tolist()}"
+
+
+def _step_both(model, b, active=None, rows=2):
+    from photon_core.megakernel.megakernel_step import MegakernelStep, reference_step
+
+    st, fd = _setup(model, rows)
+    if active is not None:
+        st.active[:rows] = torch.tensor(active)
+    s0 = _snapshot(st, fd)
+    reference_step(fd, st, b, feed=False)
+    want = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    mk = MegakernelStep(fd, st, b, n_sm=1)
+    mk.run_kernel()
+    got = _snapshot(st, fd)
+    assert int(mk.compiled.counters.abs().sum()) == 0      # reset for the next launch
+    return s0, got, want, mk
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_hybrid_megakernel_step_matches_fused(model, b):
+    s0, got, want, mk = _step_both(model, b)
+    ops = {i.op_name.rstrip("0123456789") for i in mk.compiled.instrs}
+    assert {"lin", "delta", "attn", "res", "advance", "lm", "argmax"} <= ops, ops
+    _compare(got, want, b)
+    # the step changed what it should (not a comparison of two untouched states)
+    for k in ("x", "hidden", "kv", "conv.0", "recurrent.0"):
+        assert not torch.equal(got[k], s0[k]), k
+    assert torch.equal(got["pos"][:b], s0["pos"][:b] + 1)
+
+
+def test_inactive_row_keeps_its_states(model):
+    s0, got, want, _ = _step_both(model, 2, active=[True, False])
+    _compare(got, want, 1)
+    for k in got:
+        if k.startswith(("conv.", "recurrent.")):
+            assert torch.equal(got[k][1], s0[k][1]), k
+    assert torch.equal(got["kv"][:, :, 1], s0["kv"][:, :, 1])
+    assert int(got["pos"][1]) == int(s0["pos"][1])
+
+
+def test_second_launch_from_the_state_the_first_left(model):
+    from photon_core.megakernel.megakernel_step import reference_step
+
+    s0, got, want, mk = _step_both(model, 2)
+    st, fd = mk.st, mk.fd
+    mk.run_kernel()
+    got2 = _snapshot(st, fd)
+    _restore(st, fd, got)
+    reference_step(fd, st, 2, feed=False)
+    _compare(got2, _snapshot(st, fd), 2, "second launch: ")
