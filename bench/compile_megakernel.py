@@ -4,7 +4,7 @@ time, registers, spills (local memory), shared memory per variant and batch buck
 whether the PDL builds carry griddepcontrol. What it cannot say: speed.
 
 Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants fma/w8/s3/u4,pipe/w4/s4,...]
-       [--b 1,8] [--kv 832] [--gemv-pdl] [--trace]
+       [--b 1,8] [--kv 832] [--gemv-pdl] [--trace] [--hybrid]
 (variants: photon_core/megakernel/megakernel_step.py Variant strings)
 """
 from __future__ import annotations
@@ -88,6 +88,39 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     return time.perf_counter() - t0, k, kw
 
 
+def qwen3_5_shape(b: int, cap: int) -> dict:
+    """hybrid_lowering.HybridLowering's shape dict at Qwen 3.5 0.8B's text shapes (hidden
+    1024, MLP 3584, 16 + 16 DeltaNet heads of 128, 8 / 2 attention heads of 256, rotary 64,
+    vocabulary 248320), without weights."""
+    hk = hv = 16
+    dk = dv = 128
+    nh, nkv, hd, ff, d, vocab = 8, 2, 256, 3584, 1024, 248320
+    conv = 2 * hk * dk + hv * dv
+    su = nh * 2 * hd + 2 * nkv * hd + nh * hd + conv + hv * dv + 2 * hv + conv + 2 * hv * dv \
+        + 3 * ff
+    return dict(B=b, D=d, SU=su, V=vocab, LS=vocab, NK=1, OUT_COL=0, BB=16, BN=32, BK=128,
+                IEEE=False, HK=hk, HV=hv, DK=dk, DV=dv, KC=4, CS_B=conv * 3, CS_C=3, CS_K=1,
+                S_S=hv * dk * dv, NH=nh, NKV=nkv, HD=hd, R=64, NTAB=cap + 1, CAP=cap,
+                S_ROW=nkv * cap * hd, S_HEAD=cap * hd, S_POS=hd, BS=32)
+
+
+def compile_hybrid(b: int, cap: int, warps: int = 8, stages: int = 2):
+    """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's shapes."""
+    from photon_core.megakernel.hybrid_kernel import constexprs, hybrid_megakernel
+    kw = constexprs(qwen3_5_shape(b, cap))
+    kw["ALIGNED"] = True
+    types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",
+             "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32"}
+    sig = {n: "constexpr" if n in kw else types.get(n, "i64")
+           for n in hybrid_megakernel.arg_names}
+    t0 = time.perf_counter()
+    k = triton.compile(ASTSource(hybrid_megakernel, sig, kw,
+                                 attrs=_aligned_ptrs(hybrid_megakernel, sig)),
+                       target=TARGET, options=dict(num_warps=warps, num_stages=stages,
+                                                   launch_cooperative_grid=True))
+    return time.perf_counter() - t0, k
+
+
 PTX_COUNTS = (("v4", "ld.global.v4"), ("v2", "ld.global.v2"), ("b16", "ld.global.b16"),
               ("cp.async", "cp.async.cg"), ("l2pf", "cp.async.bulk.prefetch"),
               ("mma", "mma.sync"))
@@ -133,8 +166,17 @@ def main():
     ap.add_argument("--trace", action="store_true", help="the builds with instruction timestamps")
     ap.add_argument("--skip", action="store_true",
                     help="the builds that skip their work when every active row has stopped")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="the hybrid families' kernel (Qwen 3.5 0.8B's shapes) instead")
     a = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90", flush=True)
+    if a.hybrid:
+        for b in (int(x) for x in a.b.split(",")):
+            for warps in (4, 8):
+                dt, k = compile_hybrid(b, a.kv, warps)
+                print(f"hybrid megakernel b={b} w{warps}: compile {dt:.1f} s, {describe(k)}",
+                      flush=True)
+        return
     if a.gemv_pdl:
         for pdl in (False, True):
             dt, k = compile_gemv(pdl)

@@ -31,7 +31,8 @@ from ..ops.delta_net_rows import delta_net_group
 from ..ops.gated_activation import gated_value
 from ..ops.gqa_attention import _span_softmax
 from ..ops.mrope import _norm_rope_head
-from .kernel import _STRIDE, _advance_row, _argmax_row, _waits, interpreted
+from .instructions import F_OP, F_W, OP_HGEMV
+from .kernel import _STRIDE, _advance_row, _aligned, _argmax_row, _waits, interpreted
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
 
@@ -55,6 +56,7 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, B: tl.constexpr, BB: tl.
            BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
     offs_b = tl.arange(0, BB)
     b_ok = offs_b < B
+    K = (K // 16) * 16      # (K % BK == 0: the same K) its rows start 16-aligned: vector loads
     for nb in range(n0, n1, BN):
         offs_n = nb + tl.arange(0, BN)
         n_ok = offs_n < n1
@@ -147,7 +149,8 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
                       R: tl.constexpr, NTAB: tl.constexpr, CAP: tl.constexpr,
                       S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
-                      BS: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr):
+                      BS: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+                      ALIGNED: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -181,6 +184,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                 else:
                     _rms_zc_rows(wb + p4, fb + p5, wb + a_off, eps, B, D, D_P2)
                 tl.debug_barrier()
+            w_off = _aligned(w_off, ALIGNED)     # (16-element vector loads of W)
             if p0 == 2:
                 _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, B, BB, BN,
                        BK, IEEE)
@@ -213,18 +217,27 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
             tl.store(cnt_ptr + offs, tl.zeros([128], dtype=tl.int32), mask=offs < n_cnt)
 
 
-def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0):
-    """One step of a hybrid lowering `low` compiled into `c` (compiler.Compiled)."""
-    off = c.offsets
-    sh = dict(low.shape)
+def constexprs(sh: dict, sleep: int = 0) -> dict:
+    """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
+    .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU)."""
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
-                             "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD", "S_POS",
-                             "BS")}
+                             "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
+                             "S_POS", "BS")}
     p2 = triton.next_power_of_2
     kw.update(D_P2=p2(sh["D"]), ARG_BLOCK=min(4096, p2(sh["V"])), DK_P2=p2(sh["DK"]),
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
               SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted())
+    return kw
+
+
+def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0):
+    """One step of a hybrid lowering `low` compiled into `c` (compiler.Compiled)."""
+    off = c.offsets
+    kw = constexprs(low.shape, sleep)
+    t = c.table
+    gemv_w = t[t[:, F_OP] == OP_HGEMV][:, F_W]
+    kw["ALIGNED"] = bool((gemv_w % 16 == 0).all())     # every GEMV's weights 16-aligned
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["active"], c.n_programs,
             c.counters.numel(), low.eps, low.shape["HD"] ** -0.5)
