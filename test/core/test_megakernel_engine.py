@@ -265,6 +265,33 @@ def test_gpu_graphs_match_fused(variant):
 
 
 @gpu_only
+def test_gpu_qwen35_hybrid_megakernel_matches_fused(tmp_path, dtype="fp32"):
+    """On CUDA (cooperative launch, one program per SM, graphs per bucket): tiny random Qwen
+    3.5 through the hybrid megakernel gives the fused backend's outputs, batch 1 and 2, every
+    skill (fp32: exact products; bf16 sums in another order than the fused GEMVs' tiles, so
+    greedy tokens may part on near ties: bench/ab_switch.py measures it at real shapes)."""
+    from photon_core.models import qwen3_5
+    q = qwen3_5.load_model(str(qwen3_5.make_test_model(tmp_path / "q35", seed=5)),
+                           device="cuda", dtype=dtype)
+    fu = FastEngine(q, max_batch=2, kv_capacity=512, fused="on")
+    mk = FastEngine(q, max_batch=2, kv_capacity=512, fused="on", megakernel="auto/w8/s2")
+    assert mk.state.megakernel is not None, mk.state.megakernel_fallback
+    rng = np.random.default_rng(3)
+    encs = [q.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((96, 128), (64, 64))]
+    tasks = [Task("query", question="How many dogs?", max_tokens=12),
+             Task("detect", object="person", max_objects=2),
+             Task("caption", caption_length="short", max_tokens=10),
+             Task("point", object="cup", max_objects=2)]
+    for k in range(len(tasks)):
+        pairs = [(encs[(k + j) % 2], tasks[(k + j) % len(tasks)]) for j in range(2)]
+        for w, g in zip(_decode(fu, pairs[:1]) + _decode(fu, pairs),
+                        _decode(mk, pairs[:1]) + _decode(mk, pairs)):
+            assert same(w, g), (dtype, k, w.output, g.output)
+    fu.close(), mk.close()
+
+
+@gpu_only
 @pytest.mark.parametrize("b,gemv", [(1, "pipe_fma@16x32/w4/s3"), (4, "pipe@16x32/w4/s3"),
                                     (1, "pipe_fma@16x64/w4/s2")])
 def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
