@@ -184,8 +184,6 @@ class MegakernelStep:
 
     def run_vm(self):
         """The same instructions through the Python twin."""
-        if self.hybrid:
-            raise NotImplementedError("the Python twin runs Moondream-shaped programs only")
         return PythonVM(self.compiled, self.low).run()
 
     def step(self) -> None:

@@ -1,7 +1,10 @@
 """The Python twin of the megakernel: executes the same instruction list with torch ops, in
 the schedule's order.
 
-The SM queues are interleaved as the GPU would run them: round after round, each queue whose
+Moondream-shaped programs (lowering.py) and the hybrid families' (hybrid_lowering.py: GEMVs
+with a zero-centred norm prologue and store / residual / gated epilogues, a Gated DeltaNet
+(row, key head) through the op's torch reference on that head's channels, gated attention
+per (row, head)). The SM queues are interleaved as the GPU would run them: round after round, each queue whose
 head instruction has its counters at their targets runs that instruction and signals; a round
 in which no queue can move is a deadlock (raised: the schedule is wrong). Each op reads and
 writes the same operands (buffer + element offset + the kernel's row strides) as kernel.py,
@@ -14,8 +17,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
-                           OP_GEMV_W2, Instr)
+from ..ops.delta_net_rows import delta_net_rows_reference
+from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_DELTA, OP_GATTN, OP_GEMV_LM,
+                           OP_GEMV_W1, OP_GEMV_W2, OP_HGEMV, Instr)
 
 
 class Deadlock(RuntimeError):
@@ -94,6 +98,12 @@ class PythonVM:
                 lo, hi = cols < n_split, cols >= n_split
                 y[:, cols[lo]] = t[:, lo]
                 y[:, cols[hi] + gap] = F.gelu(t[:, hi].float(), approximate="tanh").to(dt)
+        elif ins.op == OP_HGEMV:
+            self._hgemv(ins)
+        elif ins.op == OP_DELTA:
+            self._delta(ins)
+        elif ins.op == OP_GATTN:
+            self._gated_attention(ins)
         elif ins.op == OP_ATTN:
             self._attention(ins)
             key = (ins.op_name,) + ins.tile
@@ -193,3 +203,106 @@ class PythonVM:
         out = self.flat(a["out"])[row * sh["SU"] + h * hd:][:hd]
         out.copy_(o.to(out.dtype))
         assert not math.isnan(float(out.float().sum()))
+
+    # -- the hybrid families' ops (hybrid_lowering.py) -----------------------------------
+    def _hgemv(self, ins: Instr) -> None:
+        """GEMV rows [n0, n1): the zero-centred RMSNorm of x / hidden into the program's
+        scratch rows first (unless ln_reuse), then store / fp32 residual add / act(gate) * up
+        of (gate, up) row pairs (hybrid_kernel's EPI codes)."""
+        from .hybrid_kernel import EPI_GATED_GELU, EPI_RESIDUAL, EPI_STORE
+        sh, a, pr = self.sh, ins.args, ins.params
+        D, B, dt = sh["D"], sh["B"], self.bufs["hidden"].dtype
+        n0, n1 = ins.tile
+        k = pr["k"]
+        if "ln_inp" in a:
+            hs = self.bufs["hs"].view(-1)[ins.sm * B * D:(ins.sm + 1) * B * D].view(B, D)
+            if not ins.ln_reuse:
+                xin = self.rows(a["ln_inp"], D, B, D).float()
+                w = self.flat(a["ln_gamma"])[:D].float()
+                rstd = torch.rsqrt(xin.pow(2).mean(-1, keepdim=True) + self.low.eps)
+                hs.copy_((xin * rstd * (1.0 + w)).to(dt))
+            x = hs.float()
+        else:
+            x = self.rows(a["inp"], pr["sx"], B, k).float()
+        acc = x @ self.rows(a["w"], k, n1, k)[n0:].float().T
+        epi = pr["epi"]
+        if epi == EPI_RESIDUAL:
+            self.rows(a["out"], pr["sy"], B, n1)[:, n0:n1] += acc
+        elif epi == EPI_STORE:
+            self.rows(a["out"], pr["sy"], B, n1)[:, n0:n1] = acc.to(dt)
+        else:
+            t = acc.to(dt).float()
+            g, u = t[:, 0::2], t[:, 1::2]
+            act = F.gelu(g, approximate="tanh") if epi == EPI_GATED_GELU else F.silu(g)
+            self.rows(a["out"], pr["sy"], B, n1 // 2)[:, n0 // 2:n1 // 2] = (act * u).to(dt)
+
+    def _delta(self, ins: Instr) -> None:
+        """Key head j of row r: delta_net_rows_reference over that head's channels (q, k, its
+        value heads' v), gates, states and z, written back in place."""
+        sh, a = self.sh, ins.args
+        r, j = ins.tile
+        hk, hv, dk, dv = sh["HK"], sh["HV"], sh["DK"], sh["DV"]
+        g = hv // hk
+        su = sh["SU"]
+
+        def seg(op, width):
+            return self.flat(op)[r * su:r * su + width]
+        qkv = seg(a["qkv"], 2 * hk * dk + hv * dv)
+        ch = torch.cat([torch.arange(j * dk, (j + 1) * dk),
+                        torch.arange((hk + j) * dk, (hk + j + 1) * dk),
+                        torch.arange(2 * hk * dk + j * g * dv, 2 * hk * dk + (j + 1) * g * dv)])
+        heads = slice(j * g, (j + 1) * g)
+        cstate = self.bufs[a["conv_state"].buf][r]
+        state = self.bufs[a["state"].buf][r]
+        cs = cstate[ch][None].clone()
+        st = state[heads][None].clone()
+        active = self.bufs["active"][r:r + 1].bool()
+        out = delta_net_rows_reference(
+            qkv[ch][None], seg(a["z"], hv * dv)[j * g * dv:(j + 1) * g * dv][None],
+            seg(a["b_in"], hv)[heads][None], seg(a["a_in"], hv)[heads][None],
+            self.bufs[a["conv_w"].buf][ch], cs, self.bufs[a["a_log"].buf][heads],
+            self.bufs[a["dt_bias"].buf][heads], self.bufs[a["norm_w"].buf], st,
+            (1, g, dk, dv), self.low.eps, active)
+        cstate[ch] = cs[0]
+        state[heads] = st[0]
+        seg(a["out"], hv * dv)[j * g * dv:(j + 1) * g * dv] = out[0]
+
+    def _gated_attention(self, ins: Instr) -> None:
+        """Query head h of row r: q / k zero-centred norms + rotate-half rotary at pos +
+        offset, softmax over the cache's positions before the new one and the new k / v,
+        times sigmoid(gate); the group's first head writes k / v into the cache slot."""
+        sh, a = self.sh, ins.args
+        r, h = ins.tile
+        nh, nkv, hd, rd = sh["NH"], sh["NKV"], sh["HD"], sh["R"]
+        rep, su, cap = nh // nkv, sh["SU"], sh["CAP"]
+        kvh = h // rep
+        dt = self.bufs["hidden"].dtype
+        pos = int(self.flat(a["pos"])[r])
+        rp = min(max(pos + int(self.flat(a["pos_offset"])[r]), 0), sh["NTAB"] - 1)
+        cos, sin = self.bufs["cos"][rp].float(), self.bufs["sin"][rp].float()
+
+        def norm_rope(x, w):
+            x = x.float()
+            y = (x * torch.rsqrt(x.pow(2).mean() + self.low.eps) * (1.0 + w.float())).to(dt)
+            y = y.float()
+            half = rd // 2
+            rot = torch.cat([-y[half:rd], y[:half]])
+            out = y.clone()
+            out[:rd] = y[:rd] * cos + rot * sin
+            return out.to(dt)
+        row = self.flat(a["qg"])[r * su:]
+        q = norm_rope(row[h * 2 * hd:h * 2 * hd + hd], self.bufs[a["q_norm"].buf])
+        gate = row[h * 2 * hd + hd:(h + 1) * 2 * hd].float()
+        kn = norm_rope(self.flat(a["k"])[r * su + kvh * hd:][:hd], self.bufs[a["k_norm"].buf])
+        vn = self.flat(a["v"])[r * su + kvh * hd:][:hd]
+        kc = self.bufs[a["kc"].buf][r, kvh]
+        vc = self.bufs[a["vc"].buf][r, kvh]
+        n_old = min(pos + 1, cap) - 1
+        keys = torch.cat([kc[:n_old].float(), kn.float()[None]])
+        vals = torch.cat([vc[:n_old].float(), vn.float()[None]])
+        p = torch.softmax(keys @ (q.float() * hd ** -0.5), 0)
+        o = (p @ vals) * torch.sigmoid(gate)
+        if h % rep == 0 and bool(self.bufs["active"][r]):
+            slot = min(pos, cap - 1)
+            kc[slot], vc[slot] = kn.to(kc.dtype), vn.to(vc.dtype)
+        self.flat(a["out"])[r * su + h * hd:][:hd] = o.to(dt)

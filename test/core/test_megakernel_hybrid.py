@@ -121,3 +121,27 @@ def test_second_launch_from_the_state_the_first_left(model):
     _restore(st, fd, got)
     reference_step(fd, st, 2, feed=False)
     _compare(got2, _snapshot(st, fd), 2, "second launch: ")
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_python_twin_matches_fused_and_kernel(model, b):
+    """The Python twin (python_vm.py) runs the same instruction table in queue order with
+    torch ops: the fused step's results, and the kernel's."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep, reference_step
+
+    st, fd = _setup(model, 2)
+    st.active[:2] = torch.tensor([True, b == 2])
+    s0 = _snapshot(st, fd)
+    reference_step(fd, st, b, feed=False)
+    want = _snapshot(st, fd)
+    _restore(st, fd, s0)
+    mk = MegakernelStep(fd, st, b, n_sm=3)       # three queues interleaved by the twin
+    assert len(mk.compiled.queues()) == 3
+    done = mk.run_vm()
+    assert len(done) == len(mk.compiled.instrs)
+    vm = _snapshot(st, fd)
+    _compare(vm, want, b, "twin vs fused: ")
+    _restore(st, fd, s0)
+    mk1 = MegakernelStep(fd, st, b, n_sm=1)
+    mk1.run_kernel()
+    _compare(_snapshot(st, fd), vm, b, "kernel vs twin: ")
