@@ -101,7 +101,8 @@ def qwen3_5_shape(b: int, cap: int) -> dict:
     return dict(B=b, D=d, SU=su, V=vocab, LS=vocab, NK=1, OUT_COL=0, BB=16, BN=32, BK=128,
                 IEEE=False, HK=hk, HV=hv, DK=dk, DV=dv, KC=4, CS_B=conv * 3, CS_C=3, CS_K=1,
                 S_S=hv * dk * dv, NH=nh, NKV=nkv, HD=hd, R=64, NTAB=cap + 1, CAP=cap,
-                S_ROW=nkv * cap * hd, S_HEAD=cap * hd, S_POS=hd, BS=32)
+                S_ROW=nkv * cap * hd, S_HEAD=cap * hd, S_POS=hd, BS=32,
+                NSPLIT=max(1, min(32, 132 // (b * nh))))
 
 
 def compile_hybrid(b: int, cap: int, warps: int = 8, stages: int = 2):

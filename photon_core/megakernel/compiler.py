@@ -32,7 +32,7 @@ import torch
 from .instructions import (ARENAS, F_A, F_B, F_N0, F_N1, F_OP, F_P0, F_P1, F_P2, F_P3,
                            F_SIG, F_TGT0, F_TGT1, F_W, F_WAIT0, F_WAIT1, F_Y, N_FIELDS,
                            NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_DELTA, OP_GATTN,
-                           OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2, OP_HGEMV, F_P4, F_P5, F_P6,
+                           OP_GMERGE, OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2, OP_HGEMV, F_P4, F_P5, F_P6,
                            F_P7, Instr, Operand, ProgramOp)
 
 GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
@@ -143,16 +143,21 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                         subs.append((s0, s1))
                         costs.append((s1 - s0) * kv / rate + fixed + merge
                                      + (ATTN_LATENCY_US if fill else 0.0))
-        elif op.kind in (OP_DELTA, OP_GATTN):
-            # (row, key head): its value heads' fp32 states read and written; (row, head):
-            # the cache's k / v over the capacity (the position is not known here)
+        elif op.kind in (OP_DELTA, OP_GATTN, OP_GMERGE):
+            # (row, key head): its value heads' fp32 states read and written; (row, head, key
+            # split): its share of the cache's k / v (over the capacity: the position is not
+            # known here); the merge (row, head): the splits' partials
             heads = shape["HK"] if op.kind == OP_DELTA else shape["NH"]
-            nbytes = (2 * shape["HV"] // shape["HK"] * shape["DK"] * shape["DV"] * 4
-                      if op.kind == OP_DELTA else 2 * shape["CAP"] * shape["HD"] * elsize)
+            n_sub = shape["NSPLIT"] if op.kind == OP_GATTN else 1
+            nbytes = {OP_DELTA: 2 * shape["HV"] // shape["HK"] * shape["DK"] * shape["DV"] * 4,
+                      OP_GATTN: 2 * shape["CAP"] * shape["HD"] * elsize / n_sub,
+                      OP_GMERGE: n_sub * (shape["HD"] + 2) * 4}[op.kind]
             for r in range(b):
                 for h in range(heads):
-                    tiles.append((r, h))
-                    costs.append(nbytes / rate + fixed)
+                    for sp in range(n_sub):
+                        tiles.append((r, h))
+                        subs.append((sp, sp + 1))
+                        costs.append(nbytes / rate + fixed)
         else:
             width = shape["V"] if op.kind == OP_ARGMAX else shape["D"]
             for r in range(b):
@@ -297,8 +302,8 @@ def mark_ln_reuse(queues: list[list[Instr]]) -> None:
         for ins in q:
             key = ln_key(ins)
             ins.ln_reuse = key is not None and key == last
-            if ins.op not in (OP_ATTN, OP_DELTA, OP_GATTN):   # (these write neither x nor
-                #                                                   the scratch rows)
+            if ins.op not in (OP_ATTN, OP_DELTA, OP_GATTN, OP_GMERGE):  # (these write
+                #                                                neither x nor the scratch rows)
                 last = key
 
 
@@ -399,7 +404,12 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_P4], r[F_P5] = off(a["pos"]), off(a["pos_offset"])
             # the instruction's own q / k scratch ([2, head_dim]: no other instruction's)
             row, h = ins.tile
-            r[F_P6] = off(a["scratch"]) + (row * shape["NH"] + h) * 2 * shape["HD"]
+            sp = ins.sub[0]
+            r[F_P6] = off(a["scratch"]) + ((row * shape["NH"] + h) * shape["NSPLIT"] + sp) \
+                * 2 * shape["HD"]
+            r[F_P7] = sp
+        elif ins.op == OP_GMERGE:
+            r[F_A], r[F_Y] = off(a["qg"]), off(a["out"])
         elif ins.op == OP_ADVANCE:
             r[F_A], r[F_Y] = off(a["x"]), off(a["out_hidden"])
             r[F_W], r[F_B] = off(a["active"]), off(a["out_first"])

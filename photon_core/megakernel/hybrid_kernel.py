@@ -10,12 +10,14 @@ op set hybrid_lowering.py emits:
             residual add, gated (weights in (gate, up) row pairs: act(gate) * up)
   OP_DELTA  one (row, key head) of a Gated DeltaNet layer: conv + delta rule + gated norm,
             ops/delta_net_rows.delta_net_group (the fused backend's one-launch kernel's body)
-  OP_GATTN  one (row, query head) of gated attention: q / k norms + rotary at pos + offset
-            (ops/mrope._norm_rope_head, into the instruction's scratch), attention over the
-            row's cache positions [0, L-1) (ops/gqa_attention._span_softmax) and the new
-            key / value at L-1 (L = min(pos + 1, CAP)), times sigmoid(gate); the group's
-            first query head writes the new k / v into the cache slot (active rows only):
-            the other heads of the group read only the positions before it
+  OP_GATTN  one key split of one (row, query head) of gated attention: q / k norms +
+            rotary at pos + offset (ops/mrope._norm_rope_head, into the instruction's
+            scratch), attention over its span of the row's L = min(pos + 1, CAP) positions
+            (cut at run time into NSPLIT spans: every split has work while L allows), the
+            cache's before L-1 (ops/gqa_attention._span_softmax) and the new key / value at
+            L-1; fp32 partials into a scratch. The group's first query head's split 0 writes
+            the new k / v into the cache slot (active rows only): no instruction reads it
+  OP_GMERGE one (row, query head): its splits merged (_merge_splits), times sigmoid(gate)
   OP_ADVANCE, OP_ARGMAX  kernel.py's rows (row_advance, the lm pick)
 
 Table fields per op: compiler.compile_program. The GEMV sums each output over K in BK
@@ -29,7 +31,7 @@ import triton.language as tl
 
 from ..ops.delta_net_rows import delta_net_group
 from ..ops.gated_activation import gated_value
-from ..ops.gqa_attention import _span_softmax
+from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import F_OP, F_W, OP_HGEMV
 from .kernel import _STRIDE, _advance_row, _aligned, _argmax_row, _waits, interpreted
@@ -93,11 +95,15 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, B: tl.constexpr, BB: tl.
 
 
 @triton.jit
-def _gattn(qg_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, out_ptr, qw_ptr, kw_ptr, pos_ptr, off_ptr,
-           act_ptr, scr_ptr, cos_ptr, sin_ptr, row, h, eps, scale, NKV: tl.constexpr,
-           NH: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr, R: tl.constexpr,
-           NTAB: tl.constexpr, CAP: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
-           BS: tl.constexpr):
+def _gattn(qg_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, pos_ptr, off_ptr, act_ptr,
+           scr_ptr, cos_ptr, sin_ptr, m_ptr, l_ptr, acc_ptr, row, h, sp, eps, scale,
+           NKV: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
+           R: tl.constexpr, NTAB: tl.constexpr, CAP: tl.constexpr, S_HEAD: tl.constexpr,
+           S_POS: tl.constexpr, BS: tl.constexpr, NSPLIT: tl.constexpr):
+    """Key split sp of (row, h): the row's L = min(pos + 1, CAP) positions cut into NSPLIT
+    spans of whole BS tiles (at run time: every split has work while L allows); the span's
+    cache positions before L-1, and the new key / value when L-1 lies in it; partials (m, l,
+    acc) into the scratch for _gmerge."""
     rep: tl.constexpr = NH // NKV
     kvh = h // rep
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
@@ -110,26 +116,47 @@ def _gattn(qg_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, out_ptr, qw_ptr, kw_ptr, pos_pt
     d = tl.arange(0, BD)
     dm = d < HD
     q = tl.load(scr_ptr + d, mask=dm, other=0.0).to(tl.float32) * scale
-    kn = tl.load(scr_ptr + HD + d, mask=dm, other=0.0)
-    vn = tl.load(v_ptr + kvh * HD + d, mask=dm, other=0.0)
+    kn = tl.load(scr_ptr + HD + d, mask=dm, other=0.0).to(kc_ptr.dtype.element_ty)
+    vn = tl.load(v_ptr + kvh * HD + d, mask=dm, other=0.0).to(vc_ptr.dtype.element_ty)
     slot = tl.minimum(pos, CAP - 1)
-    if h % rep == 0:
+    if (h % rep == 0) & (sp == 0):     # the writer: no instruction reads the slot's old k/v
         if tl.load(act_ptr + row) != 0:
-            tl.store(kc_ptr + kvh * S_HEAD + slot * S_POS + d, kn.to(kc_ptr.dtype.element_ty),
-                     mask=dm)
-            tl.store(vc_ptr + kvh * S_HEAD + slot * S_POS + d, vn.to(vc_ptr.dtype.element_ty),
-                     mask=dm)
-    n_old = tl.minimum(pos + 1, CAP) - 1
-    m, l, acc = _span_softmax(q, kc_ptr + kvh * S_HEAD, vc_ptr + kvh * S_HEAD, S_POS,
-                              S_POS, 0, n_old, d, dm, BS, BD)
-    # the new key / value (what the cache slot gets: the model dtype's values)
-    s_new = tl.sum(q * kn.to(kc_ptr.dtype.element_ty).to(tl.float32), axis=0)
-    m2 = tl.maximum(m, s_new)
-    alpha = tl.exp(m - m2)
-    p = tl.exp(s_new - m2)
-    l = l * alpha + p
-    acc = acc * alpha + p * vn.to(vc_ptr.dtype.element_ty).to(tl.float32)
-    o = acc / l
+            tl.store(kc_ptr + kvh * S_HEAD + slot * S_POS + d, kn, mask=dm)
+            tl.store(vc_ptr + kvh * S_HEAD + slot * S_POS + d, vn, mask=dm)
+    n = tl.minimum(pos + 1, CAP)
+    span = tl.cdiv(tl.cdiv(n, NSPLIT), BS) * BS
+    lo = sp * span
+    hi = tl.minimum(lo + span, n)
+    m, l, acc = _span_softmax(q, kc_ptr + kvh * S_HEAD, vc_ptr + kvh * S_HEAD, S_POS, S_POS,
+                              lo, tl.minimum(hi, n - 1), d, dm, BS, BD)
+    if (lo <= n - 1) & (n - 1 < hi):   # the new key / value (the cache slot's values)
+        s_new = tl.sum(q * kn.to(tl.float32), axis=0)
+        m2 = tl.maximum(m, s_new)
+        alpha = tl.exp(m - m2)
+        p = tl.exp(s_new - m2)
+        l = l * alpha + p
+        acc = acc * alpha + p * vn.to(tl.float32)
+        m = m2
+    i = (row * NH + h) * NSPLIT + sp
+    tl.store(m_ptr + i, m)
+    tl.store(l_ptr + i, l)
+    tl.store(acc_ptr + i * HD + d, acc, mask=dm)
+
+
+@triton.jit
+def _gmerge(qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, row, h, NH: tl.constexpr,
+            HD: tl.constexpr, BD: tl.constexpr, NSPLIT: tl.constexpr, NS_P2: tl.constexpr):
+    """(row, h): its splits' partials merged (empty splits weigh 0), times sigmoid(gate)."""
+    s = tl.arange(0, NS_P2)
+    sm = s < NSPLIT
+    d = tl.arange(0, BD)
+    dm = d < HD
+    base = (row * NH + h) * NSPLIT
+    m = tl.load(m_ptr + base + s, mask=sm, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(l_ptr + base + s, mask=sm, other=0.0, cache_modifier=".cg")
+    acc = tl.load(acc_ptr + (base + s)[:, None] * HD + d[None, :],
+                  mask=sm[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
+    o = _merge_splits(m, l, acc)
     g = tl.load(qg_ptr + h * 2 * HD + HD + d, mask=dm, other=0.0).to(tl.float32)
     o = o / (1.0 + tl.exp(-g))
     tl.store(out_ptr + h * HD + d, o.to(out_ptr.dtype.element_ty), mask=dm)
@@ -137,7 +164,7 @@ def _gattn(qg_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, out_ptr, qw_ptr, kw_ptr, pos_pt
 
 @triton.jit
 def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, sin_off,
-                      act_off, n_prog, n_cnt, eps, scale,
+                      act_off, m_off, l_off, acc_off, n_prog, n_cnt, eps, scale,
                       B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, V: tl.constexpr,
                       LS: tl.constexpr, NK: tl.constexpr, OUT_COL: tl.constexpr,
                       BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -149,7 +176,8 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BD: tl.constexpr,
                       R: tl.constexpr, NTAB: tl.constexpr, CAP: tl.constexpr,
                       S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
-                      BS: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+                      BS: tl.constexpr, NSPLIT: tl.constexpr, NS_P2: tl.constexpr,
+                      SLEEP: tl.constexpr, ACQ: tl.constexpr,
                       ALIGNED: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
@@ -197,11 +225,15 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                             fb + p3 + n0 * S_S, wb + y_off + n0 * SU, fb + p4, fb + p5,
                             fb + p6, tl.load(ub + act_off + n0), n1, CS_C, CS_K, eps, HK, HV,
                             DK, DV, DK_P2, DV_P2, KC, KC_P2)
-        elif op == 8:        # OP_GATTN: (row n0, query head n1)
+        elif op == 8:        # OP_GATTN: (row n0, query head n1), key split p7
             _gattn(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
-                   wb + w_off + n0 * S_ROW, wb + b_off + n0 * S_ROW, wb + y_off + n0 * SU,
-                   fb + p2, fb + p3, ib + p4, ib + p5, ub + act_off, wb + p6, wb + cos_off,
-                   wb + sin_off, n0, n1, eps, scale, NKV, NH, HD, BD, R, NTAB, CAP, S_HEAD, S_POS, BS)
+                   wb + w_off + n0 * S_ROW, wb + b_off + n0 * S_ROW, fb + p2, fb + p3,
+                   ib + p4, ib + p5, ub + act_off, wb + p6, wb + cos_off, wb + sin_off,
+                   fb + m_off, fb + l_off, fb + acc_off, n0, n1, p7, eps, scale, NKV, NH, HD,
+                   BD, R, NTAB, CAP, S_HEAD, S_POS, BS, NSPLIT)
+        elif op == 9:        # OP_GMERGE: (row n0, query head n1)
+            _gmerge(wb + a_off + n0 * SU, wb + y_off + n0 * SU, fb + m_off, fb + l_off,
+                    fb + acc_off, n0, n1, NH, HD, BD, NSPLIT, NS_P2)
         elif op == 4:        # OP_ADVANCE
             _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                          ib + p3, ub + b_off, n0, NK, D, D_P2)
@@ -223,10 +255,11 @@ def constexprs(sh: dict, sleep: int = 0) -> dict:
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
-                             "S_POS", "BS")}
+                             "S_POS", "BS", "NSPLIT")}
     p2 = triton.next_power_of_2
     kw.update(D_P2=p2(sh["D"]), ARG_BLOCK=min(4096, p2(sh["V"])), DK_P2=p2(sh["DK"]),
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
+              NS_P2=p2(sh["NSPLIT"]),
               SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted())
     return kw
 
@@ -239,7 +272,8 @@ def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0):
     gemv_w = t[t[:, F_OP] == OP_HGEMV][:, F_W]
     kw["ALIGNED"] = bool((gemv_w % 16 == 0).all())     # every GEMV's weights 16-aligned
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
-            c.bases["u"], off["cos"], off["sin"], off["active"], c.n_programs,
+            c.bases["u"], off["cos"], off["sin"], off["active"], off["attn_m"],
+            off["attn_l"], off["attn_acc"], c.n_programs,
             c.counters.numel(), low.eps, low.shape["HD"] ** -0.5)
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \

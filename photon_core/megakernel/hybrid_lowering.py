@@ -8,7 +8,8 @@ The program's ops, in order, each one ProgramOp waiting for the one before it:
                                           of x into their program's scratch (OP_HGEMV)
   ... + act_mul silu (gate, up) -> m      the same, epilogue act(gate) * up (EPI_GATED)
   conv1d -> delta_rule -> gated_norm      OP_DELTA per (row, key head)
-  gated_attention                         OP_GATTN per (row, query head)
+  gated_attention                         OP_GATTN per (row, query head, key split), then
+                                          OP_GMERGE per (row, query head)
   residual                                OP_HGEMV adding into the fp32 x
 then the row advance and, with head=True, the lm head (norm of hidden + GEMV) and its pick.
 The chain is serial (each op waits for the whole previous one): correct by transitivity;
@@ -21,8 +22,8 @@ import triton
 import torch
 
 from ..ops import gemv as G
-from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_DELTA, OP_GATTN, OP_HGEMV, Operand,
-                           ProgramOp)
+from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_DELTA, OP_GATTN, OP_GMERGE, OP_HGEMV,
+                           Operand, ProgramOp)
 from .lowering import Unsupported
 from . import hybrid_kernel as HK
 
@@ -38,7 +39,10 @@ class HybridLowering:
     """ops / buffers / shape of fused backend `fd`'s hybrid program at bucket b (n_sm:
     programs at most, each with a private norm scratch of b rows)."""
 
-    def __init__(self, fd, st, b: int, n_sm: int, head: bool = True, block_n: int = 32):
+    def __init__(self, fd, st, b: int, n_sm: int, head: bool = True, block_n: int = 32,
+                 attn_splits: int | None = None):
+        """attn_splits: key splits per (row, head) of attention (None: about one attention
+        instruction per program, at most 32)."""
         p = self.program = fd.program
         if p.delta is None or getattr(fd, "rows_lowering", None) is None:
             raise Unsupported("no Gated DeltaNet program with the fused rows kernels")
@@ -52,10 +56,17 @@ class HybridLowering:
         if u is None:
             raise Unsupported("no u buffer")
         self.hs = torch.zeros(n_sm * b * p.dim, device=dev, dtype=dt)
-        self.attn_scratch = torch.zeros(b * a.n_heads * 2 * a.head_dim, device=dev, dtype=dt)
+        ns = self.n_split = attn_splits or max(1, min(32, n_sm // (b * a.n_heads)))
+        self.attn_scratch = torch.zeros(b * a.n_heads * ns * 2 * a.head_dim, device=dev,
+                                        dtype=dt)
+        f32 = dict(device=dev, dtype=torch.float32)
+        self.attn_m = torch.zeros(b * a.n_heads * ns, **f32)
+        self.attn_l = torch.zeros(b * a.n_heads * ns, **f32)
+        self.attn_acc = torch.zeros(b * a.n_heads * ns * a.head_dim, **f32)
         bufs: dict[str, torch.Tensor] = {
             "x": fd.x, "hs": self.hs, "u": u, "logits": logits, "cos": rl.cos, "sin": rl.sin,
-            "attn_scratch": self.attn_scratch,
+            "attn_scratch": self.attn_scratch, "attn_m": self.attn_m, "attn_l": self.attn_l,
+            "attn_acc": self.attn_acc,
             "hidden": st.hidden, "pos": st.pos, "pos_offset": st.pos_offset,
             "phase": st.phase, "kind": st.kind, "out": st.out, "phase_next": st.phase_next,
             "active": st.active.view(torch.uint8), "first": st.first.view(torch.uint8)}
@@ -86,7 +97,7 @@ class HybridLowering:
             CS_K=conv.stride(2), S_S=rec.stride(0), NH=a.n_heads, NKV=a.n_kv_heads,
             HD=a.head_dim, R=rl.cos.shape[1], NTAB=rl.cos.shape[0], CAP=kv.capacity,
             S_ROW=kc.stride(0), S_HEAD=kc.stride(1), S_POS=kc.stride(2),
-            BS=max(16, min(64, 8192 // triton.next_power_of_2(a.head_dim))),
+            BS=max(16, min(64, 8192 // triton.next_power_of_2(a.head_dim))), NSPLIT=ns,
             ANSWER_ID=-1)
         if kc.stride(3) != 1 or rec.stride(3) != 1 or rec.stride(2) != dm.v_dim:
             raise Unsupported("cache / state layouts")
@@ -194,7 +205,10 @@ class HybridLowering:
                         "pos": O("pos"), "pos_offset": O("pos_offset"),
                         "scratch": O("attn_scratch")}
                 self.ops.append(ProgramOp(f"attn{tag}", OP_GATTN, args, {"layer": L}, prev))
-                prev = (f"attn{tag}",)
+                self.ops.append(ProgramOp(f"merge{tag}", OP_GMERGE,
+                                          {"qg": args["qg"], "out": args["out"]},
+                                          {"layer": L}, (f"attn{tag}",)))
+                prev = (f"merge{tag}",)
                 i += 1
             elif op.kind == "residual":
                 g = fd.fused_gemvs.get(op)

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 # op codes (the kernel's switch)
 OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM, OP_ATTN, OP_ADVANCE, OP_ARGMAX = range(6)
 # the hybrid families' ops (hybrid_lowering.py, hybrid_kernel.py): a GEMV with its K, norm
-# and epilogue in the table, a Gated DeltaNet (row, key head), gated attention (row, head)
-OP_HGEMV, OP_DELTA, OP_GATTN = 6, 7, 8
+# and epilogue in the table, a Gated DeltaNet (row, key head), gated attention (row, head,
+# key split) and its merge (row, head)
+OP_HGEMV, OP_DELTA, OP_GATTN, OP_GMERGE = 6, 7, 8, 9
 OP_NAMES = {OP_GEMV_W1: "gemv_w1", OP_GEMV_W2: "gemv_w2", OP_GEMV_LM: "gemv_lm",
             OP_ATTN: "attention", OP_ADVANCE: "advance", OP_ARGMAX: "argmax",
-            OP_HGEMV: "gemv", OP_DELTA: "delta_net", OP_GATTN: "gated_attention"}
+            OP_HGEMV: "gemv", OP_DELTA: "delta_net", OP_GATTN: "gated_attention",
+            OP_GMERGE: "gated_attention_merge"}
 
 # dtype classes of the operands: one base pointer each in the kernel
 ARENAS = ("w", "f", "i", "u")      # model dtype, fp32, int64, uint8 (bools)

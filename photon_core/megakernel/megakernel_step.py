@@ -152,10 +152,11 @@ class MegakernelStep:
             n_sm = 1 if interpreted() else sm_count(dev) * v.per_sm
         # a hybrid program (Gated DeltaNet layers: Qwen 3.5) has its own lowering and kernel
         # (hybrid_lowering.py, hybrid_kernel.py; its GEMVs take one tile shape, the variant's
-        # GEMV fields do not apply)
+        # GEMV fields do not apply; attn_per / the variant's "aN": key splits per (row, head))
         self.hybrid = fd.program.delta is not None
-        self.low = HybridLowering(fd, st, b, n_sm, head) if self.hybrid else \
-            ProgramLowering(fd, st, b, n_sm, gemv, head)
+        self.low = HybridLowering(fd, st, b, n_sm, head,
+                                  attn_splits=attn_per or v.attn_per or None) \
+            if self.hybrid else ProgramLowering(fd, st, b, n_sm, gemv, head)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
             st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm)

@@ -4,7 +4,7 @@ the schedule's order.
 Moondream-shaped programs (lowering.py) and the hybrid families' (hybrid_lowering.py: GEMVs
 with a zero-centred norm prologue and store / residual / gated epilogues, a Gated DeltaNet
 (row, key head) through the op's torch reference on that head's channels, gated attention
-per (row, head)). The SM queues are interleaved as the GPU would run them: round after round, each queue whose
+per (row, head, key split) and its merge per (row, head)). The SM queues are interleaved as the GPU would run them: round after round, each queue whose
 head instruction has its counters at their targets runs that instruction and signals; a round
 in which no queue can move is a deadlock (raised: the schedule is wrong). Each op reads and
 writes the same operands (buffer + element offset + the kernel's row strides) as kernel.py,
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..ops.delta_net_rows import delta_net_rows_reference
 from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_DELTA, OP_GATTN, OP_GEMV_LM,
-                           OP_GEMV_W1, OP_GEMV_W2, OP_HGEMV, Instr)
+                           OP_GEMV_W1, OP_GEMV_W2, OP_GMERGE, OP_HGEMV, Instr)
 
 
 class Deadlock(RuntimeError):
@@ -104,6 +104,8 @@ class PythonVM:
             self._delta(ins)
         elif ins.op == OP_GATTN:
             self._gated_attention(ins)
+        elif ins.op == OP_GMERGE:
+            self._gated_merge(ins)
         elif ins.op == OP_ATTN:
             self._attention(ins)
             key = (ins.op_name,) + ins.tile
@@ -268,13 +270,16 @@ class PythonVM:
         seg(a["out"], hv * dv)[j * g * dv:(j + 1) * g * dv] = out[0]
 
     def _gated_attention(self, ins: Instr) -> None:
-        """Query head h of row r: q / k zero-centred norms + rotate-half rotary at pos +
-        offset, softmax over the cache's positions before the new one and the new k / v,
-        times sigmoid(gate); the group's first head writes k / v into the cache slot."""
+        """Key split sp of query head h of row r: q / k zero-centred norms + rotate-half rotary
+        at pos + offset; its span of the L = min(pos + 1, CAP) positions (the kernel's cut),
+        the cache's before L-1 and the new k / v at L-1; the softmax partials (max, sum,
+        weighted values) into the scratch. The group's first head's split 0 writes k / v
+        into the cache slot."""
         sh, a = self.sh, ins.args
         r, h = ins.tile
-        nh, nkv, hd, rd = sh["NH"], sh["NKV"], sh["HD"], sh["R"]
-        rep, su, cap = nh // nkv, sh["SU"], sh["CAP"]
+        sp = ins.sub[0]
+        nh, nkv, hd, rd, ns = sh["NH"], sh["NKV"], sh["HD"], sh["R"], sh["NSPLIT"]
+        rep, su, cap, bs = nh // nkv, sh["SU"], sh["CAP"], sh["BS"]
         kvh = h // rep
         dt = self.bufs["hidden"].dtype
         pos = int(self.flat(a["pos"])[r])
@@ -292,17 +297,46 @@ class PythonVM:
             return out.to(dt)
         row = self.flat(a["qg"])[r * su:]
         q = norm_rope(row[h * 2 * hd:h * 2 * hd + hd], self.bufs[a["q_norm"].buf])
-        gate = row[h * 2 * hd + hd:(h + 1) * 2 * hd].float()
         kn = norm_rope(self.flat(a["k"])[r * su + kvh * hd:][:hd], self.bufs[a["k_norm"].buf])
         vn = self.flat(a["v"])[r * su + kvh * hd:][:hd]
         kc = self.bufs[a["kc"].buf][r, kvh]
         vc = self.bufs[a["vc"].buf][r, kvh]
-        n_old = min(pos + 1, cap) - 1
-        keys = torch.cat([kc[:n_old].float(), kn.float()[None]])
-        vals = torch.cat([vc[:n_old].float(), vn.float()[None]])
-        p = torch.softmax(keys @ (q.float() * hd ** -0.5), 0)
-        o = (p @ vals) * torch.sigmoid(gate)
-        if h % rep == 0 and bool(self.bufs["active"][r]):
+        n = min(pos + 1, cap)
+        span = -(-(-(-n // ns)) // bs) * bs
+        lo, hi = sp * span, min(sp * span + span, n)
+        keys = [kc[lo:min(hi, n - 1)].float()]
+        vals = [vc[lo:min(hi, n - 1)].float()]
+        if lo <= n - 1 < hi:
+            keys.append(kn.to(kc.dtype).float()[None])
+            vals.append(vn.to(vc.dtype).float()[None])
+        keys, vals = torch.cat(keys), torch.cat(vals)
+        if h % rep == 0 and sp == 0 and bool(self.bufs["active"][r]):
             slot = min(pos, cap - 1)
             kc[slot], vc[slot] = kn.to(kc.dtype), vn.to(vc.dtype)
-        self.flat(a["out"])[r * su + h * hd:][:hd] = o.to(dt)
+        i = (r * nh + h) * ns + sp
+        m_, l_, acc_ = self.bufs["attn_m"], self.bufs["attn_l"], self.bufs["attn_acc"]
+        if keys.shape[0] == 0:
+            m_[i], l_[i] = float("-inf"), 0.0
+            acc_[i * hd:(i + 1) * hd] = 0.0
+            return
+        sc = keys @ (q.float() * hd ** -0.5)
+        m = sc.max()
+        p = torch.exp(sc - m)
+        m_[i], l_[i] = m, p.sum()
+        acc_[i * hd:(i + 1) * hd] = p @ vals
+
+    def _gated_merge(self, ins: Instr) -> None:
+        """(row, head): the splits' partials merged (empty ones weigh 0), times
+        sigmoid(gate), into the output segment."""
+        sh, a = self.sh, ins.args
+        r, h = ins.tile
+        nh, hd, ns, su = sh["NH"], sh["HD"], sh["NSPLIT"], sh["SU"]
+        base = (r * nh + h) * ns
+        m = self.bufs["attn_m"][base:base + ns]
+        l = self.bufs["attn_l"][base:base + ns]
+        acc = self.bufs["attn_acc"][base * hd:(base + ns) * hd].view(ns, hd)
+        wt = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - m.max()))
+        o = (acc * wt[:, None]).sum(0) / (l * wt).sum()
+        gate = self.flat(a["qg"])[r * su + h * 2 * hd + hd:][:hd].float()
+        self.flat(a["out"])[r * su + h * hd:][:hd] = (o * torch.sigmoid(gate)).to(
+            self.bufs["hidden"].dtype)

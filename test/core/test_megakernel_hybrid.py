@@ -38,7 +38,8 @@ def _setup(model, rows=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     for t in [fd.x, st.hidden, fd.kv.data, *fd.kv.states.values()]:
         t.copy_(torch.randn(t.shape, generator=g).to(t.dtype) * 0.5)
-    st.pos[:rows] = torch.tensor([5, 40, 63, 12][:rows])
+    # (150: three key splits of 64 positions each have work; 37: one)
+    st.pos[:rows] = torch.tensor([150, 37, 63, 12][:rows])
     st.pos_offset[:rows] = torch.tensor([0, -7, 3, 0][:rows])
     st.active[:rows] = True
     st.phase[:rows] = 0
@@ -72,7 +73,7 @@ def _compare(got, want, b, what=""):
             assert torch.equal(g, w), f"{what}{k}: {g.tolist()} != {w.tolist()}"
 
 
-def _step_both(model, b, active=None, rows=2):
+def _step_both(model, b, active=None, rows=2, splits=None):
     from photon_core.megakernel.megakernel_step import MegakernelStep, reference_step
 
     st, fd = _setup(model, rows)
@@ -82,18 +83,19 @@ def _step_both(model, b, active=None, rows=2):
     reference_step(fd, st, b, feed=False)
     want = _snapshot(st, fd)
     _restore(st, fd, s0)
-    mk = MegakernelStep(fd, st, b, n_sm=1)
+    mk = MegakernelStep(fd, st, b, n_sm=1, attn_per=splits)
     mk.run_kernel()
     got = _snapshot(st, fd)
     assert int(mk.compiled.counters.abs().sum()) == 0      # reset for the next launch
     return s0, got, want, mk
 
 
-@pytest.mark.parametrize("b", [1, 2])
-def test_hybrid_megakernel_step_matches_fused(model, b):
-    s0, got, want, mk = _step_both(model, b)
+@pytest.mark.parametrize("b,splits", [(1, None), (2, None), (1, 3), (2, 3)])
+def test_hybrid_megakernel_step_matches_fused(model, b, splits):
+    s0, got, want, mk = _step_both(model, b, splits=splits)
     ops = {i.op_name.rstrip("0123456789") for i in mk.compiled.instrs}
-    assert {"lin", "delta", "attn", "res", "advance", "lm", "argmax"} <= ops, ops
+    assert {"lin", "delta", "attn", "merge", "res", "advance", "lm", "argmax"} <= ops, ops
+    assert mk.low.n_split == (splits or 1)
     _compare(got, want, b)
     # the step changed what it should (not a comparison of two untouched states)
     for k in ("x", "hidden", "kv", "conv.0", "recurrent.0"):
@@ -135,13 +137,13 @@ def test_python_twin_matches_fused_and_kernel(model, b):
     reference_step(fd, st, b, feed=False)
     want = _snapshot(st, fd)
     _restore(st, fd, s0)
-    mk = MegakernelStep(fd, st, b, n_sm=3)       # three queues interleaved by the twin
+    mk = MegakernelStep(fd, st, b, n_sm=3, attn_per=3)   # three queues interleaved by the twin
     assert len(mk.compiled.queues()) == 3
     done = mk.run_vm()
     assert len(done) == len(mk.compiled.instrs)
     vm = _snapshot(st, fd)
     _compare(vm, want, b, "twin vs fused: ")
     _restore(st, fd, s0)
-    mk1 = MegakernelStep(fd, st, b, n_sm=1)
+    mk1 = MegakernelStep(fd, st, b, n_sm=1, attn_per=3)
     mk1.run_kernel()
     _compare(_snapshot(st, fd), vm, b, "kernel vs twin: ")
