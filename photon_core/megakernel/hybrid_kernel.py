@@ -108,16 +108,19 @@ def _gattn(qg_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, pos_ptr, off_pt
     kvh = h // rep
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     rp = tl.minimum(tl.maximum(pos + tl.load(off_ptr + row), 0), NTAB - 1)
+    # (u was written by other SMs during the launch: .cg loads, L2, never a stale L1 line)
     _norm_rope_head(qg_ptr + h * 2 * HD, qw_ptr, scr_ptr, cos_ptr + rp * R, sin_ptr + rp * R,
-                    HD, R, eps, BD)
+                    HD, R, eps, BD, ".cg")
     _norm_rope_head(k_ptr + kvh * HD, kw_ptr, scr_ptr + HD, cos_ptr + rp * R,
-                    sin_ptr + rp * R, HD, R, eps, BD)
+                    sin_ptr + rp * R, HD, R, eps, BD, ".cg")
     tl.debug_barrier()          # the scratch's q / k written by every thread before the reads
     d = tl.arange(0, BD)
     dm = d < HD
-    q = tl.load(scr_ptr + d, mask=dm, other=0.0).to(tl.float32) * scale
-    kn = tl.load(scr_ptr + HD + d, mask=dm, other=0.0).to(kc_ptr.dtype.element_ty)
-    vn = tl.load(v_ptr + kvh * HD + d, mask=dm, other=0.0).to(vc_ptr.dtype.element_ty)
+    q = tl.load(scr_ptr + d, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32) * scale
+    kn = tl.load(scr_ptr + HD + d, mask=dm, other=0.0,
+                 cache_modifier=".cg").to(kc_ptr.dtype.element_ty)
+    vn = tl.load(v_ptr + kvh * HD + d, mask=dm, other=0.0,
+                 cache_modifier=".cg").to(vc_ptr.dtype.element_ty)
     slot = tl.minimum(pos, CAP - 1)
     if (h % rep == 0) & (sp == 0):     # the writer: no instruction reads the slot's old k/v
         if tl.load(act_ptr + row) != 0:
@@ -157,7 +160,8 @@ def _gmerge(qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, row, h, NH: tl.constexpr,
     acc = tl.load(acc_ptr + (base + s)[:, None] * HD + d[None, :],
                   mask=sm[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
     o = _merge_splits(m, l, acc)
-    g = tl.load(qg_ptr + h * 2 * HD + HD + d, mask=dm, other=0.0).to(tl.float32)
+    g = tl.load(qg_ptr + h * 2 * HD + HD + d, mask=dm, other=0.0,
+                cache_modifier=".cg").to(tl.float32)
     o = o / (1.0 + tl.exp(-g))
     tl.store(out_ptr + h * HD + d, o.to(out_ptr.dtype.element_ty), mask=dm)
 
@@ -224,7 +228,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                             wb + p2 + n0 * SU, fb + w_off, wb + b_off + n0 * CS_B,
                             fb + p3 + n0 * S_S, wb + y_off + n0 * SU, fb + p4, fb + p5,
                             fb + p6, tl.load(ub + act_off + n0), n1, CS_C, CS_K, eps, HK, HV,
-                            DK, DV, DK_P2, DV_P2, KC, KC_P2)
+                            DK, DV, DK_P2, DV_P2, KC, KC_P2, ".cg")
         elif op == 8:        # OP_GATTN: (row n0, query head n1), key split p7
             _gattn(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
                    wb + w_off + n0 * S_ROW, wb + b_off + n0 * S_ROW, fb + p2, fb + p3,

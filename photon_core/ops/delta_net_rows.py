@@ -47,14 +47,14 @@ def delta_net_rows_reference(qkv, z, b_in, a_in, conv_weight, conv_state, a_log,
 
 @triton.jit
 def _conv_load(x_row, cw_ptr, cs_row, ch, cmask, cs_c, cs_k, K: tl.constexpr,
-               K_P2: tl.constexpr):
+               K_P2: tl.constexpr, CM: tl.constexpr = ""):
     """Channels ch of one row: SiLU(causal conv) in fp32 (the conv rows kernel's math) and
     the shifted window (the new state) - all loads, no store."""
     j = tl.arange(0, K_P2)
     hist = j < K - 1
     sp = cs_row + ch[:, None] * cs_c + j[None, :] * cs_k
     window = tl.load(sp, mask=cmask[:, None] & hist[None, :], other=0.0).to(tl.float32)
-    x = tl.load(x_row + ch, mask=cmask, other=0.0)
+    x = tl.load(x_row + ch, mask=cmask, other=0.0, cache_modifier=CM)
     window = tl.where((j == K - 1)[None, :], x.to(tl.float32)[:, None], window)
     w = tl.load(cw_ptr + ch[:, None] * K + j[None, :], mask=cmask[:, None] & (j < K)[None, :],
                 other=0.0).to(tl.float32)
@@ -79,11 +79,12 @@ def delta_net_group(x_row, z_row, b_row, a_row, cw_ptr, cs_row, s_row, o_row, al
                     dtb_ptr, nw_ptr, go, hk, cs_c, cs_k, eps, HK: tl.constexpr,
                     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                     DK_P2: tl.constexpr, DV_P2: tl.constexpr, K: tl.constexpr,
-                    K_P2: tl.constexpr):
+                    K_P2: tl.constexpr, CM: tl.constexpr = ""):
     """Key head hk of one row (row pointers: qkv before the conv, z, b, a, conv state, fp32
     delta state, output): the conv of its q / k / v channels, its value heads' delta rule
     and gated norm; the states written only when go != 0. (Also one instruction of the hybrid
-    megakernel: megakernel/hybrid_kernel.py.)"""
+    megakernel: megakernel/hybrid_kernel.py, with CM ".cg": the row's projections were
+    written by other SMs during the launch, read from L2, never a stale L1 line.)"""
     # every value head: its loads first (conv windows, state tile, z, gates: one round trip),
     # one barrier (the conv state is shifted in place), then the stores and the math
     dk = tl.arange(0, DK_P2)
@@ -93,21 +94,23 @@ def delta_net_group(x_row, z_row, b_row, a_row, cw_ptr, cs_row, s_row, o_row, al
     smask = kmask[:, None] & vmask[None, :]
     qc = hk * DK + dk
     kc = (HK + hk) * DK + dk
-    q, q_nxt = _conv_load(x_row, cw_ptr, cs_row, qc, kmask, cs_c, cs_k, K, K_P2)
-    k, k_nxt = _conv_load(x_row, cw_ptr, cs_row, kc, kmask, cs_c, cs_k, K, K_P2)
+    q, q_nxt = _conv_load(x_row, cw_ptr, cs_row, qc, kmask, cs_c, cs_k, K, K_P2, CM)
+    k, k_nxt = _conv_load(x_row, cw_ptr, cs_row, kc, kmask, cs_c, cs_k, K, K_P2, CM)
     dt = o_row.dtype.element_ty
     nw = tl.load(nw_ptr + dv, mask=vmask, other=0.0).to(tl.float32)
     for gi in tl.static_range(HV // HK):
         h = hk * (HV // HK) + gi
         vc = 2 * HK * DK + h * DV + dv
-        v, v_nxt = _conv_load(x_row, cw_ptr, cs_row, vc, vmask, cs_c, cs_k, K, K_P2)
+        v, v_nxt = _conv_load(x_row, cw_ptr, cs_row, vc, vmask, cs_c, cs_k, K, K_P2, CM)
         sp = s_row + h * DK * DV + dk[:, None] * DV + dv[None, :]
         s = tl.load(sp, mask=smask, other=0.0)
-        zz = tl.load(z_row + h * DV + dv, mask=vmask, other=0.0).to(tl.float32)
+        zz = tl.load(z_row + h * DV + dv, mask=vmask, other=0.0,
+                     cache_modifier=CM).to(tl.float32)
         g, beta = _raw_delta_gates(
-            tl.load(a_row + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32),
+            tl.load(a_row + h, cache_modifier=CM).to(tl.float32)
+            + tl.load(dtb_ptr + h).to(tl.float32),
             tl.load(alog_ptr + h).to(tl.float32),
-            tl.load(b_row + h).to(tl.float32), b_row)
+            tl.load(b_row + h, cache_modifier=CM).to(tl.float32), b_row)
         tl.debug_barrier()      # every thread has read the old conv windows before any shift
         if gi == 0:
             _conv_store(cs_row, qc, kmask, cs_c, cs_k, q_nxt, go, K, K_P2)

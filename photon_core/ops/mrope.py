@@ -61,17 +61,20 @@ except ImportError:   # the torch reference above needs no Triton
 
 if triton is not None:
     @triton.jit
-    def _norm_rope_head(x_ptr, w_ptr, o_ptr, cos_ptr, sin_ptr, D, R, eps, BD: tl.constexpr):
+    def _norm_rope_head(x_ptr, w_ptr, o_ptr, cos_ptr, sin_ptr, D, R, eps, BD: tl.constexpr,
+                        CM: tl.constexpr = ""):
+        # (CM: the cache modifier of the x loads; ".cg" in the hybrid megakernel, where x was
+        # written by another SM during the launch: L2, never a stale L1 line)
         i = tl.arange(0, BD)
         m = i < D
-        x = tl.load(x_ptr + i, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + i, mask=m, other=0.0, cache_modifier=CM).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
         half = R // 2
         rot = i < R
         first = i < half
         p = tl.where(first, i + half, i - half)
         p = tl.where(rot, p, i)
-        xp = tl.load(x_ptr + p, mask=m, other=0.0).to(tl.float32)
+        xp = tl.load(x_ptr + p, mask=m, other=0.0, cache_modifier=CM).to(tl.float32)
         w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
         wp = tl.load(w_ptr + p, mask=m, other=0.0).to(tl.float32)
         dt = o_ptr.dtype.element_ty
