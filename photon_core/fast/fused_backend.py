@@ -291,6 +291,8 @@ class FusedBackend:
                                        pdl=self.pdl_at(b))
         w, bias = ws[0][0].contiguous(), ws[0][1]
         q = nxt.src[1]
+        self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=0, gap=0,
+                                    epi=EPI_ACT_MUL, src=src, act=act, mul=q)
         return lambda b, env: gemv(self._src(src, env, b), w, bias, self.bufs[buf][:b, off:],
                                    EPI_ACT_MUL, act=act, mul=self._src(q, env, b),
                                    pdl=self.pdl_at(b))

@@ -32,8 +32,9 @@ import torch
 from .instructions import (ARENAS, F_A, F_B, F_N0, F_N1, F_OP, F_P0, F_P1, F_P2, F_P3,
                            F_SIG, F_TGT0, F_TGT1, F_W, F_WAIT0, F_WAIT1, F_Y, N_FIELDS,
                            NO_WAIT, OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_DELTA, OP_GATTN,
-                           OP_GMERGE, OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2, OP_HGEMV, F_P4, F_P5, F_P6,
-                           F_P7, Instr, Operand, ProgramOp)
+                           OP_GMERGE, OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2, OP_HGEMV, OP_NORMADD,
+                           OP_WATTN, OP_WMERGE, F_P4, F_P5, F_P6, F_P7, Instr, Operand,
+                           ProgramOp)
 
 GEMV_OPS = (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM)
 NORM_GEMV_OPS = GEMV_OPS + (OP_HGEMV,)     # GEMVs that may compute their input's norm
@@ -143,6 +144,19 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                         subs.append((s0, s1))
                         costs.append((s1 - s0) * kv / rate + fixed + merge
                                      + (ATTN_LATENCY_US if fill else 0.0))
+        elif op.kind in (OP_WATTN, OP_WMERGE):
+            # window attention: (row, head, key split) over its share of the layer's slots;
+            # the merge per (row, head)
+            n_sub = shape["NSPLIT"] if op.kind == OP_WATTN else 1
+            hd = op.params["hd"]
+            nbytes = (2 * op.params["slots"] * hd * elsize / n_sub if op.kind == OP_WATTN
+                      else n_sub * (hd + 2) * 4)
+            for r in range(b):
+                for h in range(shape["NH"]):
+                    for sp in range(n_sub):
+                        tiles.append((r, h))
+                        subs.append((sp, sp + 1))
+                        costs.append(nbytes / rate + fixed)
         elif op.kind in (OP_DELTA, OP_GATTN, OP_GMERGE):
             # (row, key head): its value heads' fp32 states read and written; (row, head, key
             # split): its share of the cache's k / v (over the capacity: the position is not
@@ -383,7 +397,12 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_A], r[F_W], r[F_Y] = off(a["inp"]), off(a["w"]), off(a["out"])
             r[F_P0], r[F_P1] = ins.params["epi"], ins.params["k"]
             r[F_P2], r[F_P3] = ins.params["sx"], ins.params["sy"]
-            r[F_P7] = -1            # no norm (operand offsets may be negative)
+            # P7: -1 the input is a buffer's columns (or the scratch already holding the
+            # norm), 1 the norm first (P4 its input, P5 its weight, P6 its kind), 2 the input
+            # is the fp32 x; P4 / P5 of an act * mul epilogue: the multiplier, its row stride
+            r[F_P7] = 2 if ins.params.get("fp32_in") else -1
+            if "mul" in a:
+                r[F_P4], r[F_P5] = off(a["mul"]), ins.params["s_mul"]
             if "ln_inp" in a:       # the norm first: into this program's rows of hs
                 assert a["inp"].buf == "hs"
                 r[F_A] = off(a["inp"]) + ins.sm * b * d
@@ -410,6 +429,27 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_P7] = sp
         elif ins.op == OP_GMERGE:
             r[F_A], r[F_Y] = off(a["qg"]), off(a["out"])
+        elif ins.op == OP_WATTN:
+            pr = ins.params
+            r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["q"]), off(a["kc"]), off(a["vc"]),
+                                              off(a["out"]))
+            r[F_P0], r[F_P1], r[F_P2], r[F_P3] = (off(a["k"]), off(a["v"]), off(a["q_norm"]),
+                                                  off(a["k_norm"]))
+            r[F_P4], r[F_P5] = off(a["cos"]), off(a["sin"])
+            row, h = ins.tile
+            sp = ins.sub[0]
+            r[F_P6] = off(a["scratch"]) + ((row * shape["NH"] + h) * shape["NSPLIT"] + sp) \
+                * 3 * shape["HDM"]
+            flags = int(pr["writes"]) + 2 * int(pr["ring"]) + 4 * int(pr["full"])
+            r[F_P7] = sp + 256 * flags + 65536 * pr["slots"]
+        elif ins.op == OP_WMERGE:
+            r[F_Y] = off(a["out"])
+            r[F_P7] = int(ins.params["full"])
+        elif ins.op == OP_NORMADD:
+            r[F_A], r[F_W], r[F_Y] = off(a["src"]), off(a["w"]), off(a["x"])
+            r[F_P0] = ins.params["s_src"]
+            r[F_B] = off(a["scale"]) if "scale" in a else 0
+            r[F_P1] = int("scale" in a)
         elif ins.op == OP_ADVANCE:
             r[F_A], r[F_Y] = off(a["x"]), off(a["out_hidden"])
             r[F_W], r[F_B] = off(a["active"]), off(a["out_first"])

@@ -33,32 +33,38 @@ from ..ops.delta_net_rows import delta_net_group
 from ..ops.gated_activation import gated_value
 from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
-from .instructions import F_OP, F_W, OP_HGEMV
+from .instructions import F_OP, F_P1, F_W, OP_HGEMV
 from .kernel import _STRIDE, _advance_row, _aligned, _argmax_row, _waits, interpreted
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
+EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU = 6, 7          # act(y) * mul[:, n]
 
 
 @triton.jit
-def _rms_zc_rows(x_ptr, g_ptr, y_ptr, eps, B: tl.constexpr, D: tl.constexpr,
-                 BD: tl.constexpr):
+def _rms_rows(x_ptr, g_ptr, y_ptr, eps, zc, B: tl.constexpr, D: tl.constexpr,
+              BD: tl.constexpr):
     """B rows of x (fp32 or the model dtype, row stride D) -> y (model dtype, row stride D):
-    x * rstd * (1 + w), rmsnorm_zero_centred's rows kernel's math."""
+    zc: x * rstd * (1 + w), rmsnorm_zero_centred's rows kernel's math; else x * rstd * w,
+    layernorm.rmsnorm_row's."""
     i = tl.arange(0, BD)
     m = i < D
     w = tl.load(g_ptr + i, mask=m, other=0.0).to(tl.float32)
+    if zc != 0:
+        w = 1.0 + w
     for r in range(B):
         x = tl.load(x_ptr + r * D + i, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-        tl.store(y_ptr + r * D + i, (x * rstd * (1.0 + w)).to(y_ptr.dtype.element_ty), mask=m)
+        tl.store(y_ptr + r * D + i, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, B: tl.constexpr, BB: tl.constexpr,
-           BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul, B: tl.constexpr,
+           BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+           ALIGNED: tl.constexpr):
     offs_b = tl.arange(0, BB)
     b_ok = offs_b < B
-    K = (K // 16) * 16      # (K % BK == 0: the same K) its rows start 16-aligned: vector loads
+    if ALIGNED:     # every K % BK == 0 (the same K): rows start 16-aligned, no K mask
+        K = (K // 16) * 16
     for nb in range(n0, n1, BN):
         offs_n = nb + tl.arange(0, BN)
         n_ok = offs_n < n1
@@ -66,9 +72,16 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, B: tl.constexpr, BB: tl.
         acc = tl.zeros([BB, BN], dtype=tl.float32)
         for k0 in range(0, K, BK):
             offs_k = k0 + tl.arange(0, BK)
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-            x = tl.load(x_ptr + offs_b[:, None] * sx + offs_k[None, :], mask=b_ok[:, None],
-                        other=0.0, cache_modifier=".cg")
+            if ALIGNED:
+                w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+                x = tl.load(x_ptr + offs_b[:, None] * sx + offs_k[None, :], mask=b_ok[:, None],
+                            other=0.0, cache_modifier=".cg")
+            else:
+                k_ok = offs_k < K
+                w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                            other=0.0)
+                x = tl.load(x_ptr + offs_b[:, None] * sx + offs_k[None, :],
+                            mask=b_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
             else:
@@ -81,6 +94,16 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, B: tl.constexpr, BB: tl.
         elif epi == 0:
             tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
                      acc.to(y_ptr.dtype.element_ty), mask=mask)
+        elif epi >= 6:      # act(y) * mul (the model dtype's rounding of y first)
+            t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+            mv = tl.load(mul_ptr + offs_b[:, None] * smul + offs_n[None, :], mask=mask,
+                         other=0.0, cache_modifier=".cg").to(tl.float32)
+            if epi == 7:
+                v = gated_value(t, mv, False)
+            else:
+                v = gated_value(t, mv, True)
+            tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
+                     v.to(y_ptr.dtype.element_ty), mask=mask)
         else:               # (gate, up) row pairs -> act(gate) * up at column n // 2
             t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
             g, u = tl.split(tl.reshape(t, [BB, BN // 2, 2]))
@@ -167,8 +190,126 @@ def _gmerge(qg_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, row, h, NH: tl.constexpr,
 
 
 @triton.jit
+def _wnorm_head(x_ptr, w_ptr, o_ptr, cos_row, sin_row, eps, D: tl.constexpr,
+                HAS_W: tl.constexpr, ROTATE: tl.constexpr):
+    """One head of ops/rotary_half._norm_rotary_kernel (one rotate-half block): RMSNorm (times
+    w, or scale-free), then rotate-half by the table row; one rounding at the end."""
+    i = tl.arange(0, D)
+    j = (i + D // 2) % D
+    x = tl.load(x_ptr + i, cache_modifier=".cg").to(tl.float32)
+    xj = tl.load(x_ptr + j, cache_modifier=".cg").to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    x = x * rstd
+    xj = xj * rstd
+    if HAS_W:
+        x = x * tl.load(w_ptr + i).to(tl.float32)
+        xj = xj * tl.load(w_ptr + j).to(tl.float32)
+    if ROTATE:
+        c = tl.load(cos_row + i).to(tl.float32)
+        s = tl.load(sin_row + i).to(tl.float32)
+        x = x * c + tl.where(i < D // 2, -xj, xj) * s
+    tl.store(o_ptr + i, x.to(o_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _merge2(m1, l1, a1, m2, l2, a2):
+    """Two softmax partials (max, sum, weighted values) as one (an empty one: m = -inf)."""
+    m = tl.maximum(m1, m2)
+    mm = tl.where(m == float("-inf"), 0.0, m)      # (both empty: weights exp(-inf) = 0)
+    w1 = tl.exp(m1 - mm)
+    w2 = tl.exp(m2 - mm)
+    return m, l1 * w1 + l2 * w2, a1 * w1 + a2 * w2
+
+
+@triton.jit
+def _wattn(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr,
+           act_ptr, scr_ptr, m_ptr, l_ptr, acc_ptr, row, h, sp, writes, ring, n_slots, eps,
+           scale, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, CAP: tl.constexpr,
+           BS: tl.constexpr, NSPLIT: tl.constexpr, HDM: tl.constexpr):
+    """Key split sp of (row, h) of a window_attention layer (fast/window_state_ops.py): q
+    (and, on a layer that writes, k with its norm and the scale-free v) normed + rotated into
+    the instruction's scratch; the valid slots of the layer's (or its source's) state - a
+    ring of n_slots (slot p % n_slots; the ones <= p) or the capacity (0 .. p) - cut into
+    NSPLIT spans at run time; a writing layer's new slot from the scratch (the cache's old
+    one skipped), its group's first head's split 0 storing k / v there (active rows); a
+    KV-shared layer reads every slot from the cache (its source wrote them earlier in the
+    launch: .cg). Partials into the scratch (row, h, sp) of HDM columns."""
+    rep: tl.constexpr = NH // NKV
+    kvh = h // rep
+    p = tl.minimum(tl.load(pos_ptr + row, cache_modifier=".cg"), CAP - 1)
+    _wnorm_head(q_ptr + h * D, qw_ptr, scr_ptr, cos_ptr + p * D, sin_ptr + p * D, eps, D,
+                True, True)
+    if writes != 0:
+        _wnorm_head(k_ptr + kvh * D, kw_ptr, scr_ptr + D, cos_ptr + p * D, sin_ptr + p * D,
+                    eps, D, True, True)
+        _wnorm_head(v_ptr + kvh * D, kw_ptr, scr_ptr + 2 * D, cos_ptr, sin_ptr, eps, D, False,
+                    False)
+    tl.debug_barrier()          # the scratch written by every thread before the reads
+    d = tl.arange(0, D)
+    dm = d < D
+    q = tl.load(scr_ptr + d, cache_modifier=".cg").to(tl.float32) * scale
+    slot = tl.where(ring != 0, p % n_slots, p)
+    n = tl.minimum(p + 1, n_slots)
+    span = tl.cdiv(tl.cdiv(n, NSPLIT), BS) * BS
+    lo = sp * span
+    hi = tl.minimum(lo + span, n)
+    kb = kc_ptr + (row * NKV + kvh) * n_slots * D
+    vb = vc_ptr + (row * NKV + kvh) * n_slots * D
+    if writes != 0:
+        kn = tl.load(scr_ptr + D + d, cache_modifier=".cg").to(kc_ptr.dtype.element_ty)
+        vn = tl.load(scr_ptr + 2 * D + d, cache_modifier=".cg").to(vc_ptr.dtype.element_ty)
+        if (h % rep == 0) & (sp == 0):
+            if tl.load(act_ptr + row) != 0:
+                tl.store(kb + slot * D + d, kn)
+                tl.store(vb + slot * D + d, vn)
+        m, l, acc = _span_softmax(q, kb, vb, D, D, lo, tl.minimum(hi, slot), d, dm, BS, D)
+        m2, l2, a2 = _span_softmax(q, kb, vb, D, D, tl.maximum(lo, slot + 1), hi, d, dm, BS,
+                                   D)
+        m, l, acc = _merge2(m, l, acc, m2, l2, a2)
+        if (lo <= slot) & (slot < hi):
+            s_new = tl.sum(q * kn.to(tl.float32), axis=0)
+            m, l, acc = _merge2(m, l, acc, s_new, 1.0, vn.to(tl.float32))
+    else:
+        m, l, acc = _span_softmax(q, kb, vb, D, D, lo, hi, d, dm, BS, D, ".cg")
+    i = (row * NH + h) * NSPLIT + sp
+    tl.store(m_ptr + i, m)
+    tl.store(l_ptr + i, l)
+    tl.store(acc_ptr + i * HDM + d, acc)
+
+
+@triton.jit
+def _wmerge(out_ptr, m_ptr, l_ptr, acc_ptr, row, h, NH: tl.constexpr, D: tl.constexpr,
+            NSPLIT: tl.constexpr, NS_P2: tl.constexpr, HDM: tl.constexpr):
+    s = tl.arange(0, NS_P2)
+    sm = s < NSPLIT
+    d = tl.arange(0, D)
+    base = (row * NH + h) * NSPLIT
+    m = tl.load(m_ptr + base + s, mask=sm, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(l_ptr + base + s, mask=sm, other=0.0, cache_modifier=".cg")
+    acc = tl.load(acc_ptr + (base + s)[:, None] * HDM + d[None, :], mask=sm[:, None],
+                  other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + h * D + d, _merge_splits(m, l, acc).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _norm_add_row(s_ptr, w_ptr, x_ptr, scale_ptr, has_scale, eps, D: tl.constexpr,
+                  BD: tl.constexpr):
+    """ops/rmsnorm_residual for one row: x += RMSNorm(s) * w, then x *= scale if given."""
+    c = tl.arange(0, BD)
+    m = c < D
+    s = tl.load(s_ptr + c, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    w = tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + c, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    y = x + s / tl.sqrt(tl.sum(s * s, axis=0) / D + eps) * w
+    if has_scale != 0:
+        y = y * tl.load(scale_ptr).to(tl.float32)
+    tl.store(x_ptr + c, y.to(x_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, sin_off,
-                      act_off, m_off, l_off, acc_off, n_prog, n_cnt, eps, scale,
+                      act_off, m_off, l_off, acc_off, pos_off, n_prog, n_cnt, eps, scale,
+                      wscale,
                       B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, V: tl.constexpr,
                       LS: tl.constexpr, NK: tl.constexpr, OUT_COL: tl.constexpr,
                       BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -181,6 +322,9 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       R: tl.constexpr, NTAB: tl.constexpr, CAP: tl.constexpr,
                       S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
                       BS: tl.constexpr, NSPLIT: tl.constexpr, NS_P2: tl.constexpr,
+                      HD_S: tl.constexpr, HD_F: tl.constexpr, NKV_S: tl.constexpr,
+                      NKV_F: tl.constexpr, BSW_S: tl.constexpr, BSW_F: tl.constexpr,
+                      HDM: tl.constexpr,
                       SLEEP: tl.constexpr, ACQ: tl.constexpr,
                       ALIGNED: tl.constexpr = False):
     pid = tl.program_id(0)
@@ -210,19 +354,24 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
         p7 = tl.load(rec + 19)
         _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
         if op == 6:          # OP_HGEMV
-            if p7 == 1:      # the norm into this program's scratch rows first
-                if p6 == 1:
-                    _rms_zc_rows(fb + p4, fb + p5, wb + a_off, eps, B, D, D_P2)
-                else:
-                    _rms_zc_rows(wb + p4, fb + p5, wb + a_off, eps, B, D, D_P2)
-                tl.debug_barrier()
             w_off = _aligned(w_off, ALIGNED)     # (16-element vector loads of W)
-            if p0 == 2:
-                _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, B, BB, BN,
-                       BK, IEEE)
+            if p7 == 1:      # the norm into this program's scratch rows first (P6: bit 0
+                #              the source is the fp32 x, bit 1 a plain RMSNorm, else (1 + w))
+                zc = 1 - (p6 // 2) % 2
+                if p6 % 2 == 1:
+                    _rms_rows(fb + p4, fb + p5, wb + a_off, eps, zc, B, D, D_P2)
+                else:
+                    _rms_rows(wb + p4, fb + p5, wb + a_off, eps, zc, B, D, D_P2)
+                tl.debug_barrier()
+            if p7 == 2:      # the input is the fp32 residual x (rounded as it is loaded)
+                _hgemv(fb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
+                       B, BB, BN, BK, IEEE, ALIGNED)
+            elif p0 == 2:
+                _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
+                       B, BB, BN, BK, IEEE, ALIGNED)
             else:
-                _hgemv(wb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, B, BB, BN,
-                       BK, IEEE)
+                _hgemv(wb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
+                       B, BB, BN, BK, IEEE, ALIGNED)
         elif op == 7:        # OP_DELTA: (row n0, key head n1)
             delta_net_group(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
                             wb + p2 + n0 * SU, fb + w_off, wb + b_off + n0 * CS_B,
@@ -238,6 +387,33 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
         elif op == 9:        # OP_GMERGE: (row n0, query head n1)
             _gmerge(wb + a_off + n0 * SU, wb + y_off + n0 * SU, fb + m_off, fb + l_off,
                     fb + acc_off, n0, n1, NH, HD, BD, NSPLIT, NS_P2)
+        elif op == 10:       # OP_WATTN: (row n0, query head n1); p7 = split | flags << 8 |
+            #                  slots << 16 (flags: 1 writes, 2 ring, 4 the second head size)
+            sp = p7 % 256
+            fl = (p7 // 256) % 256
+            ns = p7 // 65536
+            if fl // 4 == 1:
+                _wattn(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
+                       wb + w_off, wb + b_off, fb + p2, fb + p3, wb + p4, wb + p5, ib + pos_off,
+                       ub + act_off, wb + p6, fb + m_off, fb + l_off, fb + acc_off, n0, n1,
+                       sp, fl % 2, (fl // 2) % 2, ns, eps, wscale, NH, NKV_F, HD_F, CAP, BSW_F,
+                       NSPLIT, HDM)
+            else:
+                _wattn(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
+                       wb + w_off, wb + b_off, fb + p2, fb + p3, wb + p4, wb + p5, ib + pos_off,
+                       ub + act_off, wb + p6, fb + m_off, fb + l_off, fb + acc_off, n0, n1,
+                       sp, fl % 2, (fl // 2) % 2, ns, eps, wscale, NH, NKV_S, HD_S, CAP, BSW_S,
+                       NSPLIT, HDM)
+        elif op == 11:       # OP_WMERGE: (row n0, query head n1), p7: 1 = the second size
+            if p7 == 1:
+                _wmerge(wb + y_off + n0 * SU, fb + m_off, fb + l_off, fb + acc_off, n0, n1, NH,
+                        HD_F, NSPLIT, NS_P2, HDM)
+            else:
+                _wmerge(wb + y_off + n0 * SU, fb + m_off, fb + l_off, fb + acc_off, n0, n1, NH,
+                        HD_S, NSPLIT, NS_P2, HDM)
+        elif op == 12:       # OP_NORMADD: row n0
+            _norm_add_row(wb + a_off + n0 * p0, fb + w_off, fb + y_off + n0 * D, fb + b_off, p1,
+                          eps, D, D_P2)
         elif op == 4:        # OP_ADVANCE
             _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                          ib + p3, ub + b_off, n0, NK, D, D_P2)
@@ -259,7 +435,8 @@ def constexprs(sh: dict, sleep: int = 0) -> dict:
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
-                             "S_POS", "BS", "NSPLIT")}
+                             "S_POS", "BS", "NSPLIT", "HD_S", "HD_F", "NKV_S", "NKV_F",
+                             "BSW_S", "BSW_F", "HDM")}
     p2 = triton.next_power_of_2
     kw.update(D_P2=p2(sh["D"]), ARG_BLOCK=min(4096, p2(sh["V"])), DK_P2=p2(sh["DK"]),
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
@@ -272,13 +449,15 @@ def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0):
     """One step of a hybrid lowering `low` compiled into `c` (compiler.Compiled)."""
     off = c.offsets
     kw = constexprs(low.shape, sleep)
+    sh_bk = low.shape["BK"]
     t = c.table
-    gemv_w = t[t[:, F_OP] == OP_HGEMV][:, F_W]
-    kw["ALIGNED"] = bool((gemv_w % 16 == 0).all())     # every GEMV's weights 16-aligned
+    gemv = t[t[:, F_OP] == OP_HGEMV]
+    # every GEMV's weights 16-aligned and every K a multiple of BK: hinted, no K mask
+    kw["ALIGNED"] = bool((gemv[:, F_W] % 16 == 0).all() and (gemv[:, F_P1] % sh_bk == 0).all())
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["active"], off["attn_m"],
-            off["attn_l"], off["attn_acc"], c.n_programs,
-            c.counters.numel(), low.eps, low.shape["HD"] ** -0.5)
+            off["attn_l"], off["attn_acc"], off["pos"], c.n_programs,
+            c.counters.numel(), low.eps, low.shape["HD"] ** -0.5, low.window_scale)
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \
                                   "compile with n_sm=1"

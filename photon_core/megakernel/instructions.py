@@ -23,10 +23,14 @@ OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM, OP_ATTN, OP_ADVANCE, OP_ARGMAX = range(6)
 # and epilogue in the table, a Gated DeltaNet (row, key head), gated attention (row, head,
 # key split) and its merge (row, head)
 OP_HGEMV, OP_DELTA, OP_GATTN, OP_GMERGE = 6, 7, 8, 9
+# Gemma 4's: window attention (row, head, key split) and its merge (row, head), the sandwich
+# norm + residual add (+ layer scalar) per row
+OP_WATTN, OP_WMERGE, OP_NORMADD = 10, 11, 12
 OP_NAMES = {OP_GEMV_W1: "gemv_w1", OP_GEMV_W2: "gemv_w2", OP_GEMV_LM: "gemv_lm",
             OP_ATTN: "attention", OP_ADVANCE: "advance", OP_ARGMAX: "argmax",
             OP_HGEMV: "gemv", OP_DELTA: "delta_net", OP_GATTN: "gated_attention",
-            OP_GMERGE: "gated_attention_merge"}
+            OP_GMERGE: "gated_attention_merge", OP_WATTN: "window_attention",
+            OP_WMERGE: "window_attention_merge", OP_NORMADD: "norm_add"}
 
 # dtype classes of the operands: one base pointer each in the kernel
 ARENAS = ("w", "f", "i", "u")      # model dtype, fp32, int64, uint8 (bools)

@@ -35,8 +35,9 @@ def auto_spec(fd) -> str:
     fused kernels there)."""
     if fd is None or interpreted():
         return "off"
-    if getattr(getattr(fd, "program", None), "delta", None) is not None:
-        return "off"        # the hybrid lowering (Qwen 3.5): not measured on a GPU yet
+    if getattr(getattr(fd, "program", None), "delta", None) is not None or \
+            getattr(fd, "window", False):
+        return "off"        # the hybrid lowering (Qwen 3.5, Gemma 4): not measured on a GPU yet
     dev = torch.device(fd.x.device)
     if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
         return "off"

@@ -153,7 +153,7 @@ class MegakernelStep:
         # a hybrid program (Gated DeltaNet layers: Qwen 3.5) has its own lowering and kernel
         # (hybrid_lowering.py, hybrid_kernel.py; its GEMVs take one tile shape, the variant's
         # GEMV fields do not apply; attn_per / the variant's "aN": key splits per (row, head))
-        self.hybrid = fd.program.delta is not None
+        self.hybrid = fd.program.delta is not None or bool(getattr(fd, "window", False))
         self.low = HybridLowering(fd, st, b, n_sm, head,
                                   attn_splits=attn_per or v.attn_per or None) \
             if self.hybrid else ProgramLowering(fd, st, b, n_sm, gemv, head)
@@ -163,6 +163,9 @@ class MegakernelStep:
 
     def feed(self) -> None:
         self.fd.feed(self.st, self.b)
+        pre = getattr(self.low, "pre", None)
+        if pre is not None:       # (Gemma 4's per-layer input: the fused backend's launch)
+            pre(self.b, {})
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""

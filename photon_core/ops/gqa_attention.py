@@ -47,10 +47,12 @@ except ImportError:   # the torch reference above needs no Triton
 
 if triton is not None:
     @triton.jit
-    def _span_softmax(q, kb, vb, sk_s, sv_s, lo, hi, d, dm, BS: tl.constexpr, BD: tl.constexpr):
+    def _span_softmax(q, kb, vb, sk_s, sv_s, lo, hi, d, dm, BS: tl.constexpr, BD: tl.constexpr,
+                      CM: tl.constexpr = ""):
         """Online softmax of one (pre-scaled) query q [BD] over keys / values at kb / vb,
         positions lo .. hi-1 in tiles of BS -> (m, l, acc): the split's running max, sum and
-        weighted values (fp32; m = -inf for an empty span)."""
+        weighted values (fp32; m = -inf for an empty span). CM: the k / v loads' cache
+        modifier (".cg" where another SM wrote them during the launch: the megakernel)."""
         m = tl.full([], float("-inf"), tl.float32)
         l = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([BD], tl.float32)
@@ -58,13 +60,15 @@ if triton is not None:
             pos = t0 + tl.arange(0, BS)
             pm = pos < hi
             msk = pm[:, None] & dm[None, :]
-            kt = tl.load(kb + pos[:, None] * sk_s + d[None, :], mask=msk, other=0.0).to(tl.float32)
+            kt = tl.load(kb + pos[:, None] * sk_s + d[None, :], mask=msk, other=0.0,
+                         cache_modifier=CM).to(tl.float32)
             s = tl.sum(kt * q[None, :], axis=1)
             s = tl.where(pm, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=0))
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new)
-            vt = tl.load(vb + pos[:, None] * sv_s + d[None, :], mask=msk, other=0.0).to(tl.float32)
+            vt = tl.load(vb + pos[:, None] * sv_s + d[None, :], mask=msk, other=0.0,
+                         cache_modifier=CM).to(tl.float32)
             l = l * alpha + tl.sum(p, axis=0)
             acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
             m = m_new
