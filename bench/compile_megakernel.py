@@ -4,7 +4,7 @@ time, registers, spills (local memory), shared memory per variant and batch buck
 whether the PDL builds carry griddepcontrol. What it cannot say: speed.
 
 Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants fma/w8/s3/u4,pipe/w4/s4,...]
-       [--b 1,8] [--kv 832] [--gemv-pdl] [--trace] [--hybrid]
+       [--b 1,8] [--kv 832] [--gemv-pdl] [--trace] [--hybrid qwen3.5|gemma4]
 (variants: photon_core/megakernel/megakernel_step.py Variant strings)
 """
 from __future__ import annotations
@@ -102,13 +102,31 @@ def qwen3_5_shape(b: int, cap: int) -> dict:
                 IEEE=False, HK=hk, HV=hv, DK=dk, DV=dv, KC=4, CS_B=conv * 3, CS_C=3, CS_K=1,
                 S_S=hv * dk * dv, NH=nh, NKV=nkv, HD=hd, R=64, NTAB=cap + 1, CAP=cap,
                 S_ROW=nkv * cap * hd, S_HEAD=cap * hd, S_POS=hd, BS=32,
-                NSPLIT=max(1, min(32, 132 // (b * nh))))
+                NSPLIT=max(1, min(32, 132 // (b * nh))), HD_S=hd, HD_F=hd, NKV_S=nkv,
+                NKV_F=nkv, BSW_S=32, BSW_F=32, HDM=hd)
 
 
-def compile_hybrid(b: int, cap: int, warps: int = 8, stages: int = 2):
-    """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's shapes."""
+def gemma4_shape(b: int, cap: int) -> dict:
+    """HybridLowering's shape dict at Gemma 4 E2B's text shapes (hidden 1536, 8 heads, one
+    k/v head, head sizes 256 sliding / 512 global, MLP 6144 and 12288, per-layer inputs of
+    256, vocabulary 262144), without weights; the DeltaNet fields as the lowering fills them
+    for a program without DeltaNet layers."""
+    nh, d, vocab = 8, 1536, 262144
+    su = 2 * (nh * 256 + 2 * 256 + nh * 256) + 2 * (nh * 512 + 2 * 512 + nh * 512) \
+        + 3 * (6144 + 12288) + 2 * 256
+    return dict(B=b, D=d, SU=su, V=vocab, LS=vocab, NK=1, OUT_COL=0, BB=16, BN=32, BK=128,
+                IEEE=False, NH=nh, CAP=cap, NSPLIT=max(1, min(32, 132 // (b * nh))),
+                HD_S=256, HD_F=512, NKV_S=1, NKV_F=1, BSW_S=32, BSW_F=16, HDM=512,
+                HK=1, HV=1, DK=16, DV=16, KC=4, CS_B=1, CS_C=1, CS_K=1, S_S=1, NKV=1, HD=256,
+                R=2, NTAB=1, S_ROW=1, S_HEAD=1, S_POS=1, BS=16)
+
+
+def compile_hybrid(b: int, cap: int, warps: int = 8, stages: int = 2,
+                   family: str = "qwen3.5"):
+    """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's or Gemma 4
+    E2B's shapes."""
     from photon_core.megakernel.hybrid_kernel import constexprs, hybrid_megakernel
-    kw = constexprs(qwen3_5_shape(b, cap))
+    kw = constexprs(qwen3_5_shape(b, cap) if family == "qwen3.5" else gemma4_shape(b, cap))
     kw["ALIGNED"] = True
     types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",
              "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32"}
@@ -167,16 +185,18 @@ def main():
     ap.add_argument("--trace", action="store_true", help="the builds with instruction timestamps")
     ap.add_argument("--skip", action="store_true",
                     help="the builds that skip their work when every active row has stopped")
-    ap.add_argument("--hybrid", action="store_true",
-                    help="the hybrid families' kernel (Qwen 3.5 0.8B's shapes) instead")
+    ap.add_argument("--hybrid", choices=["qwen3.5", "gemma4"], default=None,
+                    help="the hybrid families' kernel at Qwen 3.5 0.8B's or Gemma 4 E2B's "
+                         "shapes instead")
+    ap.add_argument("--warps", default="4,8", help="--hybrid: the warp counts built")
     a = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90", flush=True)
     if a.hybrid:
         for b in (int(x) for x in a.b.split(",")):
-            for warps in (4, 8):
-                dt, k = compile_hybrid(b, a.kv, warps)
-                print(f"hybrid megakernel b={b} w{warps}: compile {dt:.1f} s, {describe(k)}",
-                      flush=True)
+            for warps in (int(w) for w in a.warps.split(",")):
+                dt, k = compile_hybrid(b, a.kv, warps, family=a.hybrid)
+                print(f"hybrid megakernel {a.hybrid} b={b} w{warps}: compile {dt:.1f} s, "
+                      f"{describe(k)}", flush=True)
         return
     if a.gemv_pdl:
         for pdl in (False, True):

@@ -99,11 +99,11 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul, B: tl.con
             mv = tl.load(mul_ptr + offs_b[:, None] * smul + offs_n[None, :], mask=mask,
                          other=0.0, cache_modifier=".cg").to(tl.float32)
             if epi == 7:
-                v = gated_value(t, mv, False)
+                va = gated_value(t, mv, False)
             else:
-                v = gated_value(t, mv, True)
+                va = gated_value(t, mv, True)
             tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
-                     v.to(y_ptr.dtype.element_ty), mask=mask)
+                     va.to(y_ptr.dtype.element_ty), mask=mask)
         else:               # (gate, up) row pairs -> act(gate) * up at column n // 2
             t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
             g, u = tl.split(tl.reshape(t, [BB, BN // 2, 2]))

@@ -97,3 +97,20 @@ def test_moondream_encode_kernels_fit_sm90():
     assert {"_rope_kv_write_kernel", "_add_layernorm_kernel"} <= {r["kernel"] for r in rows}
     bad = [r for r in rows if not r["fits"] or r["spill"]]
     assert not bad, _report(bad)
+
+
+@pytest.mark.parametrize("family", ["qwen3.5", "gemma4"])
+def test_hybrid_megakernel_compiles_for_sm90_without_spills(family):
+    """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's / Gemma 4 E2B's
+    shapes, b=1 and 8, 8 warps: it compiles (the interpreter accepts code the compiler
+    refuses, e.g. one name of two shapes in two branches) and keeps every register in the
+    register file (no stack frame)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "compile_megakernel.py"),
+                        "--hybrid", family, "--b", "1,8", "--warps", "8"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=850)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("hybrid megakernel")]
+    assert len(lines) == 2, p.stdout[-2000:] + p.stderr[-3000:]
+    for ln in lines:
+        assert "STACK:0 " in ln and "LOCAL:0 " in ln, ln
