@@ -4,7 +4,8 @@ the schedule's order.
 Moondream-shaped programs (lowering.py) and the hybrid families' (hybrid_lowering.py: GEMVs
 with a zero-centred norm prologue and store / residual / gated epilogues, a Gated DeltaNet
 (row, key head) through the op's torch reference on that head's channels, gated attention
-per (row, head, key split) and its merge per (row, head)). The SM queues are interleaved as the GPU would run them: round after round, each queue whose
+per (row, head, key split) and its merge per (row, head); Gemma 4's window attention per
+(row, head, key split) and merge, the sandwich norm + add per row). The SM queues are interleaved as the GPU would run them: round after round, each queue whose
 head instruction has its counters at their targets runs that instruction and signals; a round
 in which no queue can move is a deadlock (raised: the schedule is wrong). Each op reads and
 writes the same operands (buffer + element offset + the kernel's row strides) as kernel.py,
@@ -19,7 +20,8 @@ import torch.nn.functional as F
 
 from ..ops.delta_net_rows import delta_net_rows_reference
 from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_DELTA, OP_GATTN, OP_GEMV_LM,
-                           OP_GEMV_W1, OP_GEMV_W2, OP_GMERGE, OP_HGEMV, Instr)
+                           OP_GEMV_W1, OP_GEMV_W2, OP_GMERGE, OP_HGEMV, OP_NORMADD, OP_WATTN,
+                           OP_WMERGE, Instr)
 
 
 class Deadlock(RuntimeError):
@@ -106,6 +108,12 @@ class PythonVM:
             self._gated_attention(ins)
         elif ins.op == OP_GMERGE:
             self._gated_merge(ins)
+        elif ins.op == OP_WATTN:
+            self._window_attention(ins)
+        elif ins.op == OP_WMERGE:
+            self._window_merge(ins)
+        elif ins.op == OP_NORMADD:
+            self._norm_add(ins)
         elif ins.op == OP_ATTN:
             self._attention(ins)
             key = (ins.op_name,) + ins.tile
@@ -211,7 +219,8 @@ class PythonVM:
         """GEMV rows [n0, n1): the zero-centred RMSNorm of x / hidden into the program's
         scratch rows first (unless ln_reuse), then store / fp32 residual add / act(gate) * up
         of (gate, up) row pairs (hybrid_kernel's EPI codes)."""
-        from .hybrid_kernel import EPI_GATED_GELU, EPI_RESIDUAL, EPI_STORE
+        from .hybrid_kernel import (EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU, EPI_GATED_GELU,
+                                    EPI_RESIDUAL, EPI_STORE)
         sh, a, pr = self.sh, ins.args, ins.params
         D, B, dt = sh["D"], sh["B"], self.bufs["hidden"].dtype
         n0, n1 = ins.tile
@@ -221,17 +230,24 @@ class PythonVM:
             if not ins.ln_reuse:
                 xin = self.rows(a["ln_inp"], D, B, D).float()
                 w = self.flat(a["ln_gamma"])[:D].float()
-                rstd = torch.rsqrt(xin.pow(2).mean(-1, keepdim=True) + self.low.eps)
-                hs.copy_((xin * rstd * (1.0 + w)).to(dt))
+                if not pr["ln_in_f32"] & 2:       # zero-centred: (1 + w); plain RMSNorm: w
+                    w = 1.0 + w
+                rstd = 1.0 / torch.sqrt(xin.pow(2).mean(-1, keepdim=True) + self.low.eps)
+                hs.copy_((xin * rstd * w).to(dt))
             x = hs.float()
-        else:
-            x = self.rows(a["inp"], pr["sx"], B, k).float()
+        else:       # (the fp32 x rounded to the weights' dtype as the kernel loads it)
+            x = self.rows(a["inp"], pr["sx"], B, k).to(dt).float()
         acc = x @ self.rows(a["w"], k, n1, k)[n0:].float().T
         epi = pr["epi"]
         if epi == EPI_RESIDUAL:
             self.rows(a["out"], pr["sy"], B, n1)[:, n0:n1] += acc
         elif epi == EPI_STORE:
             self.rows(a["out"], pr["sy"], B, n1)[:, n0:n1] = acc.to(dt)
+        elif epi in (EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU):
+            t = acc.to(dt).float()
+            mul = self.rows(a["mul"], pr["s_mul"], B, n1)[:, n0:n1].float()
+            act = F.gelu(t, approximate="tanh") if epi == EPI_ACT_MUL_GELU else F.silu(t)
+            self.rows(a["out"], pr["sy"], B, n1)[:, n0:n1] = (act * mul).to(dt)
         else:
             t = acc.to(dt).float()
             g, u = t[:, 0::2], t[:, 1::2]
@@ -340,3 +356,88 @@ class PythonVM:
         gate = self.flat(a["qg"])[r * su + h * 2 * hd + hd:][:hd].float()
         self.flat(a["out"])[r * su + h * hd:][:hd] = (o * torch.sigmoid(gate)).to(
             self.bufs["hidden"].dtype)
+
+    # -- Gemma 4's ops ---------------------------------------------------------------------
+    def _norm_add(self, ins: Instr) -> None:
+        """Row r: x += RMSNorm(src) * w, then x *= the layer scalar when given."""
+        sh, a = self.sh, ins.args
+        r, D = ins.tile[0], sh["D"]
+        s = self.flat(a["src"])[r * ins.params["s_src"]:][:D].float()
+        x = self.flat(a["x"])[r * D:(r + 1) * D]
+        y = x.float() + s / torch.sqrt(s.pow(2).mean() + self.low.eps) * \
+            self.flat(a["w"])[:D].float()
+        if "scale" in a:
+            y = y * self.flat(a["scale"])[0].float()
+        x.copy_(y.to(x.dtype))
+
+    def _window_attention(self, ins: Instr) -> None:
+        """Key split sp of (row, head) of a window layer: hybrid_kernel._wattn's cut of the
+        valid slots (a ring's <= p, or 0 .. p of the capacity), the new slot from the normed
+        and rotated k / scale-free v on a writing layer (its group's first head's split 0
+        stores them), every slot from the cache on a KV-shared one; partials into the
+        scratch."""
+        sh, a, pr = self.sh, ins.args, ins.params
+        r, h = ins.tile
+        sp = ins.sub[0]
+        D = pr["hd"]
+        nkv = sh["NKV_F"] if pr["full"] else sh["NKV_S"]
+        nh, ns_, su, hdm = sh["NH"], sh["NSPLIT"], sh["SU"], sh["HDM"]
+        bs = sh["BSW_F"] if pr["full"] else sh["BSW_S"]
+        rep = nh // nkv
+        kvh = h // rep
+        dt = self.bufs["hidden"].dtype
+        p = min(int(self.bufs["pos"][r]), sh["CAP"] - 1)
+        cos = self.flat(a["cos"])[p * D:(p + 1) * D].float()
+        sin = self.flat(a["sin"])[p * D:(p + 1) * D].float()
+
+        def norm_rot(x, w, rotate=True):
+            x = x.float()
+            y = x / torch.sqrt(x.pow(2).mean() + self.low.eps)
+            if w is not None:
+                y = y * w.float()
+            if rotate:
+                y = y * cos + torch.cat([-y[D // 2:], y[:D // 2]]) * sin
+            return y.to(dt)
+        q = norm_rot(self.flat(a["q"])[r * su + h * D:][:D], self.flat(a["q_norm"])[:D])
+        n_slots = pr["slots"]
+        kc = self.bufs[a["kc"].buf][r, kvh]
+        vc = self.bufs[a["vc"].buf][r, kvh]
+        slot = p % n_slots if pr["ring"] else p
+        n = min(p + 1, n_slots)
+        span = -(-(-(-n // ns_)) // bs) * bs
+        lo, hi = sp * span, min(sp * span + span, n)
+        idx = [j for j in range(lo, hi) if not (pr["writes"] and j == slot)]
+        keys = [kc[idx].float()]
+        vals = [vc[idx].float()]
+        if pr["writes"]:
+            kn = norm_rot(self.flat(a["k"])[r * su + kvh * D:][:D], self.flat(a["k_norm"])[:D])
+            vn = norm_rot(self.flat(a["v"])[r * su + kvh * D:][:D], None, rotate=False)
+            if h % rep == 0 and sp == 0 and bool(self.bufs["active"][r]):
+                kc[slot], vc[slot] = kn.to(kc.dtype), vn.to(vc.dtype)
+            if lo <= slot < hi:
+                keys.append(kn.to(kc.dtype).float()[None])
+                vals.append(vn.to(vc.dtype).float()[None])
+        keys, vals = torch.cat(keys), torch.cat(vals)
+        i = (r * nh + h) * ns_ + sp
+        m_, l_, acc_ = self.bufs["attn_m"], self.bufs["attn_l"], self.bufs["attn_acc"]
+        if keys.shape[0] == 0:
+            m_[i], l_[i] = float("-inf"), 0.0
+            acc_[i * hdm:i * hdm + D] = 0.0
+            return
+        sc = keys @ (q.float() * self.low.window_scale)
+        m = sc.max()
+        e = torch.exp(sc - m)
+        m_[i], l_[i] = m, e.sum()
+        acc_[i * hdm:i * hdm + D] = e @ vals
+
+    def _window_merge(self, ins: Instr) -> None:
+        sh, a = self.sh, ins.args
+        r, h = ins.tile
+        D, nh, ns_, hdm = ins.params["hd"], sh["NH"], sh["NSPLIT"], sh["HDM"]
+        base = (r * nh + h) * ns_
+        m = self.bufs["attn_m"][base:base + ns_]
+        l = self.bufs["attn_l"][base:base + ns_]
+        acc = self.bufs["attn_acc"][base * hdm:(base + ns_) * hdm].view(ns_, hdm)[:, :D]
+        wt = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - m.max()))
+        o = (acc * wt[:, None]).sum(0) / (l * wt).sum()
+        self.flat(a["out"])[r * sh["SU"] + h * D:][:D] = o.to(self.bufs["hidden"].dtype)

@@ -216,3 +216,29 @@ def test_gemma4_step_matches_fused(gemma, b, splits, pos):
             assert torch.equal(g_, w_), k
     for k in ("x", "hidden", "k.0", "k.2", "v.3"):
         assert not torch.equal(got[k], s0[k]), k
+
+
+def test_gemma4_python_twin_matches_fused_and_kernel(gemma):
+    """The twin on Gemma 4's table (three queues interleaved, three key splits) = the fused
+    step and = the kernel."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep, reference_step
+
+    st, fd = _gemma_setup(gemma, pos=(150, 6))
+    s0 = _gemma_snapshot(st, fd)
+    reference_step(fd, st, 2, feed=False)
+    want = _gemma_snapshot(st, fd)
+    results = []
+    for n_sm, run in ((3, "run_vm"), (1, "run_kernel")):
+        _gemma_restore(st, fd, s0)
+        mk = MegakernelStep(fd, st, 2, n_sm=n_sm, attn_per=3, head=False)
+        mk.low.pre(2, {})
+        getattr(mk, run)()
+        results.append(_gemma_snapshot(st, fd))
+    for got in results:
+        for k in want:
+            g_, w_ = (got[k][:2], want[k][:2]) if k in ("x", "hidden", "pos") \
+                else (got[k], want[k])
+            torch.testing.assert_close(g_.float(), w_.float(), rtol=1e-4, atol=1e-4, msg=k)
+    for k in results[0]:
+        torch.testing.assert_close(results[0][k].float(), results[1][k].float(), rtol=1e-4,
+                                   atol=1e-4, msg=f"twin vs kernel {k}")
