@@ -299,6 +299,29 @@ def test_gpu_graphs_match_fused(variant):
 
 
 @gpu_only
+def test_gpu_gemma4_hybrid_megakernel_matches_fused(tmp_path):
+    """On CUDA: tiny random fp32 Gemma 4 through the hybrid megakernel gives the fused
+    backend's outputs, batch 1 and 2, query and caption, past the rings' size."""
+    from photon_core.models import gemma4
+    g = gemma4.load_model(str(gemma4.make_test_model(tmp_path / "g4", seed=5)),
+                          device="cuda", dtype="fp32")
+    fu = FastEngine(g, max_batch=2, kv_capacity=512, fused="on")
+    mk = FastEngine(g, max_batch=2, kv_capacity=512, fused="on", megakernel="auto/w8/s2")
+    assert mk.state.megakernel is not None, mk.state.megakernel_fallback
+    rng = np.random.default_rng(3)
+    encs = [g.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((96, 128), (64, 64))]
+    tasks = [Task("query", question="How many dogs?", max_tokens=12),
+             Task("caption", caption_length="short", max_tokens=10)]
+    for k in range(len(tasks)):
+        pairs = [(encs[(k + j) % 2], tasks[(k + j) % len(tasks)]) for j in range(2)]
+        for w, r in zip(_decode(fu, pairs[:1]) + _decode(fu, pairs),
+                        _decode(mk, pairs[:1]) + _decode(mk, pairs)):
+            assert same(w, r), (k, w.output, r.output)
+    fu.close(), mk.close()
+
+
+@gpu_only
 def test_gpu_qwen35_hybrid_megakernel_matches_fused(tmp_path, dtype="fp32"):
     """On CUDA (cooperative launch, one program per SM, graphs per bucket): tiny random Qwen
     3.5 through the hybrid megakernel gives the fused backend's outputs, batch 1 and 2, every
