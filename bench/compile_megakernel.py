@@ -122,11 +122,12 @@ def gemma4_shape(b: int, cap: int) -> dict:
 
 
 def compile_hybrid(b: int, cap: int, warps: int = 8, stages: int = 2,
-                   family: str = "qwen3.5"):
+                   family: str = "qwen3.5", pf: int = 0):
     """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's or Gemma 4
-    E2B's shapes."""
+    E2B's shapes (pf: bytes of L2 prefetch of a GEMV's weights before its wait)."""
     from photon_core.megakernel.hybrid_kernel import constexprs, hybrid_megakernel
-    kw = constexprs(qwen3_5_shape(b, cap) if family == "qwen3.5" else gemma4_shape(b, cap))
+    kw = constexprs(qwen3_5_shape(b, cap) if family == "qwen3.5" else gemma4_shape(b, cap),
+                    pf=pf, num_warps=warps)
     kw["ALIGNED"] = True
     types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",
              "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32"}
@@ -189,13 +190,15 @@ def main():
                     help="the hybrid families' kernel at Qwen 3.5 0.8B's or Gemma 4 E2B's "
                          "shapes instead")
     ap.add_argument("--warps", default="4,8", help="--hybrid: the warp counts built")
+    ap.add_argument("--pf", type=int, default=0,
+                    help="--hybrid: KiB of a GEMV's weights prefetched into L2 before its wait")
     a = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90", flush=True)
     if a.hybrid:
         for b in (int(x) for x in a.b.split(",")):
             for warps in (int(w) for w in a.warps.split(",")):
-                dt, k = compile_hybrid(b, a.kv, warps, family=a.hybrid)
-                print(f"hybrid megakernel {a.hybrid} b={b} w{warps}: compile {dt:.1f} s, "
+                dt, k = compile_hybrid(b, a.kv, warps, family=a.hybrid, pf=a.pf * 1024)
+                print(f"hybrid megakernel {a.hybrid} b={b} w{warps} pf{a.pf}: compile {dt:.1f} s, "
                       f"{describe(k)}", flush=True)
         return
     if a.gemv_pdl:

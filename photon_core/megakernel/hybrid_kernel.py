@@ -34,7 +34,8 @@ from ..ops.gated_activation import gated_value
 from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import F_OP, F_P1, F_W, OP_HGEMV
-from .kernel import _STRIDE, _advance_row, _aligned, _argmax_row, _waits, interpreted
+from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _l2_prefetch, _waits,
+                     interpreted)
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
 EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU = 6, 7          # act(y) * mul[:, n]
@@ -326,7 +327,8 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       NKV_F: tl.constexpr, BSW_S: tl.constexpr, BSW_F: tl.constexpr,
                       HDM: tl.constexpr,
                       SLEEP: tl.constexpr, ACQ: tl.constexpr,
-                      ALIGNED: tl.constexpr = False):
+                      ALIGNED: tl.constexpr = False, PF: tl.constexpr = 0,
+                      NT: tl.constexpr = 256):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -352,6 +354,11 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
         p5 = tl.load(rec + 17)
         p6 = tl.load(rec + 18)
         p7 = tl.load(rec + 19)
+        if PF > 0:          # a GEMV's first PF weight bytes into L2 before its wait (the
+            if op == 6:      # weights never change in a step: their reads overlap the wait)
+                esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
+                _l2_prefetch(wb + _aligned(w_off, ALIGNED) + n0.to(tl.int64) * p1,
+                             tl.minimum((n1 - n0).to(tl.int64) * p1 * esz, PF), NT)
         _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
         if op == 6:          # OP_HGEMV
             w_off = _aligned(w_off, ALIGNED)     # (16-element vector loads of W)
@@ -429,9 +436,11 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
             tl.store(cnt_ptr + offs, tl.zeros([128], dtype=tl.int32), mask=offs < n_cnt)
 
 
-def constexprs(sh: dict, sleep: int = 0) -> dict:
+def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
-    .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU)."""
+    .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU). pf:
+    bytes of a GEMV instruction's weights prefetched into L2 before its wait (CUDA with
+    aligned weights only: a bulk prefetch needs 16-byte addresses; the variant's "pfN")."""
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
@@ -441,19 +450,22 @@ def constexprs(sh: dict, sleep: int = 0) -> dict:
     kw.update(D_P2=p2(sh["D"]), ARG_BLOCK=min(4096, p2(sh["V"])), DK_P2=p2(sh["DK"]),
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
               NS_P2=p2(sh["NSPLIT"]),
-              SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted())
+              SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted(),
+              PF=0 if interpreted() else int(pf), NT=32 * num_warps)
     return kw
 
 
-def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0):
+def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0):
     """One step of a hybrid lowering `low` compiled into `c` (compiler.Compiled)."""
     off = c.offsets
-    kw = constexprs(low.shape, sleep)
+    kw = constexprs(low.shape, sleep, pf, num_warps)
     sh_bk = low.shape["BK"]
     t = c.table
     gemv = t[t[:, F_OP] == OP_HGEMV]
     # every GEMV's weights 16-aligned and every K a multiple of BK: hinted, no K mask
     kw["ALIGNED"] = bool((gemv[:, F_W] % 16 == 0).all() and (gemv[:, F_P1] % sh_bk == 0).all())
+    if not kw["ALIGNED"]:
+        kw["PF"] = 0
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["active"], off["attn_m"],
             off["attn_l"], off["attn_acc"], off["pos"], c.n_programs,
