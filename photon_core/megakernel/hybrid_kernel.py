@@ -35,7 +35,7 @@ from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import F_OP, F_P1, F_W, OP_HGEMV
 from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _l2_prefetch, _waits,
-                     interpreted)
+                     finish_launch, interpreted, read_record)
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
 EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU = 6, 7          # act(y) * mul[:, n]
@@ -334,26 +334,8 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
     q1 = tl.load(queue_ptr + pid + 1)
     for i in range(q0, q1):
         rec = table_ptr + i * _STRIDE
-        op = tl.load(rec + 0)
-        a_off = tl.load(rec + 1)
-        w_off = tl.load(rec + 2)
-        b_off = tl.load(rec + 3)
-        y_off = tl.load(rec + 4)
-        n0 = tl.load(rec + 5).to(tl.int32)
-        n1 = tl.load(rec + 6).to(tl.int32)
-        p0 = tl.load(rec + 7)
-        p1 = tl.load(rec + 8)
-        p2 = tl.load(rec + 9)
-        p3 = tl.load(rec + 10)
-        wi0 = tl.load(rec + 11).to(tl.int32)
-        wt0 = tl.load(rec + 12).to(tl.int32)
-        wi1 = tl.load(rec + 13).to(tl.int32)
-        wt1 = tl.load(rec + 14).to(tl.int32)
-        sig = tl.load(rec + 15)
-        p4 = tl.load(rec + 16)
-        p5 = tl.load(rec + 17)
-        p6 = tl.load(rec + 18)
-        p7 = tl.load(rec + 19)
+        (op, a_off, w_off, b_off, y_off, n0, n1, p0, p1, p2, p3, wi0, wt0, wi1, wt1, sig, p4,
+         p5, p6, p7) = read_record(rec)
         if PF > 0:          # a GEMV's first PF weight bytes into L2 before its wait (the
             if op == 6:      # weights never change in a step: their reads overlap the wait)
                 esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
@@ -429,11 +411,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                         ARG_BLOCK)
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr + sig, 1, sem="release", scope="gpu")
-    done = tl.atomic_add(cnt_ptr + n_cnt - 1, 1, sem="acq_rel", scope="gpu")
-    if done == n_prog - 1:          # every program is past its queue: reset for next launch
-        for c0 in range(0, n_cnt, 128):
-            offs = c0 + tl.arange(0, 128)
-            tl.store(cnt_ptr + offs, tl.zeros([128], dtype=tl.int32), mask=offs < n_cnt)
+    finish_launch(cnt_ptr, n_cnt, n_prog)
 
 
 def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8) -> dict:

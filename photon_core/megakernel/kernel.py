@@ -658,6 +658,30 @@ def _argmax_row(x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row,
 
 
 @triton.jit
+def read_record(rec):
+    """The 20 int64 fields of one instruction (instructions.py's layout), all loaded at once:
+    one round trip, not one per use (op, the four operand offsets, the tile (int32), p0..p3,
+    the two waits (int32), the signal, p4..p7)."""
+    return (tl.load(rec + 0), tl.load(rec + 1), tl.load(rec + 2), tl.load(rec + 3),
+            tl.load(rec + 4), tl.load(rec + 5).to(tl.int32), tl.load(rec + 6).to(tl.int32),
+            tl.load(rec + 7), tl.load(rec + 8), tl.load(rec + 9), tl.load(rec + 10),
+            tl.load(rec + 11).to(tl.int32), tl.load(rec + 12).to(tl.int32),
+            tl.load(rec + 13).to(tl.int32), tl.load(rec + 14).to(tl.int32), tl.load(rec + 15),
+            tl.load(rec + 16), tl.load(rec + 17), tl.load(rec + 18), tl.load(rec + 19))
+
+
+@triton.jit
+def finish_launch(cnt_ptr, n_cnt, n_prog):
+    """A program past its queue counts itself; the last one zeroes every counter for the
+    next launch."""
+    done = tl.atomic_add(cnt_ptr + n_cnt - 1, 1, sem="acq_rel", scope="gpu")
+    if done == n_prog - 1:
+        for c0 in range(0, n_cnt, 128):
+            offs = c0 + tl.arange(0, 128)
+            tl.store(cnt_ptr + offs, tl.zeros([128], dtype=tl.int32), mask=offs < n_cnt)
+
+
+@triton.jit
 def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                cos_off, sin_off, m_off, l_off, acc_off, n_prog, n_cnt, hc_base, eps, scale,
                trace_ptr, stop_ptr, act_ptr,
@@ -691,26 +715,8 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         if TRACE:        # (start, end) of instruction i in ns: bench/trace_megakernel.py
             tl.store(trace_ptr + 2 * i, _globaltimer())
         rec = table_ptr + i * _STRIDE
-        op = tl.load(rec + 0)
-        a_off = tl.load(rec + 1)
-        w_off = tl.load(rec + 2)
-        b_off = tl.load(rec + 3)
-        y_off = tl.load(rec + 4)
-        n0 = tl.load(rec + 5).to(tl.int32)
-        n1 = tl.load(rec + 6).to(tl.int32)
-        p0 = tl.load(rec + 7)
-        p1 = tl.load(rec + 8)
-        p2 = tl.load(rec + 9)
-        p3 = tl.load(rec + 10)
-        wi0 = tl.load(rec + 11).to(tl.int32)
-        wt0 = tl.load(rec + 12).to(tl.int32)
-        wi1 = tl.load(rec + 13).to(tl.int32)
-        wt1 = tl.load(rec + 14).to(tl.int32)
-        sig = tl.load(rec + 15)
-        f16 = tl.load(rec + 16)
-        f17 = tl.load(rec + 17)
-        f18 = tl.load(rec + 18)
-        f19 = tl.load(rec + 19)
+        (op, a_off, w_off, b_off, y_off, n0, n1, p0, p1, p2, p3, wi0, wt0, wi1, wt1, sig, f16,
+         f17, f18, f19) = read_record(rec)
         # (every field read here at once: one round trip, not one per use; on CUDA the
         # record two ahead goes to L2 now)
         if ACQ:
@@ -768,11 +774,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         tl.atomic_add(cnt_ptr + sig, 1, sem="release", scope="gpu")
         if TRACE:
             tl.store(trace_ptr + 2 * i + 1, _globaltimer())
-    done = tl.atomic_add(cnt_ptr + n_cnt - 1, 1, sem="acq_rel", scope="gpu")
-    if done == n_prog - 1:          # every program is past its queue: reset for next launch
-        for c0 in range(0, n_cnt, 128):
-            offs = c0 + tl.arange(0, 128)
-            tl.store(cnt_ptr + offs, tl.zeros([128], dtype=tl.int32), mask=offs < n_cnt)
+    finish_launch(cnt_ptr, n_cnt, n_prog)
 
 
 def interpreted() -> bool:
