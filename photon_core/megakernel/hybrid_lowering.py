@@ -1,17 +1,27 @@
-"""A hybrid family's step program (Qwen 3.5: Gated DeltaNet + gated attention layers) lowered
-for the megakernel (hybrid_kernel.py), over the fused backend's own tensors (its joined GEMV
-weights, row buffers, state cache, rotary tables): nothing of the model is copied but a few
-small per-layer vectors as fp32 (the same values: the kernels read them as fp32).
+"""A hybrid family's step program (Qwen 3.5: Gated DeltaNet + gated attention layers; Gemma 4:
+window attention over rings / the capacity with KV sharing, sandwich norms, per-layer inputs)
+lowered for the megakernel (hybrid_kernel.py), over the fused backend's own tensors (its
+joined GEMV weights, row buffers, state cache, rotary tables): nothing of the model is copied
+but a few small per-layer vectors as fp32 (the same values: the kernels read them as fp32).
 
 The program's ops, in order, each one ProgramOp waiting for the one before it:
-  norm rms_zc x -> h; linear h -> [...]   one GEMV whose instructions first compute the norm
-                                          of x into their program's scratch (OP_HGEMV)
-  ... + act_mul silu (gate, up) -> m      the same, epilogue act(gate) * up (EPI_GATED)
+  norm x -> h; linear h -> [...]          one GEMV whose instructions first compute the norm
+                                          (zero-centred or plain RMSNorm) of x into their
+                                          program's scratch (OP_HGEMV)
+  ... + act_mul (gate, up) -> m           the same, epilogue act(gate) * up (EPI_GATED)
+  linear x -> p; act_mul (p, q) -> m      a GEMV of the fp32 x, epilogue act(p) * q
+  linear s -> [o]                         a GEMV of a buffer's columns (store)
   conv1d -> delta_rule -> gated_norm      OP_DELTA per (row, key head)
   gated_attention                         OP_GATTN per (row, query head, key split), then
                                           OP_GMERGE per (row, query head)
+  window_attention                        OP_WATTN per (row, query head, key split), then
+                                          OP_WMERGE per (row, query head)
+  norm o -> h; add x += h [; scale x]     OP_NORMADD per row
   residual                                OP_HGEMV adding into the fp32 x
-then the row advance and, with head=True, the lm head (norm of hidden + GEMV) and its pick.
+  per_layer_input (first op)              the fused backend's launch, before the kernel
+                                          (`pre`, run by MegakernelStep.feed)
+then the row advance and, with head=True, the lm head (norm of hidden + GEMV) and its pick
+(Gemma 4's softcap head: head=False only).
 The chain is serial (each op waits for the whole previous one): correct by transitivity;
 overlap between independent ops (Moondream's fill schedule) is not done here yet.
 """
