@@ -33,9 +33,9 @@ from ..ops.delta_net_rows import delta_net_group
 from ..ops.gated_activation import gated_value
 from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
-from .instructions import F_OP, F_P1, F_W, OP_HGEMV
+from .instructions import OP_HGEMV
 from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _l2_prefetch, _waits,
-                     finish_launch, interpreted, read_record)
+                     finish_launch, grid_options, interpreted, read_record)
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
 EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU = 6, 7          # act(y) * mul[:, n]
@@ -157,13 +157,8 @@ def _gattn(qg_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, pos_ptr, off_pt
     m, l, acc = _span_softmax(q, kc_ptr + kvh * S_HEAD, vc_ptr + kvh * S_HEAD, S_POS, S_POS,
                               lo, tl.minimum(hi, n - 1), d, dm, BS, BD)
     if (lo <= n - 1) & (n - 1 < hi):   # the new key / value (the cache slot's values)
-        s_new = tl.sum(q * kn.to(tl.float32), axis=0)
-        m2 = tl.maximum(m, s_new)
-        alpha = tl.exp(m - m2)
-        p = tl.exp(s_new - m2)
-        l = l * alpha + p
-        acc = acc * alpha + p * vn.to(tl.float32)
-        m = m2
+        m, l, acc = _merge2(m, l, acc, tl.sum(q * kn.to(tl.float32), axis=0), 1.0,
+                            vn.to(tl.float32))
     i = (row * NH + h) * NSPLIT + sp
     tl.store(m_ptr + i, m)
     tl.store(l_ptr + i, l)
@@ -433,25 +428,25 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8) -> dic
     return kw
 
 
-def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0):
-    """One step of a hybrid lowering `low` compiled into `c` (compiler.Compiled)."""
+def gemv_aligned(c, low) -> bool:
+    """Every GEMV instruction's weights 16-element aligned and its K a multiple of the
+    lowering's BK: the kernel hints them (vector loads, no K mask). From the instruction list
+    on the host, once per build (MegakernelStep): nothing read back from the device."""
+    bk = low.shape["BK"]
+    return all((c.offsets[i.args["w"].buf] + i.args["w"].offset) % 16 == 0
+               and i.params["k"] % bk == 0 for i in c.instrs if i.op == OP_HGEMV)
+
+
+def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
+           aligned: bool = False):
+    """One step of a hybrid lowering `low` compiled into `c` (compiler.Compiled); aligned:
+    gemv_aligned(c, low) (the L2 prefetch needs it too)."""
     off = c.offsets
-    kw = constexprs(low.shape, sleep, pf, num_warps)
-    sh_bk = low.shape["BK"]
-    t = c.table
-    gemv = t[t[:, F_OP] == OP_HGEMV]
-    # every GEMV's weights 16-aligned and every K a multiple of BK: hinted, no K mask
-    kw["ALIGNED"] = bool((gemv[:, F_W] % 16 == 0).all() and (gemv[:, F_P1] % sh_bk == 0).all())
-    if not kw["ALIGNED"]:
-        kw["PF"] = 0
+    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps)
+    kw["ALIGNED"] = bool(aligned)
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["active"], off["attn_m"],
             off["attn_l"], off["attn_acc"], off["pos"], c.n_programs,
             c.counters.numel(), low.eps, low.shape["HD"] ** -0.5, low.window_scale)
-    if interpreted():
-        assert c.n_programs == 1, "the interpreter runs programs one after another: " \
-                                  "compile with n_sm=1"
-    else:
-        kw["launch_cooperative_grid"] = True
-    return hybrid_megakernel[(c.n_programs,)](*args, **kw, num_warps=num_warps,
-                                              num_stages=num_stages)
+    return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
+                                              num_warps=num_warps, num_stages=num_stages)

@@ -55,8 +55,7 @@ class HybridLowering:
         """attn_splits: key splits per (row, head) of attention (None: about one attention
         instruction per program, at most 32)."""
         p = self.program = fd.program
-        self.window = getattr(fd, "window", False)
-        if p.delta is None and not self.window:
+        if p.delta is None and not getattr(fd, "window", False):
             raise Unsupported("neither Gated DeltaNet nor window-attention layers")
         if p.delta is not None and getattr(fd, "rows_lowering", None) is None:
             raise Unsupported("a Gated DeltaNet program without the fused rows kernels")
@@ -65,7 +64,7 @@ class HybridLowering:
         self.head, self.b, self.fd = head, b, fd
         self.pre = None           # a closure run before the kernel (Gemma's per-layer input)
         a, kv = p.attention, fd.kv
-        self.dt = dt = kv.dtype
+        dt = kv.dtype
         dev = fd.x.device
         u, logits = fd.bufs.get("u"), fd.bufs["logits"]
         if u is None:

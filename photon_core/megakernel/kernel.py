@@ -881,10 +881,16 @@ def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
                            split, skip)
     kw["STAGES"] = num_stages
+    return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
+                                       num_stages=num_stages)
+
+
+def grid_options(c) -> dict:
+    """The launch options of a persistent kernel's grid of c.n_programs: cooperative on CUDA
+    (an oversized grid fails at launch instead of hanging); under the interpreter, which runs
+    programs one after another (a program spinning on another's counter would hang), one."""
     if interpreted():
         assert c.n_programs == 1, "the interpreter runs programs one after another: " \
                                   "compile with n_sm=1"
-    else:
-        kw["launch_cooperative_grid"] = True
-    return megakernel[(c.n_programs,)](*args, **kw, num_warps=num_warps,
-                                       num_stages=num_stages)
+        return {}
+    return {"launch_cooperative_grid": True}

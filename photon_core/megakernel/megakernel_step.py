@@ -160,6 +160,9 @@ class MegakernelStep:
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
             st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm)
+        # (the hybrid kernel's alignment hint, decided once here: the launch, captured in a
+        # CUDA graph, reads nothing back from the device)
+        self.gemv_aligned = self.hybrid and hybrid_kernel.gemv_aligned(self.compiled, self.low)
 
     def feed(self) -> None:
         self.fd.feed(self.st, self.b)
@@ -174,7 +177,8 @@ class MegakernelStep:
             return hybrid_kernel.launch(self.compiled, self.low,
                                         num_warps=kw.get("num_warps") or self.num_warps or 8,
                                         num_stages=kw.get("num_stages") or v.stages,
-                                        sleep=kw.get("sleep", v.sleep), pf=kw.get("pf", v.pf))
+                                        sleep=kw.get("sleep", v.sleep), pf=kw.get("pf", v.pf),
+                                        aligned=self.gemv_aligned)
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant

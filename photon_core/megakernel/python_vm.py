@@ -330,16 +330,7 @@ class PythonVM:
             slot = min(pos, cap - 1)
             kc[slot], vc[slot] = kn.to(kc.dtype), vn.to(vc.dtype)
         i = (r * nh + h) * ns + sp
-        m_, l_, acc_ = self.bufs["attn_m"], self.bufs["attn_l"], self.bufs["attn_acc"]
-        if keys.shape[0] == 0:
-            m_[i], l_[i] = float("-inf"), 0.0
-            acc_[i * hd:(i + 1) * hd] = 0.0
-            return
-        sc = keys @ (q.float() * hd ** -0.5)
-        m = sc.max()
-        p = torch.exp(sc - m)
-        m_[i], l_[i] = m, p.sum()
-        acc_[i * hd:(i + 1) * hd] = p @ vals
+        self._store_partial(i, keys, vals, q.float() * hd ** -0.5, hd)
 
     def _gated_merge(self, ins: Instr) -> None:
         """(row, head): the splits' partials merged (empty ones weigh 0), times
@@ -347,15 +338,34 @@ class PythonVM:
         sh, a = self.sh, ins.args
         r, h = ins.tile
         nh, hd, ns, su = sh["NH"], sh["HD"], sh["NSPLIT"], sh["SU"]
-        base = (r * nh + h) * ns
-        m = self.bufs["attn_m"][base:base + ns]
-        l = self.bufs["attn_l"][base:base + ns]
-        acc = self.bufs["attn_acc"][base * hd:(base + ns) * hd].view(ns, hd)
-        wt = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - m.max()))
-        o = (acc * wt[:, None]).sum(0) / (l * wt).sum()
+        o = self._merged((r * nh + h) * ns, ns, hd, hd)
         gate = self.flat(a["qg"])[r * su + h * 2 * hd + hd:][:hd].float()
         self.flat(a["out"])[r * su + h * hd:][:hd] = (o * torch.sigmoid(gate)).to(
             self.bufs["hidden"].dtype)
+
+    def _store_partial(self, i: int, keys, vals, q, stride: int) -> None:
+        """Softmax partial i of the hybrid attention scratch (max, sum, weighted values at
+        columns [i * stride, + D)) of pre-scaled q over keys / values [n, D] (n = 0: empty)."""
+        m_, l_, acc_ = self.bufs["attn_m"], self.bufs["attn_l"], self.bufs["attn_acc"]
+        D = vals.shape[1]
+        if keys.shape[0] == 0:
+            m_[i], l_[i] = float("-inf"), 0.0
+            acc_[i * stride:i * stride + D] = 0.0
+            return
+        sc = keys @ q
+        m = sc.max()
+        e = torch.exp(sc - m)
+        m_[i], l_[i] = m, e.sum()
+        acc_[i * stride:i * stride + D] = e @ vals
+
+    def _merged(self, base: int, ns: int, stride: int, D: int) -> torch.Tensor:
+        """The attention output [D] from the partials base .. base + ns - 1 (empty ones
+        weigh 0)."""
+        m = self.bufs["attn_m"][base:base + ns]
+        l = self.bufs["attn_l"][base:base + ns]
+        acc = self.bufs["attn_acc"][base * stride:(base + ns) * stride].view(ns, stride)[:, :D]
+        wt = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - m.max()))
+        return (acc * wt[:, None]).sum(0) / (l * wt).sum()
 
     # -- Gemma 4's ops ---------------------------------------------------------------------
     def _norm_add(self, ins: Instr) -> None:
@@ -419,25 +429,11 @@ class PythonVM:
                 vals.append(vn.to(vc.dtype).float()[None])
         keys, vals = torch.cat(keys), torch.cat(vals)
         i = (r * nh + h) * ns_ + sp
-        m_, l_, acc_ = self.bufs["attn_m"], self.bufs["attn_l"], self.bufs["attn_acc"]
-        if keys.shape[0] == 0:
-            m_[i], l_[i] = float("-inf"), 0.0
-            acc_[i * hdm:i * hdm + D] = 0.0
-            return
-        sc = keys @ (q.float() * self.low.window_scale)
-        m = sc.max()
-        e = torch.exp(sc - m)
-        m_[i], l_[i] = m, e.sum()
-        acc_[i * hdm:i * hdm + D] = e @ vals
+        self._store_partial(i, keys, vals, q.float() * self.low.window_scale, hdm)
 
     def _window_merge(self, ins: Instr) -> None:
         sh, a = self.sh, ins.args
         r, h = ins.tile
         D, nh, ns_, hdm = ins.params["hd"], sh["NH"], sh["NSPLIT"], sh["HDM"]
-        base = (r * nh + h) * ns_
-        m = self.bufs["attn_m"][base:base + ns_]
-        l = self.bufs["attn_l"][base:base + ns_]
-        acc = self.bufs["attn_acc"][base * hdm:(base + ns_) * hdm].view(ns_, hdm)[:, :D]
-        wt = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - m.max()))
-        o = (acc * wt[:, None]).sum(0) / (l * wt).sum()
+        o = self._merged((r * nh + h) * ns_, ns_, hdm, D)
         self.flat(a["out"])[r * sh["SU"] + h * D:][:D] = o.to(self.bufs["hidden"].dtype)
