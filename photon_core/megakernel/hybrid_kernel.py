@@ -155,7 +155,7 @@ def _gattn(qg_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, pos_ptr, off_pt
     lo = sp * span
     hi = tl.minimum(lo + span, n)
     m, l, acc = _span_softmax(q, kc_ptr + kvh * S_HEAD, vc_ptr + kvh * S_HEAD, S_POS, S_POS,
-                              lo, tl.minimum(hi, n - 1), d, dm, BS, BD)
+                              lo, tl.minimum(hi, n - 1), d, dm, BS, BD, "")
     if (lo <= n - 1) & (n - 1 < hi):   # the new key / value (the cache slot's values)
         m, l, acc = _merge2(m, l, acc, tl.sum(q * kn.to(tl.float32), axis=0), 1.0,
                             vn.to(tl.float32))
@@ -258,9 +258,9 @@ def _wattn(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
             if tl.load(act_ptr + row) != 0:
                 tl.store(kb + slot * D + d, kn)
                 tl.store(vb + slot * D + d, vn)
-        m, l, acc = _span_softmax(q, kb, vb, D, D, lo, tl.minimum(hi, slot), d, dm, BS, D)
+        m, l, acc = _span_softmax(q, kb, vb, D, D, lo, tl.minimum(hi, slot), d, dm, BS, D, "")
         m2, l2, a2 = _span_softmax(q, kb, vb, D, D, tl.maximum(lo, slot + 1), hi, d, dm, BS,
-                                   D)
+                                   D, "")
         m, l, acc = _merge2(m, l, acc, m2, l2, a2)
         if (lo <= slot) & (slot < hi):
             s_new = tl.sum(q * kn.to(tl.float32), axis=0)

@@ -47,7 +47,7 @@ def delta_net_rows_reference(qkv, z, b_in, a_in, conv_weight, conv_state, a_log,
 
 @triton.jit
 def _conv_load(x_row, cw_ptr, cs_row, ch, cmask, cs_c, cs_k, K: tl.constexpr,
-               K_P2: tl.constexpr, CM: tl.constexpr = ""):
+               K_P2: tl.constexpr, CM: tl.constexpr):
     """Channels ch of one row: SiLU(causal conv) in fp32 (the conv rows kernel's math) and
     the shifted window (the new state) - all loads, no store."""
     j = tl.arange(0, K_P2)
@@ -79,7 +79,7 @@ def delta_net_group(x_row, z_row, b_row, a_row, cw_ptr, cs_row, s_row, o_row, al
                     dtb_ptr, nw_ptr, go, hk, cs_c, cs_k, eps, HK: tl.constexpr,
                     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                     DK_P2: tl.constexpr, DV_P2: tl.constexpr, K: tl.constexpr,
-                    K_P2: tl.constexpr, CM: tl.constexpr = ""):
+                    K_P2: tl.constexpr, CM: tl.constexpr):
     """Key head hk of one row (row pointers: qkv before the conv, z, b, a, conv state, fp32
     delta state, output): the conv of its q / k / v channels, its value heads' delta rule
     and gated norm; the states written only when go != 0. (Also one instruction of the hybrid
@@ -145,7 +145,7 @@ def _delta_net_rows_kernel(x_ptr, z_ptr, b_ptr, a_ptr, cw_ptr, cs_ptr, s_ptr, o_
     delta_net_group(x_ptr + bi * s_x, z_ptr + bi * s_z, b_ptr + bi * s_b, a_ptr + bi * s_a,
                     cw_ptr, cs_ptr + bi * cs_b, s_ptr + bi * s_s, o_ptr + bi * s_o, alog_ptr,
                     dtb_ptr, nw_ptr, go, hk, cs_c, cs_k, eps, HK, HV, DK, DV, DK_P2, DV_P2, K,
-                    K_P2)
+                    K_P2, "")
 
 
 # warps per program (0: 4, 8 above a 128 x 128 state tile); the fused backend reads it when it

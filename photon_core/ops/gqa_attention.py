@@ -48,7 +48,7 @@ except ImportError:   # the torch reference above needs no Triton
 if triton is not None:
     @triton.jit
     def _span_softmax(q, kb, vb, sk_s, sv_s, lo, hi, d, dm, BS: tl.constexpr, BD: tl.constexpr,
-                      CM: tl.constexpr = ""):
+                      CM: tl.constexpr):
         """Online softmax of one (pre-scaled) query q [BD] over keys / values at kb / vb,
         positions lo .. hi-1 in tiles of BS -> (m, l, acc): the split's running max, sum and
         weighted values (fp32; m = -inf for an empty span). CM: the k / v loads' cache
@@ -98,7 +98,7 @@ if triton is not None:
         lo = sp * SPLIT
         hi = tl.minimum(lo + SPLIT, S)
         m, l, acc = _span_softmax(q, k_ptr + kvh * sk_h, v_ptr + kvh * sv_h, sk_s, sv_s, lo, hi,
-                                  d, dm, BS, BD)
+                                  d, dm, BS, BD, "")
         tl.store(m_ptr + h * NS + sp, m)
         tl.store(l_ptr + h * NS + sp, l)
         tl.store(acc_ptr + (h * NS + sp) * D + d, acc, mask=dm)
@@ -203,7 +203,7 @@ if triton is not None:
         hi = tl.minimum(lo + SPLIT, length)
         kb = k_ptr + r * sk_b + kvh * sk_h
         vb = v_ptr + r * sv_b + kvh * sv_h
-        m, l, acc = _span_softmax(q, kb, vb, sk_s, sv_s, lo, hi, d, dm, BS, BD)
+        m, l, acc = _span_softmax(q, kb, vb, sk_s, sv_s, lo, hi, d, dm, BS, BD, "")
         i = (r * HQ + h) * NS + sp
         tl.store(m_ptr + i, m)
         tl.store(l_ptr + i, l)

@@ -62,7 +62,7 @@ except ImportError:   # the torch reference above needs no Triton
 if triton is not None:
     @triton.jit
     def _norm_rope_head(x_ptr, w_ptr, o_ptr, cos_ptr, sin_ptr, D, R, eps, BD: tl.constexpr,
-                        CM: tl.constexpr = ""):
+                        CM: tl.constexpr):
         # (CM: the cache modifier of the x loads; ".cg" in the hybrid megakernel, where x was
         # written by another SM during the launch: L2, never a stale L1 line)
         i = tl.arange(0, BD)
@@ -92,11 +92,11 @@ if triton is not None:
         h = tl.program_id(0)
         if h < HQ:
             _norm_rope_head(q_ptr + h * sq, qw_ptr, qo_ptr + h * sqo, cos_ptr, sin_ptr, D, R,
-                            eps, BD)
+                            eps, BD, "")
         else:
             hk = h - HQ
             _norm_rope_head(k_ptr + hk * sk, kw_ptr, ko_ptr + hk * sko, cos_ptr, sin_ptr, D, R,
-                            eps, BD)
+                            eps, BD, "")
 
 
 def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
@@ -165,7 +165,7 @@ if triton is not None:
         sin_row = sin_ptr + rp * R
         if h < HQ:
             _norm_rope_head(q_ptr + r * sq_b + h * sq_h, qw_ptr, qo_ptr + r * sqo_b + h * sqo_h,
-                            cos_row, sin_row, D, R, eps, BD)
+                            cos_row, sin_row, D, R, eps, BD, "")
         else:
             j = h - HQ
             go = 1
@@ -175,7 +175,7 @@ if triton is not None:
                 slot = tl.minimum(pos, CAP - 1)
                 _norm_rope_head(k_ptr + r * sk_b + j * sk_h, kw_ptr,
                                 kc_ptr + r * skc_b + j * skc_h + slot * skc_s, cos_row, sin_row,
-                                D, R, eps, BD)
+                                D, R, eps, BD, "")
                 i = tl.arange(0, BD)
                 m = i < D
                 v = tl.load(v_ptr + r * sv_b + j * sv_h + i, mask=m, other=0.0)
