@@ -128,8 +128,8 @@ def main():
         for rules in (False, True):       # rules: the module's own value
             if mod is not None:
                 setattr(mod, attr, keep if rules else value)
-            engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024,
-                                        megakernel="off", **(opt if rules else base_opt))
+            kw = {"megakernel": "off", **(opt if rules else base_opt)}
+            engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024, **kw)
         if mod is not None:
             setattr(mod, attr, keep)
         res = out["families"][fam] = {"baseline": {}, "now": {}}
