@@ -5,6 +5,7 @@ whether the PDL builds carry griddepcontrol. What it cannot say: speed.
 
 Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants fma/w8/s3/u4,pipe/w4/s4,...]
        [--b 1,8] [--kv 832] [--gemv-pdl] [--trace] [--hybrid qwen3.5|gemma4]
+       [--from-json megakernel_build_<family>_b<b>.json]
 (variants: photon_core/megakernel/megakernel_step.py Variant strings)
 """
 from __future__ import annotations
@@ -125,17 +126,36 @@ def compile_hybrid(b: int, cap: int, warps: int = 8, stages: int = 2,
                    family: str = "qwen3.5", pf: int = 0):
     """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's or Gemma 4
     E2B's shapes (pf: bytes of L2 prefetch of a GEMV's weights before its wait)."""
-    from photon_core.megakernel.hybrid_kernel import constexprs, hybrid_megakernel
+    from photon_core.megakernel.hybrid_kernel import constexprs
     kw = constexprs(qwen3_5_shape(b, cap) if family == "qwen3.5" else gemma4_shape(b, cap),
                     pf=pf, num_warps=warps)
     kw["ALIGNED"] = True
-    types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": "*bf16",
-             "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32"}
+    return _compile_hybrid(kw, {}, warps, stages)
+
+
+def compile_recorded(path: str):
+    """The hybrid megakernel exactly as an engine's launch built it
+    (bench/dump_megakernel_build.py's JSON): its constexprs, and its integer arguments
+    specialized as a launch specializes them (1 -> a constant, multiples of 16 -> aligned)."""
+    import json
+    rec = json.loads(Path(path).read_text())
+    return _compile_hybrid(rec["constexprs"], rec["ints"], rec["num_warps"],
+                           rec["num_stages"], "*" + {"bfloat16": "bf16", "float16": "fp16",
+                                                     "float32": "fp32"}[rec["weights_dtype"]])
+
+
+def _compile_hybrid(kw: dict, ints: dict, warps: int, stages: int, wtype: str = "*bf16"):
+    from photon_core.megakernel.hybrid_kernel import hybrid_megakernel
+    kw = dict(kw, **{n: 1 for n, x in ints.items() if x == 1})
+    types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": wtype,
+             "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32",
+             "wscale": "fp32"}
     sig = {n: "constexpr" if n in kw else types.get(n, "i64")
            for n in hybrid_megakernel.arg_names}
     t0 = time.perf_counter()
+    aligned = tuple(n for n, x in ints.items() if x % 16 == 0 and x != 1)
     k = triton.compile(ASTSource(hybrid_megakernel, sig, kw,
-                                 attrs=_aligned_ptrs(hybrid_megakernel, sig)),
+                                 attrs=_aligned_ptrs(hybrid_megakernel, sig, aligned)),
                        target=TARGET, options=dict(num_warps=warps, num_stages=stages,
                                                    launch_cooperative_grid=True))
     return time.perf_counter() - t0, k
@@ -192,8 +212,14 @@ def main():
     ap.add_argument("--warps", default="4,8", help="--hybrid: the warp counts built")
     ap.add_argument("--pf", type=int, default=0,
                     help="--hybrid: KiB of a GEMV's weights prefetched into L2 before its wait")
+    ap.add_argument("--from-json", default=None,
+                    help="the hybrid megakernel as bench/dump_megakernel_build.py recorded it")
     a = ap.parse_args()
     print(f"triton {triton.__version__}, target sm_90", flush=True)
+    if a.from_json:
+        dt, k = compile_recorded(a.from_json)
+        print(f"{a.from_json}: compile {dt:.1f} s, {describe(k)}", flush=True)
+        return
     if a.hybrid:
         for b in (int(x) for x in a.b.split(",")):
             for warps in (int(w) for w in a.warps.split(",")):
