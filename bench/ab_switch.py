@@ -12,6 +12,7 @@ Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,g
                   [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300] [--top 12]
                   [--toggle photon_core.ops.sliding_window_attention:SPLIT_BELOW=0]
                   [--option pdl=1 --toggle none]
+                  [--toggle photon_core.megakernel.megakernel_backend:SKIP_STOPPED=0 --now 1]
 --option NAME=VALUE (0 / 1, an int, or a string such as pdl=auto): an EngineOptions field the "now" engine is built with (the baseline keeps
 the default, or takes --baseline-option NAME=VALUE); with --toggle none it is the only
 difference between the two engines. E.g. PDL's trigger after the GEMV's loop against at its
@@ -109,6 +110,8 @@ def main():
     ap.add_argument("--top", type=int, default=0, help="print each engine's top kernels (b=1)")
     ap.add_argument("--toggle", default="photon_core.ops.gemv:PICK_RULES=0",
                     help="module:ATTR=int value of the baseline engine, or none")
+    ap.add_argument("--now", default=None,
+                    help="the toggle's value for the 'now' engine (default: the module's own)")
     ap.add_argument("--option", default="",
                     help="NAME=VALUE: an EngineOptions field of the 'now' engine only")
     ap.add_argument("--baseline-option", default="",
@@ -124,10 +127,12 @@ def main():
         if args.toggle != "none":
             mod, attr, value = parse_toggle(args.toggle)
             keep = getattr(mod, attr)
+            now = keep if args.now is None else parse_toggle(f"{args.toggle.split('=')[0]}="
+                                                              f"{args.now}")[2]
         opt, base_opt = _option(args.option), _option(args.baseline_option)
         for rules in (False, True):       # rules: the module's own value
             if mod is not None:
-                setattr(mod, attr, keep if rules else value)
+                setattr(mod, attr, now if rules else value)
             kw = {"megakernel": "off", **(opt if rules else base_opt)}
             engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024, **kw)
         if mod is not None:
