@@ -251,6 +251,17 @@ def _wattn(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
     hi = tl.minimum(lo + span, n)
     kb = kc_ptr + (row * NKV + kvh) * n_slots * D
     vb = vc_ptr + (row * NKV + kvh) * n_slots * D
+    # the cached slots but a writing layer's own (its old k / v): two spans around the cut,
+    # each loaded .cg (a KV-shared layer's source wrote them during the launch). One code
+    # path for both kinds of layer: with the spans' softmax in the two branches of an if,
+    # Triton 3.6's layout pass moved an op of one branch into the other at some
+    # specializations ("operand does not dominate this use"; bench/compile_megakernel.py
+    # --from-json)
+    cut = tl.where(writes != 0, slot, n)
+    m, l, acc = _span_softmax(q, kb, vb, D, D, lo, tl.minimum(hi, cut), d, dm, BS, D, ".cg")
+    m2, l2, a2 = _span_softmax(q, kb, vb, D, D, tl.maximum(lo, cut + 1), hi, d, dm, BS, D,
+                               ".cg")
+    m, l, acc = _merge2(m, l, acc, m2, l2, a2)
     if writes != 0:
         kn = tl.load(scr_ptr + D + d, cache_modifier=".cg").to(kc_ptr.dtype.element_ty)
         vn = tl.load(scr_ptr + 2 * D + d, cache_modifier=".cg").to(vc_ptr.dtype.element_ty)
@@ -258,15 +269,9 @@ def _wattn(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr
             if tl.load(act_ptr + row) != 0:
                 tl.store(kb + slot * D + d, kn)
                 tl.store(vb + slot * D + d, vn)
-        m, l, acc = _span_softmax(q, kb, vb, D, D, lo, tl.minimum(hi, slot), d, dm, BS, D, "")
-        m2, l2, a2 = _span_softmax(q, kb, vb, D, D, tl.maximum(lo, slot + 1), hi, d, dm, BS,
-                                   D, "")
-        m, l, acc = _merge2(m, l, acc, m2, l2, a2)
         if (lo <= slot) & (slot < hi):
             s_new = tl.sum(q * kn.to(tl.float32), axis=0)
             m, l, acc = _merge2(m, l, acc, s_new, 1.0, vn.to(tl.float32))
-    else:
-        m, l, acc = _span_softmax(q, kb, vb, D, D, lo, hi, d, dm, BS, D, ".cg")
     i = (row * NH + h) * NSPLIT + sp
     tl.store(m_ptr + i, m)
     tl.store(l_ptr + i, l)
