@@ -117,3 +117,37 @@ def test_play_to_node_over_dds(tmp_path_factory):
         col.close()
         out = stop(node)
     assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_play_interrupted_mid_bag_stops_between_messages(tmp_path, sig):
+    """`photon play` under a signal (Ctrl-C, or a launch / container stop): the message being
+    published finishes, the player stops, and it says so (error "interrupted", the messages it
+    published, exit status 1) - no traceback out of rclpy's publish call."""
+    import json
+    import signal
+    import subprocess
+    import time
+
+    from node_helpers import REPO
+    from ros_env import child_env
+
+    bag = tmp_path / "in"
+    make_sample_bag(bag, seconds=60.0, fps=10.0, width=64, height=48)
+    p = subprocess.Popen([sys.executable, "-m", "photon_core.cli", "play", str(bag),
+                          "--wait-subscribers", "0", "--no-progress"], cwd=REPO,
+                         env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(4.0)            # rclpy up, a few seconds of the 60 s bag published
+        assert p.poll() is None, "the player ended before it could be interrupted"
+        p.send_signal(getattr(signal, sig))
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert "Traceback" not in err, err[-3000:]
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert p.returncode == 1 and stats["error"] == "interrupted", (p.returncode, stats, err)
+    assert 0 < stats["published"] < 600, stats
