@@ -264,6 +264,29 @@ def test_gemma4_runs_through_the_hybrid_megakernel(tmp_path, monkeypatch):
 
 
 @gpu_only
+@pytest.mark.parametrize("variant", ["on", "pipe_same/w8/s4", "auto/w8/s3"])
+def test_gpu_graphs_match_fused(variant):
+    """On CUDA (graphs captured per bucket, cooperative launch): the tiny fp32 model's
+    outputs with the megakernel equal the fused backend's, batch 1 and 2 with zombies."""
+    torch.manual_seed(0)
+    m = build_random_model(tiny_config(fast=True), eos_bias=TEST_EOS_BIAS["fast"], seed=0,
+                           device="cuda", dtype="fp32")
+    rng = np.random.default_rng(0)
+    encs = [m.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for h, w in ((120, 160), (90, 200))]
+    fu = FastEngine(m, max_batch=2, fused="on")
+    mk = FastEngine(m, max_batch=2, fused="on", megakernel=variant)
+    assert mk.state.megakernel is not None, mk.state.megakernel_fallback
+    assert mk.runner.graphs, "graphs captured"
+    for k in range(len(TASKS)):
+        pairs = [(encs[(k + j) % 2], TASKS[(k + j) % len(TASKS)]) for j in range(2)]
+        for w, g in zip(_decode(fu, pairs[:1]) + _decode(fu, pairs),
+                        _decode(mk, pairs[:1]) + _decode(mk, pairs)):
+            assert same(w, g), (variant, k, w.output, g.output)
+    fu.close(), mk.close()
+
+
+@gpu_only
 def test_gpu_gemma4_hybrid_megakernel_matches_fused(tmp_path):
     """On CUDA: tiny random fp32 Gemma 4 through the hybrid megakernel gives the fused
     backend's outputs, batch 1 and 2, query and caption, past the rings' size."""
