@@ -25,21 +25,16 @@ from bench.sweep_gemv_family import build_model  # noqa: E402
 
 
 def build_record(step) -> dict:
-    """The launch of MegakernelStep `step` (hybrid) as hybrid_kernel.launch would make it."""
+    """The launch of MegakernelStep `step` (hybrid) as its run_kernel makes it."""
     from photon_core.megakernel import hybrid_kernel as hk
-    c, low, v = step.compiled, step.low, step.variant
-    aligned = step.gemv_aligned
-    kw = hk.constexprs(low.shape, v.sleep, v.pf if aligned else 0, step.num_warps or 8)
-    kw["ALIGNED"] = bool(aligned)
-    off = c.offsets
-    ints = dict(cos_off=off["cos"], sin_off=off["sin"], act_off=off["active"],
-                m_off=off["attn_m"], l_off=off["attn_l"], acc_off=off["attn_acc"],
-                pos_off=off["pos"], n_prog=c.n_programs, n_cnt=c.counters.numel())
-    floats = dict(eps=low.eps, scale=low.shape["HD"] ** -0.5, wscale=low.window_scale)
-    return {"constexprs": kw, "ints": {k: int(x) for k, x in ints.items()},
-            "floats": {k: float(x) for k, x in floats.items()},
-            "num_warps": step.num_warps or 8, "num_stages": v.stages,
-            "weights_dtype": str(c.bases["w"].dtype).removeprefix("torch."),
+    v, warps = step.variant, step.num_warps or 8
+    args, kw = hk.launch_args(step.compiled, step.low, warps, v.sleep, v.pf, step.gemv_aligned)
+    named = dict(zip(hk.hybrid_megakernel.arg_names, args))
+    return {"constexprs": kw,
+            "ints": {n: x for n, x in named.items() if isinstance(x, int)},
+            "floats": {n: float(x) for n, x in named.items() if isinstance(x, float)},
+            "num_warps": warps, "num_stages": v.stages,
+            "weights_dtype": str(step.compiled.bases["w"].dtype).removeprefix("torch."),
             "gpu": torch.cuda.get_device_name(), "triton": __import__("triton").__version__}
 
 

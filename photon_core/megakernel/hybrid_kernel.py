@@ -442,10 +442,11 @@ def gemv_aligned(c, low) -> bool:
                and i.params["k"] % bk == 0 for i in c.instrs if i.op == OP_HGEMV)
 
 
-def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
-           aligned: bool = False):
-    """One step of a hybrid lowering `low` compiled into `c` (compiler.Compiled); aligned:
-    gemv_aligned(c, low) (the L2 prefetch needs it too)."""
+def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
+                aligned: bool = False) -> tuple[tuple, dict]:
+    """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
+    compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low) (the L2 prefetch
+    needs it too). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
     kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps)
     kw["ALIGNED"] = bool(aligned)
@@ -453,5 +454,12 @@ def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: 
             c.bases["u"], off["cos"], off["sin"], off["active"], off["attn_m"],
             off["attn_l"], off["attn_acc"], off["pos"], c.n_programs,
             c.counters.numel(), low.eps, low.shape["HD"] ** -0.5, low.window_scale)
+    return args, kw
+
+
+def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
+           aligned: bool = False):
+    """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
+    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

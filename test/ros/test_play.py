@@ -3,9 +3,13 @@ its own process, `play` publishes the sample bag at recorded timing with /clock,
 test collects what the node publishes."""
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -13,12 +17,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("rclpy")
 pytest.importorskip("torch")
 
-from node_helpers import (Collector, diag_values, spawn_node, stamp_of, stop,  # noqa: E402
+from node_helpers import (REPO, Collector, diag_values, spawn_node, stamp_of, stop,  # noqa: E402
                           tiny_model_dir, wait_for, write_config)
 
 from photon_ros.bag_io import BagError, deserialize, read_all  # noqa: E402
 from photon_ros.play import play, select_topics  # noqa: E402
 from photon_ros.sample_bag import make_sample_bag  # noqa: E402
+from ros_env import child_env  # noqa: E402
 
 TOPIC = "/play_test/image_raw"
 CONFIG = {
@@ -124,14 +129,6 @@ def test_play_interrupted_mid_bag_stops_between_messages(tmp_path, sig):
     """`photon play` under a signal (Ctrl-C, or a launch / container stop): the message being
     published finishes, the player stops, and it says so (error "interrupted", the messages it
     published, exit status 1) - no traceback out of rclpy's publish call."""
-    import json
-    import signal
-    import subprocess
-    import time
-
-    from node_helpers import REPO
-    from ros_env import child_env
-
     bag = tmp_path / "in"
     make_sample_bag(bag, seconds=60.0, fps=10.0, width=64, height=48)
     p = subprocess.Popen([sys.executable, "-m", "photon_core.cli", "play", str(bag),
