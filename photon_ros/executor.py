@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rclpy.executors import (ConditionReachedException, ExternalShutdownException,
                              MultiThreadedExecutor, ShutdownException, TimeoutException)
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 
 
 class InlineGroupExecutor(MultiThreadedExecutor):
@@ -30,6 +31,16 @@ class InlineGroupExecutor(MultiThreadedExecutor):
         self.on_error(exc)
 
     def _spin_once_impl(self, timeout_sec=None, wait_condition=lambda: False) -> None:
+        try:
+            self._spin_once_inline(timeout_sec, wait_condition)
+        except _rclpy.RCLError:
+            # a shutdown (SIGTERM / SIGINT: rclpy's signal handler) between spin()'s check of
+            # the context and the wait set's creation: rcl refuses the wait set or a guard
+            # condition of a context already shut down. spin() ends at its next check.
+            if self._context.ok():
+                raise
+
+    def _spin_once_inline(self, timeout_sec, wait_condition) -> None:
         if self.inline_group is None:
             return super()._spin_once_impl(timeout_sec, wait_condition)
         try:

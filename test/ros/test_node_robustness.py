@@ -69,6 +69,31 @@ def test_executor_reports_callback_exceptions_and_keeps_spinning(ctx):
     assert {str(e) for e in errors} == {"pool", "inline"}
 
 
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_shutdown_racing_spin_once_ends_spin_cleanly(inline):
+    """SIGTERM mid-stream (CI, test_node_faults): rclpy's signal handler shut the context down
+    between spin()'s check of it and the wait set's creation, and rcl's "context is not valid"
+    error ended the node with a traceback and exit code 1. Here the shutdown comes first."""
+    from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+
+    c = rclpy.Context()
+    rclpy.init(context=c)
+    node = rclpy.create_node("rb_shutdown_race", context=c)
+    group = MutuallyExclusiveCallbackGroup()
+    ex = InlineGroupExecutor(group, num_threads=2, context=c)
+    if not inline:
+        ex.inline_group = None                   # the plain pool's path
+    ex.add_node(node)
+    try:
+        ex.spin_once(timeout_sec=0.01)
+        rclpy.shutdown(context=c)
+        ex._spin_once_impl(0.01)                 # raised RCLError before
+        ex.spin()                                # returns: the context is no longer ok
+    finally:
+        ex.shutdown()
+        node.destroy_node()
+
+
 def active_node(ctx):
     return activate_with_fakes(pn.PerceptionNode("rb_node", context=ctx), PARAMS)
 
