@@ -5,6 +5,7 @@ whether the PDL builds carry griddepcontrol. What it cannot say: speed.
 
 Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants fma/w8/s3/u4,pipe/w4/s4,...]
        [--b 1,8] [--kv 832] [--gemv-pdl] [--trace] [--hybrid qwen3.5|gemma4]
+       (--hybrid: --variants of the hybrid kernel, default auto/w8/s3)
        [--from-json megakernel_build_<family>_b<b>.json]
 (variants: photon_core/megakernel/megakernel_step.py Variant strings)
 """
@@ -89,7 +90,15 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     return time.perf_counter() - t0, k, kw
 
 
-def qwen3_5_shape(b: int, cap: int) -> dict:
+def _tile(sh: dict, gemv: str, ks) -> dict:
+    """The shape dict with the hybrid kernel's GEMV tile (hybrid_lowering.gemv_tile) for the
+    family's GEMV widths ks."""
+    from photon_core.megakernel.hybrid_lowering import gemv_tile
+    fma, bn, bk = gemv_tile(gemv, sh["B"], ks)
+    return dict(sh, FMA=fma, BN=bn, BK=bk)
+
+
+def qwen3_5_shape(b: int, cap: int, gemv: str = "auto") -> dict:
     """hybrid_lowering.HybridLowering's shape dict at Qwen 3.5 0.8B's text shapes (hidden
     1024, MLP 3584, 16 + 16 DeltaNet heads of 128, 8 / 2 attention heads of 256, rotary 64,
     vocabulary 248320), without weights."""
@@ -99,15 +108,15 @@ def qwen3_5_shape(b: int, cap: int) -> dict:
     conv = 2 * hk * dk + hv * dv
     su = nh * 2 * hd + 2 * nkv * hd + nh * hd + conv + hv * dv + 2 * hv + conv + 2 * hv * dv \
         + 3 * ff
-    return dict(B=b, D=d, SU=su, V=vocab, LS=vocab, NK=1, OUT_COL=0, BB=16, BN=32, BK=128,
+    return _tile(dict(B=b, D=d, SU=su, V=vocab, LS=vocab, NK=1, OUT_COL=0, BB=16,
                 IEEE=False, HK=hk, HV=hv, DK=dk, DV=dv, KC=4, CS_B=conv * 3, CS_C=3, CS_K=1,
                 S_S=hv * dk * dv, NH=nh, NKV=nkv, HD=hd, R=64, NTAB=cap + 1, CAP=cap,
                 S_ROW=nkv * cap * hd, S_HEAD=cap * hd, S_POS=hd, BS=32,
                 NSPLIT=max(1, min(32, 132 // (b * nh))), HD_S=hd, HD_F=hd, NKV_S=nkv,
-                NKV_F=nkv, BSW_S=32, BSW_F=32, HDM=hd)
+                NKV_F=nkv, BSW_S=32, BSW_F=32, HDM=hd), gemv, (d, 2 * hv * dv, ff))
 
 
-def gemma4_shape(b: int, cap: int) -> dict:
+def gemma4_shape(b: int, cap: int, gemv: str = "auto") -> dict:
     """HybridLowering's shape dict at Gemma 4 E2B's text shapes (hidden 1536, 8 heads, one
     k/v head, head sizes 256 sliding / 512 global, MLP 6144 and 12288, per-layer inputs of
     256, vocabulary 262144), without weights; the DeltaNet fields as the lowering fills them
@@ -115,22 +124,25 @@ def gemma4_shape(b: int, cap: int) -> dict:
     nh, d, vocab = 8, 1536, 262144
     su = 2 * (nh * 256 + 2 * 256 + nh * 256) + 2 * (nh * 512 + 2 * 512 + nh * 512) \
         + 3 * (6144 + 12288) + 2 * 256
-    return dict(B=b, D=d, SU=su, V=vocab, LS=vocab, NK=1, OUT_COL=0, BB=16, BN=32, BK=128,
+    return _tile(dict(B=b, D=d, SU=su, V=vocab, LS=vocab, NK=1, OUT_COL=0, BB=16,
                 IEEE=False, NH=nh, CAP=cap, NSPLIT=max(1, min(32, 132 // (b * nh))),
                 HD_S=256, HD_F=512, NKV_S=1, NKV_F=1, BSW_S=32, BSW_F=16, HDM=512,
                 HK=1, HV=1, DK=16, DV=16, KC=4, CS_B=1, CS_C=1, CS_K=1, S_S=1, NKV=1, HD=256,
-                R=2, NTAB=1, S_ROW=1, S_HEAD=1, S_POS=1, BS=16)
+                R=2, NTAB=1, S_ROW=1, S_HEAD=1, S_POS=1, BS=16),
+                 gemv, (d, 256, 2048, 4096, 6144, 12288))
 
 
-def compile_hybrid(b: int, cap: int, warps: int = 8, stages: int = 2,
-                   family: str = "qwen3.5", pf: int = 0):
+def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = "qwen3.5"):
     """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's or Gemma 4
-    E2B's shapes (pf: bytes of L2 prefetch of a GEMV's weights before its wait)."""
+    E2B's shapes, as a megakernel_step.Variant string builds it (GEMV tile, warps, stages,
+    L2 prefetch)."""
     from photon_core.megakernel.hybrid_kernel import constexprs
-    kw = constexprs(qwen3_5_shape(b, cap) if family == "qwen3.5" else gemma4_shape(b, cap),
-                    pf=pf, num_warps=warps)
+    from photon_core.megakernel.megakernel_step import Variant
+    v = Variant.parse(variant)
+    shape = qwen3_5_shape if family == "qwen3.5" else gemma4_shape
+    kw = constexprs(shape(b, cap, v.gemv), pf=v.pf, num_warps=v.warps, stages=v.stages)
     kw["ALIGNED"] = True
-    return _compile_hybrid(kw, {}, warps, stages)
+    return _compile_hybrid(kw, {}, v.warps, v.stages)
 
 
 def compile_recorded(path: str):
@@ -209,9 +221,6 @@ def main():
     ap.add_argument("--hybrid", choices=["qwen3.5", "gemma4"], default=None,
                     help="the hybrid families' kernel at Qwen 3.5 0.8B's or Gemma 4 E2B's "
                          "shapes instead")
-    ap.add_argument("--warps", default="4,8", help="--hybrid: the warp counts built")
-    ap.add_argument("--pf", type=int, default=0,
-                    help="--hybrid: KiB of a GEMV's weights prefetched into L2 before its wait")
     ap.add_argument("--from-json", default=None,
                     help="the hybrid megakernel as bench/dump_megakernel_build.py recorded it")
     a = ap.parse_args()
@@ -221,10 +230,11 @@ def main():
         print(f"{a.from_json}: compile {dt:.1f} s, {describe(k)}", flush=True)
         return
     if a.hybrid:
+        variants = a.variants if a.variants != DEFAULT_VARIANTS else "auto/w8/s3"
         for b in (int(x) for x in a.b.split(",")):
-            for warps in (int(w) for w in a.warps.split(",")):
-                dt, k = compile_hybrid(b, a.kv, warps, family=a.hybrid, pf=a.pf * 1024)
-                print(f"hybrid megakernel {a.hybrid} b={b} w{warps} pf{a.pf}: compile {dt:.1f} s, "
+            for v in variants.split(","):
+                dt, k = compile_hybrid(b, a.kv, v, family=a.hybrid)
+                print(f"hybrid megakernel {a.hybrid} b={b} {v}: compile {dt:.1f} s, "
                       f"{describe(k)}", flush=True)
         return
     if a.gemv_pdl:

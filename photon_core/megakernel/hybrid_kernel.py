@@ -59,63 +59,101 @@ def _rms_rows(x_ptr, g_ptr, y_ptr, eps, zc, B: tl.constexpr, D: tl.constexpr,
 
 
 @triton.jit
+def _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, R: tl.constexpr,
+                    BN: tl.constexpr):
+    """acc [R, BN] (fp32: rows offs_b of outputs nb .. nb + BN) -> y by the epilogue."""
+    offs_n = nb + tl.arange(0, BN)
+    mask = b_ok[:, None] & (offs_n < n1)[None, :]
+    if epi == 2:        # the fp32 residual stream += acc
+        ptrs = y_ptr + offs_b[:, None] * sy + offs_n[None, :]
+        tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
+                 mask=mask)
+    elif epi == 0:
+        tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
+                 acc.to(y_ptr.dtype.element_ty), mask=mask)
+    elif epi >= 6:      # act(y) * mul (the model dtype's rounding of y first)
+        t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        mv = tl.load(mul_ptr + offs_b[:, None] * smul + offs_n[None, :], mask=mask,
+                     other=0.0, cache_modifier=".cg").to(tl.float32)
+        if epi == 7:
+            va = gated_value(t, mv, False)
+        else:
+            va = gated_value(t, mv, True)
+        tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
+                 va.to(y_ptr.dtype.element_ty), mask=mask)
+    else:               # (gate, up) row pairs -> act(gate) * up at column n // 2
+        t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        g, u = tl.split(tl.reshape(t, [R, BN // 2, 2]))
+        col = nb // 2 + tl.arange(0, BN // 2)
+        ok = b_ok[:, None] & (col < n1 // 2)[None, :]
+        if epi == 3:
+            v = gated_value(g, u, False)
+        else:
+            v = gated_value(g, u, True)
+        tl.store(y_ptr + offs_b[:, None] * sy + col[None, :], v.to(y_ptr.dtype.element_ty),
+                 mask=ok)
+
+
+@triton.jit
 def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul, B: tl.constexpr,
            BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-           ALIGNED: tl.constexpr):
-    offs_b = tl.arange(0, BB)
-    b_ok = offs_b < B
-    if ALIGNED:     # every K % BK == 0 (the same K): rows start 16-aligned, no K mask
+           ALIGNED: tl.constexpr, FMA: tl.constexpr, GST: tl.constexpr):
+    """Rows [n0, n1) of y = x W^T as ONE loop over (BN-row block, BK column tile) steps,
+    software-pipelined by Triton (GST stages: GST - 1 weight tiles in flight through shared
+    memory, across block boundaries - no pipeline drain per block; kernel.py's _gemv_pipe's
+    form, here with a run-time K: the last tile of a row masked where BK does not divide it).
+    The next step's activations are loaded before this step's products (their L2 latency off
+    the per-step chain). FMA (one row): products into [BN, BK], summed per block at its end;
+    else tl.dot over BB (16) padded rows. ALIGNED: K a multiple of 16 and the weights
+    16-aligned (vector loads; the K mask is constant over 16 columns)."""
+    if ALIGNED:
         K = (K // 16) * 16
-    for nb in range(n0, n1, BN):
-        offs_n = nb + tl.arange(0, BN)
-        n_ok = offs_n < n1
-        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    kt = tl.cdiv(K, BK)
+    n_steps = tl.cdiv(n1 - n0, BN) * kt
+    k0 = tl.arange(0, BK)
+    if FMA:
+        offs_b = tl.arange(0, 1)
+        acc = tl.zeros([BN, BK], dtype=tl.float32)
+        xk = tl.load(x_ptr + k0, mask=k0 < K, other=0.0, cache_modifier=".cg")
+    else:
+        offs_b = tl.arange(0, BB)
         acc = tl.zeros([BB, BN], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            offs_k = k0 + tl.arange(0, BK)
-            if ALIGNED:
-                w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-                x = tl.load(x_ptr + offs_b[:, None] * sx + offs_k[None, :], mask=b_ok[:, None],
-                            other=0.0, cache_modifier=".cg")
-            else:
-                k_ok = offs_k < K
-                w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                            other=0.0)
-                x = tl.load(x_ptr + offs_b[:, None] * sx + offs_k[None, :],
-                            mask=b_ok[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+        xk = tl.load(x_ptr + offs_b[:, None] * sx + k0[None, :],
+                     mask=(offs_b < B)[:, None] & (k0 < K)[None, :], other=0.0,
+                     cache_modifier=".cg")
+    b_ok = offs_b < B
+    for s in tl.range(0, n_steps, num_stages=GST):
+        blk = s // kt
+        kk = (s - blk * kt) * BK
+        nb = n0 + blk * BN
+        offs_n = nb + tl.arange(0, BN)
+        k_ok = (kk + k0) < K
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * K + kk + k0[None, :],
+                    mask=(offs_n < n1)[:, None] & k_ok[None, :], other=0.0)
+        kn = kk + BK
+        kn = tl.where(kn < K, kn, 0)          # the next step's columns (the next block's 0)
+        if FMA:
+            xn = tl.load(x_ptr + kn + k0, mask=(kn + k0) < K, other=0.0, cache_modifier=".cg")
+            # (the fp32 x rounded to the weights' dtype as it is used, as tl.dot's operand)
+            acc += w.to(tl.float32) * xk.to(w.dtype).to(tl.float32)[None, :]
+        else:
+            xn = tl.load(x_ptr + offs_b[:, None] * sx + kn + k0[None, :],
+                         mask=b_ok[:, None] & ((kn + k0) < K)[None, :], other=0.0,
+                         cache_modifier=".cg")
             if IEEE:
-                acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
+                acc += tl.dot(xk.to(w.dtype), tl.trans(w), input_precision="ieee")
             else:
-                acc += tl.dot(x.to(w.dtype), tl.trans(w))
-        mask = b_ok[:, None] & n_ok[None, :]
-        if epi == 2:        # the fp32 residual stream += acc
-            ptrs = y_ptr + offs_b[:, None] * sy + offs_n[None, :]
-            tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
-                     mask=mask)
-        elif epi == 0:
-            tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
-                     acc.to(y_ptr.dtype.element_ty), mask=mask)
-        elif epi >= 6:      # act(y) * mul (the model dtype's rounding of y first)
-            t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
-            mv = tl.load(mul_ptr + offs_b[:, None] * smul + offs_n[None, :], mask=mask,
-                         other=0.0, cache_modifier=".cg").to(tl.float32)
-            if epi == 7:
-                va = gated_value(t, mv, False)
+                acc += tl.dot(xk.to(w.dtype), tl.trans(w))
+        xk = xn
+        if kk + BK >= K:                      # the block's last tile: its epilogue
+            if FMA:
+                _hgemv_epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, nb, n1, y_ptr,
+                                sy, epi, mul_ptr, smul, 1, BN)
+                acc = tl.zeros([BN, BK], dtype=tl.float32)
             else:
-                va = gated_value(t, mv, True)
-            tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
-                     va.to(y_ptr.dtype.element_ty), mask=mask)
-        else:               # (gate, up) row pairs -> act(gate) * up at column n // 2
-            t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
-            g, u = tl.split(tl.reshape(t, [BB, BN // 2, 2]))
-            col = nb // 2 + tl.arange(0, BN // 2)
-            ok = b_ok[:, None] & (col < n1 // 2)[None, :]
-            if epi == 3:
-                v = gated_value(g, u, False)
-            else:
-                v = gated_value(g, u, True)
-            tl.store(y_ptr + offs_b[:, None] * sy + col[None, :], v.to(y_ptr.dtype.element_ty),
-                     mask=ok)
+                _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, BB,
+                                BN)
+                acc = tl.zeros([BB, BN], dtype=tl.float32)
 
 
 @triton.jit
@@ -314,7 +352,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, V: tl.constexpr,
                       LS: tl.constexpr, NK: tl.constexpr, OUT_COL: tl.constexpr,
                       BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      IEEE: tl.constexpr, D_P2: tl.constexpr, ARG_BLOCK: tl.constexpr,
+                      FMA: tl.constexpr, GST: tl.constexpr, IEEE: tl.constexpr, D_P2: tl.constexpr, ARG_BLOCK: tl.constexpr,
                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                       DK_P2: tl.constexpr, DV_P2: tl.constexpr, KC: tl.constexpr,
                       KC_P2: tl.constexpr, CS_B: tl.constexpr, CS_C: tl.constexpr,
@@ -354,13 +392,13 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                 tl.debug_barrier()
             if p7 == 2:      # the input is the fp32 residual x (rounded as it is loaded)
                 _hgemv(fb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
-                       B, BB, BN, BK, IEEE, ALIGNED)
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST)
             elif p0 == 2:
                 _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
-                       B, BB, BN, BK, IEEE, ALIGNED)
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST)
             else:
                 _hgemv(wb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
-                       B, BB, BN, BK, IEEE, ALIGNED)
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST)
         elif op == 7:        # OP_DELTA: (row n0, key head n1)
             delta_net_group(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
                             wb + p2 + n0 * SU, fb + w_off, wb + b_off + n0 * CS_B,
@@ -414,13 +452,15 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
     finish_launch(cnt_ptr, n_cnt, n_prog)
 
 
-def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8) -> dict:
+def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
+               stages: int = 3) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
     .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU). pf:
     bytes of a GEMV instruction's weights prefetched into L2 before its wait (CUDA with
-    aligned weights only: a bulk prefetch needs 16-byte addresses; the variant's "pfN")."""
+    aligned weights only: a bulk prefetch needs 16-byte addresses; the variant's "pfN");
+    stages: the GEMV loop's software-pipelining stages (the variant's "sN")."""
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
-                             "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
+                             "FMA", "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
                              "S_POS", "BS", "NSPLIT", "HD_S", "HD_F", "NKV_S", "NKV_F",
                              "BSW_S", "BSW_F", "HDM")}
@@ -429,26 +469,26 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8) -> dic
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
               NS_P2=p2(sh["NSPLIT"]),
               SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted(),
-              PF=0 if interpreted() else int(pf), NT=32 * num_warps)
+              PF=0 if interpreted() else int(pf), NT=32 * num_warps, GST=int(stages))
     return kw
 
 
 def gemv_aligned(c, low) -> bool:
-    """Every GEMV instruction's weights 16-element aligned and its K a multiple of the
-    lowering's BK: the kernel hints them (vector loads, no K mask). From the instruction list
-    on the host, once per build (MegakernelStep): nothing read back from the device."""
-    bk = low.shape["BK"]
+    """Every GEMV instruction's weights 16-element aligned and its K a multiple of 16: the
+    kernel hints them (vector loads; the K mask constant over 16 columns). From the
+    instruction list on the host, once per build (MegakernelStep): nothing read back from
+    the device."""
     return all((c.offsets[i.args["w"].buf] + i.args["w"].offset) % 16 == 0
-               and i.params["k"] % bk == 0 for i in c.instrs if i.op == OP_HGEMV)
+               and i.params["k"] % 16 == 0 for i in c.instrs if i.op == OP_HGEMV)
 
 
 def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
-                aligned: bool = False) -> tuple[tuple, dict]:
+                aligned: bool = False, num_stages: int = 2) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
     compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low) (the L2 prefetch
     needs it too). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
-    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps)
+    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages)
     kw["ALIGNED"] = bool(aligned)
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["active"], off["attn_m"],
@@ -460,6 +500,6 @@ def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
 def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
            aligned: bool = False):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
-    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned)
+    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

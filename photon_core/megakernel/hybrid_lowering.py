@@ -38,22 +38,38 @@ from .lowering import Unsupported
 from . import hybrid_kernel as HK
 
 
-def _block_k(ks) -> int:
-    """The widest K step dividing every GEMV's K (16 when none does: the kernel masks K)."""
-    for bk in (128, 64, 32, 16):
-        if all(k % bk == 0 for k in ks):
-            return bk
-    return 16
+# the GEMV tiles (kernel._hgemv): at one row FMA over 8-row x 1024-column tiles (Moondream 2's
+# measured b=1 choice, "pipe_fma@8x1024"): 8 rows per block let a 1024-output GEMV reach 128
+# programs; more rows tl.dot over 16 x 512 ("pipe@16x512", Moondream's b=8 choice)
+TILE_FMA, TILE_DOT = (8, 1024), (16, 512)
+
+
+def gemv_tile(gemv: str, b: int, ks) -> tuple[bool, int, int]:
+    """A variant's GEMV field -> (FMA, BN, BK) of the hybrid kernel's GEMVs: "auto" (the
+    defaults above), "pipe_fma[@RxK]" (FMA at one row; tl.dot above) or "pipe[@RxK]"; BK at
+    most the widest K's power of two (a tile no wider than the GEMVs)."""
+    name, _, tile = gemv.partition("@")
+    if name not in ("auto", "pipe", "pipe_fma") or (tile and name == "auto"):
+        raise Unsupported(f"GEMV {gemv!r} (the hybrid kernel takes auto, pipe[@RxK] or "
+                          f"pipe_fma[@RxK])")
+    fma = b == 1 and name in ("auto", "pipe_fma")
+    bn, bk = TILE_FMA if fma else TILE_DOT
+    if tile:
+        bn, bk = (int(v) for v in tile.split("x"))
+    if bn & (bn - 1) or bk & (bk - 1) or bn < (2 if fma else 16) or bk < 16:
+        raise Unsupported(f"GEMV tile {bn}x{bk}: powers of two, BK >= 16, BN >= "
+                          f"{2 if fma else 16}")
+    return fma, bn, min(bk, max(16, triton.next_power_of_2(max(ks, default=16))))
 
 
 class HybridLowering:
     """ops / buffers / shape of fused backend `fd`'s hybrid program at bucket b (n_sm:
     programs at most, each with a private norm scratch of b rows)."""
 
-    def __init__(self, fd, st, b: int, n_sm: int, head: bool = True, block_n: int = 32,
+    def __init__(self, fd, st, b: int, n_sm: int, head: bool = True, gemv: str = "auto",
                  attn_splits: int | None = None):
-        """attn_splits: key splits per (row, head) of attention (None: about one attention
-        instruction per program, at most 32)."""
+        """gemv: the GEMV tiles (gemv_tile); attn_splits: key splits per (row, head) of
+        attention (None: about one attention instruction per program, at most 32)."""
         p = self.program = fd.program
         if p.delta is None and not getattr(fd, "window", False):
             raise Unsupported("neither Gated DeltaNet nor window-attention layers")
@@ -127,10 +143,10 @@ class HybridLowering:
         assert fd.x.stride(0) == d and st.hidden.stride(0) == d and st.out.stride(0) == 4
         for name, t in bufs.items():
             assert t.is_contiguous(), name
-        bk = _block_k(self.n_gemv_k)
+        fma, block_n, bk = gemv_tile(gemv, b, self.n_gemv_k)
         sh = dict(B=b, D=d, SU=u.stride(0), V=self.vocab, LS=logits.stride(0),
                   NK=st.phase_next.shape[1], OUT_COL=p.head("lm").col, BB=16, BN=block_n,
-                  BK=bk, IEEE=dt == torch.float32, NH=n_heads, CAP=kv.capacity, NSPLIT=ns,
+                  BK=bk, FMA=fma, IEEE=dt == torch.float32, NH=n_heads, CAP=kv.capacity, NSPLIT=ns,
                   HD_S=self.hd_s, HD_F=self.hd_f, NKV_S=nkv_s, NKV_F=nkv_f,
                   BSW_S=max(16, min(64, 8192 // self.hd_s)),
                   BSW_F=max(16, min(64, 8192 // self.hd_f)), HDM=hdm, ANSWER_ID=-1)

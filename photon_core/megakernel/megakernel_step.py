@@ -141,6 +141,7 @@ class MegakernelStep:
         self.fd, self.st, self.b = fd, st, b
         v = Variant.parse(variant) if isinstance(variant, str) else (variant or Variant())
         gemv = gemv or v.gemv
+        hybrid_gemv = gemv          # (the hybrid kernel's tiles: hybrid_lowering.gemv_tile)
         if gemv == "auto":
             gemv = "fma" if b == 1 else "small"
         self.gemv = gemv
@@ -151,10 +152,11 @@ class MegakernelStep:
         if n_sm is None:
             n_sm = 1 if interpreted() else sm_count(dev) * v.per_sm
         # a hybrid program (Gated DeltaNet layers: Qwen 3.5) has its own lowering and kernel
-        # (hybrid_lowering.py, hybrid_kernel.py; its GEMVs take one tile shape, the variant's
-        # GEMV fields do not apply; attn_per / the variant's "aN": key splits per (row, head))
+        # (hybrid_lowering.py, hybrid_kernel.py; its GEMVs take one tile shape: the variant's
+        # GEMV field's, "auto" / "pipe[_fma][@RxK]", and its stages; unroll does not apply;
+        # attn_per / the variant's "aN": key splits per (row, head))
         self.hybrid = fd.program.delta is not None or bool(getattr(fd, "window", False))
-        self.low = HybridLowering(fd, st, b, n_sm, head,
+        self.low = HybridLowering(fd, st, b, n_sm, head, hybrid_gemv,
                                   attn_splits=attn_per or v.attn_per or None) \
             if self.hybrid else ProgramLowering(fd, st, b, n_sm, gemv, head)
         self.compiled: Compiled = compile_program(

@@ -73,7 +73,7 @@ def _compare(got, want, b, what=""):
             assert torch.equal(g, w), f"{what}{k}: {g.tolist()} != {w.tolist()}"
 
 
-def _step_both(model, b, active=None, rows=2, splits=None):
+def _step_both(model, b, active=None, rows=2, splits=None, gemv=None):
     from photon_core.megakernel.megakernel_step import MegakernelStep, reference_step
 
     st, fd = _setup(model, rows)
@@ -83,7 +83,7 @@ def _step_both(model, b, active=None, rows=2, splits=None):
     reference_step(fd, st, b, feed=False)
     want = _snapshot(st, fd)
     _restore(st, fd, s0)
-    mk = MegakernelStep(fd, st, b, n_sm=1, attn_per=splits)
+    mk = MegakernelStep(fd, st, b, n_sm=1, attn_per=splits, gemv=gemv)
     mk.run_kernel()
     got = _snapshot(st, fd)
     assert int(mk.compiled.counters.abs().sum()) == 0      # reset for the next launch
@@ -101,6 +101,26 @@ def test_hybrid_megakernel_step_matches_fused(model, b, splits):
     for k in ("x", "hidden", "kv", "conv.0", "recurrent.0"):
         assert not torch.equal(got[k], s0[k]), k
     assert torch.equal(got["pos"][:b], s0["pos"][:b] + 1)
+
+
+@pytest.mark.parametrize("b,gemv,tile", [(1, "pipe_fma@2x32", (True, 2, 32)),
+                                         (1, "pipe_fma@4x64", (True, 4, 64)),
+                                         (1, "pipe@16x64", (False, 16, 64)),
+                                         (2, "pipe@16x32", (False, 16, 32)),
+                                         (2, "pipe_fma@16x64", (False, 16, 64))])
+def test_gemv_tiles_match_fused(model, b, gemv, tile):
+    """The GEMV's one pipelined loop over (row block, K tile) steps (hybrid_kernel._hgemv) at
+    tiles narrower than the GEMVs: several K tiles per row block (K 32 .. 128), the last one
+    masked where BK does not divide K (96 at BK 64), partial last row blocks (136 rows at
+    BN 16); FMA at one row, tl.dot otherwise (pipe_fma at two rows: tl.dot)."""
+    s0, got, want, mk = _step_both(model, b, gemv=gemv)
+    sh = mk.low.shape
+    assert (sh["FMA"], sh["BN"], sh["BK"]) == tile
+    ks = mk.low.n_gemv_k
+    assert max(ks) >= 2 * sh["BK"]                          # several K tiles per block
+    assert any(k % sh["BK"] for k in ks) == (sh["BK"] == 64)  # (96: a masked last tile)
+    _compare(got, want, b)
+    assert not torch.equal(got["x"], s0["x"])
 
 
 def test_inactive_row_keeps_its_states(model):

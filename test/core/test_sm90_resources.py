@@ -108,7 +108,7 @@ def test_hybrid_megakernel_compiles_for_sm90_without_spills(family):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "compile_megakernel.py"),
-                        "--hybrid", family, "--b", "1,8", "--warps", "8"],
+                        "--hybrid", family, "--b", "1,8", "--variants", "auto/w8/s3"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=850)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("hybrid megakernel")]
     assert len(lines) == 2, p.stdout[-2000:] + p.stderr[-3000:]
