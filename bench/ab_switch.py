@@ -12,6 +12,7 @@ Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,g
                   [--batches 1,8] [--rounds 2] [--iters 20] [--pos 300] [--top 12]
                   [--toggle photon_core.ops.sliding_window_attention:SPLIT_BELOW=0]
                   [--option pdl=1 --toggle none]
+                  [--toggle none --option megakernel=auto/w8/s3 --option megakernel=auto/w8/s4]
                   [--toggle photon_core.megakernel.megakernel_backend:SKIP_STOPPED=0 --now 1]
 --option NAME=VALUE (0 / 1, an int, or a string such as pdl=auto): an EngineOptions field the "now" engine is built with (the baseline keeps
 the default, or takes --baseline-option NAME=VALUE); with --toggle none it is the only
@@ -112,8 +113,10 @@ def main():
                     help="module:ATTR=int value of the baseline engine, or none")
     ap.add_argument("--now", default=None,
                     help="the toggle's value for the 'now' engine (default: the module's own)")
-    ap.add_argument("--option", default="",
-                    help="NAME=VALUE: an EngineOptions field of the 'now' engine only")
+    ap.add_argument("--option", action="append", default=[],
+                    help="NAME=VALUE: an EngineOptions field of the 'now' engine only; given "
+                         "again, one more 'now' engine per value (a sweep: --option "
+                         "megakernel=auto/w8/s3 --option megakernel=pipe_fma@8x512/w8/s4)")
     ap.add_argument("--baseline-option", default="",
                     help="NAME=VALUE: an EngineOptions field of the baseline engine")
     args = ap.parse_args()
@@ -129,34 +132,42 @@ def main():
             keep = getattr(mod, attr)
             now = keep if args.now is None else parse_toggle(f"{args.toggle.split('=')[0]}="
                                                               f"{args.now}")[2]
-        opt, base_opt = _option(args.option), _option(args.baseline_option)
-        for rules in (False, True):       # rules: the module's own value
+        base_opt = _option(args.baseline_option)
+        opts = args.option or [""]
+        names = ["now"] if len(opts) == 1 else [f"now {o}" for o in opts]
+        for name, o in [("baseline", None), *zip(names, opts)]:
             if mod is not None:
-                setattr(mod, attr, now if rules else value)
-            kw = {"megakernel": "off", **(opt if rules else base_opt)}
-            engines[rules] = FastEngine(model, max_batch=max(batches), kv_capacity=1024, **kw)
+                setattr(mod, attr, value if o is None else now)
+            kw = {"megakernel": "off", **(base_opt if o is None else _option(o))}
+            engines[name] = FastEngine(model, max_batch=max(batches), kv_capacity=1024, **kw)
+            st = engines[name].state
+            print(f"{fam} {name}: megakernel {'in use' if st.megakernel is not None else 'off'}"
+                  f" {getattr(st, 'megakernel_fallback', '')[:300]}", flush=True)
         if mod is not None:
             setattr(mod, attr, keep)
-        res = out["families"][fam] = {"baseline": {}, "now": {}}
+        res = out["families"][fam] = {name: {} for name in engines}
         for b in batches:
-            res[f"same_bits_b{b}"] = same_bits(engines[False], engines[True], b)
-            print(f"{fam}: one decoder pass, b={b}: {res[f'same_bits_b{b}']}", flush=True)
+            for name in names:
+                res[f"same_bits_b{b}" + name[3:]] = sb = same_bits(engines["baseline"],
+                                                                   engines[name], b)
+                print(f"{fam}: one decoder pass{name[3:]}, b={b}: {sb}", flush=True)
         for rnd in range(args.rounds):
-            for rules, fe in engines.items():
-                name = "now" if rules else "baseline"
+            for name, fe in engines.items():
                 for b in batches:
                     ms = graph_step_ms(fe, b, args.pos, torch.device("cuda"), args.iters)
                     res[name].setdefault(str(b), []).append(ms)
                     print(f"{fam} round {rnd} {name} b={b}: {ms:.4f} ms", flush=True)
-        for rules, fe in engines.items():
+        for name, fe in engines.items():
             if args.top:
-                print(f"{fam} {'now' if rules else 'baseline'} b=1, top kernels:", flush=True)
-            res["now" if rules else "baseline"]["kernels_b1"] = step_kernels(fe, 1, args.top)
+                print(f"{fam} {name} b=1, top kernels:", flush=True)
+            res[name]["kernels_b1"] = step_kernels(fe, 1, args.top)
             fe.close()
         for b in batches if args.rounds else ():
-            o, r = min(res["baseline"][str(b)]), min(res["now"][str(b)])
-            print(f"{fam} b={b}: baseline {o:.4f} ms -> now {r:.4f} ms ({o / r:.2f}x)",
-                  flush=True)
+            o = min(res["baseline"][str(b)])
+            for name in names:
+                r = min(res[name][str(b)])
+                print(f"{fam} b={b}: baseline {o:.4f} ms -> {name} {r:.4f} ms ({o / r:.2f}x)",
+                      flush=True)
         del engines, model
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
