@@ -37,7 +37,7 @@ def auto_spec(fd) -> str:
         return "off"
     if getattr(getattr(fd, "program", None), "delta", None) is not None or \
             getattr(fd, "window", False):
-        return "off"        # the hybrid lowering (Qwen 3.5, Gemma 4): slower than fused (session 24)
+        return "off"        # the hybrid lowering (Qwen 3.5, Gemma 4): slower (session 24)
     dev = torch.device(fd.x.device)
     if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
         return "off"
