@@ -16,7 +16,11 @@ active row has stopped (kernel_args(skip=...)).
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
+import os
+import tempfile
 
 import torch
 
@@ -70,6 +74,39 @@ BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre"
 ON_MAX_BATCH = 1
 
 
+@contextlib.contextmanager
+def reproducer_file(prefix: str | None = None):
+    """Inside the block, Triton's compiler writes the MLIR reproducer of a failing pass
+    pipeline (the whole module: ~200-300 KB, ~3000 lines for the hybrid kernel, session 23)
+    to files `prefix.<stage>.repro.mlir` (TRITON_REPRODUCER_PATH) instead of stderr, so a
+    failed build logs its ~30-line diagnostic, not pages of IR over the node's log. Yields
+    the prefix; the files are removed when the block ends without an exception (the compiler
+    writes one per stage it runs), kept for the log line otherwise. The variable is
+    process-wide for the block's duration (another thread's compile writes there too)."""
+    prefix = prefix or os.path.join(tempfile.gettempdir(), f"photon_megakernel_{os.getpid()}")
+    old = os.environ.get("TRITON_REPRODUCER_PATH")
+    os.environ["TRITON_REPRODUCER_PATH"] = prefix
+    ok = False
+    try:
+        yield prefix
+        ok = True
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_REPRODUCER_PATH", None)
+        else:
+            os.environ["TRITON_REPRODUCER_PATH"] = old
+        if ok:
+            for f in glob.glob(glob.escape(prefix) + ".*repro.mlir"):
+                with contextlib.suppress(OSError):
+                    os.remove(f)
+
+
+def reproducers(prefix: str) -> str:
+    """ " (the compiler's reproducer: <files>)" for what a failed build left, else ""."""
+    files = sorted(glob.glob(glob.escape(prefix) + ".*repro.mlir"))
+    return f" (the compiler's reproducer: {', '.join(files)})" if files else ""
+
+
 class MegakernelBackend:
     """The fused backend `fd` with forward() through the megakernel; one compiled
     MegakernelStep per bucket, built on the bucket's first forward (the runner's warm-up,
@@ -83,6 +120,7 @@ class MegakernelBackend:
         self.fd, self.st, self.variant, self.n_sm = fd, st, variant, n_sm
         self.max_batch = max_batch
         self.steps: dict[int, MegakernelStep] = {}
+        self.launched: set[int] = set()             # buckets whose kernel has run (compiled)
         self.fused_buckets: dict[int, str] = {}     # bucket -> why it runs the fused forward
 
     def __getattr__(self, name):           # heads, prefill, buffers: the fused backend's
@@ -119,9 +157,28 @@ class MegakernelBackend:
             st = self.st
             row_stop(st.out[:b], st.phase[:b], st.stop_ids[:b], st.stop_phases[:b],
                      st.stopped[:b])
-            s.run_kernel(skip=(st.stopped, st.active))
+            kw = {"skip": (st.stopped, st.active)}
         else:
-            s.run_kernel()
+            kw = {}
+        if b in self.launched:
+            s.run_kernel(**kw)
+            return
+        # the bucket's first launch compiles its kernel: a build that fails here (bucket 1
+        # was tried at construction; a larger bucket's shapes may not compile) leaves the
+        # bucket on the fused forward instead of failing the step (the compile precedes the
+        # launch: nothing was written but the feedback, which the fused forward redoes)
+        try:
+            with reproducer_file() as prefix:
+                s.run_kernel(**kw)
+        except Exception as e:      # noqa: BLE001
+            self.fused_buckets[b] = (f"megakernel build failed: {type(e).__name__}: "
+                                     f"{str(e)[:500]}{reproducers(prefix)}")
+            del self.steps[b]
+            log.warning("megakernel: bucket %d runs the fused forward (%s)", b,
+                        self.fused_buckets[b])
+            self.fd.forward(st, b, attn_len)
+            return
+        self.launched.add(b)
 
 
 def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str]:
@@ -140,28 +197,32 @@ def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str
         return None, f"no CUDA device ({dev}) and not TRITON_INTERPRET=1"
     max_b = ON_MAX_BATCH if spec == "on" else None
     be = MegakernelBackend(fd, st, variant, max_batch=max_b)
-    try:
+    with contextlib.ExitStack() as stack:
+        prefix = stack.enter_context(reproducer_file())
         try:
-            be.step_for(1)
-        except Unsupported:
-            if spec != "on" or variant == Variant():
-                raise
-            # "on": the best build's GEMV tiles do not fit this model's widths (a small
-            # model): the default build's tiles
-            be = MegakernelBackend(fd, st, Variant(), max_batch=max_b)
-            be.step_for(1)
-    except Unsupported as e:
-        return None, f"no megakernel lowering for this model's step program: {e}"
-    except Exception as e:       # noqa: BLE001 - a compile / shape failure: keep fused
-        return None, f"megakernel build failed: {type(e).__name__}: {e}"
-    if dev.type == "cuda" and not interpreted():
-        if bool(st.active.any()):
-            return None, "rows in use at build time (the trial launch needs them inactive)"
-        try:      # all rows inactive: their k/v writes land on not-yet-valid positions
-            be.step_for(1).run_kernel()
-            torch.cuda.synchronize(dev)
-        except Exception as e:   # noqa: BLE001 - e.g. no cooperative launch
-            return None, f"megakernel launch failed: {type(e).__name__}: {e}"
+            try:
+                be.step_for(1)
+            except Unsupported:
+                if spec != "on" or variant == Variant():
+                    raise
+                # "on": the best build's GEMV tiles do not fit this model's widths (a small
+                # model): the default build's tiles
+                be = MegakernelBackend(fd, st, Variant(), max_batch=max_b)
+                be.step_for(1)
+        except Unsupported as e:
+            return None, f"no megakernel lowering for this model's step program: {e}"
+        except Exception as e:       # noqa: BLE001 - a compile / shape failure: keep fused
+            return None, f"megakernel build failed: {type(e).__name__}: {e}"
+        if dev.type == "cuda" and not interpreted():
+            if bool(st.active.any()):
+                return None, "rows in use at build time (the trial launch needs them inactive)"
+            try:      # all rows inactive: their k/v writes land on not-yet-valid positions
+                be.step_for(1).run_kernel()
+                torch.cuda.synchronize(dev)
+            except Exception as e:   # noqa: BLE001 - a compile failure, no cooperative launch
+                return None, (f"megakernel launch failed: {type(e).__name__}: "
+                              f"{str(e)[:500]}{reproducers(prefix)}")
+            be.launched.add(1)
     return be, ""
 
 

@@ -139,6 +139,33 @@ def test_on_runs_buckets_above_one_on_the_fused_forward(model, encs, monkeypatch
 
 
 @cpu_only
+def test_a_bucket_whose_build_fails_runs_the_fused_forward(model, encs, monkeypatch):
+    """A bucket's first launch compiles its kernel; where that fails (a compile error at
+    bucket 2's shapes, simulated) the bucket runs the fused forward from then on - the same
+    outputs, the reason in fused_buckets - and bucket 1 keeps the megakernel."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+    real = MegakernelStep.run_kernel
+    tries = {1: 0, 2: 0}
+
+    def failing_at_2(step, **kw):
+        tries[step.b] += 1
+        if step.b == 2:
+            raise RuntimeError("PassManager::run failed")
+        return real(step, **kw)
+    monkeypatch.setattr(MegakernelStep, "run_kernel", failing_at_2)
+    fu, mk = _engines(model, 2, spec="fma/w8")
+    pairs = [(encs[j], TASKS[j]) for j in range(2)]
+    for w, g in zip(_decode(fu, pairs[:1]) + _decode(fu, pairs),
+                    _decode(mk, pairs[:1]) + _decode(mk, pairs)):
+        assert same(w, g), (w.output, g.output)
+    be = mk.state.backend
+    assert be.fused_buckets[2].startswith("megakernel build failed: RuntimeError"), \
+        be.fused_buckets
+    assert tries[2] == 1 and tries[1] > 5 and 1 in be.steps and 2 not in be.steps
+    fu.close(), mk.close()
+
+
+@cpu_only
 def test_cancel_mid_flight_releases_the_zombie_row(model, encs):
     fu, mk = _engines(model, 2)
     t = Task("point", object="cup", max_objects=20)
