@@ -140,7 +140,8 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
     from photon_core.megakernel.megakernel_step import Variant
     v = Variant.parse(variant)
     shape = qwen3_5_shape if family == "qwen3.5" else gemma4_shape
-    kw = constexprs(shape(b, cap, v.gemv), pf=v.pf, num_warps=v.warps, stages=v.stages)
+    kw = constexprs(shape(b, cap, v.gemv), pf=v.pf, num_warps=v.warps, stages=v.stages,
+                    pre=v.pre)
     kw["ALIGNED"] = True
     return _compile_hybrid(kw, {}, v.warps, v.stages)
 

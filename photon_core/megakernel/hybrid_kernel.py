@@ -34,8 +34,8 @@ from ..ops.gated_activation import gated_value
 from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import OP_HGEMV
-from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _l2_prefetch, _waits,
-                     finish_launch, grid_options, interpreted, read_record)
+from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _cta_sync, _l2_prefetch,
+                     _waits, finish_launch, grid_options, interpreted, read_record)
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
 EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU = 6, 7          # act(y) * mul[:, n]
@@ -95,9 +95,34 @@ def _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, R:
 
 
 @triton.jit
-def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul, B: tl.constexpr,
-           BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-           ALIGNED: tl.constexpr, FMA: tl.constexpr, GST: tl.constexpr):
+def _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
+                 B: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SLEEP: tl.constexpr,
+                 ACQ: tl.constexpr, IN_PIPE: tl.constexpr):
+    """A GEMV instruction's waits, then (P7 = 1) the norm of its input rows into this
+    program's scratch wb + a_off (P4 the source, P5 the weight; P6: bit 0 the source is the
+    fp32 x, bit 1 a plain RMSNorm, else zero-centred (1 + w)). IN_PIPE (CUDA): the CTA
+    barrier after the norm as inline PTX (kernel._cta_sync) - Triton's pipeliner skips a loop
+    that holds a gpu.barrier (kernel._wait_ln)."""
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    if p7 == 1:
+        zc = 1 - (p6 // 2) % 2
+        if p6 % 2 == 1:
+            _rms_rows(fb + p4, fb + p5, wb + a_off, eps, zc, B, D, D_P2)
+        else:
+            _rms_rows(wb + p4, fb + p5, wb + a_off, eps, zc, B, D, D_P2)
+        if IN_PIPE and ACQ:
+            _cta_sync()
+        else:
+            tl.debug_barrier()
+
+
+@triton.jit
+def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
+           cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
+           B: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+           IEEE: tl.constexpr, ALIGNED: tl.constexpr, FMA: tl.constexpr, GST: tl.constexpr,
+           PRE: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SLEEP: tl.constexpr,
+           ACQ: tl.constexpr):
     """Rows [n0, n1) of y = x W^T as ONE loop over (BN-row block, BK column tile) steps,
     software-pipelined by Triton (GST stages: GST - 1 weight tiles in flight through shared
     memory, across block boundaries - no pipeline drain per block; kernel.py's _gemv_pipe's
@@ -105,7 +130,12 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul, B: tl.con
     The next step's activations are loaded before this step's products (their L2 latency off
     the per-step chain). FMA (one row): products into [BN, BK], summed per block at its end;
     else tl.dot over BB (16) padded rows. ALIGNED: K a multiple of 16 and the weights
-    16-aligned (vector loads; the K mask is constant over 16 columns)."""
+    16-aligned (vector loads; the K mask is constant over 16 columns).
+    PRE: the instruction's waits and norm (_hgemv_begin) run inside step 0, after its weight
+    load, and step 0's activations are loaded there: the pipeliner's prologue (the first
+    GST - 1 weight tiles) is issued before the poll loop, its HBM latency overlapping the
+    wait (weights never change during a step) - kernel._gemv_pipe's PRE; the same products in
+    the same order. The compiler never emits an empty instruction (n_steps >= 1)."""
     if ALIGNED:
         K = (K // 16) * 16
     kt = tl.cdiv(K, BK)
@@ -114,13 +144,17 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul, B: tl.con
     if FMA:
         offs_b = tl.arange(0, 1)
         acc = tl.zeros([BN, BK], dtype=tl.float32)
-        xk = tl.load(x_ptr + k0, mask=k0 < K, other=0.0, cache_modifier=".cg")
+        x_rows = x_ptr + k0
+        x_mask = k0 < K
     else:
         offs_b = tl.arange(0, BB)
         acc = tl.zeros([BB, BN], dtype=tl.float32)
-        xk = tl.load(x_ptr + offs_b[:, None] * sx + k0[None, :],
-                     mask=(offs_b < B)[:, None] & (k0 < K)[None, :], other=0.0,
-                     cache_modifier=".cg")
+        x_rows = x_ptr + offs_b[:, None] * sx + k0[None, :]
+        x_mask = (offs_b < B)[:, None] & (k0 < K)[None, :]
+    if PRE:         # (step 0 loads it, after the wait)
+        xk = tl.zeros(x_rows.shape, dtype=x_ptr.dtype.element_ty)
+    else:
+        xk = tl.load(x_rows, mask=x_mask, other=0.0, cache_modifier=".cg")
     b_ok = offs_b < B
     for s in tl.range(0, n_steps, num_stages=GST):
         blk = s // kt
@@ -130,6 +164,11 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul, B: tl.con
         k_ok = (kk + k0) < K
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * K + kk + k0[None, :],
                     mask=(offs_n < n1)[:, None] & k_ok[None, :], other=0.0)
+        if PRE:
+            if s == 0:
+                _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
+                             B, D, D_P2, SLEEP, ACQ, True)
+                xk = tl.load(x_rows, mask=x_mask, other=0.0, cache_modifier=".cg")
         kn = kk + BK
         kn = tl.where(kn < K, kn, 0)          # the next step's columns (the next block's 0)
         if FMA:
@@ -367,7 +406,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       HDM: tl.constexpr,
                       SLEEP: tl.constexpr, ACQ: tl.constexpr,
                       ALIGNED: tl.constexpr = False, PF: tl.constexpr = 0,
-                      NT: tl.constexpr = 256):
+                      NT: tl.constexpr = 256, PRE: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -380,26 +419,25 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                 esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
                 _l2_prefetch(wb + _aligned(w_off, ALIGNED) + n0.to(tl.int64) * p1,
                              tl.minimum((n1 - n0).to(tl.int64) * p1 * esz, PF), NT)
-        _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-        if op == 6:          # OP_HGEMV
+        if op != 6:
+            _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+        if op == 6:          # OP_HGEMV: its waits in _hgemv_begin
+            if not PRE:     # (PRE: inside the GEMV's first step)
+                _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
+                             B, D, D_P2, SLEEP, ACQ, False)
             w_off = _aligned(w_off, ALIGNED)     # (16-element vector loads of W)
-            if p7 == 1:      # the norm into this program's scratch rows first (P6: bit 0
-                #              the source is the fp32 x, bit 1 a plain RMSNorm, else (1 + w))
-                zc = 1 - (p6 // 2) % 2
-                if p6 % 2 == 1:
-                    _rms_rows(fb + p4, fb + p5, wb + a_off, eps, zc, B, D, D_P2)
-                else:
-                    _rms_rows(wb + p4, fb + p5, wb + a_off, eps, zc, B, D, D_P2)
-                tl.debug_barrier()
             if p7 == 2:      # the input is the fp32 residual x (rounded as it is loaded)
                 _hgemv(fb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST)
+                       cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ)
             elif p0 == 2:
                 _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST)
+                       cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ)
             else:
                 _hgemv(wb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST)
+                       cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ)
         elif op == 7:        # OP_DELTA: (row n0, key head n1)
             delta_net_group(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
                             wb + p2 + n0 * SU, fb + w_off, wb + b_off + n0 * CS_B,
@@ -454,12 +492,13 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
 
 
 def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
-               stages: int = 3) -> dict:
+               stages: int = 3, pre: bool = False) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
     .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU). pf:
     bytes of a GEMV instruction's weights prefetched into L2 before its wait (CUDA with
     aligned weights only: a bulk prefetch needs 16-byte addresses; the variant's "pfN");
-    stages: the GEMV loop's software-pipelining stages (the variant's "sN")."""
+    stages: the GEMV loop's software-pipelining stages (the variant's "sN"); pre: a GEMV's
+    waits and norm inside its loop's first step (_hgemv's PRE, the variant's "pre")."""
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "FMA", "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
@@ -470,7 +509,8 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
               NS_P2=p2(sh["NSPLIT"]),
               SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted(),
-              PF=0 if interpreted() else int(pf), NT=32 * num_warps, GST=int(stages))
+              PF=0 if interpreted() else int(pf), NT=32 * num_warps, GST=int(stages),
+              PRE=bool(pre))
     return kw
 
 
@@ -484,12 +524,13 @@ def gemv_aligned(c, low) -> bool:
 
 
 def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
-                aligned: bool = False, num_stages: int = 2) -> tuple[tuple, dict]:
+                aligned: bool = False, num_stages: int = 2,
+                pre: bool = False) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
     compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low) (the L2 prefetch
     needs it too). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
-    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages)
+    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre)
     kw["ALIGNED"] = bool(aligned)
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["active"], off["attn_m"],
@@ -499,8 +540,8 @@ def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
 
 
 def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
-           aligned: bool = False):
+           aligned: bool = False, pre: bool = False):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
-    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages)
+    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages, pre)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

@@ -174,13 +174,13 @@ class MegakernelStep:
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
-        if self.hybrid:     # (the variant's warps, stages, sleep and pf apply)
+        if self.hybrid:     # (the variant's warps, stages, sleep, pf and pre apply)
             v = self.variant
             return hybrid_kernel.launch(self.compiled, self.low,
                                         num_warps=kw.get("num_warps") or self.num_warps or 8,
                                         num_stages=kw.get("num_stages") or v.stages,
                                         sleep=kw.get("sleep", v.sleep), pf=kw.get("pf", v.pf),
-                                        aligned=self.gemv_aligned)
+                                        aligned=self.gemv_aligned, pre=kw.get("pre", v.pre))
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant

@@ -73,7 +73,7 @@ def _compare(got, want, b, what=""):
             assert torch.equal(g, w), f"{what}{k}: {g.tolist()} != {w.tolist()}"
 
 
-def _step_both(model, b, active=None, rows=2, splits=None, gemv=None):
+def _step_both(model, b, active=None, rows=2, splits=None, variant=None):
     from photon_core.megakernel.megakernel_step import MegakernelStep, reference_step
 
     st, fd = _setup(model, rows)
@@ -83,7 +83,7 @@ def _step_both(model, b, active=None, rows=2, splits=None, gemv=None):
     reference_step(fd, st, b, feed=False)
     want = _snapshot(st, fd)
     _restore(st, fd, s0)
-    mk = MegakernelStep(fd, st, b, n_sm=1, attn_per=splits, gemv=gemv)
+    mk = MegakernelStep(fd, st, b, n_sm=1, attn_per=splits, variant=variant)
     mk.run_kernel()
     got = _snapshot(st, fd)
     assert int(mk.compiled.counters.abs().sum()) == 0      # reset for the next launch
@@ -103,17 +103,19 @@ def test_hybrid_megakernel_step_matches_fused(model, b, splits):
     assert torch.equal(got["pos"][:b], s0["pos"][:b] + 1)
 
 
-@pytest.mark.parametrize("b,gemv,tile", [(1, "pipe_fma@2x32", (True, 2, 32)),
-                                         (1, "pipe_fma@4x64", (True, 4, 64)),
-                                         (1, "pipe@16x64", (False, 16, 64)),
-                                         (2, "pipe@16x32", (False, 16, 32)),
-                                         (2, "pipe_fma@16x64", (False, 16, 64))])
-def test_gemv_tiles_match_fused(model, b, gemv, tile):
+@pytest.mark.parametrize("b,variant,tile", [(1, "pipe_fma@2x32", (True, 2, 32)),
+                                            (1, "pipe_fma@4x64/pre", (True, 4, 64)),
+                                            (1, "pipe@16x64", (False, 16, 64)),
+                                            (2, "pipe@16x32", (False, 16, 32)),
+                                            (2, "pipe_fma@16x64/pre", (False, 16, 64))])
+def test_gemv_tiles_match_fused(model, b, variant, tile):
     """The GEMV's one pipelined loop over (row block, K tile) steps (hybrid_kernel._hgemv) at
     tiles narrower than the GEMVs: several K tiles per row block (K 32 .. 128), the last one
     masked where BK does not divide K (96 at BK 64), partial last row blocks (136 rows at
-    BN 16); FMA at one row, tl.dot otherwise (pipe_fma at two rows: tl.dot)."""
-    s0, got, want, mk = _step_both(model, b, gemv=gemv)
+    BN 16); FMA at one row, tl.dot otherwise (pipe_fma at two rows: tl.dot); "pre": the
+    waits and the norm inside the loop's first step."""
+    s0, got, want, mk = _step_both(model, b, variant=variant)
+    assert mk.variant.pre == variant.endswith("/pre")
     sh = mk.low.shape
     assert (sh["FMA"], sh["BN"], sh["BK"]) == tile
     ks = mk.low.n_gemv_k
@@ -207,9 +209,10 @@ def _gemma_restore(st, fd, snap):
         fd.kv.k[i].copy_(snap[f"k.{i}"]), fd.kv.v[i].copy_(snap[f"v.{i}"])
 
 
-@pytest.mark.parametrize("b,splits,pos", [(1, None, (20, 5)), (2, None, (20, 5)),
-                                          (2, 3, (150, 6))])
-def test_gemma4_step_matches_fused(gemma, b, splits, pos):
+@pytest.mark.parametrize("b,splits,pos,variant", [
+    (1, None, (20, 5), None), (2, None, (20, 5), None), (2, 3, (150, 6), None),
+    (1, None, (20, 5), "pipe_fma@8x64/pre"), (2, 3, (150, 6), "pipe@16x64/pre")])
+def test_gemma4_step_matches_fused(gemma, b, splits, pos, variant):
     """One forward piece (head=False: Gemma's lm pick, with its softcap, stays the fused
     sample piece): x, hidden, positions and every layer's ring / full k/v equal the fused
     step's (rows past their ring's size and within it; a KV-shared layer reads the slot its
@@ -221,7 +224,7 @@ def test_gemma4_step_matches_fused(gemma, b, splits, pos):
     reference_step(fd, st, b, feed=False)
     want = _gemma_snapshot(st, fd)
     _gemma_restore(st, fd, s0)
-    mk = MegakernelStep(fd, st, b, n_sm=1, attn_per=splits, head=False)
+    mk = MegakernelStep(fd, st, b, n_sm=1, attn_per=splits, head=False, variant=variant)
     ops = {i.op_name.rstrip("0123456789") for i in mk.compiled.instrs}
     assert {"lin", "wattn", "wmerge", "normadd", "pgate", "advance"} <= ops, ops
     mk.low.pre(b, {})      # (MegakernelStep.feed: the feedback, then this; no feedback here)
