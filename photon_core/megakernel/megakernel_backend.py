@@ -160,8 +160,8 @@ class MegakernelBackend:
             kw = {"skip": (st.stopped, st.active)}
         else:
             kw = {}
-        if b in self.launched:
-            s.run_kernel(**kw)
+        if b in self.launched or interpreted():
+            s.run_kernel(**kw)       # (the interpreter compiles nothing: an error is a bug)
             return
         # the bucket's first launch compiles its kernel: a build that fails here (bucket 1
         # was tried at construction; a larger bucket's shapes may not compile) leaves the
@@ -197,9 +197,10 @@ def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str
         return None, f"no CUDA device ({dev}) and not TRITON_INTERPRET=1"
     max_b = ON_MAX_BATCH if spec == "on" else None
     be = MegakernelBackend(fd, st, variant, max_batch=max_b)
-    with contextlib.ExitStack() as stack:
-        prefix = stack.enter_context(reproducer_file())
-        try:
+    stage, prefix = "build", None
+    try:
+        # (a compile failure propagates out of the block: its reproducer files are kept)
+        with reproducer_file() as prefix:
             try:
                 be.step_for(1)
             except Unsupported:
@@ -209,20 +210,19 @@ def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str
                 # model): the default build's tiles
                 be = MegakernelBackend(fd, st, Variant(), max_batch=max_b)
                 be.step_for(1)
-        except Unsupported as e:
-            return None, f"no megakernel lowering for this model's step program: {e}"
-        except Exception as e:       # noqa: BLE001 - a compile / shape failure: keep fused
-            return None, f"megakernel build failed: {type(e).__name__}: {e}"
-        if dev.type == "cuda" and not interpreted():
-            if bool(st.active.any()):
-                return None, "rows in use at build time (the trial launch needs them inactive)"
-            try:      # all rows inactive: their k/v writes land on not-yet-valid positions
-                be.step_for(1).run_kernel()
-                torch.cuda.synchronize(dev)
-            except Exception as e:   # noqa: BLE001 - a compile failure, no cooperative launch
-                return None, (f"megakernel launch failed: {type(e).__name__}: "
-                              f"{str(e)[:500]}{reproducers(prefix)}")
-            be.launched.add(1)
+            if dev.type == "cuda" and not interpreted():
+                if bool(st.active.any()):
+                    return None, ("rows in use at build time (the trial launch needs them "
+                                  "inactive)")
+                stage = "launch"   # all rows inactive: k/v writes land on not-yet-valid slots
+                be.step_for(1).run_kernel()     # (compiles: a failure, or no cooperative
+                torch.cuda.synchronize(dev)     # launch, keeps the fused backend)
+                be.launched.add(1)
+    except Unsupported as e:
+        return None, f"no megakernel lowering for this model's step program: {e}"
+    except Exception as e:       # noqa: BLE001 - a compile / shape / launch failure: fused
+        return None, (f"megakernel {stage} failed: {type(e).__name__}: {str(e)[:500]}"
+                      f"{reproducers(prefix) if prefix else ''}")
     return be, ""
 
 

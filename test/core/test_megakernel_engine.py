@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import sys
 
 import numpy as np
@@ -140,9 +141,12 @@ def test_on_runs_buckets_above_one_on_the_fused_forward(model, encs, monkeypatch
 
 @cpu_only
 def test_a_bucket_whose_build_fails_runs_the_fused_forward(model, encs, monkeypatch):
-    """A bucket's first launch compiles its kernel; where that fails (a compile error at
-    bucket 2's shapes, simulated) the bucket runs the fused forward from then on - the same
-    outputs, the reason in fused_buckets - and bucket 1 keeps the megakernel."""
+    """A bucket's first launch compiles its kernel (on CUDA); where that fails (a compile
+    error at bucket 2's shapes, simulated) the bucket runs the fused forward from then on -
+    the same outputs, the reason in fused_buckets - and bucket 1 keeps the megakernel. (The
+    interpreter compiles nothing: there a failing launch is a bug and propagates, so the
+    test takes the CUDA path's rule.)"""
+    from photon_core.megakernel import megakernel_backend as mb
     from photon_core.megakernel.megakernel_step import MegakernelStep
     real = MegakernelStep.run_kernel
     tries = {1: 0, 2: 0}
@@ -154,6 +158,7 @@ def test_a_bucket_whose_build_fails_runs_the_fused_forward(model, encs, monkeypa
         return real(step, **kw)
     monkeypatch.setattr(MegakernelStep, "run_kernel", failing_at_2)
     fu, mk = _engines(model, 2, spec="fma/w8")
+    monkeypatch.setattr(mb, "interpreted", lambda: False)
     pairs = [(encs[j], TASKS[j]) for j in range(2)]
     for w, g in zip(_decode(fu, pairs[:1]) + _decode(fu, pairs),
                     _decode(mk, pairs[:1]) + _decode(mk, pairs)):
@@ -163,6 +168,32 @@ def test_a_bucket_whose_build_fails_runs_the_fused_forward(model, encs, monkeypa
         be.fused_buckets
     assert tries[2] == 1 and tries[1] > 5 and 1 in be.steps and 2 not in be.steps
     fu.close(), mk.close()
+
+
+@cpu_only
+def test_a_failed_build_names_its_kept_reproducer(model, monkeypatch):
+    """A build that fails while Triton wrote its reproducer (simulated: the file at
+    TRITON_REPRODUCER_PATH, then an error) keeps the fused backend, and the reason names the
+    file, which is still there; TRITON_REPRODUCER_PATH is unset again."""
+    import glob
+    from photon_core.megakernel import megakernel_backend as mb
+
+    def failing_build(*a, **kw):
+        open(os.environ["TRITON_REPRODUCER_PATH"] + ".make_ttgir.repro.mlir", "w").close()
+        raise RuntimeError("PassManager::run failed")
+    monkeypatch.setattr(mb, "MegakernelStep", failing_build)
+    monkeypatch.delenv("TRITON_REPRODUCER_PATH", raising=False)
+    fe = FastEngine(model, max_batch=1, fused="on", megakernel="off")
+    be, why = mb.megakernel_backend(fe.state.fused, fe.state, "fma/w8")
+    files = glob.glob(os.path.join(tempfile.gettempdir(), "photon_megakernel_*.repro.mlir"))
+    try:
+        assert be is None and why.startswith("megakernel build failed: RuntimeError"), why
+        assert files and all(f in why for f in files), (why, files)
+        assert "TRITON_REPRODUCER_PATH" not in os.environ
+    finally:
+        for f in files:
+            os.remove(f)
+        fe.close()
 
 
 @cpu_only
