@@ -4,7 +4,8 @@ gated-attention layers, zero-centred RMSNorms, SwiGLU MLPs): the same machine as
 counters with acquire loads and adds 1 to its own op's counter with a release), over the
 op set hybrid_lowering.py emits:
 
-  OP_HGEMV  rows [n0, n1) of a GEMV, in BN-row blocks over K; input: the program's scratch
+  OP_HGEMV  rows [n0, n1) of a GEMV, one pipelined loop over (BN-row block, BK tile) steps
+            (_hgemv: FMA at one row, tl.dot above); input: the program's scratch
             rows of a zero-centred RMSNorm it computes first (P7 = 1; of the fp32 residual x
             or the model-dtype hidden, P6) or a buffer's columns; epilogue P0: store, fp32
             residual add, gated (weights in (gate, up) row pairs: act(gate) * up)
@@ -21,8 +22,9 @@ op set hybrid_lowering.py emits:
   OP_ADVANCE, OP_ARGMAX  kernel.py's rows (row_advance, the lm pick)
 
 Table fields per op: compiler.compile_program. The GEMV sums each output over K in BK
-steps with tl.dot (16 rows; exact fp32 products for fp32 weights), in another order than
-the fused backend's GEMV tiles: the diff test compares within fp32 rounding, not bits.
+steps (tl.dot over 16 padded rows, exact fp32 products for fp32 weights; or FMA into
+[BN, BK] summed at the block's end), in another order than the fused backend's GEMV
+tiles: the diff test compares within fp32 rounding, not bits.
 """
 from __future__ import annotations
 
