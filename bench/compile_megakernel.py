@@ -5,7 +5,8 @@ whether the PDL builds carry griddepcontrol. What it cannot say: speed.
 
 Usage: PYTHONPATH=. python3 bench/compile_megakernel.py [--variants fma/w8/s3/u4,pipe/w4/s4,...]
        [--b 1,8] [--kv 832] [--gemv-pdl] [--trace] [--hybrid qwen3.5|gemma4]
-       (--hybrid: --variants of the hybrid kernel, default auto/w8/s3)
+       (--hybrid: --variants of the hybrid kernel, default auto/w8/s3; --ones: also one
+       build per integer argument specialized to 1)
        [--from-json megakernel_build_<family>_b<b>.json]
 (variants: photon_core/megakernel/megakernel_step.py Variant strings)
 """
@@ -132,10 +133,12 @@ def gemma4_shape(b: int, cap: int, gemv: str = "auto") -> dict:
                  gemv, (d, 256, 2048, 4096, 6144, 12288))
 
 
-def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = "qwen3.5"):
+def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = "qwen3.5",
+                   ints: dict | None = None):
     """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's or Gemma 4
     E2B's shapes, as a megakernel_step.Variant string builds it (GEMV tile, warps, stages,
-    L2 prefetch)."""
+    L2 prefetch, pre); ints: integer arguments' values as a launch specializes them (1: a
+    constant - Triton 3.6's layout pass once failed on such a build, session 23)."""
     from photon_core.megakernel.hybrid_kernel import constexprs
     from photon_core.megakernel.megakernel_step import Variant
     v = Variant.parse(variant)
@@ -143,7 +146,13 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
     kw = constexprs(shape(b, cap, v.gemv), pf=v.pf, num_warps=v.warps, stages=v.stages,
                     pre=v.pre)
     kw["ALIGNED"] = True
-    return _compile_hybrid(kw, {}, v.warps, v.stages)
+    return _compile_hybrid(kw, ints or {}, v.warps, v.stages)
+
+
+# hybrid_megakernel's integer arguments (the launch's offsets and counts, hybrid_kernel.
+# launch_args); --ones builds the kernel once with each of them = 1
+HYBRID_INTS = ("cos_off", "sin_off", "act_off", "m_off", "l_off", "acc_off", "pos_off",
+               "n_prog", "n_cnt")
 
 
 def compile_recorded(path: str):
@@ -222,6 +231,9 @@ def main():
     ap.add_argument("--hybrid", choices=["qwen3.5", "gemma4"], default=None,
                     help="the hybrid families' kernel at Qwen 3.5 0.8B's or Gemma 4 E2B's "
                          "shapes instead")
+    ap.add_argument("--ones", action="store_true",
+                    help="--hybrid: also one build per integer argument specialized to 1 (the "
+                         "others 32: aligned), first variant, first batch size")
     ap.add_argument("--from-json", default=None,
                     help="the hybrid megakernel as bench/dump_megakernel_build.py recorded it")
     a = ap.parse_args()
@@ -236,6 +248,15 @@ def main():
             for v in variants.split(","):
                 dt, k = compile_hybrid(b, a.kv, v, family=a.hybrid)
                 print(f"hybrid megakernel {a.hybrid} b={b} {v}: compile {dt:.1f} s, "
+                      f"{describe(k)}", flush=True)
+        if a.ones:
+            b, v = int(a.b.split(",")[0]), variants.split(",")[0]
+            for name in HYBRID_INTS:
+                ints = {n: 32 for n in HYBRID_INTS}
+                ints["n_prog"] = 132
+                ints[name] = 1
+                dt, k = compile_hybrid(b, a.kv, v, family=a.hybrid, ints=ints)
+                print(f"hybrid megakernel {a.hybrid} b={b} {v} {name}=1: compile {dt:.1f} s, "
                       f"{describe(k)}", flush=True)
         return
     if a.gemv_pdl:
