@@ -134,7 +134,7 @@ def gemma4_shape(b: int, cap: int, gemv: str = "auto") -> dict:
 
 
 def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = "qwen3.5",
-                   ints: dict | None = None):
+                   ints: dict | None = None, trace: bool = False):
     """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's or Gemma 4
     E2B's shapes, as a megakernel_step.Variant string builds it (GEMV tile, warps, stages,
     L2 prefetch, pre); ints: integer arguments' values as a launch specializes them (1: a
@@ -146,6 +146,7 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
     kw = constexprs(shape(b, cap, v.gemv), pf=v.pf, num_warps=v.warps, stages=v.stages,
                     pre=v.pre)
     kw["ALIGNED"] = True
+    kw["TRACE"] = trace
     return _compile_hybrid(kw, ints or {}, v.warps, v.stages)
 
 
@@ -171,7 +172,7 @@ def _compile_hybrid(kw: dict, ints: dict, warps: int, stages: int, wtype: str = 
     kw = dict(kw, **{n: 1 for n, x in ints.items() if x == 1})
     types = {"table_ptr": "*i64", "queue_ptr": "*i32", "cnt_ptr": "*i32", "wb": wtype,
              "fb": "*fp32", "ib": "*i64", "ub": "*u8", "eps": "fp32", "scale": "fp32",
-             "wscale": "fp32"}
+             "wscale": "fp32", "trace_ptr": "*i64"}
     sig = {n: "constexpr" if n in kw else types.get(n, "i64")
            for n in hybrid_megakernel.arg_names}
     t0 = time.perf_counter()
@@ -246,7 +247,7 @@ def main():
         variants = a.variants if a.variants != DEFAULT_VARIANTS else "auto/w8/s3"
         for b in (int(x) for x in a.b.split(",")):
             for v in variants.split(","):
-                dt, k = compile_hybrid(b, a.kv, v, family=a.hybrid)
+                dt, k = compile_hybrid(b, a.kv, v, family=a.hybrid, trace=a.trace)
                 print(f"hybrid megakernel {a.hybrid} b={b} {v}: compile {dt:.1f} s, "
                       f"{describe(k)}", flush=True)
         if a.ones:

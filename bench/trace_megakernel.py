@@ -44,9 +44,11 @@ import bench_megakernel as bm  # noqa: E402
 
 def instr_bytes(ins, shape, elsize) -> float:
     """The bytes compiler.split_ops prices an instruction by (a GEMV tile's weights, an
-    attention instruction's k/v splits)."""
+    attention instruction's k/v splits; 0 for the hybrid kernel's other ops)."""
     from photon_core.megakernel.instructions import (OP_ATTN, OP_GEMV_LM, OP_GEMV_W1,
-                                                     OP_GEMV_W2)
+                                                     OP_GEMV_W2, OP_HGEMV)
+    if ins.op == OP_HGEMV:       # (the hybrid kernel's GEMVs: their K in the instruction)
+        return (ins.tile[1] - ins.tile[0]) * ins.params["k"] * elsize
     if ins.op in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM):
         k = shape["KW2"] if ins.op == OP_GEMV_W2 else shape["D"]
         return (ins.tile[1] - ins.tile[0]) * k * elsize

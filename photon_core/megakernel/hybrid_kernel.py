@@ -36,8 +36,9 @@ from ..ops.gated_activation import gated_value
 from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import OP_HGEMV
-from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _cta_sync, _l2_prefetch,
-                     _waits, finish_launch, grid_options, interpreted, read_record)
+from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _cta_sync, _globaltimer,
+                     _l2_prefetch, _waits, finish_launch, grid_options, interpreted,
+                     read_record)
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
 EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU = 6, 7          # act(y) * mul[:, n]
@@ -389,7 +390,7 @@ def _norm_add_row(s_ptr, w_ptr, x_ptr, scale_ptr, has_scale, eps, D: tl.constexp
 @triton.jit
 def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, sin_off,
                       act_off, m_off, l_off, acc_off, pos_off, n_prog, n_cnt, eps, scale,
-                      wscale,
+                      wscale, trace_ptr,
                       B: tl.constexpr, D: tl.constexpr, SU: tl.constexpr, V: tl.constexpr,
                       LS: tl.constexpr, NK: tl.constexpr, OUT_COL: tl.constexpr,
                       BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -408,11 +409,14 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       HDM: tl.constexpr,
                       SLEEP: tl.constexpr, ACQ: tl.constexpr,
                       ALIGNED: tl.constexpr = False, PF: tl.constexpr = 0,
-                      NT: tl.constexpr = 256, PRE: tl.constexpr = False):
+                      NT: tl.constexpr = 256, PRE: tl.constexpr = False,
+                      TRACE: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
     for i in range(q0, q1):
+        if TRACE:        # (start, end) of instruction i in ns: bench/trace_hybrid_megakernel.py
+            tl.store(trace_ptr + 2 * i, _globaltimer())
         rec = table_ptr + i * _STRIDE
         (op, a_off, w_off, b_off, y_off, n0, n1, p0, p1, p2, p3, wi0, wt0, wi1, wt1, sig, p4,
          p5, p6, p7) = read_record(rec)
@@ -490,6 +494,8 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                         ARG_BLOCK)
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr + sig, 1, sem="release", scope="gpu")
+        if TRACE:
+            tl.store(trace_ptr + 2 * i + 1, _globaltimer())
     finish_launch(cnt_ptr, n_cnt, n_prog)
 
 
@@ -526,24 +532,27 @@ def gemv_aligned(c, low) -> bool:
 
 
 def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
-                aligned: bool = False, num_stages: int = 2,
-                pre: bool = False) -> tuple[tuple, dict]:
+                aligned: bool = False, num_stages: int = 2, pre: bool = False,
+                trace=None) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
     compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low) (the L2 prefetch
-    needs it too). Also what bench/dump_megakernel_build.py records."""
+    needs it too); trace: an int64 tensor [n_instr, 2] for the instructions' start / end ns
+    (CUDA; None: no trace). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
     kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre)
     kw["ALIGNED"] = bool(aligned)
+    kw["TRACE"] = trace is not None and not interpreted()
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
             c.bases["u"], off["cos"], off["sin"], off["active"], off["attn_m"],
             off["attn_l"], off["attn_acc"], off["pos"], c.n_programs,
-            c.counters.numel(), low.eps, low.shape["HD"] ** -0.5, low.window_scale)
+            c.counters.numel(), low.eps, low.shape["HD"] ** -0.5, low.window_scale,
+            c.table if trace is None else trace)
     return args, kw
 
 
 def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
-           aligned: bool = False, pre: bool = False):
+           aligned: bool = False, pre: bool = False, trace=None):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
-    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages, pre)
+    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages, pre, trace)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

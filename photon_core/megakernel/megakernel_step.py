@@ -180,7 +180,8 @@ class MegakernelStep:
                                         num_warps=kw.get("num_warps") or self.num_warps or 8,
                                         num_stages=kw.get("num_stages") or v.stages,
                                         sleep=kw.get("sleep", v.sleep), pf=kw.get("pf", v.pf),
-                                        aligned=self.gemv_aligned, pre=kw.get("pre", v.pre))
+                                        aligned=self.gemv_aligned, pre=kw.get("pre", v.pre),
+                                        trace=kw.get("trace"))
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant
