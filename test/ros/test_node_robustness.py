@@ -94,6 +94,40 @@ def test_a_shutdown_racing_spin_once_ends_spin_cleanly(inline):
         node.destroy_node()
 
 
+def test_shutdown_hands_unchecked_pool_errors_over_and_drops_shutdown_ones(ctx):
+    """A pool task that finished after spin() last looked: its exception reaches on_error at
+    shutdown; one that failed on an entity the shutdown destroyed (InvalidHandle) is
+    dropped. Before, both stayed unretrieved and rclpy printed "The following exception was
+    never retrieved" at exit."""
+    import threading
+
+    from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+    from rclpy.exceptions import InvalidHandle
+
+    node = rclpy.create_node("rb_shutdown_pool", context=ctx)
+    errors, go = [], threading.Event()
+    raises = iter([RuntimeError("late"), InvalidHandle("cannot use Destroyable")])
+
+    def slow():
+        go.wait(5)                 # still running when spin_once checks its futures
+        raise next(raises)
+    timer = node.create_timer(0.01, slow, callback_group=ReentrantCallbackGroup())
+    ex = InlineGroupExecutor(MutuallyExclusiveCallbackGroup(), num_threads=2, context=ctx,
+                             on_error=errors.append)
+    ex.add_node(node)
+    try:
+        end = time.monotonic() + 5
+        while len(ex._futures) < 2 and time.monotonic() < end:
+            ex.spin_once(timeout_sec=0.05)
+        assert len(ex._futures) == 2 and not errors
+        go.set()
+    finally:
+        ex.shutdown()
+        node.destroy_timer(timer)
+        node.destroy_node()
+    assert [str(e) for e in errors] == ["late"] and not ex._futures
+
+
 def active_node(ctx):
     return activate_with_fakes(pn.PerceptionNode("rb_node", context=ctx), PARAMS)
 
