@@ -345,14 +345,15 @@ def test_gpu_graphs_match_fused(variant):
 
 
 @gpu_only
-def test_gpu_gemma4_hybrid_megakernel_matches_fused(tmp_path):
+@pytest.mark.parametrize("variant", HYBRID_VARIANTS)
+def test_gpu_gemma4_hybrid_megakernel_matches_fused(tmp_path, variant):
     """On CUDA: tiny random fp32 Gemma 4 through the hybrid megakernel gives the fused
     backend's outputs, batch 1 and 2, query and caption, past the rings' size."""
     from photon_core.models import gemma4
     g = gemma4.load_model(str(gemma4.make_test_model(tmp_path / "g4", seed=5)),
                           device="cuda", dtype="fp32")
     fu = FastEngine(g, max_batch=2, kv_capacity=512, fused="on")
-    mk = FastEngine(g, max_batch=2, kv_capacity=512, fused="on", megakernel="auto/w8/s2")
+    mk = FastEngine(g, max_batch=2, kv_capacity=512, fused="on", megakernel=variant)
     assert mk.state.megakernel is not None, mk.state.megakernel_fallback
     rng = np.random.default_rng(3)
     encs = [g.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
@@ -367,8 +368,14 @@ def test_gpu_gemma4_hybrid_megakernel_matches_fused(tmp_path):
     fu.close(), mk.close()
 
 
+# the hybrid kernel's GEMV forms on the GPU: tl.dot tiles, FMA with the waits inside the
+# pipelined loop (pre, session 24)
+HYBRID_VARIANTS = ["auto/w8/s2", "pipe_fma@8x1024/w8/s3/pre"]
+
+
 @gpu_only
-def test_gpu_qwen35_hybrid_megakernel_matches_fused(tmp_path, dtype="fp32"):
+@pytest.mark.parametrize("variant", HYBRID_VARIANTS)
+def test_gpu_qwen35_hybrid_megakernel_matches_fused(tmp_path, variant, dtype="fp32"):
     """On CUDA (cooperative launch, one program per SM, graphs per bucket): tiny random Qwen
     3.5 through the hybrid megakernel gives the fused backend's outputs, batch 1 and 2, every
     skill (fp32: exact products; bf16 sums in another order than the fused GEMVs' tiles, so
@@ -377,7 +384,7 @@ def test_gpu_qwen35_hybrid_megakernel_matches_fused(tmp_path, dtype="fp32"):
     q = qwen3_5.load_model(str(qwen3_5.make_test_model(tmp_path / "q35", seed=5)),
                            device="cuda", dtype=dtype)
     fu = FastEngine(q, max_batch=2, kv_capacity=512, fused="on")
-    mk = FastEngine(q, max_batch=2, kv_capacity=512, fused="on", megakernel="auto/w8/s2")
+    mk = FastEngine(q, max_batch=2, kv_capacity=512, fused="on", megakernel=variant)
     assert mk.state.megakernel is not None, mk.state.megakernel_fallback
     rng = np.random.default_rng(3)
     encs = [q.encode_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
