@@ -56,6 +56,11 @@ TASKS = [Task("detect", object="person", max_objects=3),
          Task("detect", object="car", max_objects=1)]
 
 
+# the hybrid kernel's GEMV forms on the GPU: tl.dot tiles, FMA with the waits inside the
+# pipelined loop (pre, session 24)
+HYBRID_VARIANTS = ["auto/w8/s2", "pipe_fma@8x1024/w8/s3/pre"]
+
+
 def same(a, b):
     return (a.output, a.tokens, a.finish_reason) == (b.output, b.tokens, b.finish_reason)
 
@@ -366,11 +371,6 @@ def test_gpu_gemma4_hybrid_megakernel_matches_fused(tmp_path, variant):
                         _decode(mk, pairs[:1]) + _decode(mk, pairs)):
             assert same(w, r), (k, w.output, r.output)
     fu.close(), mk.close()
-
-
-# the hybrid kernel's GEMV forms on the GPU: tl.dot tiles, FMA with the waits inside the
-# pipelined loop (pre, session 24)
-HYBRID_VARIANTS = ["auto/w8/s2", "pipe_fma@8x1024/w8/s3/pre"]
 
 
 @gpu_only
