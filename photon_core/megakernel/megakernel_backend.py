@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import logging
 import os
 import tempfile
@@ -74,6 +75,9 @@ BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre"
 ON_MAX_BATCH = 1
 
 
+_BUILDS = itertools.count()       # (one reproducer prefix per build of the process)
+
+
 @contextlib.contextmanager
 def reproducer_file(prefix: str | None = None):
     """Inside the block, Triton's compiler writes the MLIR reproducer of a failing pass
@@ -82,8 +86,10 @@ def reproducer_file(prefix: str | None = None):
     failed build logs its ~30-line diagnostic, not pages of IR over the node's log. Yields
     the prefix; the files are removed when the block ends without an exception (the compiler
     writes one per stage it runs), kept for the log line otherwise. The variable is
-    process-wide for the block's duration (another thread's compile writes there too)."""
-    prefix = prefix or os.path.join(tempfile.gettempdir(), f"photon_megakernel_{os.getpid()}")
+    process-wide for the block's duration (another thread's compile writes there too; two
+    builds at once: the later one's prefix until it ends)."""
+    prefix = prefix or os.path.join(tempfile.gettempdir(),
+                                    f"photon_megakernel_{os.getpid()}_{next(_BUILDS)}")
     old = os.environ.get("TRITON_REPRODUCER_PATH")
     os.environ["TRITON_REPRODUCER_PATH"] = prefix
     ok = False
