@@ -56,11 +56,12 @@ def gemv_tile(gemv: str, b: int, ks) -> tuple[bool, int, int]:
     bn, bk = TILE_FMA if fma else TILE_DOT
     if tile:
         bn, bk = (int(v) for v in tile.split("x"))
+        if bn & (bn - 1) or bk & (bk - 1) or bn < (2 if name == "pipe_fma" else 16) or \
+                bk < 16:
+            raise Unsupported(f"GEMV tile {tile}: powers of two, BK >= 16, BN >= 16 (2 for "
+                              f"pipe_fma)")
         if not fma:
             bn = max(bn, 16)         # (tl.dot: 16 rows at least; pipe_fma's 8 above one row)
-    if bn & (bn - 1) or bk & (bk - 1) or bn < (2 if fma else 16) or bk < 16:
-        raise Unsupported(f"GEMV tile {bn}x{bk}: powers of two, BK >= 16, BN >= "
-                          f"{2 if fma else 16}")
     return fma, bn, min(bk, max(16, triton.next_power_of_2(max(ks, default=16))))
 
 

@@ -125,6 +125,23 @@ def test_gemv_tiles_match_fused(model, b, variant, tile):
     assert not torch.equal(got["x"], s0["x"])
 
 
+def test_gemv_tile_reads_the_variants_gemv_field():
+    """hybrid_lowering.gemv_tile: "auto" = FMA 8 x 1024 at one row, tl.dot 16 x 512 above;
+    pipe_fma@RxK is FMA at one row only (tl.dot over at least 16 rows above); BK no wider
+    than the widest GEMV; the Moondream-only choices and odd tiles are refused."""
+    from photon_core.megakernel.hybrid_lowering import gemv_tile
+    from photon_core.megakernel.lowering import Unsupported
+    assert gemv_tile("auto", 1, [1024, 3584]) == (True, 8, 1024)
+    assert gemv_tile("auto", 4, [1024, 3584]) == (False, 16, 512)
+    assert gemv_tile("pipe_fma@8x1024", 2, [2048]) == (False, 16, 1024)
+    assert gemv_tile("pipe_fma@4x256", 1, [2048]) == (True, 4, 256)
+    assert gemv_tile("pipe@32x256", 1, [2048]) == (False, 32, 256)
+    assert gemv_tile("auto", 1, [96, 64]) == (True, 8, 128)
+    for bad in ("fma", "small", "pipe_same", "auto@8x1024", "pipe@12x512", "pipe@16x8"):
+        with pytest.raises(Unsupported):
+            gemv_tile(bad, 1, [1024])
+
+
 def test_inactive_row_keeps_its_states(model):
     s0, got, want, _ = _step_both(model, 2, active=[True, False])
     _compare(got, want, 1)
