@@ -29,7 +29,15 @@ class InlineGroupExecutor(MultiThreadedExecutor):
     def _failed(self, exc: BaseException) -> None:
         if self.on_error is None or isinstance(exc, (ExternalShutdownException, ShutdownException)):
             raise exc
-        self.on_error(exc)
+        if not self._shutdown_casualty(exc):
+            self.on_error(exc)
+
+    def _shutdown_casualty(self, exc: BaseException) -> bool:
+        """A callback that failed only because the process is shutting down: rcl refusing an
+        entity of a context already shut down (a timer's publish racing SIGTERM: "publisher's
+        context is invalid"), or an entity whose destruction was requested (InvalidHandle,
+        once the context is down)."""
+        return isinstance(exc, (_rclpy.RCLError, InvalidHandle)) and not self._context.ok()
 
     def _spin_once_impl(self, timeout_sec=None, wait_condition=lambda: False) -> None:
         try:
@@ -66,17 +74,19 @@ class InlineGroupExecutor(MultiThreadedExecutor):
 
     def shutdown(self, timeout_sec=None, **kw) -> bool:
         """rclpy's shutdown, then the pool's finished tasks that spin() never checked: a
-        callback's exception goes to `on_error`; a task that only failed on an entity
-        destroyed by the shutdown itself (rclpy destroys the executor's guard condition
-        without waiting for the pool's running tasks: InvalidHandle, "cannot use Destroyable")
-        is dropped - unretrieved, rclpy printed each at exit as "The following exception was
-        never retrieved"."""
+        callback's exception goes to `on_error`; a task that failed only because of the
+        shutdown is dropped - an entity the executor's shutdown itself destroyed (rclpy
+        destroys its guard condition without waiting for the pool's running tasks:
+        InvalidHandle, "cannot use Destroyable") or any _shutdown_casualty. Unretrieved,
+        rclpy printed each at exit as "The following exception was never retrieved"."""
         ok = super().shutdown(timeout_sec, **kw)      # (joins the pool's threads)
         for future in getattr(self, "_futures", ())[:]:
             if future.done():
                 self._futures.remove(future)
                 exc = future.exception()
-                if exc is not None and not isinstance(exc, InvalidHandle) and \
-                        self.on_error is not None:
+                if exc is None or isinstance(exc, InvalidHandle) or \
+                        self._shutdown_casualty(exc):
+                    continue
+                if self.on_error is not None:
                     self.on_error(exc)
         return ok

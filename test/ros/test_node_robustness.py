@@ -128,6 +128,42 @@ def test_shutdown_hands_unchecked_pool_errors_over_and_drops_shutdown_ones(ctx):
     assert [str(e) for e in errors] == ["late"] and not ex._futures
 
 
+def test_errors_of_a_shut_down_context_are_not_reported():
+    """SIGTERM mid-stream (CI, test_node_fairness): the diagnostics timer's publish, running in
+    the pool, failed with "publisher's context is invalid" once the context was shut down;
+    executor.shutdown() handed that to the node's error log (a traceback at every stop).
+    rcl errors of a context already shut down are the shutdown's, not a callback's."""
+    import threading
+
+    from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+    from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+
+    c = rclpy.Context()
+    rclpy.init(context=c)
+    node = rclpy.create_node("rb_shutdown_rcl", context=c)
+    errors, go = [], threading.Event()
+
+    def publish_late():
+        go.wait(5)
+        raise _rclpy.RCLError("Failed to publish: publisher's context is invalid")
+    timer = node.create_timer(0.01, publish_late, callback_group=ReentrantCallbackGroup())
+    ex = InlineGroupExecutor(MutuallyExclusiveCallbackGroup(), num_threads=2, context=c,
+                             on_error=errors.append)
+    ex.add_node(node)
+    try:
+        end = time.monotonic() + 5
+        while not ex._futures and time.monotonic() < end:
+            ex.spin_once(timeout_sec=0.05)
+        assert ex._futures
+        rclpy.shutdown(context=c)
+        go.set()
+    finally:
+        ex.shutdown()
+        node.destroy_timer(timer)
+        node.destroy_node()
+    assert errors == [] and not ex._futures
+
+
 def active_node(ctx):
     return activate_with_fakes(pn.PerceptionNode("rb_node", context=ctx), PARAMS)
 
