@@ -7,7 +7,7 @@ median start / end is summarized by trace_megakernel.analyze: per op kind the ti
 spent waiting for its inputs (stall) and the rest (work, with the GEMVs' bytes per
 microsecond of work per program), per program work / stall / idle at the end, and the ops
 whose last instruction ended long after their median one (stragglers). The untraced launch
-is timed too (CUDA events, same state).
+is timed too (bench_timing.median_ms, same state).
 
 Usage (H200): PYTHONPATH=. python3 bench/trace_hybrid_megakernel.py
                   [--families qwen3.5-0.8b,gemma4-e2b] [--variant auto/w8/s3]
@@ -28,22 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench.bench_timing import median_ms  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
 from trace_megakernel import analyze  # noqa: E402
-
-
-def launch_ms(fn, n: int = 20) -> float:
-    """Median ms of fn() by CUDA events (one warm-up)."""
-    fn()
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def trace_family(fam: str, variant: str, launches: int, pos: int) -> dict:
@@ -68,8 +55,9 @@ def trace_family(fam: str, variant: str, launches: int, pos: int) -> dict:
     elsize = torch.tensor([], dtype=step.st.hidden.dtype).element_size()
     a = analyze(c, med[:, 0].tolist(), med[:, 1].tolist(), step.low.shape, elsize)
     res = {k: x for k, x in a.items() if not k.startswith("_")}
-    res["untraced_launch_ms"] = launch_ms(step.run_kernel)
-    res["traced_launch_ms"] = launch_ms(lambda: step.run_kernel(trace=trace))
+    dev = torch.device("cuda")
+    res["untraced_launch_ms"] = median_ms(step.run_kernel, dev)
+    res["traced_launch_ms"] = median_ms(lambda: step.run_kernel(trace=trace), dev)
     res["instructions"], res["programs_launched"] = len(c.instrs), c.n_programs
     fe.close()
     return res

@@ -94,37 +94,44 @@ def test_a_shutdown_racing_spin_once_ends_spin_cleanly(inline):
         node.destroy_node()
 
 
+def _pool_tasks_in_flight(ctx, name, n, raises):
+    """A node whose reentrant timer's pool tasks block until `go` is set, then raise the
+    next of `raises`; spun until n such tasks are in flight (unchecked by spin_once)."""
+    import threading
+
+    from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+
+    node = rclpy.create_node(name, context=ctx)
+    errors, go, it = [], threading.Event(), iter(raises)
+
+    def slow():
+        go.wait(5)                 # still running when spin_once checks its futures
+        raise next(it)
+    timer = node.create_timer(0.01, slow, callback_group=ReentrantCallbackGroup())
+    ex = InlineGroupExecutor(MutuallyExclusiveCallbackGroup(), num_threads=2, context=ctx,
+                             on_error=errors.append)
+    ex.add_node(node)
+    end = time.monotonic() + 5
+    while len(ex._futures) < n and time.monotonic() < end:
+        ex.spin_once(timeout_sec=0.05)
+    assert len(ex._futures) == n and not errors
+    return node, timer, ex, errors, go
+
+
 def test_shutdown_hands_unchecked_pool_errors_over_and_drops_shutdown_ones(ctx):
     """A pool task that finished after spin() last looked: its exception reaches on_error at
     shutdown; one that failed on an entity the shutdown destroyed (InvalidHandle) is
     dropped. Before, both stayed unretrieved and rclpy printed "The following exception was
     never retrieved" at exit."""
-    import threading
-
-    from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
     from rclpy.exceptions import InvalidHandle
 
-    node = rclpy.create_node("rb_shutdown_pool", context=ctx)
-    errors, go = [], threading.Event()
-    raises = iter([RuntimeError("late"), InvalidHandle("cannot use Destroyable")])
-
-    def slow():
-        go.wait(5)                 # still running when spin_once checks its futures
-        raise next(raises)
-    timer = node.create_timer(0.01, slow, callback_group=ReentrantCallbackGroup())
-    ex = InlineGroupExecutor(MutuallyExclusiveCallbackGroup(), num_threads=2, context=ctx,
-                             on_error=errors.append)
-    ex.add_node(node)
-    try:
-        end = time.monotonic() + 5
-        while len(ex._futures) < 2 and time.monotonic() < end:
-            ex.spin_once(timeout_sec=0.05)
-        assert len(ex._futures) == 2 and not errors
-        go.set()
-    finally:
-        ex.shutdown()
-        node.destroy_timer(timer)
-        node.destroy_node()
+    node, timer, ex, errors, go = _pool_tasks_in_flight(
+        ctx, "rb_shutdown_pool", 2,
+        [RuntimeError("late"), InvalidHandle("cannot use Destroyable")])
+    go.set()
+    ex.shutdown()
+    node.destroy_timer(timer)
+    node.destroy_node()
     assert [str(e) for e in errors] == ["late"] and not ex._futures
 
 
@@ -133,34 +140,18 @@ def test_errors_of_a_shut_down_context_are_not_reported():
     the pool, failed with "publisher's context is invalid" once the context was shut down;
     executor.shutdown() handed that to the node's error log (a traceback at every stop).
     rcl errors of a context already shut down are the shutdown's, not a callback's."""
-    import threading
-
-    from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
     from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 
     c = rclpy.Context()
     rclpy.init(context=c)
-    node = rclpy.create_node("rb_shutdown_rcl", context=c)
-    errors, go = [], threading.Event()
-
-    def publish_late():
-        go.wait(5)
-        raise _rclpy.RCLError("Failed to publish: publisher's context is invalid")
-    timer = node.create_timer(0.01, publish_late, callback_group=ReentrantCallbackGroup())
-    ex = InlineGroupExecutor(MutuallyExclusiveCallbackGroup(), num_threads=2, context=c,
-                             on_error=errors.append)
-    ex.add_node(node)
-    try:
-        end = time.monotonic() + 5
-        while not ex._futures and time.monotonic() < end:
-            ex.spin_once(timeout_sec=0.05)
-        assert ex._futures
-        rclpy.shutdown(context=c)
-        go.set()
-    finally:
-        ex.shutdown()
-        node.destroy_timer(timer)
-        node.destroy_node()
+    node, timer, ex, errors, go = _pool_tasks_in_flight(
+        c, "rb_shutdown_rcl", 1,
+        [_rclpy.RCLError("Failed to publish: publisher's context is invalid")])
+    rclpy.shutdown(context=c)
+    go.set()
+    ex.shutdown()
+    node.destroy_timer(timer)
+    node.destroy_node()
     assert errors == [] and not ex._futures
 
 
