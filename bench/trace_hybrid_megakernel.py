@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench.bench_timing import median_ms  # noqa: E402
 from bench.sweep_gemv_family import build_model  # noqa: E402
-from trace_megakernel import analyze  # noqa: E402
+from trace_megakernel import analyze, median_trace, print_kinds  # noqa: E402
 
 
 def trace_family(fam: str, variant: str, launches: int, pos: int) -> dict:
@@ -45,13 +45,8 @@ def trace_family(fam: str, variant: str, launches: int, pos: int) -> dict:
     fe.state.active.zero_()
     fe.state.pos.fill_(pos)
     c = step.compiled
-    trace = torch.zeros(len(c.instrs), 2, dtype=torch.int64, device="cuda")
-    runs = []
-    for _ in range(launches + 1):          # the first: the TRACE build's compile
-        step.run_kernel(trace=trace)
-        torch.cuda.synchronize()
-        runs.append(trace.clone().cpu())
-    med = torch.stack(runs[1:]).median(dim=0).values
+    med, trace = median_trace(step.run_kernel, len(c.instrs), launches, "cuda",
+                              torch.cuda.synchronize)
     elsize = torch.tensor([], dtype=step.st.hidden.dtype).element_size()
     a = analyze(c, med[:, 0].tolist(), med[:, 1].tolist(), step.low.shape, elsize)
     res = {k: x for k, x in a.items() if not k.startswith("_")}
@@ -71,14 +66,7 @@ def report(fam: str, r: dict) -> None:
     mp = r["mean_program"]
     print(f"  per program (mean us): work {mp['work']:.1f}, stall {mp['stall']:.1f}, gaps "
           f"{mp['gaps']:.1f}, idle at the end {mp['tail_idle']:.1f}", flush=True)
-    for name, k in sorted(r["kinds"].items(), key=lambda kv: -kv[1]["time_us"]):
-        gb = f", {k['GBps_per_program_work']:.1f} GB/s per program" if k["bytes"] else ""
-        print(f"  {name:24s} n {k['n']:5d}  time {k['time_us']:9.1f}  stall "
-              f"{k['stall_us']:9.1f}  work {k['work_us']:9.1f} ({k['work_per_instr_us']:.2f} "
-              f"per instr, model {k['model_per_instr_us']:.2f}){gb}", flush=True)
-    for d in r["stragglers_top"][:6]:
-        print(f"  straggler {d['op']:12s} n {d['n']:4d}: last - median end "
-              f"{d['last_minus_median_end_us']:.1f} us", flush=True)
+    print_kinds(fam, r)
 
 
 def main():

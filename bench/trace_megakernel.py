@@ -119,6 +119,31 @@ def analyze(compiled, starts, ends, shape, elsize) -> dict:
             "_work": work, "_stall": stall}
 
 
+def median_trace(run, n_instr: int, launches: int, device, sync):
+    """(each instruction's median (start, end) ns over `launches` launches of
+    run(trace=...) - one more first: the TRACE build's compile -, the trace tensor)."""
+    import torch
+    trace = torch.zeros(n_instr, 2, dtype=torch.int64, device=device)
+    runs = []
+    for _ in range(launches + 1):
+        run(trace=trace)
+        sync()
+        runs.append(trace.clone().cpu())
+    return torch.stack(runs[1:]).median(dim=0).values, trace
+
+
+def print_kinds(tag: str, a: dict) -> None:
+    """analyze()'s op kinds (work per instruction against the cost model, stall, GEMV bytes
+    per us) and its top stragglers, a line each."""
+    for name, k in a["kinds"].items():
+        print(f"[{tag}]   {name}: {k['n']} instr, work {k['work_per_instr_us']:.2f} us "
+              f"(model {k['model_per_instr_us']:.2f}), stall {k['stall_us']:.0f} us in all, "
+              f"{k['GBps_per_program_work']:.1f} GB/s per program", flush=True)
+    for d in a["stragglers_top"][:6]:
+        print(f"[{tag}]   straggler {d['op']}: last {d['last_minus_median_end_us']:.2f} us "
+              f"after the median ({d['n']} instr)", flush=True)
+
+
 def fit_costs(compiled, a: dict, shape, elsize, per_sm: int) -> dict:
     """GEMV: work = bytes / rate + fixed (least squares); attention: its median work minus
     its modelled bytes and merge = the latency constant. Returns the compiler constants of
@@ -245,14 +270,7 @@ def main():
         g = bm._graph(torch, step)
         r["graph_ms"] = bm._timed(torch, g.replay)
         del g
-        n = len(mk.compiled.instrs)
-        trace = torch.zeros(n, 2, dtype=torch.int64, device=c.dev)
-        runs = []
-        for _ in range(args.launches + 1):          # the first: the TRACE build's compile
-            step(trace=trace)
-            c.sync()
-            runs.append(trace.clone().cpu())
-        t = torch.stack(runs[1:]).median(dim=0).values
+        t, trace = median_trace(step, len(mk.compiled.instrs), args.launches, c.dev, c.sync)
         r["traced_launch_ms"] = bm._timed(torch, lambda: step(trace=trace))
         r["untraced_launch_ms"] = bm._timed(torch, step)
         a = analyze(mk.compiled, t[:, 0].tolist(), t[:, 1].tolist(), mk.low.shape, elsize)
@@ -262,13 +280,7 @@ def main():
               f"{r['greedy']['tokens_total']}; traced makespan {a['makespan_us']:.1f} us "
               f"(model {a['model_makespan_us']:.1f}); per program: "
               + ", ".join(f"{k} {x:.1f}" for k, x in a["mean_program"].items()), flush=True)
-        for name, k in a["kinds"].items():
-            print(f"[{tag}]   {name}: {k['n']} instr, work {k['work_per_instr_us']:.2f} us "
-                  f"(model {k['model_per_instr_us']:.2f}), stall {k['stall_us']:.0f} us in all, "
-                  f"{k['GBps_per_program_work']:.1f} GB/s per program", flush=True)
-        for d in a["stragglers_top"][:6]:
-            print(f"[{tag}]   straggler {d['op']}: last {d['last_minus_median_end_us']:.2f} us "
-                  f"after the median ({d['n']} instr)", flush=True)
+        print_kinds(tag, a)
         return mk, a, r
 
     if args.sweep is not None:

@@ -34,7 +34,7 @@ import torch
 from ..ops import gemv as G
 from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_DELTA, OP_GATTN, OP_GMERGE, OP_HGEMV,
                            OP_NORMADD, OP_WATTN, OP_WMERGE, Operand, ProgramOp)
-from .lowering import Unsupported
+from .lowering import Unsupported, parse_gemv
 from . import hybrid_kernel as HK
 
 
@@ -55,7 +55,7 @@ def gemv_tile(gemv: str, b: int, ks) -> tuple[bool, int, int]:
     fma = b == 1 and name in ("auto", "pipe_fma")
     bn, bk = TILE_FMA if fma else TILE_DOT
     if tile:
-        bn, bk = (int(v) for v in tile.split("x"))
+        bn, bk = parse_gemv(gemv)[1]
         if bn & (bn - 1) or bk & (bk - 1) or bn < (2 if name == "pipe_fma" else 16) or \
                 bk < 16:
             raise Unsupported(f"GEMV tile {tile}: powers of two, BK >= 16, BN >= 16 (2 for "
