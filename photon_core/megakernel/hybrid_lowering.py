@@ -44,6 +44,13 @@ from . import hybrid_kernel as HK
 TILE_FMA, TILE_DOT = (8, 1024), (16, 512)
 
 
+def is_hybrid(fd) -> bool:
+    """Fused backend `fd`'s program takes this lowering (Gated DeltaNet or window-attention
+    layers: Qwen 3.5, Gemma 4), not lowering.ProgramLowering's (Moondream 2)."""
+    return getattr(getattr(fd, "program", None), "delta", None) is not None or \
+        bool(getattr(fd, "window", False))
+
+
 def gemv_tile(gemv: str, b: int, ks) -> tuple[bool, int, int]:
     """A variant's GEMV field -> (FMA, BN, BK) of the hybrid kernel's GEMVs: "auto" (the
     defaults above), "pipe_fma[@RxK]" (FMA at one row; tl.dot above) or "pipe[@RxK]"; BK at

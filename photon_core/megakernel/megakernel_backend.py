@@ -27,6 +27,7 @@ import torch
 
 from ..ops.row_stop import row_stop
 from .kernel import interpreted
+from .hybrid_lowering import is_hybrid
 from .lowering import Unsupported
 from .megakernel_step import MegakernelStep, Variant
 
@@ -40,35 +41,41 @@ def auto_spec(fd) -> str:
     fused kernels there)."""
     if fd is None or interpreted():
         return "off"
-    if getattr(getattr(fd, "program", None), "delta", None) is not None or \
-            getattr(fd, "window", False):
-        return "off"        # the hybrid lowering (Qwen 3.5, Gemma 4): slower (session 24)
+    if is_hybrid(fd):
+        return "off"        # the hybrid lowering (Qwen 3.5, Gemma 4): slower (sessions 24-25)
     dev = torch.device(fd.x.device)
     if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
         return "off"
     return "on"
 
 
-def resolve_variant(spec: str) -> Variant | None:
+def resolve_variant(spec: str, hybrid: bool = False) -> Variant | None:
     """EngineOptions.megakernel -> the Variant to build (None: "off"). "on": the measured
-    best b=1 build on the H200 (docs/benchmarks.md, sessions 6-9) on CUDA, Variant() under the
-    interpreter (one program: no programs per SM to speak of there)."""
+    best b=1 build on the H200 (docs/benchmarks.md: Moondream 2's BEST, sessions 6-9; the
+    hybrid lowering's HYBRID_BEST, session 25) on CUDA, Variant() under the interpreter (one
+    program: no programs per SM to speak of there)."""
     if spec == "off":
         return None
     if spec == "on":
-        return Variant() if interpreted() else Variant.parse(BEST)
+        return Variant() if interpreted() else Variant.parse(HYBRID_BEST if hybrid else BEST)
     return Variant.parse(spec)
 
 
 # rows that picked a stop token (ops/row_stop.py) mark themselves before the megakernel, whose
 # programs then skip their queues when every active row of the bucket has stopped: the step
-# that sampled eos and the zombie step after it cost no decoder pass. Not yet measured on the
-# GPU: off until it is.
+# that sampled eos and the zombie step after it cost no decoder pass. Measured (session 25
+# call 3): 0.8936 vs 0.8876 ms per active step (its check costs ~6 us; the bench has no stop
+# steps to gain on) - off.
 SKIP_STOPPED = False
 
 # three key splits per attention instruction since session 9 (calls 19-20: 0.908-0.909 vs
 # 0.929-0.934 ms for a2 in the same runs, with the fitted fill constants; a4 0.952)
 BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre"
+# the hybrid kernel (Qwen 3.5, Gemma 4) at b=1, session 25 (ab_switch against the fused graph,
+# same runs): Qwen 3.5 0.8B 0.975 ms (auto/w8/s3 1.051; s2 1.010, s5 1.039, s7 1.119; 16x512
+# 1.064, 8x512 1.150, 4x1024 1.183), Gemma 4 E2B 3.207 ms (auto/w8/s3 3.884) - both still
+# slower than the fused graph (0.83 / 2.04-2.11 ms): "auto" keeps them off
+HYBRID_BEST = "pipe_fma@8x1024/w8/s3/pre"
 # "on" runs the megakernel for buckets up to this batch (the measured win, session 8: b=1
 # 0.936 vs 1.101 ms for the deterministic fused graph, 1.029 split-K; b=2 / 4 / 8 lose:
 # 1.69 vs 1.28, 1.88 vs 1.38, 2.16 vs 1.56 ms), the fused forward above it
@@ -192,12 +199,12 @@ def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str
     EngineOptions.megakernel `spec`, or (None, why not). Checks: a fused backend, a device
     the kernel runs on (CUDA, or the CPU under TRITON_INTERPRET=1), the program's lowering
     (bucket 1), and on CUDA one trial launch (cooperative grid) with every row inactive."""
-    variant = resolve_variant(spec)
-    if variant is None:
+    if spec == "off":
         return None, "megakernel off"
     if fd is None:
         return None, ("the megakernel runs over the fused backend's tensors and the fused "
                       "backend is off (EngineOptions.fused)")
+    variant = resolve_variant(spec, is_hybrid(fd))
     dev = torch.device(fd.x.device)
     if dev.type != "cuda" and not interpreted():
         return None, f"no CUDA device ({dev}) and not TRITON_INTERPRET=1"

@@ -13,7 +13,7 @@ import torch
 from ..ops.row_advance import row_advance
 from . import hybrid_kernel
 from .compiler import Compiled, compile_program
-from .hybrid_lowering import HybridLowering
+from .hybrid_lowering import HybridLowering, is_hybrid
 from .kernel import interpreted, launch
 from .lowering import ProgramLowering, is_pipe, parse_gemv
 from .python_vm import PythonVM
@@ -155,7 +155,7 @@ class MegakernelStep:
         # (hybrid_lowering.py, hybrid_kernel.py; its GEMVs take one tile shape: the variant's
         # GEMV field's, "auto" / "pipe[_fma][@RxK]", and its stages; unroll does not apply;
         # attn_per / the variant's "aN": key splits per (row, head))
-        self.hybrid = fd.program.delta is not None or bool(getattr(fd, "window", False))
+        self.hybrid = is_hybrid(fd)
         self.low = HybridLowering(fd, st, b, n_sm, head, hybrid_gemv,
                                   attn_splits=attn_per or v.attn_per or None) \
             if self.hybrid else ProgramLowering(fd, st, b, n_sm, gemv, head)

@@ -25,6 +25,7 @@ pytest.importorskip("triton")
 
 from photon_core.engine import EngineOptions  # noqa: E402
 from photon_core.fast import FastEngine  # noqa: E402
+from photon_core.megakernel.megakernel_step import Variant  # noqa: E402
 from photon_core.moondream.model import build_random_model  # noqa: E402
 from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config  # noqa: E402
 from photon_core.task import Task  # noqa: E402
@@ -253,6 +254,11 @@ def test_auto_is_the_default_and_picks_by_gpu(model, monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=cap: c)
         assert mb.auto_spec(cuda_fd) == want, cap
     assert mb.auto_spec(SimpleNamespace(x=SimpleNamespace(device="cpu"))) == "off"
+    # "on" on CUDA: each lowering's measured best build (the hybrid kernel's own: Moondream's
+    # programs per SM and attention splits would mis-set it)
+    assert mb.resolve_variant("on") == Variant.parse(mb.BEST)
+    assert mb.resolve_variant("on", hybrid=True) == Variant.parse(mb.HYBRID_BEST)
+    assert mb.resolve_variant("on", hybrid=True) != mb.resolve_variant("on")
 
 
 @cpu_only
