@@ -63,14 +63,20 @@ def _rms_rows(x_ptr, g_ptr, y_ptr, eps, zc, B: tl.constexpr, D: tl.constexpr,
 
 @triton.jit
 def _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, R: tl.constexpr,
-                    BN: tl.constexpr):
-    """acc [R, BN] (fp32: rows offs_b of outputs nb .. nb + BN) -> y by the epilogue."""
+                    BN: tl.constexpr, RED: tl.constexpr):
+    """acc [R, BN] (fp32: rows offs_b of outputs nb .. nb + BN) -> y by the epilogue. RED:
+    the residual add as one relaxed atomic add per element (a reduction in L2: no load round
+    trip; each element has this one writer in the op, so the sum is the load + add's, bit
+    for bit; the release that signals the instruction orders it), else load + add + store."""
     offs_n = nb + tl.arange(0, BN)
     mask = b_ok[:, None] & (offs_n < n1)[None, :]
     if epi == 2:        # the fp32 residual stream += acc
         ptrs = y_ptr + offs_b[:, None] * sy + offs_n[None, :]
-        tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
-                 mask=mask)
+        if RED:
+            tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
+        else:
+            tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
+                     mask=mask)
     elif epi == 0:
         tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
                  acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -125,7 +131,7 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
            B: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
            IEEE: tl.constexpr, ALIGNED: tl.constexpr, FMA: tl.constexpr, GST: tl.constexpr,
            PRE: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SLEEP: tl.constexpr,
-           ACQ: tl.constexpr):
+           ACQ: tl.constexpr, RED: tl.constexpr):
     """Rows [n0, n1) of y = x W^T as ONE loop over (BN-row block, BK column tile) steps,
     software-pipelined by Triton (GST stages: GST - 1 weight tiles in flight through shared
     memory, across block boundaries - no pipeline drain per block; kernel.py's _gemv_pipe's
@@ -190,11 +196,11 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
         if kk + BK >= K:                      # the block's last tile: its epilogue
             if FMA:
                 _hgemv_epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, nb, n1, y_ptr,
-                                sy, epi, mul_ptr, smul, 1, BN)
+                                sy, epi, mul_ptr, smul, 1, BN, RED)
                 acc = tl.zeros([BN, BK], dtype=tl.float32)
             else:
                 _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, BB,
-                                BN)
+                                BN, RED)
                 acc = tl.zeros([BB, BN], dtype=tl.float32)
 
 
@@ -410,7 +416,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       SLEEP: tl.constexpr, ACQ: tl.constexpr,
                       ALIGNED: tl.constexpr = False, PF: tl.constexpr = 0,
                       NT: tl.constexpr = 256, PRE: tl.constexpr = False,
-                      TRACE: tl.constexpr = False):
+                      TRACE: tl.constexpr = False, RED: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -435,15 +441,18 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
             if p7 == 2:      # the input is the fp32 residual x (rounded as it is loaded)
                 _hgemv(fb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ)
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
+                       RED)
             elif p0 == 2:
                 _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ)
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
+                       RED)
             else:
                 _hgemv(wb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ)
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
+                       RED)
         elif op == 7:        # OP_DELTA: (row n0, key head n1)
             delta_net_group(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
                             wb + p2 + n0 * SU, fb + w_off, wb + b_off + n0 * CS_B,
@@ -500,13 +509,15 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
 
 
 def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
-               stages: int = 3, pre: bool = False) -> dict:
+               stages: int = 3, pre: bool = False, red: bool = False) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
     .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU). pf:
     bytes of a GEMV instruction's weights prefetched into L2 before its wait (CUDA with
     aligned weights only: a bulk prefetch needs 16-byte addresses; the variant's "pfN");
     stages: the GEMV loop's software-pipelining stages (the variant's "sN"); pre: a GEMV's
-    waits and norm inside its loop's first step (_hgemv's PRE, the variant's "pre")."""
+    waits and norm inside its loop's first step (_hgemv's PRE, the variant's "pre"); red:
+    the residual epilogue as relaxed atomic adds (_hgemv_epilogue's RED, the variant's
+    "red")."""
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "FMA", "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
@@ -518,7 +529,7 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
               NS_P2=p2(sh["NSPLIT"]),
               SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted(),
               PF=0 if interpreted() else int(pf), NT=32 * num_warps, GST=int(stages),
-              PRE=bool(pre))
+              PRE=bool(pre), RED=bool(red))
     return kw
 
 
@@ -533,13 +544,13 @@ def gemv_aligned(c, low) -> bool:
 
 def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
                 aligned: bool = False, num_stages: int = 2, pre: bool = False,
-                trace=None) -> tuple[tuple, dict]:
+                trace=None, red: bool = False) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
     compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low) (the L2 prefetch
     needs it too); trace: an int64 tensor [n_instr, 2] for the instructions' start / end ns
     (CUDA; None: no trace). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
-    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre)
+    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre, red)
     kw["ALIGNED"] = bool(aligned)
     kw["TRACE"] = trace is not None and not interpreted()
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
@@ -551,8 +562,9 @@ def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
 
 
 def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
-           aligned: bool = False, pre: bool = False, trace=None):
+           aligned: bool = False, pre: bool = False, trace=None, red: bool = False):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
-    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages, pre, trace)
+    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages, pre, trace,
+                           red)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

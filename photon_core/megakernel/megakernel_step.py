@@ -37,8 +37,10 @@ class Variant:
     free times, attention first in the queues), the pipe GEMVs' first weight tiles issued
     before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe waits inside its first
     step; the same bits), W2 tiles that sum the attention columns before waiting for fc1
-    (split, with pre: kernel._gemv_pipe K_FIRST; the same bits). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/greedy/noalign" (any order
+    (split, with pre: kernel._gemv_pipe K_FIRST; the same bits), the hybrid kernel's
+    residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED; the
+    same bits). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/greedy/noalign" (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
@@ -57,6 +59,7 @@ class Variant:
     fill: bool = False
     pre: bool = False
     split: bool = False
+    red: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -85,6 +88,8 @@ class Variant:
                     kw["pre"] = True
                 elif p == "split":
                     kw["split"] = True
+                elif p == "red":
+                    kw["red"] = True
                 elif p == "hoist":
                     pass
                 else:
@@ -107,6 +112,7 @@ class Variant:
         s += "/fill" if self.fill else ""
         s += "/pre" if self.pre else ""
         s += "/split" if self.split else ""
+        s += "/red" if self.red else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -174,14 +180,14 @@ class MegakernelStep:
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
-        if self.hybrid:     # (the variant's warps, stages, sleep, pf and pre apply)
+        if self.hybrid:     # (the variant's warps, stages, sleep, pf, pre and red apply)
             v = self.variant
             return hybrid_kernel.launch(self.compiled, self.low,
                                         num_warps=kw.get("num_warps") or self.num_warps or 8,
                                         num_stages=kw.get("num_stages") or v.stages,
                                         sleep=kw.get("sleep", v.sleep), pf=kw.get("pf", v.pf),
                                         aligned=self.gemv_aligned, pre=kw.get("pre", v.pre),
-                                        trace=kw.get("trace"))
+                                        trace=kw.get("trace"), red=kw.get("red", v.red))
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant

@@ -104,18 +104,19 @@ def test_hybrid_megakernel_step_matches_fused(model, b, splits):
 
 
 @pytest.mark.parametrize("b,variant,tile", [(1, "pipe_fma@2x32", (True, 2, 32)),
-                                            (1, "pipe_fma@4x64/pre", (True, 4, 64)),
+                                            (1, "pipe_fma@4x64/pre/red", (True, 4, 64)),
                                             (1, "pipe@16x64", (False, 16, 64)),
                                             (2, "pipe@16x32", (False, 16, 32)),
-                                            (2, "pipe_fma@16x64/pre", (False, 16, 64))])
+                                            (2, "pipe_fma@16x64/pre/red", (False, 16, 64))])
 def test_gemv_tiles_match_fused(model, b, variant, tile):
     """The GEMV's one pipelined loop over (row block, K tile) steps (hybrid_kernel._hgemv) at
     tiles narrower than the GEMVs: several K tiles per row block (K 32 .. 128), the last one
     masked where BK does not divide K (96 at BK 64), partial last row blocks (136 rows at
     BN 16); FMA at one row, tl.dot otherwise (pipe_fma at two rows: tl.dot); "pre": the
-    waits and the norm inside the loop's first step."""
+    waits and the norm inside the loop's first step; "red": the residual epilogue as atomic
+    adds."""
     s0, got, want, mk = _step_both(model, b, variant=variant)
-    assert mk.variant.pre == variant.endswith("/pre")
+    assert mk.variant.pre == ("/pre" in variant) and mk.variant.red == variant.endswith("/red")
     sh = mk.low.shape
     assert (sh["FMA"], sh["BN"], sh["BK"]) == tile
     ks = mk.low.n_gemv_k
