@@ -39,5 +39,5 @@ want b8g && part b8g 150 python3 -u bench/ab_switch.py --families gemma4-e2b --t
     --batches 8 --rounds 2 --top 0 --option megakernel=pipe@16x512/w8/s3/pre \
     --option megakernel=pipe@16x512/w8/s5/pre
 want trace && part trace 170 python3 -u bench/trace_hybrid_megakernel.py \
-    --families qwen3.5-0.8b,gemma4-e2b --variant pipe_fma@8x1024/w8/s3/pre
+    --families qwen3.5-0.8b,gemma4-e2b --variant pipe_fma@8x1024/w8/s3/pre/red
 exit 0

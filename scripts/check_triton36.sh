@@ -33,6 +33,6 @@ run "$PY" bench/compile_megakernel.py --b 1 \
     --variants "$("$PY" -c 'from photon_core.megakernel.megakernel_backend import BEST; print(BEST)')"
 for fam in qwen3.5 gemma4; do
   run "$PY" bench/compile_megakernel.py --hybrid "$fam" --b 1,8 --ones \
-      --variants auto/w8/s3,pipe_fma@8x1024/w8/s3/pre
+      --variants auto/w8/s3,pipe_fma@8x1024/w8/s3/pre/red
 done
 exit $fail
