@@ -327,8 +327,8 @@ def test_gemma4_runs_through_the_hybrid_megakernel(tmp_path, monkeypatch):
     from photon_core.models import gemma4
     g = gemma4.load_model(str(gemma4.make_test_model(tmp_path / "g4", seed=5)))
     _hybrid_engines_agree(g, monkeypatch, [
-        [(0, Task("query", question="How many dogs?", max_tokens=6))],
-        [(1, Task("caption", caption_length="short", max_tokens=5)), (0, SAMPLED)]],
+        [(0, Task("query", question="How many dogs?", max_tokens=3))],
+        [(1, Task("caption", caption_length="short", max_tokens=3)), (0, SAMPLED)]],
         ignore_eos=True)
 
 
