@@ -81,7 +81,7 @@ class HybridLowering:
         """gemv: the GEMV tiles (gemv_tile); attn_splits: key splits per (row, head) of
         attention (None: about one attention instruction per program, at most 32)."""
         p = self.program = fd.program
-        if p.delta is None and not getattr(fd, "window", False):
+        if not is_hybrid(fd):
             raise Unsupported("neither Gated DeltaNet nor window-attention layers")
         if p.delta is not None and getattr(fd, "rows_lowering", None) is None:
             raise Unsupported("a Gated DeltaNet program without the fused rows kernels")

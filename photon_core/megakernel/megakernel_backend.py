@@ -71,12 +71,10 @@ SKIP_STOPPED = False
 # three key splits per attention instruction since session 9 (calls 19-20: 0.908-0.909 vs
 # 0.929-0.934 ms for a2 in the same runs, with the fitted fill constants; a4 0.952)
 BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre"
-# the hybrid kernel (Qwen 3.5, Gemma 4) at b=1, session 25 (ab_switch against the fused graph,
-# same runs): Qwen 3.5 0.8B 0.975 ms at pipe_fma@8x1024/w8/s3/pre (auto/w8/s3 1.051; s2 1.010,
-# s5 1.039, s7 1.119; 16x512/s6 1.064, 8x512 1.150, 4x1024 1.183), 0.961 with /red (call 5:
-# 0.974 without; 16x512/s3/pre/red 0.956, not measured on Gemma), Gemma 4 E2B 3.207 ms
-# (auto/w8/s3 3.884; /red does not apply: its residual adds are the sandwich norms') - both
-# still slower than the fused graph (0.83 / 2.04-2.11 ms): "auto" keeps them off
+# the hybrid kernel's (Qwen 3.5, Gemma 4) best b=1 build on the H200 (docs/benchmarks.md
+# session 25: Qwen 3.5 0.8B 0.961 ms, Gemma 4 E2B 3.207 ms - still slower than the fused
+# graph's 0.83 / 2.04 ms, so "auto" keeps them off; the variants it beat:
+# docs/dropped_experiments.md)
 HYBRID_BEST = "pipe_fma@8x1024/w8/s3/pre/red"
 # "on" runs the megakernel for buckets up to this batch (the measured win, session 8: b=1
 # 0.936 vs 1.101 ms for the deterministic fused graph, 1.029 split-K; b=2 / 4 / 8 lose:
