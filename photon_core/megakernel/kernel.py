@@ -332,11 +332,16 @@ def _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stri
 @triton.jit
 def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap,
               EPI: tl.constexpr):
-    """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI)."""
+    """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI; 3: EPI 2's
+    residual add as one relaxed atomic add per element - Variant.red: a reduction in L2, no
+    load round trip; one writer per element, so the same bits)."""
     mask = b_ok[:, None] & n_ok[None, :]
     bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     acc += bias[None, :]
-    if EPI == 2:
+    if EPI == 3:
+        tl.atomic_add(y_ptr + offs_b[:, None] * stride_y + offs_n[None, :], acc, mask=mask,
+                      sem="relaxed", scope="gpu")
+    elif EPI == 2:
         ptrs = y_ptr + offs_b[:, None] * stride_y + offs_n[None, :]
         tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
                  mask=mask)
@@ -702,7 +707,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
-               B_P2: tl.constexpr = 1):
+               B_P2: tl.constexpr = 1, EPI_W2: tl.constexpr = 2):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -748,7 +753,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
-                         B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
+                         B, D, KW2, EPI_W2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
                          W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
@@ -799,14 +804,15 @@ UNROLL = 4
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
-               trace: bool = False, split_w2: bool = False) -> dict:
+               trace: bool = False, split_w2: bool = False, red: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
     attention's k/v) before its wait / of the next instruction's weights (0: none; always 0
     under the interpreter, which has no inline PTX); pre (pipe only): a GEMV instruction waits
     inside its pipelined loop's first step, its first weight tiles already issued; trace
-    (CUDA only: inline PTX): each instruction's start / end on the global timer."""
+    (CUDA only: inline PTX): each instruction's start / end on the global timer; red: W2's
+    residual add as atomic adds (_epilogue's EPI 3)."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
     unroll = UNROLL if unroll is None else unroll
@@ -837,13 +843,14 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
                                   and w2_first < sh["KW2"] and split_w2) else 0
+    kw["EPI_W2"] = 3 if red else 2
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
-                skip=None) -> tuple[tuple, dict]:
+                skip=None, red: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 2] for the instructions'
@@ -857,7 +864,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split)
+                    pre, trace is not None, split, red)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -873,13 +880,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
-           split: bool = False, skip=None):
+           split: bool = False, skip=None, red: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip)
+                           split, skip, red)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

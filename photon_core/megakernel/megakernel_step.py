@@ -38,8 +38,8 @@ class Variant:
     before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe waits inside its first
     step; the same bits), W2 tiles that sum the attention columns before waiting for fc1
     (split, with pre: kernel._gemv_pipe K_FIRST; the same bits), the hybrid kernel's
-    residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED; the
-    same bits). Written
+    residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED,
+    kernel._epilogue's EPI 3; the same bits). Written
     "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/greedy/noalign" (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -200,6 +200,7 @@ class MegakernelStep:
             kw.setdefault("kv2", v.kv2)
             kw.setdefault("pre", v.pre)
             kw.setdefault("split", v.split)
+            kw.setdefault("red", v.red)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):
