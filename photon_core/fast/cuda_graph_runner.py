@@ -12,20 +12,12 @@ so the pipeline logic above it is identical.
 from __future__ import annotations
 
 import contextlib
-import logging
+
 from typing import Callable
 
 import torch
 
-from .. import graph_fills
 from . import decode_step as ds
-
-log = logging.getLogger(__name__)
-
-# Drop the zero fills nobody reads from captured graphs (photon_core/graph_fills.py: cuDNN
-# attention's dropout seed / offset). Off until measured on the GPU: bench/ab_encode.py
-# --set photon_core.fast.cuda_graph_runner:DROP_FILLS=1 --toggle ...:DROP_FILLS=0
-DROP_FILLS = False
 
 
 def warm_up(fn: Callable[[], object], capture_stream=None) -> None:
@@ -39,46 +31,13 @@ def warm_up(fn: Callable[[], object], capture_stream=None) -> None:
     torch.cuda.synchronize()
 
 
-def _new_graph() -> torch.cuda.CUDAGraph:
-    """A graph to capture into; with DROP_FILLS, one whose cudaGraph_t is kept for _finish
-    to edit before it is instantiated."""
-    if DROP_FILLS:
-        try:
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-            g.photon_kept = True
-            return g
-        except TypeError:           # a torch without keep_graph: graphs as they come
-            pass
-    return torch.cuda.CUDAGraph()
-
-
-def _collector(g: torch.cuda.CUDAGraph) -> graph_fills.Collector:
-    """What g's capture collects: the droppable fills where g is kept for _finish."""
-    return graph_fills.Collector(on=getattr(g, "photon_kept", False))
-
-
-def _finish(g: torch.cuda.CUDAGraph, fills: list[int]) -> None:
-    """After g's capture: drop its collected fills, then instantiate it (kept graphs)."""
-    if not getattr(g, "photon_kept", False):
-        return
-    g.photon_dropped = 0
-    if fills:
-        try:
-            g.photon_dropped = graph_fills.drop(graph_fills.api(), g.raw_cuda_graph(), fills)
-        except Exception as e:      # (a node is only deleted after its edges are joined)
-            log.warning("CUDA graph: the unread zero fills stay in the graph (%s)", e)
-    g.instantiate()
-
-
 def capture_graph(fn: Callable[[], object], capture_stream=None, pool=None):
     """(the CUDA graph of fn, fn's output: the graph's static result); pool: a memory pool
     shared with other graphs (torch.cuda.graph_pool_handle()). Errors of the capture
     propagate (the caller decides what runs instead)."""
-    g = _new_graph()
-    with _collector(g) as fills:
-        with torch.cuda.graph(g, pool=pool, stream=capture_stream):
-            out = fn()
-    _finish(g, fills)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool, stream=capture_stream):
+        out = fn()
     torch.cuda.synchronize()
     return g, out
 
@@ -103,32 +62,23 @@ def capture_graph_parts(fn: Callable[[Callable[[], None]], object], capture_stre
     capture propagate."""
     pool = torch.cuda.graph_pool_handle()
     stream = capture_stream if capture_stream is not None else torch.cuda.Stream()
-    graphs = [_new_graph()]
-    fills = [_collector(graphs[0])]
+    graphs = [torch.cuda.CUDAGraph()]
 
     def cut() -> None:
         graphs[-1].capture_end()
-        fills[-1].close()
-        graphs.append(_new_graph())
-        fills.append(_collector(graphs[-1]))
-        fills[-1].open()
+        graphs.append(torch.cuda.CUDAGraph())
         graphs[-1].capture_begin(pool=pool)
 
     torch.cuda.synchronize()
     with torch.cuda.stream(stream):
-        fills[0].open()
         graphs[0].capture_begin(pool=pool)
         try:
             out = fn(cut)
         except BaseException:
             with contextlib.suppress(Exception):    # end the capture; fn's error propagates
                 graphs[-1].capture_end()
-            fills[-1].close()
             raise
         graphs[-1].capture_end()
-        fills[-1].close()
-    for g, f in zip(graphs, fills):
-        _finish(g, f.nodes)
     torch.cuda.synchronize()
     return GraphParts(graphs), out
 

@@ -177,28 +177,3 @@ def test_encode_graph_cut_in_two_parts_bitwise_as_one(monkeypatch):
     for a, b in zip(outs[0], outs[None]):
         assert torch.equal(a, b)
     assert torch.equal(outs[0][0], outs[0][2]) and not torch.equal(outs[0][0], outs[0][1])
-
-
-def test_unread_fills_dropped_bitwise_as_kept(monkeypatch):
-    """cuda_graph_runner.DROP_FILLS (photon_core/graph_fills.py): the encode graph without
-    cuDNN attention's dropout zero fills (two per attention call: 27 vision + the prefix's)
-    gives bitwise the k/v of the graph that keeps them (a fresh engine of each form on one
-    model), for a first capture and replays with other frames."""
-    from photon_core.fast import FastEngine, cuda_graph_runner
-    from photon_core.models.moondream2.config import MoondreamConfig
-    from photon_core.moondream.model import build_random_model
-
-    m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=2)
-    outs, dropped = {}, {}
-    for on in (True, False):
-        monkeypatch.setattr(cuda_graph_runner, "DROP_FILLS", on)
-        fe = FastEngine(m, max_batch=1)
-        outs[on] = [fe.encode_image(_frame(480, 640, s)).kv.clone() for s in (0, 7, 0)]
-        (e,) = fe.batch_encoder.entries.values()
-        dropped[on] = sum(getattr(g, "photon_dropped", 0) for g in e.graph.graphs)
-        fe.close()
-    assert dropped[False] == 0 and dropped[True] >= 2 * 27, dropped
-    for a, b in zip(outs[True], outs[False]):
-        assert torch.equal(a, b)
-    assert torch.equal(outs[True][0], outs[True][2])
-    assert not torch.equal(outs[True][0], outs[True][1])

@@ -46,7 +46,6 @@ from ...ops.add_layernorm import add_layernorm
 from ...ops.eager import norm_reference, run_ops
 from ...ops.linear_gelu import linear_gelu
 from ...ops.rope_kv_write import rope_kv_write
-from ...ops.sdpa import attention as sdpa
 from .config import TextConfig
 from .layers import Weights
 from .program import decoder_ops
@@ -175,7 +174,8 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
         q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[i, 0], kv[i, 1])
         if not out:
             return None
-        a = sdpa(q.transpose(1, 2), kv[i, 0], kv[i, 1], enable_gqa=nh != nkv)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
+                                           enable_gqa=nh != nkv)
         return a.transpose(1, 2).reshape(n, length, dim)
 
     for k, op in enumerate(ops):

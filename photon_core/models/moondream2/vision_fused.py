@@ -20,11 +20,11 @@ On the CPU (fp32) every op is the reference's: bit-identical to vision.encoder.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ...ops._triton import HAVE_TRITON
 from ...ops.add_layernorm import add_layernorm
 from ...ops.linear_gelu import linear_gelu
-from ...ops.sdpa import attention as sdpa
 from ...ops.vision_attention import vision_attention
 from .config import VisionConfig
 from .layers import Weights
@@ -71,7 +71,7 @@ def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
             a = vision_attention(qkv, heads, attention_config)
         else:
             q, k, v = qkv.view(n, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4).unbind(0)
-            a = sdpa(q, k, v).transpose(1, 2).reshape(n, t, d)
+            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, t, d)
         x, h2 = add_norm(x, w.linear(a, p + ".attn.proj"), p + ".ln2")
         g = linear_gelu(h2, w[p + ".mlp.fc1.weight"], w[p + ".mlp.fc1.bias"])
         x, h = add_norm(x, w.linear(g, p + ".mlp.fc2"),
