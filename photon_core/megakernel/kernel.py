@@ -169,7 +169,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
                ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-               K_FIRST: tl.constexpr, LNR: tl.constexpr):
+               K_FIRST: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -186,10 +186,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     K_FIRST > 0 (PRE, W2): the first K_FIRST columns of x depend on the first wait alone
     (attention's output; the GELU part on the second, fc1): step 0 waits for the first
     counter only, and the second is polled just before the first block's load of column
-    K_FIRST - the same products in the same order, begun while fc1's last rows finish.
-    LNR (PRE, one FMA row, K / BK <= 2): the normalized row stays in registers as two tiles
-    (_wait_ln_tiles) and each step takes its K tile from them: no activation loads in the
-    loop; the same products, the same bits."""
+    K_FIRST - the same products in the same order, begun while fc1's last rows finish."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -200,9 +197,6 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
     else:
         acc = tl.zeros([BN, BK], dtype=tl.float32)
-    if LNR:
-        h0 = tl.zeros([BLOCK_B, BK], dtype=x_ptr.dtype.element_ty)
-        h1 = h0
     if PRE:      # (step 0 loads it, after the wait)
         xk = tl.zeros([BLOCK_B, BK], dtype=x_ptr.dtype.element_ty)
     else:
@@ -215,13 +209,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         n_ok = offs_n < n1
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * K + kk + k0[None, :],
                     mask=n_ok[:, None], other=0.0)
-        if LNR:
-            if s == 0:
-                h0, h1 = _wait_ln_tiles(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1,
-                                        f16, f17, f18, f19, D, BK, LN_BLOCK, ALIGNED, SLEEP,
-                                        ACQ)
-            acc = _mac_x(acc, w, tl.where(kk == 0, h0, h1), DOT)
-        elif PRE:
+        if PRE:
             if s == 0:
                 if K_FIRST > 0:
                     _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, -1, 0, f16, f17, f18,
@@ -234,14 +222,13 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
             if K_FIRST > 0:
                 if s + 1 == K_FIRST // BK:       # the next load reads the second input
                     _waits(cnt_ptr, wi1, wt1, -1, 0, SLEEP, ACQ)
-        if not LNR:
-            # the next step's activations (L2) are loaded before this step's products: their
-            # latency is not on the per-step chain
-            kn = ((s + 1) % KT) * BK
-            xn = tl.load(x_rows + kn + k0[None, :], mask=b_ok[:, None], other=0.0,
-                         cache_modifier=".cg")
-            acc = _mac_x(acc, w, xk, DOT)
-            xk = xn
+        # the next step's activations (L2) are loaded before this step's products: their
+        # latency is not on the per-step chain
+        kn = ((s + 1) % KT) * BK
+        xn = tl.load(x_rows + kn + k0[None, :], mask=b_ok[:, None], other=0.0,
+                     cache_modifier=".cg")
+        acc = _mac_x(acc, w, xk, DOT)
+        xk = xn
         if kk == K - BK:
             if DOT:
                 _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
@@ -345,16 +332,11 @@ def _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stri
 @triton.jit
 def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap,
               EPI: tl.constexpr):
-    """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI; 3: EPI 2's
-    residual add as one relaxed atomic add per element - Variant.red: a reduction in L2, no
-    load round trip; one writer per element, so the same bits)."""
+    """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI)."""
     mask = b_ok[:, None] & n_ok[None, :]
     bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     acc += bias[None, :]
-    if EPI == 3:
-        tl.atomic_add(y_ptr + offs_b[:, None] * stride_y + offs_n[None, :], acc, mask=mask,
-                      sem="relaxed", scope="gpu")
-    elif EPI == 2:
+    if EPI == 2:
         ptrs = y_ptr + offs_b[:, None] * stride_y + offs_n[None, :]
         tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
                  mask=mask)
@@ -454,7 +436,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-             PRE: tl.constexpr, K_FIRST: tl.constexpr, LNR: tl.constexpr):
+             PRE: tl.constexpr, K_FIRST: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
@@ -481,74 +463,13 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ, K_FIRST, LNR)
+                   SLEEP, ACQ, K_FIRST)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
     else:
         _gemv_tile(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, p0, p1, p2, p3, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL)
-
-
-@triton.jit
-def _ln_tile(x_ptr, g_ptr, b_ptr, y_ptr, k, mean, rstd, BK: tl.constexpr):
-    """Columns [k, k + BK) of one row's LayerNorm as a [1, BK] tile (_ln_rows' per-element
-    math on the same fp32 statistics: the same bits), also stored to y (the scratch, for a
-    later instruction of the program that reuses it)."""
-    offs = k + tl.arange(0, BK)[None, :]
-    x = tl.load(x_ptr + offs, cache_modifier=".cg").to(tl.float32)
-    w = tl.load(g_ptr + offs).to(tl.float32)
-    b = tl.load(b_ptr + offs).to(tl.float32)
-    h = ((x - mean) * rstd * w + b).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + offs, h)
-    return h
-
-
-@triton.jit
-def _ln_stats(x_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr):
-    """(mean, rstd) of row 0 of x: _ln_rows' loads and sums (the same bits)."""
-    offs = tl.arange(0, BLOCK)
-    ok = offs < D
-    x = tl.load(x_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-    mean = tl.sum(x, axis=0) / D
-    xc = tl.where(ok, x - mean, 0.0)
-    var = tl.sum(xc * xc, axis=0) / D
-    return mean, 1.0 / tl.sqrt(var + eps)
-
-
-@triton.jit
-def _wait_ln_tiles(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
-                   D: tl.constexpr, BK: tl.constexpr, LN_BLOCK: tl.constexpr,
-                   ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr):
-    """LNR (one row, K = D in at most two BK tiles): _wait_ln's waits and LayerNorm with the
-    normalized row returned as two [1, BK] tiles kept in registers - the x tiles are loaded
-    beside the statistics' row (not after a store to the scratch, a CTA barrier and a load
-    back: one L2 round trip less on the instruction's chain). The tiles still go to the
-    scratch, unordered, for a later instruction of the program that reuses them (f19 = -1:
-    they are loaded from it)."""
-    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-    y_ptr = wb + a_off
-    k1: tl.constexpr = BK if D > BK else 0
-    in_f32 = f19
-    if in_f32 > 0:
-        ln_in = _aligned(f16, ALIGNED)
-        g = wb + _aligned(f17, ALIGNED)
-        be = wb + _aligned(f18, ALIGNED)
-        mean, rstd = _ln_stats(fb + ln_in, eps, D, LN_BLOCK)
-        h0 = _ln_tile(fb + ln_in, g, be, y_ptr, 0, mean, rstd, BK)
-        h1 = _ln_tile(fb + ln_in, g, be, y_ptr, k1, mean, rstd, BK)
-    elif in_f32 == 0:
-        ln_in = _aligned(f16, ALIGNED)
-        g = wb + _aligned(f17, ALIGNED)
-        be = wb + _aligned(f18, ALIGNED)
-        mean, rstd = _ln_stats(wb + ln_in, eps, D, LN_BLOCK)
-        h0 = _ln_tile(wb + ln_in, g, be, y_ptr, 0, mean, rstd, BK)
-        h1 = _ln_tile(wb + ln_in, g, be, y_ptr, k1, mean, rstd, BK)
-    else:
-        k = tl.arange(0, BK)[None, :]
-        h0 = tl.load(y_ptr + k, cache_modifier=".cg")
-        h1 = tl.load(y_ptr + k1 + k, cache_modifier=".cg")
-    return h0, h1
 
 
 @triton.jit
@@ -781,8 +702,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
-               B_P2: tl.constexpr = 1, EPI_W2: tl.constexpr = 2, W1_LNR: tl.constexpr = False,
-               LM_LNR: tl.constexpr = False):
+               B_P2: tl.constexpr = 1):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -824,18 +744,17 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ, PRE, 0, W1_LNR)
+                         ACQ, PRE, 0)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
-                         B, D, KW2, EPI_W2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
-                         False)
+                         B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
+                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0, LM_LNR)
+                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -880,18 +799,14 @@ UNROLL = 4
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
-               trace: bool = False, split_w2: bool = False, red: bool = False,
-               lnr: bool = False) -> dict:
+               trace: bool = False, split_w2: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
     attention's k/v) before its wait / of the next instruction's weights (0: none; always 0
     under the interpreter, which has no inline PTX); pre (pipe only): a GEMV instruction waits
     inside its pipelined loop's first step, its first weight tiles already issued; trace
-    (CUDA only: inline PTX): each instruction's start / end on the global timer; red: W2's
-    residual add as atomic adds (_epilogue's EPI 3); lnr (pipe + pre, one FMA row, D in at
-    most two K tiles): the LayerNorm GEMVs keep the normalized row in registers
-    (_gemv_pipe's LNR)."""
+    (CUDA only: inline PTX): each instruction's start / end on the global timer."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
     unroll = UNROLL if unroll is None else unroll
@@ -922,18 +837,13 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
                                   and w2_first < sh["KW2"] and split_w2) else 0
-    kw["EPI_W2"] = 3 if red else 2
-    for name in ("W1", "LM"):
-        kw[f"{name}_LNR"] = bool(lnr and kw["PRE"] and sh["B"] == 1 and kw[f"{name}_BB"] == 1
-                                 and not kw[f"{name}_DOT"] and kw["LN_BLOCK"] == sh["D"]
-                                 and sh["D"] in (kw[f"{name}_BK"], 2 * kw[f"{name}_BK"]))
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
-                skip=None, red: bool = False, lnr: bool = False) -> tuple[tuple, dict]:
+                skip=None) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 2] for the instructions'
@@ -947,7 +857,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split, red, lnr)
+                    pre, trace is not None, split)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -963,13 +873,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
-           split: bool = False, skip=None, red: bool = False, lnr: bool = False):
+           split: bool = False, skip=None):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, red, lnr)
+                           split, skip)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

@@ -38,10 +38,9 @@ class Variant:
     before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe waits inside its first
     step; the same bits), W2 tiles that sum the attention columns before waiting for fc1
     (split, with pre: kernel._gemv_pipe K_FIRST; the same bits), the hybrid kernel's
-    residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED,
-    kernel._epilogue's EPI 3; the same bits), the LayerNorm GEMVs' normalized row kept in
-    registers at one row (lnr, with pre: kernel._gemv_pipe LNR; the same bits). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/lnr/greedy/noalign" (any order
+    residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED; the
+    same bits). Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/greedy/noalign" (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
@@ -61,7 +60,6 @@ class Variant:
     pre: bool = False
     split: bool = False
     red: bool = False
-    lnr: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -92,16 +90,12 @@ class Variant:
                     kw["split"] = True
                 elif p == "red":
                     kw["red"] = True
-                elif p == "lnr":
-                    kw["lnr"] = True
                 elif p == "hoist":
                     pass
                 else:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
         if kw.get("pre") and (parts[0] == "auto" or not is_pipe(parts[0])):
             raise ValueError(f"megakernel variant {spec!r}: pre needs a pipe* GEMV")
-        if kw.get("lnr") and not kw.get("pre"):
-            raise ValueError(f"megakernel variant {spec!r}: lnr needs pre")
         if kw.get("split") and not kw.get("pre"):
             raise ValueError(f"megakernel variant {spec!r}: split needs pre")
         return cls(**kw)
@@ -119,7 +113,6 @@ class Variant:
         s += "/pre" if self.pre else ""
         s += "/split" if self.split else ""
         s += "/red" if self.red else ""
-        s += "/lnr" if self.lnr else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -207,8 +200,6 @@ class MegakernelStep:
             kw.setdefault("kv2", v.kv2)
             kw.setdefault("pre", v.pre)
             kw.setdefault("split", v.split)
-            kw.setdefault("red", v.red)
-            kw.setdefault("lnr", v.lnr)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):
