@@ -110,7 +110,9 @@ def test_fast_path_matches_reference(model, encs, fused):
         f = fe.state.fused
         assert {w[0].rsplit(".", 1)[-1] for w in f.torch_linears} == {"per_layer_projection"}
         assert f.fused_norm_adds == 3 * model.config.text.n_layers
-    tasks = TASKS if fused == "off" else TASKS[:2]
+    # batch 1 (fused: the caption from an idle engine; the query at bucket 1 is the batch of
+    # 4's tail below)
+    tasks = TASKS if fused == "off" else TASKS[1:2]
     for i, enc in enumerate(encs if fused == "off" else encs[:1]):          # batch 1
         for t in tasks:
             got = _fast(fe, [(enc, t)])[0]
@@ -119,6 +121,10 @@ def test_fast_path_matches_reference(model, encs, fused):
     # batch of 2's cases; it was 1/3 of CI's longest test)
     for batch in ((2, 4) if fused == "off" else (4,)):
         pairs = [(encs[j % 2], TASKS[j % len(TASKS)]) for j in range(batch)]
+        if fused == "on":    # the longest (14 steps) in row 0: it ends alone, at bucket 1
+            pairs[0], pairs[2] = pairs[2], pairs[0]
+            assert max(t.max_tokens for _, t in pairs) == pairs[0][1].max_tokens > max(
+                t.max_tokens for _, t in pairs[1:])
         for (e, t), got in zip(pairs, _fast(fe, pairs)):
             assert _same(got, _reference(model, e, t)), (batch, t)
     fe.close()
@@ -228,8 +234,12 @@ def test_fast_vision_tower_and_encode_body(model):
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     if os.environ.get("TRITON_INTERPRET") == "1":   # q / k's norm + axial rotary kernel
-        got = FastTower(w, cfg, kernels=True)(patches, positions, grid)
-        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+        # (one interpreted program per patch: the frame at a 12-token budget, 9 x 12 patches,
+        # not 567 - 3 s, not 15)
+        few = vision.preprocess(frame, cfg, 12)
+        assert few[2][0] != few[2][1] and len(few[0]) < 150, few[2]
+        got = FastTower(w, cfg, kernels=True)(*few)
+        torch.testing.assert_close(got, vision.tower(w, cfg, *few), atol=2e-5, rtol=2e-5)
     if not cfg.clipped_linears:          # the per-projection path of clipped checkpoints
         tower = FastTower(w, replace(cfg, clipped_linears=True))
         assert not tower.qkv
