@@ -1,7 +1,8 @@
 """Where a megakernel step's time goes, instruction by instruction (H200, Moondream 2 shapes,
 random bf16 weights, deterministic mode): the build with TRACE (kernel.py: every instruction
-writes its start and end on the GPU's global ns timer) is launched a few times from the same
-state, and each instruction's median start / end gives
+writes its start and end on the GPU's global ns timer, a GEMV also the moments its inputs
+were ready, its LayerNorm done and its tile done) is launched a few times from the same
+state, and each instruction's median times give
 
   - per op kind: instructions, measured time, the part spent waiting for its inputs (from
     the moment its dependency ops' last instruction ended: `stall`), the rest (`work`),
@@ -9,7 +10,8 @@ state, and each instruction's median start / end gives
     attention latency); fill schedules - the "on" build - use FILL_SM_BYTES_PER_US /
     FILL_INSTR_US / ATTN_LATENCY_US, themselves fitted by this bench);
   - per program: work, stall, idle at the end of the step;
-  - per op: how long after its median instruction its last one ended (stragglers).
+  - per op: how long after its median instruction its last one ended (stragglers);
+  - per GEMV kind: its mean phases (gemv_phases: to ready / LayerNorm / tile / end).
 
 --calibrate: the cost model refitted from the trace (GEMV work = bytes / rate + fixed by
 least squares; attention's latency = its median work minus its modelled bytes), the schedule
@@ -119,17 +121,49 @@ def analyze(compiled, starts, ends, shape, elsize) -> dict:
             "_work": work, "_stall": stall}
 
 
-def median_trace(run, n_instr: int, launches: int, device, sync):
-    """(each instruction's median (start, end) ns over `launches` launches of
-    run(trace=...) - one more first: the TRACE build's compile -, the trace tensor)."""
+def median_trace(run, n_instr: int, launches: int, device, sync, cols: int = 2):
+    """(each instruction's median trace row - ns: (start, end) for the hybrid kernel, kernel.py's
+    (start, inputs ready, LayerNorm done, tile done, end) with cols=5 - over `launches`
+    launches of run(trace=...) - one more first: the TRACE build's compile -, the trace
+    tensor)."""
     import torch
-    trace = torch.zeros(n_instr, 2, dtype=torch.int64, device=device)
+    trace = torch.zeros(n_instr, cols, dtype=torch.int64, device=device)
     runs = []
     for _ in range(launches + 1):
         run(trace=trace)
         sync()
         runs.append(trace.clone().cpu())
     return torch.stack(runs[1:]).median(dim=0).values, trace
+
+
+def gemv_phases(compiled, t, stall) -> dict:
+    """kernel.py's GEMV instructions by phase (trace rows of 5, `stall`: analyze's): mean us
+    per instruction from its start to its inputs' readiness as it saw it (of which `stall` is
+    the wait for the producers' last end; the rest: the first weight tiles issued (pre), the
+    polls' round trips), the LayerNorm (statistics, the scratch written, the CTA barrier),
+    the tile (the K loop: streaming and epilogues), and the end (the CTA barrier and the
+    release)."""
+    from photon_core.megakernel.instructions import OP_NAMES, OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
+    out: dict[str, dict] = {}
+    for i, x in enumerate(compiled.instrs):
+        if x.op not in (OP_GEMV_W1, OP_GEMV_W2, OP_GEMV_LM):
+            continue
+        s0, ready, normed, looped, end = (int(v) for v in t[i].tolist())
+        if min(ready, normed, looped) <= 0:
+            continue
+        k = out.setdefault(OP_NAMES[x.op] + (" (ln reused)" if x.ln_reuse else ""),
+                           {"n": 0, "to_ready": 0.0, "stall": 0.0, "ln": 0.0, "tile": 0.0,
+                            "end": 0.0})
+        k["n"] += 1
+        k["to_ready"] += (ready - s0) / 1e3
+        k["stall"] += stall[i]
+        k["ln"] += (normed - ready) / 1e3
+        k["tile"] += (looped - normed) / 1e3
+        k["end"] += (end - looped) / 1e3
+    for k in out.values():
+        for f in ("to_ready", "stall", "ln", "tile", "end"):
+            k[f] = round(k[f] / k["n"], 3)
+    return out
 
 
 def print_kinds(tag: str, a: dict) -> None:
@@ -270,17 +304,23 @@ def main():
         g = bm._graph(torch, step)
         r["graph_ms"] = bm._timed(torch, g.replay)
         del g
-        t, trace = median_trace(step, len(mk.compiled.instrs), args.launches, c.dev, c.sync)
+        t, trace = median_trace(step, len(mk.compiled.instrs), args.launches, c.dev, c.sync,
+                                cols=5)
         r["traced_launch_ms"] = bm._timed(torch, lambda: step(trace=trace))
         r["untraced_launch_ms"] = bm._timed(torch, step)
-        a = analyze(mk.compiled, t[:, 0].tolist(), t[:, 1].tolist(), mk.low.shape, elsize)
+        a = analyze(mk.compiled, t[:, 0].tolist(), t[:, 4].tolist(), mk.low.shape, elsize)
         r["trace"] = {k: x for k, x in a.items() if not k.startswith("_")}
+        r["gemv_phases_us"] = gemv_phases(mk.compiled, t, a["_stall"])
         print(f"[{tag}] graph {r['graph_ms']:.4f} ms, launch {r['untraced_launch_ms']:.4f} "
               f"(traced {r['traced_launch_ms']:.4f}), tokens {r['greedy']['tokens_equal']}/"
               f"{r['greedy']['tokens_total']}; traced makespan {a['makespan_us']:.1f} us "
               f"(model {a['model_makespan_us']:.1f}); per program: "
               + ", ".join(f"{k} {x:.1f}" for k, x in a["mean_program"].items()), flush=True)
         print_kinds(tag, a)
+        for name, k in r["gemv_phases_us"].items():
+            print(f"[{tag}]   {name} phases, us per instruction ({k['n']}): to ready "
+                  f"{k['to_ready']} (stall {k['stall']}), LayerNorm {k['ln']}, tile "
+                  f"{k['tile']}, end {k['end']}", flush=True)
         return mk, a, r
 
     if args.sweep is not None:

@@ -138,15 +138,18 @@ def _l2_prefetch(ptr, nbytes, NT: tl.constexpr):
 def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
              B: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-             IN_PIPE: tl.constexpr):
+             IN_PIPE: tl.constexpr, tr_ptr, TRACE: tl.constexpr):
     """A GEMV instruction's waits, then its fused LayerNorm of the bucket's rows into this
     program's scratch wb + a_off (fields 16..19: input, gamma, beta, input is fp32 (1) /
     model dtype (0) / no LayerNorm (-1): the scratch already holds it). IN_PIPE (CUDA): the
     CTA barrier after the LayerNorm as inline PTX, not tl.debug_barrier, for a caller inside
     a loop that Triton is to software-pipeline (_gemv_pipe PRE): Triton's pipeliner skips a
     loop that holds a gpu.barrier (it does pipeline one that holds the poll loop and the
-    LayerNorm's row loop: sm_90 builds with Triton 3.6 and 3.9)."""
+    LayerNorm's row loop: sm_90 builds with Triton 3.6 and 3.9). TRACE: the times its
+    inputs were ready and its LayerNorm done into tr_ptr[1], [2] (megakernel's trace row)."""
     _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    if TRACE:
+        tl.store(tr_ptr + 1, _globaltimer())
     in_f32 = f19
     if in_f32 >= 0:
         ln_in = _aligned(f16, ALIGNED)
@@ -160,6 +163,8 @@ def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19
             _cta_sync()
         else:
             tl.debug_barrier()
+    if TRACE:
+        tl.store(tr_ptr + 2, _globaltimer())
 
 
 @triton.jit
@@ -169,7 +174,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
                ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-               K_FIRST: tl.constexpr):
+               K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -213,10 +218,12 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
             if s == 0:
                 if K_FIRST > 0:
                     _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, -1, 0, f16, f17, f18,
-                             f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True)
+                             f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True, tr_ptr,
+                             TRACE)
                 else:
                     _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17,
-                             f18, f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True)
+                             f18, f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True, tr_ptr,
+                             TRACE)
                 xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
                              cache_modifier=".cg")
             if K_FIRST > 0:
@@ -436,13 +443,15 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-             PRE: tl.constexpr, K_FIRST: tl.constexpr):
+             PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
     _gemv_pipe; else b=1 FMA: _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
     waits inside its first step, after the pipeliner has issued the first weight tiles.
-    Fields 11..19 come as wi0..f19 (read with the others at the instruction's start)."""
+    Fields 11..19 come as wi0..f19 (read with the others at the instruction's start).
+    TRACE: inputs ready, LayerNorm done (_wait_ln) and the tile's last epilogue done into
+    tr_ptr[1..3] (the instruction's trace row)."""
     if PF > 0:
         esz: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
         _l2_prefetch(w_ptr + n0.to(tl.int64) * K,
@@ -458,18 +467,20 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
     if not (PIPE and PRE):
         _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
-                 B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, False)
+                 B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, False, tr_ptr, TRACE)
     if PIPE:
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ, K_FIRST)
+                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
     else:
         _gemv_tile(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, p0, p1, p2, p3, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, UNROLL)
+    if TRACE:
+        tl.store(tr_ptr + 3, _globaltimer())
 
 
 @triton.jit
@@ -712,8 +723,9 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         live = act * (tl.load(stop_ptr + r, mask=r < B, other=1) == 0).to(tl.int32)
         q1 = tl.where((tl.sum(act, axis=0) > 0) & (tl.sum(live, axis=0) == 0), q0, q1)
     for i in range(q0, q1):
-        if TRACE:        # (start, end) of instruction i in ns: bench/trace_megakernel.py
-            tl.store(trace_ptr + 2 * i, _globaltimer())
+        if TRACE:        # instruction i's row of 5 ns times: start, (GEMVs: inputs ready,
+            #              LayerNorm done, tile done), end - bench/trace_megakernel.py
+            tl.store(trace_ptr + 5 * i, _globaltimer())
         rec = table_ptr + i * _STRIDE
         (op, a_off, w_off, b_off, y_off, n0, n1, p0, p1, p2, p3, wi0, wt0, wi1, wt1, sig, f16,
          f17, f18, f19) = read_record(rec)
@@ -744,17 +756,19 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ, PRE, 0)
+                         ACQ, PRE, 0, trace_ptr + 5 * i, TRACE)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST)
+                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
+                         trace_ptr + 5 * i, TRACE)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0)
+                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0,
+                         trace_ptr + 5 * i, TRACE)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -773,7 +787,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr + sig, 1, sem="release", scope="gpu")
         if TRACE:
-            tl.store(trace_ptr + 2 * i + 1, _globaltimer())
+            tl.store(trace_ptr + 5 * i + 4, _globaltimer())
     finish_launch(cnt_ptr, n_cnt, n_prog)
 
 
@@ -846,8 +860,8 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 skip=None) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
-    build measured in session 3; trace: an int64 tensor [n_instr, 2] for the instructions'
-    start / end ns, None: no trace; skip: (stopped int32 [rows], active bool [rows]) - every
+    build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
+    ns times (start, a GEMV's inputs ready / LayerNorm done / tile done, end), None: no trace; skip: (stopped int32 [rows], active bool [rows]) - every
     program skips its queue when every active row of the bucket has stopped, None: never)."""
     off = c.offsets
     stop, act = skip if skip is not None else (c.counters, c.counters)
