@@ -151,18 +151,17 @@ def gemv_phases(compiled, t, stall) -> dict:
         s0, ready, normed, looped, end = (int(v) for v in t[i].tolist())
         if min(ready, normed, looped) <= 0:
             continue
+        us = {"to_ready": (ready - s0) / 1e3, "stall": stall[i], "ln": (normed - ready) / 1e3,
+              "tile": (looped - normed) / 1e3, "end": (end - looped) / 1e3}
         k = out.setdefault(OP_NAMES[x.op] + (" (ln reused)" if x.ln_reuse else ""),
-                           {"n": 0, "to_ready": 0.0, "stall": 0.0, "ln": 0.0, "tile": 0.0,
-                            "end": 0.0})
+                           {"n": 0, **{f: 0.0 for f in us}})
         k["n"] += 1
-        k["to_ready"] += (ready - s0) / 1e3
-        k["stall"] += stall[i]
-        k["ln"] += (normed - ready) / 1e3
-        k["tile"] += (looped - normed) / 1e3
-        k["end"] += (end - looped) / 1e3
+        for f, v in us.items():
+            k[f] += v
     for k in out.values():
-        for f in ("to_ready", "stall", "ln", "tile", "end"):
-            k[f] = round(k[f] / k["n"], 3)
+        for f in k:
+            if f != "n":
+                k[f] = round(k[f] / k["n"], 3)
     return out
 
 

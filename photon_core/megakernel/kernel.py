@@ -723,9 +723,10 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         live = act * (tl.load(stop_ptr + r, mask=r < B, other=1) == 0).to(tl.int32)
         q1 = tl.where((tl.sum(act, axis=0) > 0) & (tl.sum(live, axis=0) == 0), q0, q1)
     for i in range(q0, q1):
+        tr = trace_ptr + 5 * i
         if TRACE:        # instruction i's row of 5 ns times: start, (GEMVs: inputs ready,
             #              LayerNorm done, tile done), end - bench/trace_megakernel.py
-            tl.store(trace_ptr + 5 * i, _globaltimer())
+            tl.store(tr, _globaltimer())
         rec = table_ptr + i * _STRIDE
         (op, a_off, w_off, b_off, y_off, n0, n1, p0, p1, p2, p3, wi0, wt0, wi1, wt1, sig, f16,
          f17, f18, f19) = read_record(rec)
@@ -756,19 +757,19 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ, PRE, 0, trace_ptr + 5 * i, TRACE)
+                         ACQ, PRE, 0, tr, TRACE)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
                          W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
-                         trace_ptr + 5 * i, TRACE)
+                         tr, TRACE)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
                          LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0,
-                         trace_ptr + 5 * i, TRACE)
+                         tr, TRACE)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -787,7 +788,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         tl.debug_barrier()
         tl.atomic_add(cnt_ptr + sig, 1, sem="release", scope="gpu")
         if TRACE:
-            tl.store(trace_ptr + 5 * i + 4, _globaltimer())
+            tl.store(tr + 4, _globaltimer())
     finish_launch(cnt_ptr, n_cnt, n_prog)
 
 
