@@ -321,10 +321,28 @@ def mark_ln_reuse(queues: list[list[Instr]]) -> None:
                 last = key
 
 
+def elide_waits(queues: list[list[Instr]]) -> int:
+    """Each instruction polls only the waits its program has not made yet (Instr.polled):
+    counters only grow during a launch, and a program's earlier acquire of counter c at >= t
+    orders everything after it in its queue, so a later wait for c at <= t is met and
+    ordered already (e.g. a GEMV reusing its program's LayerNorm waits as the one that
+    computed it: one acquire round trip less). Returns the waits dropped."""
+    dropped = 0
+    for q in queues:
+        seen: dict[int, int] = {}
+        for ins in q:
+            ins.polled = tuple((c, t) for c, t in ins.waits if seen.get(c, -1) < t)
+            dropped += len(ins.waits) - len(ins.polled)
+            for c, t in ins.waits:
+                seen[c] = max(seen.get(c, 0), t)
+    return dropped
+
+
 def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,
                     shape: dict, gemv_cfg: dict, n_sm: int,
                     model_dtype: torch.dtype, attn_per: int | None = None,
-                    spread: bool = True, fill: bool = False, per_sm: int = 1) -> Compiled:
+                    spread: bool = True, fill: bool = False, per_sm: int = 1,
+                    elide: bool = False) -> Compiled:
     """fill: each GEMV op marked params["fill"] (the lowering marks the GEMV that runs
     beside attention: Moondream's fc1 rows) moves after the attention op that follows it
     and its rows are dealt out by the programs' free times (schedule / _fill): the
@@ -343,6 +361,8 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         ins.sm = prog[ins.sm]
         queues[ins.sm].append(ins)
     mark_ln_reuse(queues)
+    if elide:
+        elide_waits(queues)
     ordered = [i for q in queues for i in q]
     queue = [0]
     for q in queues:
@@ -462,7 +482,8 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         else:
             raise ValueError(ins.op)
         (r[F_WAIT0], r[F_TGT0]), (r[F_WAIT1], r[F_TGT1]) = (
-            [(w * CNT_STRIDE, t) for w, t in ins.waits] + [(NO_WAIT, 0)] * 2)[:2]
+            [(w * CNT_STRIDE, t) for w, t in (ins.waits if ins.polled is None else
+                                              ins.polled)] + [(NO_WAIT, 0)] * 2)[:2]
         r[F_SIG] = ins.signal * CNT_STRIDE
         rows.append(r)
     # the kernel hints the a / w / b / y offsets of GEMV and attention instructions (and a

@@ -86,6 +86,9 @@ class Instr:
     #                          holds it (the previous instruction of the queue computed it)
     fill: bool = False       # one block of a fill op: the scheduler deals these out and
     #                          merges them per program (compiler._fill)
+    polled: tuple[tuple[int, int], ...] | None = None   # the waits the kernel polls (the
+    #                          table's): compiler.elide_waits drops those its program already
+    #                          made; None: all of waits
 
     @property
     def inputs(self) -> tuple[Operand, ...]:

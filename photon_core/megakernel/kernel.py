@@ -85,6 +85,24 @@ def _l2_prefetch_line(ptr):
 
 
 @triton.jit
+def _l1_prefetch_record(rec, RPF: tl.constexpr):
+    """RPF: prefetch.global.L1 of the two cache lines of the (160-byte) record at rec: the
+    next instruction's, once the current one's last acquire is done (an acquire load
+    invalidates L1: CCTL.IVALL), so its start reads its fields from L1 instead of an L2
+    round trip (the table never changes during a launch; a hint: no result)."""
+    if RPF:
+        _l1_prefetch_line(rec)
+        _l1_prefetch_line(rec + _STRIDE - 1)
+
+
+@triton.jit
+def _l1_prefetch_line(ptr):
+    tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [ptr.to(tl.int64, bitcast=True)], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _waits(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
     """The instruction's (up to) two waits (counter, target: table fields 11..14, read at
     the instruction's start). ACQ (CUDA): both counters polled in one loop by acquire loads,
@@ -138,7 +156,7 @@ def _l2_prefetch(ptr, nbytes, NT: tl.constexpr):
 def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
              B: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-             IN_PIPE: tl.constexpr, tr_ptr, TRACE: tl.constexpr):
+             IN_PIPE: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr):
     """A GEMV instruction's waits, then its fused LayerNorm of the bucket's rows into this
     program's scratch wb + a_off (fields 16..19: input, gamma, beta, input is fp32 (1) /
     model dtype (0) / no LayerNorm (-1): the scratch already holds it). IN_PIPE (CUDA): the
@@ -146,8 +164,10 @@ def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19
     a loop that Triton is to software-pipeline (_gemv_pipe PRE): Triton's pipeliner skips a
     loop that holds a gpu.barrier (it does pipeline one that holds the poll loop and the
     LayerNorm's row loop: sm_90 builds with Triton 3.6 and 3.9). TRACE: the times its
-    inputs were ready and its LayerNorm done into tr_ptr[1], [2] (megakernel's trace row)."""
+    inputs were ready and its LayerNorm done into tr_ptr[1], [2] (megakernel's trace row).
+    RPF: the next instruction's record (npf) into L1 after the waits."""
     _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    _l1_prefetch_record(npf, RPF)
     if TRACE:
         tl.store(tr_ptr + 1, _globaltimer())
     in_f32 = f19
@@ -174,7 +194,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
                ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-               K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr):
+               K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -219,16 +239,17 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                 if K_FIRST > 0:
                     _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, -1, 0, f16, f17, f18,
                              f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True, tr_ptr,
-                             TRACE)
+                             TRACE, npf, RPF)
                 else:
                     _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17,
                              f18, f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True, tr_ptr,
-                             TRACE)
+                             TRACE, npf, RPF)
                 xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
                              cache_modifier=".cg")
             if K_FIRST > 0:
                 if s + 1 == K_FIRST // BK:       # the next load reads the second input
                     _waits(cnt_ptr, wi1, wt1, -1, 0, SLEEP, ACQ)
+                    _l1_prefetch_record(npf, RPF)
         # the next step's activations (L2) are loaded before this step's products: their
         # latency is not on the per-step chain
         kn = ((s + 1) % KT) * BK
@@ -443,7 +464,8 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-             PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr):
+             PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
+             RPF: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
@@ -467,12 +489,12 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
     if not (PIPE and PRE):
         _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
-                 B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, False, tr_ptr, TRACE)
+                 B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, False, tr_ptr, TRACE, npf, RPF)
     if PIPE:
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE)
+                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -547,7 +569,8 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
              PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
-             SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr):
+             SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr, npf,
+             RPF: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
@@ -626,6 +649,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
                              sem="acq_rel", scope="gpu")
     if done == n_sub - 1:
         _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2)
+    _l1_prefetch_record(npf, RPF)     # (after the merge counter's acquire)
 
 
 @triton.jit
@@ -713,7 +737,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
-               B_P2: tl.constexpr = 1):
+               B_P2: tl.constexpr = 1, RPF: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -736,6 +760,9 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
             if i + 2 < q1:
                 _l2_prefetch_line(rec + 2 * _STRIDE)
                 _l2_prefetch_line(rec + 2 * _STRIDE + _STRIDE - 1)
+        # (RPF: the next record into L1 once this instruction's acquires are done; the
+        # last instruction of a queue prefetches its own again)
+        npf = rec + tl.where(i + 1 < q1, _STRIDE, 0)
         if PFN > 0:      # the next instruction's first PFN weight bytes into L2
             has_next = i + 1 < q1
             nrec = rec + _STRIDE
@@ -757,28 +784,29 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ, PRE, 0, tr, TRACE)
+                         ACQ, PRE, 0, tr, TRACE, npf, RPF)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
                          W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
-                         tr, TRACE)
+                         tr, TRACE, npf, RPF)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
                          LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0,
-                         tr, TRACE)
+                         tr, TRACE, npf, RPF)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ)
+                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ, npf, RPF)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+            _l1_prefetch_record(npf, RPF)
             if op == 4:    # OP_ADVANCE
                 _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                              ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
@@ -814,7 +842,7 @@ UNROLL = 4
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
-               trace: bool = False, split_w2: bool = False) -> dict:
+               trace: bool = False, split_w2: bool = False, rpf: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -848,6 +876,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["ACQ"] = not interpreted()     # acquire-load polls, record prefetch (inline PTX)
     kw["PRE"] = bool(pre) and bool(pipe)
     kw["TRACE"] = bool(trace) and not interpreted()
+    kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
     # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
@@ -858,7 +887,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
-                skip=None) -> tuple[tuple, dict]:
+                skip=None, rpf: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -872,7 +901,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split)
+                    pre, trace is not None, split, rpf)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -888,13 +917,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
-           split: bool = False, skip=None):
+           split: bool = False, skip=None, rpf: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip)
+                           split, skip, rpf)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

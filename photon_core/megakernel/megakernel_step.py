@@ -39,8 +39,12 @@ class Variant:
     step; the same bits), W2 tiles that sum the attention columns before waiting for fc1
     (split, with pre: kernel._gemv_pipe K_FIRST; the same bits), the hybrid kernel's
     residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED; the
-    same bits). Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/greedy/noalign" (any order
+    same bits), each instruction polling only the waits its program has not made yet
+    (elide: compiler.elide_waits; the same bits), the next instruction's record prefetched
+    into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits).
+    Written
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/greedy/noalign"
+    (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
@@ -60,6 +64,8 @@ class Variant:
     pre: bool = False
     split: bool = False
     red: bool = False
+    elide: bool = False
+    rpf: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -88,8 +94,8 @@ class Variant:
                     kw["pre"] = True
                 elif p == "split":
                     kw["split"] = True
-                elif p == "red":
-                    kw["red"] = True
+                elif p in ("red", "elide", "rpf"):
+                    kw[p] = True
                 elif p == "hoist":
                     pass
                 else:
@@ -113,6 +119,8 @@ class Variant:
         s += "/pre" if self.pre else ""
         s += "/split" if self.split else ""
         s += "/red" if self.red else ""
+        s += "/elide" if self.elide else ""
+        s += "/rpf" if self.rpf else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -167,7 +175,8 @@ class MegakernelStep:
             if self.hybrid else ProgramLowering(fd, st, b, n_sm, gemv, head)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
-            st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm)
+            st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm,
+            v.elide)
         # (the hybrid kernel's alignment hint, decided once here: the launch, captured in a
         # CUDA graph, reads nothing back from the device)
         self.gemv_aligned = self.hybrid and hybrid_kernel.gemv_aligned(self.compiled, self.low)
@@ -200,6 +209,7 @@ class MegakernelStep:
             kw.setdefault("kv2", v.kv2)
             kw.setdefault("pre", v.pre)
             kw.setdefault("split", v.split)
+            kw.setdefault("rpf", v.rpf)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

@@ -447,6 +447,58 @@ def test_pipelined_gemv_waiting_in_its_first_step_gives_the_same_bits(gemv, b, s
     _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's pre: on)
 
 
+def _check_polled_waits(c, elided: bool = True) -> int:
+    """compiler.elide_waits' rule, from the table: each instruction polls (fields 11..14)
+    exactly the waits of its own that no earlier instruction of its queue made (counter and
+    target; elided=False: all its waits); every wait it dropped is such an earlier one.
+    Returns the waits dropped."""
+    from photon_core.megakernel.compiler import CNT_STRIDE
+    from photon_core.megakernel.instructions import F_TGT0, F_TGT1, F_WAIT0, F_WAIT1, NO_WAIT
+    dropped, k = 0, 0
+    for q in c.queues():
+        seen = set()
+        for ins in q:
+            row = c.table[k]
+            k += 1
+            polled = {(int(row[w]) // CNT_STRIDE, int(row[t])) for w, t in
+                      ((F_WAIT0, F_TGT0), (F_WAIT1, F_TGT1)) if int(row[w]) != NO_WAIT}
+            assert polled == {w for w in ins.waits if not (elided and w in seen)}, ins.op_name
+            dropped += len(ins.waits) - len(polled)
+            seen.update(ins.waits)
+    return dropped
+
+
+@pytest.mark.parametrize("variant,b", [("pipe_fma@16x32/w4/s3/pre", 1), ("auto", 2)])
+def test_elided_waits_give_the_same_bits(variant, b):
+    """elide (compiler.elide_waits): an instruction polls only the counters its program has
+    not already acquired at that target (a GEMV reusing its program's LayerNorm waits as the
+    one that computed it): the table says so, and the kernel gives the same bits as the
+    build that polls every wait, launch after launch (one program here: every repeated wait
+    of the queue is dropped)."""
+    from photon_core.megakernel.compiler import compile_program
+    from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
+
+    m, st, fd, s0, ref = _with_fused_reference(b)
+    mk = MegakernelStep(fd, st, b, variant=variant + "/elide")
+    assert mk.variant.elide and Variant.parse(str(mk.variant)) == mk.variant
+    assert _check_polled_waits(mk.compiled) > 0
+    full = compile_program(mk.low.ops, mk.low.buffers, b, mk.low.shape, mk.low.gemv_cfg, 1,
+                           torch.float32)
+    assert _check_polled_waits(full, elided=False) == 0
+    assert [i.waits for i in full.instrs] == [i.waits for i in mk.compiled.instrs]
+    mk.run_kernel()
+    got = _snapshot(st, fd)
+    assert int(mk.compiled.counters.abs().sum()) == 0
+    elided, mk.compiled = mk.compiled, full
+    _restore(st, fd, s0)
+    mk.run_kernel()
+    for f in FIELDS:
+        assert torch.equal(got[f], _snapshot(st, fd)[f]), f
+    _close_rows(got, ref, b)
+    mk.compiled = elided
+    _second_launch_matches_fused(mk, m, st, fd, b)
+
+
 @pytest.mark.parametrize("gemv,b", [("pipe_fma@16x32", 1), ("pipe@16x32", 2)])
 def test_w2_summing_attention_columns_before_fc1_gives_the_same_bits(gemv, b):
     """split (kernel._gemv_pipe K_FIRST, with pre): a W2 tile waits for attention only at

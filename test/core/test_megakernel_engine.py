@@ -461,8 +461,9 @@ def test_gpu_qwen35_hybrid_megakernel_matches_fused(tmp_path, variant, dtype="fp
 def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     """On CUDA with two programs per SM (the waits real, the sm_90 build): `pre` (the
     first weight tiles issued before the wait) and `fill` (fc1 rows dealt out around
-    attention, two key splits per attention instruction) give, launch after launch, the
-    same bits as the plain build: each output row is still one instruction's, its
+    attention, two key splits per attention instruction), `elide` (a program's repeated
+    waits not polled again) and `rpf` (the next record prefetched into L1) give, launch
+    after launch, the same bits as the plain build: each output row is still one instruction's, its
     products added in the same order (tiny model, bf16, 8 launches)."""
     import sys
     from pathlib import Path
@@ -474,7 +475,7 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     m, st, fd = T._setup(rows=4, b=b, device="cuda", dtype="bf16")
     s0 = T._snapshot(st, fd)
     runs = {}
-    for extra in ("", "/pre", "/a2/fill", "/a2/fill/pre"):
+    for extra in ("", "/pre", "/a2/fill", "/a2/fill/pre", "/a2/fill/pre/elide/rpf"):
         T._restore(st, fd, s0)
         mk = MegakernelStep(fd, st, b, variant=f"{gemv}/p2{extra}")
         assert mk.compiled.n_programs > 1
