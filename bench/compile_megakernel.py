@@ -144,7 +144,7 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
     v = Variant.parse(variant)
     shape = qwen3_5_shape if family == "qwen3.5" else gemma4_shape
     kw = constexprs(shape(b, cap, v.gemv), pf=v.pf, num_warps=v.warps, stages=v.stages,
-                    pre=v.pre, red=v.red)
+                    pre=v.pre, red=v.red, rpf=v.rpf)
     kw["ALIGNED"] = True
     kw["TRACE"] = trace
     return _compile_hybrid(kw, ints or {}, v.warps, v.stages)

@@ -37,8 +37,8 @@ from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import OP_HGEMV
 from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _cta_sync, _globaltimer,
-                     _l2_prefetch, _waits, finish_launch, grid_options, interpreted,
-                     read_record)
+                     _l1_prefetch_record, _l2_prefetch, _l2_prefetch_line, _waits,
+                     finish_launch, grid_options, interpreted, read_record)
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
 EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU = 6, 7          # act(y) * mul[:, n]
@@ -106,13 +106,14 @@ def _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, R:
 @triton.jit
 def _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
                  B: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SLEEP: tl.constexpr,
-                 ACQ: tl.constexpr, IN_PIPE: tl.constexpr):
-    """A GEMV instruction's waits, then (P7 = 1) the norm of its input rows into this
+                 ACQ: tl.constexpr, IN_PIPE: tl.constexpr, npf, RPF: tl.constexpr):
+    """A GEMV instruction's waits (RPF: then the next record into L1, kernel.py's), then (P7 = 1) the norm of its input rows into this
     program's scratch wb + a_off (P4 the source, P5 the weight; P6: bit 0 the source is the
     fp32 x, bit 1 a plain RMSNorm, else zero-centred (1 + w)). IN_PIPE (CUDA): the CTA
     barrier after the norm as inline PTX (kernel._cta_sync) - Triton's pipeliner skips a loop
     that holds a gpu.barrier (kernel._wait_ln)."""
     _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    _l1_prefetch_record(npf, RPF)
     if p7 == 1:
         zc = 1 - (p6 // 2) % 2
         if p6 % 2 == 1:
@@ -131,7 +132,7 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
            B: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
            IEEE: tl.constexpr, ALIGNED: tl.constexpr, FMA: tl.constexpr, GST: tl.constexpr,
            PRE: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SLEEP: tl.constexpr,
-           ACQ: tl.constexpr, RED: tl.constexpr):
+           ACQ: tl.constexpr, RED: tl.constexpr, npf, RPF: tl.constexpr):
     """Rows [n0, n1) of y = x W^T as ONE loop over (BN-row block, BK column tile) steps,
     software-pipelined by Triton (GST stages: GST - 1 weight tiles in flight through shared
     memory, across block boundaries - no pipeline drain per block; kernel.py's _gemv_pipe's
@@ -176,7 +177,7 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
         if PRE:
             if s == 0:
                 _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                             B, D, D_P2, SLEEP, ACQ, True)
+                             B, D, D_P2, SLEEP, ACQ, True, npf, RPF)
                 xk = tl.load(x_rows, mask=x_mask, other=0.0, cache_modifier=".cg")
         kn = kk + BK
         kn = tl.where(kn < K, kn, 0)          # the next step's columns (the next block's 0)
@@ -416,7 +417,8 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       SLEEP: tl.constexpr, ACQ: tl.constexpr,
                       ALIGNED: tl.constexpr = False, PF: tl.constexpr = 0,
                       NT: tl.constexpr = 256, PRE: tl.constexpr = False,
-                      TRACE: tl.constexpr = False, RED: tl.constexpr = False):
+                      TRACE: tl.constexpr = False, RED: tl.constexpr = False,
+                      RPF: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -426,6 +428,13 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
         rec = table_ptr + i * _STRIDE
         (op, a_off, w_off, b_off, y_off, n0, n1, p0, p1, p2, p3, wi0, wt0, wi1, wt1, sig, p4,
          p5, p6, p7) = read_record(rec)
+        # RPF: the record two ahead into L2 now, the next one into L1 once this one's waits
+        # are acquired (kernel.py's; the last of a queue prefetches its own again)
+        npf = rec + tl.where(i + 1 < q1, _STRIDE, 0)
+        if RPF:
+            if i + 2 < q1:
+                _l2_prefetch_line(rec + 2 * _STRIDE)
+                _l2_prefetch_line(rec + 2 * _STRIDE + _STRIDE - 1)
         if PF > 0:          # a GEMV's first PF weight bytes into L2 before its wait (the
             if op == 6:      # weights never change in a step: their reads overlap the wait)
                 esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
@@ -433,26 +442,27 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                              tl.minimum((n1 - n0).to(tl.int64) * p1 * esz, PF), NT)
         if op != 6:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+            _l1_prefetch_record(npf, RPF)
         if op == 6:          # OP_HGEMV: its waits in _hgemv_begin
             if not PRE:     # (PRE: inside the GEMV's first step)
                 _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                             B, D, D_P2, SLEEP, ACQ, False)
+                             B, D, D_P2, SLEEP, ACQ, False, npf, RPF)
             w_off = _aligned(w_off, ALIGNED)     # (16-element vector loads of W)
             if p7 == 2:      # the input is the fp32 residual x (rounded as it is loaded)
                 _hgemv(fb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
                        B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
-                       RED)
+                       RED, npf, RPF)
             elif p0 == 2:
                 _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
                        B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
-                       RED)
+                       RED, npf, RPF)
             else:
                 _hgemv(wb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
                        B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
-                       RED)
+                       RED, npf, RPF)
         elif op == 7:        # OP_DELTA: (row n0, key head n1)
             delta_net_group(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
                             wb + p2 + n0 * SU, fb + w_off, wb + b_off + n0 * CS_B,
@@ -509,7 +519,8 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
 
 
 def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
-               stages: int = 3, pre: bool = False, red: bool = False) -> dict:
+               stages: int = 3, pre: bool = False, red: bool = False,
+               rpf: bool = False) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
     .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU). pf:
     bytes of a GEMV instruction's weights prefetched into L2 before its wait (CUDA with
@@ -517,7 +528,7 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
     stages: the GEMV loop's software-pipelining stages (the variant's "sN"); pre: a GEMV's
     waits and norm inside its loop's first step (_hgemv's PRE, the variant's "pre"); red:
     the residual epilogue as relaxed atomic adds (_hgemv_epilogue's RED, the variant's
-    "red")."""
+    "red"); rpf: the records prefetched (RPF, the variant's "rpf"; inline PTX: CUDA only)."""
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "FMA", "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
@@ -529,7 +540,7 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
               NS_P2=p2(sh["NSPLIT"]),
               SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted(),
               PF=0 if interpreted() else int(pf), NT=32 * num_warps, GST=int(stages),
-              PRE=bool(pre), RED=bool(red))
+              PRE=bool(pre), RED=bool(red), RPF=bool(rpf) and not interpreted())
     return kw
 
 
@@ -544,13 +555,14 @@ def gemv_aligned(c, low) -> bool:
 
 def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
                 aligned: bool = False, num_stages: int = 2, pre: bool = False,
-                trace=None, red: bool = False) -> tuple[tuple, dict]:
+                trace=None, red: bool = False, rpf: bool = False) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
     compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low) (the L2 prefetch
     needs it too); trace: an int64 tensor [n_instr, 2] for the instructions' start / end ns
     (CUDA; None: no trace). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
-    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre, red)
+    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre, red,
+                    rpf)
     kw["ALIGNED"] = bool(aligned)
     kw["TRACE"] = trace is not None and not interpreted()
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
@@ -562,9 +574,10 @@ def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
 
 
 def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
-           aligned: bool = False, pre: bool = False, trace=None, red: bool = False):
+           aligned: bool = False, pre: bool = False, trace=None, red: bool = False,
+           rpf: bool = False):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
     args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages, pre, trace,
-                           red)
+                           red, rpf)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

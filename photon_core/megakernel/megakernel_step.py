@@ -189,14 +189,15 @@ class MegakernelStep:
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
-        if self.hybrid:     # (the variant's warps, stages, sleep, pf, pre and red apply)
+        if self.hybrid:     # (the variant's warps, stages, sleep, pf, pre, red, rpf apply)
             v = self.variant
             return hybrid_kernel.launch(self.compiled, self.low,
                                         num_warps=kw.get("num_warps") or self.num_warps or 8,
                                         num_stages=kw.get("num_stages") or v.stages,
                                         sleep=kw.get("sleep", v.sleep), pf=kw.get("pf", v.pf),
                                         aligned=self.gemv_aligned, pre=kw.get("pre", v.pre),
-                                        trace=kw.get("trace"), red=kw.get("red", v.red))
+                                        trace=kw.get("trace"), red=kw.get("red", v.red),
+                                        rpf=kw.get("rpf", v.rpf))
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant
