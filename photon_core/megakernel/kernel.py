@@ -194,7 +194,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
                ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
-               K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr):
+               K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr,
+               EARLY: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -211,7 +212,12 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     K_FIRST > 0 (PRE, W2): the first K_FIRST columns of x depend on the first wait alone
     (attention's output; the GELU part on the second, fc1): step 0 waits for the first
     counter only, and the second is polled just before the first block's load of column
-    K_FIRST - the same products in the same order, begun while fc1's last rows finish."""
+    K_FIRST - the same products in the same order, begun while fc1's last rows finish.
+    EARLY: a block's bias (and EPI 2's residual rows) loaded at its first step (after the
+    instruction's waits) instead of in its epilogue, so the epilogue adds and stores with no
+    L2 round trip on the loop's chain. The residual's columns [n0, n1) are this
+    instruction's alone in its layer (their readers, the layer's LayerNorms, finished before
+    its waits were met): the same values, the same bits."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -227,6 +233,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     else:
         xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
                      cache_modifier=".cg")
+    eb = tl.zeros([BN], dtype=tl.float32)           # EARLY: the block's bias, residual
+    er = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
     for s in tl.range(0, n_steps, num_stages=STAGES):
         blk = s // KT
         kk = (s - blk * KT) * BK
@@ -250,6 +258,10 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                 if s + 1 == K_FIRST // BK:       # the next load reads the second input
                     _waits(cnt_ptr, wi1, wt1, -1, 0, SLEEP, ACQ)
                     _l1_prefetch_record(npf, RPF)
+        if EARLY:
+            if kk == 0:
+                eb, er = _epilogue_operands(offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr,
+                                            stride_y, EPI)
         # the next step's activations (L2) are loaded before this step's products: their
         # latency is not on the per-step chain
         kn = ((s + 1) % KT) * BK
@@ -260,11 +272,11 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         if kk == K - BK:
             if DOT:
                 _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
-                          n_split, gap, EPI)
+                          n_split, gap, EPI, EARLY, eb, er)
                 acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
             else:
                 _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, n_ok,
-                          bias_ptr, y_ptr, stride_y, n_split, gap, EPI)
+                          bias_ptr, y_ptr, stride_y, n_split, gap, EPI, EARLY, eb, er)
                 acc = tl.zeros([BN, BK], dtype=tl.float32)
 
 
@@ -358,16 +370,38 @@ def _gemv_block(x_rows, b_ok, w_ptr, bias_ptr, y_ptr, nb, n1, n_split, gap, stri
 
 
 @triton.jit
-def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap,
-              EPI: tl.constexpr):
-    """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI)."""
-    mask = b_ok[:, None] & n_ok[None, :]
+def _epilogue_operands(offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
+                       EPI: tl.constexpr):
+    """What a block's epilogue reads: its bias (fp32) and, for EPI 2, the residual rows it
+    adds to (zeros otherwise)."""
     bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    if EPI == 2:
+        res = tl.load(y_ptr + offs_b[:, None] * stride_y + offs_n[None, :],
+                      mask=b_ok[:, None] & n_ok[None, :], other=0.0,
+                      cache_modifier=".cg").to(tl.float32)
+    else:
+        res = tl.zeros([offs_b.shape[0], offs_n.shape[0]], dtype=tl.float32)
+    return bias, res
+
+
+@triton.jit
+def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap,
+              EPI: tl.constexpr, EARLY: tl.constexpr = False, eb=None, er=None):
+    """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI). EARLY: the bias
+    and EPI 2's residual rows are eb / er, loaded at the block's start (_epilogue_operands)."""
+    mask = b_ok[:, None] & n_ok[None, :]
+    if EARLY:
+        bias = eb
+    else:
+        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     acc += bias[None, :]
     if EPI == 2:
         ptrs = y_ptr + offs_b[:, None] * stride_y + offs_n[None, :]
-        tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
-                 mask=mask)
+        if EARLY:
+            tl.store(ptrs, er + acc, mask=mask)
+        else:
+            tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
+                     mask=mask)
     else:
         col = offs_n[None, :]
         val = acc
@@ -465,7 +499,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
              PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
-             RPF: tl.constexpr):
+             RPF: tl.constexpr, EARLY: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
@@ -494,7 +528,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF)
+                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -737,7 +771,8 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
-               B_P2: tl.constexpr = 1, RPF: tl.constexpr = False):
+               B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
+               EARLY: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -784,19 +819,19 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ, PRE, 0, tr, TRACE, npf, RPF)
+                         ACQ, PRE, 0, tr, TRACE, npf, RPF, EARLY)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
                          W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
-                         tr, TRACE, npf, RPF)
+                         tr, TRACE, npf, RPF, EARLY)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
                          LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0,
-                         tr, TRACE, npf, RPF)
+                         tr, TRACE, npf, RPF, EARLY)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -842,7 +877,8 @@ UNROLL = 4
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
-               trace: bool = False, split_w2: bool = False, rpf: bool = False) -> dict:
+               trace: bool = False, split_w2: bool = False, rpf: bool = False,
+               early: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -877,6 +913,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["PRE"] = bool(pre) and bool(pipe)
     kw["TRACE"] = bool(trace) and not interpreted()
     kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
+    kw["EARLY"] = bool(early) and bool(pipe)        # (_gemv_pipe's)
     # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
@@ -887,7 +924,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
-                skip=None, rpf: bool = False) -> tuple[tuple, dict]:
+                skip=None, rpf: bool = False, early: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -901,7 +938,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split, rpf)
+                    pre, trace is not None, split, rpf, early)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -917,13 +954,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
-           split: bool = False, skip=None, rpf: bool = False):
+           split: bool = False, skip=None, rpf: bool = False, early: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, rpf)
+                           split, skip, rpf, early)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

@@ -41,9 +41,12 @@ class Variant:
     residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED; the
     same bits), each instruction polling only the waits its program has not made yet
     (elide: compiler.elide_waits; the same bits), the next instruction's record prefetched
-    into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits).
+    into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
+    a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
+    (early: kernel._gemv_pipe EARLY; the same bits).
     Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/greedy/noalign"
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/greedy/
+    noalign"
     (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -66,6 +69,7 @@ class Variant:
     red: bool = False
     elide: bool = False
     rpf: bool = False
+    early: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -94,7 +98,7 @@ class Variant:
                     kw["pre"] = True
                 elif p == "split":
                     kw["split"] = True
-                elif p in ("red", "elide", "rpf"):
+                elif p in ("red", "elide", "rpf", "early"):
                     kw[p] = True
                 elif p == "hoist":
                     pass
@@ -121,6 +125,7 @@ class Variant:
         s += "/red" if self.red else ""
         s += "/elide" if self.elide else ""
         s += "/rpf" if self.rpf else ""
+        s += "/early" if self.early else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -211,6 +216,7 @@ class MegakernelStep:
             kw.setdefault("pre", v.pre)
             kw.setdefault("split", v.split)
             kw.setdefault("rpf", v.rpf)
+            kw.setdefault("early", v.early)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

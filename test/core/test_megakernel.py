@@ -447,6 +447,24 @@ def test_pipelined_gemv_waiting_in_its_first_step_gives_the_same_bits(gemv, b, s
     _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's pre: on)
 
 
+@pytest.mark.parametrize("gemv,b", [("pipe_fma@16x32/w4/s3/pre", 1), ("pipe@16x64/w4/s2", 2)])
+def test_epilogue_operands_loaded_early_give_the_same_bits(gemv, b):
+    """early (kernel._gemv_pipe EARLY: a row block's bias and W2's residual rows loaded at
+    its first K step, the epilogue adding what was loaded): every field the same bits as the
+    build that loads them in the epilogue, and the fused step's values, launch after
+    launch (FMA tiles at b=1 with pre, tl.dot tiles at b=2)."""
+    from photon_core.megakernel.kernel import kernel_args
+    from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
+
+    m, st, fd, s0, ref = _with_fused_reference(b)
+    mk = MegakernelStep(fd, st, b, variant=f"{gemv}/early")
+    assert mk.variant.early and Variant.parse(str(mk.variant)) == mk.variant
+    assert kernel_args(mk.compiled, mk.low, early=True)[1]["EARLY"] is True
+    results = _launch_both_ways(mk, st, fd, s0, "early")
+    _close_rows(results[True], ref, b)
+    _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's early: on)
+
+
 def _check_polled_waits(c, elided: bool = True) -> int:
     """compiler.elide_waits' rule, from the table: each instruction polls (fields 11..14)
     exactly the waits of its own that no earlier instruction of its queue made (counter and
