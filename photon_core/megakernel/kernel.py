@@ -195,7 +195,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
                ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
                K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr,
-               EARLY: tl.constexpr, XL1: tl.constexpr):
+               EARLY: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -217,10 +217,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     instruction's waits) instead of in its epilogue, so the epilogue adds and stores with no
     L2 round trip on the loop's chain. The residual's columns [n0, n1) are this
     instruction's alone in its layer (their readers, the layer's LayerNorms, finished before
-    its waits were met): the same values, the same bits.
-    XL1: the activations are the program's own LayerNorm scratch (W1, lm): loaded through L1
-    (its rows were stored by this CTA: an L1 hit where the store left the line there, no L2
-    round trip), not .cg; the same values."""
+    its waits were met): the same values, the same bits."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -234,7 +231,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     if PRE:      # (step 0 loads it, after the wait)
         xk = tl.zeros([BLOCK_B, BK], dtype=x_ptr.dtype.element_ty)
     else:
-        xk = _x_load(x_rows + k0[None, :], b_ok[:, None], XL1)
+        xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
+                     cache_modifier=".cg")
     eb = tl.zeros([BN], dtype=tl.float32)           # EARLY: the block's bias, residual
     er = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
     for s in tl.range(0, n_steps, num_stages=STAGES):
@@ -254,7 +252,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                     _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17,
                              f18, f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True, tr_ptr,
                              TRACE, npf, RPF)
-                xk = _x_load(x_rows + k0[None, :], b_ok[:, None], XL1)
+                xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
+                             cache_modifier=".cg")
             if K_FIRST > 0:
                 if s + 1 == K_FIRST // BK:       # the next load reads the second input
                     _waits(cnt_ptr, wi1, wt1, -1, 0, SLEEP, ACQ)
@@ -266,7 +265,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         # the next step's activations (L2) are loaded before this step's products: their
         # latency is not on the per-step chain
         kn = ((s + 1) % KT) * BK
-        xn = _x_load(x_rows + kn + k0[None, :], b_ok[:, None], XL1)
+        xn = tl.load(x_rows + kn + k0[None, :], mask=b_ok[:, None], other=0.0,
+                     cache_modifier=".cg")
         acc = _mac_x(acc, w, xk, DOT)
         xk = xn
         if kk == K - BK:
@@ -278,15 +278,6 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                 _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, n_ok,
                           bias_ptr, y_ptr, stride_y, n_split, gap, EPI, EARLY, eb, er)
                 acc = tl.zeros([BN, BK], dtype=tl.float32)
-
-
-@triton.jit
-def _x_load(ptrs, mask, XL1: tl.constexpr):
-    """A GEMV's activation tile: through L1 (XL1: the program's own scratch) or .cg (L2:
-    another program's output, never a stale L1 line of an earlier layer)."""
-    if XL1:
-        return tl.load(ptrs, mask=mask, other=0.0)
-    return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
 
 
 @triton.jit
@@ -508,7 +499,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
              PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
-             RPF: tl.constexpr, EARLY: tl.constexpr, XL1: tl.constexpr):
+             RPF: tl.constexpr, EARLY: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
@@ -537,7 +528,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY, XL1 and EPI != 2)
+                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -781,7 +772,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
-               EARLY: tl.constexpr = False, XL1: tl.constexpr = False):
+               EARLY: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -828,19 +819,19 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
-                         ACQ, PRE, 0, tr, TRACE, npf, RPF, EARLY, XL1)
+                         ACQ, PRE, 0, tr, TRACE, npf, RPF, EARLY)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
                          W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
-                         tr, TRACE, npf, RPF, EARLY, XL1)
+                         tr, TRACE, npf, RPF, EARLY)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
                          LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0,
-                         tr, TRACE, npf, RPF, EARLY, XL1)
+                         tr, TRACE, npf, RPF, EARLY)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -887,7 +878,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
-               early: bool = False, xl1: bool = False) -> dict:
+               early: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -923,7 +914,6 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["TRACE"] = bool(trace) and not interpreted()
     kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
     kw["EARLY"] = bool(early) and bool(pipe)        # (_gemv_pipe's)
-    kw["XL1"] = bool(xl1) and bool(pipe)
     # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
@@ -934,8 +924,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
-                skip=None, rpf: bool = False, early: bool = False,
-                xl1: bool = False) -> tuple[tuple, dict]:
+                skip=None, rpf: bool = False, early: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -949,7 +938,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split, rpf, early, xl1)
+                    pre, trace is not None, split, rpf, early)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -965,14 +954,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
-           split: bool = False, skip=None, rpf: bool = False, early: bool = False,
-           xl1: bool = False):
+           split: bool = False, skip=None, rpf: bool = False, early: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, rpf, early, xl1)
+                           split, skip, rpf, early)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

@@ -43,11 +43,10 @@ class Variant:
     (elide: compiler.elide_waits; the same bits), the next instruction's record prefetched
     into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
     a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
-    (early: kernel._gemv_pipe EARLY; the same bits), a pipe GEMV's own LayerNorm scratch
-    read through L1 (xl1: kernel._gemv_pipe XL1; the same bits).
+    (early: kernel._gemv_pipe EARLY; the same bits).
     Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/xl1/
-    greedy/noalign"
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/greedy/
+    noalign"
     (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -71,7 +70,6 @@ class Variant:
     elide: bool = False
     rpf: bool = False
     early: bool = False
-    xl1: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -100,7 +98,7 @@ class Variant:
                     kw["pre"] = True
                 elif p == "split":
                     kw["split"] = True
-                elif p in ("red", "elide", "rpf", "early", "xl1"):
+                elif p in ("red", "elide", "rpf", "early"):
                     kw[p] = True
                 elif p == "hoist":
                     pass
@@ -128,7 +126,6 @@ class Variant:
         s += "/elide" if self.elide else ""
         s += "/rpf" if self.rpf else ""
         s += "/early" if self.early else ""
-        s += "/xl1" if self.xl1 else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -220,7 +217,6 @@ class MegakernelStep:
             kw.setdefault("split", v.split)
             kw.setdefault("rpf", v.rpf)
             kw.setdefault("early", v.early)
-            kw.setdefault("xl1", v.xl1)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

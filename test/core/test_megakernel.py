@@ -452,21 +452,17 @@ def test_epilogue_operands_loaded_early_give_the_same_bits(gemv, b):
     """early (kernel._gemv_pipe EARLY: a row block's bias and W2's residual rows loaded at
     its first K step, the epilogue adding what was loaded): every field the same bits as the
     build that loads them in the epilogue, and the fused step's values, launch after
-    launch (FMA tiles at b=1 with pre, tl.dot tiles at b=2); so does xl1."""
+    launch (FMA tiles at b=1 with pre, tl.dot tiles at b=2)."""
     from photon_core.megakernel.kernel import kernel_args
     from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
 
     m, st, fd, s0, ref = _with_fused_reference(b)
-    mk = MegakernelStep(fd, st, b, variant=f"{gemv}/early/xl1")
-    assert mk.variant.early and mk.variant.xl1
-    assert Variant.parse(str(mk.variant)) == mk.variant
+    mk = MegakernelStep(fd, st, b, variant=f"{gemv}/early")
+    assert mk.variant.early and Variant.parse(str(mk.variant)) == mk.variant
     assert kernel_args(mk.compiled, mk.low, early=True)[1]["EARLY"] is True
     results = _launch_both_ways(mk, st, fd, s0, "early")
     _close_rows(results[True], ref, b)
-    # xl1 (the scratch's activations through L1: the interpreter has no caches, so this
-    # checks the build's plumbing, not the caching)
-    _launch_both_ways(mk, st, fd, s0, "xl1")
-    _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's early, xl1: on)
+    _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's early: on)
 
 
 def _check_polled_waits(c, elided: bool = True) -> int:
