@@ -69,13 +69,16 @@ def resolve_variant(spec: str, hybrid: bool = False) -> Variant | None:
 SKIP_STOPPED = False
 
 # three key splits per attention instruction since session 9 (calls 19-20: 0.908-0.909 vs
-# 0.929-0.934 ms for a2 in the same runs, with the fitted fill constants; a4 0.952)
-BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre"
+# 0.929-0.934 ms for a2 in the same runs, with the fitted fill constants; a4 0.952); a
+# program's repeated waits elided and the GEMV blocks' bias / residual loaded at their first
+# step since session 27 (call 3: 0.8699-0.8733 ms vs 0.8890-0.8962 without, same process)
+BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early"
 # the hybrid kernel's (Qwen 3.5, Gemma 4) best b=1 build on the H200 (docs/benchmarks.md
 # session 25: Qwen 3.5 0.8B 0.961 ms, Gemma 4 E2B 3.207 ms - still slower than the fused
 # graph's 0.83 / 2.04 ms, so "auto" keeps them off; the variants it beat:
-# docs/dropped_experiments.md)
-HYBRID_BEST = "pipe_fma@8x1024/w8/s3/pre/red"
+# docs/dropped_experiments.md); with elided waits and prefetched records since session 27
+# (call 2: Qwen 0.9588 / 0.9601 ms vs 0.9627 / 0.9656)
+HYBRID_BEST = "pipe_fma@8x1024/w8/s3/pre/red/elide/rpf"
 # "on" runs the megakernel for buckets up to this batch (the measured win, session 8: b=1
 # 0.936 vs 1.101 ms for the deterministic fused graph, 1.029 split-K; b=2 / 4 / 8 lose:
 # 1.69 vs 1.28, 1.88 vs 1.38, 2.16 vs 1.56 ms), the fused forward above it
