@@ -772,7 +772,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
-               EARLY: tl.constexpr = False, APF: tl.constexpr = 0):
+               EARLY: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -838,8 +838,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                         S_POS, APF if APF > 0 else PF, NT, STAGES, SLEEP, KV2, ACQ, npf,
-                         RPF)
+                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ, npf, RPF)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
             _l1_prefetch_record(npf, RPF)
@@ -879,7 +878,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
-               early: bool = False, apf: int = 0) -> dict:
+               early: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -907,8 +906,6 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     # (bulk prefetches need 16-byte aligned addresses: only with an aligned table)
     kw["PF"] = 0 if interpreted() or not aligned else int(pf)
     kw["PFN"] = 0 if interpreted() or not aligned else int(pfn)
-    # attention's k/v into L2 before its wait: APF bytes (0: PF's)
-    kw["APF"] = 0 if interpreted() or not aligned else int(apf)
     kw["NT"] = 32 * num_warps
     kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     kw["KV2"] = bool(kv2)       # attention: the second split's k/v loaded before the wait
@@ -927,8 +924,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
-                skip=None, rpf: bool = False, early: bool = False,
-                apf: int = 0) -> tuple[tuple, dict]:
+                skip=None, rpf: bool = False, early: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -942,7 +938,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split, rpf, early, apf)
+                    pre, trace is not None, split, rpf, early)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -958,14 +954,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
-           split: bool = False, skip=None, rpf: bool = False, early: bool = False,
-           apf: int = 0):
+           split: bool = False, skip=None, rpf: bool = False, early: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, rpf, early, apf)
+                           split, skip, rpf, early)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

@@ -43,11 +43,10 @@ class Variant:
     (elide: compiler.elide_waits; the same bits), the next instruction's record prefetched
     into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
     a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
-    (early: kernel._gemv_pipe EARLY; the same bits), attention's own k/v bytes into L2
-    before its wait (apf, KiB; 0: pf's).
+    (early: kernel._gemv_pipe EARLY; the same bits).
     Written
-    "gemv/w8/s4/u2/pf32/pfn64/apf64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/
-    greedy/noalign"
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/greedy/
+    noalign"
     (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -71,7 +70,6 @@ class Variant:
     elide: bool = False
     rpf: bool = False
     early: bool = False
-    apf: int = 0
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -81,7 +79,6 @@ class Variant:
             parse_gemv(parts[0])          # ValueError on an unknown GEMV choice
         for p in parts[1:]:
             for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024),
-                                     ("apf", "apf", 1024),
                                      ("sl", "sleep", 1), ("w", "warps", 1),
                                      ("a", "attn_per", 1), ("p", "per_sm", 1),
                                      ("s", "stages", 1), ("u", "unroll", 1)):
@@ -118,7 +115,6 @@ class Variant:
         s += f"/u{self.unroll}" if self.unroll else ""
         s += f"/pf{self.pf // 1024}" if self.pf else ""
         s += f"/pfn{self.pfn // 1024}" if self.pfn else ""
-        s += f"/apf{self.apf // 1024}" if self.apf else ""
         s += f"/sl{self.sleep}" if self.sleep else ""
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
@@ -221,7 +217,6 @@ class MegakernelStep:
             kw.setdefault("split", v.split)
             kw.setdefault("rpf", v.rpf)
             kw.setdefault("early", v.early)
-            kw.setdefault("apf", v.apf)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):
