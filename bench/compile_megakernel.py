@@ -75,7 +75,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     sh, dims = moondream_shape(b, cap)
     kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), v.align, unroll, is_pipe(gemv),
                     v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace, v.split, v.rpf,
-                    v.early)
+                    v.early, v.poll1)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}
@@ -145,7 +145,7 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
     v = Variant.parse(variant)
     shape = qwen3_5_shape if family == "qwen3.5" else gemma4_shape
     kw = constexprs(shape(b, cap, v.gemv), pf=v.pf, num_warps=v.warps, stages=v.stages,
-                    pre=v.pre, red=v.red, rpf=v.rpf)
+                    pre=v.pre, red=v.red, rpf=v.rpf, poll1=v.poll1)
     kw["ALIGNED"] = True
     kw["TRACE"] = trace
     return _compile_hybrid(kw, ints or {}, v.warps, v.stages)

@@ -520,7 +520,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
 
 def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
                stages: int = 3, pre: bool = False, red: bool = False,
-               rpf: bool = False) -> dict:
+               rpf: bool = False, poll1: bool = False) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
     .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU). pf:
     bytes of a GEMV instruction's weights prefetched into L2 before its wait (CUDA with
@@ -528,7 +528,8 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
     stages: the GEMV loop's software-pipelining stages (the variant's "sN"); pre: a GEMV's
     waits and norm inside its loop's first step (_hgemv's PRE, the variant's "pre"); red:
     the residual epilogue as relaxed atomic adds (_hgemv_epilogue's RED, the variant's
-    "red"); rpf: the records prefetched (RPF, the variant's "rpf"; inline PTX: CUDA only)."""
+    "red"); rpf: the records prefetched (RPF, the variant's "rpf"; inline PTX: CUDA only);
+    poll1: one thread polls a wait's counters, then a CTA barrier (kernel._waits ACQ 2)."""
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "FMA", "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
@@ -538,7 +539,8 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
     kw.update(D_P2=p2(sh["D"]), ARG_BLOCK=min(4096, p2(sh["V"])), DK_P2=p2(sh["DK"]),
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
               NS_P2=p2(sh["NSPLIT"]),
-              SLEEP=0 if interpreted() else int(sleep), ACQ=not interpreted(),
+              SLEEP=0 if interpreted() else int(sleep),
+              ACQ=0 if interpreted() else (2 if poll1 else 1),
               PF=0 if interpreted() else int(pf), NT=32 * num_warps, GST=int(stages),
               PRE=bool(pre), RED=bool(red), RPF=bool(rpf) and not interpreted())
     return kw
@@ -555,14 +557,15 @@ def gemv_aligned(c, low) -> bool:
 
 def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
                 aligned: bool = False, num_stages: int = 2, pre: bool = False,
-                trace=None, red: bool = False, rpf: bool = False) -> tuple[tuple, dict]:
+                trace=None, red: bool = False, rpf: bool = False,
+                poll1: bool = False) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
     compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low) (the L2 prefetch
     needs it too); trace: an int64 tensor [n_instr, 2] for the instructions' start / end ns
     (CUDA; None: no trace). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
     kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre, red,
-                    rpf)
+                    rpf, poll1)
     kw["ALIGNED"] = bool(aligned)
     kw["TRACE"] = trace is not None and not interpreted()
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
@@ -575,9 +578,9 @@ def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
 
 def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
            aligned: bool = False, pre: bool = False, trace=None, red: bool = False,
-           rpf: bool = False):
+           rpf: bool = False, poll1: bool = False):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
     args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages, pre, trace,
-                           red, rpf)
+                           red, rpf, poll1)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

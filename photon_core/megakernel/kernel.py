@@ -103,19 +103,40 @@ def _l1_prefetch_line(ptr):
 
 
 @triton.jit
+def _poll_one(c0, g0, c1, g1):
+    """ACQ == 2: thread 0 alone polls both counters with acquire loads until they reach
+    their targets, then the CTA barrier (bar.sync 0) lets every thread on: its loads are
+    ordered after thread 0's acquire (barrier synchronization is transitive with it), and
+    the counters' L2 line sees one poll per program per round instead of one per warp and
+    counter."""
+    return tl.inline_asm_elementwise(
+        "{\n\t.reg .pred pw;\n\t.reg .b32 pt, pa, pb;\n\t"
+        "mov.u32 pt, %tid.x;\n\tsetp.ne.u32 pw, pt, 0;\n\t@pw bra POLL_DONE;\n"
+        "POLL_LOOP:\n\tld.acquire.gpu.global.b32 pa, [$1];\n\t"
+        "ld.acquire.gpu.global.b32 pb, [$3];\n\tsetp.lt.s32 pw, pa, $2;\n\t"
+        "setp.lt.or.s32 pw, pb, $4, pw;\n\t@pw bra POLL_LOOP;\n"
+        "POLL_DONE:\n\tbar.sync 0;\n\tmov.u32 $0, 0;\n\t}",
+        "=r,l,r,l,r", [c0, g0, c1, g1], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _waits(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
     """The instruction's (up to) two waits (counter, target: table fields 11..14, read at
     the instruction's start). ACQ (CUDA): both counters polled in one loop by acquire loads,
     one round trip when both are already reached (session 4 had a spin + an acquire atomic
-    per counter, one after the other); under the interpreter a volatile spin each."""
+    per counter, one after the other) - by every thread (1), or by thread 0 then a CTA
+    barrier (2: _poll_one); under the interpreter a volatile spin each."""
     if ACQ:
         if (i0 >= 0) | (i1 >= 0):
             c0 = cnt_ptr + tl.maximum(i0, 0)
             c1 = cnt_ptr + tl.maximum(i1, 0)
             g0 = tl.where(i0 >= 0, t0, 0)       # no wait: target 0 (counters are >= 0)
             g1 = tl.where(i1 >= 0, t1, 0)
-            while (_ld_acquire(c0) < g0) | (_ld_acquire(c1) < g1):
-                _backoff(SLEEP)
+            if ACQ == 2:
+                _poll_one(c0, g0, c1, g1)
+            else:
+                while (_ld_acquire(c0) < g0) | (_ld_acquire(c1) < g1):
+                    _backoff(SLEEP)
     else:
         _wait(cnt_ptr, i0, t0, SLEEP)
         _wait(cnt_ptr, i1, t1, SLEEP)
@@ -878,7 +899,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
-               early: bool = False) -> dict:
+               early: bool = False, poll1: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -909,7 +930,8 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["NT"] = 32 * num_warps
     kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     kw["KV2"] = bool(kv2)       # attention: the second split's k/v loaded before the wait
-    kw["ACQ"] = not interpreted()     # acquire-load polls, record prefetch (inline PTX)
+    # acquire-load polls (2: by one thread, poll1), record prefetch (inline PTX)
+    kw["ACQ"] = 0 if interpreted() else (2 if poll1 else 1)
     kw["PRE"] = bool(pre) and bool(pipe)
     kw["TRACE"] = bool(trace) and not interpreted()
     kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
@@ -924,7 +946,8 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
-                skip=None, rpf: bool = False, early: bool = False) -> tuple[tuple, dict]:
+                skip=None, rpf: bool = False, early: bool = False,
+                poll1: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -938,7 +961,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split, rpf, early)
+                    pre, trace is not None, split, rpf, early, poll1)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -954,13 +977,14 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
-           split: bool = False, skip=None, rpf: bool = False, early: bool = False):
+           split: bool = False, skip=None, rpf: bool = False, early: bool = False,
+           poll1: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, rpf, early)
+                           split, skip, rpf, early, poll1)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

@@ -43,10 +43,11 @@ class Variant:
     (elide: compiler.elide_waits; the same bits), the next instruction's record prefetched
     into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
     a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
-    (early: kernel._gemv_pipe EARLY; the same bits).
+    (early: kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread
+    then a CTA barrier (poll1: kernel._poll_one; the same bits).
     Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/greedy/
-    noalign"
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/poll1/
+    greedy/noalign"
     (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -70,6 +71,7 @@ class Variant:
     elide: bool = False
     rpf: bool = False
     early: bool = False
+    poll1: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -98,7 +100,7 @@ class Variant:
                     kw["pre"] = True
                 elif p == "split":
                     kw["split"] = True
-                elif p in ("red", "elide", "rpf", "early"):
+                elif p in ("red", "elide", "rpf", "early", "poll1"):
                     kw[p] = True
                 elif p == "hoist":
                     pass
@@ -126,6 +128,7 @@ class Variant:
         s += "/elide" if self.elide else ""
         s += "/rpf" if self.rpf else ""
         s += "/early" if self.early else ""
+        s += "/poll1" if self.poll1 else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -202,7 +205,8 @@ class MegakernelStep:
                                         sleep=kw.get("sleep", v.sleep), pf=kw.get("pf", v.pf),
                                         aligned=self.gemv_aligned, pre=kw.get("pre", v.pre),
                                         trace=kw.get("trace"), red=kw.get("red", v.red),
-                                        rpf=kw.get("rpf", v.rpf))
+                                        rpf=kw.get("rpf", v.rpf),
+                                        poll1=kw.get("poll1", v.poll1))
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant
@@ -217,6 +221,7 @@ class MegakernelStep:
             kw.setdefault("split", v.split)
             kw.setdefault("rpf", v.rpf)
             kw.setdefault("early", v.early)
+            kw.setdefault("poll1", v.poll1)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

@@ -600,6 +600,8 @@ def test_variant_strings_and_alignment_flag():
     assert (p.pre, p.per_sm, p.stages) == (True, 2, 3) and not Variant.parse("pipe/w4").pre
     assert str(p) == "pipe_fma@8x1024/w4/s3/p2/pre" and Variant.parse(str(p)) == p
     assert Variant.parse("pipe@32x512/pre/w4/p2") == Variant.parse("pipe@32x512/w4/p2/pre")
+    q = Variant.parse("pipe_fma@8x1024/w4/early/poll1/elide/rpf")
+    assert (q.early, q.poll1, q.elide, q.rpf) == (True,) * 4 and Variant.parse(str(q)) == q
     for bad in ("fma/w8/pre", "auto/pre", "small/pre"):     # pre: pipe* GEMVs only
         with pytest.raises(ValueError):
             Variant.parse(bad)
