@@ -79,7 +79,14 @@ def _ld_acquire(ptr):
 @triton.jit
 def _l2_prefetch_line(ptr):
     """prefetch.global.L2 of the line holding ptr (a hint: no result, no ordering)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+    _prefetch_line(ptr, False)
+
+
+@triton.jit
+def _prefetch_line(ptr, L1: tl.constexpr):
+    """prefetch.global.L1 (L1) / .L2 of the line holding ptr."""
+    level: tl.constexpr = "L1" if L1 else "L2"
+    tl.inline_asm_elementwise("prefetch.global." + level + " [$1];\n\tmov.u32 $0, 0;", "=r,l",
                               [ptr.to(tl.int64, bitcast=True)], dtype=tl.int32,
                               is_pure=False, pack=1)
 
@@ -91,15 +98,8 @@ def _l1_prefetch_record(rec, RPF: tl.constexpr):
     invalidates L1: CCTL.IVALL), so its start reads its fields from L1 instead of an L2
     round trip (the table never changes during a launch; a hint: no result)."""
     if RPF:
-        _l1_prefetch_line(rec)
-        _l1_prefetch_line(rec + _STRIDE - 1)
-
-
-@triton.jit
-def _l1_prefetch_line(ptr):
-    tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                              [ptr.to(tl.int64, bitcast=True)], dtype=tl.int32,
-                              is_pure=False, pack=1)
+        _prefetch_line(rec, True)
+        _prefetch_line(rec + _STRIDE - 1, True)
 
 
 @triton.jit
