@@ -71,8 +71,10 @@ SKIP_STOPPED = False
 # three key splits per attention instruction since session 9 (calls 19-20: 0.908-0.909 vs
 # 0.929-0.934 ms for a2 in the same runs, with the fitted fill constants; a4 0.952); a
 # program's repeated waits elided and the GEMV blocks' bias / residual loaded at their first
-# step since session 27 (call 3: 0.8699-0.8733 ms vs 0.8890-0.8962 without, same process)
-BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early"
+# step since session 27 (call 3: 0.8699-0.8733 ms vs 0.8890-0.8962 without, same process),
+# its waits polled by one thread per program (call 6: 0.8668-0.8682 vs 0.8754-0.8795 ms;
+# the hybrid kernel lost with it: Qwen 1.010-1.014 vs 0.962 ms)
+BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1"
 # the hybrid kernel's (Qwen 3.5, Gemma 4) best b=1 build on the H200 (docs/benchmarks.md
 # session 25: Qwen 3.5 0.8B 0.961 ms, Gemma 4 E2B 3.207 ms - still slower than the fused
 # graph's 0.83 / 2.04 ms, so "auto" keeps them off; the variants it beat:
