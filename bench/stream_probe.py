@@ -36,6 +36,16 @@ from photon_core.ops._triton import tl, triton  # noqa: E402
 
 
 @triton.jit
+def _body(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, K: tl.constexpr, BN: tl.constexpr,
+          BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr):
+    """kernel._gemv_pipe over rows [n0, n1) as a plain GEMV: no waits (both -1), no
+    LayerNorm (field 19 = -1), no trace / record prefetch / early epilogue operands."""
+    _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, 0, 0, 0, 0, y_ptr, x_ptr, y_ptr, 0,
+               0.0, -1, 0, -1, 0, 0, 0, 0, -1, 1, K, 0, 16 if DOT else 1, BN, BK, DOT,
+               STAGES, False, K, 16, False, 0, False, 0, y_ptr, False, w_ptr, False, False)
+
+
+@triton.jit
 def _probe(w_ptr, x_ptr, bias_ptr, y_ptr, rows_per_prog, rows_per_instr, n_instr_total,
            K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
            STAGES: tl.constexpr, MODE: tl.constexpr):
@@ -45,17 +55,15 @@ def _probe(w_ptr, x_ptr, bias_ptr, y_ptr, rows_per_prog, rows_per_instr, n_instr
     pid = tl.program_id(0)
     if MODE == 2:
         n0 = pid * rows_per_instr
-        _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n0 + rows_per_instr, 0, 0, 0, 0,
-                   1, K, 0, 16 if DOT else 1, BN, BK, DOT, STAGES)
+        _body(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n0 + rows_per_instr, K, BN, BK, DOT, STAGES)
     elif MODE == 1:
         n0 = pid * rows_per_prog
-        _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n0 + rows_per_prog, 0, 0, 0, 0,
-                   1, K, 0, 16 if DOT else 1, BN, BK, DOT, STAGES)
+        _body(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n0 + rows_per_prog, K, BN, BK, DOT, STAGES)
     else:
         r0 = pid * rows_per_prog
         for i in range(0, rows_per_prog, rows_per_instr):
-            _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, r0 + i, r0 + i + rows_per_instr, 0, 0,
-                       0, 0, 1, K, 0, 16 if DOT else 1, BN, BK, DOT, STAGES)
+            _body(x_ptr, w_ptr, bias_ptr, y_ptr, r0 + i, r0 + i + rows_per_instr, K, BN, BK,
+                  DOT, STAGES)
 
 
 MODES = {"instr": 0, "flat": 1, "grid": 2}
