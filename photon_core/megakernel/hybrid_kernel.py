@@ -107,10 +107,10 @@ def _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, R:
 def _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
                  B: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SLEEP: tl.constexpr,
                  ACQ: tl.constexpr, IN_PIPE: tl.constexpr, npf, RPF: tl.constexpr):
-    """A GEMV instruction's waits (RPF: then the next record into L1, kernel.py's), then (P7 = 1) the norm of its input rows into this
-    program's scratch wb + a_off (P4 the source, P5 the weight; P6: bit 0 the source is the
-    fp32 x, bit 1 a plain RMSNorm, else zero-centred (1 + w)). IN_PIPE (CUDA): the CTA
-    barrier after the norm as inline PTX (kernel._cta_sync) - Triton's pipeliner skips a loop
+    """A GEMV instruction's waits (RPF: then the next record into L1, kernel.py's), then
+    (P7 = 1) the norm of its input rows into this program's scratch wb + a_off (P4 the
+    source, P5 the weight; P6: bit 0 the source is the fp32 x, bit 1 a plain RMSNorm, else
+    zero-centred (1 + w)). IN_PIPE (CUDA): the CTA barrier after the norm as inline PTX (kernel._cta_sync) - Triton's pipeliner skips a loop
     that holds a gpu.barrier (kernel._wait_ln)."""
     _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
     _l1_prefetch_record(npf, RPF)

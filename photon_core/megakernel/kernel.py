@@ -236,9 +236,10 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     K_FIRST - the same products in the same order, begun while fc1's last rows finish.
     EARLY: a block's bias (and EPI 2's residual rows) loaded at its first step (after the
     instruction's waits) instead of in its epilogue, so the epilogue adds and stores with no
-    L2 round trip on the loop's chain. The residual's columns [n0, n1) are this
-    instruction's alone in its layer (their readers, the layer's LayerNorms, finished before
-    its waits were met): the same values, the same bits."""
+    L2 round trip on the loop's chain. The residual's columns [n0, n1) are written by this
+    instruction alone in its layer, in its epilogue, and hold their final value once its
+    first wait is met (the previous layer's W2 wrote them; acquired through attention -> qkv
+    -> that W2): the same values, the same bits."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
