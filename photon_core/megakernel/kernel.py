@@ -952,8 +952,9 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
-    ns times (start, a GEMV's inputs ready / LayerNorm done / tile done, end), None: no trace; skip: (stopped int32 [rows], active bool [rows]) - every
-    program skips its queue when every active row of the bucket has stopped, None: never)."""
+    ns times (start, a GEMV's inputs ready / LayerNorm done / tile done, end), None: no
+    trace; skip: (stopped int32 [rows], active bool [rows]) - every program skips its queue
+    when every active row of the bucket has stopped, None: never)."""
     off = c.offsets
     stop, act = skip if skip is not None else (c.counters, c.counters)
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
