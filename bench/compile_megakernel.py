@@ -75,7 +75,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     sh, dims = moondream_shape(b, cap)
     kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), v.align, unroll, is_pipe(gemv),
                     v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace, v.split, v.rpf,
-                    v.early, v.poll1)
+                    v.early, v.poll1, v.apipe)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}

@@ -626,7 +626,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
              PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
              SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr, npf,
-             RPF: tl.constexpr):
+             RPF: tl.constexpr, APIPE: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
@@ -636,7 +636,9 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
     to finish merges the splits into out (decode_attention._merge). KV2: the second split's
     keys / values and the rotary cos / sin (they depend on the position only) are loaded
     before the wait too (b=1 instructions hold 2 splits: no load latency between them, one
-    round trip less after the wait; the same sums)."""
+    round trip less after the wait; the same sums). APIPE: the later splits' loop
+    software-pipelined at b=1 too (their k/v through shared memory, STAGES - 1 splits in
+    flight; at b > 1 always): the same sums."""
     kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     pw = tl.minimum(pos, CAP - 1)
@@ -689,7 +691,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
             _attn_split(kt2, vt2, q, k_new, v_new, sc_new, s0 + 1, pw, scale, m_ptr, l_ptr,
                         acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
         s_loop = s0 + 2
-    for sp in tl.range(s_loop, s1, num_stages=STAGES if B > 1 else 1):
+    for sp in tl.range(s_loop, s1, num_stages=STAGES if (B > 1 or APIPE) else 1):
         j = sp * CHUNK + tl.arange(0, CHUNK)
         kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                      mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
@@ -794,7 +796,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
-               EARLY: tl.constexpr = False):
+               EARLY: tl.constexpr = False, APIPE: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -860,7 +862,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ, npf, RPF)
+                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ, npf, RPF, APIPE)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
             _l1_prefetch_record(npf, RPF)
@@ -900,7 +902,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
-               early: bool = False, poll1: bool = False) -> dict:
+               early: bool = False, poll1: bool = False, apipe: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -937,6 +939,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["TRACE"] = bool(trace) and not interpreted()
     kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
     kw["EARLY"] = bool(early) and bool(pipe)        # (_gemv_pipe's)
+    kw["APIPE"] = bool(apipe)                       # (_attn_op's)
     # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
@@ -948,7 +951,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
                 skip=None, rpf: bool = False, early: bool = False,
-                poll1: bool = False) -> tuple[tuple, dict]:
+                poll1: bool = False, apipe: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -963,7 +966,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split, rpf, early, poll1)
+                    pre, trace is not None, split, rpf, early, poll1, apipe)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -980,13 +983,13 @@ def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
            split: bool = False, skip=None, rpf: bool = False, early: bool = False,
-           poll1: bool = False):
+           poll1: bool = False, apipe: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, rpf, early, poll1)
+                           split, skip, rpf, early, poll1, apipe)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

@@ -44,10 +44,11 @@ class Variant:
     into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
     a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
     (early: kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread
-    then a CTA barrier (poll1: kernel._poll_one; the same bits).
+    then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's later key splits
+    software-pipelined at b=1 (apipe: kernel._attn_op APIPE; the same sums).
     Written
     "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/poll1/
-    greedy/noalign"
+    apipe/greedy/noalign"
     (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -72,6 +73,7 @@ class Variant:
     rpf: bool = False
     early: bool = False
     poll1: bool = False
+    apipe: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -100,7 +102,7 @@ class Variant:
                     kw["pre"] = True
                 elif p == "split":
                     kw["split"] = True
-                elif p in ("red", "elide", "rpf", "early", "poll1"):
+                elif p in ("red", "elide", "rpf", "early", "poll1", "apipe"):
                     kw[p] = True
                 elif p == "hoist":
                     pass
@@ -129,6 +131,7 @@ class Variant:
         s += "/rpf" if self.rpf else ""
         s += "/early" if self.early else ""
         s += "/poll1" if self.poll1 else ""
+        s += "/apipe" if self.apipe else ""
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -222,6 +225,7 @@ class MegakernelStep:
             kw.setdefault("rpf", v.rpf)
             kw.setdefault("early", v.early)
             kw.setdefault("poll1", v.poll1)
+            kw.setdefault("apipe", v.apipe)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):

@@ -463,8 +463,8 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     first weight tiles issued before the wait) and `fill` (fc1 rows dealt out around
     attention, two key splits per attention instruction), `elide` (a program's repeated
     waits not polled again), `rpf` (the next record prefetched into L1), `early` (a
-    block's bias and residual loaded at its first step) and `poll1` (one thread polls, then
-    a CTA barrier) give, launch
+    block's bias and residual loaded at its first step), `poll1` (one thread polls, then
+    a CTA barrier) and `apipe` (attention's later splits pipelined) give, launch
     after launch, the same bits as the plain build: each output row is still one instruction's, its
     products added in the same order (tiny model, bf16, 8 launches)."""
     import sys
@@ -478,7 +478,7 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     s0 = T._snapshot(st, fd)
     runs = {}
     for extra in ("", "/pre", "/a2/fill", "/a2/fill/pre", "/a2/fill/pre/elide/rpf",
-                  "/a2/fill/pre/elide/early/poll1"):
+                  "/a2/fill/pre/elide/early/poll1/apipe"):
         T._restore(st, fd, s0)
         mk = MegakernelStep(fd, st, b, variant=f"{gemv}/p2{extra}")
         assert mk.compiled.n_programs > 1
