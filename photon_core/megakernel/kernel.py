@@ -636,9 +636,11 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
     to finish merges the splits into out (decode_attention._merge). KV2: the second split's
     keys / values and the rotary cos / sin (they depend on the position only) are loaded
     before the wait too (b=1 instructions hold 2 splits: no load latency between them, one
-    round trip less after the wait; the same sums). APIPE: the later splits' loop
-    software-pipelined at b=1 too (their k/v through shared memory, STAGES - 1 splits in
-    flight; at b > 1 always): the same sums."""
+    round trip less after the wait; the same sums). APIPE: all the instruction's splits as
+    one software-pipelined loop whose first iteration waits (and makes q / the new k, v):
+    Triton's prologue issues the first STAGES - 1 splits' k/v (cp.async into shared memory)
+    before the poll, and the later ones stream while earlier splits are summed - the same
+    sums in the same order (kernel._gemv_pipe's PRE, for attention)."""
     kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     pw = tl.minimum(pos, CAP - 1)
@@ -652,22 +654,78 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
                           PF)
         _l2_prefetch(kc_ptr + cache_off + kv_lo * S_POS, kv_n, NT)
         _l2_prefetch(vc_ptr + cache_off + kv_lo * S_POS, kv_n, NT)
-    j = s0 * CHUNK + tl.arange(0, CHUNK)
+    if APIPE:       # every split in one pipelined loop; the wait in its first iteration
+        q = tl.zeros([HD], dtype=tl.float32)
+        k_new = tl.zeros([HD], dtype=kc_ptr.dtype.element_ty)
+        v_new = tl.zeros([HD], dtype=qkv_ptr.dtype.element_ty)
+        sc_new = 0.0
+        for sp in tl.range(s0, s1, num_stages=STAGES):
+            kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK, S_POS)
+            if sp == s0:
+                _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+                src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
+                q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h,
+                                                    kvh, pw, s0, s1, d, src_c, src_s, c, s,
+                                                    scale, SU, NH, NKV, HD, CHUNK, S_POS)
+            _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
+                        acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+    else:
+        kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, s0, pw, d, CHUNK, S_POS)
+        if KV2:      # (masked off where the instruction has one split)
+            j2 = (s0 + 1) * CHUNK + tl.arange(0, CHUNK)
+            ok2 = (j2 < pw) & (j2 < s1 * CHUNK)
+            kt2 = tl.load(kc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
+                          mask=ok2[:, None], other=0.0, cache_modifier=".cg")
+            vt2 = tl.load(vc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
+                          mask=ok2[:, None], other=0.0, cache_modifier=".cg")
+            src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
+        _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+        if not KV2:
+            src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
+        q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h, kvh,
+                                            pw, s0, s1, d, src_c, src_s, c, s, scale, SU, NH,
+                                            NKV, HD, CHUNK, S_POS)
+        _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr,
+                    row, h, NH, HD, CHUNK, NSPLIT)
+        s_loop = s0 + 1
+        if KV2:
+            if s0 + 1 < s1:
+                _attn_split(kt2, vt2, q, k_new, v_new, sc_new, s0 + 1, pw, scale, m_ptr,
+                            l_ptr, acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+            s_loop = s0 + 2
+        for sp in tl.range(s_loop, s1, num_stages=STAGES if B > 1 else 1):
+            kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK, S_POS)
+            _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
+                        acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+    tl.debug_barrier()
+    done = n_sub - 1
+    if n_sub > 1:     # release our partials, acquire the others'
+        layer = f16.to(tl.int32)
+        done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
+                             sem="acq_rel", scope="gpu")
+    if done == n_sub - 1:
+        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2)
+    _l1_prefetch_record(npf, RPF)     # (after the merge counter's acquire)
+
+
+@triton.jit
+def _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK: tl.constexpr, S_POS: tl.constexpr):
+    """Split sp's cached keys / values below the position pw (the rest masked to 0)."""
+    j = sp * CHUNK + tl.arange(0, CHUNK)
     kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                  mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
     vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
                  mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
-    if KV2:      # (masked off where the instruction has one split)
-        j2 = (s0 + 1) * CHUNK + tl.arange(0, CHUNK)
-        ok2 = (j2 < pw) & (j2 < s1 * CHUNK)
-        kt2 = tl.load(kc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
-                      mask=ok2[:, None], other=0.0, cache_modifier=".cg")
-        vt2 = tl.load(vc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
-                      mask=ok2[:, None], other=0.0, cache_modifier=".cg")
-        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
-    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-    if not KV2:
-        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
+    return kt, vt
+
+
+@triton.jit
+def _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h, kvh, pw, s0, s1, d, src_c, src_s,
+              c, s, scale, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+              HD: tl.constexpr, CHUNK: tl.constexpr, S_POS: tl.constexpr):
+    """After the wait: the row's rotated q and new k (rounded to the cache dtype), its v;
+    the new k/v written at pw by the instruction whose splits hold it (one per k/v head);
+    the new key's score. Returns q (fp32), k_new, v_new, sc_new."""
     base = qkv_ptr + row * SU
     q_off = h * HD
     k_off = NH * HD + kvh * HD
@@ -683,31 +741,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
         tl.store(kc_ptr + cache_off + pw * S_POS + d, k_new)
         tl.store(vc_ptr + cache_off + pw * S_POS + d, v_new.to(vc_ptr.dtype.element_ty))
     sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
-    _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr, row,
-                h, NH, HD, CHUNK, NSPLIT)
-    s_loop = s0 + 1
-    if KV2:
-        if s0 + 1 < s1:
-            _attn_split(kt2, vt2, q, k_new, v_new, sc_new, s0 + 1, pw, scale, m_ptr, l_ptr,
-                        acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
-        s_loop = s0 + 2
-    for sp in tl.range(s_loop, s1, num_stages=STAGES if (B > 1 or APIPE) else 1):
-        j = sp * CHUNK + tl.arange(0, CHUNK)
-        kt = tl.load(kc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
-                     mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
-        vt = tl.load(vc_ptr + cache_off + j[:, None] * S_POS + d[None, :],
-                     mask=(j < pw)[:, None], other=0.0, cache_modifier=".cg")
-        _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, acc_ptr,
-                    row, h, NH, HD, CHUNK, NSPLIT)
-    tl.debug_barrier()
-    done = n_sub - 1
-    if n_sub > 1:     # release our partials, acquire the others'
-        layer = f16.to(tl.int32)
-        done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
-                             sem="acq_rel", scope="gpu")
-    if done == n_sub - 1:
-        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2)
-    _l1_prefetch_record(npf, RPF)     # (after the merge counter's acquire)
+    return q, k_new, v_new, sc_new
 
 
 @triton.jit

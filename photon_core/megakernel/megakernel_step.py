@@ -44,8 +44,9 @@ class Variant:
     into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
     a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
     (early: kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread
-    then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's later key splits
-    software-pipelined at b=1 (apipe: kernel._attn_op APIPE; the same sums).
+    then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's splits as one
+    pipelined loop that waits in its first iteration (apipe: kernel._attn_op APIPE; the same
+    sums).
     Written
     "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/poll1/
     apipe/greedy/noalign"
