@@ -105,6 +105,7 @@ class Collector:
         self.executor.add_node(self.node)
         self.lock = threading.Lock()
         self.got: dict[str, list] = {}
+        self.subs: dict = {}
         self._thread = threading.Thread(target=self.executor.spin, daemon=True)
         self._thread.start()
 
@@ -114,8 +115,13 @@ class Collector:
         def cb(msg, key=key):
             with self.lock:
                 self.got.setdefault(key, []).append(msg)
-        self.node.create_subscription(msg_type, topic, cb, qos)
+        self.subs[key] = self.node.create_subscription(msg_type, topic, cb, qos)
         return key
+
+    def matched(self, *keys: str) -> bool:
+        """Every listed subscription matched to at least one publisher (DDS discovery done:
+        a reliable, volatile subscription gets only what is published after it matched)."""
+        return all(self.subs[k].get_publisher_count() >= 1 for k in keys)
 
     def msgs(self, key: str) -> list:
         with self.lock:

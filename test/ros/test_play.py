@@ -78,6 +78,10 @@ def test_play_to_node_over_dds(tmp_path_factory):
         col.listen(Answer, "/front/answer")
         col.listen(Clock, "/clock")
         col.listen(DiagnosticArray, "/diagnostics")
+        # the results are counted against the node's own count below: the collector must have
+        # matched the node's result publishers before the first frame is played
+        assert wait_for(lambda: col.matched("/front/detections", "/front/answer"),
+                        timeout=90), "the node's result publishers were not discovered"
         # play waits for the node's camera subscription (it appears once the model is loaded)
         stats = {}
         th = threading.Thread(target=lambda: stats.update(play(bag, wait_subscribers=90)))
