@@ -326,10 +326,7 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
         row[f"mk_{gk}_gemv_cfg"] = str(mks[gk].low.gemv_cfg)
     mk = mks[gk]
     c.fd.pdl = False
-    kw = dict(num_warps=v.warps, num_stages=v.stages, unroll=v.unroll or mk.unroll,
-              pf=v.pf, pfn=v.pfn, align=v.align, sleep=v.sleep, kv2=v.kv2, pre=v.pre,
-              split=v.split, rpf=v.rpf, early=v.early,
-              poll1=v.poll1, apipe=v.apipe)
+    kw = dict(num_warps=v.warps, unroll=v.unroll or mk.unroll, **v.launch_kw())
 
     def mk_step():
         mk.feed()

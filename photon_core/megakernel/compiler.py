@@ -321,21 +321,18 @@ def mark_ln_reuse(queues: list[list[Instr]]) -> None:
                 last = key
 
 
-def elide_waits(queues: list[list[Instr]]) -> int:
+def elide_waits(queues: list[list[Instr]]) -> None:
     """Each instruction polls only the waits its program has not made yet (Instr.polled):
     counters only grow during a launch, and a program's earlier acquire of counter c at >= t
     orders everything after it in its queue, so a later wait for c at <= t is met and
     ordered already (e.g. a GEMV reusing its program's LayerNorm waits as the one that
-    computed it: one acquire round trip less). Returns the waits dropped."""
-    dropped = 0
+    computed it: one acquire round trip less)."""
     for q in queues:
         seen: dict[int, int] = {}
         for ins in q:
             ins.polled = tuple((c, t) for c, t in ins.waits if seen.get(c, -1) < t)
-            dropped += len(ins.waits) - len(ins.polled)
             for c, t in ins.waits:
                 seen[c] = max(seen.get(c, 0), t)
-    return dropped
 
 
 def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,

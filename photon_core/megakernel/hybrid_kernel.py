@@ -37,7 +37,7 @@ from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import OP_HGEMV
 from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _cta_sync, _globaltimer,
-                     _l1_prefetch_record, _l2_prefetch, _l2_prefetch_line, _waits,
+                     _l1_prefetch_record, _l2_prefetch, _prefetch_record, _waits,
                      finish_launch, grid_options, interpreted, read_record)
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
@@ -433,8 +433,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
         npf = rec + tl.where(i + 1 < q1, _STRIDE, 0)
         if RPF:
             if i + 2 < q1:
-                _l2_prefetch_line(rec + 2 * _STRIDE)
-                _l2_prefetch_line(rec + 2 * _STRIDE + _STRIDE - 1)
+                _prefetch_record(rec + 2 * _STRIDE, False)
         if PF > 0:          # a GEMV's first PF weight bytes into L2 before its wait (the
             if op == 6:      # weights never change in a step: their reads overlap the wait)
                 esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8

@@ -77,14 +77,9 @@ def _ld_acquire(ptr):
 
 
 @triton.jit
-def _l2_prefetch_line(ptr):
-    """prefetch.global.L2 of the line holding ptr (a hint: no result, no ordering)."""
-    _prefetch_line(ptr, False)
-
-
-@triton.jit
 def _prefetch_line(ptr, L1: tl.constexpr):
-    """prefetch.global.L1 (L1) / .L2 of the line holding ptr."""
+    """prefetch.global.L1 (L1) / .L2 of the line holding ptr (a hint: no result, no
+    ordering)."""
     level: tl.constexpr = "L1" if L1 else "L2"
     tl.inline_asm_elementwise("prefetch.global." + level + " [$1];\n\tmov.u32 $0, 0;", "=r,l",
                               [ptr.to(tl.int64, bitcast=True)], dtype=tl.int32,
@@ -92,14 +87,20 @@ def _prefetch_line(ptr, L1: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_record(rec, L1: tl.constexpr):
+    """The two cache lines of the (160-byte) record at rec into L1 / L2 (the table never
+    changes during a launch)."""
+    _prefetch_line(rec, L1)
+    _prefetch_line(rec + _STRIDE - 1, L1)
+
+
+@triton.jit
 def _l1_prefetch_record(rec, RPF: tl.constexpr):
-    """RPF: prefetch.global.L1 of the two cache lines of the (160-byte) record at rec: the
-    next instruction's, once the current one's last acquire is done (an acquire load
-    invalidates L1: CCTL.IVALL), so its start reads its fields from L1 instead of an L2
-    round trip (the table never changes during a launch; a hint: no result)."""
+    """RPF: the next instruction's record (rec) into L1, once the current one's last
+    acquire is done (an acquire load invalidates L1: CCTL.IVALL), so its start reads its
+    fields from L1 instead of an L2 round trip."""
     if RPF:
-        _prefetch_line(rec, True)
-        _prefetch_line(rec + _STRIDE - 1, True)
+        _prefetch_record(rec, True)
 
 
 @triton.jit
@@ -851,8 +852,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         # record two ahead goes to L2 now)
         if ACQ:
             if i + 2 < q1:
-                _l2_prefetch_line(rec + 2 * _STRIDE)
-                _l2_prefetch_line(rec + 2 * _STRIDE + _STRIDE - 1)
+                _prefetch_record(rec + 2 * _STRIDE, False)
         # (RPF: the next record into L1 once this instruction's acquires are done; the
         # last instruction of a queue prefetches its own again)
         npf = rec + tl.where(i + 1 < q1, _STRIDE, 0)

@@ -75,6 +75,8 @@ class Variant:
     early: bool = False
     poll1: bool = False
     apipe: bool = False
+    # the on / off parts of a variant string, in the order str() writes them
+    FLAGS = ("kv2", "fill", "pre", "split", "red", "elide", "rpf", "early", "poll1", "apipe")
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -95,15 +97,7 @@ class Variant:
                     kw["align"] = False
                 elif p == "greedy":
                     kw["spread"] = False
-                elif p == "kv2":
-                    kw["kv2"] = True
-                elif p == "fill":
-                    kw["fill"] = True
-                elif p == "pre":
-                    kw["pre"] = True
-                elif p == "split":
-                    kw["split"] = True
-                elif p in ("red", "elide", "rpf", "early", "poll1", "apipe"):
+                elif p in cls.FLAGS:
                     kw[p] = True
                 elif p == "hoist":
                     pass
@@ -115,6 +109,13 @@ class Variant:
             raise ValueError(f"megakernel variant {spec!r}: split needs pre")
         return cls(**kw)
 
+    def launch_kw(self) -> dict:
+        """kernel.launch's keywords this variant sets (warps and unroll aside: MegakernelStep
+        resolves those)."""
+        return dict(num_stages=self.stages, pf=self.pf, pfn=self.pfn, align=self.align,
+                    sleep=self.sleep, kv2=self.kv2, pre=self.pre, split=self.split,
+                    rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe)
+
     def __str__(self) -> str:
         s = f"{self.gemv}/w{self.warps}/s{self.stages}"
         s += f"/u{self.unroll}" if self.unroll else ""
@@ -123,16 +124,7 @@ class Variant:
         s += f"/sl{self.sleep}" if self.sleep else ""
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
-        s += "/kv2" if self.kv2 else ""
-        s += "/fill" if self.fill else ""
-        s += "/pre" if self.pre else ""
-        s += "/split" if self.split else ""
-        s += "/red" if self.red else ""
-        s += "/elide" if self.elide else ""
-        s += "/rpf" if self.rpf else ""
-        s += "/early" if self.early else ""
-        s += "/poll1" if self.poll1 else ""
-        s += "/apipe" if self.apipe else ""
+        s += "".join(f"/{f}" for f in self.FLAGS if getattr(self, f))
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
@@ -215,18 +207,8 @@ class MegakernelStep:
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant
         if v != Variant():
-            kw.setdefault("num_stages", v.stages)
-            kw.setdefault("pf", v.pf)
-            kw.setdefault("pfn", v.pfn)
-            kw.setdefault("align", v.align)
-            kw.setdefault("sleep", v.sleep)
-            kw.setdefault("kv2", v.kv2)
-            kw.setdefault("pre", v.pre)
-            kw.setdefault("split", v.split)
-            kw.setdefault("rpf", v.rpf)
-            kw.setdefault("early", v.early)
-            kw.setdefault("poll1", v.poll1)
-            kw.setdefault("apipe", v.apipe)
+            for k, x in v.launch_kw().items():
+                kw.setdefault(k, x)
         return launch(self.compiled, self.low, **kw)
 
     def run_vm(self):
