@@ -66,6 +66,7 @@ def moondream_shape(b: int, cap: int, chunk: int = 128) -> tuple[dict, dict]:
 def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: bool = False):
     """variant: megakernel_step.Variant or its string; trace: the build with instruction
     timestamps (bench/trace_megakernel.py); returns (seconds, kernel, constexprs)."""
+    from photon_core.megakernel.instructions import OP_GEMV_LM
     from photon_core.megakernel.kernel import constexprs, megakernel
     from photon_core.megakernel.lowering import gemv_configs, is_pipe
     from photon_core.megakernel.megakernel_step import Variant
@@ -73,9 +74,13 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     gemv = v.gemv if v.gemv != "auto" else ("fma" if b == 1 else "small")
     unroll = v.unroll or (4 if b == 1 else 2)
     sh, dims = moondream_shape(b, cap)
-    kw = constexprs(sh, gemv_configs(b, **dims, gemv=gemv), v.align, unroll, is_pipe(gemv),
+    cfg = gemv_configs(b, **dims, gemv=gemv)
+    # the lm op's instructions on the H200's 264 programs (compiler.split_ops' cut)
+    blocks = math.ceil(sh["V"] / cfg[OP_GEMV_LM].block_n)
+    lm_parts = math.ceil(blocks / math.ceil(blocks / 264))
+    kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv),
                     v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace, v.split, v.rpf,
-                    v.early, v.poll1, v.apipe)
+                    v.early, v.poll1, v.apipe, v.parg, lm_parts)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}

@@ -385,6 +385,11 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         return v
 
     d = shape["D"]
+    # the lm instructions' slots for their partial greedy picks (kernel PARG), in row order
+    lm_slot = {id(i): k for k, i in enumerate(
+        sorted((i for i in ordered if i.op == OP_GEMV_LM), key=lambda i: i.tile))}
+    parts = "argp_v" in buffers and "argp_i" in buffers
+    assert not parts or len(lm_slot) * b <= buffers["argp_v"].numel()
     rows = []
     for ins in ordered:
         r = [0] * N_FIELDS
@@ -403,6 +408,10 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                 r[F_P4], r[F_P5], r[F_P6] = (off(a["ln_inp"]), off(a["ln_gamma"]),
                                              off(a["ln_beta"]))
                 r[F_P7] = -1 if ins.ln_reuse else ins.params["ln_in_f32"]
+            if ins.op == OP_GEMV_LM and parts:     # its slot, the column the pick leaves out
+                r[F_P0] = shape["ANSWER_ID"]
+                r[F_P2] = offsets["argp_v"] + lm_slot[id(ins)] * b
+                r[F_P3] = offsets["argp_i"] + lm_slot[id(ins)] * b
         elif ins.op == OP_ATTN:
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))
@@ -476,6 +485,9 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_A], r[F_Y] = off(a["logits"]), off(a["out"])
             r[F_P0], r[F_P1], r[F_P2] = (off(a["phase"]), off(a["first"]),
                                          ins.params["mask_col"])
+            if parts:        # the lm instructions' partial picks: slots 0 .. P3 - 1
+                r[F_W], r[F_B] = offsets["argp_v"], offsets["argp_i"]
+                r[F_P3] = len(lm_slot)
         else:
             raise ValueError(ins.op)
         (r[F_WAIT0], r[F_TGT0]), (r[F_WAIT1], r[F_TGT1]) = (

@@ -40,6 +40,7 @@ import triton.language as tl
 
 from ..ops.decode_attention import _merge, rotary_sources
 from .compiler import CNT_STRIDE
+from .instructions import OP_GEMV_LM
 
 _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
 
@@ -217,7 +218,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
                ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
                K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr,
-               EARLY: tl.constexpr):
+               EARLY: tl.constexpr, ap_v=None, ap_i=None, mask_col=-1,
+               ARGP: tl.constexpr = False):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -240,7 +242,11 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     L2 round trip on the loop's chain. The residual's columns [n0, n1) are written by this
     instruction alone in its layer, in its epilogue, and hold their final value once its
     first wait is met (the previous layer's W2 wrote them; acquired through attention -> qkv
-    -> that W2): the same values, the same bits."""
+    -> that W2): the same values, the same bits.
+    ARGP (EPI 0, the lm head): each block's stored logits (rounded to the output dtype, as
+    stored) also feed a running greedy pick per row (_argp_update: the first column of the
+    instruction's largest value, column mask_col left out), stored at the end to ap_v /
+    ap_i (the row's value / column, B apart per instruction slot) for _argmax_parts."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -258,6 +264,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                      cache_modifier=".cg")
     eb = tl.zeros([BN], dtype=tl.float32)           # EARLY: the block's bias, residual
     er = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
+    best = tl.full([BLOCK_B], float("-inf"), tl.float32)    # ARGP: the running pick
+    best_i = tl.zeros([BLOCK_B], dtype=tl.int64)
     for s in tl.range(0, n_steps, num_stages=STAGES):
         blk = s // KT
         kk = (s - blk * KT) * BK
@@ -294,13 +302,57 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         xk = xn
         if kk == K - BK:
             if DOT:
-                _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
-                          n_split, gap, EPI, EARLY, eb, er)
+                out = _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
+                                n_split, gap, EPI, EARLY, eb, er)
                 acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
             else:
-                _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, n_ok,
-                          bias_ptr, y_ptr, stride_y, n_split, gap, EPI, EARLY, eb, er)
+                out = _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, n_ok,
+                                bias_ptr, y_ptr, stride_y, n_split, gap, EPI, EARLY, eb, er)
                 acc = tl.zeros([BN, BK], dtype=tl.float32)
+            if ARGP:
+                best, best_i = _argp_update(out, b_ok, offs_n, n_ok, n0 + blk * BN,
+                                            mask_col, best, best_i)
+    if ARGP:
+        tl.store(ap_v + offs_b, best, mask=b_ok)
+        tl.store(ap_i + offs_b, best_i, mask=b_ok)
+
+
+@triton.jit
+def _argp_update(v, b_ok, offs_n, n_ok, nb, mask_col, best, best_i):
+    """One block's values v [BLOCK_B, BN] (columns offs_n from nb) into the running pick
+    (best, best_i) [BLOCK_B]: its first largest value in columns other than mask_col, taken
+    only where strictly larger (the blocks come in column order: ties keep the first)."""
+    keep = b_ok[:, None] & n_ok[None, :] & (offs_n[None, :] != mask_col)
+    v = tl.where(keep, v, float("-inf"))
+    m = tl.max(v, axis=1)
+    j = tl.argmax(v, axis=1, tie_break_left=True).to(tl.int64) + nb
+    better = m > best
+    return tl.where(better, m, best), tl.where(better, j, best_i)
+
+
+@triton.jit
+def _argmax_parts(pv_ptr, pi_ptr, x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row, n_parts,
+                  B: tl.constexpr, LS: tl.constexpr, OUT_COL: tl.constexpr,
+                  NP_BLOCK: tl.constexpr):
+    """_argmax_row's pick from the lm instructions' partial picks (_argp_update; slot s of
+    row r at s * B + r, slots in column order): the first slot holding the largest value,
+    then column mask_col (which the partials leave out) unless the answer-marker rule drops
+    it - taken where larger, or equal and before the slot's column: the first column of the
+    largest value, as _argmax_row finds it."""
+    offs = tl.arange(0, NP_BLOCK)
+    ok = offs < n_parts
+    v = tl.load(pv_ptr + offs * B + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    idx = tl.load(pi_ptr + offs * B + row, mask=ok, other=0, cache_modifier=".cg")
+    m = tl.max(v, axis=0)
+    j = tl.argmax(v, axis=0, tie_break_left=True)
+    best_i = tl.sum(tl.where(offs == j, idx, 0), axis=0)
+    drop = (tl.load(phase_ptr + row, cache_modifier=".cg") == 0) & \
+        (tl.load(first_ptr + row, cache_modifier=".cg") == 0)
+    if mask_col >= 0:
+        vm = tl.load(x_ptr + row * LS + mask_col, cache_modifier=".cg").to(tl.float32)
+        take = (~drop) & ((vm > m) | ((vm == m) & (mask_col < best_i)))
+        best_i = tl.where(take, mask_col, best_i)
+    tl.store(out_ptr + row * 4 + OUT_COL, best_i)
 
 
 @triton.jit
@@ -411,7 +463,8 @@ def _epilogue_operands(offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
 def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap,
               EPI: tl.constexpr, EARLY: tl.constexpr = False, eb=None, er=None):
     """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI). EARLY: the bias
-    and EPI 2's residual rows are eb / er, loaded at the block's start (_epilogue_operands)."""
+    and EPI 2's residual rows are eb / er, loaded at the block's start (_epilogue_operands).
+    Returns the stored values in fp32 (EPI 2: acc + bias, what was added)."""
     mask = b_ok[:, None] & n_ok[None, :]
     if EARLY:
         bias = eb
@@ -425,6 +478,7 @@ def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_spli
         else:
             tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
                      mask=mask)
+        ret = acc
     else:
         col = offs_n[None, :]
         val = acc
@@ -435,8 +489,10 @@ def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_spli
             hi = col >= n_split
             val = tl.where(hi, g, t)
             col = col + tl.where(hi, gap, 0)
-        tl.store(y_ptr + offs_b[:, None] * stride_y + col,
-                 val.to(y_ptr.dtype.element_ty), mask=mask)
+        stored = val.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + offs_b[:, None] * stride_y + col, stored, mask=mask)
+        ret = stored.to(tl.float32)
+    return ret
 
 
 @triton.jit
@@ -522,13 +578,16 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
              PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
-             RPF: tl.constexpr, EARLY: tl.constexpr):
+             RPF: tl.constexpr, EARLY: tl.constexpr, ap_v=None, ap_i=None, mask_col=-1,
+             ARGP: tl.constexpr = False):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
     _gemv_pipe; else b=1 FMA: _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
     waits inside its first step, after the pipeliner has issued the first weight tiles.
     Fields 11..19 come as wi0..f19 (read with the others at the instruction's start).
+    ARGP (PIPE, the lm head): the instruction's partial greedy pick to ap_v / ap_i
+    (_gemv_pipe).
     TRACE: inputs ready, LayerNorm done (_wait_ln) and the tile's last epilogue done into
     tr_ptr[1..3] (the instruction's trace row)."""
     if PF > 0:
@@ -551,7 +610,8 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY)
+                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY, ap_v, ap_i, mask_col,
+                   ARGP)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -831,7 +891,8 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
-               EARLY: tl.constexpr = False, APIPE: tl.constexpr = False):
+               EARLY: tl.constexpr = False, APIPE: tl.constexpr = False,
+               PARG: tl.constexpr = False, NP_BLOCK: tl.constexpr = 1):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -884,12 +945,13 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
                          W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
                          tr, TRACE, npf, RPF, EARLY)
-            elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
+            elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused; PARG: its partial
+                #              greedy pick to slots p2 (fp32) / p3 (int64), column p0 left out)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
                          LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0,
-                         tr, TRACE, npf, RPF, EARLY)
+                         tr, TRACE, npf, RPF, EARLY, fb + p2, ib + p3, p0, PARG)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -903,6 +965,9 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
             if op == 4:    # OP_ADVANCE
                 _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                              ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
+            elif PARG:     # OP_ARGMAX from the lm instructions' p3 partial picks
+                _argmax_parts(fb + w_off, ib + b_off, wb + a_off, ib + y_off, ib + p0,
+                              ub + p1, p2, n0, p3, B, LS, OUT_COL, NP_BLOCK)
             else:          # OP_ARGMAX
                 _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS,
                             OUT_COL, ARG_BLOCK)
@@ -936,7 +1001,8 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
                sleep: int = 0, kv2: bool = False, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
-               early: bool = False, poll1: bool = False, apipe: bool = False) -> dict:
+               early: bool = False, poll1: bool = False, apipe: bool = False,
+               parg: bool = False, lm_parts: int = 0) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -974,6 +1040,10 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
     kw["EARLY"] = bool(early) and bool(pipe)        # (_gemv_pipe's)
     kw["APIPE"] = bool(apipe)                       # (_attn_op's)
+    # the greedy pick from the lm instructions' partial picks (_gemv_pipe's: pipe only)
+    # (lm_parts: the lm op's instructions, each a slot of partial picks)
+    kw["PARG"] = bool(parg) and bool(pipe) and lm_parts > 0
+    kw["NP_BLOCK"] = triton.next_power_of_2(max(1, lm_parts))
     # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
@@ -985,7 +1055,8 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
                 pre: bool = False, trace=None, split: bool = False,
                 skip=None, rpf: bool = False, early: bool = False,
-                poll1: bool = False, apipe: bool = False) -> tuple[tuple, dict]:
+                poll1: bool = False, apipe: bool = False,
+                parg: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -1000,7 +1071,8 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
-                    pre, trace is not None, split, rpf, early, poll1, apipe)
+                    pre, trace is not None, split, rpf, early, poll1, apipe, parg,
+                    sum(1 for i in c.instrs if i.op == OP_GEMV_LM))
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -1017,13 +1089,13 @@ def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
            split: bool = False, skip=None, rpf: bool = False, early: bool = False,
-           poll1: bool = False, apipe: bool = False):
+           poll1: bool = False, apipe: bool = False, parg: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, rpf, early, poll1, apipe)
+                           split, skip, rpf, early, poll1, apipe, parg)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

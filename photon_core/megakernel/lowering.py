@@ -150,8 +150,13 @@ class ProgramLowering:
         self.answer_col = head.col
         # per program: the LayerNorm output of the bucket's rows, the fused GEMVs' input
         self.hs = torch.zeros(n_sm * b * p.dim, device=fd.x.device, dtype=h.dtype)
+        # the lm instructions' partial greedy picks (kernel PARG): at most one instruction
+        # per program (compiler.split_ops), b rows each
+        self.argp_v = torch.zeros(n_sm * b, device=fd.x.device, dtype=torch.float32)
+        self.argp_i = torch.zeros(n_sm * b, device=fd.x.device, dtype=torch.int64)
         bufs: dict[str, torch.Tensor] = {
             "x": fd.x, "hs": self.hs, "u": u, "logits": logits,
+            "argp_v": self.argp_v, "argp_i": self.argp_i,
             "cos": fd.cos, "sin": fd.sin,
             "sc_m": self.scratch.m, "sc_l": self.scratch.l, "sc_acc": self.scratch.acc,
             "post_ln_w": w[post_ln + ".weight"], "post_ln_b": w[post_ln + ".bias"],

@@ -46,10 +46,11 @@ class Variant:
     (early: kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread
     then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's splits as one
     pipelined loop that waits in its first iteration (apipe: kernel._attn_op APIPE; the same
-    sums).
+    sums), the greedy pick from the lm instructions' partial picks (parg, pipe* GEMVs:
+    kernel._argp_update / _argmax_parts; the same token).
     Written
     "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/poll1/
-    apipe/greedy/noalign"
+    apipe/parg/greedy/noalign"
     (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -75,8 +76,10 @@ class Variant:
     early: bool = False
     poll1: bool = False
     apipe: bool = False
+    parg: bool = False
     # the on / off parts of a variant string, in the order str() writes them
-    FLAGS = ("kv2", "fill", "pre", "split", "red", "elide", "rpf", "early", "poll1", "apipe")
+    FLAGS = ("kv2", "fill", "pre", "split", "red", "elide", "rpf", "early", "poll1", "apipe",
+             "parg")
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -114,7 +117,8 @@ class Variant:
         resolves those)."""
         return dict(num_stages=self.stages, pf=self.pf, pfn=self.pfn, align=self.align,
                     sleep=self.sleep, kv2=self.kv2, pre=self.pre, split=self.split,
-                    rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe)
+                    rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe,
+                    parg=self.parg)
 
     def __str__(self) -> str:
         s = f"{self.gemv}/w{self.warps}/s{self.stages}"

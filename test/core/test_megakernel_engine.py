@@ -464,7 +464,8 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     attention, two key splits per attention instruction), `elide` (a program's repeated
     waits not polled again), `rpf` (the next record prefetched into L1), `early` (a
     block's bias and residual loaded at its first step), `poll1` (one thread polls, then
-    a CTA barrier) and `apipe` (attention's later splits pipelined) give, launch
+    a CTA barrier), `apipe` (attention's later splits pipelined) and `parg` (the greedy
+    pick from the lm instructions' partial picks: many slots here) give, launch
     after launch, the same bits as the plain build: each output row is still one instruction's, its
     products added in the same order (tiny model, bf16, 8 launches)."""
     import sys
@@ -478,7 +479,7 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     s0 = T._snapshot(st, fd)
     runs = {}
     for extra in ("", "/pre", "/a2/fill", "/a2/fill/pre", "/a2/fill/pre/elide/rpf",
-                  "/a2/fill/pre/elide/early/poll1/apipe"):
+                  "/a2/fill/pre/elide/early/poll1/apipe", "/a2/fill/pre/elide/early/poll1/parg"):
         T._restore(st, fd, s0)
         mk = MegakernelStep(fd, st, b, variant=f"{gemv}/p2{extra}")
         assert mk.compiled.n_programs > 1
