@@ -121,6 +121,32 @@ def analyze(compiled, starts, ends, shape, elsize) -> dict:
             "_work": work, "_stall": stall}
 
 
+def layer_timeline(compiled, starts, ends) -> dict:
+    """Kernel.py's layer ops (w1qkv / attn / w1fc1 / w2) in us after the previous layer's
+    last W2 end, means over the layers but the first and last: first start, median / 90th
+    percentile / last end - where a layer's critical path goes."""
+    ops: dict[str, list[int]] = {}
+    for i, x in enumerate(compiled.instrs):
+        ops.setdefault(x.op_name, []).append(i)
+    layers = sorted(int(n.split(".")[1]) for n in ops if n.startswith("w2."))
+    rows: dict[str, dict[str, list]] = {}
+    for L in layers[1:-1]:
+        t0 = max(ends[i] for i in ops[f"w2.{L - 1}"])
+        for kind in ("w1qkv", "attn", "w1fc1", "w2"):
+            idx = ops.get(f"{kind}.{L}")
+            if not idx:
+                continue
+            e = sorted(ends[i] - t0 for i in idx)
+            r = rows.setdefault(kind, {"first_start": [], "median_end": [], "p90_end": [],
+                                       "last_end": []})
+            r["first_start"].append(min(starts[i] for i in idx) - t0)
+            r["median_end"].append(e[len(e) // 2])
+            r["p90_end"].append(e[int(0.9 * (len(e) - 1))])
+            r["last_end"].append(e[-1])
+    return {k: {m: round(statistics.fmean(v) / 1e3, 2) for m, v in r.items()}
+            for k, r in rows.items()}
+
+
 def median_trace(run, n_instr: int, launches: int, device, sync, cols: int = 2):
     """(each instruction's median trace row - ns: (start, end) for the hybrid kernel, kernel.py's
     (start, inputs ready, LayerNorm done, tile done, end) with cols=5 - over `launches`
@@ -310,6 +336,12 @@ def main():
         a = analyze(mk.compiled, t[:, 0].tolist(), t[:, 4].tolist(), mk.low.shape, elsize)
         r["trace"] = {k: x for k, x in a.items() if not k.startswith("_")}
         r["gemv_phases_us"] = gemv_phases(mk.compiled, t, a["_stall"])
+        if not mk.hybrid:
+            r["layer_timeline_us"] = layer_timeline(mk.compiled, t[:, 0].tolist(),
+                                                    t[:, 4].tolist())
+            for k, x in r["layer_timeline_us"].items():
+                print(f"[{tag}]   layer {k}: " + ", ".join(f"{m} {v}" for m, v in x.items()),
+                      flush=True)
         print(f"[{tag}] graph {r['graph_ms']:.4f} ms, launch {r['untraced_launch_ms']:.4f} "
               f"(traced {r['traced_launch_ms']:.4f}), tokens {r['greedy']['tokens_equal']}/"
               f"{r['greedy']['tokens_total']}; traced makespan {a['makespan_us']:.1f} us "
