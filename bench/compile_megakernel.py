@@ -149,8 +149,11 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
     from photon_core.megakernel.megakernel_step import Variant
     v = Variant.parse(variant)
     shape = qwen3_5_shape if family == "qwen3.5" else gemma4_shape
-    kw = constexprs(shape(b, cap, v.gemv), pf=v.pf, num_warps=v.warps, stages=v.stages,
-                    pre=v.pre, red=v.red, rpf=v.rpf, poll1=v.poll1)
+    sh = shape(b, cap, v.gemv)
+    blocks = math.ceil(sh["V"] / sh["BN"])          # the lm head's instructions on 132 SMs
+    kw = constexprs(sh, pf=v.pf, num_warps=v.warps, stages=v.stages, pre=v.pre, red=v.red,
+                    rpf=v.rpf, poll1=v.poll1, parg=v.parg,
+                    lm_parts=math.ceil(blocks / math.ceil(blocks / 132)))
     kw["ALIGNED"] = True
     kw["TRACE"] = trace
     return _compile_hybrid(kw, ints or {}, v.warps, v.stages)

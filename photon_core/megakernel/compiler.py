@@ -58,6 +58,9 @@ ATTN_LATENCY_US = 1.79      # (3.0 before the fit: 0.961 ms; 1.0: 0.955, 3.0 wit
 # table's wait / signal fields hold the scaled index, the per-(layer, row, head) merge
 # counters follow at len(ops) * CNT_STRIDE
 CNT_STRIDE = 32
+# the hybrid kernel's GEMV epilogue of the lm head: a store (EPI_STORE) whose values also
+# feed the instruction's partial greedy pick (hybrid_kernel._hgemv PARG)
+EPI_PICK = 8
 
 
 def arena_of(t: torch.Tensor, model_dtype: torch.dtype) -> str:
@@ -385,11 +388,16 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         return v
 
     d = shape["D"]
-    # the lm instructions' slots for their partial greedy picks (kernel PARG), in row order
-    lm_slot = {id(i): k for k, i in enumerate(
-        sorted((i for i in ordered if i.op == OP_GEMV_LM), key=lambda i: i.tile))}
-    parts = "argp_v" in buffers and "argp_i" in buffers
-    assert not parts or len(lm_slot) * b <= buffers["argp_v"].numel()
+    # the lm head's instructions (the hybrid lowering marks its GEMV "pick") each get a slot
+    # for their partial greedy picks (kernels' PARG), in row order
+    lm_slot = {id(i): k for k, i in enumerate(sorted(
+        (i for i in ordered if i.op == OP_GEMV_LM or i.params.get("pick")),
+        key=lambda i: i.tile))}
+    parts = "argp" in buffers
+    assert not parts or len(lm_slot) * b * 2 <= buffers["argp"].numel()
+
+    def slot(ins: Instr) -> int:
+        return offsets["argp"] + lm_slot[id(ins)] * b * 2
     rows = []
     for ins in ordered:
         r = [0] * N_FIELDS
@@ -410,8 +418,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                 r[F_P7] = -1 if ins.ln_reuse else ins.params["ln_in_f32"]
             if ins.op == OP_GEMV_LM and parts:     # its slot, the column the pick leaves out
                 r[F_P0] = shape["ANSWER_ID"]
-                r[F_P2] = offsets["argp_v"] + lm_slot[id(ins)] * b
-                r[F_P3] = offsets["argp_i"] + lm_slot[id(ins)] * b
+                r[F_P2] = slot(ins)
         elif ins.op == OP_ATTN:
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))
@@ -429,6 +436,8 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_P7] = 2 if ins.params.get("fp32_in") else -1
             if "mul" in a:
                 r[F_P4], r[F_P5] = off(a["mul"]), ins.params["s_mul"]
+            if ins.params.get("pick") and parts:   # the lm head: stores and picks (EPI_PICK)
+                r[F_P0], r[F_B] = EPI_PICK, slot(ins)
             if "ln_inp" in a:       # the norm first: into this program's rows of hs
                 assert a["inp"].buf == "hs"
                 r[F_A] = off(a["inp"]) + ins.sm * b * d
@@ -486,8 +495,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_P0], r[F_P1], r[F_P2] = (off(a["phase"]), off(a["first"]),
                                          ins.params["mask_col"])
             if parts:        # the lm instructions' partial picks: slots 0 .. P3 - 1
-                r[F_W], r[F_B] = offsets["argp_v"], offsets["argp_i"]
-                r[F_P3] = len(lm_slot)
+                r[F_W], r[F_P3] = offsets["argp"], len(lm_slot)
         else:
             raise ValueError(ins.op)
         (r[F_WAIT0], r[F_TGT0]), (r[F_WAIT1], r[F_TGT1]) = (

@@ -218,8 +218,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
                ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
                K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr,
-               EARLY: tl.constexpr, ap_v=None, ap_i=None, mask_col=-1,
-               ARGP: tl.constexpr = False):
+               EARLY: tl.constexpr, ap=None, mask_col=-1, ARGP: tl.constexpr = False):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -245,8 +244,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     -> that W2): the same values, the same bits.
     ARGP (EPI 0, the lm head): each block's stored logits (rounded to the output dtype, as
     stored) also feed a running greedy pick per row (_argp_update: the first column of the
-    instruction's largest value, column mask_col left out), stored at the end to ap_v /
-    ap_i (the row's value / column, B apart per instruction slot) for _argmax_parts."""
+    instruction's largest value, column mask_col left out), stored at the end into its
+    slot ap (_argp_store) for _argmax_parts."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -313,8 +312,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                 best, best_i = _argp_update(out, b_ok, offs_n, n_ok, n0 + blk * BN,
                                             mask_col, best, best_i)
     if ARGP:
-        tl.store(ap_v + offs_b, best, mask=b_ok)
-        tl.store(ap_i + offs_b, best_i, mask=b_ok)
+        _argp_store(ap, offs_b, b_ok, best, best_i)
 
 
 @triton.jit
@@ -331,18 +329,29 @@ def _argp_update(v, b_ok, offs_n, n_ok, nb, mask_col, best, best_i):
 
 
 @triton.jit
-def _argmax_parts(pv_ptr, pi_ptr, x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row, n_parts,
+def _argp_store(ap, offs_b, b_ok, best, best_i):
+    """An instruction's partial picks into its slot ap: row r's value at ap[2 r], its
+    column at ap[2 r + 1] (as fp32: exact below 2^24 columns)."""
+    tl.store(ap + offs_b * 2, best, mask=b_ok)
+    tl.store(ap + offs_b * 2 + 1, best_i.to(tl.float32), mask=b_ok)
+
+
+@triton.jit
+def _argmax_parts(part_ptr, x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row, n_parts,
                   B: tl.constexpr, LS: tl.constexpr, OUT_COL: tl.constexpr,
                   NP_BLOCK: tl.constexpr):
     """_argmax_row's pick from the lm instructions' partial picks (_argp_update; slot s of
-    row r at s * B + r, slots in column order): the first slot holding the largest value,
+    row r at part_ptr[2 (s B + r)] (_argp_store), slots in column order): the first slot
+    holding the largest value,
     then column mask_col (which the partials leave out) unless the answer-marker rule drops
     it - taken where larger, or equal and before the slot's column: the first column of the
     largest value, as _argmax_row finds it."""
     offs = tl.arange(0, NP_BLOCK)
     ok = offs < n_parts
-    v = tl.load(pv_ptr + offs * B + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    idx = tl.load(pi_ptr + offs * B + row, mask=ok, other=0, cache_modifier=".cg")
+    v = tl.load(part_ptr + (offs * B + row) * 2, mask=ok, other=float("-inf"),
+                cache_modifier=".cg")
+    idx = tl.load(part_ptr + (offs * B + row) * 2 + 1, mask=ok, other=0.0,
+                  cache_modifier=".cg").to(tl.int64)
     m = tl.max(v, axis=0)
     j = tl.argmax(v, axis=0, tie_break_left=True)
     best_i = tl.sum(tl.where(offs == j, idx, 0), axis=0)
@@ -578,7 +587,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
              PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
-             RPF: tl.constexpr, EARLY: tl.constexpr, ap_v=None, ap_i=None, mask_col=-1,
+             RPF: tl.constexpr, EARLY: tl.constexpr, ap=None, mask_col=-1,
              ARGP: tl.constexpr = False):
     """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
     not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
@@ -586,7 +595,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
     _gemv_pipe; else b=1 FMA: _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
     waits inside its first step, after the pipeliner has issued the first weight tiles.
     Fields 11..19 come as wi0..f19 (read with the others at the instruction's start).
-    ARGP (PIPE, the lm head): the instruction's partial greedy pick to ap_v / ap_i
+    ARGP (PIPE, the lm head): the instruction's partial greedy pick into its slot ap
     (_gemv_pipe).
     TRACE: inputs ready, LayerNorm done (_wait_ln) and the tile's last epilogue done into
     tr_ptr[1..3] (the instruction's trace row)."""
@@ -610,8 +619,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY, ap_v, ap_i, mask_col,
-                   ARGP)
+                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY, ap, mask_col, ARGP)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -946,12 +954,12 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
                          tr, TRACE, npf, RPF, EARLY)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused; PARG: its partial
-                #              greedy pick to slots p2 (fp32) / p3 (int64), column p0 left out)
+                #              greedy pick into its slot p2, column p0 left out)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
                          LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0,
-                         tr, TRACE, npf, RPF, EARLY, fb + p2, ib + p3, p0, PARG)
+                         tr, TRACE, npf, RPF, EARLY, fb + p2, p0, PARG)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -966,8 +974,8 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                 _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                              ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
             elif PARG:     # OP_ARGMAX from the lm instructions' p3 partial picks
-                _argmax_parts(fb + w_off, ib + b_off, wb + a_off, ib + y_off, ib + p0,
-                              ub + p1, p2, n0, p3, B, LS, OUT_COL, NP_BLOCK)
+                _argmax_parts(fb + w_off, wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0,
+                              p3, B, LS, OUT_COL, NP_BLOCK)
             else:          # OP_ARGMAX
                 _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS,
                             OUT_COL, ARG_BLOCK)

@@ -197,7 +197,8 @@ class MegakernelStep:
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
-        if self.hybrid:     # (the variant's warps, stages, sleep, pf, pre, red, rpf apply)
+        if self.hybrid:     # (the variant's warps, stages, sleep, pf, pre, red, rpf, poll1,
+            #               parg apply)
             v = self.variant
             return hybrid_kernel.launch(self.compiled, self.low,
                                         num_warps=kw.get("num_warps") or self.num_warps or 8,
@@ -206,7 +207,8 @@ class MegakernelStep:
                                         aligned=self.gemv_aligned, pre=kw.get("pre", v.pre),
                                         trace=kw.get("trace"), red=kw.get("red", v.red),
                                         rpf=kw.get("rpf", v.rpf),
-                                        poll1=kw.get("poll1", v.poll1))
+                                        poll1=kw.get("poll1", v.poll1),
+                                        parg=kw.get("parg", v.parg))
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant

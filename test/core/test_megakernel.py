@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from photon_core.megakernel.kernel import _argmax_parts, _argp_update  # noqa: E402
+from photon_core.megakernel.kernel import _argmax_parts, _argp_store, _argp_update  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
                                 os.environ.get("TRITON_INTERPRET") != "1",
@@ -480,8 +480,7 @@ def test_greedy_pick_from_the_lm_partial_picks_gives_the_same_bits(gemv, b):
     launch after launch; the table gives each lm instruction its slot and the argmax their
     count. (One program here: one slot; test_partial_picks_pick_the_first_maximum runs
     many, with ties and the answer marker.)"""
-    from photon_core.megakernel.instructions import (F_B, F_P0, F_P2, F_P3, F_W, OP_ARGMAX,
-                                                     OP_GEMV_LM)
+    from photon_core.megakernel.instructions import F_P0, F_P2, F_P3, F_W, OP_ARGMAX, OP_GEMV_LM
     from photon_core.megakernel.kernel import kernel_args
     from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
 
@@ -493,17 +492,16 @@ def test_greedy_pick_from_the_lm_partial_picks_gives_the_same_bits(gemv, b):
     c, off = mk.compiled, mk.compiled.offsets
     for ins, row in zip(c.instrs, c.table.tolist()):
         if ins.op == OP_GEMV_LM:
-            assert (row[F_P0], row[F_P2], row[F_P3]) == (
-                mk.low.shape["ANSWER_ID"], off["argp_v"], off["argp_i"])
+            assert (row[F_P0], row[F_P2]) == (mk.low.shape["ANSWER_ID"], off["argp"])
         elif ins.op == OP_ARGMAX:
-            assert (row[F_W], row[F_B], row[F_P3]) == (off["argp_v"], off["argp_i"], 1)
+            assert (row[F_W], row[F_P3]) == (off["argp"], 1)
     results = _launch_both_ways(mk, st, fd, s0, "parg")
     _close_rows(results[True], ref, b)
     _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's parg: on)
 
 
 @triton.jit
-def _partial_picks_kernel(x_ptr, pv_ptr, pi_ptr, out_ptr, phase_ptr, first_ptr, mask_col,
+def _partial_picks_kernel(x_ptr, part_ptr, out_ptr, phase_ptr, first_ptr, mask_col,
                           V: tl.constexpr, PER: tl.constexpr, BN: tl.constexpr,
                           NPART: tl.constexpr, NP_BLOCK: tl.constexpr):
     """The lm instructions' partial picks as the megakernel keeps them (slot s: blocks
@@ -519,10 +517,9 @@ def _partial_picks_kernel(x_ptr, pv_ptr, pi_ptr, out_ptr, phase_ptr, first_ptr, 
             v = tl.load(x_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
             best, best_i = _argp_update(v[None, :], b_ok, offs_n, n_ok, nb, mask_col, best,
                                         best_i)
-        tl.store(pv_ptr + s + tl.arange(0, 1), best)
-        tl.store(pi_ptr + s + tl.arange(0, 1), best_i)
-    _argmax_parts(pv_ptr, pi_ptr, x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, 0, NPART,
-                  1, V, 0, NP_BLOCK)
+        _argp_store(part_ptr + 2 * s, tl.arange(0, 1), b_ok, best, best_i)
+    _argmax_parts(part_ptr, x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, 0, NPART, 1, V, 0,
+                  NP_BLOCK)
 
 
 def test_partial_picks_pick_the_first_maximum():
@@ -560,10 +557,9 @@ def test_partial_picks_pick_the_first_maximum():
             for phase, first in ((0, 0), (0, 1), (2, 0)):
                 ph = torch.tensor([phase])
                 fi = torch.tensor([first], dtype=torch.uint8)
-                pv = torch.zeros(nparts)
-                pi = torch.zeros(nparts, dtype=torch.int64)
+                part = torch.zeros(2 * nparts)
                 out = torch.full((4,), -7, dtype=torch.int64)
-                _partial_picks_kernel[(1,)](x, pv, pi, out, ph, fi, mask_col, V=V, PER=PER,
+                _partial_picks_kernel[(1,)](x, part, out, ph, fi, mask_col, V=V, PER=PER,
                                             BN=BN, NPART=nparts,
                                             NP_BLOCK=triton.next_power_of_2(nparts))
                 want = torch.zeros(1, 4, dtype=torch.int64)

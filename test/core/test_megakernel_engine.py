@@ -103,7 +103,8 @@ TASKS = [Task("detect", object="person", max_objects=3),
 
 # the hybrid kernel's GEMV forms on the GPU: tl.dot tiles, FMA with the waits inside the
 # pipelined loop (pre, session 24)
-HYBRID_VARIANTS = ["auto/w8/s2", "pipe_fma@8x1024/w8/s3/pre/red/elide/rpf"]   # (HYBRID_BEST)
+HYBRID_VARIANTS = ["auto/w8/s2", "pipe_fma@8x1024/w8/s3/pre/red/elide/rpf",   # (HYBRID_BEST)
+                   "pipe_fma@8x1024/w8/s3/pre/red/elide/rpf/parg"]
 
 
 def same(a, b):
