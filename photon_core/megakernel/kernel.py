@@ -29,7 +29,8 @@ each output is summed in the same order):
             decode_attention.py, one split after another, into the scratch
   COMBINE   one (row, head): decode_attention.py's _merge of the splits into u[:, a]
   ADVANCE   one row: row_advance.py (phase by the program's phase table)
-  ARGMAX    one row: masked_argmax.py (the answer-marker rule)
+  ARGMAX    one row: masked_argmax.py (the answer-marker rule); PARG: from the lm
+            instructions' partial picks (_argp_update / _argp_store / _argmax_parts)
 """
 from __future__ import annotations
 
