@@ -73,10 +73,11 @@ SKIP_STOPPED = False
 # program's repeated waits elided and the GEMV blocks' bias / residual loaded at their first
 # step since session 27 (call 3: 0.8699-0.8733 ms vs 0.8890-0.8962 without, same process),
 # its waits polled by one thread per program (call 6: 0.8668-0.8682 vs 0.8754-0.8795 ms;
-# the hybrid kernel lost with it: Qwen 1.010-1.014 vs 0.962 ms); the greedy pick from the
-# lm instructions' partial picks since session 28 (call 2: 0.8612-0.8646 vs 0.8634-0.8658
-# ms; the traced argmax instruction 2.1 vs 19.2 us)
-BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1/parg"
+# the hybrid kernel lost with it: Qwen 1.010-1.014 vs 0.962 ms). Not `parg` (the greedy pick
+# from the lm instructions' partial picks: the traced argmax 2.1 vs 19.2 us, but the step the
+# same within +-3 us over three calls of session 28: 0.8612-0.8646 vs 0.8634-0.8658, 0.8716 /
+# 0.8728 vs 0.8697 / 0.8658, 0.8648-0.8651 vs 0.8626-0.8674 ms)
+BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1"
 # the hybrid kernel's (Qwen 3.5, Gemma 4) best b=1 build on the H200 (docs/benchmarks.md
 # session 25: Qwen 3.5 0.8B 0.961 ms, Gemma 4 E2B 3.207 ms - still slower than the fused
 # graph's 0.83 / 2.04 ms, so "auto" keeps them off; the variants it beat:
