@@ -1,10 +1,17 @@
 """DeferredInterrupt: a signal during a replay is raised between frames, not inside C code."""
-import os
 import signal
+import threading
 
 import pytest
 
 from photon_ros.deferred_interrupt import DeferredInterrupt
+
+
+def _signal_main_thread(sig):
+    """sig to this (the main) thread: its handler has run when this returns. (os.kill sends
+    it to the process, and with the ROS tests' threads alive another thread may take it: the
+    main thread then runs the handler a moment later - a CI run saw intr.signum still None.)"""
+    signal.pthread_kill(threading.main_thread().ident, sig)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -12,12 +19,12 @@ def test_first_signal_waits_for_check_second_raises(sig):
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with DeferredInterrupt() as intr:
         intr.check()                      # nothing pending: no raise
-        os.kill(os.getpid(), sig)         # handled synchronously on the main thread
+        _signal_main_thread(sig)          # handled synchronously on the main thread
         assert intr.signum == sig         # noted, not raised
         with pytest.raises(KeyboardInterrupt):
             intr.check()
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), sig)     # a second one raises at once
+            _signal_main_thread(sig)      # a second one raises at once
     assert {s: signal.getsignal(s) for s in before} == before
 
 
