@@ -343,10 +343,9 @@ def _argmax_parts(part_ptr, x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row,
                   NP_BLOCK: tl.constexpr):
     """_argmax_row's pick from the lm instructions' partial picks (_argp_update; slot s of
     row r at part_ptr[2 (s B + r)] (_argp_store), slots in column order): the first slot
-    holding the largest value,
-    then column mask_col (which the partials leave out) unless the answer-marker rule drops
-    it - taken where larger, or equal and before the slot's column: the first column of the
-    largest value, as _argmax_row finds it."""
+    holding the largest value, then column mask_col (which the partials leave out) unless
+    the answer-marker rule drops it - taken where larger, or equal and before the slot's
+    column: the first column of the largest value, as _argmax_row finds it."""
     offs = tl.arange(0, NP_BLOCK)
     ok = offs < n_parts
     v = tl.load(part_ptr + (offs * B + row) * 2, mask=ok, other=float("-inf"),
