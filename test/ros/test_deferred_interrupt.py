@@ -7,10 +7,20 @@ import pytest
 from photon_ros.deferred_interrupt import DeferredInterrupt
 
 
+@pytest.fixture(autouse=True)
+def _sigint_handled():
+    """SIGINT at Python's default handler during each test: a test process started in the
+    background by a non-interactive shell (`cmd &`, as `nohup bash -c "... .ci/run" &` runs
+    CI) inherits SIGINT ignored, which DeferredInterrupt rightly leaves ignored
+    (test_ignored_sigint_stays_ignored) - the SIGINT case would then test nothing and fail."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _signal_main_thread(sig):
-    """sig to this (the main) thread: its handler has run when this returns. (os.kill sends
-    it to the process, and with the ROS tests' threads alive another thread may take it: the
-    main thread then runs the handler a moment later - a CI run saw intr.signum still None.)"""
+    """sig to this (the main) thread: its handler has run when this returns (os.kill sends it
+    to the process, where another thread may take it)."""
     signal.pthread_kill(threading.main_thread().ident, sig)
 
 
