@@ -33,7 +33,12 @@ def test_soak_60s(tmp_path):
         "failures", "checks", "totals", "queue", "rss_mib", "on_demand", "node_traceback")},
         indent=1)
     # what the checks mean, spelled out
-    assert t["received"] == t["sent"] > 4 * 30 * 50            # 4 cameras x 30 fps x ~60 s
+    # 4 cameras x 30 fps x ~60 s; a frame DDS drops before the node (reliable KEEP_LAST 5 can,
+    # on a loaded 2-core machine: 16 of 7800 in one CI run) is counted by the node itself
+    # (frames_lost_in_transport: the rmw's message_lost event, sequence gaps) - none silently
+    assert t["sent"] > 4 * 30 * 50
+    assert t["received"] + t["lost_reported_by_node"] == t["sent"] and t["unexplained"] == 0
+    assert t["received"] >= 0.95 * t["sent"]
     assert t["requests"] == (t["answered"] + t["superseded"] + t["skipped"] + t["cancelled"]
                              + t["errored"])
     assert t["answered"] > 0 and s["on_demand"]["no_response"] == 0
