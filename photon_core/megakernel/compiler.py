@@ -83,6 +83,7 @@ class Compiled:
     offsets: dict[str, int]          # buffer name -> element offset in its arena
     makespan_us: float               # the scheduler's estimate
     aligned: bool                    # every offset the kernel hints a multiple of 16 elements
+    n_picks: int = 0                 # the lm head's instructions (slots of partial picks)
 
     def queues(self) -> list[list[Instr]]:
         q = self.queue.tolist()
@@ -94,6 +95,11 @@ def attn_splits_per_instr(b: int, shape: dict, n_sm: int) -> int:
     SM one (b * heads * splits / n_sm, at least 1, at most all of a head's splits)."""
     total = b * shape["NH"] * shape["NSPLIT"]
     return max(1, min(shape["NSPLIT"], math.ceil(total / n_sm)))
+
+
+def blocks_per_tile(blocks: int, n_sm: int) -> int:
+    """A GEMV op's row blocks per instruction: about one instruction per SM (split_ops)."""
+    return max(1, math.ceil(blocks / n_sm))
 
 
 def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: int,
@@ -126,7 +132,7 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
             n0, n1 = op.rows
             assert n0 % cfg.block_n == 0, (op.name, n0, cfg.block_n)
             blocks = math.ceil((n1 - n0) / cfg.block_n)
-            per = 1 if dealt else max(1, math.ceil(blocks / n_sm))
+            per = 1 if dealt else blocks_per_tile(blocks, n_sm)
             for t0 in range(0, blocks, per):
                 r0 = n0 + t0 * cfg.block_n
                 r1 = min(n1, n0 + (t0 + per) * cfg.block_n)
@@ -388,11 +394,10 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         return v
 
     d = shape["D"]
-    # the lm head's instructions (the hybrid lowering marks its GEMV "pick") each get a slot
-    # for their partial greedy picks (kernels' PARG), in row order
+    # the lm head's instructions (the lowerings mark its GEMV "pick") each get a slot for
+    # their partial greedy picks (kernels' PARG), in row order
     lm_slot = {id(i): k for k, i in enumerate(sorted(
-        (i for i in ordered if i.op == OP_GEMV_LM or i.params.get("pick")),
-        key=lambda i: i.tile))}
+        (i for i in ordered if i.params.get("pick")), key=lambda i: i.tile))}
     parts = "argp" in buffers
     assert not parts or len(lm_slot) * b * 2 <= buffers["argp"].numel()
 
@@ -416,7 +421,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                 r[F_P4], r[F_P5], r[F_P6] = (off(a["ln_inp"]), off(a["ln_gamma"]),
                                              off(a["ln_beta"]))
                 r[F_P7] = -1 if ins.ln_reuse else ins.params["ln_in_f32"]
-            if ins.op == OP_GEMV_LM and parts:     # its slot, the column the pick leaves out
+            if ins.params.get("pick") and parts:   # its slot, the column the pick leaves out
                 r[F_P0] = shape["ANSWER_ID"]
                 r[F_P2] = slot(ins)
         elif ins.op == OP_ATTN:
@@ -517,4 +522,4 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                     torch.tensor(queue, dtype=torch.int32, device=dev),
                     torch.zeros(len(ops) * CNT_STRIDE + n_attn * b * shape["NH"] + 1,
                                 dtype=torch.int32, device=dev),
-                    len(queues), bases, offsets, makespan, aligned)
+                    len(queues), bases, offsets, makespan, aligned, len(lm_slot))

@@ -589,7 +589,7 @@ def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
     (CUDA; None: no trace). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
     kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre, red,
-                    rpf, poll1, parg, sum(1 for i in c.instrs if i.params.get("pick")))
+                    rpf, poll1, parg, c.n_picks)
     kw["ALIGNED"] = bool(aligned)
     kw["TRACE"] = trace is not None and not interpreted()
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],

@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from ..ops.decode_attention import _merge, rotary_sources
+from ..ops.masked_argmax import first_max_step
 from .compiler import CNT_STRIDE
-from .instructions import OP_GEMV_LM
 
 _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
 
@@ -322,11 +322,7 @@ def _argp_update(v, b_ok, offs_n, n_ok, nb, mask_col, best, best_i):
     (best, best_i) [BLOCK_B]: its first largest value in columns other than mask_col, taken
     only where strictly larger (the blocks come in column order: ties keep the first)."""
     keep = b_ok[:, None] & n_ok[None, :] & (offs_n[None, :] != mask_col)
-    v = tl.where(keep, v, float("-inf"))
-    m = tl.max(v, axis=1)
-    j = tl.argmax(v, axis=1, tie_break_left=True).to(tl.int64) + nb
-    better = m > best
-    return tl.where(better, m, best), tl.where(better, j, best_i)
+    return first_max_step(tl.where(keep, v, float("-inf")), nb, best, best_i, 1)
 
 
 @triton.jit
@@ -1080,7 +1076,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
                     pre, trace is not None, split, rpf, early, poll1, apipe, parg,
-                    sum(1 for i in c.instrs if i.op == OP_GEMV_LM))
+                    c.n_picks)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])

@@ -271,7 +271,8 @@ class ProgramLowering:
                              {"inp": O("hs"), "w": O("lm_w"), "bias": O("lm_b"),
                               "out": O("logits"), "ln_inp": O("hidden"),
                               "ln_gamma": O("post_ln_w"), "ln_beta": O("post_ln_b")},
-                             {"ln_in_f32": 0}, ("advance",), rows=(0, self.shape["V"])))
+                             {"ln_in_f32": 0, "pick": 1}, ("advance",),
+                             rows=(0, self.shape["V"])))
         ops.append(ProgramOp("argmax", OP_ARGMAX,
                              {"logits": O("logits"), "out": O("out"), "phase": O("phase"),
                               "first": O("first")},

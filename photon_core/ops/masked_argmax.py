@@ -25,6 +25,17 @@ SPLIT_MIN, CHUNK = 32768, 8192
 
 
 @triton.jit
+def first_max_step(v, start, best, best_i, AXIS: tl.constexpr):
+    """One block of values v (columns start + 0.. along AXIS) into the running first maximum
+    (best, best_i): the block's first largest value, taken only where strictly larger, so
+    blocks walked in column order keep the first column of the overall maximum."""
+    m = tl.max(v, axis=AXIS)
+    i = tl.argmax(v, axis=AXIS).to(tl.int64) + start
+    better = m > best
+    return tl.where(better, m, best), tl.where(better, i, best_i)
+
+
+@triton.jit
 def _first_max(base, lo, hi, mask_col, drop, MASK: tl.constexpr, BLOCK: tl.constexpr):
     """(value, index) of the first maximum of base[lo:hi] (index -> 0 if all are -inf)."""
     best = tl.full([], float("-inf"), tl.float32)
@@ -34,11 +45,7 @@ def _first_max(base, lo, hi, mask_col, drop, MASK: tl.constexpr, BLOCK: tl.const
         v = tl.load(base + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
         if MASK:
             v = tl.where((offs == mask_col) & drop, float("-inf"), v)
-        m = tl.max(v, axis=0)
-        i = tl.argmax(v, axis=0).to(tl.int64) + start
-        better = m > best
-        best_i = tl.where(better, i, best_i)
-        best = tl.where(better, m, best)
+        best, best_i = first_max_step(v, start, best, best_i, 0)
     return best, best_i
 
 
