@@ -81,7 +81,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     lm_parts = math.ceil(blocks / blocks_per_tile(blocks, 264))
     kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv),
                     v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace, v.split, v.rpf,
-                    v.early, v.poll1, v.apipe, v.parg, lm_parts)
+                    v.early, v.poll1, v.apipe, v.parg, lm_parts, v.dyn)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}

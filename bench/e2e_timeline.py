@@ -11,6 +11,7 @@ run(encode_image(frame), task); wall = the host's time for the whole call, also 
 Usage: PYTHONPATH=. python3 bench/e2e_timeline.py [--tasks detect5,query32] [--gaps 12]
        [--set photon_core.fast.pipelined_decoder:SKIP_FINAL_FORWARD=0]
        [--megakernel on] [--deterministic] [--host-profile 30] [--profile-one-call] [--top 20]
+       [--ab MODULE:NAME=VALUE [--ab-rounds 4]]
        [--family qwen3.5-0.8b --tasks query32]   (another family's real shapes, random weights:
        sweep_gemv_family.build_model)
 Writes $OUT/e2e_timeline.json when OUT is set.
@@ -108,6 +109,28 @@ def host_profile(fn, top: int) -> list[str]:
     return lines
 
 
+def ab_one_call(fe, frame, task, spec: str, rounds: int, runs: int = 10) -> dict:
+    """The one call run(frame, task) with the switch "module:NAME=VALUE" off (its value in
+    the run) and on, in one process: `rounds` rounds, each setting `runs` calls (after one
+    untimed) per round, alternating; {setting: [mean ms per round]}."""
+    from ab_switch import parse_toggle
+    mod, attr, value = parse_toggle(spec)
+    before = getattr(mod, attr)
+    out: dict = {f"{attr}={before}": [], f"{attr}={value}": []}
+    for _ in range(rounds):
+        for v in (before, value):
+            setattr(mod, attr, v)
+            fe.run(frame, task, ignore_eos=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(runs):
+                fe.run(frame, task, ignore_eos=True)
+            torch.cuda.synchronize()
+            out[f"{attr}={v}"].append(round((time.perf_counter() - t0) / runs * 1e3, 3))
+    setattr(mod, attr, before)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="detect5,query32")
@@ -127,6 +150,10 @@ def main():
     ap.add_argument("--top", type=int, default=0, metavar="N",
                     help="also list the N kernels of the profiled call by total time "
                          "(name, ms, launches)")
+    ap.add_argument("--ab", default="", metavar="MODULE:NAME=VALUE",
+                    help="also the one call with this switch against its value in the run, "
+                         "alternating in this process (ab_one_call)")
+    ap.add_argument("--ab-rounds", type=int, default=4)
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
                     help="also cProfile one run: the N functions by cumulative / own time")
     args = ap.parse_args()
@@ -177,6 +204,8 @@ def main():
         torch.cuda.synchronize()
         res["wall_ms_one_call"] = round((time.perf_counter() - t0) / 5 * 1e3, 3)
         res["one_call_output_equal"] = r1.output == r.output
+        if args.ab:
+            res["ab_one_call_ms"] = ab_one_call(fe, frame, task, args.ab, args.ab_rounds)
         if args.host_profile:
             res["host_profile"] = host_profile(lambda: fe.run(fe.encode_image(frame), task,
                                                               ignore_eos=True),

@@ -70,12 +70,18 @@ MODES = {"instr": 0, "flat": 1, "grid": 2}
 
 
 def run_case(w, x, bias, y, n_sm, case):
-    """case: dict(mode, per_sm, warps, stages, bn, bk, instr_kb, dot) -> launch callable."""
+    """case: dict(mode, per_sm, warps, stages, bn, bk, instr_kb, dot[, frac]) -> launch
+    callable. frac < 1 (persistent modes): only that share of the per_sm * n_sm programs is
+    launched - the megakernel's attention phase, where ~96 of its 264 programs wait on
+    attention's latency chain and the others stream (a program's bytes in flight, not the
+    HBM, may then bound the rate)."""
     n, k = w.shape
-    progs = n_sm * case["per_sm"]
+    progs = max(1, int(n_sm * case["per_sm"] * case.get("frac", 1.0)))
     rows_per_prog = n // progs
     rows_per_instr = max(case["bn"], case["instr_kb"] * 1024 // (k * w.element_size()))
-    rows_per_instr = min(rows_per_instr, rows_per_prog)
+    rows_per_instr = min(rows_per_instr // case["bn"] * case["bn"], rows_per_prog)
+    if case["mode"] == "instr":      # whole instructions (none reads past the matrix)
+        rows_per_prog = rows_per_prog // rows_per_instr * rows_per_instr
     mode = MODES[case["mode"]]
     grid = (n // rows_per_instr,) if mode == 2 else (progs,)
 
@@ -138,14 +144,31 @@ def dot_cases():
     return cases
 
 
+def partial_cases():
+    """b=1 FMA streaming when only part of the p2 programs stream (frac 1 vs 168 / 264, the
+    megakernel's attention phase): does a deeper pipeline or a larger tile per program then
+    raise the rate? Instructions of ~96 / ~288 KB (the megakernel's qkv / fill tiles)."""
+    cases = []
+    for frac in (1.0, 168 / 264):
+        for bn, bk, stages in ((8, 1024, 3), (8, 1024, 4), (8, 1024, 5), (8, 2048, 3),
+                               (16, 1024, 3)):
+            for kb in (96, 288):
+                cases.append(dict(mode="instr", per_sm=2, warps=4, stages=stages, bn=bn,
+                                  bk=bk, instr_kb=kb, frac=frac,
+                                  name=f"p2 w4 {bn}x{bk} s{stages} instr {kb} KB "
+                                       f"frac {frac:.2f}"))
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=560, help="weight matrix MiB (K = 2048)")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--cases", choices=("fma", "dot", "all"), default="fma",
-                    help="fma: the b=1 sweep; dot: tensor-core tiles (b > 1); all: both")
+    ap.add_argument("--cases", choices=("fma", "dot", "all", "partial"), default="fma",
+                    help="fma: the b=1 sweep; dot: tensor-core tiles (b > 1); all: both; "
+                         "partial: b=1 with part of the programs streaming")
     args = ap.parse_args()
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"
@@ -174,7 +197,7 @@ def main():
         print(f"copy {out['copy_GBps']} GB/s (read + write), cuBLAS F.linear "
               f"{out['cublas_GBps']} GB/s over {out['weight_MB']} MB", flush=True)
     ref = (x.float() @ w.float().t())
-    cases = {"fma": default_cases(), "dot": dot_cases(),
+    cases = {"fma": default_cases(), "dot": dot_cases(), "partial": partial_cases(),
              "all": default_cases() + dot_cases()}[args.cases]
     if smoke:
         for c in cases:

@@ -24,7 +24,7 @@ on top of the defaults; "" = the defaults), timed as graphs in rounds (every set
 round, --rounds), their greedy tokens and hidden states checked against the fused backend.
 
 Usage: PYTHONPATH=. python3 bench/trace_megakernel.py [--variant on] [--launches 5]
-           [--steps 64] [--max-batch 8] [--calibrate] [--sweep SETS] [--rounds 2]
+           [--steps 64] [--max-batch 8] [--calibrate] [--sweep SETS] [--rounds 2] [--dump]
 Writes $OUT/trace_megakernel.json when OUT is set.
 """
 from __future__ import annotations
@@ -162,6 +162,16 @@ def median_trace(run, n_instr: int, launches: int, device, sync, cols: int = 2):
     return torch.stack(runs[1:]).median(dim=0).values, trace
 
 
+def raw_rows(compiled, t) -> list:
+    """Every instruction as [program, op name, tile, key splits, its 5 trace times in us from
+    the step's first start (0 where the build does not write that column)]: a program's
+    timeline, for analysis away from the GPU (--dump)."""
+    t0 = int(t[:, 0].min())
+    return [[x.sm, x.op_name, list(x.tile), list(x.sub),
+             [round((int(v) - t0) / 1e3, 3) if int(v) > 0 else 0 for v in t[i].tolist()]]
+            for i, x in enumerate(compiled.instrs)]
+
+
 def gemv_phases(compiled, t, stall) -> dict:
     """kernel.py's GEMV instructions by phase (trace rows of 5, `stall`: analyze's): mean us
     per instruction from its start to its inputs' readiness as it saw it (of which `stall` is
@@ -297,6 +307,9 @@ def main():
     ap.add_argument("--max-batch", type=int, default=8,
                     help="the engine's rows (bench_megakernel.py: 8)")
     ap.add_argument("--no-trace", action="store_true", help="only the sweep")
+    ap.add_argument("--dump", action="store_true",
+                    help="also $OUT/trace_raw_<tag>.json: every instruction's program, op, "
+                         "tile and trace times (raw_rows)")
     args = ap.parse_args()
     import torch
 
@@ -334,6 +347,9 @@ def main():
         r["traced_launch_ms"] = bm._timed(torch, lambda: step(trace=trace))
         r["untraced_launch_ms"] = bm._timed(torch, step)
         a = analyze(mk.compiled, t[:, 0].tolist(), t[:, 4].tolist(), mk.low.shape, elsize)
+        if args.dump and os.environ.get("OUT"):
+            Path(os.environ["OUT"], f"trace_raw_{tag.replace(' ', '_')}.json").write_text(
+                json.dumps(raw_rows(mk.compiled, t)))
         r["trace"] = {k: x for k, x in a.items() if not k.startswith("_")}
         r["gemv_phases_us"] = gemv_phases(mk.compiled, t, a["_stall"])
         if not mk.hybrid:

@@ -102,14 +102,32 @@ def blocks_per_tile(blocks: int, n_sm: int) -> int:
     return max(1, math.ceil(blocks / n_sm))
 
 
+def split_groups(ns: int, per: int, tail: bool = False) -> list[tuple[int, int]]:
+    """A (row, head)'s key splits [0, ns) as the [s0, s1) groups of its attention
+    instructions, ceil(ns / per) of them: `per` splits each from the first, the last group
+    the remainder (3 + 3 + 1 for 7 splits at per 3); tail: the same count of groups, their
+    sizes as equal as they go with the larger ones last (2 + 2 + 3). A decode position
+    fills the splits from the first: the trailing ones hold the fewest keys (none past the
+    position), so the tail form's longest group is mostly masked loads and the full splits
+    are shared out - each split's partials and the merge over all splits are the same
+    either way (the same bits)."""
+    n = math.ceil(ns / per)
+    if not tail:
+        return [(s0, min(ns, s0 + per)) for s0 in range(0, ns, per)]
+    base, extra = divmod(ns, n)
+    sizes = [base] * (n - extra) + [base + 1] * extra
+    return [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(n)]
+
+
 def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: int,
               elsize: int, attn_per: int | None = None, fill: bool = False,
-              per_sm: int = 1) -> list[Instr]:
+              per_sm: int = 1, tail: bool = False) -> list[Instr]:
     """fill: GEMV ops with params["fill"] are cut into single BLOCK_N blocks, which
     schedule() then deals out by the programs' free times (and merges per program);
     attention instructions cost their latency too (ATTN_LATENCY_US), and every cost uses
     the fill constants (FILL_SM_BYTES_PER_US per SM, shared by its per_sm programs;
-    FILL_INSTR_US)."""
+    FILL_INSTR_US). tail: attention's key-split groups with the larger ones last
+    (split_groups)."""
     bw = FILL_SM_BYTES_PER_US if fill else SM_BYTES_PER_US
     fixed = FILL_INSTR_US if fill else INSTR_US
     rate = bw / (per_sm if fill else 1)
@@ -123,7 +141,7 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
             assert j < k, f"{op.name} comes before {a}: the program must be in order"
             waits.append((j, counts[j]))
         assert len(waits) <= 2, f"{op.name}: at most 2 dependencies per instruction"
-        tiles, costs, subs, n_sub = [], [], [], 1
+        tiles, costs, subs, parts, n_sub = [], [], [], [], 1
         dealt = bool(fill and op.kind in GEMV_OPS and op.params.get("fill"))
         if op.kind in NORM_GEMV_OPS:
             cfg = gemv_cfg[op.kind]
@@ -142,13 +160,14 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
         elif op.kind == OP_ATTN:
             per = attn_per or attn_splits_per_instr(b, shape, n_sm)
             ns = shape["NSPLIT"]
-            n_sub = math.ceil(ns / per)
+            groups = split_groups(ns, per, tail)
+            n_sub = len(groups)
             kv = 2 * shape["CHUNK"] * shape["HD"] * elsize    # one split (a full cache)
             merge = ns * (shape["HD"] + 2) * 4 / bw
             for r in range(b):
                 for h in range(shape["NH"]):
-                    for s0 in range(0, ns, per):
-                        s1 = min(ns, s0 + per)
+                    for g, (s0, s1) in enumerate(groups):
+                        parts.append(g)
                         tiles.append((r, h))
                         subs.append((s0, s1))
                         costs.append((s1 - s0) * kv / rate + fixed + merge
@@ -187,9 +206,10 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                 tiles.append((r, r + 1))
                 costs.append(width * 4 / rate + fixed)
         subs = subs or [(0, 0)] * len(tiles)
-        for t, c, sb in zip(tiles, costs, subs):
+        parts = parts or [0] * len(tiles)
+        for t, c, sb, g in zip(tiles, costs, subs, parts):
             out.append(Instr(op.kind, op.name, t, op.args, op.params, tuple(waits), k, c,
-                             sub=sb, n_sub=n_sub, index=len(out), fill=dealt))
+                             sub=sb, n_sub=n_sub, index=len(out), fill=dealt, part=g))
         counts.append(len(tiles))
     return out
 
@@ -348,16 +368,20 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                     shape: dict, gemv_cfg: dict, n_sm: int,
                     model_dtype: torch.dtype, attn_per: int | None = None,
                     spread: bool = True, fill: bool = False, per_sm: int = 1,
-                    elide: bool = False) -> Compiled:
+                    elide: bool = False, tail: bool = False, dyn: bool = False
+                    ) -> Compiled:
     """fill: each GEMV op marked params["fill"] (the lowering marks the GEMV that runs
     beside attention: Moondream's fc1 rows) moves after the attention op that follows it
     and its rows are dealt out by the programs' free times (schedule / _fill): the
     programs that hold attention get fewer of them, instead of every program running its
-    equal tile first and attention after it on the critical path."""
+    equal tile first and attention after it on the critical path. tail: attention's key-split
+    groups with the larger ones last (split_groups); dyn: the table gives an attention
+    instruction its place among its (row, head)'s, the kernel its splits at run time
+    (kernel._attn_op DYN)."""
     elsize = torch.tensor([], dtype=model_dtype).element_size()
     if fill:
         ops = fill_order(ops)
-    instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per, fill, per_sm)
+    instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per, fill, per_sm, tail)
     makespan = schedule(instrs, n_sm, spread)
     # compact the SMs that got work into programs 0..P-1; queue order = topological order
     used = sorted({i.sm for i in instrs})
@@ -428,7 +452,9 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))
             r[F_P0] = off(a["pos"])
-            r[F_P1], r[F_P2] = ins.sub
+            # dyn: the kernel shares the splits that hold keys out at run time (kernel
+            # _attn_op DYN): the instruction's place among its (row, head)'s, not its splits
+            r[F_P1], r[F_P2] = (ins.part, ins.part + 1) if dyn else ins.sub
             r[F_P3] = ins.n_sub
             r[F_P4] = ins.params["layer"]       # its (layer, row, head) merge counter
         elif ins.op == OP_HGEMV:

@@ -691,7 +691,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
              PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
              SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr, npf,
-             RPF: tl.constexpr, APIPE: tl.constexpr):
+             RPF: tl.constexpr, APIPE: tl.constexpr, DYN: tl.constexpr = False):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
@@ -705,10 +705,22 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
     one software-pipelined loop whose first iteration waits (and makes q / the new k, v):
     Triton's prologue issues the first STAGES - 1 splits' k/v (cp.async into shared memory)
     before the poll, and the later ones stream while earlier splits are summed - the same
-    sums in the same order (kernel._gemv_pipe's PRE, for attention)."""
+    sums in the same order (kernel._gemv_pipe's PRE, for attention). DYN (not with APIPE):
+    s0 is the instruction's place k among its (row, head)'s n_sub (compiler dyn), and the
+    splits that hold keys - [0, pw // CHUNK + 1), known before the wait - are shared out
+    at run time, k * n // n_sub to (k + 1) * n // n_sub (the last holds the position's
+    split); the merge reads those n splits only (the others' partials would be m = -inf,
+    l = 0, acc = 0: their terms are 0 either way). Each split's partials and their merge
+    are the fixed grouping's: the same bits, with the full splits spread over every
+    instruction instead of the trailing ones idling."""
     kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     pw = tl.minimum(pos, CAP - 1)
+    if DYN:
+        n_keyed = pw // CHUNK + 1
+        k = s0
+        s0 = k * n_keyed // n_sub
+        s1 = (k + 1) * n_keyed // n_sub
     ti = tl.minimum(pos, N_TABLE - 1)
     d = tl.arange(0, HD)
     cache_off = row * S_ROW + kvh * S_HEAD
@@ -734,34 +746,19 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
                                                     scale, SU, NH, NKV, HD, CHUNK, S_POS)
             _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
                         acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+    elif DYN:       # (an instruction may hold none of the splits below the position)
+        if s1 > s0:
+            _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
+                         acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
+                         wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES,
+                         SLEEP, KV2, ACQ)
+        else:       # (its program's later instructions may count on this wait: elide)
+            _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
     else:
-        kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, s0, pw, d, CHUNK, S_POS)
-        if KV2:      # (masked off where the instruction has one split)
-            j2 = (s0 + 1) * CHUNK + tl.arange(0, CHUNK)
-            ok2 = (j2 < pw) & (j2 < s1 * CHUNK)
-            kt2 = tl.load(kc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
-                          mask=ok2[:, None], other=0.0, cache_modifier=".cg")
-            vt2 = tl.load(vc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
-                          mask=ok2[:, None], other=0.0, cache_modifier=".cg")
-            src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
-        _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-        if not KV2:
-            src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
-        q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h, kvh,
-                                            pw, s0, s1, d, src_c, src_s, c, s, scale, SU, NH,
-                                            NKV, HD, CHUNK, S_POS)
-        _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr,
-                    row, h, NH, HD, CHUNK, NSPLIT)
-        s_loop = s0 + 1
-        if KV2:
-            if s0 + 1 < s1:
-                _attn_split(kt2, vt2, q, k_new, v_new, sc_new, s0 + 1, pw, scale, m_ptr,
-                            l_ptr, acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
-            s_loop = s0 + 2
-        for sp in tl.range(s_loop, s1, num_stages=STAGES if B > 1 else 1):
-            kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK, S_POS)
-            _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
-                        acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+        _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
+                     acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
+                     wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES,
+                     SLEEP, KV2, ACQ)
     tl.debug_barrier()
     done = n_sub - 1
     if n_sub > 1:     # release our partials, acquire the others'
@@ -769,8 +766,48 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
         done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
                              sem="acq_rel", scope="gpu")
     if done == n_sub - 1:
-        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2)
+        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2,
+               pw // CHUNK + 1 if DYN else NSPLIT)
     _l1_prefetch_record(npf, RPF)     # (after the merge counter's acquire)
+
+
+@triton.jit
+def _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr, acc_ptr,
+                 row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0, wi1, wt1,
+                 B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+                 HD: tl.constexpr, HALF: tl.constexpr, CHUNK: tl.constexpr,
+                 NSPLIT: tl.constexpr, S_POS: tl.constexpr, STAGES: tl.constexpr,
+                 SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr):
+    """_attn_op's splits [s0, s1) one after another (its form without APIPE): the first
+    split's keys / values (KV2: the second's too) loaded before the wait, q / the new k, v
+    after it, each split's partials into the scratch."""
+    kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, s0, pw, d, CHUNK, S_POS)
+    if KV2:      # (masked off where the instruction has one split)
+        j2 = (s0 + 1) * CHUNK + tl.arange(0, CHUNK)
+        ok2 = (j2 < pw) & (j2 < s1 * CHUNK)
+        kt2 = tl.load(kc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
+                      mask=ok2[:, None], other=0.0, cache_modifier=".cg")
+        vt2 = tl.load(vc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
+                      mask=ok2[:, None], other=0.0, cache_modifier=".cg")
+        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    if not KV2:
+        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
+    q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h, kvh,
+                                        pw, s0, s1, d, src_c, src_s, c, s, scale, SU, NH,
+                                        NKV, HD, CHUNK, S_POS)
+    _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr,
+                row, h, NH, HD, CHUNK, NSPLIT)
+    s_loop = s0 + 1
+    if KV2:
+        if s0 + 1 < s1:
+            _attn_split(kt2, vt2, q, k_new, v_new, sc_new, s0 + 1, pw, scale, m_ptr,
+                        l_ptr, acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+        s_loop = s0 + 2
+    for sp in tl.range(s_loop, s1, num_stages=STAGES if B > 1 else 1):
+        kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK, S_POS)
+        _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
+                    acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
 
 
 @triton.jit
@@ -896,7 +933,8 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
                EARLY: tl.constexpr = False, APIPE: tl.constexpr = False,
-               PARG: tl.constexpr = False, NP_BLOCK: tl.constexpr = 1):
+               PARG: tl.constexpr = False, NP_BLOCK: tl.constexpr = 1,
+               DYN: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -962,7 +1000,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
-                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ, npf, RPF, APIPE)
+                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ, npf, RPF, APIPE, DYN)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
             _l1_prefetch_record(npf, RPF)
@@ -1006,7 +1044,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
                sleep: int = 0, kv2: bool = False, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
                early: bool = False, poll1: bool = False, apipe: bool = False,
-               parg: bool = False, lm_parts: int = 0) -> dict:
+               parg: bool = False, lm_parts: int = 0, dyn: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
@@ -1048,6 +1086,8 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     # (lm_parts: the lm op's instructions, each a slot of partial picks)
     kw["PARG"] = bool(parg) and bool(pipe) and lm_parts > 0
     kw["NP_BLOCK"] = triton.next_power_of_2(max(1, lm_parts))
+    # attention's splits shared out at run time (_attn_op DYN; the table compiled with dyn)
+    kw["DYN"] = bool(dyn) and not apipe
     # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
@@ -1060,7 +1100,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 pre: bool = False, trace=None, split: bool = False,
                 skip=None, rpf: bool = False, early: bool = False,
                 poll1: bool = False, apipe: bool = False,
-                parg: bool = False) -> tuple[tuple, dict]:
+                parg: bool = False, dyn: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -1076,7 +1116,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
                     pre, trace is not None, split, rpf, early, poll1, apipe, parg,
-                    c.n_picks)
+                    c.n_picks, dyn)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -1093,13 +1133,14 @@ def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
            split: bool = False, skip=None, rpf: bool = False, early: bool = False,
-           poll1: bool = False, apipe: bool = False, parg: bool = False):
+           poll1: bool = False, apipe: bool = False, parg: bool = False, dyn: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
-    skip: kernel_args'."""
+    skip: kernel_args'. dyn: the table's attention fields as compile_program(dyn=True)
+    writes them."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, rpf, early, poll1, apipe, parg)
+                           split, skip, rpf, early, poll1, apipe, parg, dyn)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

@@ -76,8 +76,15 @@ SKIP_STOPPED = False
 # the hybrid kernel lost with it: Qwen 1.010-1.014 vs 0.962 ms). Not `parg` (the greedy pick
 # from the lm instructions' partial picks: the traced argmax 2.1 vs 19.2 us, but the step the
 # same within +-3 us over three calls of session 28: 0.8612-0.8646 vs 0.8634-0.8658, 0.8716 /
-# 0.8728 vs 0.8697 / 0.8658, 0.8648-0.8651 vs 0.8626-0.8674 ms)
-BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1"
+# 0.8728 vs 0.8697 / 0.8658, 0.8648-0.8651 vs 0.8626-0.8674 ms). A head's key splits in
+# instructions of 2 + 3 + 3, not 3 + 3 + 2, since session 29 (`tail`, compiler.split_groups:
+# at the decode positions after Moondream 2's 730-position image prefix the trailing splits
+# hold few keys or none; the same bits): position 760, 1024-position cache 0.8731-0.8777 vs
+# 0.8781-0.8816 ms (call 7), position 785 0.8729-0.8737 vs 0.8775-0.8798 (call 3); encode +
+# detect(5) GPU busy 28.75 / 28.76 vs 28.85 / 28.88 ms (call 7). Not `dyn` (the keyed splits
+# shared out at run time): slower with the fitted fill schedule (0.8884-0.8896 vs
+# 0.8826-0.8833 ms, call 5)
+BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1/tail"
 # the hybrid kernel's (Qwen 3.5, Gemma 4) best b=1 build on the H200 (docs/benchmarks.md
 # session 25: Qwen 3.5 0.8B 0.961 ms, Gemma 4 E2B 3.207 ms - still slower than the fused
 # graph's 0.83 / 2.04 ms, so "auto" keeps them off; the variants it beat:

@@ -47,10 +47,13 @@ class Variant:
     then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's splits as one
     pipelined loop that waits in its first iteration (apipe: kernel._attn_op APIPE; the same
     sums), the greedy pick from the lm instructions' partial picks (parg, pipe* GEMVs:
-    kernel._argp_update / _argmax_parts; the same token).
+    kernel._argp_update / _argmax_parts; the same token), attention's key-split groups with
+    the larger ones last (tail: compiler.split_groups; the same bits), attention's splits
+    that hold keys shared out over a (row, head)'s instructions at run time (dyn:
+    kernel._attn_op DYN, not with apipe; the same bits).
     Written
     "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/poll1/
-    apipe/parg/greedy/noalign"
+    apipe/parg/tail/dyn/greedy/noalign"
     (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -77,9 +80,11 @@ class Variant:
     poll1: bool = False
     apipe: bool = False
     parg: bool = False
+    tail: bool = False
+    dyn: bool = False
     # the on / off parts of a variant string, in the order str() writes them
     FLAGS = ("kv2", "fill", "pre", "split", "red", "elide", "rpf", "early", "poll1", "apipe",
-             "parg")
+             "parg", "tail", "dyn")
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -110,6 +115,8 @@ class Variant:
             raise ValueError(f"megakernel variant {spec!r}: pre needs a pipe* GEMV")
         if kw.get("split") and not kw.get("pre"):
             raise ValueError(f"megakernel variant {spec!r}: split needs pre")
+        if kw.get("dyn") and kw.get("apipe"):
+            raise ValueError(f"megakernel variant {spec!r}: dyn is not built with apipe")
         return cls(**kw)
 
     def launch_kw(self) -> dict:
@@ -118,7 +125,7 @@ class Variant:
         return dict(num_stages=self.stages, pf=self.pf, pfn=self.pfn, align=self.align,
                     sleep=self.sleep, kv2=self.kv2, pre=self.pre, split=self.split,
                     rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe,
-                    parg=self.parg)
+                    parg=self.parg, dyn=self.dyn)
 
     def __str__(self) -> str:
         s = f"{self.gemv}/w{self.warps}/s{self.stages}"
@@ -184,7 +191,7 @@ class MegakernelStep:
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
             st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm,
-            v.elide)
+            v.elide, v.tail, v.dyn and not self.hybrid)
         # (the hybrid kernel's alignment hint, decided once here: the launch, captured in a
         # CUDA graph, reads nothing back from the device)
         self.gemv_aligned = self.hybrid and hybrid_kernel.gemv_aligned(self.compiled, self.low)

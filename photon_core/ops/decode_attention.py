@@ -69,9 +69,12 @@ def rotary_sources(d, cos_ptr, sin_ptr, ti, HALF: tl.constexpr):
 @triton.jit
 def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h,
            NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-           SPLIT_P2: tl.constexpr):
+           SPLIT_P2: tl.constexpr, n_valid):
+    """The (row, head)'s first n_valid splits' partials (those past them hold no key: as
+    m = -inf, l = 0, acc = 0 their terms are 0, so leaving them out gives the same bits)
+    merged into out."""
     sidx = tl.arange(0, SPLIT_P2)
-    sok = sidx < NSPLIT
+    sok = sidx < n_valid
     base = (row * NH + h) * NSPLIT
     m = tl.load(m_ptr + base + sidx, mask=sok, other=float("-inf"), cache_modifier=".cg")
     l = tl.load(l_ptr + base + sidx, mask=sok, other=0.0, cache_modifier=".cg")
@@ -154,7 +157,7 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
         done = tl.atomic_add(cnt_ptr + row * NH + h, 1, sem="acq_rel")
         if done == NSPLIT - 1:           # the last split of this (row, head) merges
             _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
-                   SPLIT_P2)
+                   SPLIT_P2, NSPLIT)
             tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
 
 
@@ -248,7 +251,7 @@ def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out,
     pdl_launch_dependents(GDC)
     pdl_wait(GDC)
     _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, tl.program_id(0), tl.program_id(1),
-           NH, HD, NSPLIT, SPLIT_P2)
+           NH, HD, NSPLIT, SPLIT_P2, NSPLIT)
 
 
 class AttentionScratch:

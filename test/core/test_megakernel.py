@@ -400,6 +400,101 @@ def test_attention_second_split_preloaded_gives_the_same_bits(b, attn_per):
         _close_rows(r, vm, b)
 
 
+def test_split_groups_cover_the_splits_with_the_larger_groups_last():
+    """compiler.split_groups: ceil(ns / per) contiguous groups covering [0, ns) either way;
+    the plain form `per` splits from the first, the tail form sizes within one of each
+    other, never decreasing (7 at 3: 3 + 3 + 1 -> 2 + 2 + 3)."""
+    from photon_core.megakernel.compiler import split_groups
+
+    assert split_groups(7, 3) == [(0, 3), (3, 6), (6, 7)]
+    assert split_groups(7, 3, tail=True) == [(0, 2), (2, 4), (4, 7)]
+    assert split_groups(8, 3, tail=True) == [(0, 2), (2, 5), (5, 8)]
+    assert split_groups(4, 3, tail=True) == [(0, 2), (2, 4)]
+    for ns in range(1, 13):
+        for per in range(1, ns + 1):
+            for tail in (False, True):
+                g = split_groups(ns, per, tail)
+                assert len(g) == -(-ns // per)
+                assert g[0][0] == 0 and g[-1][1] == ns
+                assert all(a[1] == b[0] for a, b in zip(g, g[1:]))
+                sizes = [s1 - s0 for s0, s1 in g]
+                assert min(sizes) >= 1 and max(sizes) <= per
+                if tail:
+                    assert sizes == sorted(sizes) and max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_attention_groups_with_the_larger_ones_last_give_the_same_bits(b):
+    """tail (split_groups): a head's 4 key splits as 2 + 2 instead of 3 + 1 per attention
+    instruction - each split's partials and the merge over all splits do not depend on the
+    grouping: the same bits as the plain build, and the Python twin's values."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    m, st, fd = _setup()
+    s0 = _snapshot(st, fd)
+    got = {}
+    for variant in ("auto/a3", "auto/a3/tail"):
+        mk = MegakernelStep(fd, st, b, variant=variant)
+        sizes = sorted(i.sub[1] - i.sub[0] for i in mk.compiled.instrs
+                       if i.op_name == "attn.0" and i.tile[0] == 0 and i.tile[1] == 0)
+        assert sizes == ([2, 2] if variant.endswith("tail") else [1, 3])
+        _restore(st, fd, s0)
+        mk.run_vm()
+        vm = _snapshot(st, fd)
+        _restore(st, fd, s0)
+        mk.run_kernel()
+        assert int(mk.compiled.counters.abs().sum()) == 0
+        got[variant] = _snapshot(st, fd)
+        _close_rows(got[variant], vm, b)
+    for f in FIELDS:
+        assert torch.equal(got["auto/a3"][f], got["auto/a3/tail"][f]), f
+
+
+@pytest.mark.parametrize("per,pos", [(1, (5, 40)), (2, (5, 40)), (3, (63, 17))])
+def test_attention_splits_shared_out_at_run_time_give_the_same_bits(per, pos):
+    """dyn (kernel._attn_op DYN): each attention instruction takes its share of the splits
+    that hold keys at the row's position (4 splits of 16 keys; at position 5 only the first
+    holds any, so per 1 leaves three of a head's four instructions empty, at 40 three do),
+    the merge reads those splits only: the same bits as the fixed grouping, two launches in
+    a row (the positions advance), and the Python twin's values; the table holds each
+    instruction's place among its (row, head)'s."""
+    from photon_core.megakernel.instructions import F_P1, F_P2, OP_ATTN
+    from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
+
+    b = 2
+    m, st, fd = _setup()
+    st.pos[:b] = torch.tensor(pos)
+    s0 = _snapshot(st, fd)
+    with pytest.raises(ValueError):
+        Variant.parse("auto/a2/apipe/dyn")
+    got = {}
+    for variant in (f"auto/a{per}", f"auto/a{per}/dyn"):
+        mk = MegakernelStep(fd, st, b, variant=variant)
+        dyn = variant.endswith("dyn")
+        for i, ins in enumerate(mk.compiled.instrs):
+            if ins.op == OP_ATTN:
+                assert (int(mk.compiled.table[i, F_P1]), int(mk.compiled.table[i, F_P2])) == \
+                    ((ins.part, ins.part + 1) if dyn else ins.sub)
+        _restore(st, fd, s0)
+        mk.run_vm()
+        vm = _snapshot(st, fd)
+        runs = []
+        _restore(st, fd, s0)
+        for _ in range(2):
+            # stale partials of splits past the position must not reach the merge
+            for t, v in ((mk.low.scratch.m, 50.0), (mk.low.scratch.l, 3.0),
+                         (mk.low.scratch.acc, 7.0)):
+                t.fill_(v)
+            mk.run_kernel()
+            assert int(mk.compiled.counters.abs().sum()) == 0
+            runs.append(_snapshot(st, fd))
+        _close_rows(runs[0], vm, b)
+        got[dyn] = runs
+    for first, second in zip(got[False], got[True]):
+        for f in FIELDS:
+            assert torch.equal(first[f], second[f]), f
+
+
 @pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
                                            ("pipe@16x64", 1, 2), ("pipe_same", 1, 3)])
 def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
