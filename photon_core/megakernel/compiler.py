@@ -4,8 +4,9 @@
    whole BLOCK_N blocks, about one tile per SM per op (so every SM has work in every GEMV);
    advance / argmax one instruction per row; attention one per (row, head, group of key
    splits), the groups sized so that one layer's attention fills the SMs about once (b=1:
-   2 of 7 splits per instruction; b=8: all of them), the last of a (row, head) to finish
-   merging its splits (a per-(row, head) counter).
+   2 of 7 splits per instruction; b=8: all of them; the variants' aN sets it; tail: the
+   larger groups last, split_groups), the last of a (row, head) to finish merging its
+   splits (a per-(row, head) counter).
    Each instruction waits on the counters of the ops listed in its op's `after` (until each
    reaches that op's instruction count) and signals its own op's counter.
 2. schedule: list scheduling in topological (program) order: each instruction goes to the SM
