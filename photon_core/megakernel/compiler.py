@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -85,6 +86,7 @@ class Compiled:
     makespan_us: float               # the scheduler's estimate
     aligned: bool                    # every offset the kernel hints a multiple of 16 elements
     n_picks: int = 0                 # the lm head's instructions (slots of partial picks)
+    dyn: bool = False                # attention's splits in the table as places (kernel DYN)
 
     def queues(self) -> list[list[Instr]]:
         q = self.queue.tolist()
@@ -116,8 +118,8 @@ def split_groups(ns: int, per: int, tail: bool = False) -> list[tuple[int, int]]
     if not tail:
         return [(s0, min(ns, s0 + per)) for s0 in range(0, ns, per)]
     base, extra = divmod(ns, n)
-    sizes = [base] * (n - extra) + [base + 1] * extra
-    return [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(n)]
+    ends = list(itertools.accumulate([base] * (n - extra) + [base + 1] * extra))
+    return list(zip([0] + ends[:-1], ends))
 
 
 def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: int,
@@ -549,4 +551,4 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                     torch.tensor(queue, dtype=torch.int32, device=dev),
                     torch.zeros(len(ops) * CNT_STRIDE + n_attn * b * shape["NH"] + 1,
                                 dtype=torch.int32, device=dev),
-                    len(queues), bases, offsets, makespan, aligned, len(lm_slot))
+                    len(queues), bases, offsets, makespan, aligned, len(lm_slot), dyn)

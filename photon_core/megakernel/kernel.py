@@ -746,19 +746,18 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
                                                     scale, SU, NH, NKV, HD, CHUNK, S_POS)
             _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
                         acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
-    elif DYN:       # (an instruction may hold none of the splits below the position)
-        if s1 > s0:
+    else:
+        if DYN:     # (an instruction may hold none of the splits below the position)
+            empty = s1 <= s0
+        else:
+            empty = False
+        if empty:   # (its program's later instructions may count on this wait: elide)
+            _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+        else:
             _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
                          acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
                          wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES,
                          SLEEP, KV2, ACQ)
-        else:       # (its program's later instructions may count on this wait: elide)
-            _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-    else:
-        _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
-                     acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
-                     wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES,
-                     SLEEP, KV2, ACQ)
     tl.debug_barrier()
     done = n_sub - 1
     if n_sub > 1:     # release our partials, acquire the others'
@@ -1086,8 +1085,10 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     # (lm_parts: the lm op's instructions, each a slot of partial picks)
     kw["PARG"] = bool(parg) and bool(pipe) and lm_parts > 0
     kw["NP_BLOCK"] = triton.next_power_of_2(max(1, lm_parts))
-    # attention's splits shared out at run time (_attn_op DYN; the table compiled with dyn)
-    kw["DYN"] = bool(dyn) and not apipe
+    # attention's splits shared out at run time (_attn_op DYN: a table compiled with dyn)
+    if dyn and apipe:
+        raise ValueError("dyn is not built with apipe")
+    kw["DYN"] = bool(dyn)
     # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
     w2_first = sh.get("W2_FIRST", 0)
     kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
@@ -1100,7 +1101,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
                 pre: bool = False, trace=None, split: bool = False,
                 skip=None, rpf: bool = False, early: bool = False,
                 poll1: bool = False, apipe: bool = False,
-                parg: bool = False, dyn: bool = False) -> tuple[tuple, dict]:
+                parg: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -1116,7 +1117,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
                     pre, trace is not None, split, rpf, early, poll1, apipe, parg,
-                    c.n_picks, dyn)
+                    c.n_picks, c.dyn)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -1133,14 +1134,13 @@ def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
            sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
            split: bool = False, skip=None, rpf: bool = False, early: bool = False,
-           poll1: bool = False, apipe: bool = False, parg: bool = False, dyn: bool = False):
+           poll1: bool = False, apipe: bool = False, parg: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
-    skip: kernel_args'. dyn: the table's attention fields as compile_program(dyn=True)
-    writes them."""
+    skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
-                           split, skip, rpf, early, poll1, apipe, parg, dyn)
+                           split, skip, rpf, early, poll1, apipe, parg)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

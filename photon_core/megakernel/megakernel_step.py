@@ -125,7 +125,7 @@ class Variant:
         return dict(num_stages=self.stages, pf=self.pf, pfn=self.pfn, align=self.align,
                     sleep=self.sleep, kv2=self.kv2, pre=self.pre, split=self.split,
                     rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe,
-                    parg=self.parg, dyn=self.dyn)
+                    parg=self.parg)
 
     def __str__(self) -> str:
         s = f"{self.gemv}/w{self.warps}/s{self.stages}"
