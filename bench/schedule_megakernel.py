@@ -5,7 +5,7 @@ main e6a929d showed why it matters: with the plain greedy rule one program ran 1
 3072 attention instructions at b=1 (~7 us each), and "attention only" took 0.8 ms.
 
 Usage: PYTHONPATH=. python3 bench/schedule_megakernel.py [--variants V,V] [--b 1,8]
-       [--kv 832] [--n-sm 132]   (V: megakernel_step.Variant strings)
+       [--kv 832] [--n-sm 132]   (V: megakernel_step.Variant strings; SMs x its pN programs)
 """
 from __future__ import annotations
 
@@ -37,15 +37,33 @@ def placement(b: int, variant: str, kv: int, n_sm: int) -> dict:
     n_layers = MoondreamConfig().text.n_layers
     low = types.SimpleNamespace(layers=[layer] * n_layers,
                                 program=types.SimpleNamespace(dim=dims["d"]),
-                                shape=dict(sh, ANSWER_ID=-1))
+                                shape=dict(sh, ANSWER_ID=-1), head=False)
     ops = ProgramLowering._program(low, n_layers)      # the lowering's op list, no tensors
-    ins = C.split_ops(ops, b, sh, cfg, n_sm, 2, v.attn_per or None)
-    makespan = C.schedule(ins, n_sm, v.spread)
+    if v.fill:                                         # (compile_program's steps)
+        ops = C.fill_order(ops)
+    n_sm *= v.per_sm
+    ins = C.split_ops(ops, b, sh, cfg, n_sm, 2, v.attn_per or None, v.fill, v.per_sm, v.tail)
+    makespan = C.schedule(ins, n_sm, v.spread, v.lead if v.fill else 0)
     per = collections.Counter(i.sm for i in ins)
     attn = collections.Counter(i.sm for i in ins if i.op == OP_ATTN)
-    return dict(instructions=len(ins), programs=len(per), max_per_program=max(per.values()),
-                attn=sum(attn.values()), max_attn_per_program=max(attn.values()),
-                est_makespan_us=round(makespan, 1))
+    out = dict(instructions=len(ins), programs=len(per), max_per_program=max(per.values()),
+               attn=sum(attn.values()), max_attn_per_program=max(attn.values()),
+               est_makespan_us=round(makespan, 1))
+    # a fill GEMV's instructions queued before their program's attention (ldN)
+    held = {(i.sm, i.params["layer"]) for i in ins if i.op == OP_ATTN}
+    seen: set = set()
+    ahead = 0
+    for i in ins:
+        if not (i.op == OP_ATTN or i.fill):
+            continue
+        key = (i.sm, int(i.op_name.split(".")[-1]))
+        if i.op == OP_ATTN:
+            seen.add(key)
+        elif i.fill and key in held and key not in seen:
+            ahead += 1
+    if v.fill:
+        out["fill_instructions_before_attention"] = ahead
+    return out
 
 
 def main():
