@@ -43,26 +43,12 @@ def placement(b: int, variant: str, kv: int, n_sm: int) -> dict:
         ops = C.fill_order(ops)
     n_sm *= v.per_sm
     ins = C.split_ops(ops, b, sh, cfg, n_sm, 2, v.attn_per or None, v.fill, v.per_sm, v.tail)
-    makespan = C.schedule(ins, n_sm, v.spread, v.lead if v.fill else 0)
+    makespan = C.schedule(ins, n_sm, v.spread)
     per = collections.Counter(i.sm for i in ins)
     attn = collections.Counter(i.sm for i in ins if i.op == OP_ATTN)
     out = dict(instructions=len(ins), programs=len(per), max_per_program=max(per.values()),
                attn=sum(attn.values()), max_attn_per_program=max(attn.values()),
                est_makespan_us=round(makespan, 1))
-    # a fill GEMV's instructions queued before their program's attention (ldN)
-    held = {(i.sm, i.params["layer"]) for i in ins if i.op == OP_ATTN}
-    seen: set = set()
-    ahead = 0
-    for i in ins:
-        if not (i.op == OP_ATTN or i.fill):
-            continue
-        key = (i.sm, int(i.op_name.split(".")[-1]))
-        if i.op == OP_ATTN:
-            seen.add(key)
-        elif i.fill and key in held and key not in seen:
-            ahead += 1
-    if v.fill:
-        out["fill_instructions_before_attention"] = ahead
     return out
 
 

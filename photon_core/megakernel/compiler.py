@@ -217,22 +217,18 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
     return out
 
 
-def schedule(instrs: list[Instr], n_sm: int, spread: bool = True, lead: int = 0) -> float:
+def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
     """Greedy list scheduling in topological order; sets sm/start/end; returns the makespan.
     spread: an instruction goes to the SM holding the fewest instructions of its own op
     first, then the earliest free (session 4, H200: the plain greedy rule stacked up to 5 of
     a layer's 128 attention instructions on one SM, b=1: they looked cheap next to the
     GEMV tiles, but each costs ~7 us of latency, so one program carried 120 of the 3072
     attention instructions and attention alone took 0.8 ms per step; a GEMV op's tiles
-    are at most n_sm anyway).
-    lead: a fill op that follows an attention op (fill_order) first gives each program
-    holding one of that op's instructions `lead` of its blocks, queued BEFORE its attention
-    instruction (_lead: run while the program would wait for attention's inputs)."""
+    are at most n_sm anyway)."""
     free = [0.0] * n_sm
     op_end: dict[int, float] = {}
     out: list[Instr] = []
-    attn = None                           # the last attention op: (its place in out, group,
-    k = 0                                 # its programs' free times before it)
+    k = 0
     while k < len(instrs):
         sig = instrs[k].signal            # an op's instructions are consecutive, same waits
         j = k
@@ -240,14 +236,8 @@ def schedule(instrs: list[Instr], n_sm: int, spread: bool = True, lead: int = 0)
             j += 1
         group, k = instrs[k:j], j
         if group[0].fill:
-            if lead and attn is not None:
-                at, agroup, before = attn
-                pre, group = _lead(group, agroup, before, free, op_end, lead)
-                out[at:at] = pre
-            out += _fill(group, free, op_end) if group else []
-            attn = None
+            out += _fill(group, free, op_end)
             continue
-        attn = (len(out), group, list(free)) if group[0].op == OP_ATTN else None
         out += group
         ready = max((op_end[c] for c, _ in group[0].waits), default=0.0)
         if spread:
@@ -266,8 +256,7 @@ def schedule(instrs: list[Instr], n_sm: int, spread: bool = True, lead: int = 0)
                 _, sm = heapq.heappop(heap)
                 _place(ins, sm, free, ready, op_end)
                 heapq.heappush(heap, (free[sm], sm))
-    if len(out) != len(instrs) or any(x is not y for x, y in zip(out, instrs)):
-        # fill ops merged (the waits count their tiles anew) or led (_lead: a new order)
+    if len(out) != len(instrs):          # fill ops merged: the waits count their tiles anew
         n_of: dict[int, int] = {}
         for i in out:
             n_of[i.signal] = n_of.get(i.signal, 0) + 1
@@ -284,49 +273,6 @@ def _place(ins: Instr, sm: int, free: list[float], ready: float,
     ins.end = ins.start + ins.cost
     free[sm] = ins.end
     op_end[ins.signal] = max(op_end.get(ins.signal, 0.0), ins.end)
-
-
-def _merge_blocks(part: list[Instr], fixed: float) -> Instr:
-    """A program's consecutive single blocks of a fill op as one instruction (part[0])."""
-    ins = part[0]
-    ins.tile = (part[0].tile[0], part[-1].tile[1])
-    ins.cost = fixed + sum(i.cost - fixed for i in part)
-    return ins
-
-
-def _lead(group: list[Instr], attn: list[Instr], before: list[float], free: list[float],
-          op_end: dict[int, float], lead: int) -> tuple[list[Instr], list[Instr]]:
-    """The first blocks of a fill op, `lead` to each program whose last placed instructions
-    are its instructions of the attention op `attn` (programs in order, consecutive rows,
-    at most half the blocks): each program's merged into one instruction that its queue
-    holds before its attention instructions (the caller inserts them before `attn` in the
-    topological list). The fill op waits only on ops before the attention op, so the
-    queues stay deadlock-free. The model starts each such program's attention at
-    max(the lead's end, its inputs' readiness). Returns (the lead instructions, the blocks
-    left to deal)."""
-    fixed = FILL_INSTR_US
-    ready_fill = max((op_end[c] for c, _ in group[0].waits), default=0.0)
-    ready_attn = max((op_end[c] for c, _ in attn[0].waits), default=0.0)
-    mine: dict[int, list[Instr]] = {}
-    for a in attn:
-        mine.setdefault(a.sm, []).append(a)
-    progs = sorted(p for p, q in mine.items() if free[p] == q[-1].end)
-    progs = progs[:len(group) // (2 * lead)]
-    pre = []
-    for n, p in enumerate(progs):
-        ins = _merge_blocks(group[n * lead:(n + 1) * lead], fixed)
-        ins.sm, ins.start = p, max(before[p], ready_fill)
-        ins.end = ins.start + ins.cost
-        t = ins.end
-        for a in mine[p]:                    # (placed one after another)
-            a.start = max(t, ready_attn)
-            a.end = t = a.start + a.cost
-        free[p] = t
-        op_end[ins.signal] = max(op_end.get(ins.signal, 0.0), ins.end)
-        pre.append(ins)
-    if pre:
-        op_end[attn[0].signal] = max(a.end for a in attn)
-    return pre, group[len(pre) * lead:]
 
 
 def _fill(group: list[Instr], free: list[float], op_end: dict[int, float]) -> list[Instr]:
@@ -351,8 +297,11 @@ def _fill(group: list[Instr], free: list[float], op_end: dict[int, float]) -> li
     for p, cnt in enumerate(n):
         if not cnt:
             continue
-        ins = _merge_blocks(group[j:j + cnt], fixed)
+        part = group[j:j + cnt]
         j += cnt
+        ins = part[0]
+        ins.tile = (part[0].tile[0], part[-1].tile[1])
+        ins.cost = fixed + sum(i.cost - fixed for i in part)
         ins.sm, ins.start = p, start[p]
         ins.end = ins.start + ins.cost
         free[p] = ins.end
@@ -422,8 +371,8 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                     shape: dict, gemv_cfg: dict, n_sm: int,
                     model_dtype: torch.dtype, attn_per: int | None = None,
                     spread: bool = True, fill: bool = False, per_sm: int = 1,
-                    elide: bool = False, tail: bool = False, dyn: bool = False,
-                    lead: int = 0) -> Compiled:
+                    elide: bool = False, tail: bool = False, dyn: bool = False
+                    ) -> Compiled:
     """fill: each GEMV op marked params["fill"] (the lowering marks the GEMV that runs
     beside attention: Moondream's fc1 rows) moves after the attention op that follows it
     and its rows are dealt out by the programs' free times (schedule / _fill): the
@@ -431,13 +380,12 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
     equal tile first and attention after it on the critical path. tail: attention's key-split
     groups with the larger ones last (split_groups); dyn: the table gives an attention
     instruction its place among its (row, head)'s, the kernel its splits at run time
-    (kernel._attn_op DYN); lead (fill only): `lead` blocks of the fill op on each program
-    that holds one attention instruction, queued before it (schedule / _lead)."""
+    (kernel._attn_op DYN)."""
     elsize = torch.tensor([], dtype=model_dtype).element_size()
     if fill:
         ops = fill_order(ops)
     instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per, fill, per_sm, tail)
-    makespan = schedule(instrs, n_sm, spread, lead if fill else 0)
+    makespan = schedule(instrs, n_sm, spread)
     # compact the SMs that got work into programs 0..P-1; queue order = topological order
     used = sorted({i.sm for i in instrs})
     prog = {s: p for p, s in enumerate(used)}

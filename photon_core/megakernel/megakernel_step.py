@@ -50,12 +50,10 @@ class Variant:
     kernel._argp_update / _argmax_parts; the same token), attention's key-split groups with
     the larger ones last (tail: compiler.split_groups; the same bits), attention's splits
     that hold keys shared out over a (row, head)'s instructions at run time (dyn:
-    kernel._attn_op DYN, not with apipe; the same bits), N blocks of the fill GEMV queued
-    before each program's attention instruction (ldN, with fill: compiler._lead; the same
-    bits).
+    kernel._attn_op DYN, not with apipe; the same bits).
     Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/ld2/kv2/fill/pre/split/red/elide/rpf/early/
-    poll1/apipe/parg/tail/dyn/greedy/noalign"
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/poll1/
+    apipe/parg/tail/dyn/greedy/noalign"
     (any order
     after the GEMV; pf
     in KiB; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -84,7 +82,6 @@ class Variant:
     parg: bool = False
     tail: bool = False
     dyn: bool = False
-    lead: int = 0
     # the on / off parts of a variant string, in the order str() writes them
     FLAGS = ("kv2", "fill", "pre", "split", "red", "elide", "rpf", "early", "poll1", "apipe",
              "parg", "tail", "dyn")
@@ -96,7 +93,7 @@ class Variant:
         if parts[0] != "auto":
             parse_gemv(parts[0])          # ValueError on an unknown GEMV choice
         for p in parts[1:]:
-            for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024), ("ld", "lead", 1),
+            for key, name, scale in (("pfn", "pfn", 1024), ("pf", "pf", 1024),
                                      ("sl", "sleep", 1), ("w", "warps", 1),
                                      ("a", "attn_per", 1), ("p", "per_sm", 1),
                                      ("s", "stages", 1), ("u", "unroll", 1)):
@@ -120,8 +117,6 @@ class Variant:
             raise ValueError(f"megakernel variant {spec!r}: split needs pre")
         if kw.get("dyn") and kw.get("apipe"):
             raise ValueError(f"megakernel variant {spec!r}: dyn is not built with apipe")
-        if kw.get("lead") and not kw.get("fill"):
-            raise ValueError(f"megakernel variant {spec!r}: ld needs fill")
         return cls(**kw)
 
     def launch_kw(self) -> dict:
@@ -140,7 +135,6 @@ class Variant:
         s += f"/sl{self.sleep}" if self.sleep else ""
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
-        s += f"/ld{self.lead}" if self.lead else ""
         s += "".join(f"/{f}" for f in self.FLAGS if getattr(self, f))
         s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
@@ -197,7 +191,7 @@ class MegakernelStep:
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
             st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm,
-            v.elide, v.tail, v.dyn and not self.hybrid, v.lead)
+            v.elide, v.tail, v.dyn and not self.hybrid)
         # (the hybrid kernel's alignment hint, decided once here: the launch, captured in a
         # CUDA graph, reads nothing back from the device)
         self.gemv_aligned = self.hybrid and hybrid_kernel.gemv_aligned(self.compiled, self.low)

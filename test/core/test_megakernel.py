@@ -286,59 +286,6 @@ def test_fill_schedule_deals_fc1_rows_around_attention():
         assert torch.equal(got["auto/a2"][f], got["auto/a2/fill"][f]), f
 
 
-@pytest.mark.parametrize("b", [1, 2])
-def test_fill_blocks_ahead_of_attention_give_the_same_bits(b):
-    """ldN (compiler._lead, with fill): each program whose last placed instructions are a
-    layer's attention gets N of that layer's fc1 blocks queued before its attention (they
-    wait only for the previous layer, as the qkv tile before them, whose LayerNorm they
-    reuse); the rest are dealt out as before. fc1's rows are covered once, the waits count
-    every fc1 instruction, the Python twin deadlocks nowhere and gives the fused step's
-    fields; one interpreted program the same bits as the build without the lead."""
-    from photon_core.megakernel.instructions import OP_ATTN, OP_GEMV_W1
-    from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
-    from photon_core.megakernel.python_vm import PythonVM
-
-    assert str(Variant.parse("auto/a2/fill/ld2")) == "auto/w8/s3/a2/ld2/fill"
-    with pytest.raises(ValueError):
-        Variant.parse("auto/a2/ld2")                    # ld needs fill
-    m, st, fd, s0, ref = _with_fused_reference(b)
-    for n_sm, lead in ((12, 1), (6, 2), (1, 1)):
-        mk = MegakernelStep(fd, st, b, n_sm=n_sm, variant=f"auto/a2/fill/ld{lead}")
-        c, bn = mk.compiled, mk.low.gemv_cfg[OP_GEMV_W1].block_n
-        _check_ln_reuse_and_waits(c, reuse=True)
-        for layer in range(2):
-            fc1 = sorted(i.tile for i in c.instrs if i.op_name == f"w1fc1.{layer}")
-            assert all(x[1] == y[0] for x, y in zip(fc1, fc1[1:]))
-            ahead = 0
-            for q in c.queues():
-                names = [i.op_name for i in q]
-                if f"attn.{layer}" not in names:
-                    continue
-                a = names.index(f"attn.{layer}")
-                if f"w1fc1.{layer}" in names[:a]:
-                    ahead += 1
-                    k = names.index(f"w1fc1.{layer}")
-                    assert names[k - 1] == f"w1qkv.{layer}" and q[k].ln_reuse
-                    assert q[k].tile[1] - q[k].tile[0] == lead * bn
-            assert ahead > 0, (n_sm, layer)
-        _restore(st, fd, s0)
-        PythonVM(c, mk.low).run()
-        _close_rows(_snapshot(st, fd), ref, b)
-    got = {}
-    for variant in ("auto/a2/fill", "auto/a2/fill/ld1"):
-        _restore(st, fd, s0)
-        mk = MegakernelStep(fd, st, b, variant=variant)
-        assert any(p.op_name.startswith("w1fc1") and i.op == OP_ATTN
-                   for q in mk.compiled.queues() for p, i in zip(q, q[1:])) == \
-            variant.endswith("ld1")
-        mk.run_kernel()
-        assert int(mk.compiled.counters.abs().sum()) == 0
-        got[variant] = _snapshot(st, fd)
-    _close_rows(got["auto/a2/fill/ld1"], ref, b)
-    for f in FIELDS:
-        assert torch.equal(got["auto/a2/fill"][f], got["auto/a2/fill/ld1"][f]), f
-
-
 def test_python_vm_matches_fused_step_and_detects_a_bad_schedule():
     from photon_core.megakernel.megakernel_step import MegakernelStep
     from photon_core.megakernel.python_vm import Deadlock, PythonVM
