@@ -11,6 +11,8 @@ run(encode_image(frame), task); wall = the host's time for the whole call, also 
 Usage: PYTHONPATH=. python3 bench/e2e_timeline.py [--tasks detect5,query32] [--gaps 12]
        [--set photon_core.fast.pipelined_decoder:SKIP_FINAL_FORWARD=0]
        [--megakernel on] [--deterministic] [--host-profile 30] [--profile-one-call] [--top 20]
+       [--dump]   (every GPU interval of the profiled call to $OUT/e2e_kernels_<task>.json;
+                   "idle_by_next_kernel": the idle time summed by the kernel that ends it)
        [--ab MODULE:NAME=VALUE [--ab-rounds 4]]
        [--family qwen3.5-0.8b --tasks query32]   (another family's real shapes, random weights:
        sweep_gemv_family.build_model)
@@ -67,8 +69,16 @@ def timeline(ks: list, n_gaps: int) -> dict:
     for t0, t1, name in ks:
         k = kind_of(name)
         by_kind[k] = by_kind.get(k, 0.0) + (t1 - t0)
+    by_next: dict[str, list] = {}
+    for g, _, _, nxt in gaps:
+        e = by_next.setdefault(nxt[:48], [0.0, 0])
+        e[0] += g
+        e[1] += 1
     gaps.sort(reverse=True)
-    return {"span_ms": round(span / 1e3, 3), "busy_ms": round(busy / 1e3, 3),
+    return {"idle_by_next_kernel": [[k, round(v[0], 1), v[1], round(v[0] / v[1], 2)]
+                                    for k, v in sorted(by_next.items(),
+                                                       key=lambda kv: -kv[1][0])[:12]],
+            "span_ms": round(span / 1e3, 3), "busy_ms": round(busy / 1e3, 3),
             "idle_ms": round((span - busy) / 1e3, 3), "kernels": len(ks),
             "gaps_over_20us": sum(1 for g in gaps if g[0] > 20),
             "idle_in_gaps_over_20us_ms": round(sum(g[0] for g in gaps if g[0] > 20) / 1e3, 3),
@@ -154,6 +164,8 @@ def main():
                     help="also the one call with this switch against its value in the run, "
                          "alternating in this process (ab_one_call)")
     ap.add_argument("--ab-rounds", type=int, default=4)
+    ap.add_argument("--dump", action="store_true",
+                    help="write every profiled GPU interval to $OUT/e2e_kernels_<task>.json")
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
                     help="also cProfile one run: the N functions by cumulative / own time")
     args = ap.parse_args()
@@ -186,6 +198,16 @@ def main():
             wall = (time.perf_counter() - t0) * 1e3
         ks = kernels(prof)
         res = timeline(ks, args.gaps)
+        if args.dump:           # every GPU interval: [start us from the first, us, name];
+            #                     the host's CUDA API calls the same way (host clock = the
+            #                     profiler's common clock)
+            write_json(f"e2e_kernels_{name}.json",
+                       [[round(a - ks[0][0], 2), round(b - a, 2), n[:80]] for a, b, n in ks])
+            api = sorted((ev.time_range.start, ev.time_range.end, ev.name)
+                         for ev in prof.events() if ev.device_type.name == "CPU"
+                         and ev.name.startswith("cuda"))
+            write_json(f"e2e_host_api_{name}.json",
+                       [[round(a - ks[0][0], 2), round(b - a, 2), n[:60]] for a, b, n in api])
         if args.top:
             res["top_kernels"] = top_kernels(ks, args.top)
         res["wall_ms_profiled"] = round(wall, 3)

@@ -19,6 +19,7 @@ given runs (pipelined_decoder.py). On the CPU the identical pipeline runs withou
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from typing import Callable
 
@@ -187,7 +188,8 @@ class FastEngine(EngineConveniences):
             if self.prefill is not None:
                 self.prefill.capture()
 
-    def encode_image(self, image, crops: str | None = None, sync: bool = True):
+    def encode_image(self, image, crops: str | None = None, sync: bool = True,
+                     _borrow: bool = False):
         """-> the family's encoded image. image: an image or an EncodeRequest (its crop mode);
         crops: "overlap" | "overlap:N" | "global" (None: the request's, else EngineOptions.crops).
         sync=False: with the batched encoder on CUDA, return once the encode is queued on
@@ -199,14 +201,16 @@ class FastEngine(EngineConveniences):
         encoder "reference": the family's fast encoder (Moondream 2 on the GPU:
         graphed_reference_encoder.py, the reference's functions in one graph per tiling,
         bit-identical),
-        else the reference model's encode_image."""
+        else the reference model's encode_image. _borrow (start()'s, the batched encoder
+        only): the k/v are views of the encode graph's output (graphed_batch_encoder
+        encode_batch's borrow)."""
         if isinstance(image, PrefixState):
             return image
         image, mode = unwrap(image, crops, self.options.crops)
         if self.batch_encoder is not None and (
                 self.fast_encode or (mode != "overlap" and self.encoder is not None)):
             with self._compute_stream_ctx():
-                return self.batch_encoder.encode(image, mode, sync)
+                return self.batch_encoder.encode(image, mode, sync, _borrow)
         if mode != "overlap" and self.batch_encoder is None:
             raise ValueError(f"crops={mode!r}: this model family encodes whole images only "
                              "(crops='overlap')")
@@ -250,9 +254,15 @@ class FastEngine(EngineConveniences):
               ignore_eos: bool = False) -> FastRun:
         self.capabilities.check_skill(task.skill)   # the family's refusal, before any encode
         # an encoded image is returned as is; an image is encoded without a host wait (the
-        # prefill goes on the same stream behind it)
-        enc = self.encode_image(enc, sync=False)
-        return FastRun(self, enc, task, stream, ignore_eos)
+        # prefill goes on the same stream behind it), its k/v borrowed from the encode
+        # graph's output: the run copies them into its row right away, on this stream, and
+        # keeps no handle on them (its enc says how long the prefix was, no more)
+        image = not isinstance(enc, PrefixState)
+        enc = self.encode_image(enc, sync=False, _borrow=image)
+        run = FastRun(self, enc, task, stream, ignore_eos)
+        if image and enc.kv is not None:
+            run.enc = dataclasses.replace(enc, kv=None, n_tokens=enc.length)
+        return run
 
     def step_batch(self, runs) -> list[bool]:
         with self._compute_stream_ctx(), torch.inference_mode():

@@ -223,12 +223,17 @@ class GraphedBatchEncoder:
         return e.kv
 
     # -- encode ----------------------------------------------------------------------------
-    def encode_batch(self, images: list, crops: str | None = None, sync: bool = True) -> list:
+    def encode_batch(self, images: list, crops: str | None = None, sync: bool = True,
+                     borrow: bool = False) -> list:
         """One EncodedImage per image, in order (EncodedImages given pass through).
         sync=False (CUDA): return once the encode is queued on the current stream (work
         queued after it on that stream sees its k/v: a task's prefill follows without the
         GPU idling while the host prepares it); encode_ms is then the host's time and
-        EncodedImage.gpu_encode_ms() the GPU's (CUDA events around the call)."""
+        EncodedImage.gpu_encode_ms() the GPU's (CUDA events around the call).
+        borrow: a graphed layout's k/v are views of its graph's output, not copies (one
+        pass over the prefix's k/v less: 137 MB for Moondream 2), valid only until the
+        next encode of that layout is queued - for a caller that copies them out on this
+        stream before anything else runs (FastEngine.start of an image)."""
         from ..models.moondream2.model import EncodedImage
 
         images = list(images)
@@ -261,7 +266,7 @@ class GraphedBatchEncoder:
                     frames.append((i, array, x, frame_layout(x, tiling, mode)))
             frames.sort(key=lambda f: _order(f[3]))                  # canonical order
             with torch.inference_mode():
-                kvs = self._encode_frames(frames)
+                kvs = self._encode_frames(frames, borrow)
             # sync: the k/v are ready and encode_ms is their time: this stream's work only
             # (the encode's), not the whole device's (other engines' streams)
             if start is not None:
@@ -283,8 +288,9 @@ class GraphedBatchEncoder:
         _, x, tiling = self.model.image_crops(array, mode)
         return x, frame_layout(x, tiling, mode)
 
-    def _encode_frames(self, frames: list) -> list[torch.Tensor]:
-        """frames [(index, array, crops, layout)] in canonical order -> k/v of each."""
+    def _encode_frames(self, frames: list, borrow: bool = False) -> list[torch.Tensor]:
+        """frames [(index, array, crops, layout)] in canonical order -> k/v of each
+        (borrow: views of a graph's output where one layout's graph ran them all)."""
         key = tuple(f[3] for f in frames)
         sizes = self._uniform_split(key)
         if sizes is not None:                  # k frames of one layout: captured sizes
@@ -299,7 +305,8 @@ class GraphedBatchEncoder:
         kv = self._run(key, frames)
         if kv is not None:
             self.counts["batched" if len(key) > 1 else "single"] += 1
-            return [kv[:, :, j:j + 1].clone() for j in range(len(frames))]
+            return [kv[:, :, j:j + 1] if borrow else kv[:, :, j:j + 1].clone()
+                    for j in range(len(frames))]
         self.counts["frame_by_frame"] += 1     # through the single-frame graphs
         return [self._run((f[3],), [f]).clone() for f in frames]
 
@@ -346,8 +353,9 @@ class GraphedBatchEncoder:
                         self._new_entry(key, [(None, img, x, lay)] * n)
         return self.counts["captures"] - before
 
-    def encode(self, image, crops: str | None = None, sync: bool = True):
-        return self.encode_batch([image], crops, sync)[0]
+    def encode(self, image, crops: str | None = None, sync: bool = True,
+               borrow: bool = False):
+        return self.encode_batch([image], crops, sync, borrow)[0]
 
     def summary(self) -> dict:
         return {"graphs": len(self.entries), "batch_graphs": self.n_batch_graphs(),

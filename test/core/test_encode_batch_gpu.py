@@ -72,3 +72,34 @@ def test_graphed_encode_batch_matches_reference(dtype, encoder):
             ref = m.run(r, t)
             assert (res.output, res.tokens) == (ref.output, ref.tokens)
     fe.close()
+
+
+def test_tasks_started_on_images_borrow_the_encode_graph_output():
+    """FastEngine.start(image) copies the k/v into the run's row straight from the encode
+    graph's output (graphed_batch_encoder's borrow: no copy of its own): two frames of one
+    layout started back to back - the second replay overwrites that output before either
+    run decodes - give the outputs of tasks on owned encodings, in the graph replay."""
+    from photon_core.fast import FastEngine
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
+    from photon_core.task import Task
+
+    m = build_random_model(tiny_config(fast=True), device="cuda", dtype="fp32", seed=0,
+                           eos_bias=TEST_EOS_BIAS["fast"])
+    fe = FastEngine(m, max_batch=2)
+    frames = [f for f in _frames() if f.shape[:2] == (120, 160)]
+    t = Task("query", question="What is it?", max_tokens=8)
+    encs = [fe.encode_image(f) for f in frames]           # captures the layout's graph
+    refs = [fe.run(e, t) for e in encs]
+    assert refs[0].tokens != refs[1].tokens     # (a run on the other's k/v would show)
+    before = fe.batch_encoder.counts["single"]
+    runs = [fe.start(f, t) for f in frames]
+    assert fe.batch_encoder.counts["single"] == before + 2     # both through the graph
+    assert all(r.enc.kv is None for r in runs)
+    while any(fe.step_batch(runs)):
+        pass
+    fe.drain()
+    for r, ref in zip(runs, refs):
+        got = r.result()
+        assert (got.output, got.tokens) == (ref.output, ref.tokens)
+    fe.close()

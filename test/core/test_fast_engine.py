@@ -154,3 +154,30 @@ def test_graphed_encoder_body_equals_reference_encode(model):
         assert (ref.width, ref.height) == (got.width, got.height)
     assert len(fe.encoder.entries) >= 1          # one per tiling/crop count
     fe.close()
+
+
+def test_a_task_started_on_an_image_keeps_no_prefix_kv(model):
+    """start(image): the run copies the encode's k/v into its row (on the GPU from the
+    encode graph's own output, graphed_batch_encoder's borrow) and keeps only the prefix's
+    length - no handle that a later encode could change under it. Two images started one
+    after the other (the second encode queued before either run decodes) give the results
+    of tasks on their own encodings."""
+    fe = FastEngine(model, max_batch=2)
+    rng = np.random.default_rng(5)
+    imgs = [rng.integers(0, 256, (120, 160, 3), dtype=np.uint8) for _ in range(2)]
+    t = Task("detect", object="person", max_objects=3)
+    encs_ = [fe.encode_image(i) for i in imgs]
+    refs = [fe.run(e, t) for e in encs_]
+    runs = [fe.start(i, t) for i in imgs]
+    for r, e in zip(runs, encs_):
+        assert r.enc.kv is None and r.enc.length == e.length > 0
+    while any(fe.step_batch(runs)):
+        pass
+    fe.drain()
+    for r, ref in zip(runs, refs):
+        assert same(r.result(), ref)
+    on_enc = fe.start(encs_[0], t)                # an encoded image is the caller's: kept
+    assert on_enc.enc is encs_[0]
+    on_enc.cancel()
+    fe.drain()
+    fe.close()
