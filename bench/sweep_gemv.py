@@ -33,7 +33,10 @@ FMA = [C(8, 512, 1, 4, 3, False), C(16, 512, 1, 4, 3, False), C(16, 256, 1, 4, 3
        C(16, 512, 1, 8, 3, False), C(32, 256, 1, 8, 3, False), C(16, 1024, 1, 8, 3, False),
        C(8, 1024, 1, 4, 3, False), C(4, 1024, 1, 4, 3, False), C(8, 256, 1, 4, 4, False),
        C(4, 512, 1, 4, 3, False), C(8, 512, 4, 4, 3, False), C(8, 512, 2, 4, 3, False),
-       C(16, 256, 4, 4, 3, False), C(4, 1024, 2, 4, 3, False)]
+       C(16, 256, 4, 4, 3, False), C(4, 1024, 2, 4, 3, False),
+       # two rows per program (gemv._rule's b = 1 form below N = 8192; session 30)
+       C(2, 1024, 1, 4, 3, False), C(2, 512, 1, 4, 3, False), C(2, 1024, 1, 2, 3, False),
+       C(2, 2048, 1, 8, 3, False), C(4, 2048, 1, 8, 3, False)]
 DOT = [C(16, 256, 1, 4, 3, True), C(32, 128, 1, 4, 4, True), C(16, 512, 1, 4, 3, True),
        C(32, 256, 1, 4, 3, True), C(64, 128, 1, 4, 3, True), C(16, 128, 1, 4, 4, True)]
 DECODE = {   # the decode step's GEMVs (bench_kernels.py sweeps them at its candidates)

@@ -59,6 +59,11 @@ def _own_stream(device, taken: list) -> torch.cuda.Stream:
     return s
 
 
+# start() of an image copies the prefix k/v into the run's row straight from the encode
+# graph's output (False: the encoded image's own copy first, as before session 30)
+BORROW_ENCODE = True
+
+
 class FastEngine(EngineConveniences):
     # encode_image / encode_batch take sync=False (the scheduler's queued encodes,
     # photon_core/scheduler/queued_encode.py)
@@ -257,7 +262,7 @@ class FastEngine(EngineConveniences):
         # prefill goes on the same stream behind it), its k/v borrowed from the encode
         # graph's output: the run copies them into its row right away, on this stream, and
         # keeps no handle on them (its enc says how long the prefix was, no more)
-        image = not isinstance(enc, PrefixState)
+        image = not isinstance(enc, PrefixState) and BORROW_ENCODE
         enc = self.encode_image(enc, sync=False, _borrow=image)
         run = FastRun(self, enc, task, stream, ignore_eos)
         if image and enc.kv is not None:
