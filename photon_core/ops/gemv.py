@@ -179,11 +179,13 @@ TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {
     # region heads (detect/point), bench/sweep_gemv.py on the H200 (2026-11-29), us at b=1 / 8:
     #   fc1 + gelu 8192x2048: 11.5 / 11.3 (69 %);  coord fc2 1024x8192: 12.6 / 16.5 (31 / 24 %)
     #   size fc2 2048x8192: 13.9 / 17.2 (57 / 46 %)  (N too small for one pass without split-K)
+    # b=1 fc2s since session 30 (call 4, the same sweep with two-row fma tiles: 512 / 1024
+    # programs instead of 64 / 512): coord 6.81 us vs 12.73, size 10.84 vs 13.61
     (8192, 2048, EPI_QKV_GELU, True): GemvConfig(32, 256, 1, 4, 3, True),
     (8192, 2048, EPI_QKV_GELU, False): GemvConfig(32, 256, 1, 4, 3, True),
-    (1024, 8192, EPI_STORE, True): GemvConfig(16, 1024, 1, 8, 3, False),
+    (1024, 8192, EPI_STORE, True): GemvConfig(2, 2048, 1, 8, 3, False),
     (1024, 8192, EPI_STORE, False): GemvConfig(16, 512, 1, 4, 3, True),
-    (2048, 8192, EPI_STORE, True): GemvConfig(4, 1024, 1, 4, 3, False),
+    (2048, 8192, EPI_STORE, True): GemvConfig(2, 1024, 1, 4, 3, False),
     (2048, 8192, EPI_STORE, False): GemvConfig(16, 512, 1, 4, 3, True),
 }
 CANDIDATES = [
