@@ -45,7 +45,12 @@ def targets():
             (pd.PipelinedDecoder, "launch", "decoder launch"),
             (pd.PipelinedDecoder, "commit", "decoder commit"),
             (gbe, "to_rgb_array", "to_rgb_array"),
-            (gbe, "pixel_layout", "pixel_layout")]
+            (gbe, "pixel_layout", "pixel_layout"),
+            (gbe.GpuTiming, "start_event", "GpuTiming.start_event"),
+            (np, "copyto", "np.copyto"),
+            (torch.cuda.Event, "synchronize", "Event.synchronize"),
+            (torch.cuda.Event, "record", "Event.record"),
+            (torch.cuda.CUDAGraph, "replay", "CUDAGraph.replay")]
 
 
 class Recorder:
@@ -54,6 +59,7 @@ class Recorder:
         self.events: list[tuple[str, float, float]] = []
 
     def wrap(self, owner, attr, label):
+        raw = owner.__dict__.get(attr) if isinstance(owner, type) else None
         fn = getattr(owner, attr)
         rec = self
 
@@ -67,8 +73,8 @@ class Recorder:
             finally:
                 if rec.t0 is not None:
                     rec.events.append((label, t - rec.t0, time.perf_counter() - rec.t0))
-        setattr(owner, attr, timed)
-        return fn
+        setattr(owner, attr, staticmethod(timed) if isinstance(raw, staticmethod) else timed)
+        return raw if isinstance(raw, staticmethod) else fn
 
 
 def main():
