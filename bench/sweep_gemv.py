@@ -38,7 +38,12 @@ FMA = [C(8, 512, 1, 4, 3, False), C(16, 512, 1, 4, 3, False), C(16, 256, 1, 4, 3
        C(2, 1024, 1, 4, 3, False), C(2, 512, 1, 4, 3, False), C(2, 1024, 1, 2, 3, False),
        C(2, 2048, 1, 8, 3, False), C(4, 2048, 1, 8, 3, False)]
 DOT = [C(16, 256, 1, 4, 3, True), C(32, 128, 1, 4, 4, True), C(16, 512, 1, 4, 3, True),
-       C(32, 256, 1, 4, 3, True), C(64, 128, 1, 4, 3, True), C(16, 128, 1, 4, 4, True)]
+       C(32, 256, 1, 4, 3, True), C(64, 128, 1, 4, 3, True), C(16, 128, 1, 4, 4, True),
+       # more for the prompt prefill's rows (b = 8; session 30)
+       C(128, 128, 1, 8, 3, True), C(64, 256, 1, 8, 3, True), C(32, 512, 1, 8, 3, True),
+       C(64, 128, 1, 4, 4, True), C(16, 256, 2, 4, 3, True), C(16, 512, 2, 4, 3, True),
+       C(32, 256, 2, 4, 3, True), C(16, 256, 4, 4, 4, True), C(32, 128, 4, 4, 4, True),
+       C(16, 1024, 1, 8, 3, True), C(32, 256, 1, 8, 4, True)]
 DECODE = {   # the decode step's GEMVs (bench_kernels.py sweeps them at its candidates)
     "qkv|fc1 +gelu": (14336, 2048, G.EPI_QKV_GELU),
     "lm head": (51200, 2048, G.EPI_STORE),

@@ -91,8 +91,27 @@ def buckets_for(rows: int) -> tuple[int, ...]:
     return tuple(out + [rows])
 
 
+# the forward piece captured once per ping-pong slot with the step's staging copy of `out`
+# into that slot at its end ("forward#i"): one graph boundary less per step (H200, session 30
+# call 3: a step's gaps were ~1.9 us megakernel -> copy, ~6.3 us copy -> the next step's
+# first graph, ~3 us between graphs); False: the plain forward and the copy after it
+STAGED_FORWARD = True
+
+
+def staged(fn: Callable, target: torch.Tensor) -> Callable:
+    """fn (a forward piece), then the sampled values `out` copied into `target` (a slot's
+    staging buffer: pingpong_slots.PingPongSlots.stage's copy)."""
+    def piece(st: ds.StepState, b: int) -> None:
+        fn(st, b)
+        target.copy_(st.out)
+    return piece
+
+
 class CudaGraphRunner:
-    def __init__(self, state: ds.StepState, rows: int, use_graphs: bool):
+    def __init__(self, state: ds.StepState, rows: int, use_graphs: bool,
+                 stage_into: list[torch.Tensor] | tuple = ()):
+        """stage_into: the ping-pong slots' staging buffers; "forward#i" = the forward then
+        the copy of `out` into stage_into[i] (STAGED_FORWARD)."""
         self.state = state
         self.buckets = buckets_for(rows)
         self.use_graphs = use_graphs
@@ -103,6 +122,8 @@ class CudaGraphRunner:
         for name, _ in state.program.heads:
             self.fns.setdefault(name, ds.head(name))
         self.fns["forward"] = ds.forward
+        for i, t in enumerate(stage_into if STAGED_FORWARD else ()):
+            self.fns[f"forward#{i}"] = staged(ds.forward, t)
         # launch order of a step's pieces: the sample pieces, then the forward
         self.pieces = tuple(self.fns)
         self.capture_ms = 0.0

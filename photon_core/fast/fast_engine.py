@@ -101,7 +101,9 @@ class FastEngine(EngineConveniences):
         self.deterministic = deterministic
         self.state = StepState(fam, max_batch, self.kv, options)
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
-        self.runner = CudaGraphRunner(self.state, max_batch, self.use_graphs)
+        self.slots = PingPongSlots(max_batch, dev)
+        self.runner = CudaGraphRunner(self.state, max_batch, self.use_graphs,
+                                      [s.dev_out for s in self.slots.slots])
         self.prefill = GraphedPrefill(self.state, self.use_graphs) if graphed_prefill else None
         # default: graphs for the encoder where graphs are used; the CPU keeps the reference's
         if graphed_encoder is None:
@@ -119,7 +121,6 @@ class FastEngine(EngineConveniences):
             default_crops=options.crops)
         if callable(getattr(fam, "crop_count", None)):
             self.crop_count = self._crop_count
-        self.slots = PingPongSlots(max_batch, dev)
         self.rows = RowRefcount(max_batch)
         self.idle = GpuIdleMeter(dev)
         self.detok = DetokenizerThread(threaded=detok_thread)

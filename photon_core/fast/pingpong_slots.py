@@ -52,10 +52,12 @@ class PingPongSlots:
             raise RuntimeError(f"slot {s.index} still holds uncommitted step {s.step}")
         return s
 
-    def stage(self, slot: StepSlot, out: torch.Tensor) -> None:
-        """Enqueue: device outputs -> slot staging (compute stream) -> pinned host (copy
+    def stage(self, slot: StepSlot, out: torch.Tensor, staged: bool = False) -> None:
+        """Enqueue: device outputs -> slot staging (compute stream; staged: done already, by
+        the step's forward graph - cuda_graph_runner's "forward#i") -> pinned host (copy
         stream). Nothing waits here."""
-        slot.dev_out.copy_(out)
+        if not staged:
+            slot.dev_out.copy_(out)
         if not self.cuda:
             slot.host_out.copy_(slot.dev_out)
             return

@@ -109,11 +109,16 @@ class PipelinedDecoder:
         final = all(r.final_launched for r in members)
         for h in ordered:
             self.runner.run(h, bucket)
+        staged = False
         if final and SKIP_FINAL_FORWARD:
             self.final_forwards_skipped += 1
         else:
-            self.runner.run("forward", bucket)
-        self.slots.stage(slot, self.state.out)
+            # the forward with the staging copy of `out` into this slot at its end where the
+            # runner has that piece (cuda_graph_runner.STAGED_FORWARD)
+            name = f"forward#{slot.index}"
+            staged = name in self.runner.fns
+            self.runner.run(name if staged else "forward", bucket)
+        self.slots.stage(slot, self.state.out, staged)
         self.idle.end(step)
         slot.step, slot.bucket, slot.heads = step, bucket, ordered
         self.in_flight.append(slot)

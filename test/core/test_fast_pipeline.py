@@ -162,7 +162,7 @@ def _forward_counting(fe):
     inner = runner.run
 
     def run(name, bucket):
-        if name == "forward":
+        if name.split("#")[0] == "forward":      # (forward#i: with the slot's staging copy)
             calls.append(bucket)
         return inner(name, bucket)
     runner.run = run
@@ -212,3 +212,40 @@ def test_final_step_runs_without_its_forward(model, enc, monkeypatch):
         assert fwd1 == launched1 - (1 if ignore_eos else 0), t
     assert got[True, 3][0][2] == "stop"          # the early stop: its zombie step forwarded
     assert got[True, 1][0][2] == "length" and len(got[True, 1][0][0]["objects"]) == 2
+
+
+def test_forward_stages_the_sampled_values_into_its_slot(model, enc, monkeypatch):
+    """cuda_graph_runner.STAGED_FORWARD: a step's forward piece copies `out` into its
+    ping-pong slot's staging buffer at its end ("forward#0" / "forward#1", one graph each on
+    the GPU) instead of a copy after it: steps alternate the two pieces, each leaves the
+    slot's buffer equal to `out`, and the outputs equal the plain forward + copy's."""
+    from photon_core.fast import cuda_graph_runner
+    tasks = [Task("detect", object="cat", max_objects=3), Task("query", question="What?",
+                                                                max_tokens=6)]
+    got = {}
+    for staged in (True, False):
+        monkeypatch.setattr(cuda_graph_runner, "STAGED_FORWARD", staged)
+        fe = FastEngine(model, max_batch=2)
+        assert ("forward#0" in fe.runner.fns and "forward#1" in fe.runner.fns) == staged
+        runner, names = fe.decoder.runner, []
+        inner = runner.run
+
+        def run(name, bucket, inner=inner, names=names, fe=fe):
+            inner(name, bucket)
+            if name.startswith("forward#"):
+                slot = fe.slots.slots[int(name[-1])]
+                assert torch.equal(slot.dev_out, fe.state.out)
+            names.append(name)
+        runner.run = run
+        runs = [fe.start(enc, t) for t in tasks]
+        while any(fe.step_batch(runs)):
+            pass
+        fe.drain()
+        got[staged] = [(r.result().output, r.result().tokens) for r in runs]
+        fwd = [n for n in names if n.startswith("forward")]
+        if staged:
+            assert fwd and fwd[:4] == ["forward#0", "forward#1"] * 2
+        else:
+            assert fwd and set(fwd) == {"forward"}
+        fe.close()
+    assert got[True] == got[False]
