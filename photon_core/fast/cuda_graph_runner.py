@@ -94,7 +94,8 @@ def buckets_for(rows: int) -> tuple[int, ...]:
 # the forward piece captured once per ping-pong slot with the step's staging copy of `out`
 # into that slot at its end ("forward#i"): one graph boundary less per step (H200, session 30
 # call 3: a step's gaps were ~1.9 us megakernel -> copy, ~6.3 us copy -> the next step's
-# first graph, ~3 us between graphs); False: the plain forward and the copy after it
+# first graph, ~3 us between graphs); False: the plain forward and the copy after it (read
+# at each launch by pipelined_decoder; the pieces are captured either way)
 STAGED_FORWARD = True
 
 
@@ -122,7 +123,7 @@ class CudaGraphRunner:
         for name, _ in state.program.heads:
             self.fns.setdefault(name, ds.head(name))
         self.fns["forward"] = ds.forward
-        for i, t in enumerate(stage_into if STAGED_FORWARD else ()):
+        for i, t in enumerate(stage_into):
             self.fns[f"forward#{i}"] = staged(ds.forward, t)
         # launch order of a step's pieces: the sample pieces, then the forward
         self.pieces = tuple(self.fns)

@@ -31,6 +31,7 @@ import time
 
 import torch
 
+from . import cuda_graph_runner
 from .cuda_graph_runner import CudaGraphRunner
 from .decode_step import StepState
 from .gpu_idle import GpuIdleMeter
@@ -116,7 +117,7 @@ class PipelinedDecoder:
             # the forward with the staging copy of `out` into this slot at its end where the
             # runner has that piece (cuda_graph_runner.STAGED_FORWARD)
             name = f"forward#{slot.index}"
-            staged = name in self.runner.fns
+            staged = cuda_graph_runner.STAGED_FORWARD and name in self.runner.fns
             self.runner.run(name if staged else "forward", bucket)
         self.slots.stage(slot, self.state.out, staged)
         self.idle.end(step)
