@@ -194,8 +194,7 @@ class FastEngine(EngineConveniences):
             if self.prefill is not None:
                 self.prefill.capture()
 
-    def encode_image(self, image, crops: str | None = None, sync: bool = True,
-                     _borrow: bool = False):
+    def encode_image(self, image, crops: str | None = None, sync: bool = True):
         """-> the family's encoded image. image: an image or an EncodeRequest (its crop mode);
         crops: "overlap" | "overlap:N" | "global" (None: the request's, else EngineOptions.crops).
         sync=False: with the batched encoder on CUDA, return once the encode is queued on
@@ -207,16 +206,13 @@ class FastEngine(EngineConveniences):
         encoder "reference": the family's fast encoder (Moondream 2 on the GPU:
         graphed_reference_encoder.py, the reference's functions in one graph per tiling,
         bit-identical),
-        else the reference model's encode_image. _borrow (start()'s, the batched encoder
-        only): the k/v are views of the encode graph's output (graphed_batch_encoder
-        encode_batch's borrow)."""
+        else the reference model's encode_image."""
         if isinstance(image, PrefixState):
             return image
         image, mode = unwrap(image, crops, self.options.crops)
-        if self.batch_encoder is not None and (
-                self.fast_encode or (mode != "overlap" and self.encoder is not None)):
+        if self._batch_encodes(mode):
             with self._compute_stream_ctx():
-                return self.batch_encoder.encode(image, mode, sync, _borrow)
+                return self.batch_encoder.encode(image, mode, sync)
         if mode != "overlap" and self.batch_encoder is None:
             raise ValueError(f"crops={mode!r}: this model family encodes whole images only "
                              "(crops='overlap')")
@@ -225,6 +221,12 @@ class FastEngine(EngineConveniences):
                 return self.encoder.encode(image, sync=sync)
         return self.family.encode_image(image, crops=mode) if self.batch_encoder is not None \
             else self.family.encode_image(image)
+
+    def _batch_encodes(self, mode: str) -> bool:
+        """Whether encode_image of crop mode `mode` goes through the family's batched
+        encoder (graphed_batch_encoder.py)."""
+        return self.batch_encoder is not None and (
+            self.fast_encode or (mode != "overlap" and self.encoder is not None))
 
     def encode_batch(self, images, crops: str | None = None, sync: bool = True) -> list:
         """Several frames (images or EncodeRequests) in one vision pass and one batched
@@ -263,10 +265,17 @@ class FastEngine(EngineConveniences):
         # prefill goes on the same stream behind it), its k/v borrowed from the encode
         # graph's output: the run copies them into its row right away, on this stream, and
         # keeps no handle on them (its enc says how long the prefix was, no more)
-        image = not isinstance(enc, PrefixState) and BORROW_ENCODE
-        enc = self.encode_image(enc, sync=False, _borrow=image)
+        borrowed = False
+        if BORROW_ENCODE and not isinstance(enc, PrefixState):
+            image, mode = unwrap(enc, None, self.options.crops)
+            borrowed = self._batch_encodes(mode)
+        if borrowed:
+            with self._compute_stream_ctx():
+                enc = self.batch_encoder.encode(image, mode, sync=False, borrow=True)
+        else:
+            enc = self.encode_image(enc, sync=False)
         run = FastRun(self, enc, task, stream, ignore_eos)
-        if image and enc.kv is not None:
+        if borrowed:
             run.enc = dataclasses.replace(enc, kv=None, n_tokens=enc.length)
         return run
 

@@ -162,7 +162,8 @@ def test_a_task_started_on_an_image_keeps_no_prefix_kv(model):
     length - no handle that a later encode could change under it. Two images started one
     after the other (the second encode queued before either run decodes) give the results
     of tasks on their own encodings."""
-    fe = FastEngine(model, max_batch=2)
+    fe = FastEngine(model, max_batch=2, encoder="fast")   # (the batched encoder's path)
+    assert fe._batch_encodes("overlap")
     rng = np.random.default_rng(5)
     imgs = [rng.integers(0, 256, (120, 160, 3), dtype=np.uint8) for _ in range(2)]
     t = Task("detect", object="person", max_objects=3)
