@@ -852,3 +852,21 @@ def test_kernel_skips_its_work_when_every_active_row_has_stopped():
     st.stopped.zero_()
     mk.run_kernel(skip=skip)
     _close_rows(_snapshot(st, fd), ref, 2)
+
+
+def test_the_schedule_bench_places_the_best_build_at_real_shapes():
+    """bench/schedule_megakernel.py (no GPU, no weights) follows compile_program's steps for
+    the "on" build at Moondream 2's shapes on the H200's 132 SMs: two programs per SM all
+    used, a layer's attention as 32 heads x 3 key-split groups spread one per program
+    round, a finite makespan (it had rotted once unnoticed: session 30)."""
+    import sys
+    from pathlib import Path
+
+    from photon_core.megakernel.megakernel_backend import BEST
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from schedule_megakernel import placement
+
+    got = placement(1, BEST, 832, 132)
+    assert got["programs"] == 264 and got["attn"] == 24 * 32 * 3
+    assert got["max_attn_per_program"] <= 24 and 0 < got["est_makespan_us"] < 2000
