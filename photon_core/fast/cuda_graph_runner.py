@@ -126,8 +126,11 @@ class CudaGraphRunner:
         for name, _ in state.program.heads:
             self.fns.setdefault(name, ds.head(name))
         self.fns["forward"] = ds.forward
-        for i, t in enumerate(stage_into if STAGED_FORWARD else ()):
-            self.fns[f"forward#{i}"] = staged(ds.forward, t)
+        # the staged forwards' piece names by slot (empty: not built, STAGED_FORWARD off)
+        n = len(stage_into) if STAGED_FORWARD else 0
+        self.staged_forwards = tuple(f"forward#{i}" for i in range(n))
+        for name, t in zip(self.staged_forwards, stage_into):
+            self.fns[name] = staged(ds.forward, t)
         # launch order of a step's pieces: the sample pieces, then the forward
         self.pieces = tuple(self.fns)
         self.capture_ms = 0.0

@@ -115,10 +115,10 @@ class PipelinedDecoder:
             self.final_forwards_skipped += 1
         else:
             # the forward with the staging copy of `out` into this slot at its end where the
-            # runner has that piece (cuda_graph_runner.STAGED_FORWARD)
-            name = f"forward#{slot.index}"
-            staged = cuda_graph_runner.STAGED_FORWARD and name in self.runner.fns
-            self.runner.run(name if staged else "forward", bucket)
+            # runner built that piece (cuda_graph_runner.STAGED_FORWARD)
+            names = self.runner.staged_forwards
+            staged = bool(names) and cuda_graph_runner.STAGED_FORWARD
+            self.runner.run(names[slot.index] if staged else "forward", bucket)
         self.slots.stage(slot, self.state.out, staged)
         self.idle.end(step)
         slot.step, slot.bucket, slot.heads = step, bucket, ordered
