@@ -134,7 +134,8 @@ def main():
                                                 key=lambda kv: kv[1]["first_in_ms"])}}
         out[name] = res
         print(f"{name}: one call {res['wall_ms_mean']} ms (min {res['wall_ms_min']})")
-        print("| function | host ms per call (inclusive) | calls | first entry ms | first exit ms |")
+        print("| function | host ms per call (inclusive) | calls | first entry ms "
+              "| first exit ms |")
         print("|---|---|---|---|---|")
         for k, s in res["functions"].items():
             print(f"| {k} | {s['ms']} | {s['n']} | {s['first_in_ms']} | {s['first_out_ms']} |")
