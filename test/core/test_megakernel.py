@@ -858,15 +858,22 @@ def test_the_schedule_bench_places_the_best_build_at_real_shapes():
     """bench/schedule_megakernel.py (no GPU, no weights) follows compile_program's steps for
     the "on" build at Moondream 2's shapes on the H200's 132 SMs: two programs per SM all
     used, a layer's attention as 32 heads x 3 key-split groups spread one per program
-    round, a finite makespan (it had rotted once unnoticed: session 30)."""
+    round, a finite makespan (it had rotted once unnoticed: session 30). In a process of its
+    own: the bench imports bench/compile_megakernel.py, which drops TRITON_INTERPRET."""
+    import ast
+    import subprocess
     import sys
     from pathlib import Path
 
     from photon_core.megakernel.megakernel_backend import BEST
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from schedule_megakernel import placement
-
-    got = placement(1, BEST, 832, 132)
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, str(root / "bench" / "schedule_megakernel.py"),
+                        "--variants", BEST, "--b", "1", "--kv", "832", "--n-sm", "132"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith(f"b=1 {BEST}: "))
+    got = ast.literal_eval(line.split(": ", 1)[1])
     assert got["programs"] == 264 and got["attn"] == 24 * 32 * 3
     assert got["max_attn_per_program"] <= 24 and 0 < got["est_makespan_us"] < 2000
