@@ -223,8 +223,8 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
-    products are added in K order (tl.dot: [BLOCK_B, BK] x [BK, BN]; FMA: into [BN, BK]
-    at b=1, [BLOCK_B, BN, BK] for 2-4 rows, summed at the end), then its epilogue.
+    products are added in K order (tl.dot: [BLOCK_B, BK] x [BK, BN]; FMA (b=1): into
+    [BN, BK], summed at the end), then its epilogue.
     PRE: the instruction's waits and LayerNorm (_wait_ln) run inside step 0, after its
     weight load, and step 0's activations are loaded there. The pipeliner's prologue (the
     first STAGES - 1 steps' weight tiles, cp.async, just before the loop) is then issued
@@ -248,8 +248,6 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     instruction's largest value, column mask_col left out), stored at the end into its
     slot ap (_argp_store) for _argmax_parts."""
     KT: tl.constexpr = K // BK
-    # FMA tiles for several rows (b = 2..4): one [BLOCK_B, BN, BK] product per step
-    FMA_ROWS: tl.constexpr = (not DOT) and BLOCK_B > 1
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < B
@@ -257,8 +255,6 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     k0 = tl.arange(0, BK)
     if DOT:
         acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
-    elif FMA_ROWS:
-        acc = tl.zeros([BLOCK_B, BN, BK], dtype=tl.float32)
     else:
         acc = tl.zeros([BN, BK], dtype=tl.float32)
     if PRE:      # (step 0 loads it, after the wait)
@@ -302,20 +298,13 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         kn = ((s + 1) % KT) * BK
         xn = tl.load(x_rows + kn + k0[None, :], mask=b_ok[:, None], other=0.0,
                      cache_modifier=".cg")
-        if FMA_ROWS:
-            acc += w.to(tl.float32)[None, :, :] * xk.to(tl.float32)[:, None, :]
-        else:
-            acc = _mac_x(acc, w, xk, DOT)
+        acc = _mac_x(acc, w, xk, DOT)
         xk = xn
         if kk == K - BK:
             if DOT:
                 out = _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
                                 n_split, gap, EPI, EARLY, eb, er)
                 acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
-            elif FMA_ROWS:
-                out = _epilogue(tl.sum(acc, axis=2), offs_b, b_ok, offs_n, n_ok, bias_ptr,
-                                y_ptr, stride_y, n_split, gap, EPI, EARLY, eb, er)
-                acc = tl.zeros([BLOCK_B, BN, BK], dtype=tl.float32)
             else:
                 out = _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, n_ok,
                                 bias_ptr, y_ptr, stride_y, n_split, gap, EPI, EARLY, eb, er)
@@ -1072,9 +1061,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     for name, op, k in (("W1", OP_GEMV_W1, sh["D"]), ("W2", OP_GEMV_W2, sh["KW2"]),
                         ("LM", OP_GEMV_LM, sh["D"])):
         g = gemv_cfg[op]
-        # (FMA tiles: the bucket's rows, a power of two - 1 at b=1, lowering.FMA_MAX_ROWS)
-        bb = 16 if g.dot else triton.next_power_of_2(sh["B"])
-        kw.update({f"{name}_BB": bb, f"{name}_BN": g.block_n,
+        kw.update({f"{name}_BB": 16 if g.dot else 1, f"{name}_BN": g.block_n,
                    f"{name}_BK": g.block_k, f"{name}_DOT": g.dot,
                    f"{name}_UN": unroll_for(k, g.block_k, unroll)})
     kw["LN_BLOCK"] = triton.next_power_of_2(sh["D"])

@@ -30,7 +30,6 @@ from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_ATTN, OP_GEMV_LM, OP_GEMV_W
 
 GEMV_CHOICES = ("fused", "fma", "small", "pipe", "pipe_fma", "pipe_same")
 PIPE_TILE = (16, 256)       # "pipe" / "pipe_fma" rows x K per step unless "@ROWSxK" is given
-FMA_MAX_ROWS = 4            # "pipe_fma": FMA tiles up to this many rows, tensor cores above
 
 
 def parse_gemv(gemv: str) -> tuple[str, tuple[int, int]]:
@@ -58,8 +57,8 @@ def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
     double-buffered (kernel._gemv_stream) where the shape allows (b > 1: as "small");
     "small": register-light tensor-core tiles (64 x 64; 16 x 128 for the residual GEMV);
     "pipe" / "pipe_fma" (kernel._gemv_pipe): tiles of PIPE_TILE (or "@ROWSxK") rows x K per
-    pipelined step for every GEMV, tensor cores ("pipe") or FMA ("pipe_fma" up to
-    FMA_MAX_ROWS rows - each step a [b, rows, K] product -, tensor cores above); 16 rows give ~128 row tiles per op on 132 SMs; "pipe_same": the fused
+    pipelined step for every GEMV, tensor cores ("pipe") or at b=1 FMA ("pipe_fma"; b > 1:
+    tensor cores); 16 rows give ~128 row tiles per op on 132 SMs; "pipe_same": the fused
     picks' K tiles (the same sums as the fused backend), as pipelined streams."""
     gemv, (rows, bk) = parse_gemv(gemv)
     if gemv == "pipe_same":
@@ -73,16 +72,14 @@ def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
                 cfg[op] = G.GemvConfig(16, c.block_k, 1, c.num_warps, 1, True)
         return cfg
     if gemv.startswith("pipe"):
-        dot = gemv == "pipe" or b > FMA_MAX_ROWS
+        dot = gemv == "pipe" or b > 1
         cfg = {}
         for op, (n, k, epi) in ((OP_GEMV_W1, (n1, d, G.EPI_QKV_GELU)),
                                 (OP_GEMV_W2, (d, kw2, G.EPI_RESIDUAL)),
                                 (OP_GEMV_LM, (vocab, d, G.EPI_STORE))):
             c = G.GemvConfig(rows, bk, 1, 8, 1, dot)
             split = n_split if op == OP_GEMV_W1 else 0
-            # (gemv.fits takes FMA tiles at one row - the fused kernel's -; the pipelined
-            # loop's FMA tiles take up to FMA_MAX_ROWS: the shape checks are the same)
-            if not (c.fits(b if dot else 1, n, k, epi) and split % rows == 0):
+            if not (c.fits(b, n, k, epi) and split % rows == 0):
                 raise Unsupported(f"gemv {gemv}@{rows}x{bk} does not fit n={n} k={k}")
             cfg[op] = c
         return cfg

@@ -109,7 +109,7 @@ def _with_fused_reference(b: int):
     to s0: (m, st, fd, s0, ref). (The fused step, deterministic, runs once per bucket in
     the module - ~1 s interpreted, a dozen tests take it; s0 is asserted to be the state it
     ran from.)"""
-    m, st, fd = _setup(rows=max(2, b), b=max(2, b))   # (b <= 2: the same state)
+    m, st, fd = _setup()
     s0 = _snapshot(st, fd)
     if b not in _FUSED_REFS:
         _fused_step(m, st, fd, b)
@@ -496,22 +496,17 @@ def test_attention_splits_shared_out_at_run_time_give_the_same_bits(per, pos):
 
 
 @pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
-                                           ("pipe@16x64", 1, 2), ("pipe_same", 1, 3),
-                                           ("pipe_fma@16x32", 2, 3), ("pipe_fma@8x64", 4, 2)])
+                                           ("pipe@16x64", 1, 2), ("pipe_same", 1, 3)])
 def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
     """kernel._gemv_pipe (every GEMV instruction as one software-pipelined loop over its
     (row block, K tile) steps, the epilogue at each block's last K tile): the same fields as
     the fused step and the Python twin, two launches in a row; row blocks that end inside
-    the tile (vocab 486 = 30 x 16 + 6) are masked. pipe_fma at b = 2, 4: FMA tiles over
-    the bucket's rows (a [b, rows, K] product per step)."""
+    the tile (vocab 486 = 30 x 16 + 6) are masked."""
     from photon_core.megakernel.megakernel_step import MegakernelStep
 
     m, st, fd, s0, ref = _with_fused_reference(b)
     mk = MegakernelStep(fd, st, b, variant=f"{gemv}/w4/s{stages}")
     assert mk.low.pipe
-    dots = {g.dot for g in mk.low.gemv_cfg.values()}
-    assert dots == {gemv == "pipe" or gemv.startswith("pipe@")} if gemv != "pipe_same" \
-        else True
     mk.run_vm()
     vm = _snapshot(st, fd)
     _restore(st, fd, s0)
