@@ -1,5 +1,5 @@
-"""Run pytest with module switches set first (a GPU test of a switch that is off by default,
-e.g. cuda_graph_runner.STAGED_FORWARD), in this one process.
+"""Run pytest with module switches set first (the GPU tests with a switch away from its
+default, e.g. photon_core.fast.cuda_graph_runner:STAGED_FORWARD=0), in this one process.
 
 Usage: PYTHONPATH=. python3 bench/pytest_with.py MODULE:NAME=VALUE [...] -- PYTEST ARGS
 (the switches as ab_switch.parse_toggle reads them: a bool / int switch takes an int).
