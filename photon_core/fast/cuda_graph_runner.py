@@ -97,8 +97,9 @@ def buckets_for(rows: int) -> tuple[int, ...]:
 # detect(5) 30.23 vs 30.34 ms, query(32) 44.52 vs 44.60, same process). On since session 32
 # (a669e97): session 30's Qwen 3.5 / Gemma 4 GPU test failures with it were the tree's
 # (start()'s borrow keyword, fixed before its last commit): with it on, those files passed
-# (session 31 call 1), and every GPU test file (session 32 calls 1-3). Read when the runner is built (the pieces are captured only when on) and at each
-# launch by pipelined_decoder (off there: the plain forward and the copy after it).
+# (session 31 call 1), and every GPU test file (session 32 calls 1-3). Read when the runner
+# is built (the pieces are captured only when on) and at each launch by pipelined_decoder
+# (off there: the plain forward and the copy after it).
 STAGED_FORWARD = True
 
 
