@@ -164,6 +164,8 @@ class PeriodicTask:
     task: Task
     objects: float = 0.0          # mean objects in the scene (detect/point)
     per_object: int = 0           # decode steps per object; steps = per_object * n + 1
+    #                               (n < max_objects: the step that finds no more), or
+    #                               per_object * max_objects (the budget ends the task)
     fixed_steps: tuple[int, int] = (0, 0)   # query: steps uniform in this range
     on_miss: str = ON_MISS_CANCEL
 
@@ -171,6 +173,14 @@ class PeriodicTask:
         if self.per_object:
             return self.per_object * self.objects + 1
         return sum(self.fixed_steps) / 2
+
+
+def region_steps(pt: PeriodicTask, n: int) -> int:
+    """Decode steps of a detect / point task on a scene of n objects: per_object per object
+    found, then one that finds no more - none after the max_objects-th object."""
+    if n >= pt.task.max_objects:
+        return pt.per_object * pt.task.max_objects
+    return pt.per_object * n + 1
 
 
 # The mix: a camera with k tasks runs the first k. Fewer tasks per camera with more cameras
@@ -293,7 +303,7 @@ def make_trace(spec: TraceSpec, t0: float = 0.0) -> list[Event]:
                         scene[pt.name] = (t + rng.expovariate(1 / spec.scene_hold_s), n)
                     if rng.random() < spec.flicker:
                         n = max(0, n + rng.choice((-1, 1)))
-                    steps.append((pt.task.target, pt.per_object * n + 1))
+                    steps.append((pt.task.target, region_steps(pt, n)))
                 else:
                     steps.append((pt.task.target, rng.randint(*pt.fixed_steps)))
             od = ON_DEMAND_TASK              # what the answer to an on-demand question costs

@@ -171,10 +171,11 @@ def _forward_counting(fe):
 
 def test_final_step_runs_without_its_forward(model, enc, monkeypatch):
     """pipelined_decoder.SKIP_FINAL_FORWARD: a step whose commit surely ends its run (the
-    max_tokens-th token; the step after the last allowed object) launches its sample pieces
-    only - the same outputs and finish reasons as with the forward, one forward less per run
-    that reaches its budget, none less for a run that stops early (its zombie step is not
-    known final at launch)."""
+    max_tokens-th token; the step that completes the last allowed object) launches its
+    sample pieces only - the same outputs and finish reasons as with the forward, one forward
+    less per run that reaches its budget, none less for a run that stops early (its zombie
+    step is not known final at launch). A region task at its budget takes its phases' steps
+    and no more (detect 3, point 2 per object: no step asks whether another follows)."""
     from photon_core.fast import pipelined_decoder
     tasks = [(Task("query", question="What?", max_tokens=5), True),
              (Task("detect", object="cat", max_objects=2), True),
@@ -212,6 +213,7 @@ def test_final_step_runs_without_its_forward(model, enc, monkeypatch):
         assert fwd1 == launched1 - (1 if ignore_eos else 0), t
     assert got[True, 3][0][2] == "stop"          # the early stop: its zombie step forwarded
     assert got[True, 1][0][2] == "length" and len(got[True, 1][0][0]["objects"]) == 2
+    assert got[True, 1][1:] == (5, 6) and got[True, 2][1:] == (3, 4)    # (forwards, steps)
 
 
 def test_forward_stages_the_sampled_values_into_its_slot(model, enc, monkeypatch):

@@ -132,10 +132,15 @@ def test_max_limits(fast_model, images):
         assert q.tokens <= 2
     enc = m.encode_image(images[0])
     run = m.start(enc, Task("detect", object="person", max_objects=2), ignore_eos=True)
+    forwards = []
+    inner = run._forward
+    run._forward = lambda emb: (forwards.append(1), inner(emb))
     while run.step():
         pass
     res = run.result()
     assert (len(res.output["objects"]), res.tokens, res.finish_reason) == (2, 6, "length")
+    # the step that completes the last allowed object feeds nothing: 5 forwards, not 6
+    assert len(forwards) == 5
     run = m.start(enc, Task("query", question="What?", max_tokens=5), ignore_eos=True)
     while run.step():
         pass

@@ -176,3 +176,13 @@ def test_multicam_crop_modes_and_engine_time():
         assert r.sched_metrics["encodes"] >= r.sched_metrics["encode_calls"] > 0
     g, o = res["global"].metrics, res["overlap"].metrics
     assert g["busy"]["encode"] < o["busy"]["encode"] and g["on_time"] > o["on_time"]
+
+
+def test_region_steps_stop_at_the_object_budget():
+    """A detect / point trace step count: per object found, plus the step that finds no
+    more - none once max_objects objects are found (the engines end the task there)."""
+    from photon_core.scheduler.simulator import PERSON5, PeriodicTask, region_steps
+    assert [region_steps(PERSON5, n) for n in (0, 1, 4, 5, 9)] == [1, 4, 13, 15, 15]
+    pt = PeriodicTask("p", Task("point", object="cup", max_objects=2), objects=1.0,
+                      per_object=2)
+    assert [region_steps(pt, n) for n in (0, 1, 2, 3)] == [1, 3, 4, 4]

@@ -19,10 +19,12 @@ class RegionTask:
     """detect / point on the host (phases x -> y [-> size], skill_protocol.py).
 
     Commit rules (phase at launch -> what the host does with the row's sampled values):
-      x:    token == eos -> stop | objects == max_objects -> length | capacity -> length |
-            else remember x, steps += 1
+      x:    token == eos -> stop | capacity -> length | else remember x, steps += 1
       y:    remember y, steps += 1; point: the object {x, y}
-      size: the box (center +- size / 2), steps += 1"""
+      size: the box (center +- size / 2), steps += 1
+    The step that completes the max_objects-th object ends the task (length) at its commit:
+    it is launched as the run's final step, without the forward that would feed its value
+    (pipelined_decoder.SKIP_FINAL_FORWARD) - run.py's rule."""
 
     text = streams = False
     temperature, top_p, seed = 0.0, 1.0, None
@@ -50,17 +52,16 @@ class RegionTask:
 
     def launched(self, run, phase: int) -> bool:
         final = run.final_launched
-        if phase == PHASE_X:
-            final = self._objects_launched >= self.task.max_objects
         if sp.ends_object(phase, self.kind):
             self._objects_launched += 1
+            final = final or self._objects_launched >= self.task.max_objects
         return final
 
     def commit(self, run, phase: int, out) -> None:
         if phase == PHASE_X:
             if out[OUT_TOKEN] == self.eos_id and not self.ignore_eos:
                 return run.end(FINISH_STOP)
-            if len(self.region.objects) >= self.task.max_objects or run.pos >= run.capacity:
+            if run.pos >= run.capacity:
                 return run.end(FINISH_LENGTH)
         if phase in (PHASE_X, PHASE_Y):
             self.region.take(phase, region.bin_to_coordinate(out[OUT_COORD], self.coord_bins))
@@ -69,6 +70,9 @@ class RegionTask:
                                      region.bin_to_size(out[OUT_H], self.size_bins)))
         run.steps += 1
         run.pos += 1
+        if sp.ends_object(phase, self.kind) and \
+                len(self.region.objects) >= self.task.max_objects:
+            run.end(FINISH_LENGTH)
 
     def objects(self, text: str, finish_reason: str) -> list[dict]:
         return self.region.objects

@@ -10,6 +10,8 @@ detect: per object three steps, all greedy:
   x = coord head(hidden) -> feed enc(x);  y = coord head(hidden) -> feed enc(y);
   (w, h) = size head(hidden) -> feed enc(w, h) -> the logits say eos (stop) or "another".
   Box = (x -+ w/2, y -+ h/2), normalized to the image. point: the same without the size step.
+  The object that reaches max_objects ends the task ("length") without its feed: the public
+  reference's loop runs that forward and reads nothing of it (the same objects).
 """
 from __future__ import annotations
 
@@ -105,6 +107,11 @@ class TaskRun(TaskRunBase):
             value = region.decode_coordinate(w, self.hidden)
             emb = region.encode_coordinate(w, value)
         self.region.take(ph, value)
+        if sp.ends_object(ph, self.region.kind) and len(self.objects) >= self.task.max_objects:
+            # the last object allowed: nothing reads a forward after it (as the last token of
+            # a text task is not fed) - the task ends at its budget, whatever would follow
+            self._finish(FINISH_LENGTH)
+            return
         self._forward(emb)
         self.phase = sp.next_phase(ph, self.region.kind)
         if "lm" in sp.HEADS[self.phase]:
