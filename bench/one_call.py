@@ -1,0 +1,60 @@
+"""The one call run(frame, task) as a robot meets it (issue 13's encode + detect(5) <= 30 ms),
+for comparing two trees in one device call (run this file from each tree's root, in turn):
+Moondream 2 shapes, random bf16 weights, FastEngine defaults (megakernel "auto"), one 640x480
+frame; per task `--rounds` rounds of `--calls` calls (after 3 warm ones), each round's mean
+wall ms, and the output's digest, finish reason and steps (equal digests: equal outputs).
+
+Usage (GPU): PYTHONPATH=. python3 bench/one_call.py [--tasks detect5,point5] [--rounds 5]
+             [--calls 10] [--ignore-eos 1]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.e2e_timeline import TASKS  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", default="detect5,point5")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--ignore-eos", type=int, default=1)
+    args = ap.parse_args()
+    from photon_core.fast import FastEngine
+    from photon_core.models.moondream2.config import MoondreamConfig
+    from photon_core.models.moondream2.model import build_random_model
+    m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    fe = FastEngine(m, max_batch=4)
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    eos = bool(args.ignore_eos)
+    for name in args.tasks.split(","):
+        task = TASKS[name]
+        for _ in range(3):
+            r = fe.run(frame, task, ignore_eos=eos)
+        rounds = []
+        for _ in range(args.rounds):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                r = fe.run(frame, task, ignore_eos=eos)
+            torch.cuda.synchronize()
+            rounds.append(round((time.perf_counter() - t0) / args.calls * 1e3, 3))
+        digest = hashlib.sha256(json.dumps(r.output, sort_keys=True).encode()).hexdigest()[:12]
+        print(json.dumps({name: {"round_ms": rounds, "mean_ms": round(float(np.mean(rounds)), 3),
+                                 "output": digest, "finish": r.finish_reason,
+                                 "steps": r.tokens}}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
