@@ -157,10 +157,11 @@ class PerceptionNode(LifecycleNode):
                                     f"{type(e).__name__}: {e}")
             self._free_model()
             return TransitionCallbackReturn.FAILURE
-        self.counts["model_loads"] += 1
         # the loaded objects out of full collections (photon_core/heap_freeze.py: a 166 ms
-        # pause with Moondream 2 loaded, at a moment Python picks); a gauge in diagnostics
+        # pause with Moondream 2 loaded, at a moment Python picks); a gauge in diagnostics,
+        # set before model_loads counts this load
         self.counts["heap_frozen_objects"] = freeze_heap()
+        self.counts["model_loads"] += 1
         self.get_logger().info(f"model loaded and calibrated in {time.monotonic() - t0:.1f} s "
                                f"({self.counts['heap_frozen_objects']} objects frozen)")
         caps = self.live.engine.capabilities
@@ -180,11 +181,11 @@ class PerceptionNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def _free_model(self) -> None:
+        thaw_heap()                  # the model's cycles collectable again (the gauge at 0
+        self.counts["heap_frozen_objects"] = 0      # before model_loaded says false)
         live, self.live = self.live, None
         if live is not None:
             live.stop()
-        thaw_heap()                  # the model's cycles collectable again
-        self.counts["heap_frozen_objects"] = 0
         gc.collect()
         if str(self.config.device if self.config else "cpu").startswith("cuda"):
             try:

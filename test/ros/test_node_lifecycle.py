@@ -85,16 +85,16 @@ def test_lifecycle_transitions_free_and_reload_the_model(tmp_path_factory, tmp_p
         d = node_diag(lambda v: v["model_loaded"] == "true" and v.get("model_loads") == "1")
         assert d["model_loaded"] == "true" and d["model_loads"] == "1", d
         # the loaded heap frozen out of full collections (photon_core/heap_freeze.py)
-        assert int(d["heap_frozen_objects"]) > 10000, d
+        assert int(d.get("heap_frozen_objects", 0)) > 10000, d
 
         cam = spawn_camera("--topic", "/lc/image", "--fps", "5", "--stamp0", "now")
         assert wait_for(lambda: len(col.msgs("/cam/detections")) >= 2, timeout=60)
 
         assert transition(Transition.TRANSITION_DEACTIVATE)
         assert state() == State.PRIMARY_STATE_INACTIVE
-        d = node_diag(lambda v: v["model_loaded"] == "false")
+        d = node_diag(lambda v: v["model_loaded"] == "false" and v["state"] == "inactive")
         assert d["model_loaded"] == "false" and d["state"] == "inactive", d
-        assert d["heap_frozen_objects"] == "0", d       # thawed before the model was freed
+        assert d.get("heap_frozen_objects") == "0", d   # thawed before the model was freed
         time.sleep(0.5)
         n = len(col.msgs("/cam/detections"))
         time.sleep(1.5)                                  # the camera keeps publishing
