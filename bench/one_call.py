@@ -6,6 +6,7 @@ wall ms, and the output's digest, finish reason and steps (equal digests: equal 
 
 Usage (GPU): PYTHONPATH=. python3 bench/one_call.py [--tasks detect5,point5] [--rounds 5]
              [--calls 10] [--ignore-eos 1]
+CPU smoke run (the tiny test model): PYTHONPATH=. python3 bench/one_call.py --tiny
 """
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e_timeline import TASKS  # noqa: E402
+from bench.probe_gc import build, sync  # noqa: E402
 
 
 def main():
@@ -30,13 +31,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--ignore-eos", type=int, default=1)
+    ap.add_argument("--tiny", action="store_true", help="the tiny test model on the CPU")
     args = ap.parse_args()
-    from photon_core.fast import FastEngine
-    from photon_core.models.moondream2.config import MoondreamConfig
-    from photon_core.models.moondream2.model import build_random_model
-    m = build_random_model(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
-    fe = FastEngine(m, max_batch=4)
-    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    fe, frame, dev = build(args.tiny)
     eos = bool(args.ignore_eos)
     for name in args.tasks.split(","):
         task = TASKS[name]
@@ -44,11 +41,11 @@ def main():
             r = fe.run(frame, task, ignore_eos=eos)
         rounds = []
         for _ in range(args.rounds):
-            torch.cuda.synchronize()
+            sync(dev)
             t0 = time.perf_counter()
             for _ in range(args.calls):
                 r = fe.run(frame, task, ignore_eos=eos)
-            torch.cuda.synchronize()
+            sync(dev)
             rounds.append(round((time.perf_counter() - t0) / args.calls * 1e3, 3))
         digest = hashlib.sha256(json.dumps(r.output, sort_keys=True).encode()).hexdigest()[:12]
         print(json.dumps({name: {"round_ms": rounds, "mean_ms": round(float(np.mean(rounds)), 3),
