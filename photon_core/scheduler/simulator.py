@@ -170,8 +170,14 @@ class PeriodicTask:
     on_miss: str = ON_MISS_CANCEL
 
     def mean_steps(self) -> float:
+        """Expected decode steps: region_steps over the Poisson object counts the trace
+        draws (capped at max_objects, as the task is), or the query's range's middle."""
         if self.per_object:
-            return self.per_object * self.objects + 1
+            cap = self.task.max_objects
+            below = [math.exp(-self.objects) * self.objects ** n / math.factorial(n)
+                     for n in range(cap)]
+            return sum(p * region_steps(self, n) for n, p in enumerate(below)) + \
+                max(0.0, 1.0 - sum(below)) * region_steps(self, cap)
         return sum(self.fixed_steps) / 2
 
 

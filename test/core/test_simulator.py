@@ -186,3 +186,21 @@ def test_region_steps_stop_at_the_object_budget():
     pt = PeriodicTask("p", Task("point", object="cup", max_objects=2), objects=1.0,
                       per_object=2)
     assert [region_steps(pt, n) for n in (0, 1, 2, 3)] == [1, 3, 4, 4]
+
+
+def test_mean_steps_is_the_mean_of_the_drawn_scenes():
+    """PeriodicTask.mean_steps (the load definition's cost) is the expected region_steps of
+    the Poisson object counts the trace draws: capped at max_objects (PERSON5: lambda 5, at
+    most 5 objects), per_object x objects + 1 where the cap is out of reach."""
+    import random
+    from photon_core.scheduler.simulator import (PERSON5, TASK_MIX, _poisson,
+                                                 region_steps)
+    rng = random.Random(3)
+    draws = [region_steps(PERSON5, _poisson(rng, PERSON5.objects)) for _ in range(40000)]
+    assert abs(sum(draws) / len(draws) - PERSON5.mean_steps()) < 0.05
+    assert PERSON5.mean_steps() < PERSON5.per_object * PERSON5.objects + 1 - 2
+    for pt in TASK_MIX:
+        if pt.per_object:
+            assert pt.mean_steps() == pytest.approx(pt.per_object * pt.objects + 1, abs=1e-9)
+        else:
+            assert pt.mean_steps() == sum(pt.fixed_steps) / 2
