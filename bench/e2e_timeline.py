@@ -42,7 +42,8 @@ from photon_core.task import Task  # noqa: E402
 
 TASKS = {"detect5": Task("detect", object="person", max_objects=5),
          "point5": Task("point", object="cup", max_objects=5),
-         "query32": Task("query", question="What is in the image?", max_tokens=32)}
+         "query32": Task("query", question="What is in the image?", max_tokens=32),
+         "query128": Task("query", question="What is in the image?", max_tokens=128)}
 
 
 def kernels(prof) -> list[tuple[float, float, str]]:

@@ -5,7 +5,11 @@ frame; per task `--rounds` rounds of `--calls` calls (after 3 warm ones), each r
 wall ms, and the output's digest, finish reason and steps (equal digests: equal outputs).
 
 Usage (GPU): PYTHONPATH=. python3 bench/one_call.py [--tasks detect5,point5] [--rounds 5]
-             [--calls 10] [--ignore-eos 1]
+             [--calls 10] [--ignore-eos 1] [--encoded]
+             [--ab MODULE:NAME=VALUE]   (one tree: the switch at VALUE and at its own value,
+                                         alternating round by round in this process)
+--encoded: the task started from the frame encoded once before (its prompt prefill and
+decode steps only).
 CPU smoke run (the tiny test model): PYTHONPATH=. python3 bench/one_call.py --tiny
 """
 from __future__ import annotations
@@ -32,25 +36,47 @@ def main():
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--ignore-eos", type=int, default=1)
     ap.add_argument("--tiny", action="store_true", help="the tiny test model on the CPU")
+    ap.add_argument("--encoded", action="store_true",
+                    help="start from the frame encoded once (prefill + decode only)")
+    ap.add_argument("--ab", default="", metavar="MODULE:NAME=VALUE")
     args = ap.parse_args()
     fe, frame, dev = build(args.tiny)
+    print(json.dumps({"decode_graphs": len(fe.runner.graphs),
+                      "capture_ms": round(fe.runner.capture_ms, 1)}), flush=True)
     eos = bool(args.ignore_eos)
+    src = fe.encode_image(frame) if args.encoded else frame
+    settings = [None]
+    if args.ab:
+        from bench.ab_switch import parse_toggle
+        mod, attr, value = parse_toggle(args.ab)
+        settings = [getattr(mod, attr), value]
     for name in args.tasks.split(","):
         task = TASKS[name]
         for _ in range(3):
-            r = fe.run(frame, task, ignore_eos=eos)
-        rounds = []
+            r = fe.run(src, task, ignore_eos=eos)
+        rounds: dict = {str(v): [] for v in settings}
+        digests = {str(v): set() for v in settings}
         for _ in range(args.rounds):
-            sync(dev)
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                r = fe.run(frame, task, ignore_eos=eos)
-            sync(dev)
-            rounds.append(round((time.perf_counter() - t0) / args.calls * 1e3, 3))
-        digest = hashlib.sha256(json.dumps(r.output, sort_keys=True).encode()).hexdigest()[:12]
-        print(json.dumps({name: {"round_ms": rounds, "mean_ms": round(float(np.mean(rounds)), 3),
-                                 "output": digest, "finish": r.finish_reason,
-                                 "steps": r.tokens}}), flush=True)
+            for v in settings:
+                if v is not None:
+                    setattr(mod, attr, v)
+                sync(dev)
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    r = fe.run(src, task, ignore_eos=eos)
+                sync(dev)
+                rounds[str(v)].append(round((time.perf_counter() - t0) / args.calls * 1e3, 3))
+                digests[str(v)].add(hashlib.sha256(
+                    json.dumps(r.output, sort_keys=True).encode()).hexdigest()[:12])
+        if args.ab:
+            setattr(mod, attr, settings[0])
+        for v in settings:
+            label = name if v is None else f"{name} {attr}={v}"
+            print(json.dumps({label: {"round_ms": rounds[str(v)],
+                                      "mean_ms": round(float(np.mean(rounds[str(v)])), 3),
+                                      "output": sorted(digests[str(v)]),
+                                      "finish": r.finish_reason, "steps": r.tokens}}),
+                  flush=True)
 
 
 if __name__ == "__main__":

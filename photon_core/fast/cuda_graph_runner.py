@@ -103,6 +103,21 @@ def buckets_for(rows: int) -> tuple[int, ...]:
 STAGED_FORWARD = True
 
 
+# each head piece captured once more with each staged forward after it in the same graph
+# ("coord+forward#0"): a step replays its last head piece and its forward as one graph, one
+# graph boundary less per step (pipelined_decoder's launch; the same kernels in the same
+# order on the same stream: the same bits). Read when the runner is built and at each launch.
+MERGED_STEP = True
+
+
+def merged(*fns: Callable) -> Callable:
+    """The pieces fns run one after the other as one piece."""
+    def piece(st: ds.StepState, b: int) -> None:
+        for fn in fns:
+            fn(st, b)
+    return piece
+
+
 def staged(fn: Callable, target: torch.Tensor) -> Callable:
     """fn (a forward piece), then the sampled values `out` copied into `target` (a slot's
     staging buffer: pingpong_slots.PingPongSlots.stage's copy)."""
@@ -134,6 +149,12 @@ class CudaGraphRunner:
             self.fns[name] = staged(ds.forward, t)
         # launch order of a step's pieces: the sample pieces, then the forward
         self.pieces = tuple(self.fns)
+        # a head piece + a staged forward as one piece (MERGED_STEP): "head+forward#i"
+        heads = [h for h in self.pieces if not h.startswith("forward")]
+        self.merged_pieces = tuple(f"{h}+{f}" for h in heads for f in self.staged_forwards) \
+            if MERGED_STEP else ()
+        for name in self.merged_pieces:
+            self.fns[name] = merged(*(self.fns[p] for p in name.split("+")))
         self.capture_ms = 0.0
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
@@ -164,7 +185,7 @@ class CudaGraphRunner:
             warm_up(lambda: (every_piece(), every_piece()), self.capture_stream)
             self.pool = torch.cuda.graph_pool_handle()
             for b in self.buckets:
-                for name in self.pieces:
+                for name in self.pieces + self.merged_pieces:
                     self.graphs[(name, b)] = capture_graph(
                         lambda: self.fns[name](st, b), self.capture_stream, self.pool)[0]
         for n, t in saved.items():
@@ -178,3 +199,15 @@ class CudaGraphRunner:
             g.replay()
         else:
             self.fns[name](self.state, bucket)
+
+    def run_step(self, heads: tuple[str, ...], forward: str | None, bucket: int) -> None:
+        """A step's head pieces (in launch order), then its forward piece (None: none); the
+        last head and a staged forward as their merged piece where it was built
+        (MERGED_STEP)."""
+        name = f"{heads[-1]}+{forward}" if heads and forward else ""
+        if MERGED_STEP and name in self.fns:
+            heads, forward = heads[:-1], name
+        for h in heads:
+            self.run(h, bucket)
+        if forward is not None:
+            self.run(forward, bucket)

@@ -108,9 +108,7 @@ class PipelinedDecoder:
         # member's run surely ends at this step's commit (its last step in budget: max
         # tokens / objects) nothing reads that, so only the sample pieces run
         final = all(r.final_launched for r in members)
-        for h in ordered:
-            self.runner.run(h, bucket)
-        staged = False
+        staged, forward = False, None
         if final and SKIP_FINAL_FORWARD:
             self.final_forwards_skipped += 1
         else:
@@ -118,7 +116,10 @@ class PipelinedDecoder:
             # runner built that piece (cuda_graph_runner.STAGED_FORWARD)
             names = self.runner.staged_forwards
             staged = bool(names) and cuda_graph_runner.STAGED_FORWARD
-            self.runner.run(names[slot.index] if staged else "forward", bucket)
+            forward = names[slot.index] if staged else "forward"
+        # the heads, then the forward (the last head and a staged forward as one graph:
+        # cuda_graph_runner.MERGED_STEP)
+        self.runner.run_step(ordered, forward, bucket)
         self.slots.stage(slot, self.state.out, staged)
         self.idle.end(step)
         slot.step, slot.bucket, slot.heads = step, bucket, ordered

@@ -24,9 +24,11 @@ def test_graphs_match_reference_and_measure_idle():
                            eos_bias=TEST_EOS_BIAS["fast"])
     fe = FastEngine(m, max_batch=4)
     # pieces (lm, lm_sample, coord, size, forward; + forward#0 / #1, the forward with the
-    # staging copy of each ping-pong slot, when cuda_graph_runner.STAGED_FORWARD) x buckets
-    from photon_core.fast import cuda_graph_runner
-    assert len(fe.runner.graphs) == (7 if cuda_graph_runner.STAGED_FORWARD else 5) * 3
+    # staging copy of each ping-pong slot, when cuda_graph_runner.STAGED_FORWARD; + each of
+    # the 4 heads merged with each of those, when MERGED_STEP too) x buckets
+    from photon_core.fast import cuda_graph_runner as cgr
+    staged = 2 if cgr.STAGED_FORWARD else 0
+    assert len(fe.runner.graphs) == (5 + staged + 4 * staged * cgr.MERGED_STEP) * 3
     enc = m.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3), dtype=np.uint8))
     tasks = [Task("detect", object="person", max_objects=4), Task("point", object="cup", max_objects=4),
              Task("query", question="What is it?", max_tokens=16),

@@ -162,7 +162,8 @@ def _forward_counting(fe):
     inner = runner.run
 
     def run(name, bucket):
-        if name.split("#")[0] == "forward":      # (forward#i: with the slot's staging copy)
+        # (forward#i: with the slot's staging copy; "coord+forward#i": after a head piece)
+        if name.split("+")[-1].split("#")[0] == "forward":
             calls.append(bucket)
         return inner(name, bucket)
     runner.run = run
@@ -234,6 +235,7 @@ def test_forward_stages_the_sampled_values_into_its_slot(model, enc, monkeypatch
 
         def run(name, bucket, inner=inner, names=names, fe=fe):
             inner(name, bucket)
+            name = name.split("+")[-1]          # (a head piece merged before it)
             if name.startswith("forward#"):
                 slot = fe.slots.slots[int(name[-1])]
                 assert torch.equal(slot.dev_out, fe.state.out)
@@ -251,3 +253,44 @@ def test_forward_stages_the_sampled_values_into_its_slot(model, enc, monkeypatch
             assert fwd and set(fwd) == {"forward"}
         fe.close()
     assert got[True] == got[False]
+
+
+def test_merged_step_pieces(model, enc, monkeypatch):
+    """cuda_graph_runner.MERGED_STEP: a step's last head piece and its staged forward run as
+    one piece ("coord+forward#0": one CUDA graph on the GPU), the heads before it alone: the
+    same outputs as every piece apart; a final step (no forward) runs its heads alone."""
+    from photon_core.fast import cuda_graph_runner
+    tasks = [Task("detect", object="cat", max_objects=2), Task("query", question="What?",
+                                                                max_tokens=5)]
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(cuda_graph_runner, "MERGED_STEP", on)
+        fe = FastEngine(model, max_batch=2)
+        assert bool(fe.runner.merged_pieces) == on
+        assert ("lm+forward#1" in fe.runner.fns) == on
+        runner, names = fe.decoder.runner, []
+        inner = runner.run
+
+        def run(name, bucket, inner=inner, names=names):
+            names.append(name)
+            return inner(name, bucket)
+        runner.run = run
+        for t in tasks:
+            r = fe.start(enc, t, ignore_eos=True)
+            while r.step():
+                pass
+            fe.drain()
+            got[on, t.skill] = (r.result().output, r.result().tokens, names[:])
+            names.clear()
+        fe.close()
+    for skill in ("detect", "query"):
+        (out1, n1, names1), (out0, n0, names0) = got[True, skill], got[False, skill]
+        assert (out1, n1) == (out0, n0)
+        # apart: the same pieces in the same order
+        assert [p for n in names1 for p in n.split("+")] == names0
+        merged = [n for n in names1 if "+" in n]
+        assert merged and all("forward#" in n.split("+")[1] for n in merged)
+        assert len(merged) == sum(n.startswith("forward") for n in names0)
+    # detect: an x step runs lm alone, then coord + forward as one piece
+    assert got[True, "detect"][2][:2] == ["lm", "coord+forward#0"]
+
