@@ -28,9 +28,14 @@ import torch
 
 from .. import weight_layout
 from ..ops import HAVE_TRITON, triton_on
+from ..ops.row_setup import row_setup, row_setup_reference
 from ..ops.row_stop import MAX_STOP_IDS
 from .eager_backend import EagerBackend
 from .static_kv_cache import StaticKVCache
+
+# a row's set-up for a new task as one Triton launch on CUDA (ops/row_setup.py) instead of
+# ~13 small torch kernels; read at each set_row
+ROW_SETUP_KERNEL = True
 
 
 def first_state_on(w) -> bool:
@@ -132,26 +137,18 @@ class StepState:
                 temperature: float, top_p: float, generator=None,
                 seed: int | None = None, offset: int = 0, stop_ids=(),
                 stop_phases: int = 0) -> None:
-        """Called by start() after the prefill (device fills, no host sync). stop_ids /
-        stop_phases: the lm picks that end the task and the phases (a bit each) where they
-        do (ops/row_stop.py; none: the row never counts as stopped)."""
-        self.hidden[row].copy_(hidden)
-        self.stopped[row:row + 1].fill_(0)
-        self.stop_ids[row].fill_(-1)
-        for i, t in enumerate(tuple(stop_ids)[:MAX_STOP_IDS]):
-            self.stop_ids[row, i:i + 1].fill_(int(t))
-        self.stop_phases[row:row + 1].fill_(stop_phases if stop_ids else 0)
-        self.pos[row:row + 1].fill_(pos)
-        self.pos_offset[row:row + 1].fill_(offset)
-        self.phase[row:row + 1].fill_(phase)
-        self.kind[row:row + 1].fill_(kind)
-        self.first[row:row + 1].fill_(True)
-        self.temperature[row:row + 1].fill_(temperature)
-        self.top_p[row:row + 1].fill_(top_p)
-        if seed is not None:
-            self.seed[row:row + 1].fill_(seed)
-        elif self.seed.is_cuda:      # unseeded: from the CUDA generator (torch.manual_seed
-            self.seed[row:row + 1].random_(0, 2 ** 31)    # repeats it), no host sync
+        """Called by start() after the prefill (device writes, no host sync): ops/row_setup.py
+        (one launch on CUDA, ROW_SETUP_KERNEL; else its torch form). stop_ids / stop_phases:
+        the lm picks that end the task and the phases (a bit each) where they do
+        (ops/row_stop.py; none: the row never counts as stopped)."""
+        setup = row_setup if ROW_SETUP_KERNEL and HAVE_TRITON and self.hidden.is_cuda \
+            else row_setup_reference
+        setup(self, row, hidden, pos, phase, kind, temperature, top_p, seed=seed,
+              offset=offset, stop_ids=stop_ids, stop_phases=stop_phases)
+        if seed is None and temperature > 0 and self.seed.is_cuda:
+            # an unseeded sampling row: its seed from the CUDA generator (torch.manual_seed
+            # repeats it), no host sync; a greedy row reads no seed
+            self.seed[row:row + 1].random_(0, 2 ** 31)
         # (on the CPU, sampling rows draw with their torch.Generator: the seed is unused)
         self.generators[row] = generator
 

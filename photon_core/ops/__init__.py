@@ -1,6 +1,7 @@
 """The ops the decode-step programs are made of, one op per file, each with its torch
 reference (what the eager backend runs) and its Triton kernel (what the fused backend runs)
-side by side; test/core/test_ops_kernels.py diff-tests every kernel against its reference
+side by side; test/core/test_fast_kernels.py (and a test file per newer op, e.g.
+test_row_stop.py, test_row_setup.py) diff-tests every kernel against its reference
 (CPU, TRITON_INTERPRET=1).
 
 gemv.py (linear: weight GEMV / skinny GEMM, b <= 16, with store / [x | gelu] / residual-add
@@ -10,7 +11,8 @@ k/v write; the prompt's causal attention), feedback_embedding.py (Moondream's GP
 feedback: token / coordinate / size embedding by phase), row_advance.py (end of a step:
 hidden, position, phase by the skill's phase table), masked_argmax.py (greedy picks with the
 answer-marker rule, segments), seeded_sample.py (sampling inside a graph), row_stop.py (rows
-whose lm pick is their task's stop token, marked on the GPU).
+whose lm pick is their task's stop token, marked on the GPU), row_setup.py (a row's fields for
+a new task in one launch).
 
 HAVE_TRITON is False when triton is not importable: the kernels cannot run and the runtime
 uses the eager backend.
