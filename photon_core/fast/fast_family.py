@@ -173,16 +173,19 @@ class TextTask:
     """A token-feedback text skill, host side (phase `phase` only; row kind `kind`).
 
     commit of a step: its token in stop_ids (and not ignore_eos) -> stop; position at
-    capacity -> length; else the token is emitted, steps += 1, and budget reached -> length.
+    capacity -> length; else the token is emitted, steps += 1, and budget reached or
+    until(token) -> length (the reference's rule, models/task_run_base.py).
     Sampling rows (temperature > 0) take the "lm_sample" piece, the others "lm"."""
 
     streams = True
 
     def __init__(self, task: Task, stop_ids, budget: int, ignore_eos: bool = False,
                  sampled: bool = True, phase: int = 0, kind: int = 0, streams: bool = True,
-                 parse=None):
+                 parse=None, until=None):
         """sampled: the task's temperature / top_p / seed apply (False: greedy); parse:
-        text, finish_reason -> objects (a skill answered in text, e.g. grounding JSON)."""
+        text, finish_reason -> objects (a skill answered in text, e.g. grounding JSON);
+        until: token -> True once the task has what it asked for (called once per emitted
+        token, in order; grounding_json.token_cap)."""
         self.task, self.stop_ids, self.budget = task, frozenset(stop_ids), budget
         self.ignore_eos = ignore_eos
         self.text, self.streams = True, streams
@@ -191,6 +194,7 @@ class TextTask:
         self.top_p = task.top_p if sampled else 1.0
         self.seed = task.seed if sampled else None
         self._parse = parse
+        self.until = until
 
     def heads(self, phase: int) -> tuple[str, ...]:
         return ("lm_sample",) if self.temperature > 0 else ("lm",)
@@ -214,7 +218,7 @@ class TextTask:
             return run.end(FINISH_LENGTH)
         run.steps += 1
         run.emit(tok)
-        if run.steps >= self.budget:
+        if run.steps >= self.budget or (self.until is not None and self.until(tok)):
             return run.end(FINISH_LENGTH)
         run.pos += 1
 

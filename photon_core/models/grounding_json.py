@@ -12,7 +12,12 @@ salvage=True (the engine sets it when the answer was cut off by its token budget
 objects before the cut are kept, the error still set. Entries without a usable
 bbox_2d / point_2d (wrong length, non-numbers, NaN) are skipped and counted in `skipped`.
 A point prompt answered with boxes gives the boxes' centres; a detect prompt answered with
-points gives nothing for those entries (skipped).
+points gives nothing for those entries (skipped). A salvaged answer that still holds
+max_objects objects is no error: the cut came after the objects asked for.
+
+EntryCap counts an answer's complete, usable entries as its tokens arrive, so an engine can
+end a detect / point task at its max_objects-th entry (finish reason "length") instead of
+decoding on to its token budget, as Moondream 2's region tasks end at their last object.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 SCALE = 1000.0
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)(?:```|$)", re.S)
@@ -116,6 +122,66 @@ def parse_grounding(text: str, skill: str, max_objects: int | None = None,
                 res.skipped += 1
             elif max_objects is None or len(res.objects) < max_objects:
                 res.objects.append(obj)
+        if salvage and res.error and max_objects is not None and \
+                len(res.objects) >= max_objects:
+            res.error = None     # cut after the objects asked for (EntryCap), not malformed
     except Exception as e:   # belt and braces: bad model output must never crash a task
         res.objects, res.error = [], f"grounding parse failed: {type(e).__name__}: {e}"
     return res
+
+
+class EntryCap:
+    """A grounding answer's complete, usable entries, counted as its text arrives piece by
+    piece: feed(piece) is True from the piece that completes the max_objects-th.
+
+    An entry is a JSON object opened at the nesting depth of the answer's first "{" (the
+    list's items in [{...}, {...}]) that _convert turns into an object of the skill - what
+    parse_grounding's salvage keeps from the text cut there. Brackets and braces inside
+    strings do not count. Text it cannot follow (a wrapper object, a stray quote) is never
+    counted: the task then runs to its token budget, as without the cap."""
+
+    def __init__(self, skill: str, max_objects: int):
+        self.skill, self.max_objects = skill, max_objects
+        self.depth, self.base, self.count = 0, None, 0
+        self.in_str = self.escaped = False
+        self.entry: list[str] | None = None     # the open entry's text from its "{"
+
+    def feed(self, piece: str) -> bool:
+        for ch in piece:
+            if self.entry is not None:
+                self.entry.append(ch)
+            if self.in_str:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_str = False
+            elif ch == '"':
+                self.in_str = True
+            elif ch in "[{":
+                if ch == "{" and self.entry is None and self.base in (None, self.depth):
+                    self.base, self.entry = self.depth, ["{"]
+                self.depth += 1
+            elif ch in "]}":
+                self.depth = max(0, self.depth - 1)
+                if ch == "}" and self.entry is not None and self.depth == self.base:
+                    self._close("".join(self.entry))
+                    self.entry = None
+        return self.count >= self.max_objects
+
+    def _close(self, text: str) -> None:
+        try:
+            obj = _convert(json.loads(text), self.skill)
+        except (ValueError, RecursionError):
+            obj = None
+        self.count += obj is not None
+
+
+def token_cap(skill: str, max_objects: int,
+              decode: Callable[[list[int]], str]) -> Callable[[int], bool]:
+    """An engine's per-token check: feed(token) is EntryCap.feed of that token's text
+    (decode([token]): a byte-level token's ASCII brackets, braces and quotes come through
+    whole)."""
+    cap = EntryCap(skill, max_objects)
+    return lambda token: cap.feed(decode([token]))

@@ -9,7 +9,9 @@ _check_end() (stop token / exhausted room after a token was picked); a family wi
 steps (Moondream's region heads) overrides _advance().
 
 Text steps: emit the current token (word-safe deltas, query/caption only), end at the budget
-(`budget`: tokens allowed), else feed it and pick the next one.
+(`budget`: tokens allowed) or where `until(token)` says the task has what it asked for (Qwen
+3.5's grounding: its max_objects-th JSON entry, grounding_json.token_cap), else feed it and
+pick the next one.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class TaskRunBase:
         self.ignore_eos = ignore_eos   # test/benchmark hook: run to the budget
         self.is_text = is_text
         self.budget = budget
+        self.until: Callable[[int], bool] | None = None     # a family's early end (length)
         self.generator = None
         if task.seed is not None and is_text:
             self.generator = torch.Generator(device=model.device).manual_seed(task.seed)
@@ -90,8 +93,8 @@ class TaskRunBase:
         token = self.next_token
         self.tokens.append(token)
         self._emit(self.streamer.push(token))
-        if self.steps >= self.budget:       # that token was the last one allowed
-            self._finish(FINISH_LENGTH)
+        if self.steps >= self.budget or (self.until is not None and self.until(token)):
+            self._finish(FINISH_LENGTH)     # the last token allowed / the last one needed
             return
         with torch.inference_mode():
             self.next_token = self._feed(token)

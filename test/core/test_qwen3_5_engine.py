@@ -185,3 +185,34 @@ def test_vision_grid_tables_kept_per_grid(model):
     assert torch.equal(vision.encode(model.weights, cfg, p, grid, tables),
                        vision.encode(model.weights, cfg, p, grid))
     assert len(encs) == 2 and len(model._grid_tables) == 1
+
+
+def test_grounding_ends_at_the_max_objects_th_entry(model, frame, monkeypatch):
+    """A detect answer listing more entries than max_objects ends at the token that closes
+    the max_objects-th usable one (finish "length", no parse error counted); fewer entries
+    run to the stop token as before."""
+    enc = model.encode_image(frame)
+    boxes = [[100, 200, 300, 400], [500, 100, 600, 300], [0, 0, 10, 10]]
+    answer = "```json\n" + json.dumps([{"bbox_2d": b, "label": 'a "}" cup'}
+                                       for b in boxes]) + "\n```"
+    ids = model.prompts.encode(answer)
+    script = ids + [model.prompts.tok.token_to_id("<|im_end|>")]
+
+    def scripted(self, _ids):
+        self._i = getattr(self, "_i", -1) + 1
+        return script[self._i]
+    monkeypatch.setattr(TaskRun, "_forward", scripted)
+    before = model.stats["grounding_parse_errors"]
+    out = model.run(enc, Task("detect", object="cup", max_objects=2))
+    assert out.finish_reason == "length" and len(out.output["objects"]) == 2
+    assert out.output["objects"][1] == {"x_min": 0.5, "y_min": 0.1, "x_max": 0.6, "y_max": 0.3}
+    assert model.stats["grounding_parse_errors"] == before
+    # the tokens up to the one that closes the second entry, none after it
+    text = model.prompts.decode(ids[:out.tokens])
+    assert text.rstrip().endswith("}") and text.count("bbox_2d") == 2
+    assert len(model.prompts.decode(ids[:out.tokens - 1])) < len(text)
+    out = model.run(enc, Task("detect", object="cup", max_objects=3))
+    assert out.finish_reason == "length" and len(out.output["objects"]) == 3
+    out = model.run(enc, Task("detect", object="cup", max_objects=4))
+    assert out.finish_reason == "stop" and len(out.output["objects"]) == 3
+    assert out.tokens == len(ids)

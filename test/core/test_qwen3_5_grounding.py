@@ -76,3 +76,57 @@ def test_out_of_range_and_bad_entries():
     assert parse_grounding('{"point_2d": [500, 250], "label": "cup"}', "point").objects == \
         [{"x": 0.5, "y": 0.25}]
     assert parse_grounding("", "point").error
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(box, label), min_size=1, max_size=5), st.booleans(), st.data())
+def test_entry_cap_stops_at_the_max_objects_th_entry(items, fence, data):
+    """EntryCap fed the answer in pieces: True from the piece that closes the k-th entry
+    (labels with brackets, braces, quotes and backslashes inside their strings), never for
+    k above the entry count; the text up to there salvages exactly k objects, no error."""
+    from photon_core.models.grounding_json import EntryCap
+    text = _answer([b for b, _ in items], [l for _, l in items], fence)
+    k = data.draw(st.integers(1, len(items) + 1))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(text)), max_size=30))))
+    pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)]) if b > a]
+    cap, fed, hit, last = EntryCap("detect", k), "", None, ""
+    for p in pieces:
+        fed += p
+        if cap.feed(p):
+            hit, last = fed, p
+            break
+    if k > len(items):
+        assert hit is None
+        return
+    assert hit is not None
+    res = parse_grounding(hit, "detect", max_objects=k, salvage=True)
+    assert res.error is None and res.objects == parse_grounding(text, "detect").objects[:k]
+    # the piece that hit holds the k-th entry's closing brace: without it, fewer entries
+    assert len(parse_grounding(hit[:-len(last)], "detect", salvage=True).objects) < k
+
+
+def test_entry_cap_counts_only_usable_list_entries():
+    from photon_core.models.grounding_json import EntryCap
+    cap = EntryCap("detect", 1)
+    assert not cap.feed('[{"point_2d": [1, 2]}, {"bbox_2d": [1, 2, 3]}, ')   # not boxes
+    assert not cap.feed('{"label": "{[\\"}]", ')                # braces in a string
+    assert cap.feed('"bbox_2d": [1, 2, 3, 4]}')                 # the first usable box
+    assert EntryCap("point", 1).feed('[{"point_2d": [1, 2]}')
+    wrapped = EntryCap("detect", 1)                             # a wrapper: never cut
+    assert not wrapped.feed('{"objects": [{"bbox_2d": [1, 2, 3, 4]}, {"bbox_2d": [1, 2, 3, 4]}]}')
+
+
+def test_text_task_ends_where_until_says():
+    """The fast path's TextTask: the token until() accepts is emitted and ends the run
+    (length), as the reference's step does."""
+    from types import SimpleNamespace
+
+    from photon_core.fast.fast_family import TextTask
+    from photon_core.task import Task
+    seen, ended = [], []
+    run = SimpleNamespace(pos=10, capacity=100, steps=0, emit=seen.append, end=ended.append)
+    tt = TextTask(Task("detect", object="cup"), stop_ids=(0,), budget=50, sampled=False,
+                  until=lambda tok: tok == 7)
+    for tok in (5, 6, 7):
+        tt.commit(run, 0, [tok, 0, 0, 0])
+    assert seen == [5, 6, 7] and ended == ["length"] and run.steps == 3

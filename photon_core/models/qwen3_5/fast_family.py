@@ -12,7 +12,7 @@ import torch
 from ...engine import PrefixState
 from ...fast.fast_family import ReferenceEncodeFamily, TextTask
 from ...task import FINISH_LENGTH, Task
-from ..grounding_json import parse_grounding
+from ..grounding_json import parse_grounding, token_cap
 from .program import step_spec
 from .prompts import instruction
 from .run import TOKENS_PER_OBJECT
@@ -55,7 +55,9 @@ class QwenFast(ReferenceEncodeFamily):
         budget = task.max_tokens if text else TOKENS_PER_OBJECT * task.max_objects + 16
         return TextTask(task, self.model.prompts.stop_ids, min(budget, room), ignore_eos,
                         sampled=text, streams=text,
-                        parse=None if text else lambda s, reason: self._ground(task, s, reason))
+                        parse=None if text else lambda s, reason: self._ground(task, s, reason),
+                        until=None if text else token_cap(task.skill, task.max_objects,
+                                                          self.model.prompts.decode))
 
     def _ground(self, task: Task, text: str, reason: str) -> list[dict]:
         g = parse_grounding(text, task.skill, task.max_objects, salvage=reason == FINISH_LENGTH)

@@ -5,7 +5,8 @@ private state with room for prompt + budget, prefill the task's prompt after it,
 token. Each step() emits the current token (query/caption: streamed as word-safe deltas),
 feeds it (one decoder forward) and picks the next. Stops at <|im_end|> / <|endoftext|>, or at
 the budget: max_tokens for query/caption; for detect/point enough tokens for max_objects
-JSON entries. detect/point are greedy; their text is parsed by grounding_json at the end
+JSON entries, and at the max_objects-th complete entry (grounding_json.token_cap: finish
+reason "length"). detect/point are greedy; their text is parsed by grounding_json at the end
 (a malformed answer: empty result, `parse_error` set and counted in model.stats).
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ..grounding_json import parse_grounding
+from ..grounding_json import parse_grounding, token_cap
 from ..task_run_base import TaskRunBase, _sync  # noqa: F401  (_sync: model.py's)
 from ._shared import FINISH_LENGTH, FINISH_STOP, Task, TaskError, sample
 from . import decoder
@@ -37,6 +38,8 @@ class TaskRun(TaskRunBase):
         super().__init__(model, enc, task, stream, ignore_eos, is_text, model.prompts.decode,
                          min(budget, limit - prefix - len(prompt)))
         self.parse_error: str | None = None
+        if not is_text:           # the answer ends at its max_objects-th JSON entry
+            self.until = token_cap(task.skill, task.max_objects, model.prompts.decode)
 
         def prefill() -> int:
             self.state = enc.state.copy(prefix + len(prompt) + self.budget + 1)
