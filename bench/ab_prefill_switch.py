@@ -42,7 +42,7 @@ def main():
         for n in (int(f) for f in args.frames.split(",")):
             g = torch.Generator(device="cuda").manual_seed(n)
             x = torch.randn(n, m.prefix_len, t.dim, device="cuda", dtype=w.dtype, generator=g)
-            kvs = {"baseline": batched_encode.kv_buffer(m, n), "now": batched_encode.kv_buffer(m, n)}
+            kvs = {k: batched_encode.kv_buffer(m, n) for k in ("baseline", "now")}
             ms = {"baseline": [], "now": []}
             for r in range(args.rounds):
                 order = ("baseline", "now") if r % 2 == 0 else ("now", "baseline")

@@ -156,6 +156,21 @@ def test_fast_rope_equals_reference_rope():
     torch.testing.assert_close(rope(x, c, s, perm), ref, rtol=1e-6, atol=1e-6)
 
 
+def _recorded(fe, after=None) -> list:
+    """The piece names the engine's decoder launches, in order (after(name): called once
+    each has run)."""
+    runner, names = fe.decoder.runner, []
+    inner = runner.run
+
+    def run(name, bucket):
+        inner(name, bucket)
+        names.append(name)
+        if after is not None:
+            after(name)
+    runner.run = run
+    return names
+
+
 def _forward_counting(fe):
     """Count the forward pieces the engine's decoder launches."""
     runner, calls = fe.decoder.runner, []
@@ -230,23 +245,18 @@ def test_forward_stages_the_sampled_values_into_its_slot(model, enc, monkeypatch
         monkeypatch.setattr(cuda_graph_runner, "STAGED_FORWARD", staged)
         fe = FastEngine(model, max_batch=2)
         assert ("forward#0" in fe.runner.fns and "forward#1" in fe.runner.fns) == staged
-        runner, names = fe.decoder.runner, []
-        inner = runner.run
 
-        def run(name, bucket, inner=inner, names=names, fe=fe):
-            inner(name, bucket)
+        def slot_equals_out(name, fe=fe):
             name = name.split("+")[-1]          # (a head piece merged before it)
             if name.startswith("forward#"):
-                slot = fe.slots.slots[int(name[-1])]
-                assert torch.equal(slot.dev_out, fe.state.out)
-            names.append(name)
-        runner.run = run
+                assert torch.equal(fe.slots.slots[int(name[-1])].dev_out, fe.state.out)
+        names = _recorded(fe, slot_equals_out)
         runs = [fe.start(enc, t) for t in tasks]
         while any(fe.step_batch(runs)):
             pass
         fe.drain()
         got[staged] = [(r.result().output, r.result().tokens) for r in runs]
-        fwd = [n for n in names if n.startswith("forward")]
+        fwd = [n.split("+")[-1] for n in names if "forward" in n]
         if staged:
             assert fwd and fwd[:4] == ["forward#0", "forward#1"] * 2
         else:
@@ -268,13 +278,7 @@ def test_merged_step_pieces(model, enc, monkeypatch):
         fe = FastEngine(model, max_batch=2)
         assert bool(fe.runner.merged_pieces) == on
         assert ("lm+forward#1" in fe.runner.fns) == on
-        runner, names = fe.decoder.runner, []
-        inner = runner.run
-
-        def run(name, bucket, inner=inner, names=names):
-            names.append(name)
-            return inner(name, bucket)
-        runner.run = run
+        names = _recorded(fe)
         for t in tasks:
             r = fe.start(enc, t, ignore_eos=True)
             while r.step():
