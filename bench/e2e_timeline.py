@@ -120,25 +120,33 @@ def host_profile(fn, top: int) -> list[str]:
     return lines
 
 
-def ab_one_call(fe, frame, task, spec: str, rounds: int, runs: int = 10) -> dict:
+def ab_one_call(fe, frame, task, spec: str, rounds: int, runs: int = 10,
+                ignore_eos: bool = True, on_result=None, sync=None) -> dict:
     """The one call run(frame, task) with the switch "module:NAME=VALUE" off (its value in
     the run) and on, in one process: `rounds` rounds, each setting `runs` calls (after one
-    untimed) per round, alternating; {setting: [mean ms per round]}."""
+    untimed) per round, alternating; {setting: [mean ms per round]}. frame: an image or an
+    encoded one; on_result(setting, result): each round's last result; sync: the device
+    sync (default torch.cuda.synchronize)."""
     from ab_switch import parse_toggle
+    sync = sync or torch.cuda.synchronize
     mod, attr, value = parse_toggle(spec)
     before = getattr(mod, attr)
     out: dict = {f"{attr}={before}": [], f"{attr}={value}": []}
-    for _ in range(rounds):
-        for v in (before, value):
-            setattr(mod, attr, v)
-            fe.run(frame, task, ignore_eos=True)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(runs):
-                fe.run(frame, task, ignore_eos=True)
-            torch.cuda.synchronize()
-            out[f"{attr}={v}"].append(round((time.perf_counter() - t0) / runs * 1e3, 3))
-    setattr(mod, attr, before)
+    try:
+        for _ in range(rounds):
+            for v in (before, value):
+                setattr(mod, attr, v)
+                fe.run(frame, task, ignore_eos=ignore_eos)
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(runs):
+                    r = fe.run(frame, task, ignore_eos=ignore_eos)
+                sync()
+                out[f"{attr}={v}"].append(round((time.perf_counter() - t0) / runs * 1e3, 3))
+                if on_result is not None:
+                    on_result(f"{attr}={v}", r)
+    finally:
+        setattr(mod, attr, before)
     return out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from collections import defaultdict
 import json
 import sys
 import time
@@ -25,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.e2e_timeline import TASKS  # noqa: E402
+from bench.e2e_timeline import TASKS, ab_one_call  # noqa: E402
 from bench.probe_gc import build, sync  # noqa: E402
 
 
@@ -45,39 +46,36 @@ def main():
                       "capture_ms": round(fe.runner.capture_ms, 1)}), flush=True)
     eos = bool(args.ignore_eos)
     src = fe.encode_image(frame) if args.encoded else frame
-    settings = [None]
-    if args.ab:
-        from bench.ab_switch import parse_toggle
-        mod, attr, value = parse_toggle(args.ab)
-        settings = [getattr(mod, attr), value]
     for name in args.tasks.split(","):
         task = TASKS[name]
         for _ in range(3):
             r = fe.run(src, task, ignore_eos=eos)
-        rounds: dict = {str(v): [] for v in settings}
-        digests = {str(v): set() for v in settings}
-        for _ in range(args.rounds):
-            for v in settings:
-                if v is not None:
-                    setattr(mod, attr, v)
+        digests, last = defaultdict(set), {}
+
+        def seen(label, result, digests=digests, last=last):
+            digests[label].add(hashlib.sha256(
+                json.dumps(result.output, sort_keys=True).encode()).hexdigest()[:12])
+            last[label] = result
+        if args.ab:      # the switch at its value and at VALUE, round by round
+            rounds = {f"{name} {k}": v for k, v in ab_one_call(
+                fe, src, task, args.ab, args.rounds, args.calls, eos,
+                lambda k, res: seen(f"{name} {k}", res), lambda: sync(dev)).items()}
+        else:
+            rounds = {name: []}
+            for _ in range(args.rounds):
                 sync(dev)
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
                     r = fe.run(src, task, ignore_eos=eos)
                 sync(dev)
-                rounds[str(v)].append(round((time.perf_counter() - t0) / args.calls * 1e3, 3))
-                digests[str(v)].add(hashlib.sha256(
-                    json.dumps(r.output, sort_keys=True).encode()).hexdigest()[:12])
-        if args.ab:
-            setattr(mod, attr, settings[0])
-        for v in settings:
-            label = name if v is None else f"{name} {attr}={v}"
-            print(json.dumps({label: {"round_ms": rounds[str(v)],
-                                      "mean_ms": round(float(np.mean(rounds[str(v)])), 3),
-                                      "output": sorted(digests[str(v)]),
+                rounds[name].append(round((time.perf_counter() - t0) / args.calls * 1e3, 3))
+                seen(name, r)
+        for label, ms in rounds.items():
+            r = last[label]
+            print(json.dumps({label: {"round_ms": ms, "mean_ms": round(float(np.mean(ms)), 3),
+                                      "output": sorted(digests[label]),
                                       "finish": r.finish_reason, "steps": r.tokens}}),
                   flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -151,10 +151,11 @@ class CudaGraphRunner:
         self.pieces = tuple(self.fns)
         # a head piece + a staged forward as one piece (MERGED_STEP): "head+forward#i"
         heads = [h for h in self.pieces if not h.startswith("forward")]
-        self.merged_pieces = tuple(f"{h}+{f}" for h in heads for f in self.staged_forwards) \
-            if MERGED_STEP else ()
-        for name in self.merged_pieces:
-            self.fns[name] = merged(*(self.fns[p] for p in name.split("+")))
+        self.merged = {(h, f): f"{h}+{f}" for h in heads for f in self.staged_forwards} \
+            if MERGED_STEP else {}
+        self.merged_pieces = tuple(self.merged.values())
+        for (h, f), name in self.merged.items():
+            self.fns[name] = merged(self.fns[h], self.fns[f])
         self.capture_ms = 0.0
         self.capture_stream = None   # set by FastEngine: its own stream (fast_engine.py)
 
@@ -204,8 +205,8 @@ class CudaGraphRunner:
         """A step's head pieces (in launch order), then its forward piece (None: none); the
         last head and a staged forward as their merged piece where it was built
         (MERGED_STEP)."""
-        name = f"{heads[-1]}+{forward}" if heads and forward else ""
-        if MERGED_STEP and name in self.fns:
+        name = self.merged.get((heads[-1], forward)) if heads and MERGED_STEP else None
+        if name is not None:
             heads, forward = heads[:-1], name
         for h in heads:
             self.run(h, bucket)
