@@ -78,7 +78,7 @@ from ..ops.per_layer_input import per_layer_input_tail
 from ..ops.rmsnorm_residual import rmsnorm_residual_triton
 from ..ops.rope import rope_angles
 from ..ops.row_advance import row_advance
-from . import hybrid_rows, state_ops, window_state_ops
+from . import hybrid_rows, parallel_branch, state_ops, window_state_ops
 from .eager_backend import ACTS, ScaledTokenFeedback, feedback_weights
 from ..program import Op, read_before_written
 from ..weight_layout import join_weights, joined_views
@@ -157,6 +157,8 @@ class FusedBackend:
         self.chained_norms = 0            # ... and with the RMSNorm after them
         self.gated_gemvs = 0              # linear + act_mul pairs as one GEMV
         self.fused_runs = 0               # hybrid runs of ops as one launch (hybrid_rows)
+        self.beside_branches = 0          # gelu GEMVs on a second stream (parallel_branch)
+        self.forks: dict = {}
         self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
@@ -257,9 +259,22 @@ class FusedBackend:
                 self.gated_gemvs += 1
                 i += 2
                 continue
-            out.append(self._lower(op))
+            f = self._lower(op)
+            beside = parallel_branch.lower_beside(self, ops, i)
+            if beside is not None:          # the gelu part on a second stream
+                out.extend(beside[0])
+                self.beside_branches += 1
+                i += beside[1]
+                continue
+            out.append(f)
             i += 1
         return out
+
+    def stream_fork(self, priority: int = 0) -> "parallel_branch.StreamFork":
+        """The backend's second stream of that priority (parallel_branch.py), made once."""
+        if priority not in self.forks:
+            self.forks[priority] = parallel_branch.StreamFork(self.x.device, priority)
+        return self.forks[priority]
 
     def _lower_gated(self, op: Op, nxt: Op | None, rest):
         """The linear + act_mul pair as one GEMV with a gated epilogue (_lower_ops), or None

@@ -1,0 +1,124 @@
+"""A step program's independent branch on a second CUDA stream, for the fused backend: a
+fork and a join inside the step's graph, so two chains of kernels run at once.
+
+Where: a `linear` whose outputs are plain segments then ONE gelu segment (Moondream 2's
+`h -> [qkv | gelu(fc1)]`, one joined GEMV otherwise), followed by the ops that read only the
+plain part (its `attention`) before the op that reads the gelu part (the block's
+`residual`). Phi's parallel block computes attention and the MLP from the same LayerNorm
+output, so the fc1 GEMV (33.5 MB of weights per layer at Moondream 2's shapes) has no reason
+to wait for the qkv GEMV, nor the attention for fc1:
+
+    main:  LN -> GEMV qkv -> attention (rotary, k/v write, split attention, combine) -> join -> residual
+    side:                \\-> GEMV fc1 + GELU --------------------------------------/
+
+fc1 forks after the qkv GEMV, not beside it: two GEMVs at once share the bandwidth and both
+end when the joined one would (session 34 call 2: qkv and fc1 side by side 16.0 / 16.3 us,
+the joined GEMV 16.4 us; attention started no earlier), so the qkv GEMV runs alone at the
+full rate and the attention chain - latency-bound: 4.1 + 1.3 us at b=1, 16.6 + 1.8 us at
+b=8 for ~1 / 20 MB of k/v at position 300 - runs while fc1 streams its weights. The two GEMVs take the joined GEMV's config
+(gemv.pick at the joined width) on row slices of the joined weights, so every output keeps
+its sums: the same bits as the joined GEMV (test_parallel_branch.py).
+
+MODE (module switch, bench/ab_switch.py's --toggle):
+  "side"  fc1 on a side stream (default priority), the attention chain on the caller's stream
+  "prio"  the attention chain on a high-priority stream, fc1 on the caller's stream (the
+          chain's CTAs are dispatched first where both wait for an SM)
+  "off"   the joined GEMV, then the attention chain: one stream (the A/B baseline)
+On the CPU the same lowering runs its parts in order on the one stream (StreamFork).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops.gemv import EPI_QKV_GELU, EPI_STORE, gemv, pick
+
+MODE = "side"
+# the two GEMVs with the joined GEMV's tiles (the same bits as it) or gemv.pick's for each
+# part's own width (more programs: the qkv part alone has 96 of the joined config's 64 rows)
+SAME_TILES = False
+# op kinds that may run in the branch beside the gelu part (each lowered on its own)
+BETWEEN = ("attention",)
+
+
+class StreamFork:
+    """fork(): the branch stream waits for the caller's stream's work so far; join(): the
+    caller's stream waits for the branch's. Under graph capture both become graph edges.
+    On the CPU there is one stream: fork() gives None (torch.cuda.stream(None) does
+    nothing) and the branch runs in program order - the same ops, the same bits."""
+
+    def __init__(self, device, priority: int = 0):
+        device = torch.device(device)
+        self.stream = torch.cuda.Stream(device=device, priority=priority) \
+            if device.type == "cuda" else None
+
+    def fork(self):
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        return self.stream
+
+    def join(self) -> None:
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+
+def _conflicts(op, reads: tuple, writes: tuple) -> bool:
+    """op touches what the branch beside it reads (writes it) or writes (reads or writes it)."""
+    return any(s in writes for s in op.src) or any(s in writes or s in reads for s in op.dst)
+
+
+def lower_beside(be, ops, i: int, mode: str | None = None):
+    """ops[i] (a linear the backend `be` lowered as one joined [plain | gelu] GEMV: its
+    be.fused_gemvs entry) and the ops after it that only read the plain part, as runs
+    fn(b, env) with the gelu part on the other stream: (runs, ops consumed), or None where
+    the pattern does not apply (then the caller keeps the joined GEMV)."""
+    mode = MODE if mode is None else mode
+    op = ops[i]
+    fg = be.fused_gemvs.get(op)             # (the joined GEMV, lowered already)
+    if mode == "off" or op.kind != "linear" or fg is None:
+        return None
+    if fg["epi"] != EPI_QKV_GELU or fg["n_split"] == 0:
+        return None                                     # no plain part before the gelu one
+    reads, writes = (fg["src"],), (op.dst[-1],)
+    j = i + 1
+    while j < len(ops) and ops[j].kind in BETWEEN and not _conflicts(ops[j], reads, writes):
+        j += 1
+    if j == i + 1:
+        return None                                     # nothing to run beside it
+    w, bias, buf, off = fg["w"], fg["bias"], fg["buf"], fg["off"]
+    n_split, gap, src = fg["n_split"], fg["gap"], fg["src"]
+    w_plain, w_gelu = w[:n_split], w[n_split:]
+    b_plain = bias[:n_split] if bias is not None else None
+    b_gelu = bias[n_split:] if bias is not None else None
+    g_off = off + n_split + gap
+    between = [be._lower(o) for o in ops[i + 1:j]]
+    cfgs: dict[int, object] = {}
+
+    def cfg(b):            # the joined GEMV's tiles (SAME_TILES), else each part's own
+        if not SAME_TILES:
+            return None
+        if b not in cfgs:
+            cfgs[b] = pick(b, w.shape[0], w.shape[1], EPI_QKV_GELU, be.deterministic)
+        return cfgs[b]
+
+    def gelu(b, env):
+        gemv(be._src(src, env, b), w_gelu, b_gelu, be.bufs[buf][:b, g_off:], EPI_QKV_GELU,
+             cfg=cfg(b), deterministic=be.deterministic)
+
+    fork = be.stream_fork(priority=-1 if mode == "prio" else 0)
+
+    def run(b, env):
+        gemv(be._src(src, env, b), w_plain, b_plain, be.bufs[buf][:b, off:], EPI_STORE,
+             cfg=cfg(b), deterministic=be.deterministic, pdl=be.pdl_at(b))
+        s = fork.fork()
+        if mode == "prio":          # the chain on the high-priority stream, fc1 here
+            with torch.cuda.stream(s):
+                for f in between:
+                    f(b, env)
+            gelu(b, env)
+        else:                       # fc1 on the side stream, the chain here
+            with torch.cuda.stream(s):
+                gelu(b, env)
+            for f in between:
+                f(b, env)
+        fork.join()
+    return [run], j - i

@@ -1,0 +1,87 @@
+"""fast/parallel_branch.py: the gelu part of Moondream 2's joined [qkv | fc1] GEMV beside the
+attention chain (a second stream on the GPU, program order on the CPU) changes no bit of a
+decoder pass, for every mode; on a GPU, graphed steps with the branch give the same tokens
+as without it."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_runs import fused_ok, fused_pass  # noqa: E402
+
+
+def _pass(model, monkeypatch, mode, b=2, same_tiles=True):
+    from photon_core.fast import parallel_branch
+    monkeypatch.setattr(parallel_branch, "MODE", mode)
+    monkeypatch.setattr(parallel_branch, "SAME_TILES", same_tiles)
+    return fused_pass(model, 64, monkeypatch, {}, b)
+
+
+@pytest.mark.parametrize("b", [1, 2])     # (fused_pass: rows at positions 5, 9)
+def test_branch_changes_no_bits_cpu(fast_model, monkeypatch, b):
+    """With the joined GEMV's tiles (SAME_TILES) the split GEMVs add every output's products
+    in the same order: the same bits; with each part's own tiles, the same values to fp32
+    rounding."""
+    fused_ok("on")
+    x0, bufs0, f0 = _pass(fast_model, monkeypatch, "off", b)
+    x, _, _ = _pass(fast_model, monkeypatch, "side", b, same_tiles=False)
+    assert torch.allclose(x, x0, rtol=1e-4, atol=1e-4)
+    layers = fast_model.config.text.n_layers
+    assert f0.beside_branches == 0
+    for mode in ("side", "prio"):
+        x, bufs, f = _pass(fast_model, monkeypatch, mode, b)
+        # one run per layer for its GEMV + attention (the attention op is consumed)
+        assert f.beside_branches == layers
+        assert len(f.lowered) == len(f0.lowered) - layers
+        assert torch.equal(x, x0), mode
+        for k in bufs0:
+            assert torch.equal(bufs[k], bufs0[k]), (mode, k)
+
+
+def test_branch_needs_the_pattern():
+    """Only a joined [plain | gelu] GEMV followed by ops that leave its gelu part and its
+    input alone forks: a residual reading the gelu part, or nothing between, does not."""
+    from photon_core.fast.parallel_branch import _conflicts
+    from photon_core.program import Op
+    att = Op("attention", ("qkv",), ("a",), layer=0)
+    res = Op("residual", ("a", "g"), (), ("p", "f"))
+    clobber = Op("attention", ("qkv",), ("h",), layer=0)
+    assert not _conflicts(att, ("h",), ("g",))
+    assert _conflicts(res, ("h",), ("g",))            # reads the gelu part
+    assert _conflicts(clobber, ("h",), ("g",))        # writes the GEMV's input
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["side", "prio"])
+def test_branch_graphed_steps_gpu(monkeypatch, mode):
+    """Graphed decode steps (streams forked inside the captured graphs) at bucket 1 / 2 / 4
+    with the fused step (megakernel off), the split GEMVs on the joined GEMV's tiles: the
+    same tokens as the one-stream lowering (a missing fork or join edge lets the residual
+    read a stale fc1 part)."""
+    from photon_core.fast import FastEngine, parallel_branch
+    from photon_core.moondream.model import build_random_model
+    from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
+    from photon_core.task import Task
+
+    m = build_random_model(tiny_config(fast=True), device="cuda", dtype="bf16", seed=0,
+                           eos_bias=TEST_EOS_BIAS["fast"])
+    enc = m.encode_image(np.random.default_rng(0).integers(0, 256, (120, 160, 3), dtype=np.uint8))
+    tasks = [Task("detect", object="person", max_objects=4), Task("point", object="cup", max_objects=4),
+             Task("query", question="What is it?", max_tokens=16)]
+    monkeypatch.setattr(parallel_branch, "SAME_TILES", True)
+    outs = []
+    for md in ("off", mode):
+        monkeypatch.setattr(parallel_branch, "MODE", md)
+        fe = FastEngine(m, max_batch=4, megakernel="off")
+        assert fe.state.fused.beside_branches == (0 if md == "off" else m.config.text.n_layers)
+        outs.append([(r.output, r.tokens, r.finish_reason)
+                     for r in fe.run_batch([(enc, t) for t in tasks])])
+        outs.append([(r.output, r.tokens) for r in
+                     (fe.run(enc, t, ignore_eos=True) for t in tasks[2:])])
+        fe.close()
+    assert outs[0] == outs[2] and outs[1] == outs[3]
