@@ -46,17 +46,6 @@ ROWS_MIN, ROWS_CHUNK, ROWS_WARPS = 2, 64, 2
 # (bench/profile_prompt_prefill.py, docs/benchmarks.md session 10 call 3): per token 326 /
 # 587; blocks of 16 with 1 / 2 / 4 warps 157 / 152 / 148 and 198 / 184 / 175
 PREFILL_TOKENS, PREFILL_WARPS = 16, 4
-# decode steps of at least SPREAD_MIN_ROWS rows: SPREAD (module switch) =
-# _attend_spread_kernel, each (row, head)'s keys up to its own position split in about
-# SPREAD_PROGRAMS / (rows x heads) parts (a power of two, 1..16, at most the scratch's
-# splits), SPREAD_CHUNK keys per loop step, SPREAD_STAGES pipelined; else
-# _attend_partial_kernel over the capacity. H200, 32 heads of 64, 1024-position cache, us per
-# layer (bench/sweep_spread_attention.py, docs/benchmarks.md session 34 call 6), capacity-wide
-# vs 1024/64/w2/s2: b=4 at position 300 / 760: 11.57 / 13.41 vs 9.02 / 13.61; b=8: 18.36 /
-# 21.89 vs 13.57 / 19.10; b=2 no setting faster at 760 (9.02 vs 9.48 at best)
-SPREAD = True
-SPREAD_MIN_ROWS = 4
-SPREAD_PROGRAMS, SPREAD_CHUNK, SPREAD_WARPS, SPREAD_STAGES = 1024, 64, 2, 2
 
 
 @triton.jit
@@ -170,79 +159,6 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
             _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
                    SPLIT_P2, NSPLIT)
             tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
-
-
-@triton.jit
-def _attend_spread_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_table,
-                          kc_ptr, vc_ptr, s_row, s_head, s_pos, capacity,
-                          m_ptr, l_ptr, acc_ptr, scale,
-                          NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
-                          HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
-                          STAGES: tl.constexpr, GDC: tl.constexpr = False):
-    """Decode attention of several rows, grid (rows, n_heads, NSPLIT): split `sp` of a
-    (row, head) takes keys [sp * L, (sp + 1) * L) of the row's pw + 1 keys, L = cdiv(pw + 1,
-    NSPLIT) - each split of a row at its own position, not of the capacity - in chunks of
-    CHUNK keys, an online softmax over them (fp32), the same partials (max, sum, weighted v)
-    for _combine_kernel. The new k/v come from registers and are written by the split that
-    holds pw, as in _attend_partial_kernel (whose grid spans the capacity: at 8 rows, 32
-    heads, a 1024-position cache and position 300, 4096 programs of which 1280 hold keys)."""
-    pdl_launch_dependents(GDC)
-    pdl_wait(GDC)
-    row = tl.program_id(0)
-    h = tl.program_id(1)
-    sp = tl.program_id(2)
-    kvh = h // (NH // NKV)
-    pos = tl.load(pos_ptr + row)
-    pw = tl.minimum(pos, capacity - 1)
-    ti = tl.minimum(pos, n_table - 1)
-    d = tl.arange(0, HD)
-    span = tl.cdiv(pw + 1, NSPLIT)
-    start = sp * span
-    end = tl.minimum(start + span, pw + 1)
-    cache_off = row * s_row + kvh * s_head
-    src_c, src_s, c, s = rotary_sources(d, cos_ptr, sin_ptr, ti, HALF)
-    base = qkv_ptr + row * stride_qkv
-    q_off = h * HD
-    k_off = NH * HD + kvh * HD
-    v_off = (NH + NKV) * HD + kvh * HD
-    q = tl.load(base + q_off + src_c).to(tl.float32) * c \
-        + tl.load(base + q_off + src_s).to(tl.float32) * s
-    k_new = tl.load(base + k_off + src_c).to(tl.float32) * c \
-        + tl.load(base + k_off + src_s).to(tl.float32) * s
-    v_new = tl.load(base + v_off + d)
-    q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)
-    k_new = k_new.to(kc_ptr.dtype.element_ty)
-    if (pw >= start) & (pw < end) & (h % (NH // NKV) == 0):
-        tl.store(kc_ptr + cache_off + pw * s_pos + d, k_new)
-        tl.store(vc_ptr + cache_off + pw * s_pos + d, v_new.to(vc_ptr.dtype.element_ty))
-    sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
-    m = tl.full([], float("-inf"), tl.float32)
-    l = tl.zeros([], tl.float32)
-    acc = tl.zeros([HD], tl.float32)
-    for c0 in tl.range(start, end, CHUNK, num_stages=STAGES):
-        j = c0 + tl.arange(0, CHUNK)
-        in_cache = (j < pw) & (j < end)
-        kt = tl.load(kc_ptr + cache_off + j[:, None] * s_pos + d[None, :],
-                     mask=in_cache[:, None], other=0.0)
-        vt = tl.load(vc_ptr + cache_off + j[:, None] * s_pos + d[None, :],
-                     mask=in_cache[:, None], other=0.0)
-        sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
-        cur = j == pw
-        sc = tl.where(cur, sc_new, sc)
-        valid = j < end
-        sc = tl.where(valid, sc, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, axis=0))       # finite: the chunk holds a key
-        alpha = tl.exp(m - m_new)
-        p = tl.where(valid, tl.exp(sc - m_new), 0.0)
-        p_cur = tl.sum(tl.where(cur, p, 0.0), axis=0)
-        l = l * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * vt.to(tl.float32), axis=0) \
-            + p_cur * v_new.to(tl.float32)
-        m = m_new
-    idx = (row * NH + h) * NSPLIT + sp
-    tl.store(m_ptr + idx, m)
-    tl.store(l_ptr + idx, l)
-    tl.store(acc_ptr + idx * HD + d, acc)
 
 
 @triton.jit
@@ -365,15 +281,6 @@ def attend_config(b: int, capacity: int, scratch: AttentionScratch) -> tuple[int
     return scratch.chunk, ATTEND_WARPS
 
 
-def spread_splits(b: int, n_heads: int, scratch: AttentionScratch) -> int:
-    """_attend_spread_kernel's splits per (row, head) for a decode step of b rows (0: the
-    capacity-wide _attend_partial_kernel): SPREAD from SPREAD_MIN_ROWS rows."""
-    if not SPREAD or b < SPREAD_MIN_ROWS:
-        return 0
-    want = max(1, min(16, SPREAD_PROGRAMS // (b * n_heads), scratch.max_split))
-    return 1 << (want.bit_length() - 1)          # a power of two
-
-
 def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor,
                      scratch: AttentionScratch, n_heads: int, n_kv_heads: int,
@@ -413,17 +320,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                 NSPLIT=n_split, TP=tp, IP="ieee" if kc.dtype == torch.float32 else "tf32",
                 GDC=gdc, num_warps=PREFILL_WARPS, **launch_kw)
             fuse = False
-    spread = spread_splits(b, n_heads, scratch) if kv_row is None else 0
-    if spread:
-        n_split, p2, fuse = spread, triton.next_power_of_2(spread), False
-        _attend_spread_kernel[(b, n_heads, n_split)](
-            qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0),
-            kc.stride(1), kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc,
-            head_dim ** -0.5,
-            NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=SPREAD_CHUNK,
-            NSPLIT=n_split, STAGES=SPREAD_STAGES, GDC=gdc, num_warps=SPREAD_WARPS,
-            **launch_kw)
-    elif kv_row is None or not PREFILL_TOKENS:
+    if kv_row is None or not PREFILL_TOKENS:
         _attend_partial_kernel[(b, n_heads, n_split)](
             qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0),
             kc.stride(1), kc.stride(2), capacity, scratch.m, scratch.l, scratch.acc,

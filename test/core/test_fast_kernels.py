@@ -304,7 +304,6 @@ def test_several_rows_take_the_rows_chunk(monkeypatch, prefill):
     g = torch.Generator().manual_seed(22)
     nh, nkv, hd, cap, rot, b = 4, 2, 64, 100, 32, 4
     monkeypatch.setattr(DA, "ROWS_CHUNK", 16)
-    monkeypatch.setattr(DA, "SPREAD", False)        # (test_spread_attention_...)
     roomy = AttentionScratch(b, nh, hd, cap, 32, "cpu", min_chunk=16)
     tight = AttentionScratch(b, nh, hd, cap, 32, "cpu")
     assert DA.attend_config(b, cap, roomy) == (16, DA.ROWS_WARPS)
@@ -325,38 +324,6 @@ def test_several_rows_take_the_rows_chunk(monkeypatch, prefill):
         caches.append((kc, vc))
     _close(outs[1], outs[0], 1e-5)
     assert torch.equal(caches[1][0], caches[0][0]) and torch.equal(caches[1][1], caches[0][1])
-
-
-@pytest.mark.parametrize("programs", [8, 64, 4096])
-def test_spread_attention_follows_each_rows_position(monkeypatch, programs):
-    """From SPREAD_MIN_ROWS decode rows (SPREAD) each (row, head)'s keys up to its own position are
-    split in spread_splits parts (1, 4, or 8 here: a row at position 0 leaves all but one
-    empty, a row past the capacity attends to it all): the capacity-wide kernel's result
-    within fp32 rounding, the same k/v bits written, other rows untouched."""
-    import photon_core.ops.decode_attention as DA
-    g = torch.Generator().manual_seed(23)
-    nh, nkv, hd, cap, rot, b = 4, 2, 64, 100, 32, 4
-    scratch = AttentionScratch(5, nh, hd, cap, 32, "cpu", min_chunk=8)
-    monkeypatch.setattr(DA, "SPREAD_PROGRAMS", programs)
-    monkeypatch.setattr(DA, "SPREAD_CHUNK", 16)
-    splits = DA.spread_splits(b, nh, scratch)
-    assert splits == {8: 1, 64: 4, 4096: 8}[programs]
-    assert DA.spread_splits(1, nh, scratch) == DA.spread_splits(3, nh, scratch) == 0
-    pos = torch.tensor([0, 17, 64, 130])
-    data = torch.randn(2, 5, nkv, cap, hd, generator=g)
-    qkv = torch.randn(b, (nh + 2 * nkv) * hd, generator=g)
-    cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
-    outs, caches = [], []
-    for spread in (False, True):
-        monkeypatch.setattr(DA, "SPREAD", spread)
-        kc, vc = data[0].clone(), data[1].clone()
-        out = torch.zeros(b, nh * hd)
-        decode_attention(qkv, pos, cos, sin, kc, vc, out, scratch, nh, nkv, hd)
-        outs.append(out)
-        caches.append((kc, vc))
-    _close(outs[1], outs[0], 1e-5)
-    assert torch.equal(caches[1][0], caches[0][0]) and torch.equal(caches[1][1], caches[0][1])
-    assert torch.equal(caches[1][0][4], data[0, 4])
 
 
 def _tiny_state(rows=4, cap=64):
