@@ -4,15 +4,17 @@ prefill attention's forms against each other in the same run: the prompt of T to
 backend's bucket graph), against its floor (the decoder weights once at copy bandwidth).
 
 Moondream 2 shapes, random bf16 weights, FastEngine(max_batch=4, megakernel=...). For each
-form "TOKENS/WARPS" of decode_attention's prefill (PREFILL_TOKENS tokens per program, 0 = one
-program per token; PREFILL_WARPS) the prefill graphs are captured again, then per bucket:
+form "TOKENS/WARPS[/ROWS]" of decode_attention's prefill (PREFILL_TOKENS tokens per program,
+0 = one program per token; PREFILL_WARPS; ROWS: parallel_branch.MAX_ROWS, the passes that run
+fc1 beside the attention - 16: the prompt's too) the prefill graphs are captured again, then
+per bucket:
 graph replay ms (CUDA events, median of 20), the kernels of the replays from the profiler by
 name in us per prefill (their sum vs the replay = the launch gaps), the last hidden state's
 max |difference| to the first form's; then encode + detect(5) / + query(32) end to end
 (bench_decode.e2e, median of --iters) with each form, alternating --rounds times.
 
 Usage: PYTHONPATH=. python3 bench/profile_prompt_prefill.py [--buckets 8,16]
-           [--forms 0/2,16/4] [--megakernel auto] [--iters 10] [--rounds 2] [--top 8]
+           [--forms 0/2,16/4] [--forms 16/4/4,16/4/16] [--megakernel auto] [--iters 10] [--rounds 2] [--top 8]
 Writes $OUT/profile_prompt_prefill.json when OUT is set.
 """
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main():
     args = ap.parse_args()
     import torch
     import photon_core.ops.decode_attention as DA
-    from photon_core.fast import FastEngine
+    from photon_core.fast import FastEngine, parallel_branch
     from photon_core.models.moondream2.config import MoondreamConfig
     from photon_core.models.moondream2.model import build_random_model
     from photon_core.task import Task
@@ -56,20 +58,22 @@ def main():
     prefix = fe.encode_image(frame)
     floor = decoder_weight_bytes(m) / copy_bandwidth() * 1e3
     forms = [tuple(int(x) for x in f.split("/")) for f in args.forms.split(",")]
+    rows0 = parallel_branch.MAX_ROWS
     tasks = {"detect5": Task("detect", object="person", max_objects=5),
              "query32": Task("query", question="What is in the image?", max_tokens=32)}
     out = {"gpu": torch.cuda.get_device_name(), "floor_ms": floor,
            "megakernel": args.megakernel, "forms": {}, "e2e": {}}
 
     def use(form):
-        DA.PREFILL_TOKENS, DA.PREFILL_WARPS = form
+        DA.PREFILL_TOKENS, DA.PREFILL_WARPS = form[:2]
+        parallel_branch.MAX_ROWS = form[2] if len(form) > 2 else rows0
         fe.prefill.graphs = {}
         fe.prefill.capture()
 
     first_hidden = {}
     for form in forms:
         use(form)
-        name = f"{form[0]}/{form[1]}"
+        name = "/".join(str(x) for x in form)
         res = out["forms"][name] = {}
         for T in [int(b) for b in args.buckets.split(",")]:
             start = fe.kv.load_prefix(0, prefix)
@@ -95,7 +99,7 @@ def main():
     for rnd in range(args.rounds):
         for form in forms:
             use(form)
-            name = f"{form[0]}/{form[1]}"
+            name = "/".join(str(x) for x in form)
             for tname, task in tasks.items():
                 r = e2e(fe, frame, task, args.iters)
                 out["e2e"].setdefault(name, {}).setdefault(tname, []).append(r)

@@ -260,7 +260,7 @@ class FusedBackend:
                 i += 2
                 continue
             f = self._lower(op)
-            beside = parallel_branch.lower_beside(self, ops, i)
+            beside = parallel_branch.lower_beside(self, ops, i, f)
             if beside is not None:          # the gelu part on a second stream
                 out.extend(beside[0])
                 self.beside_branches += 1

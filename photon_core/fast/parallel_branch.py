@@ -36,6 +36,12 @@ MODE = "side"
 # the two GEMVs with the joined GEMV's tiles (the same bits as it) or gemv.pick's for each
 # part's own width (more programs: the qkv part alone has 96 of the joined config's 64 rows)
 SAME_TILES = False
+# passes of at most MAX_ROWS rows fork (decode buckets; prompt prefills are 8+ tokens). H200,
+# fused steps against one stream (bench/ab_switch.py, session 34 calls 4, 7, 8): b=1 / 2 / 4 /
+# 8 at position 300 1.06x / 1.03x / 1.02x / 1.00x, at 760 1.05-1.06x / 1.02x / 0.99-1.01x /
+# 0.96x (at 8 rows the attention reads ~50 MB of k/v per layer and both branches slow
+# down); the prompt prefill forked, T = 8: 1.266 vs 1.175 ms (call 8)
+MAX_ROWS = 2
 # op kinds that may run in the branch beside the gelu part (each lowered on its own)
 BETWEEN = ("attention",)
 
@@ -66,11 +72,13 @@ def _conflicts(op, reads: tuple, writes: tuple) -> bool:
     return any(s in writes for s in op.src) or any(s in writes or s in reads for s in op.dst)
 
 
-def lower_beside(be, ops, i: int, mode: str | None = None):
+def lower_beside(be, ops, i: int, joined, mode: str | None = None):
     """ops[i] (a linear the backend `be` lowered as one joined [plain | gelu] GEMV: its
     be.fused_gemvs entry) and the ops after it that only read the plain part, as runs
     fn(b, env) with the gelu part on the other stream: (runs, ops consumed), or None where
-    the pattern does not apply (then the caller keeps the joined GEMV)."""
+    the pattern does not apply (then the caller keeps the joined GEMV). joined: the joined
+    GEMV's run, which passes of more than MAX_ROWS rows take (then the ops after it in
+    order, on one stream)."""
     mode = MODE if mode is None else mode
     op = ops[i]
     fg = be.fused_gemvs.get(op)             # (the joined GEMV, lowered already)
@@ -107,6 +115,11 @@ def lower_beside(be, ops, i: int, mode: str | None = None):
     fork = be.stream_fork(priority=-1 if mode == "prio" else 0)
 
     def run(b, env):
+        if b > MAX_ROWS:
+            joined(b, env)
+            for f in between:
+                f(b, env)
+            return
         gemv(be._src(src, env, b), w_plain, b_plain, be.bufs[buf][:b, off:], EPI_STORE,
              cfg=cfg(b), deterministic=be.deterministic, pdl=be.pdl_at(b))
         s = fork.fork()

@@ -43,6 +43,18 @@ def test_branch_changes_no_bits_cpu(fast_model, monkeypatch, b):
             assert torch.equal(bufs[k], bufs0[k]), (mode, k)
 
 
+def test_more_rows_than_max_take_the_joined_gemv(fast_model, monkeypatch):
+    """A pass of more than MAX_ROWS rows runs the joined GEMV and the attention in order:
+    the one-stream bits even with each part's own tiles."""
+    fused_ok("on")
+    from photon_core.fast import parallel_branch
+    x0, bufs0, _ = _pass(fast_model, monkeypatch, "off", 2)
+    monkeypatch.setattr(parallel_branch, "MAX_ROWS", 1)
+    x, bufs, f = _pass(fast_model, monkeypatch, "side", 2, same_tiles=False)
+    assert f.beside_branches == fast_model.config.text.n_layers
+    assert torch.equal(x, x0) and all(torch.equal(bufs[k], bufs0[k]) for k in bufs0)
+
+
 def test_branch_needs_the_pattern():
     """Only a joined [plain | gelu] GEMV followed by ops that leave its gelu part and its
     input alone forks: a residual reading the gelu part, or nothing between, does not."""
