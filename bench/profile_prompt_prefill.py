@@ -14,7 +14,8 @@ max |difference| to the first form's; then encode + detect(5) / + query(32) end 
 (bench_decode.e2e, median of --iters) with each form, alternating --rounds times.
 
 Usage: PYTHONPATH=. python3 bench/profile_prompt_prefill.py [--buckets 8,16]
-           [--forms 0/2,16/4] [--forms 16/4/4,16/4/16] [--megakernel auto] [--iters 10] [--rounds 2] [--top 8]
+           [--forms 0/2,16/4] [--forms 16/4/4,16/4/16] [--megakernel auto] [--iters 10]
+           [--rounds 2] [--top 8]
 Writes $OUT/profile_prompt_prefill.json when OUT is set.
 """
 from __future__ import annotations

@@ -158,7 +158,7 @@ class FusedBackend:
         self.gated_gemvs = 0              # linear + act_mul pairs as one GEMV
         self.fused_runs = 0               # hybrid runs of ops as one launch (hybrid_rows)
         self.beside_branches = 0          # gelu GEMVs on a second stream (parallel_branch)
-        self.forks: dict = {}
+        self.fork = None                  # its StreamFork (stream_fork)
         self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
@@ -270,11 +270,11 @@ class FusedBackend:
             i += 1
         return out
 
-    def stream_fork(self, priority: int = 0) -> "parallel_branch.StreamFork":
-        """The backend's second stream of that priority (parallel_branch.py), made once."""
-        if priority not in self.forks:
-            self.forks[priority] = parallel_branch.StreamFork(self.x.device, priority)
-        return self.forks[priority]
+    def stream_fork(self) -> "parallel_branch.StreamFork":
+        """The backend's second stream (parallel_branch.py), made once."""
+        if self.fork is None:
+            self.fork = parallel_branch.StreamFork(self.x.device)
+        return self.fork
 
     def _lower_gated(self, op: Op, nxt: Op | None, rest):
         """The linear + act_mul pair as one GEMV with a gated epilogue (_lower_ops), or None

@@ -6,25 +6,26 @@ Where: a `linear` whose outputs are plain segments then ONE gelu segment (Moondr
 plain part (its `attention`) before the op that reads the gelu part (the block's
 `residual`). Phi's parallel block computes attention and the MLP from the same LayerNorm
 output, so the fc1 GEMV (33.5 MB of weights per layer at Moondream 2's shapes) has no reason
-to wait for the qkv GEMV, nor the attention for fc1:
+to wait for the attention:
 
-    main:  LN -> GEMV qkv -> attention (rotary, k/v write, split attention, combine) -> join -> residual
-    side:                \\-> GEMV fc1 + GELU --------------------------------------/
+    main:  LN -> GEMV qkv -> attention (rotary, k/v write, attention, combine) -> join -> residual
+    side:                +-> GEMV fc1 + GELU ------------------------------/
 
 fc1 forks after the qkv GEMV, not beside it: two GEMVs at once share the bandwidth and both
 end when the joined one would (session 34 call 2: qkv and fc1 side by side 16.0 / 16.3 us,
-the joined GEMV 16.4 us; attention started no earlier), so the qkv GEMV runs alone at the
-full rate and the attention chain - latency-bound: 4.1 + 1.3 us at b=1, 16.6 + 1.8 us at
-b=8 for ~1 / 20 MB of k/v at position 300 - runs while fc1 streams its weights. The two GEMVs take the joined GEMV's config
-(gemv.pick at the joined width) on row slices of the joined weights, so every output keeps
-its sums: the same bits as the joined GEMV (test_parallel_branch.py).
+the joined GEMV 16.4 us; attention started no earlier). So the qkv GEMV runs alone at the
+full rate, and the attention chain - latency-bound: 4.1 + 1.3 us at b=1 for ~1 MB of k/v at
+position 300 - runs while fc1 streams its weights. Each part takes gemv.pick's tiles for its
+own width (the qkv part with the joined GEMV's 64-row tiles is 96 programs: 11-12 us alone);
+with SAME_TILES the joined GEMV's tiles on row slices of its weights: every output keeps its
+sums, the same bits as the joined GEMV (test_parallel_branch.py).
+Passes of more than MAX_ROWS rows run the joined GEMV and the attention in order.
 
-MODE (module switch, bench/ab_switch.py's --toggle):
-  "side"  fc1 on a side stream (default priority), the attention chain on the caller's stream
-  "prio"  the attention chain on a high-priority stream, fc1 on the caller's stream (the
-          chain's CTAs are dispatched first where both wait for an SM)
-  "off"   the joined GEMV, then the attention chain: one stream (the A/B baseline)
-On the CPU the same lowering runs its parts in order on the one stream (StreamFork).
+MODE (module switch, bench/ab_switch.py's --toggle): "side" (the fork above) or "off" (the
+joined GEMV, then the attention chain: the A/B baseline). The attention chain on a
+high-priority stream instead lost (0.75-0.81x: fc1 waited for the chain's programs; docs/
+dropped_experiments.md). On the CPU the same lowering runs its parts in order on the one
+stream (StreamFork).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import torch
 
 from ..ops.gemv import EPI_QKV_GELU, EPI_STORE, gemv, pick
 
-MODE = "side"
+MODE = "side"                       # "side" | "off"
 # the two GEMVs with the joined GEMV's tiles (the same bits as it) or gemv.pick's for each
 # part's own width (more programs: the qkv part alone has 96 of the joined config's 64 rows)
 SAME_TILES = False
@@ -52,10 +53,9 @@ class StreamFork:
     On the CPU there is one stream: fork() gives None (torch.cuda.stream(None) does
     nothing) and the branch runs in program order - the same ops, the same bits."""
 
-    def __init__(self, device, priority: int = 0):
+    def __init__(self, device):
         device = torch.device(device)
-        self.stream = torch.cuda.Stream(device=device, priority=priority) \
-            if device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
     def fork(self):
         if self.stream is not None:
@@ -112,7 +112,7 @@ def lower_beside(be, ops, i: int, joined, mode: str | None = None):
         gemv(be._src(src, env, b), w_gelu, b_gelu, be.bufs[buf][:b, g_off:], EPI_QKV_GELU,
              cfg=cfg(b), deterministic=be.deterministic)
 
-    fork = be.stream_fork(priority=-1 if mode == "prio" else 0)
+    fork = be.stream_fork()
 
     def run(b, env):
         if b > MAX_ROWS:
@@ -122,16 +122,9 @@ def lower_beside(be, ops, i: int, joined, mode: str | None = None):
             return
         gemv(be._src(src, env, b), w_plain, b_plain, be.bufs[buf][:b, off:], EPI_STORE,
              cfg=cfg(b), deterministic=be.deterministic, pdl=be.pdl_at(b))
-        s = fork.fork()
-        if mode == "prio":          # the chain on the high-priority stream, fc1 here
-            with torch.cuda.stream(s):
-                for f in between:
-                    f(b, env)
+        with torch.cuda.stream(fork.fork()):        # fc1 on the side stream
             gelu(b, env)
-        else:                       # fc1 on the side stream, the chain here
-            with torch.cuda.stream(s):
-                gelu(b, env)
-            for f in between:
-                f(b, env)
+        for f in between:                            # the attention chain here
+            f(b, env)
         fork.join()
     return [run], j - i
