@@ -17,8 +17,9 @@ the joined GEMV 16.4 us; attention started no earlier). So the qkv GEMV runs alo
 full rate, and the attention chain - latency-bound: 4.1 + 1.3 us at b=1 for ~1 MB of k/v at
 position 300 - runs while fc1 streams its weights. Each part takes gemv.pick's tiles for its
 own width (the qkv part with the joined GEMV's 64-row tiles is 96 programs: 11-12 us alone);
-with SAME_TILES the joined GEMV's tiles on row slices of its weights: every output keeps its
-sums, the same bits as the joined GEMV (test_parallel_branch.py).
+with SAME_TILES, and in deterministic mode (EngineOptions.deterministic: its bits stay those
+of the joined GEMV, which other paths are compared with), the joined GEMV's tiles on row
+slices of its weights: every output keeps its sums, the same bits (test_parallel_branch.py).
 Passes of more than MAX_ROWS rows run the joined GEMV and the attention in order.
 
 MODE (module switch, bench/ab_switch.py's --toggle): "side" (the fork above) or "off" (the
@@ -101,8 +102,8 @@ def lower_beside(be, ops, i: int, joined, mode: str | None = None):
     between = [be._lower(o) for o in ops[i + 1:j]]
     cfgs: dict[int, object] = {}
 
-    def cfg(b):            # the joined GEMV's tiles (SAME_TILES), else each part's own
-        if not SAME_TILES:
+    def cfg(b):            # the joined GEMV's tiles (SAME_TILES, deterministic), else each
+        if not (SAME_TILES or be.deterministic):       # part's own
             return None
         if b not in cfgs:
             cfgs[b] = pick(b, w.shape[0], w.shape[1], EPI_QKV_GELU, be.deterministic)

@@ -15,11 +15,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_runs import fused_ok, fused_pass  # noqa: E402
 
 
-def _pass(model, monkeypatch, mode, b=2, same_tiles=True):
+def _pass(model, monkeypatch, mode, b=2, same_tiles=True, **options):
     from photon_core.fast import parallel_branch
     monkeypatch.setattr(parallel_branch, "MODE", mode)
     monkeypatch.setattr(parallel_branch, "SAME_TILES", same_tiles)
-    return fused_pass(model, 64, monkeypatch, {}, b)
+    return fused_pass(model, 64, monkeypatch, {}, b, **options)
 
 
 @pytest.mark.parametrize("b", [1, 2])     # (fused_pass: rows at positions 5, 9)
@@ -40,6 +40,38 @@ def test_branch_changes_no_bits_cpu(fast_model, monkeypatch, b):
     assert torch.equal(x, x0)
     for k in bufs0:
         assert torch.equal(bufs[k], bufs0[k]), k
+
+
+@pytest.mark.parametrize("deterministic,same_tiles", [(True, False), (False, True),
+                                                       (False, False)])
+def test_deterministic_mode_keeps_the_joined_tiles(fast_model, monkeypatch, deterministic,
+                                                    same_tiles):
+    """EngineOptions.deterministic (or SAME_TILES): both split GEMVs take the joined GEMV's
+    tiles (gemv.pick at the joined width), so a deterministic engine's bits stay the
+    one-stream lowering's; otherwise each part's own pick. (At the tiny model's widths both
+    picks are the same tiles on the CPU: the calls' configs are checked, and the bits.)"""
+    fused_ok("on")
+    from photon_core.fast import parallel_branch
+    from photon_core.ops.gemv import EPI_QKV_GELU, pick
+    seen = []
+
+    def recording(x, w, bias, y, epi=0, n_split=0, gap=0, cfg=None, **kw):
+        seen.append(cfg)
+        return gemv(x, w, bias, y, epi, n_split, gap, cfg, **kw)
+    gemv = parallel_branch.gemv
+    monkeypatch.setattr(parallel_branch, "gemv", recording)
+    x0, bufs0, f0 = _pass(fast_model, monkeypatch, "off", 2, deterministic=deterministic)
+    assert seen == []                                  # (the joined GEMV: not this module's)
+    x, bufs, f = _pass(fast_model, monkeypatch, "side", 2, same_tiles=same_tiles,
+                       deterministic=deterministic)
+    layers = fast_model.config.text.n_layers
+    assert f.deterministic is deterministic and len(seen) == 2 * layers
+    joined = f.fused_gemvs[next(op for op in f.program.ops if op.kind == "linear"
+                                and op in f.fused_gemvs)]["w"].shape
+    want = pick(2, joined[0], joined[1], EPI_QKV_GELU, deterministic) \
+        if deterministic or same_tiles else None
+    assert all(c == want for c in seen), (seen[:2], want)
+    assert torch.equal(x, x0) and all(torch.equal(bufs[k], bufs0[k]) for k in bufs0)
 
 
 def test_more_rows_than_max_take_the_joined_gemv(fast_model, monkeypatch):
