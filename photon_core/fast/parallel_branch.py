@@ -73,17 +73,16 @@ def _conflicts(op, reads: tuple, writes: tuple) -> bool:
     return any(s in writes for s in op.src) or any(s in writes or s in reads for s in op.dst)
 
 
-def lower_beside(be, ops, i: int, joined, mode: str | None = None):
+def lower_beside(be, ops, i: int, joined):
     """ops[i] (a linear the backend `be` lowered as one joined [plain | gelu] GEMV: its
     be.fused_gemvs entry) and the ops after it that only read the plain part, as runs
     fn(b, env) with the gelu part on the other stream: (runs, ops consumed), or None where
     the pattern does not apply (then the caller keeps the joined GEMV). joined: the joined
     GEMV's run, which passes of more than MAX_ROWS rows take (then the ops after it in
     order, on one stream)."""
-    mode = MODE if mode is None else mode
     op = ops[i]
     fg = be.fused_gemvs.get(op)             # (the joined GEMV, lowered already)
-    if mode == "off" or op.kind != "linear" or fg is None:
+    if MODE == "off" or op.kind != "linear" or fg is None:
         return None
     if fg["epi"] != EPI_QKV_GELU or fg["n_split"] == 0:
         return None                                     # no plain part before the gelu one

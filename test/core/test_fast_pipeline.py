@@ -156,6 +156,12 @@ def test_fast_rope_equals_reference_rope():
     torch.testing.assert_close(rope(x, c, s, perm), ref, rtol=1e-6, atol=1e-6)
 
 
+def _engine_with(model, monkeypatch, module, switch: str, value):
+    """A FastEngine (max_batch 2) built with the module switch `switch` set to value."""
+    monkeypatch.setattr(module, switch, value)
+    return FastEngine(model, max_batch=2)
+
+
 def _recorded(fe, after=None) -> list:
     """The piece names the engine's decoder launches, in order (after(name): called once
     each has run)."""
@@ -199,8 +205,7 @@ def test_final_step_runs_without_its_forward(model, enc, monkeypatch):
              (Task("query", question="What?", max_tokens=40), False)]
     got = {}
     for skip in (True, False):
-        monkeypatch.setattr(pipelined_decoder, "SKIP_FINAL_FORWARD", skip)
-        fe = FastEngine(model, max_batch=2)
+        fe = _engine_with(model, monkeypatch, pipelined_decoder, "SKIP_FINAL_FORWARD", skip)
         calls = _forward_counting(fe)
         for i, (t, ignore_eos) in enumerate(tasks):
             before = len(calls)
@@ -242,8 +247,7 @@ def test_forward_stages_the_sampled_values_into_its_slot(model, enc, monkeypatch
                                                                 max_tokens=6)]
     got = {}
     for staged in (True, False):
-        monkeypatch.setattr(cuda_graph_runner, "STAGED_FORWARD", staged)
-        fe = FastEngine(model, max_batch=2)
+        fe = _engine_with(model, monkeypatch, cuda_graph_runner, "STAGED_FORWARD", staged)
         assert ("forward#0" in fe.runner.fns and "forward#1" in fe.runner.fns) == staged
 
         def slot_equals_out(name, fe=fe):
@@ -274,8 +278,7 @@ def test_merged_step_pieces(model, enc, monkeypatch):
                                                                 max_tokens=5)]
     got = {}
     for on in (True, False):
-        monkeypatch.setattr(cuda_graph_runner, "MERGED_STEP", on)
-        fe = FastEngine(model, max_batch=2)
+        fe = _engine_with(model, monkeypatch, cuda_graph_runner, "MERGED_STEP", on)
         assert bool(fe.runner.merged_pieces) == on
         assert ("lm+forward#1" in fe.runner.fns) == on
         names = _recorded(fe)
