@@ -46,7 +46,27 @@ from .gated_activation import (ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_activ
 from . import pdl as _pdl
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
+try:                                                   # Triton >= 3.4: host-side descriptors
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except Exception:  # pragma: no cover - depends on the Triton version
+    TensorDescriptor = None
+
 EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
+# the weight tiles by bulk tensor copies (tma_weights): "auto" | "on" | "off". H200, Moondream
+# 2's decode GEMVs, same tiles, against the pointer loads (bench/probe_tma_gemv.py,
+# docs/benchmarks.md session 35 calls 3-4), us: the split-K residual GEMV 2048 x 10240 at b =
+# 2 / 4 / 8 13.76 / 13.89 / 13.92 vs 14.57 / 14.66 / 14.83 (with relaxed atomics 13.25 /
+# 13.33 / 13.37); [qkv | fc1] 14336 x 2048 17.59-17.85 vs 17.33-17.74 and the lm head at b=1
+# 55.73 vs 54.28 (slower: "auto" leaves them on the pointer loads). Whole fused steps at
+# position 760 (bench/ab_switch.py, call 5), b = 1 / 2 / 4 / 8: 0.9549 / 1.0537 / 1.1813 /
+# 1.3862 ms vs 0.9543 / 1.0711 / 1.1967 / 1.3996 with "off"
+TMA = "auto"
+# split-K partial sums added with relaxed atomics (no ordering is needed: the next kernel
+# reads the sums after this one ends); False: acq_rel, Triton's default. The residual GEMV
+# at b = 1 / 2 / 8 (pointer loads): 12.60 / 13.97 / 14.20 us vs 13.03 / 14.57 / 14.83; whole
+# fused steps at 760, b = 1 / 2 / 4 / 8: 0.9573 / 1.0581 / 1.1859 / 1.3896 ms vs 0.9662 /
+# 1.0694 / 1.1987 / 1.3995 with acq_rel (call 5)
+RELAXED_ATOMICS = True
 
 
 @dataclass(frozen=True)
@@ -78,7 +98,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
-                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False):
+                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
+                 TMA: tl.constexpr = False, RELAXED: tl.constexpr = False):
+    """TMA: w_ptr is a TensorDescriptor of W with [BLOCK_N, BLOCK_K] blocks (the weight tiles
+    come by bulk tensor copies, rows past N as zeros); else a pointer."""
     if not LATE:
         pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
@@ -89,7 +112,8 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     b_ok = offs_b < B
     k_len = K // SPLIT_K
     k_start = pid_k * k_len
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    if not TMA:
+        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     x_rows = x_ptr + offs_b[:, None] * stride_xb
     if DOT:
         acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
@@ -98,7 +122,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     k_first = k_start
     if PDL:     # the first weight tile is loaded before waiting for the previous kernel
         offs_k = k_start + tl.arange(0, BLOCK_K)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        if TMA:
+            w = w_ptr.load([pid_n * BLOCK_N, k_start])
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         pdl_wait(GDC)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
@@ -111,7 +138,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         k_first = k_start + BLOCK_K
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        if TMA:
+            w = w_ptr.load([pid_n * BLOCK_N, kk])
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
             if IEEE:
@@ -135,7 +165,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         if SPLIT_K == 1:
             tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + acc, mask=mask)
         else:
-            tl.atomic_add(ptrs, acc, mask=mask)
+            if RELAXED:
+                tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
+            else:
+                tl.atomic_add(ptrs, acc, mask=mask)
     elif EPI == 3:         # (gate, up) row pairs -> act(gate) * up at column n // 2
         t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
         g, u = tl.split(tl.reshape(t, [BLOCK_B, BLOCK_N // 2, 2]))
@@ -289,15 +322,37 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
-    _gemv_kernel[grid](x, w, bias if bias is not None else w, y, b, n, k,
+    tma = tma_weights(w, cfg)
+    _gemv_kernel[grid](x, tma or w, bias if bias is not None else w, y, b, n, k,
                        x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages,
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
-                       LATE=gdc and _pdl.LATE_TRIGGER, **launch_kw)
+                       LATE=gdc and _pdl.LATE_TRIGGER, TMA=tma is not None,
+                       RELAXED=RELAXED_ATOMICS, **launch_kw)
     return y
+
+
+def tma_weights(w: torch.Tensor, cfg: GemvConfig):
+    """A TensorDescriptor of w in cfg's [block_n, block_k] tiles where the GEMV loads its
+    weights by bulk tensor copies (TMA), else None: TMA "auto" for split-K tensor-core tiles
+    (the residual GEMVs at 2+ rows: where it measured faster) of bf16 / fp16 weights on a
+    Hopper-or-newer GPU, "on" for any tile wherever Triton has host descriptors (the
+    interpreter too: the tests), "off" never; and only where the copy engine takes the tile
+    (each block side <= 256 elements, 16-byte aligned base and rows)."""
+    if TMA == "off" or TensorDescriptor is None:
+        return None
+    if TMA == "auto" and not (cfg.split_k > 1 and cfg.dot and w.is_cuda
+                              and w.dtype in (torch.bfloat16, torch.float16)
+                              and torch.cuda.get_device_capability(w.device)[0] >= 9):
+        return None
+    size = w.element_size()
+    if (cfg.block_n > 256 or cfg.block_k > 256 or cfg.block_k * size < 16
+            or w.data_ptr() % 16 or (w.stride(0) * size) % 16):
+        return None
+    return TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
 
 
 # -- torch references ---------------------------------------------------------------------

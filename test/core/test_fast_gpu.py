@@ -116,6 +116,37 @@ def test_gated_epilogue_is_the_two_launches_bit_for_bit(act, n, k, b):
     assert torch.equal(y, want)
 
 
+@pytest.mark.parametrize("n,k,epi", [(14336, 2048, 1), (2048, 10240, 2), (51200, 2048, 0),
+                                     (6144, 2048, 3)])
+@pytest.mark.parametrize("b", [1, 2, 8])
+def test_gemv_weights_by_tma_are_the_pointer_loads_bits(n, k, epi, b):
+    """ops/gemv's weight tiles by bulk tensor copies (TMA "on") on the GPU in bf16 at the
+    decode shapes, with gemv.pick's tiles (those the copy engine takes; deterministic, so no
+    split-K): the same bits as the pointer loads."""
+    from photon_core.ops import gemv as G
+    g = torch.Generator(device="cuda").manual_seed(n + b)
+    x = torch.randn(b, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) / 30).bfloat16()
+    bias = torch.randn(n, device="cuda", generator=g)
+    bias = bias if epi == G.EPI_RESIDUAL else bias.bfloat16()
+    cfg = G.pick(b, n, k, epi, deterministic=True)
+    if cfg.block_k > 256:
+        cfg = G.GemvConfig(cfg.block_n, 256, 1, cfg.num_warps, cfg.num_stages, cfg.dot)
+    ys = []
+    keep = G.TMA
+    try:
+        for tma in ("on", "off"):
+            G.TMA = tma
+            assert (G.tma_weights(w, cfg) is not None) == (tma == "on")
+            y = torch.zeros(b, n // 2 if epi == G.EPI_GATED else n, device="cuda",
+                            dtype=torch.float32 if epi == G.EPI_RESIDUAL else torch.bfloat16)
+            ys.append(G.gemv(x, w, bias, y, epi, n_split=6144 if epi == 1 else 0, cfg=cfg,
+                             deterministic=True))
+    finally:
+        G.TMA = keep
+    assert torch.equal(ys[0], ys[1])
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_graphed_reference_encode_is_bitwise(dtype):
     """encoder="reference": Moondream 2's encode as one CUDA graph per crop tiling

@@ -77,6 +77,40 @@ def test_gemv_epilogues(b, cfg):
 
 @pytest.mark.parametrize("b", [1, 3])
 @pytest.mark.parametrize("cfg", CFGS, ids=str)
+def test_gemv_weights_by_tma_give_the_pointer_loads_bits(monkeypatch, b, cfg):
+    """The weight tiles through a TensorDescriptor (gemv.TMA "on"; N = 40 is not a multiple
+    of the tiles: the copy's zero rows stand for the masked loads) give the same bits as the
+    pointer loads, every epilogue; "auto" keeps CPU tensors on the pointer loads, and tiles
+    wider than the copy engine takes stay there too."""
+    if G.TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side tensor descriptors")
+    g = torch.Generator().manual_seed(5)
+    n, k = 40, 128
+    x = torch.randn(b, k, generator=g)
+    w = torch.randn(n, k, generator=g) / 8
+    bias = torch.randn(n, generator=g)
+    monkeypatch.setattr(G, "TMA", "auto")
+    assert G.tma_weights(w, cfg) is None
+    monkeypatch.setattr(G, "TMA", "on")
+    assert G.tma_weights(w, cfg) is not None
+    assert G.tma_weights(torch.zeros(8, 1024), G.GemvConfig(2, 1024, 1, 4, 3, False)) is None
+    for epi in (G.EPI_STORE, G.EPI_QKV_GELU, G.EPI_RESIDUAL):
+        if not cfg.fits(b, n, k, epi):
+            continue
+        y0 = torch.randn(b, n + 5, generator=g)
+        y1 = y0.clone()
+        monkeypatch.setattr(G, "TMA", "on")
+        G.gemv(x, w, bias, y0, epi, n_split=24, gap=5, cfg=cfg)
+        monkeypatch.setattr(G, "TMA", "off")
+        G.gemv(x, w, bias, y1, epi, n_split=24, gap=5, cfg=cfg)
+        if epi == G.EPI_RESIDUAL and cfg.split_k > 1:
+            _close(y0, y1, 1e-6)                 # split-K: atomics in any order
+        else:
+            assert torch.equal(y0, y1), epi
+
+
+@pytest.mark.parametrize("b", [1, 3])
+@pytest.mark.parametrize("cfg", CFGS, ids=str)
 @pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
 def test_gemv_gated_epilogues_equal_the_two_launches(b, cfg, act):
     """EPI_GATED (interleaved gate / up rows) and EPI_ACT_MUL write exactly what the GEMV into
