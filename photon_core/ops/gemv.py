@@ -59,13 +59,16 @@ EPI_STORE, EPI_QKV_GELU, EPI_RESIDUAL, EPI_GATED, EPI_ACT_MUL = 0, 1, 2, 3, 4
 # 13.33 / 13.37); [qkv | fc1] 14336 x 2048 17.59-17.85 vs 17.33-17.74 and the lm head at b=1
 # 55.73 vs 54.28 (slower: "auto" leaves them on the pointer loads). Whole fused steps at
 # position 760 (bench/ab_switch.py, call 5), b = 1 / 2 / 4 / 8: 0.9549 / 1.0537 / 1.1813 /
-# 1.3862 ms vs 0.9543 / 1.0711 / 1.1967 / 1.3996 with "off"
+# 1.3862 ms vs 0.9543 / 1.0711 / 1.1967 / 1.3996 with "off". Qwen 3.5 0.8B's residual GEMVs
+# (16 x 128 split-K tiles) by TMA: steps at b = 2 / 4 / 8 0.98x / 0.99x / 0.99x, Gemma 4 E2B
+# 0.99-1.00x (call 6): "auto" takes tiles of 16 KB and more only
 TMA = "auto"
 # split-K partial sums added with relaxed atomics (no ordering is needed: the next kernel
 # reads the sums after this one ends); False: acq_rel, Triton's default. The residual GEMV
 # at b = 1 / 2 / 8 (pointer loads): 12.60 / 13.97 / 14.20 us vs 13.03 / 14.57 / 14.83; whole
 # fused steps at 760, b = 1 / 2 / 4 / 8: 0.9573 / 1.0581 / 1.1859 / 1.3896 ms vs 0.9662 /
-# 1.0694 / 1.1987 / 1.3995 with acq_rel (call 5)
+# 1.0694 / 1.1987 / 1.3995 with acq_rel (call 5); Qwen 3.5 0.8B b=8 1.0167 vs 1.0428 ms,
+# b = 1 / 2 / 4 and Gemma 4 E2B within 0.5 % (call 6)
 RELAXED_ATOMICS = True
 
 
@@ -338,13 +341,15 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
 def tma_weights(w: torch.Tensor, cfg: GemvConfig):
     """A TensorDescriptor of w in cfg's [block_n, block_k] tiles where the GEMV loads its
     weights by bulk tensor copies (TMA), else None: TMA "auto" for split-K tensor-core tiles
-    (the residual GEMVs at 2+ rows: where it measured faster) of bf16 / fp16 weights on a
-    Hopper-or-newer GPU, "on" for any tile wherever Triton has host descriptors (the
-    interpreter too: the tests), "off" never; and only where the copy engine takes the tile
-    (each block side <= 256 elements, 16-byte aligned base and rows)."""
+    of at least 16 KB (Moondream 2's residual GEMV at 2+ rows, 32 x 256: where it measured
+    faster; Qwen 3.5's 16 x 128 ones lost) of bf16 / fp16 weights on a Hopper-or-newer GPU,
+    "on" for any tile wherever Triton has host descriptors (the interpreter too: the tests),
+    "off" never; and only where the copy engine takes the tile (each block side <= 256
+    elements, 16-byte aligned base and rows)."""
     if TMA == "off" or TensorDescriptor is None:
         return None
     if TMA == "auto" and not (cfg.split_k > 1 and cfg.dot and w.is_cuda
+                              and cfg.block_n * cfg.block_k * w.element_size() >= 16384
                               and w.dtype in (torch.bfloat16, torch.float16)
                               and torch.cuda.get_device_capability(w.device)[0] >= 9):
         return None
