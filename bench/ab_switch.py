@@ -117,6 +117,9 @@ def main():
                     help="NAME=VALUE: an EngineOptions field of the 'now' engine only; given "
                          "again, one more 'now' engine per value (a sweep: --option "
                          "megakernel=auto/w8/s3 --option megakernel=pipe_fma@8x512/w8/s4)")
+    ap.add_argument("--floor", action="store_true",
+                    help="moondream2: also each batch's bandwidth floor at --pos (decoder "
+                         "weights + the rows' k/v at the copy bandwidth measured in this run)")
     ap.add_argument("--baseline-option", default="",
                     help="NAME=VALUE: an EngineOptions field of the baseline engine")
     args = ap.parse_args()
@@ -162,6 +165,17 @@ def main():
                 print(f"{fam} {name} b=1, top kernels:", flush=True)
             res[name]["kernels_b1"] = step_kernels(fe, 1, args.top)
             fe.close()
+        if args.floor and fam == "moondream2":
+            from bench.bench_decode import copy_bandwidth, decoder_weight_bytes, kv_bytes
+            bw = copy_bandwidth()
+            wbytes = decoder_weight_bytes(model)
+            res["floor_ms"] = {}
+            for b in batches:
+                fl = res["floor_ms"][str(b)] = (wbytes + kv_bytes(model.config, [args.pos] * b)
+                                                ) / bw * 1e3
+                print(f"{fam} b={b}: floor {fl:.4f} ms (copy {bw / 1e12:.3f} TB/s); "
+                      + ", ".join(f"{name} {min(res[name][str(b)]) / fl:.3f}x"
+                                  for name in engines), flush=True)
         for b in batches if args.rounds else ():
             o = min(res["baseline"][str(b)])
             for name in names:
