@@ -14,6 +14,7 @@ L2), each variant one CUDA graph of 24 layers (us per layer, median of replays):
 fork < joined is the gain a split residual GEMV would bring (before any cost of the split's
 extra launch, counted in it here). Usage:
   PYTHONPATH=. python3 bench/probe_branch_overlap.py [--batches 1,2,4,8] [--pos 760]
+      [--capacity 1024]
 """
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ from bench.bench_timing import graph_ms  # noqa: E402
 from photon_core.ops.decode_attention import AttentionScratch, decode_attention  # noqa: E402
 from photon_core.ops.gemv import EPI_RESIDUAL, gemv  # noqa: E402
 
-DIM, HEADS, HD, MLP, LAYERS, CAP = 2048, 32, 64, 8192, 24, 2048
+DIM, HEADS, HD, MLP, LAYERS = 2048, 32, 64, 8192, 24
 
 
-def layer_parts(b: int, pos: int, dev="cuda", dt=torch.bfloat16):
+def layer_parts(b: int, pos: int, cap: int, dev="cuda", dt=torch.bfloat16):
     """24 layers' caches and residual weights (joined and split), the step's buffers."""
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -40,17 +41,17 @@ def layer_parts(b: int, pos: int, dev="cuda", dt=torch.bfloat16):
         return torch.randn(*s, device=dev, dtype=dt, generator=g) * 0.02
     layers = []
     for _ in range(LAYERS):
-        kc, vc = rnd(b, HEADS, CAP, HD), rnd(b, HEADS, CAP, HD)
+        kc, vc = rnd(b, HEADS, cap, HD), rnd(b, HEADS, cap, HD)
         w2 = rnd(DIM, DIM + MLP)
         layers.append({"kc": kc, "vc": vc, "w2": w2, "proj": w2[:, :DIM].contiguous(),
                        "fc2": w2[:, DIM:].contiguous(), "bias": rnd(DIM).float()})
     half = HD // 4                                 # Phi's partial rotary: 32 of 64 channels
-    ang = torch.arange(CAP, device=dev, dtype=torch.float32)[:, None] * \
+    ang = torch.arange(cap, device=dev, dtype=torch.float32)[:, None] * \
         torch.rand(half, device=dev, generator=g)[None, :]
     bufs = {"qkv": rnd(b, 3 * DIM), "pos": torch.full((b,), pos, device=dev, dtype=torch.long),
             "cos": ang.cos(), "sin": ang.sin(), "att": torch.empty(b, DIM, device=dev, dtype=dt),
             "h": rnd(b, DIM + MLP), "y": torch.zeros(b, DIM, device=dev),
-            "scratch": AttentionScratch(b, HEADS, HD, CAP, 128, dev, min_chunk=64)}
+            "scratch": AttentionScratch(b, HEADS, HD, cap, 128, dev, min_chunk=64)}
     bufs["hx"] = bufs["h"]                          # [attention out | gelu(fc1)] stand-in
     return layers, bufs
 
@@ -94,9 +95,11 @@ def main():
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--pos", type=int, default=760)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--capacity", type=int, default=1024,
+                    help="positions per cache row (FastEngine's default on the GPU: 1024)")
     args = ap.parse_args()
     for b in (int(v) for v in args.batches.split(",")):
-        layers, bufs = layer_parts(b, args.pos)
+        layers, bufs = layer_parts(b, args.pos, args.capacity)
         fns = variants(layers, bufs)
         res = {k: [] for k in fns}
         for _ in range(args.rounds):
