@@ -87,7 +87,8 @@ def apply_switches(specs) -> None:
 
 
 def _option(spec: str) -> dict:
-    """"NAME=VALUE" -> {NAME: value}: an int for an int field, 0 / 1 -> False / True for a bool
+    """"NAME=VALUE" -> {NAME: value}: an int for an int field or an unset one (None by
+    default: kv_capacity=768 sets the engine's capacity, 1024 otherwise), 0 / 1 -> False / True for a bool
     field or a str one (pdl: bool or "auto"), any other VALUE as the string; "" -> {}."""
     if not spec:
         return {}
@@ -96,8 +97,8 @@ def _option(spec: str) -> dict:
     default = getattr(EngineOptions(), name)
     if not value_s.lstrip("-").isdigit():
         return {name: value_s}
-    if isinstance(default, int) and not isinstance(default, bool):
-        return {name: int(value_s)}
+    if default is None or (isinstance(default, int) and not isinstance(default, bool)):
+        return {name: int(value_s)}                  # an int field, or one unset (kv_capacity)
     return {name: bool(int(value_s))}
 
 
@@ -142,7 +143,8 @@ def main():
             if mod is not None:
                 setattr(mod, attr, value if o is None else now)
             kw = {"megakernel": "off", **(base_opt if o is None else _option(o))}
-            engines[name] = FastEngine(model, max_batch=max(batches), kv_capacity=1024, **kw)
+            kw.setdefault("kv_capacity", 1024)
+            engines[name] = FastEngine(model, max_batch=max(batches), **kw)
             st = engines[name].state
             print(f"{fam} {name}: megakernel {'in use' if st.megakernel is not None else 'off'}"
                   f" {getattr(st, 'megakernel_fallback', '')[:300]}", flush=True)

@@ -7,7 +7,8 @@ embedding at the row's position (fp32 math with the table's cos/sin, rounded to 
 dtype, rotated pairs written interleaved, like rope.apply_rope), the new k/v are written at the row's clamped position
 pw = min(pos, capacity - 1) by the split that holds pw, and each split computes the
 softmax partials (max, sum, weighted v) over its chunk of keys j <= pw: keys j < pw from the
-cache, key pw from registers (so no program reads what another one writes).
+cache, key pw from registers (so no program reads what another one writes). A split past
+the row's position (SKIP_EMPTY_SPLITS) returns at once and the combine leaves it out.
 combine: merges the splits and writes the head's output (cache dtype) into
 out[row, head * hd : (head + 1) * hd], in a second kernel, grid (rows, n_heads) (default), or
 (FUSE_COMBINE) inside attend_partial by the last split program of each (row, head) to finish
@@ -46,6 +47,13 @@ ROWS_MIN, ROWS_CHUNK, ROWS_WARPS = 2, 64, 2
 # (bench/profile_prompt_prefill.py, docs/benchmarks.md session 10 call 3): per token 326 /
 # 587; blocks of 16 with 1 / 2 / 4 warps 157 / 152 / 148 and 198 / 184 / 175
 PREFILL_TOKENS, PREFILL_WARPS = 16, 4
+# decode: a split past its row's position (the cache's unused tail: 4 of 16 splits at
+# position 760 in a 1024-slot cache) returns at once instead of computing an empty partial,
+# and the combine merges the splits before it: the same bits. H200, Moondream 2's fused step
+# at position 760 (docs/benchmarks.md session 35 call 11), b = 1 / 2 / 4 / 8: 0.9463 /
+# 1.0394 / 1.1768 / 1.3369 ms vs 0.9560 / 1.0594 / 1.1858 / 1.3849 computing them; at 1000
+# (no split empty) b = 2 / 8 1.0673 / 1.4321 vs 1.0841 / 1.4259
+SKIP_EMPTY_SPLITS = True
 
 
 @triton.jit
@@ -95,17 +103,45 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
                            NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
                            HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
                            SPLIT_P2: tl.constexpr, COMBINE: tl.constexpr,
-                           PREFILL: tl.constexpr = False, GDC: tl.constexpr = False):
+                           PREFILL: tl.constexpr = False, GDC: tl.constexpr = False,
+                           SKIP_EMPTY: tl.constexpr = False):
     """PREFILL: program row = a prompt token of the ONE cache row kv_row_ptr[0], whose k/v
-    _prefill_kv_write_kernel wrote before (no store here: tokens read each other's keys)."""
+    _prefill_kv_write_kernel wrote before (no store here: tokens read each other's keys).
+    SKIP_EMPTY (not with COMBINE / PREFILL): a split that holds no key of its row (past the
+    row's position) returns without computing its partials; the combine merges the splits
+    before it only (the same bits)."""
     pdl_launch_dependents(GDC)
     pdl_wait(GDC)
     row = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
-    kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row)
     pw = tl.minimum(pos, capacity - 1)
+    if SKIP_EMPTY:
+        if sp * CHUNK <= pw:
+            _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_ptr,
+                          vc_ptr, s_row, s_head, s_pos, m_ptr, l_ptr, acc_ptr, scale,
+                          kv_row_ptr, row, h, sp, NH, NKV, HD, HALF, CHUNK, NSPLIT, PREFILL)
+    else:
+        _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_ptr, vc_ptr,
+                      s_row, s_head, s_pos, m_ptr, l_ptr, acc_ptr, scale, kv_row_ptr, row, h,
+                      sp, NH, NKV, HD, HALF, CHUNK, NSPLIT, PREFILL)
+        if COMBINE:
+            done = tl.atomic_add(cnt_ptr + row * NH + h, 1, sem="acq_rel")
+            if done == NSPLIT - 1:           # the last split of this (row, head) merges
+                _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
+                       SPLIT_P2, NSPLIT)
+                tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
+
+
+@triton.jit
+def _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_ptr, vc_ptr,
+                  s_row, s_head, s_pos, m_ptr, l_ptr, acc_ptr, scale, kv_row_ptr, row, h, sp,
+                  NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
+                  CHUNK: tl.constexpr, NSPLIT: tl.constexpr, PREFILL: tl.constexpr):
+    """Split sp of (row, h): its partials (max, sum, weighted v) over keys sp * CHUNK ..,
+    and the new k / v written by the split that holds pw."""
+    kvh = h // (NH // NKV)
     ti = tl.minimum(pos, n_table - 1)
     d = tl.arange(0, HD)
     # the chunk's cached keys/values first: they depend only on the position, so both tiles
@@ -153,12 +189,6 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
     tl.store(m_ptr + idx, m)
     tl.store(l_ptr + idx, l)
     tl.store(acc_ptr + idx * HD + d, acc)
-    if COMBINE:
-        done = tl.atomic_add(cnt_ptr + row * NH + h, 1, sem="acq_rel")
-        if done == NSPLIT - 1:           # the last split of this (row, head) merges
-            _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
-                   SPLIT_P2, NSPLIT)
-            tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
 
 
 @triton.jit
@@ -245,13 +275,21 @@ def _prefill_attend_kernel(qkv_ptr, stride_qkv, pos_ptr, n_tok, cos_ptr, sin_ptr
 
 
 @triton.jit
-def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out,
+def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, pos_ptr, capacity,
                     NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-                    SPLIT_P2: tl.constexpr, GDC: tl.constexpr = False):
+                    SPLIT_P2: tl.constexpr, GDC: tl.constexpr = False,
+                    CHUNK: tl.constexpr = 0):
+    """CHUNK > 0: merge only the splits that hold keys of the row (the attend kernel's
+    SKIP_EMPTY form computes no others); 0: all NSPLIT."""
     pdl_launch_dependents(GDC)
     pdl_wait(GDC)
-    _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, tl.program_id(0), tl.program_id(1),
-           NH, HD, NSPLIT, SPLIT_P2, NSPLIT)
+    row = tl.program_id(0)
+    n_valid = NSPLIT
+    if CHUNK > 0:
+        pw = tl.minimum(tl.load(pos_ptr + row), capacity - 1)
+        n_valid = tl.minimum(pw // CHUNK + 1, NSPLIT)
+    _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, tl.program_id(1),
+           NH, HD, NSPLIT, SPLIT_P2, n_valid)
 
 
 class AttentionScratch:
@@ -320,6 +358,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                 NSPLIT=n_split, TP=tp, IP="ieee" if kc.dtype == torch.float32 else "tf32",
                 GDC=gdc, num_warps=PREFILL_WARPS, **launch_kw)
             fuse = False
+    skip = SKIP_EMPTY_SPLITS and kv_row is None and not fuse
     if kv_row is None or not PREFILL_TOKENS:
         _attend_partial_kernel[(b, n_heads, n_split)](
             qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0),
@@ -328,11 +367,12 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             pos if kv_row is None else kv_row,
             NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=chunk,
             NSPLIT=n_split, SPLIT_P2=p2, COMBINE=fuse, PREFILL=kv_row is not None,
-            GDC=gdc, num_warps=warps, **launch_kw)
+            GDC=gdc, num_warps=warps, SKIP_EMPTY=skip, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
-                                      NH=n_heads, HD=head_dim, NSPLIT=n_split,
-                                      SPLIT_P2=p2, GDC=gdc, num_warps=2, **launch_kw)
+                                      pos, capacity, NH=n_heads, HD=head_dim, NSPLIT=n_split,
+                                      SPLIT_P2=p2, GDC=gdc, CHUNK=chunk if skip else 0,
+                                      num_warps=2, **launch_kw)
     return out
 
 

@@ -360,6 +360,41 @@ def test_several_rows_take_the_rows_chunk(monkeypatch, prefill):
     assert torch.equal(caches[1][0], caches[0][0]) and torch.equal(caches[1][1], caches[0][1])
 
 
+def test_splits_past_the_rows_position_skip_with_the_same_bits(monkeypatch):
+    """SKIP_EMPTY_SPLITS: a split that holds no key of its row computes nothing and the
+    combine merges the splits before it. Outputs and written k/v are the same bits as with
+    every split computed, rows at positions 0, inside, at the last slot and past the
+    capacity (clamped); the partials of the splits that hold keys are the same bits, and
+    those past them are left as they were."""
+    import photon_core.ops.decode_attention as DA
+    g = torch.Generator().manual_seed(23)
+    nh, nkv, hd, cap, rot, b = 4, 2, 32, 100, 16, 5
+    monkeypatch.setattr(DA, "ROWS_CHUNK", 16)            # 7 splits of the capacity
+    pos = torch.tensor([0, 17, 64, 99, 130])
+    data = torch.randn(2, b, nkv, cap, hd, generator=g)
+    qkv = torch.randn(b, (nh + 2 * nkv) * hd, generator=g)
+    cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
+    res = []
+    for skip in (False, True):
+        monkeypatch.setattr(DA, "SKIP_EMPTY_SPLITS", skip)
+        scratch = AttentionScratch(b, nh, hd, cap, 16, "cpu")
+        scratch.m.fill_(7.0)
+        kc, vc = data[0].clone(), data[1].clone()
+        out = torch.zeros(b, nh * hd)
+        decode_attention(qkv, pos, cos, sin, kc, vc, out, scratch, nh, nkv, hd)
+        chunk, _ = DA.attend_config(b, cap, scratch)
+        n_split = -(-cap // chunk)
+        res.append((out, kc, vc, scratch.m[:b * nh * n_split].view(b, nh, n_split)))
+    assert n_split == 7
+    for a, c in zip(res[0][:3], res[1][:3]):
+        assert torch.equal(a, c)
+    for r, p in enumerate(pos.tolist()):
+        used = min(min(p, cap - 1) // chunk + 1, n_split)
+        assert torch.equal(res[0][3][r, :, :used], res[1][3][r, :, :used])
+        assert (res[1][3][r, :, used:] == 7.0).all()        # never computed
+        assert (res[0][3][r, :, used:] == float("-inf")).all()
+
+
 def _tiny_state(rows=4, cap=64):
     """A StepState of the tiny fp32 model with both backends (fused forced on)."""
     from photon_core.engine import EngineOptions
