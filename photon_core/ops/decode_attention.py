@@ -117,21 +117,16 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
     sp = tl.program_id(2)
     pos = tl.load(pos_ptr + row)
     pw = tl.minimum(pos, capacity - 1)
-    if SKIP_EMPTY:
-        if sp * CHUNK <= pw:
-            _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_ptr,
-                          vc_ptr, s_row, s_head, s_pos, m_ptr, l_ptr, acc_ptr, scale,
-                          kv_row_ptr, row, h, sp, NH, NKV, HD, HALF, CHUNK, NSPLIT, PREFILL)
-    else:
+    if (sp * CHUNK <= pw) | (not SKIP_EMPTY):     # (a constant true without SKIP_EMPTY)
         _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_ptr, vc_ptr,
                       s_row, s_head, s_pos, m_ptr, l_ptr, acc_ptr, scale, kv_row_ptr, row, h,
                       sp, NH, NKV, HD, HALF, CHUNK, NSPLIT, PREFILL)
-        if COMBINE:
-            done = tl.atomic_add(cnt_ptr + row * NH + h, 1, sem="acq_rel")
-            if done == NSPLIT - 1:           # the last split of this (row, head) merges
-                _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
-                       SPLIT_P2, NSPLIT)
-                tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
+    if COMBINE:
+        done = tl.atomic_add(cnt_ptr + row * NH + h, 1, sem="acq_rel")
+        if done == NSPLIT - 1:           # the last split of this (row, head) merges
+            _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
+                   SPLIT_P2, NSPLIT)
+            tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
 
 
 @triton.jit
