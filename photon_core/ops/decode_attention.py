@@ -7,8 +7,9 @@ embedding at the row's position (fp32 math with the table's cos/sin, rounded to 
 dtype, rotated pairs written interleaved, like rope.apply_rope), the new k/v are written at the row's clamped position
 pw = min(pos, capacity - 1) by the split that holds pw, and each split computes the
 softmax partials (max, sum, weighted v) over its chunk of keys j <= pw: keys j < pw from the
-cache, key pw from registers (so no program reads what another one writes). A split past
-the row's position (SKIP_EMPTY_SPLITS) returns at once and the combine leaves it out.
+cache, key pw from registers (so no program reads what another one writes). With
+SKIP_EMPTY_SPLITS (opt-in) a split past the row's position returns at once and the combine
+leaves it out.
 combine: merges the splits and writes the head's output (cache dtype) into
 out[row, head * hd : (head + 1) * hd], in a second kernel, grid (rows, n_heads) (default), or
 (FUSE_COMBINE) inside attend_partial by the last split program of each (row, head) to finish
@@ -52,8 +53,11 @@ PREFILL_TOKENS, PREFILL_WARPS = 16, 4
 # and the combine merges the splits before it: the same bits. H200, Moondream 2's fused step
 # at position 760 (docs/benchmarks.md session 35 call 11), b = 1 / 2 / 4 / 8: 0.9463 /
 # 1.0394 / 1.1768 / 1.3369 ms vs 0.9560 / 1.0594 / 1.1858 / 1.3849 computing them; at 1000
-# (no split empty) b = 2 / 8 1.0673 / 1.4321 vs 1.0841 / 1.4259
-SKIP_EMPTY_SPLITS = True
+# (no split empty) b = 2 / 8 1.0673 / 1.4321 vs 1.0841 / 1.4259. Off (opt-in) for now: the
+# two first runs of test/core/test_fast_gpu.py on a fresh machine after this change each
+# failed one test (a graph capture invalidated, call 16), the one before it passed; later
+# runs on the same machines passed, with an empty Triton cache too. Not understood yet.
+SKIP_EMPTY_SPLITS = False
 
 
 @triton.jit
@@ -365,7 +369,8 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             GDC=gdc, num_warps=warps, SKIP_EMPTY=skip, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
-                                      pos, capacity, NH=n_heads, HD=head_dim, NSPLIT=n_split,
+                                      pos if skip else scratch.count, capacity,
+                                      NH=n_heads, HD=head_dim, NSPLIT=n_split,
                                       SPLIT_P2=p2, GDC=gdc, CHUNK=chunk if skip else 0,
                                       num_warps=2, **launch_kw)
     return out
