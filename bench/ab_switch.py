@@ -88,8 +88,9 @@ def apply_switches(specs) -> None:
 
 def _option(spec: str) -> dict:
     """"NAME=VALUE" -> {NAME: value}: an int for an int field or an unset one (None by
-    default: kv_capacity=768 sets the engine's capacity, 1024 otherwise), 0 / 1 -> False / True for a bool
-    field or a str one (pdl: bool or "auto"), any other VALUE as the string; "" -> {}."""
+    default: kv_capacity=768 sets the engine's capacity, 1024 otherwise), 0 / 1 -> False /
+    True for a bool field or a str one (pdl: bool or "auto"), any other VALUE as the string;
+    "" -> {}."""
     if not spec:
         return {}
     from photon_core.engine import EngineOptions
