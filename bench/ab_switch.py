@@ -14,11 +14,15 @@ Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,g
                   [--option pdl=1 --toggle none]
                   [--toggle none --option megakernel=auto/w8/s3 --option megakernel=auto/w8/s4]
                   [--toggle photon_core.megakernel.megakernel_backend:SKIP_STOPPED=0 --now 1]
+                  [--toggle none --option kv_capacity=768 --floor]
 --option NAME=VALUE (0 / 1, an int, or a string such as pdl=auto): an EngineOptions field the "now" engine is built with (the baseline keeps
 the default, or takes --baseline-option NAME=VALUE); with --toggle none it is the only
 difference between the two engines. E.g. PDL's trigger after the GEMV's loop against at its
 start, both engines with PDL:
     --toggle photon_core.ops.pdl:LATE_TRIGGER=0 --option pdl=1 --baseline-option pdl=1
+--floor (moondream2): each batch's bandwidth floor at --pos from the copy bandwidth of the
+same run, and every engine's step against it. Engines hold 1024 positions per row unless
+--option kv_capacity=N.
 Writes $OUT/ab_switch.json when OUT is set.
 """
 from __future__ import annotations
