@@ -284,9 +284,9 @@ def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, pos_ptr, capacit
     pdl_wait(GDC)
     row = tl.program_id(0)
     n_valid = NSPLIT
-    if CHUNK > 0:
-        pw = tl.minimum(tl.load(pos_ptr + row), capacity - 1)
-        n_valid = tl.minimum(pw // CHUNK + 1, NSPLIT)
+    if CHUNK > 0:           # (a negative position holds no key: no split, as computed ones
+        pw = tl.minimum(tl.load(pos_ptr + row), capacity - 1)     # would all be empty)
+        n_valid = tl.minimum(tl.where(pw >= 0, pw // CHUNK + 1, 0), NSPLIT)
     _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, tl.program_id(1),
            NH, HD, NSPLIT, SPLIT_P2, n_valid)
 

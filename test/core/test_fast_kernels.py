@@ -364,13 +364,13 @@ def test_splits_past_the_rows_position_skip_with_the_same_bits(monkeypatch):
     """SKIP_EMPTY_SPLITS: a split that holds no key of its row computes nothing and the
     combine merges the splits before it. Outputs and written k/v are the same bits as with
     every split computed, rows at positions 0, inside, at the last slot and past the
-    capacity (clamped); the partials of the splits that hold keys are the same bits, and
-    those past them are left as they were."""
+    capacity (clamped), and at -1 (no key: NaN both ways); the partials of the splits that
+    hold keys are the same bits, and those past them are left as they were."""
     import photon_core.ops.decode_attention as DA
     g = torch.Generator().manual_seed(23)
-    nh, nkv, hd, cap, rot, b = 4, 2, 32, 100, 16, 5
+    nh, nkv, hd, cap, rot, b = 4, 2, 32, 100, 16, 6
     monkeypatch.setattr(DA, "ROWS_CHUNK", 16)            # 7 splits of the capacity
-    pos = torch.tensor([0, 17, 64, 99, 130])
+    pos = torch.tensor([0, 17, 64, 99, 130, -1])
     data = torch.randn(2, b, nkv, cap, hd, generator=g)
     qkv = torch.randn(b, (nh + 2 * nkv) * hd, generator=g)
     cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
@@ -386,10 +386,11 @@ def test_splits_past_the_rows_position_skip_with_the_same_bits(monkeypatch):
         n_split = -(-cap // chunk)
         res.append((out, kc, vc, scratch.m[:b * nh * n_split].view(b, nh, n_split)))
     assert n_split == 7
+    assert res[0][0][5].isnan().all()
     for a, c in zip(res[0][:3], res[1][:3]):
-        assert torch.equal(a, c)
+        torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
     for r, p in enumerate(pos.tolist()):
-        used = min(min(p, cap - 1) // chunk + 1, n_split)
+        used = max(0, min(min(p, cap - 1) // chunk + 1, n_split))
         assert torch.equal(res[0][3][r, :, :used], res[1][3][r, :, :used])
         assert (res[1][3][r, :, used:] == 7.0).all()        # never computed
         assert (res[0][3][r, :, used:] == float("-inf")).all()
