@@ -52,11 +52,10 @@ def layer_parts(b: int, pos: int, cap: int, dev="cuda", dt=torch.bfloat16):
             "cos": ang.cos(), "sin": ang.sin(), "att": torch.empty(b, DIM, device=dev, dtype=dt),
             "h": rnd(b, DIM + MLP), "y": torch.zeros(b, DIM, device=dev),
             "scratch": AttentionScratch(b, HEADS, HD, cap, 128, dev, min_chunk=64)}
-    bufs["hx"] = bufs["h"]                          # [attention out | gelu(fc1)] stand-in
     return layers, bufs
 
 
-def variants(layers, bufs):
+def variants(bufs):
     side = torch.cuda.Stream()
     s = bufs
 
@@ -100,7 +99,7 @@ def main():
     args = ap.parse_args()
     for b in (int(v) for v in args.batches.split(",")):
         layers, bufs = layer_parts(b, args.pos, args.capacity)
-        fns = variants(layers, bufs)
+        fns = variants(bufs)
         res = {k: [] for k in fns}
         for _ in range(args.rounds):
             for name, f in fns.items():

@@ -95,6 +95,16 @@ class GemvConfig:
         return True
 
 
+@triton.jit
+def _weight_tile(w_ptr, w_rows, n0, k0, offs_k, n_ok, TMA: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] weight tile at (n0, k0): one bulk copy through the descriptor
+    w_ptr (TMA; rows past N arrive as zeros), or pointer loads from w_rows (masked rows 0)."""
+    if TMA:
+        return w_ptr.load([n0, k0])
+    else:
+        return tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+
+
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                  mul_ptr, stride_mb,
@@ -115,6 +125,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     b_ok = offs_b < B
     k_len = K // SPLIT_K
     k_start = pid_k * k_len
+    w_rows = w_ptr                        # (unused with TMA: w_ptr is a descriptor)
     if not TMA:
         w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     x_rows = x_ptr + offs_b[:, None] * stride_xb
@@ -125,10 +136,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     k_first = k_start
     if PDL:     # the first weight tile is loaded before waiting for the previous kernel
         offs_k = k_start + tl.arange(0, BLOCK_K)
-        if TMA:
-            w = w_ptr.load([pid_n * BLOCK_N, k_start])
-        else:
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        w = _weight_tile(w_ptr, w_rows, pid_n * BLOCK_N, k_start, offs_k, n_ok, TMA)
         pdl_wait(GDC)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
@@ -141,10 +149,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         k_first = k_start + BLOCK_K
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
-        if TMA:
-            w = w_ptr.load([pid_n * BLOCK_N, kk])
-        else:
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        w = _weight_tile(w_ptr, w_rows, pid_n * BLOCK_N, kk, offs_k, n_ok, TMA)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
             if IEEE:
