@@ -369,6 +369,8 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             GDC=gdc, num_warps=warps, SKIP_EMPTY=skip, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
+                                      # (positions read only with the skip; else any
+                                      # pointer: the default launches stay as before)
                                       pos if skip else scratch.count, capacity,
                                       NH=n_heads, HD=head_dim, NSPLIT=n_split,
                                       SPLIT_P2=p2, GDC=gdc, CHUNK=chunk if skip else 0,
