@@ -12,12 +12,43 @@ so the pipeline logic above it is identical.
 from __future__ import annotations
 
 import contextlib
+import gc
 
 from typing import Callable
 
 import torch
 
 from . import decode_step as ds
+
+# Python's cyclic garbage collector is paused while a graph is captured (PAUSE_GC): a
+# collection that runs inside a capture and frees a dead CUDA graph (an earlier engine's, a
+# closed engine's: engines hold reference cycles) calls cudaGraphExecDestroy, which is not
+# allowed during a capture and invalidates it ("operation failed due to a previous error
+# during capture", with "operation not permitted when stream is capturing (function reset)"
+# warnings). torch.cuda.graph no longer collects before capturing (torch >= 2.9 only with
+# torch.compiler.config.force_cudagraph_gc), so whether a collection fell inside a capture
+# depended on allocation counts: session 35's GPU test failures on fresh machines (their
+# Triton compiles allocate), reproduced in session 36 call 1 (docs/benchmarks.md); the
+# garbage is collected after the capture instead.
+PAUSE_GC = True
+# cudaStreamCaptureMode of every capture here: "thread_local" - a call that is not allowed
+# during a capture invalidates it only when the capturing thread makes it (torch's default
+# "global": any thread's; the node's executor and the scheduler's worker run beside an
+# engine that captures at a lifecycle re-activate)
+CAPTURE_ERROR_MODE = "thread_local"
+
+
+@contextlib.contextmanager
+def capturing():
+    """The block with the cyclic garbage collector paused (PAUSE_GC; restored after)."""
+    paused = PAUSE_GC and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 def warm_up(fn: Callable[[], object], capture_stream=None) -> None:
@@ -36,7 +67,8 @@ def capture_graph(fn: Callable[[], object], capture_stream=None, pool=None):
     shared with other graphs (torch.cuda.graph_pool_handle()). Errors of the capture
     propagate (the caller decides what runs instead)."""
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, pool=pool, stream=capture_stream):
+    with capturing(), torch.cuda.graph(g, pool=pool, stream=capture_stream,
+                                       capture_error_mode=CAPTURE_ERROR_MODE):
         out = fn()
     torch.cuda.synchronize()
     return g, out
@@ -67,11 +99,11 @@ def capture_graph_parts(fn: Callable[[Callable[[], None]], object], capture_stre
     def cut() -> None:
         graphs[-1].capture_end()
         graphs.append(torch.cuda.CUDAGraph())
-        graphs[-1].capture_begin(pool=pool)
+        graphs[-1].capture_begin(pool=pool, capture_error_mode=CAPTURE_ERROR_MODE)
 
     torch.cuda.synchronize()
-    with torch.cuda.stream(stream):
-        graphs[0].capture_begin(pool=pool)
+    with capturing(), torch.cuda.stream(stream):
+        graphs[0].capture_begin(pool=pool, capture_error_mode=CAPTURE_ERROR_MODE)
         try:
             out = fn(cut)
         except BaseException:

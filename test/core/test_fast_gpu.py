@@ -42,6 +42,52 @@ def test_graphs_match_reference_and_measure_idle():
     fe.close()
 
 
+@pytest.mark.parametrize("parts", [False, True])
+def test_a_garbage_collection_inside_a_capture_frees_no_graph(parts):
+    """A dead CUDA graph in a reference cycle (a closed engine's: engines hold cycles) is
+    not freed by a collection that the capture's own allocations would trigger: its
+    cudaGraphExecDestroy would invalidate the capture (cuda_graph_runner.PAUSE_GC; session
+    35's flaky GPU test failures). capture_graph and capture_graph_parts alike."""
+    import gc
+
+    from photon_core.fast.cuda_graph_runner import capture_graph, capture_graph_parts
+
+    class Holder:
+        pass
+
+    x = torch.zeros(8, device="cuda")
+    gc.collect()
+    h = Holder()
+    h.self = h                          # a cycle: only the collector frees it
+    h.graph = capture_graph(lambda: x.add_(1))[0]
+    keep = [h]
+    del h
+    old = gc.get_threshold()
+
+    def fn():
+        keep.clear()                    # the cycle (and its graph) is garbage now
+        gc.set_threshold(1, 1, 1)       # the next allocations trigger collections
+        junk = [[i] for i in range(64)]
+        gc.set_threshold(*old)
+        return x.mul_(2) if junk else None
+
+    try:
+        if parts:
+            g = capture_graph_parts(lambda cut: (fn(), cut(), x.add_(3))[0])[0]
+        else:
+            g = capture_graph(fn)[0]
+    finally:
+        gc.set_threshold(*old)
+    gc.collect()                        # (outside a capture: the dead graph goes now)
+    x.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [3.0 if parts else 0.0] * 8
+    x.fill_(1)
+    g.replay()
+    assert x.tolist() == [5.0 if parts else 2.0] * 8
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_prefill_agrees_across_engines_and_with_eager(dtype):
     """The graphed prompt prefill gives the same last hidden state in two engines built in one
