@@ -33,7 +33,11 @@ from ._triton import tl, triton
 from .pdl import pdl_launch, pdl_launch_dependents, pdl_wait
 
 
-FUSE_COMBINE = False     # H200: in-kernel merge 7.87 us/layer vs 7.44 with the combine kernel (b=1)
+# H200: in-kernel merge 7.87 us/layer vs 7.44 with the combine kernel (b=1, session 1); with
+# the skip, Moondream 2's fused steps at 760, b = 1 / 2 / 4 / 8: 0.99x / 1.00x / 1.00x / 0.98x
+# (session 36 call 7: the combine's launch moves into each split's atomic and the last one's
+# merge)
+FUSE_COMBINE = False
 # warps of _attend_partial_kernel at one row, and the (key chunk, warps) it uses from
 # ROWS_MIN rows (or prompt tokens) up where the scratch has room for that many splits: H200,
 # 24 layers' caches, us per layer (bench/bench_attention_warps.py, docs/benchmarks.md session 9
@@ -111,9 +115,9 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
                            SKIP_EMPTY: tl.constexpr = False):
     """PREFILL: program row = a prompt token of the ONE cache row kv_row_ptr[0], whose k/v
     _prefill_kv_write_kernel wrote before (no store here: tokens read each other's keys).
-    SKIP_EMPTY (not with COMBINE / PREFILL): a split that holds no key of its row (past the
-    row's position) returns without computing its partials; the combine merges the splits
-    before it only (the same bits)."""
+    SKIP_EMPTY (not with PREFILL): a split that holds no key of its row (past the row's
+    position) computes no partials; the combine (or with COMBINE the last split to finish,
+    an empty one counting too) merges the splits before it only (the same bits)."""
     pdl_launch_dependents(GDC)
     pdl_wait(GDC)
     row = tl.program_id(0)
@@ -125,11 +129,14 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
         _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_ptr, vc_ptr,
                       s_row, s_head, s_pos, m_ptr, l_ptr, acc_ptr, scale, kv_row_ptr, row, h,
                       sp, NH, NKV, HD, HALF, CHUNK, NSPLIT, PREFILL)
-    if COMBINE:
+    if COMBINE:     # (an empty split counts too: the last to finish merges the valid ones)
         done = tl.atomic_add(cnt_ptr + row * NH + h, 1, sem="acq_rel")
         if done == NSPLIT - 1:           # the last split of this (row, head) merges
+            n_valid = NSPLIT
+            if SKIP_EMPTY:
+                n_valid = tl.minimum(tl.where(pw >= 0, pw // CHUNK + 1, 0), NSPLIT)
             _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
-                   SPLIT_P2, NSPLIT)
+                   SPLIT_P2, n_valid)
             tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
 
 
@@ -357,7 +364,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                 NSPLIT=n_split, TP=tp, IP="ieee" if kc.dtype == torch.float32 else "tf32",
                 GDC=gdc, num_warps=PREFILL_WARPS, **launch_kw)
             fuse = False
-    skip = SKIP_EMPTY_SPLITS and kv_row is None and not fuse
+    skip = SKIP_EMPTY_SPLITS and kv_row is None
     if kv_row is None or not PREFILL_TOKENS:
         _attend_partial_kernel[(b, n_heads, n_split)](
             qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0),

@@ -365,7 +365,9 @@ def test_splits_past_the_rows_position_skip_with_the_same_bits(monkeypatch):
     combine merges the splits before it. Outputs and written k/v are the same bits as with
     every split computed, rows at positions 0, inside, at the last slot and past the
     capacity (clamped), and at -1 (no key: NaN both ways); the partials of the splits that
-    hold keys are the same bits, and those past them are left as they were."""
+    hold keys are the same bits, and those past them are left as they were. The same with
+    the merge in the attention kernel (fuse_combine: the last split to finish, an empty one
+    counting, merges the splits that hold keys)."""
     import photon_core.ops.decode_attention as DA
     g = torch.Generator().manual_seed(23)
     nh, nkv, hd, cap, rot, b = 4, 2, 32, 100, 16, 6
@@ -375,20 +377,23 @@ def test_splits_past_the_rows_position_skip_with_the_same_bits(monkeypatch):
     qkv = torch.randn(b, (nh + 2 * nkv) * hd, generator=g)
     cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
     res = []
-    for skip in (False, True):
+    for skip, fuse in ((False, False), (True, False), (True, True)):
         monkeypatch.setattr(DA, "SKIP_EMPTY_SPLITS", skip)
         scratch = AttentionScratch(b, nh, hd, cap, 16, "cpu")
         scratch.m.fill_(7.0)
         kc, vc = data[0].clone(), data[1].clone()
         out = torch.zeros(b, nh * hd)
-        decode_attention(qkv, pos, cos, sin, kc, vc, out, scratch, nh, nkv, hd)
+        decode_attention(qkv, pos, cos, sin, kc, vc, out, scratch, nh, nkv, hd,
+                         fuse_combine=fuse)
+        assert int(scratch.count.abs().sum()) == 0          # (fuse: reset for the next call)
         chunk, _ = DA.attend_config(b, cap, scratch)
         n_split = -(-cap // chunk)
         res.append((out, kc, vc, scratch.m[:b * nh * n_split].view(b, nh, n_split)))
     assert n_split == 7
     assert res[0][0][5].isnan().all()
-    for a, c in zip(res[0][:3], res[1][:3]):
-        torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
+    for other in res[1:]:
+        for a, c in zip(res[0][:3], other[:3]):
+            torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
     for r, p in enumerate(pos.tolist()):
         used = max(0, min(min(p, cap - 1) // chunk + 1, n_split))
         assert torch.equal(res[0][3][r, :, :used], res[1][3][r, :, :used])
