@@ -27,10 +27,9 @@ from . import decode_step as ds
 # during capture", with "operation not permitted when stream is capturing (function reset)"
 # warnings). torch.cuda.graph does not collect before capturing (the builds here: 2.11 on
 # the H200, 2.13 on the CPU; only with torch.compiler.config.force_cudagraph_gc), so
-# whether a collection fell inside a capture
-# depended on allocation counts: session 35's GPU test failures on fresh machines (their
-# Triton compiles allocate), reproduced in session 36 call 1 (docs/benchmarks.md); the
-# garbage is collected after the capture instead.
+# whether a collection fell inside a capture depended on allocation counts: session 35's GPU
+# test failures on fresh machines (their Triton compiles allocate), reproduced in session 36
+# call 1 (docs/benchmarks.md); the garbage is collected after the capture instead.
 PAUSE_GC = True
 # cudaStreamCaptureMode of every capture here: "thread_local" - a call that is not allowed
 # during a capture invalidates it only when the capturing thread makes it (torch's default
