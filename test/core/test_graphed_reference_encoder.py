@@ -32,7 +32,7 @@ class _Graph:
 
 
 @contextlib.contextmanager
-def _failing_capture(graph, pool=None, stream=None):
+def _failing_capture(graph, pool=None, stream=None, capture_error_mode="global"):
     yield
     raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
 
