@@ -4,7 +4,9 @@ and 8: 64 greedy steps of the fused deterministic step and of the megakernel ("o
 hidden states and tokens compared across engines and against each other; prints whether the
 megakernel's instruction table was aligned (16-element operands: vector loads), the fused
 deterministic b=1 graph time, and after one step from the same state the k/v each layer
-wrote at row 0's position, fused vs megakernel (the first layer whose bits differ).
+wrote at row 0's position, fused vs megakernel (the first layer whose bits differ), and
+whether the fp32 residual after the last layer is bitwise the same; over the steps, the
+first step whose hidden state / token differs.
 
 Usage: PYTHONPATH=. python3 bench/probe_max_batch_bits.py [--steps 64] [--max-batches 1,4,8]
 """
@@ -25,6 +27,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--max-batches", default="1,4,8")
+    ap.add_argument("--warm-steps", type=int, default=1,
+                    help="fused steps from the drawn state before the compared state")
     ap.add_argument("--variant", default="on")
     ap.add_argument("--layers", type=int, default=0,
                     help="a model of this many decoder layers (0: Moondream 2's 24); with 1, "
@@ -69,7 +73,8 @@ def main():
         row0.copy_(torch.randn(row0.shape, generator=g, device=c.dev, dtype=row0.dtype))
         h = c.st.hidden[:1]
         h.copy_(torch.randn(h.shape, generator=g, device=c.dev, dtype=h.dtype))
-        c.fused_step(1, False)
+        for _ in range(args.warm_steps):
+            c.fused_step(1, False)
         s0 = c.snap()
 
         def roll(step):
@@ -91,11 +96,12 @@ def main():
         # one step each from s0: the k/v each layer wrote at row 0's position (layer i's k/v
         # depend on layers < i and on layer i's LayerNorm + qkv GEMV only)
         p = int(s0["pos"][0])
-        written = []
+        written, resid = [], []
         for step in (lambda: c.fused_step(1, False), mk.step):
             c.restore(s0)
             step()
             written.append(kv.select(row_axis, 0)[..., p, :].float().clone())
+            resid.append(c.fd.x[:1].clone())          # the fp32 residual after the last layer
             if args.layers == 1:
                 bufs = {n: t[:1].float().clone() for n, t in c.fd.bufs.items()}
                 bufs["x"] = c.fd.x[:1].float().clone()
@@ -112,13 +118,19 @@ def main():
         first = next((i for i, v in enumerate(per.tolist()) if v > 0), None)
         print(f"max_batch {mb}: one step, k/v written per layer, fused vs megakernel: first "
               f"layer that differs {first}; max diff per layer "
-              f"{[round(v, 4) for v in per.tolist()]}", flush=True)
+              f"{[round(v, 4) for v in per.tolist()]}; the fp32 residual after the last layer "
+              f"bitwise {torch.equal(resid[0], resid[1])} (max diff "
+              f"{(resid[0] - resid[1]).abs().max().item():.3g})", flush=True)
         mega = roll(mk.step)
         runs[mb] = (fused, mega)
         eq = int((fused[1] == mega[1]).sum())
+        first_h = next((i for i in range(args.steps) if not torch.equal(fused[0][i],
+                                                                         mega[0][i])), None)
+        first_t = next((i for i in range(args.steps) if fused[1][i] != mega[1][i]), None)
         print(f"max_batch {mb}: megakernel aligned {mk.compiled.aligned}; fused vs megakernel "
               f"tokens {eq}/{args.steps}, hidden max diff "
-              f"{(fused[0].float() - mega[0].float()).abs().max().item():.3g}", flush=True)
+              f"{(fused[0].float() - mega[0].float()).abs().max().item():.3g}; the first step "
+              f"whose hidden differs {first_h}, whose token differs {first_t}", flush=True)
         del c, mk
         torch.cuda.empty_cache()
     ref = min(runs)
