@@ -518,6 +518,28 @@ def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
     _second_launch_matches_fused(mk, m, st, fd, b)
 
 
+def test_pipe_same_is_bitwise_the_fused_deterministic_step():
+    """pipe_same (the fused deterministic path's own GEMV tiles, as pipelined streams) with
+    "on"'s pre / early: every field of one step the same bits as the fused deterministic
+    step under the interpreter (fp32), where another tile shape is not; on the H200 one pass
+    is bitwise too, and a later one parts inside a layer (docs/benchmarks.md session 36
+    calls 13-15: a difference of compiled code, which the interpreter cannot show)."""
+    from photon_core.megakernel.megakernel_step import MegakernelStep
+
+    b = 1
+    m, st, fd, s0, ref = _with_fused_reference(b)
+    results = {}
+    for v in ("pipe_same/w4/s3/pre/early", "pipe_fma@16x32/w4/s3/pre/early"):
+        _restore(st, fd, s0)
+        MegakernelStep(fd, st, b, variant=v).run_kernel()
+        results[v] = _snapshot(st, fd)
+    same = results["pipe_same/w4/s3/pre/early"]
+    for f in FIELDS:
+        sl = slice(None) if f == "kv" else slice(0, b)
+        assert torch.equal(same[f][sl], ref[f][sl]), f
+    assert not torch.equal(results["pipe_fma@16x32/w4/s3/pre/early"]["x"][:b], ref["x"][:b])
+
+
 @pytest.mark.parametrize("gemv,b,stages", [("pipe_fma@16x32", 1, 3), ("pipe@16x32", 2, 3),
                                            ("pipe_fma@16x64", 1, 2), ("pipe@16x64", 2, 4)])
 def test_pipelined_gemv_waiting_in_its_first_step_gives_the_same_bits(gemv, b, stages):
