@@ -127,7 +127,7 @@ def main():
         res = torch.empty(LAYERS, b, NH * HD, device=dev, dtype=torch.bfloat16)
         kv_bytes = b * 2 * NH * (args.pos + 1) * HD * 2
         scratch = DA.AttentionScratch(b, NH, HD, CAP, 128, dev, min_chunk=CHUNK)
-        out = torch.empty(b * NH * 64, device=dev, dtype=torch.float32)
+        out = torch.empty(b * NH * nsplit, device=dev, dtype=torch.float32)   # read's sums
         kc0 = kv[0, 0]
         st = kc0.stride()
 

@@ -83,6 +83,14 @@ def rotary_sources(d, cos_ptr, sin_ptr, ti, HALF: tl.constexpr):
 
 
 @triton.jit
+def _valid_splits(pw, CHUNK: tl.constexpr, NSPLIT: tl.constexpr):
+    """How many of a row's splits hold its keys (the clamped position pw's split and those
+    before it; none at a negative position - Triton's division truncates, so -1 // CHUNK + 1
+    would be 1)."""
+    return tl.minimum(tl.where(pw >= 0, pw // CHUNK + 1, 0), NSPLIT)
+
+
+@triton.jit
 def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h,
            NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
            SPLIT_P2: tl.constexpr, n_valid):
@@ -134,7 +142,7 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
         if done == NSPLIT - 1:           # the last split of this (row, head) merges
             n_valid = NSPLIT
             if SKIP_EMPTY:
-                n_valid = tl.minimum(tl.where(pw >= 0, pw // CHUNK + 1, 0), NSPLIT)
+                n_valid = _valid_splits(pw, CHUNK, NSPLIT)
             _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
                    SPLIT_P2, n_valid)
             tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
@@ -291,9 +299,9 @@ def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, pos_ptr, capacit
     pdl_wait(GDC)
     row = tl.program_id(0)
     n_valid = NSPLIT
-    if CHUNK > 0:           # (a negative position holds no key: no split, as computed ones
-        pw = tl.minimum(tl.load(pos_ptr + row), capacity - 1)     # would all be empty)
-        n_valid = tl.minimum(tl.where(pw >= 0, pw // CHUNK + 1, 0), NSPLIT)
+    if CHUNK > 0:
+        n_valid = _valid_splits(tl.minimum(tl.load(pos_ptr + row), capacity - 1), CHUNK,
+                                NSPLIT)
     _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, tl.program_id(1),
            NH, HD, NSPLIT, SPLIT_P2, n_valid)
 
