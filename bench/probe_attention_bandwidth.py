@@ -153,7 +153,7 @@ def main():
                     st[0], st[1], st[2], CAP, scratch.m, scratch.l, scratch.acc, HD ** -0.5,
                     scratch.count, res[i], res.stride(1), pos,
                     NH=NH, NKV=NH, HD=HD, HALF=cos.shape[1], CHUNK=CHUNK, NSPLIT=nsplit,
-                    SPLIT_P2=triton.next_power_of_2(nsplit), COMBINE=False,
+                    COMBINE=False,
                     num_warps=DA.ROWS_WARPS, SKIP_EMPTY=DA.SKIP_EMPTY_SPLITS)
         report("attend", attend_only)
         for name, pos_arg in (("read", False), ("read_pos", True)):

@@ -39,7 +39,7 @@ from photon_core.ops.rope import rope_angles  # noqa: E402
 def _gemv_merge_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb,
                        m_ptr, l_ptr, acc_ptr, pos_ptr, capacity, flag_ptr,
                        NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-                       SPLIT_P2: tl.constexpr, CHUNK: tl.constexpr, M: tl.constexpr,
+                       CHUNK: tl.constexpr, M: tl.constexpr,
                        PAIRS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_B: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
                        IEEE: tl.constexpr):
@@ -54,7 +54,7 @@ def _gemv_merge_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride
                     pw = tl.minimum(tl.load(pos_ptr + row), capacity - 1)
                     n_valid = DA._valid_splits(pw, CHUNK, NSPLIT)
                     DA._merge(m_ptr, l_ptr, acc_ptr, x_ptr, stride_xb, row, pair % NH, NH,
-                              HD, NSPLIT, SPLIT_P2, n_valid)
+                              HD, NSPLIT, n_valid)
             tl.debug_barrier()
             tl.atomic_add(flag_ptr, 1, sem="release")
     else:
@@ -105,7 +105,7 @@ def attend_only(qkv, pos, cos, sin, kc, vc, scratch, nh, hd, chunk, warps):
         qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0), kc.stride(1),
         kc.stride(2), cap, scratch.m, scratch.l, scratch.acc, hd ** -0.5, scratch.count,
         qkv, qkv.stride(0), pos, NH=nh, NKV=nh, HD=hd, HALF=cos.shape[1], CHUNK=chunk,
-        NSPLIT=n_split, SPLIT_P2=triton.next_power_of_2(n_split), COMBINE=False,
+        NSPLIT=n_split, COMBINE=False,
         num_warps=warps, SKIP_EMPTY=True)
 
 
@@ -120,7 +120,7 @@ def gemv_merge(x, w, bias, y, scratch, pos, cap, flag, nh, hd, chunk, cfg, pairs
     _gemv_merge_kernel[(m_progs + triton.cdiv(n, cfg.block_n), cfg.split_k)](
         x, tma or w, bias, y, b, n, k, x.stride(0), y.stride(0), scratch.m, scratch.l,
         scratch.acc, pos, cap, flag, NH=nh, HD=hd, NSPLIT=n_split,
-        SPLIT_P2=triton.next_power_of_2(n_split), CHUNK=chunk, M=m_progs, PAIRS=pairs,
+        CHUNK=chunk, M=m_progs, PAIRS=pairs,
         SPLIT_K=cfg.split_k, BLOCK_B=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         TMA=tma is not None, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)

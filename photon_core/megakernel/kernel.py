@@ -687,7 +687,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
              HD: tl.constexpr,
              HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
-             CHUNK: tl.constexpr, NSPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+             CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
              PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
              SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr, npf,
@@ -765,7 +765,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
         done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
                              sem="acq_rel", scope="gpu")
     if done == n_sub - 1:
-        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, SPLIT_P2,
+        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT,
                pw // CHUNK + 1 if DYN else NSPLIT)
     _l1_prefetch_record(npf, RPF)     # (after the merge counter's acquire)
 
@@ -917,7 +917,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                V: tl.constexpr, LS: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                HD: tl.constexpr, HALF: tl.constexpr, CAP: tl.constexpr,
                N_TABLE: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
-               SPLIT_P2: tl.constexpr, S_ROW: tl.constexpr, S_HEAD: tl.constexpr,
+               S_ROW: tl.constexpr, S_HEAD: tl.constexpr,
                S_POS: tl.constexpr, NK: tl.constexpr, OUT_COL: tl.constexpr,
                W1_BB: tl.constexpr, W1_BN: tl.constexpr, W1_BK: tl.constexpr,
                W1_DOT: tl.constexpr, W1_UN: tl.constexpr,
@@ -998,7 +998,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
-                         NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, SPLIT_P2, S_ROW, S_HEAD,
+                         NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, S_ROW, S_HEAD,
                          S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ, npf, RPF, APIPE, DYN)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
@@ -1057,7 +1057,6 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw = {k: sh[k] for k in ("B", "D", "SU", "KW2", "V", "LS", "NH", "NKV", "HD", "HALF",
                              "CAP", "N_TABLE", "CHUNK", "NSPLIT", "S_ROW", "S_HEAD", "S_POS",
                              "NK", "OUT_COL")}
-    kw["SPLIT_P2"] = triton.next_power_of_2(sh["NSPLIT"])
     for name, op, k in (("W1", OP_GEMV_W1, sh["D"]), ("W2", OP_GEMV_W2, sh["KW2"]),
                         ("LM", OP_GEMV_LM, sh["D"])):
         g = gemv_cfg[op]

@@ -62,6 +62,9 @@ PREFILL_TOKENS, PREFILL_WARPS = 16, 4
 # collection freeing a dead CUDA graph inside a capture (fast/cuda_graph_runner.PAUSE_GC),
 # not this kernel
 SKIP_EMPTY_SPLITS = True
+# the combine kernel's merge of a (row, head)'s splits in split order (_merge; off: summed as
+# a [splits, HD] tile by tl.sum, whose order follows the kernel's layout) - the A/B switch
+ORDERED_MERGE = True
 
 
 @triton.jit
@@ -92,23 +95,49 @@ def _valid_splits(pw, CHUNK: tl.constexpr, NSPLIT: tl.constexpr):
 
 @triton.jit
 def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h,
-           NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-           SPLIT_P2: tl.constexpr, n_valid):
+           NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, n_valid,
+           ORDERED: tl.constexpr = True):
     """The (row, head)'s first n_valid splits' partials (those past them hold no key: as
     m = -inf, l = 0, acc = 0 their terms are 0, so leaving them out gives the same bits)
-    merged into out."""
-    sidx = tl.arange(0, SPLIT_P2)
-    sok = sidx < n_valid
+    merged into out. The splits are added one after another in split order (an unrolled
+    chain of fused multiply-adds over [HD] vectors; the max is exact in any order): no sum
+    runs across the program's threads, so its order does not follow the kernel's layout
+    (warps, the loads' vector width). The combine kernel (2 warps), the in-kernel merge and
+    the megakernel's merge (4 or 8 warps, operands from its table) are compiled apart and
+    give the same bits; a [splits, HD] tile summed with tl.sum did not (its tree follows the
+    layout: on the H200 the megakernel and the fused step parted by one bf16 step)."""
     base = (row * NH + h) * NSPLIT
-    m = tl.load(m_ptr + base + sidx, mask=sok, other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(l_ptr + base + sidx, mask=sok, other=0.0, cache_modifier=".cg")
-    mx = tl.max(m, axis=0)
-    wt = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
     d = tl.arange(0, HD)
-    acc = tl.load(acc_ptr + (base + sidx[:, None]) * HD + d[None, :], mask=sok[:, None],
-                  other=0.0, cache_modifier=".cg")
-    o = tl.sum(acc * wt[:, None], axis=0) / tl.sum(l * wt, axis=0)
-    tl.store(out_ptr + row * stride_out + h * HD + d, o.to(out_ptr.dtype.element_ty))
+    if not ORDERED:     # (ORDERED_MERGE off: the tile summed by tl.sum, for the A/B)
+        P2: tl.constexpr = triton.next_power_of_2(NSPLIT)
+        sidx = tl.arange(0, P2)
+        sok = sidx < n_valid
+        m = tl.load(m_ptr + base + sidx, mask=sok, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(l_ptr + base + sidx, mask=sok, other=0.0, cache_modifier=".cg")
+        mx = tl.max(m, axis=0)
+        wt = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
+        acc = tl.load(acc_ptr + (base + sidx[:, None]) * HD + d[None, :], mask=sok[:, None],
+                      other=0.0, cache_modifier=".cg")
+        o = tl.sum(acc * wt[:, None], axis=0) / tl.sum(l * wt, axis=0)
+        tl.store(out_ptr + row * stride_out + h * HD + d, o.to(out_ptr.dtype.element_ty))
+        return
+    split = tl.full([], 0, tl.int32)        # (a tensor: n_valid may be a constant)
+    mx = tl.load(m_ptr + base, mask=split < n_valid, other=float("-inf"), cache_modifier=".cg")
+    for s in tl.static_range(1, NSPLIT):
+        mx = tl.maximum(mx, tl.load(m_ptr + base + s, mask=split + s < n_valid,
+                                    other=float("-inf"), cache_modifier=".cg"))
+    num = tl.zeros([HD], dtype=tl.float32)
+    den = tl.full([], 0.0, tl.float32)
+    for s in tl.static_range(NSPLIT):
+        ok = split + s < n_valid
+        m = tl.load(m_ptr + base + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        wt = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
+        l = tl.load(l_ptr + base + s, mask=ok, other=0.0, cache_modifier=".cg")
+        acc = tl.load(acc_ptr + (base + s) * HD + d, mask=d * 0 + split + s < n_valid,
+                      other=0.0, cache_modifier=".cg")
+        num = tl.fma(acc, wt, num)
+        den = tl.fma(l, wt, den)
+    tl.store(out_ptr + row * stride_out + h * HD + d, (num / den).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -118,7 +147,7 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
                            kv_row_ptr,
                            NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
                            HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
-                           SPLIT_P2: tl.constexpr, COMBINE: tl.constexpr,
+                           COMBINE: tl.constexpr, ORDERED: tl.constexpr = True,
                            PREFILL: tl.constexpr = False, GDC: tl.constexpr = False,
                            SKIP_EMPTY: tl.constexpr = False):
     """PREFILL: program row = a prompt token of the ONE cache row kv_row_ptr[0], whose k/v
@@ -144,7 +173,7 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
             if SKIP_EMPTY:
                 n_valid = _valid_splits(pw, CHUNK, NSPLIT)
             _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h, NH, HD, NSPLIT,
-                   SPLIT_P2, n_valid)
+                   n_valid, ORDERED)
             tl.atomic_xchg(cnt_ptr + row * NH + h, 0)
 
 
@@ -291,8 +320,8 @@ def _prefill_attend_kernel(qkv_ptr, stride_qkv, pos_ptr, n_tok, cos_ptr, sin_ptr
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, pos_ptr, capacity,
                     NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-                    SPLIT_P2: tl.constexpr, GDC: tl.constexpr = False,
-                    CHUNK: tl.constexpr = 0):
+                    GDC: tl.constexpr = False,
+                    CHUNK: tl.constexpr = 0, ORDERED: tl.constexpr = True):
     """CHUNK > 0: merge only the splits that hold keys of the row (the attend kernel's
     SKIP_EMPTY form computes no others); 0: all NSPLIT."""
     pdl_launch_dependents(GDC)
@@ -303,7 +332,7 @@ def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, pos_ptr, capacit
         n_valid = _valid_splits(tl.minimum(tl.load(pos_ptr + row), capacity - 1), CHUNK,
                                 NSPLIT)
     _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, tl.program_id(1),
-           NH, HD, NSPLIT, SPLIT_P2, n_valid)
+           NH, HD, NSPLIT, n_valid, ORDERED)
 
 
 class AttentionScratch:
@@ -354,7 +383,6 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     chunk, warps = attend_config(b, capacity, scratch)
     n_split = triton.cdiv(capacity, chunk)
     fuse = FUSE_COMBINE if fuse_combine is None else fuse_combine
-    p2 = triton.next_power_of_2(n_split)
     _, gdc, launch_kw = pdl_launch(pdl, qkv)
     if kv_row is not None:
         _prefill_kv_write_kernel[(b, n_kv_heads)](
@@ -380,7 +408,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             head_dim ** -0.5, scratch.count, out, out.stride(0),
             pos if kv_row is None else kv_row,
             NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=chunk,
-            NSPLIT=n_split, SPLIT_P2=p2, COMBINE=fuse, PREFILL=kv_row is not None,
+            NSPLIT=n_split, COMBINE=fuse, ORDERED=ORDERED_MERGE, PREFILL=kv_row is not None,
             GDC=gdc, num_warps=warps, SKIP_EMPTY=skip, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
@@ -388,7 +416,8 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                                       # pointer: the default launches stay as before)
                                       pos if skip else scratch.count, capacity,
                                       NH=n_heads, HD=head_dim, NSPLIT=n_split,
-                                      SPLIT_P2=p2, GDC=gdc, CHUNK=chunk if skip else 0,
+                                      GDC=gdc, CHUNK=chunk if skip else 0,
+                                      ORDERED=ORDERED_MERGE,
                                       num_warps=2, **launch_kw)
     return out
 

@@ -8,6 +8,7 @@ engine keeps the fused backend and says why; Qwen 3.5 goes through the hybrid lo
 The H200 side (cooperative launch, graphs, bf16): bench/bench_megakernel.py."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -308,6 +309,10 @@ def test_auto_is_the_default_and_picks_by_gpu(model, monkeypatch):
     assert mb.resolve_variant("on") == Variant.parse(mb.BEST)
     assert mb.resolve_variant("on", hybrid=True) == Variant.parse(mb.HYBRID_BEST)
     assert mb.resolve_variant("on", hybrid=True) != mb.resolve_variant("on")
+    # deterministic mode: the fused deterministic step's GEMV tiles, BEST's other flags
+    det = mb.resolve_variant("on", deterministic=True)
+    assert det == Variant.parse(mb.BEST_DETERMINISTIC) and det.gemv == "pipe_same"
+    assert dataclasses.replace(det, gemv=Variant.parse(mb.BEST).gemv) == Variant.parse(mb.BEST)
 
 
 @cpu_only
@@ -517,3 +522,34 @@ def test_stopped_rows_skip_the_megakernel_with_the_same_outputs(fused, encs, mon
     b = mk.run(encs[0], TASKS[2], ignore_eos=True)
     assert b.finish_reason == "length" and mk.state.stopped[0].item() == 0
     mk.close()
+
+
+@gpu_only
+def test_gpu_deterministic_mode_decodes_the_fused_tokens_at_real_shapes():
+    """Issue 12's target at Moondream 2's real shapes (random bf16 weights, a 640x480 frame):
+    in deterministic mode the megakernel engine ("on" = BEST_DETERMINISTIC at bucket 1: the
+    fused deterministic step's GEMV tiles, the splits merged in split order) decodes every
+    skill to the fused deterministic engine's outputs and token counts - query and caption
+    64 tokens, detect / point 5 objects, eos ignored so every run is full length."""
+    from photon_core.megakernel import megakernel_backend as mb
+    from photon_core.models.moondream2.config import MoondreamConfig
+    from photon_core.models.moondream2.model import build_random_model as build_real
+
+    m = build_real(MoondreamConfig(), device="cuda", dtype="bf16", seed=0)
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    fu = FastEngine(m, max_batch=1, deterministic=True, megakernel="off")
+    mk = FastEngine(m, max_batch=1, deterministic=True, megakernel="on")
+    assert mk.state.megakernel is not None, mk.state.megakernel_fallback
+    assert mk.state.megakernel.variant == Variant.parse(mb.BEST_DETERMINISTIC)
+    enc = fu.encode_image(frame)
+    tasks = [Task("query", question="What is in the image?", max_tokens=64),
+             Task("caption", caption_length="normal", max_tokens=64),
+             Task("detect", object="person", max_objects=5),
+             Task("point", object="cup", max_objects=5)]
+    for t in tasks:
+        (want,), (got,) = (run_to_end(fe, [(enc, t)], ignore_eos=True) for fe in (fu, mk))
+        want, got = want.result(), got.result()
+        if t.skill in ("query", "caption"):
+            assert want.tokens == 64, (t.skill, want.tokens)
+        assert same(want, got), (t.skill, want.output, got.output)
+    fu.close(), mk.close()
