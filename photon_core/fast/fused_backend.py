@@ -504,7 +504,7 @@ class FusedBackend:
         def attend(slot, qkv, out):
             decode_attention(qkv, pos, self.cos, self.sin, kv.data[slot, 0], kv.data[slot, 1],
                              out, self.scratch, a.n_heads, a.n_kv_heads, a.head_dim,
-                             pdl=self.pdl_at(b))
+                             pdl=self.pdl_at(b), ordered=self.deterministic)
         env = {"attend": attend}
         if self.window:
             env["window"] = ("decode", self.row_ids[:b], pos.clamp(max=kv.capacity - 1),
@@ -574,7 +574,8 @@ class FusedBackend:
             def attend(slot, qkv, out):
                 decode_attention(qkv, pos, self.cos, self.sin, kv.data[slot, 0],
                                  kv.data[slot, 1], out, self.scratch, a.n_heads, a.n_kv_heads,
-                                 a.head_dim, pdl=self.pdl_at(T), kv_row=row)
+                                 a.head_dim, pdl=self.pdl_at(T), kv_row=row,
+                                 ordered=self.deterministic)
             env["attend"] = attend
         if self.hybrid:
             env["stateful"] = state_ops.prefill_ops(self.program, self.w, kv, row, pos,

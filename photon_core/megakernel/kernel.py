@@ -764,9 +764,9 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
         layer = f16.to(tl.int32)
         done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
                              sem="acq_rel", scope="gpu")
-    if done == n_sub - 1:
+    if done == n_sub - 1:     # (in split order: the fused deterministic step's bits)
         _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT,
-               pw // CHUNK + 1 if DYN else NSPLIT)
+               pw // CHUNK + 1 if DYN else NSPLIT, ORDERED=True)
     _l1_prefetch_record(npf, RPF)     # (after the merge counter's acquire)
 
 

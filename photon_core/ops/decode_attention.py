@@ -62,9 +62,6 @@ PREFILL_TOKENS, PREFILL_WARPS = 16, 4
 # collection freeing a dead CUDA graph inside a capture (fast/cuda_graph_runner.PAUSE_GC),
 # not this kernel
 SKIP_EMPTY_SPLITS = True
-# the combine kernel's merge of a (row, head)'s splits in split order (_merge; off: summed as
-# a [splits, HD] tile by tl.sum, whose order follows the kernel's layout) - the A/B switch
-ORDERED_MERGE = True
 
 
 @triton.jit
@@ -99,16 +96,19 @@ def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h,
            ORDERED: tl.constexpr = True):
     """The (row, head)'s first n_valid splits' partials (those past them hold no key: as
     m = -inf, l = 0, acc = 0 their terms are 0, so leaving them out gives the same bits)
-    merged into out. The splits are added one after another in split order (an unrolled
-    chain of fused multiply-adds over [HD] vectors; the max is exact in any order): no sum
-    runs across the program's threads, so its order does not follow the kernel's layout
-    (warps, the loads' vector width). The combine kernel (2 warps), the in-kernel merge and
-    the megakernel's merge (4 or 8 warps, operands from its table) are compiled apart and
-    give the same bits; a [splits, HD] tile summed with tl.sum did not (its tree follows the
-    layout: on the H200 the megakernel and the fused step parted by one bf16 step)."""
+    merged into out.
+    ORDERED (the megakernel's merge; the fused step's in deterministic mode): the splits are
+    added one after another in split order (an unrolled chain of fused multiply-adds over
+    [HD] vectors; the max is exact in any order). No sum runs across the program's threads,
+    so the order does not follow the kernel's layout (warps, the loads' vector width): the
+    combine kernel (2 warps) and the megakernel's merge (4 or 8 warps, operands from its
+    table), compiled apart, give the same bits. Otherwise the [splits, HD] tile is summed by
+    tl.sum, whose tree follows the layout: on the H200 the megakernel and the fused
+    deterministic step parted by one bf16 step (session 37), but the tile's vector loads
+    are faster at 4-8 rows (16 splits of 64 keys: 0.98x steps in order, session 37 call 2)."""
     base = (row * NH + h) * NSPLIT
     d = tl.arange(0, HD)
-    if not ORDERED:     # (ORDERED_MERGE off: the tile summed by tl.sum, for the A/B)
+    if not ORDERED:
         P2: tl.constexpr = triton.next_power_of_2(NSPLIT)
         sidx = tl.arange(0, P2)
         sok = sidx < n_valid
@@ -366,10 +366,12 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                      kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor,
                      scratch: AttentionScratch, n_heads: int, n_kv_heads: int,
                      head_dim: int, fuse_combine: bool | None = None,
-                     pdl: bool = False, kv_row: torch.Tensor | None = None) -> torch.Tensor:
+                     pdl: bool = False, kv_row: torch.Tensor | None = None,
+                     ordered: bool = False) -> torch.Tensor:
     """qkv [b, >= (nh+2nkv)hd]; pos [b] long; cos/sin [n_table, rot/2] fp32 (rope_angles of
     0..n_table-1); kc/vc [rows >= b, nkv, capacity, hd] views of one layer of the static
-    cache (unit stride on hd); out [b, >= nh*hd].
+    cache (unit stride on hd); out [b, >= nh*hd]. ordered: the splits merged in split order
+    (_merge's ORDERED: the megakernel's bits; the fused backend's deterministic mode)
     kv_row ([1] long): a prompt prefill instead - the b rows of qkv / pos / out are b tokens
     of that one cache row, causal (key <= the token's position: the earlier tokens' keys
     too): one launch writes every token's k/v, then the split attention reads them
@@ -408,7 +410,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             head_dim ** -0.5, scratch.count, out, out.stride(0),
             pos if kv_row is None else kv_row,
             NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=chunk,
-            NSPLIT=n_split, COMBINE=fuse, ORDERED=ORDERED_MERGE, PREFILL=kv_row is not None,
+            NSPLIT=n_split, COMBINE=fuse, ORDERED=ordered, PREFILL=kv_row is not None,
             GDC=gdc, num_warps=warps, SKIP_EMPTY=skip, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
@@ -417,7 +419,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                                       pos if skip else scratch.count, capacity,
                                       NH=n_heads, HD=head_dim, NSPLIT=n_split,
                                       GDC=gdc, CHUNK=chunk if skip else 0,
-                                      ORDERED=ORDERED_MERGE,
+                                      ORDERED=ordered,
                                       num_warps=2, **launch_kw)
     return out
 
