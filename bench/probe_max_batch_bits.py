@@ -9,7 +9,7 @@ whether the fp32 residual after the last layer is bitwise the same; over the ste
 first step whose hidden state / token differs.
 
 Usage: PYTHONPATH=. python3 bench/probe_max_batch_bits.py [--steps 64] [--max-batches 1,4,8]
-       [--warm-steps 1,2,3] [--variant on]   ("on": the engine's deterministic-mode build)
+       [--warm-steps 1,2,3] [--variant on]
 """
 from __future__ import annotations
 
@@ -59,8 +59,7 @@ def compare(args, c, mb: int, warm: int, mk):
           f"{bm._timed(torch, gr.replay):.4f} ms", flush=True)
     del gr
     if mk is None:
-        mk = MegakernelStep(c.fd, c.st, 1, variant=resolve_variant(
-            args.variant, deterministic=c.fd.deterministic))
+        mk = MegakernelStep(c.fd, c.st, 1, variant=resolve_variant(args.variant))
     # one step each from s0: the k/v each layer wrote at row 0's position (layer i's k/v
     # depend on layers < i and on layer i's LayerNorm + qkv GEMV only)
     p = int(s0["pos"][0])

@@ -49,21 +49,15 @@ def auto_spec(fd) -> str:
     return "on"
 
 
-def resolve_variant(spec: str, hybrid: bool = False,
-                    deterministic: bool = False) -> Variant | None:
+def resolve_variant(spec: str, hybrid: bool = False) -> Variant | None:
     """EngineOptions.megakernel -> the Variant to build (None: "off"). "on": the measured
     best b=1 build on the H200 (docs/benchmarks.md: Moondream 2's BEST, sessions 6-9; the
-    hybrid lowering's HYBRID_BEST, session 25) on CUDA - in deterministic mode Moondream's
-    BEST_DETERMINISTIC, whose passes are the fused deterministic step's bits -, Variant()
-    under the interpreter (one program: no programs per SM to speak of there)."""
+    hybrid lowering's HYBRID_BEST, session 25) on CUDA, Variant() under the interpreter (one
+    program: no programs per SM to speak of there)."""
     if spec == "off":
         return None
     if spec == "on":
-        if interpreted():
-            return Variant()
-        if hybrid:
-            return Variant.parse(HYBRID_BEST)
-        return Variant.parse(BEST_DETERMINISTIC if deterministic else BEST)
+        return Variant() if interpreted() else Variant.parse(HYBRID_BEST if hybrid else BEST)
     return Variant.parse(spec)
 
 
@@ -91,11 +85,9 @@ SKIP_STOPPED = False
 # shared out at run time): slower with the fitted fill schedule (0.8884-0.8896 vs
 # 0.8826-0.8833 ms, call 5)
 BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1/tail"
-# "on" in deterministic mode (EngineOptions.deterministic): BEST's flags with the fused
-# deterministic step's own GEMV tiles (`pipe_same`: each output summed in the fused path's
-# order; the attention's split merge in split order, decode_attention._merge), so a pass
-# gives the fused deterministic pass's bits and greedy decoding the same tokens
-BEST_DETERMINISTIC = "pipe_same/w4/s3/p2/a3/fill/pre/elide/early/poll1/tail"
+# In deterministic mode the fused step sums Moondream 2's decoder GEMVs in BEST's tiles at
+# one row (ops/gemv.MEGAKERNEL_ORDER) and merges the attention's splits in split order, as
+# this kernel does: BEST's passes are the fused deterministic step's bits (session 37)
 # the hybrid kernel's (Qwen 3.5, Gemma 4) best b=1 build on the H200 (docs/benchmarks.md
 # session 25: Qwen 3.5 0.8B 0.961 ms, Gemma 4 E2B 3.207 ms - still slower than the fused
 # graph's 0.83 / 2.04 ms, so "auto" keeps them off; the variants it beat:
@@ -230,7 +222,7 @@ def megakernel_backend(fd, st, spec: str) -> tuple[MegakernelBackend | None, str
     if fd is None:
         return None, ("the megakernel runs over the fused backend's tensors and the fused "
                       "backend is off (EngineOptions.fused)")
-    variant = resolve_variant(spec, is_hybrid(fd), bool(getattr(fd, "deterministic", False)))
+    variant = resolve_variant(spec, is_hybrid(fd))
     dev = torch.device(fd.x.device)
     if dev.type != "cuda" and not interpreted():
         return None, f"no CUDA device ({dev}) and not TRITON_INTERPRET=1"

@@ -256,6 +256,17 @@ TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
     (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 512, 1, 4, 3, True),
 }
 
+# deterministic mode at one row: Moondream 2's decoder GEMVs ([qkv | fc1] + GELU, the
+# residual [proj | fc2]) in the megakernel's tiles (megakernel_backend.BEST's
+# pipe_fma@8x1024 with 4 warps: FMA, 8 rows x 1024 K), each output summed in the megakernel's
+# order, so its bucket-1 passes are the fused deterministic step's bits and greedy decoding
+# gives the same tokens (session 37; its merge of the attention's splits in split order:
+# decode_attention._merge). MEGAKERNEL_ORDER = False: TABLE_DETERMINISTIC / TABLE's picks
+# (the A/B baseline)
+MEGAKERNEL_ORDER = True
+MEGAKERNEL_TILE = GemvConfig(8, 1024, 1, 4, 3, False)
+MEGAKERNEL_ORDER_SHAPES = ((14336, 2048, EPI_QKV_GELU), (2048, 10240, EPI_RESIDUAL))
+
 
 # pick's rules for the shapes no table lists (PICK_RULES = False: DEFAULT / CANDIDATES only,
 # as before session 10 - the A/B baseline). From bench/sweep_gemv_family.py on the H200 over
@@ -286,6 +297,8 @@ def _rule(b: int, n: int, k: int, epi: int, deterministic: bool) -> GemvConfig |
 
 
 def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvConfig:
+    if deterministic and b == 1 and MEGAKERNEL_ORDER and (n, k, epi) in MEGAKERNEL_ORDER_SHAPES:
+        return MEGAKERNEL_TILE
     table = TABLE_DETERMINISTIC if deterministic else TABLE
     cfg = table.get((n, k, epi, b == 1)) or (TABLE.get((n, k, epi, b == 1))
                                              if deterministic else None)

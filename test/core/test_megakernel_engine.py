@@ -8,7 +8,6 @@ engine keeps the fused backend and says why; Qwen 3.5 goes through the hybrid lo
 The H200 side (cooperative launch, graphs, bf16): bench/bench_megakernel.py."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import tempfile
@@ -309,10 +308,35 @@ def test_auto_is_the_default_and_picks_by_gpu(model, monkeypatch):
     assert mb.resolve_variant("on") == Variant.parse(mb.BEST)
     assert mb.resolve_variant("on", hybrid=True) == Variant.parse(mb.HYBRID_BEST)
     assert mb.resolve_variant("on", hybrid=True) != mb.resolve_variant("on")
-    # deterministic mode: the fused deterministic step's GEMV tiles, BEST's other flags
-    det = mb.resolve_variant("on", deterministic=True)
-    assert det == Variant.parse(mb.BEST_DETERMINISTIC) and det.gemv == "pipe_same"
-    assert dataclasses.replace(det, gemv=Variant.parse(mb.BEST).gemv) == Variant.parse(mb.BEST)
+
+
+def test_deterministic_one_row_decoder_gemvs_take_the_megakernels_tiles():
+    """What makes the megakernel's passes the fused deterministic step's bits (with the
+    attention's splits merged in split order): deterministic mode's one-row picks for
+    Moondream 2's decoder GEMVs ([qkv | fc1] + GELU, the residual [proj | fc2]) are BEST's
+    GEMV tiles - FMA, its rows x K, its warps, no split-K - so each output is summed in the
+    same order (BEST changed alone would fail this, as it would the tokens on the H200:
+    test_gpu_deterministic_mode_decodes_the_fused_tokens_at_real_shapes). The default mode
+    keeps its own picks."""
+    from photon_core.megakernel import megakernel_backend as mb
+    from photon_core.megakernel.lowering import parse_gemv
+    from photon_core.models.moondream2.config import MoondreamConfig
+    from photon_core.ops import gemv as G
+
+    v = Variant.parse(mb.BEST)
+    name, (rows, bk) = parse_gemv(v.gemv)
+    assert name == "pipe_fma"
+    t = MoondreamConfig().text
+    qkv = (t.n_heads + 2 * t.n_kv_heads) * t.head_dim
+    shapes = [(qkv + t.ff_dim, t.dim, G.EPI_QKV_GELU),
+              (t.dim, t.n_heads * t.head_dim + t.ff_dim, G.EPI_RESIDUAL)]
+    assert sorted(shapes) == sorted(G.MEGAKERNEL_ORDER_SHAPES)
+    for n, k, epi in shapes:
+        c = G.pick(1, n, k, epi, deterministic=True)
+        assert (c.block_n, c.block_k, c.split_k, c.num_warps, c.dot) == \
+            (rows, bk, 1, v.warps, False), (n, k, c)
+        assert c.fits(1, n, k, epi)
+        assert G.pick(1, n, k, epi) != c and G.pick(2, n, k, epi, deterministic=True) != c
 
 
 @cpu_only
@@ -527,10 +551,11 @@ def test_stopped_rows_skip_the_megakernel_with_the_same_outputs(fused, encs, mon
 @gpu_only
 def test_gpu_deterministic_mode_decodes_the_fused_tokens_at_real_shapes():
     """Issue 12's target at Moondream 2's real shapes (random bf16 weights, a 640x480 frame):
-    in deterministic mode the megakernel engine ("on" = BEST_DETERMINISTIC at bucket 1: the
-    fused deterministic step's GEMV tiles, the splits merged in split order) decodes every
-    skill to the fused deterministic engine's outputs and token counts - query and caption
-    64 tokens, detect / point 5 objects, eos ignored so every run is full length."""
+    in deterministic mode the megakernel engine ("on" = BEST at bucket 1) decodes every
+    skill to the fused deterministic engine's outputs and token counts (whose decoder GEMVs
+    take BEST's tiles at one row and whose attention merges its splits in split order, as
+    the megakernel does) - query and caption 64 tokens, detect / point 5 objects, eos
+    ignored so every run is full length."""
     from photon_core.megakernel import megakernel_backend as mb
     from photon_core.models.moondream2.config import MoondreamConfig
     from photon_core.models.moondream2.model import build_random_model as build_real
@@ -540,7 +565,7 @@ def test_gpu_deterministic_mode_decodes_the_fused_tokens_at_real_shapes():
     fu = FastEngine(m, max_batch=1, deterministic=True, megakernel="off")
     mk = FastEngine(m, max_batch=1, deterministic=True, megakernel="on")
     assert mk.state.megakernel is not None, mk.state.megakernel_fallback
-    assert mk.state.megakernel.variant == Variant.parse(mb.BEST_DETERMINISTIC)
+    assert mk.state.megakernel.variant == Variant.parse(mb.BEST)
     enc = fu.encode_image(frame)
     tasks = [Task("query", question="What is in the image?", max_tokens=64),
              Task("caption", caption_length="normal", max_tokens=64),
