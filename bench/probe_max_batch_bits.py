@@ -9,7 +9,7 @@ whether the fp32 residual after the last layer is bitwise the same; over the ste
 first step whose hidden state / token differs.
 
 Usage: PYTHONPATH=. python3 bench/probe_max_batch_bits.py [--steps 64] [--max-batches 1,4,8]
-       [--warm-steps 1,2,3] [--variant on]
+       [--warm-steps 1,2,3] [--variant on] [--switch MODULE:NAME=VALUE]
 """
 from __future__ import annotations
 
@@ -116,8 +116,14 @@ def main():
     ap.add_argument("--fused-fma", default="",
                     help="ROWSxK: every fused b=1 GEMV as FMA tiles of that shape (4 warps, "
                          "3 stages: the megakernel's pipe_fma@ROWSxK sums)")
+    ap.add_argument("--switch", action="append", default=[],
+                    help="MODULE:NAME=VALUE set before the engines are built (ab_switch's "
+                         "form), e.g. photon_core.ops.gemv:MEGAKERNEL_ORDER=0")
     args = ap.parse_args()
     import torch
+
+    from ab_switch import apply_switches
+    apply_switches(args.switch)
 
     if args.fused_fma:
         from photon_core.ops import gemv as G
