@@ -8,6 +8,8 @@ as baselines. The fma form (one row) is swept at b = 1 (split-K fma for the resi
 too).
 
 Usage: PYTHONPATH=. python3 bench/sweep_gemv.py [--batches 1,8] [--shapes all|decode|heads]
+           [--configs BN:BK:SPLIT:WARPS:STAGES:f|d,...]   (only these, with TABLE's and pick's)
+           [--show 6]
 (prints the best configs per shape/batch)
 """
 from __future__ import annotations
@@ -57,9 +59,10 @@ SHAPES = {   # name: (n, k, epi)
 
 
 def sweep_shape(out: dict, name: str, n: int, k: int, epi: int, batches, bw: float,
-                extra=(), deterministic: bool = False, show: int = 6) -> dict:
-    """Time every fitting candidate (FMA at b = 1, DOT, `extra`, gemv.TABLE's and gemv.pick's
-    configs) for one shape at each batch size; out[f"{name} b={b}"] = {floor_us, table, pick,
+                extra=(), deterministic: bool = False, show: int = 6,
+                only: list | None = None) -> dict:
+    """Time every fitting candidate (FMA at b = 1, DOT, `extra` - or `only` - and gemv.TABLE's
+    and gemv.pick's configs, deterministic mode's too) for one shape at each batch size; out[f"{name} b={b}"] = {floor_us, table, pick,
     rows: [(us, config, rel err)] fastest first}. Returns out."""
     dev, dt = "cuda", torch.bfloat16
     wbytes = n * k * 2
@@ -70,7 +73,8 @@ def sweep_shape(out: dict, name: str, n: int, k: int, epi: int, batches, bw: flo
         x = torch.randn(b, k, device=dev, dtype=dt)
         ref = F.linear(x.float(), ws[0].float(), bias.float())
         want = F.gelu(ref, approximate="tanh") if epi == G.EPI_QKV_GELU else ref
-        cands = [c for c in (FMA if b == 1 else []) + DOT + list(extra)
+        pool = only if only is not None else (FMA if b == 1 else []) + DOT + list(extra)
+        cands = [c for c in pool
                  if c.fits(b, n, k, epi) and not (deterministic and c.split_k > 1)]
         table = G.TABLE.get((n, k, epi, b == 1))
         picked = G.pick(b, n, k, epi, deterministic)
@@ -110,7 +114,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--shapes", default="heads", choices=("heads", "decode", "all"))
+    ap.add_argument("--configs", default="",
+                    help="BN:BK:SPLIT:WARPS:STAGES:f|d,... (f: FMA, d: tensor-core dot): "
+                         "sweep only these")
+    ap.add_argument("--show", type=int, default=6)
     args = ap.parse_args()
+    only = None
+    if args.configs:
+        only = []
+        for spec in args.configs.split(","):
+            *nums, form = spec.split(":")
+            only.append(C(*(int(v) for v in nums), form == "d"))
     shapes = {**(DECODE if args.shapes in ("decode", "all") else {}),
               **({k: v for k, v in SHAPES.items() if args.shapes != "decode"
                   or k == "proj|fc2 +res"})}
@@ -118,7 +132,8 @@ def main():
     out = {"copy_bw_TBps": bw / 1e12}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     for name, (n, k, epi) in shapes.items():
-        sweep_shape(out, name, n, k, epi, [int(v) for v in args.batches.split(",")], bw)
+        sweep_shape(out, name, n, k, epi, [int(v) for v in args.batches.split(",")], bw,
+                    show=args.show, only=only)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "sweep_gemv.json").write_text(json.dumps(out, indent=1,
                                                                          default=str))
