@@ -257,15 +257,19 @@ TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
 }
 
 # deterministic mode at one row: Moondream 2's decoder GEMVs ([qkv | fc1] + GELU, the
-# residual [proj | fc2]) in the megakernel's tiles (megakernel_backend.BEST's
-# pipe_fma@8x1024 with 4 warps: FMA, 8 rows x 1024 K), each output summed in the megakernel's
-# order, so its bucket-1 passes are the fused deterministic step's bits and greedy decoding
-# gives the same tokens (session 37; its merge of the attention's splits in split order:
-# decode_attention._merge). MEGAKERNEL_ORDER = False: TABLE_DETERMINISTIC / TABLE's picks
-# (the A/B baseline)
+# residual [proj | fc2]) summed in the megakernel's order (megakernel_backend.BEST's
+# pipe_fma@8x1024 with 4 warps), so its bucket-1 passes are the fused deterministic step's
+# bits and greedy decoding gives the same tokens (session 37, with the attention's splits
+# merged in split order: decode_attention._merge). An FMA tile's sums follow its K step and
+# warps only: at 1024 K and 4 warps every tile of 1-16 rows holds its [rows, 1024] products
+# in one layout (8 per thread, 32 lanes, 4 warps along K; sm_90 builds, session 37), so
+# the fused step takes the fastest of them. H200, b=1, us per call (bench/sweep_gemv.py,
+# session 37 call 6): [qkv | fc1] 2 x 1024 with 2 stages 18.15 vs the 64 x 128 dot 17.89 (8 x
+# 1024 22.61); the residual 2 x 1024 12.94 vs TABLE_DETERMINISTIC's 4 x 1024 16.22 (split-K
+# 12.78). MEGAKERNEL_ORDER = False: TABLE_DETERMINISTIC / TABLE's picks (the A/B baseline)
 MEGAKERNEL_ORDER = True
-MEGAKERNEL_TILE = GemvConfig(8, 1024, 1, 4, 3, False)
-MEGAKERNEL_ORDER_SHAPES = ((14336, 2048, EPI_QKV_GELU), (2048, 10240, EPI_RESIDUAL))
+MEGAKERNEL_ORDER_TILES = {(14336, 2048, EPI_QKV_GELU): GemvConfig(2, 1024, 1, 4, 2, False),
+                          (2048, 10240, EPI_RESIDUAL): GemvConfig(2, 1024, 1, 4, 3, False)}
 
 
 # pick's rules for the shapes no table lists (PICK_RULES = False: DEFAULT / CANDIDATES only,
@@ -297,8 +301,8 @@ def _rule(b: int, n: int, k: int, epi: int, deterministic: bool) -> GemvConfig |
 
 
 def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvConfig:
-    if deterministic and b == 1 and MEGAKERNEL_ORDER and (n, k, epi) in MEGAKERNEL_ORDER_SHAPES:
-        return MEGAKERNEL_TILE
+    if deterministic and b == 1 and MEGAKERNEL_ORDER and (n, k, epi) in MEGAKERNEL_ORDER_TILES:
+        return MEGAKERNEL_ORDER_TILES[(n, k, epi)]
     table = TABLE_DETERMINISTIC if deterministic else TABLE
     cfg = table.get((n, k, epi, b == 1)) or (TABLE.get((n, k, epi, b == 1))
                                              if deterministic else None)

@@ -313,11 +313,12 @@ def test_auto_is_the_default_and_picks_by_gpu(model, monkeypatch):
 def test_deterministic_one_row_decoder_gemvs_take_the_megakernels_tiles():
     """What makes the megakernel's passes the fused deterministic step's bits (with the
     attention's splits merged in split order): deterministic mode's one-row picks for
-    Moondream 2's decoder GEMVs ([qkv | fc1] + GELU, the residual [proj | fc2]) are BEST's
-    GEMV tiles - FMA, its rows x K, its warps, no split-K - so each output is summed in the
-    same order (BEST changed alone would fail this, as it would the tokens on the H200:
-    test_gpu_deterministic_mode_decodes_the_fused_tokens_at_real_shapes). The default mode
-    keeps its own picks."""
+    Moondream 2's decoder GEMVs ([qkv | fc1] + GELU, the residual [proj | fc2]) are FMA
+    tiles of BEST's K step and warps, no split-K, at most 16 rows (at 1024 K and 4 warps
+    tiles of 1-16 rows share one layout: the same sums as BEST's 8 rows), so each output is
+    summed in the same order (BEST changed alone would fail this, as it would the tokens on
+    the H200: test_gpu_deterministic_mode_decodes_the_fused_tokens_at_real_shapes). The
+    default mode keeps its own picks."""
     from photon_core.megakernel import megakernel_backend as mb
     from photon_core.megakernel.lowering import parse_gemv
     from photon_core.models.moondream2.config import MoondreamConfig
@@ -330,11 +331,12 @@ def test_deterministic_one_row_decoder_gemvs_take_the_megakernels_tiles():
     qkv = (t.n_heads + 2 * t.n_kv_heads) * t.head_dim
     shapes = [(qkv + t.ff_dim, t.dim, G.EPI_QKV_GELU),
               (t.dim, t.n_heads * t.head_dim + t.ff_dim, G.EPI_RESIDUAL)]
-    assert sorted(shapes) == sorted(G.MEGAKERNEL_ORDER_SHAPES)
+    assert sorted(shapes) == sorted(G.MEGAKERNEL_ORDER_TILES)
+    assert (rows, bk, v.warps) == (8, 1024, 4)      # (the layout finding is for these)
     for n, k, epi in shapes:
         c = G.pick(1, n, k, epi, deterministic=True)
-        assert (c.block_n, c.block_k, c.split_k, c.num_warps, c.dot) == \
-            (rows, bk, 1, v.warps, False), (n, k, c)
+        assert (c.block_k, c.split_k, c.num_warps, c.dot) == (bk, 1, v.warps, False), (n, k, c)
+        assert 1 <= c.block_n <= 16
         assert c.fits(1, n, k, epi)
         assert G.pick(1, n, k, epi) != c and G.pick(2, n, k, epi, deterministic=True) != c
 
