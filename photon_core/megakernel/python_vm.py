@@ -209,7 +209,10 @@ class PythonVM:
         acc = self.bufs["sc_acc"][base * hd:(base + ns) * hd].view(ns, hd)
         mx = m.max()
         wt = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - mx))
-        o = (acc * wt[:, None]).sum(0) / (l * wt).sum()
+        num, den = torch.zeros_like(acc[0]), torch.zeros_like(l[0])
+        for s in range(ns):         # in split order, as the kernel's ORDERED merge
+            num, den = num + acc[s] * wt[s], den + l[s] * wt[s]
+        o = num / den
         out = self.flat(a["out"])[row * sh["SU"] + h * hd:][:hd]
         out.copy_(o.to(out.dtype))
         assert not math.isnan(float(out.float().sum()))
