@@ -93,7 +93,7 @@ def _valid_splits(pw, CHUNK: tl.constexpr, NSPLIT: tl.constexpr):
 @triton.jit
 def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, row, h,
            NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, n_valid,
-           ORDERED: tl.constexpr = True):
+           ORDERED: tl.constexpr = False):
     """The (row, head)'s first n_valid splits' partials (those past them hold no key: as
     m = -inf, l = 0, acc = 0 their terms are 0, so leaving them out gives the same bits)
     merged into out.
@@ -147,7 +147,7 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
                            kv_row_ptr,
                            NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
                            HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
-                           COMBINE: tl.constexpr, ORDERED: tl.constexpr = True,
+                           COMBINE: tl.constexpr, ORDERED: tl.constexpr = False,
                            PREFILL: tl.constexpr = False, GDC: tl.constexpr = False,
                            SKIP_EMPTY: tl.constexpr = False):
     """PREFILL: program row = a prompt token of the ONE cache row kv_row_ptr[0], whose k/v
@@ -321,7 +321,7 @@ def _prefill_attend_kernel(qkv_ptr, stride_qkv, pos_ptr, n_tok, cos_ptr, sin_ptr
 def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_out, pos_ptr, capacity,
                     NH: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                     GDC: tl.constexpr = False,
-                    CHUNK: tl.constexpr = 0, ORDERED: tl.constexpr = True):
+                    CHUNK: tl.constexpr = 0, ORDERED: tl.constexpr = False):
     """CHUNK > 0: merge only the splits that hold keys of the row (the attend kernel's
     SKIP_EMPTY form computes no others); 0: all NSPLIT."""
     pdl_launch_dependents(GDC)

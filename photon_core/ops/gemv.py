@@ -250,7 +250,8 @@ CANDIDATES = [
 
 # split_k == 1 picks for deterministic=True (no fp32 atomics: the sum order is fixed, so the
 # same inputs give the same bits on every run); bench/sweep_gemv.py on the H200: the residual
-# GEMV 16.4 us at b=1 / 21.2 us at b=8 vs 13.2 / 14.8 us with split-K
+# GEMV 16.4 us at b=1 / 21.2 us at b=8 vs 13.2 / 14.8 us with split-K (at b=1 since session
+# 37 MEGAKERNEL_ORDER_TILES' 2 x 1024 tiles instead: 12.94 us)
 TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
     (2048, 10240, EPI_RESIDUAL, True): GemvConfig(4, 1024, 1, 4, 3, False),
     (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 512, 1, 4, 3, True),
