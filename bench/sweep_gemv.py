@@ -62,8 +62,9 @@ def sweep_shape(out: dict, name: str, n: int, k: int, epi: int, batches, bw: flo
                 extra=(), deterministic: bool = False, show: int = 6,
                 only: list | None = None) -> dict:
     """Time every fitting candidate (FMA at b = 1, DOT, `extra` - or `only` - and gemv.TABLE's
-    and gemv.pick's configs, deterministic mode's too) for one shape at each batch size; out[f"{name} b={b}"] = {floor_us, table, pick,
-    rows: [(us, config, rel err)] fastest first}. Returns out."""
+    and gemv.pick's configs, deterministic mode's too) for one shape at each batch size;
+    out[f"{name} b={b}"] = {floor_us, table, pick, rows: [(us, config, rel err)] fastest
+    first}. Returns out."""
     dev, dt = "cuda", torch.bfloat16
     wbytes = n * k * 2
     copies = max(2, -(-400_000_000 // wbytes))
