@@ -118,7 +118,7 @@ def main():
                          "3 stages: the megakernel's pipe_fma@ROWSxK sums)")
     ap.add_argument("--switch", action="append", default=[],
                     help="MODULE:NAME=VALUE set before the engines are built (ab_switch's "
-                         "form), e.g. photon_core.ops.gemv:MEGAKERNEL_ORDER=0")
+                         "form), e.g. photon_core.ops.decode_attention:SKIP_EMPTY_SPLITS=0")
     args = ap.parse_args()
     import torch
 

@@ -86,7 +86,7 @@ SKIP_STOPPED = False
 # 0.8826-0.8833 ms, call 5)
 BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1/tail"
 # In deterministic mode the fused step sums Moondream 2's decoder GEMVs in BEST's tiles at
-# one row (ops/gemv.MEGAKERNEL_ORDER) and merges the attention's splits in split order, as
+# one row (ops/gemv.MEGAKERNEL_ORDER_TILES) and merges the attention's splits in split order, as
 # this kernel does: BEST's passes are the fused deterministic step's bits (session 37)
 # the hybrid kernel's (Qwen 3.5, Gemma 4) best b=1 build on the H200 (docs/benchmarks.md
 # session 25: Qwen 3.5 0.8B 0.961 ms, Gemma 4 E2B 3.207 ms - still slower than the fused

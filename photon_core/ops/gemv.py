@@ -248,15 +248,6 @@ CANDIDATES = [
 ]
 
 
-# split_k == 1 picks for deterministic=True (no fp32 atomics: the sum order is fixed, so the
-# same inputs give the same bits on every run); bench/sweep_gemv.py on the H200: the residual
-# GEMV 16.4 us at b=1 / 21.2 us at b=8 vs 13.2 / 14.8 us with split-K (at b=1 since session
-# 37 MEGAKERNEL_ORDER_TILES' 2 x 1024 tiles instead: 12.94 us)
-TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
-    (2048, 10240, EPI_RESIDUAL, True): GemvConfig(4, 1024, 1, 4, 3, False),
-    (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 512, 1, 4, 3, True),
-}
-
 # deterministic mode at one row: Moondream 2's decoder GEMVs ([qkv | fc1] + GELU, the
 # residual [proj | fc2]) summed in the megakernel's order (megakernel_backend.BEST's
 # pipe_fma@8x1024 with 4 warps), so its bucket-1 passes are the fused deterministic step's
@@ -266,11 +257,17 @@ TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
 # in one layout (8 per thread, 32 lanes, 4 warps along K; sm_90 builds, session 37), so
 # the fused step takes the fastest of them. H200, b=1, us per call (bench/sweep_gemv.py,
 # session 37 call 6): [qkv | fc1] 2 x 1024 with 2 stages 18.15 vs the 64 x 128 dot 17.89 (8 x
-# 1024 22.61); the residual 2 x 1024 12.94 vs TABLE_DETERMINISTIC's 4 x 1024 16.22 (split-K
-# 12.78). MEGAKERNEL_ORDER = False: TABLE_DETERMINISTIC / TABLE's picks (the A/B baseline)
-MEGAKERNEL_ORDER = True
+# 1024 22.61); the residual 2 x 1024 12.94 vs the 4 x 1024 tiles it had here before 16.22
+# (split-K 12.78); the fused deterministic step 1.033 vs 1.126 ms with those (call 7)
 MEGAKERNEL_ORDER_TILES = {(14336, 2048, EPI_QKV_GELU): GemvConfig(2, 1024, 1, 4, 2, False),
                           (2048, 10240, EPI_RESIDUAL): GemvConfig(2, 1024, 1, 4, 3, False)}
+# split_k == 1 picks for deterministic=True (no fp32 atomics: the sum order is fixed, so the
+# same inputs give the same bits on every run); bench/sweep_gemv.py on the H200: the residual
+# GEMV 21.2 us at b=8 vs 14.8 us with split-K; at one row the MEGAKERNEL_ORDER_TILES above
+TABLE_DETERMINISTIC: dict[tuple[int, int, int, bool], GemvConfig] = {
+    **{(n, k, epi, True): c for (n, k, epi), c in MEGAKERNEL_ORDER_TILES.items()},
+    (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 512, 1, 4, 3, True),
+}
 
 
 # pick's rules for the shapes no table lists (PICK_RULES = False: DEFAULT / CANDIDATES only,
@@ -302,8 +299,6 @@ def _rule(b: int, n: int, k: int, epi: int, deterministic: bool) -> GemvConfig |
 
 
 def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvConfig:
-    if deterministic and b == 1 and MEGAKERNEL_ORDER and (n, k, epi) in MEGAKERNEL_ORDER_TILES:
-        return MEGAKERNEL_ORDER_TILES[(n, k, epi)]
     table = TABLE_DETERMINISTIC if deterministic else TABLE
     cfg = table.get((n, k, epi, b == 1)) or (TABLE.get((n, k, epi, b == 1))
                                              if deterministic else None)
