@@ -1,14 +1,13 @@
 """GEMV config sweep for the shapes bench_kernels.py does not sweep: the residual GEMV
 without split-K (deterministic=True) and the region heads (detect/point), real Moondream 2
 shapes, bf16, batch 1 and 8 (--batches), and with --shapes decode the decode step's three
-GEMVs too, with --shapes split the residual GEMV's two parts (parallel_branch.FC2_BESIDE).
-Weight copies rotate so L2 never holds them; CUDA-graph timing
+GEMVs too. Weight copies rotate so L2 never holds them; CUDA-graph timing
 (bench_kernels.graph_ms); every config's output diffed against fp32 torch. The split-K
 residual config in gemv.TABLE, and gemv.pick's config for the batch, are timed in the same run
 as baselines. The fma form (one row) is swept at b = 1 (split-K fma for the residual GEMV
 too).
 
-Usage: PYTHONPATH=. python3 bench/sweep_gemv.py [--batches 1,8] [--shapes all|decode|heads|split]
+Usage: PYTHONPATH=. python3 bench/sweep_gemv.py [--batches 1,8] [--shapes all|decode|heads]
            [--configs BN:BK:SPLIT:WARPS:STAGES:f|d,...]   (only these, with TABLE's and pick's)
            [--show 6]
 (prints the best configs per shape/batch)
@@ -56,10 +55,6 @@ SHAPES = {   # name: (n, k, epi)
     "region fc1 +gelu": (8192, 2048, G.EPI_QKV_GELU),
     "coord fc2": (1024, 8192, G.EPI_STORE),
     "size fc2": (2048, 8192, G.EPI_STORE),
-}
-SPLIT = {    # the residual GEMV cut at its gelu columns (parallel_branch.FC2_BESIDE, 4-8 rows)
-    "fc2 +res": (2048, 8192, G.EPI_RESIDUAL),
-    "proj +res": (2048, 2048, G.EPI_RESIDUAL),
 }
 
 
@@ -119,7 +114,7 @@ def sweep_shape(out: dict, name: str, n: int, k: int, epi: int, batches, bw: flo
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--shapes", default="heads", choices=("heads", "decode", "all", "split"))
+    ap.add_argument("--shapes", default="heads", choices=("heads", "decode", "all"))
     ap.add_argument("--configs", default="",
                     help="BN:BK:SPLIT:WARPS:STAGES:f|d,... (f: FMA, d: tensor-core dot): "
                          "sweep only these")
@@ -131,10 +126,9 @@ def main():
         for spec in args.configs.split(","):
             *nums, form = spec.split(":")
             only.append(C(*(int(v) for v in nums), form == "d"))
-    shapes = SPLIT if args.shapes == "split" else {
-        **(DECODE if args.shapes in ("decode", "all") else {}),
-        **({k: v for k, v in SHAPES.items() if args.shapes != "decode"
-            or k == "proj|fc2 +res"})}
+    shapes = {**(DECODE if args.shapes in ("decode", "all") else {}),
+              **({k: v for k, v in SHAPES.items() if args.shapes != "decode"
+                  or k == "proj|fc2 +res"})}
     bw = copy_bandwidth()
     out = {"copy_bw_TBps": bw / 1e12}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")

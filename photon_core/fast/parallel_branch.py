@@ -27,25 +27,12 @@ joined GEMV, then the attention chain: the A/B baseline). The attention chain on
 high-priority stream instead lost (0.75-0.81x: fc1 waited for the chain's programs; docs/
 dropped_experiments.md). On the CPU the same lowering runs its parts in order on the one
 stream (StreamFork).
-
-Passes of more than MAX_ROWS rows with FC2_BESIDE (session 38): the joined GEMV runs whole,
-then the block's residual GEMV is cut at the same place - its gelu columns (fc2, 33.5 MB)
-only need the joined GEMV, so they stream on the second stream beside the attention chain
-(which at 4-8 rows reads 25-50 MB of k/v per layer at ~3 TB/s, latency-bound), and the
-attention columns (proj, 8.4 MB) follow the join:
-
-    main:  LN -> GEMV [qkv | fc1] -> attention (rotary, k/v write, attention, combine) -> join -> residual proj (+ bias)
-    side:                         +-> residual fc2 (x += g Wfc2^T) -----------------------/
-
-Both add into the fp32 residual x (the proj part after the join: no race); the sums are
-those of two GEMVs instead of one (not the joined GEMV's bits). Deterministic mode keeps the
-one-stream lowering.
 """
 from __future__ import annotations
 
 import torch
 
-from ..ops.gemv import EPI_QKV_GELU, EPI_RESIDUAL, EPI_STORE, gemv, pick
+from ..ops.gemv import EPI_QKV_GELU, EPI_STORE, gemv, pick
 
 MODE = "side"                       # "side" | "off"
 # the two GEMVs with the joined GEMV's tiles (the same bits as it) or gemv.pick's for each
@@ -57,10 +44,6 @@ SAME_TILES = False
 # 0.96x (at 8 rows the attention reads ~50 MB of k/v per layer and both branches slow
 # down); the prompt prefill forked, T = 8: 1.266 vs 1.175 ms (call 8)
 MAX_ROWS = 2
-# passes of more than MAX_ROWS rows: the residual GEMV's gelu columns beside the attention
-# chain (the form above, after the joined GEMV); False: the joined GEMV, the attention chain
-# and the residual GEMV in order on one stream
-FC2_BESIDE = True
 # op kinds that may run in the branch beside the gelu part (each lowered on its own)
 BETWEEN = ("attention",)
 
@@ -116,7 +99,6 @@ def lower_beside(be, ops, i: int, joined):
     b_gelu = bias[n_split:] if bias is not None else None
     g_off = off + n_split + gap
     between = [be._lower(o) for o in ops[i + 1:j]]
-    after = _residual_parts(be, ops[j] if j < len(ops) else None, op.dst[-1])
     cfgs: dict[int, object] = {}
 
     def cfg(b):            # the joined GEMV's tiles (SAME_TILES, deterministic), else each
@@ -135,13 +117,8 @@ def lower_beside(be, ops, i: int, joined):
     def run(b, env):
         if b > MAX_ROWS:
             joined(b, env)
-            if after is not None and FC2_BESIDE and not be.deterministic:
-                after["beside"](b, env, fork, between)
-                return
             for f in between:
                 f(b, env)
-            if after is not None:
-                after["whole"](b, env)
             return
         gemv(be._src(src, env, b), w_plain, b_plain, be.bufs[buf][:b, off:], EPI_STORE,
              cfg=cfg(b), deterministic=be.deterministic, pdl=be.pdl_at(b))
@@ -150,34 +127,4 @@ def lower_beside(be, ops, i: int, joined):
         for f in between:                            # the attention chain here
             f(b, env)
         fork.join()
-        if after is not None:
-            after["whole"](b, env)
-    return [run], j - i + (after is not None)
-
-
-def _residual_parts(be, res, gelu_seg: str) -> dict | None:
-    """The block's residual op `res` (reading [attention outputs | the gelu part gelu_seg]
-    side by side: Moondream 2's [a | g] -> x += a Wproj^T + g Wfc2^T + b) lowered by the
-    backend as its one joined GEMV ("whole"), and as the two column ranges of that GEMV's
-    weights ("beside": the gelu columns on the fork's stream beside `between`, the others
-    with the bias after the join), or None where res is no such op."""
-    if res is None or res.kind != "residual" or not res.src or res.src[-1] != gelu_seg:
-        return None
-    whole = be._lower(res)
-    fg = be.fused_gemvs.get(res)
-    if fg is None or fg["epi"] != EPI_RESIDUAL:
-        return None                     # (its inputs not side by side: a GEMV per input)
-    w, bias, buf, off = fg["w"], fg["bias"], fg["src_buf"], fg["src_off"]
-    k_gelu = be.program.segment(gelu_seg)[2]
-    k_plain = w.shape[1] - k_gelu
-    w_plain, w_gelu = w[:, :k_plain], w[:, k_plain:]        # (column slices: no copies)
-
-    def beside(b, env, fork, between):
-        with torch.cuda.stream(fork.fork()):                 # fc2 on the side stream
-            gemv(be.bufs[buf][:b, off + k_plain:off + k_plain + k_gelu], w_gelu, None,
-                 be.x[:b], EPI_RESIDUAL)
-        for f in between:                                     # the attention chain here
-            f(b, env)
-        fork.join()
-        gemv(be.bufs[buf][:b, off:off + k_plain], w_plain, bias, be.x[:b], EPI_RESIDUAL)
-    return dict(whole=whole, beside=beside)
+    return [run], j - i

@@ -107,7 +107,7 @@ def _weight_tile(w_ptr, w_rows, n0, k0, offs_k, n_ok, TMA: tl.constexpr):
 
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
-                 mul_ptr, stride_mb, stride_wn,
+                 mul_ptr, stride_mb,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
@@ -127,7 +127,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     k_start = pid_k * k_len
     w_rows = w_ptr                        # (unused with TMA: w_ptr is a descriptor)
     if not TMA:
-        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     x_rows = x_ptr + offs_b[:, None] * stride_xb
     if DOT:
         acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
@@ -322,8 +322,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
          pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None
          ) -> torch.Tensor:
     """x [b, K] (row stride free, unit column stride; may be fp32 with bf16 / fp16 weights:
-    rounded as it is loaded), w [N, K] with unit column stride (rows may lie further apart: a
-    column slice of a wider weight, parallel_branch.py), y [b, *] with unit column stride (fp32
+    rounded as it is loaded), w [N, K] contiguous, y [b, *] with unit column stride (fp32
     for EPI_RESIDUAL; N / 2 columns for EPI_GATED).
     deterministic: never split K (split-K adds with fp32 atomics in a varying order).
     pdl: programmatic dependent launch (ops/pdl.py): the first weight tile loads while the
@@ -332,8 +331,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     multiplier (unit column stride)."""
     b, k = x.shape
     n = w.shape[0]
-    assert w.shape[1] == k and w.stride(1) == 1 and w.stride(0) >= k
-    assert x.stride(1) == 1 and y.stride(1) == 1
+    assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
     assert b <= GEMV_MAX_ROWS
     if act not in ACTIVATIONS:
         raise ValueError(f"act must be one of {ACTIVATIONS}, not {act!r}")
@@ -347,8 +345,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     tma = tma_weights(w, cfg)
     _gemv_kernel[grid](x, tma or w, bias if bias is not None else w, y, b, n, k,
-                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), w.stride(0),
-                       EPI=epi,
+                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,

@@ -34,9 +34,9 @@ def test_branch_changes_no_bits_cpu(fast_model, monkeypatch, b):
     layers = fast_model.config.text.n_layers
     assert f0.beside_branches == 0
     x, bufs, f = _pass(fast_model, monkeypatch, "side", b)
-    # one run per layer for its GEMV + attention + residual (those two ops are consumed)
+    # one run per layer for its GEMV + attention (the attention op is consumed)
     assert f.beside_branches == layers
-    assert len(f.lowered) == len(f0.lowered) - 2 * layers
+    assert len(f.lowered) == len(f0.lowered) - layers
     assert torch.equal(x, x0)
     for k in bufs0:
         assert torch.equal(bufs[k], bufs0[k]), k
@@ -75,51 +75,15 @@ def test_deterministic_mode_keeps_the_joined_tiles(fast_model, monkeypatch, dete
 
 
 def test_more_rows_than_max_take_the_joined_gemv(fast_model, monkeypatch):
-    """A pass of more than MAX_ROWS rows runs the joined GEMV and the attention in order
-    (FC2_BESIDE off, or deterministic mode): the one-stream bits even with each part's own
-    tiles."""
+    """A pass of more than MAX_ROWS rows runs the joined GEMV and the attention in order:
+    the one-stream bits even with each part's own tiles."""
     fused_ok("on")
     from photon_core.fast import parallel_branch
     x0, bufs0, _ = _pass(fast_model, monkeypatch, "off", 2)
     monkeypatch.setattr(parallel_branch, "MAX_ROWS", 1)
-    monkeypatch.setattr(parallel_branch, "FC2_BESIDE", False)
     x, bufs, f = _pass(fast_model, monkeypatch, "side", 2, same_tiles=False)
     assert f.beside_branches == fast_model.config.text.n_layers
     assert torch.equal(x, x0) and all(torch.equal(bufs[k], bufs0[k]) for k in bufs0)
-    monkeypatch.setattr(parallel_branch, "FC2_BESIDE", True)
-    x0, bufs0, _ = _pass(fast_model, monkeypatch, "off", 2, deterministic=True)
-    x, bufs, f = _pass(fast_model, monkeypatch, "side", 2, same_tiles=False,
-                       deterministic=True)
-    assert torch.equal(x, x0) and all(torch.equal(bufs[k], bufs0[k]) for k in bufs0)
-
-
-def test_more_rows_than_max_run_fc2_beside_the_attention(fast_model, monkeypatch):
-    """FC2_BESIDE (the default) at more than MAX_ROWS rows: the joined GEMV whole, then the
-    residual GEMV's gelu columns (fc2) and its attention columns (proj, with the bias) as two
-    GEMVs adding into x: the residual and every buffer (the last layer's, from its input)
-    the same values to fp32 rounding; a pass that dropped either part or its bias, or ran
-    proj before the attention, would not be close."""
-    fused_ok("on")
-    from photon_core.fast import parallel_branch
-    from photon_core.ops.gemv import EPI_RESIDUAL
-    x0, bufs0, f0 = _pass(fast_model, monkeypatch, "off", 2)
-    monkeypatch.setattr(parallel_branch, "MAX_ROWS", 1)
-    calls = []
-    gemv = parallel_branch.gemv
-
-    def recording(x, w, bias, y, epi=0, *a, **kw):
-        if epi == EPI_RESIDUAL:
-            calls.append((tuple(w.shape), bias is not None))
-        return gemv(x, w, bias, y, epi, *a, **kw)
-    monkeypatch.setattr(parallel_branch, "gemv", recording)
-    x, bufs, f = _pass(fast_model, monkeypatch, "side", 2)
-    layers = fast_model.config.text.n_layers
-    t = fast_model.config.text
-    d, ff = t.dim, t.ff_dim
-    assert calls == [((d, ff), False), ((d, t.n_heads * t.head_dim), True)] * layers
-    assert torch.allclose(x, x0, rtol=1e-5, atol=1e-5)
-    for k in bufs0:
-        assert torch.allclose(bufs[k], bufs0[k], rtol=1e-4, atol=1e-4), k
 
 
 def test_branch_needs_the_pattern():
@@ -139,10 +103,8 @@ def test_branch_needs_the_pattern():
 def test_branch_graphed_steps_gpu(monkeypatch):
     """Graphed decode steps with the fused step (megakernel off), the split GEMVs on the
     joined GEMV's tiles: streams forked inside the captured graphs at buckets 1 and 2, the
-    joined GEMV at bucket 4 (MAX_ROWS; FC2_BESIDE off here: its two residual GEMVs sum in
-    another order - test_fast_gpu's fp32 graphs against the reference cover it at bucket 4):
-    the same tokens as the one-stream lowering (a missing fork or join edge lets the
-    residual read a stale fc1 part)."""
+    joined GEMV at bucket 4 (MAX_ROWS): the same tokens as the one-stream lowering (a
+    missing fork or join edge lets the residual read a stale fc1 part)."""
     from photon_core.fast import FastEngine, parallel_branch
     from photon_core.moondream.model import build_random_model
     from photon_core.moondream.test_model import TEST_EOS_BIAS, tiny_config
@@ -155,7 +117,6 @@ def test_branch_graphed_steps_gpu(monkeypatch):
              Task("point", object="cup", max_objects=4),
              Task("query", question="What is it?", max_tokens=16)]
     monkeypatch.setattr(parallel_branch, "SAME_TILES", True)
-    monkeypatch.setattr(parallel_branch, "FC2_BESIDE", False)
     outs = []
     for md in ("off", "side"):
         monkeypatch.setattr(parallel_branch, "MODE", md)
