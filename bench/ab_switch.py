@@ -15,6 +15,8 @@ Usage (H200): PYTHONPATH=. python3 bench/ab_switch.py [--families qwen3.5-0.8b,g
                   [--toggle none --option megakernel=auto/w8/s3 --option megakernel=auto/w8/s4]
                   [--toggle photon_core.megakernel.megakernel_backend:SKIP_STOPPED=0 --now 1]
                   [--toggle none --option kv_capacity=768 --floor]
+                  [--toggle photon_core.fast.hybrid_rows:rmsnorm_zero_centred_rows_triton=@noop]
+                  (the baseline engine's graphs without those launches: a bound, wrong outputs)
 --option NAME=VALUE (0 / 1, an int, or a string such as pdl=auto): an EngineOptions field the "now" engine is built with (the baseline keeps
 the default, or takes --baseline-option NAME=VALUE); with --toggle none it is the only
 difference between the two engines. E.g. PDL's trigger after the GEMV's loop against at its
@@ -80,11 +82,15 @@ def same_bits(fe0, fe1, b: int) -> dict:
 def parse_toggle(spec: str):
     """"module:NAME=VALUE" -> (module, NAME, VALUE in the switch's own type: a bool / int
     switch takes an int, a float one a number, anything else the string). ab_encode.py's
-    --toggle / --set too."""
+    --toggle / --set too. VALUE "@noop" on a function: one that does nothing (a probe, not a
+    form to keep: the step without that function's launches - what removing them could
+    save at most; its outputs are wrong)."""
     target, _, value = spec.partition("=")
     mod_name, _, attr = target.partition(":")
     mod = importlib.import_module(mod_name)
     cur = getattr(mod, attr)
+    if value == "@noop" and callable(cur):
+        return mod, attr, lambda *a, **k: None
     if isinstance(cur, (bool, int)):
         return mod, attr, type(cur)(int(value))
     return mod, attr, float(value) if isinstance(cur, float) else value

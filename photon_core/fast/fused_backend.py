@@ -99,6 +99,12 @@ def auto_pdl_rows(program) -> int:
     return PDL_AUTO_ROWS if helped else 0
 
 
+# a pass's LayerNorm / RMSNorm kernel and the GEMV right after it that reads its output take
+# programmatic dependent launches where EngineOptions.pdl leaves the pass without them: the
+# norm triggers its dependents as it starts, so the GEMV's programs are launched and load
+# their first weight tile while it runs (ops/pdl.py). Moondream 2's step without its 25
+# LayerNorm launches would be ~70 us faster at every batch (session 38 call 3, a bound)
+NORM_PDL = True
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
@@ -159,6 +165,10 @@ class FusedBackend:
         self.fused_runs = 0               # hybrid runs of ops as one launch (hybrid_rows)
         self.beside_branches = 0          # gelu GEMVs on a second stream (parallel_branch)
         self.fork = None                  # its StreamFork (stream_fork)
+        # norms and the GEMVs right after them, launched with PDL at every pass (NORM_PDL)
+        self.norm_edges: set = set()
+        for ops in (p.ops, *(h.ops for _, h in p.heads)):
+            self._mark_norm_edges(ops)
         self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
@@ -166,9 +176,21 @@ class FusedBackend:
         self.head_width = {name: self.w[[op for op in h.ops if op.weights][-1].weights[0]
                                         + ".weight"].shape[0] for name, h in p.heads}
 
-    def pdl_at(self, b: int) -> bool:
-        """PDL launches for a pass over b rows (read when its graph is captured)."""
-        return self.pdl and (self.pdl_rows is None or b <= self.pdl_rows)
+    def pdl_at(self, b: int, op: Op | None = None) -> bool:
+        """PDL launches for a pass over b rows (read when its graph is captured); op: the op
+        launching, whose norm edge (NORM_PDL) takes them at any b."""
+        return (self.pdl and (self.pdl_rows is None or b <= self.pdl_rows)) or \
+            (op is not None and op in self.norm_edges)
+
+    def _mark_norm_edges(self, ops) -> None:
+        """NORM_PDL: each norm kernel (LayerNorm / RMSNorm, the `layer_norm` / `rms_norm`
+        launches) directly followed by a linear reading its output: both into norm_edges."""
+        if not NORM_PDL:
+            return
+        for a, c in zip(ops, ops[1:]):
+            if (a.kind == "norm" and a.norm in ("layer", "rms") and c.kind == "linear"
+                    and c.src and c.src[0] == a.dst[0]):
+                self.norm_edges.update((a, c))
 
     # -- lowering -------------------------------------------------------------------------
     def _view(self, seg: str, b: int) -> torch.Tensor:
@@ -337,9 +359,10 @@ class FusedBackend:
             if op.norm == "layer":
                 bias = bias.contiguous()
                 return lambda b, env: layer_norm(self._src(src, env, b), wt, bias,
-                                                 self._view(dst, b), eps, pdl=self.pdl_at(b))
+                                                 self._view(dst, b), eps,
+                                                 pdl=self.pdl_at(b, op))
             return lambda b, env: rms_norm(self._src(src, env, b), wt, self._view(dst, b), eps,
-                                           pdl=self.pdl_at(b))
+                                           pdl=self.pdl_at(b, op))
         if k == "linear":
             return self._lower_linear(op)
         if k == "attention":
@@ -418,7 +441,7 @@ class FusedBackend:
                                             gap=gap, epi=epi, src=src)
                 return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                            self.bufs[buf][:b, off:], epi, n_split=n_split,
-                                           gap=gap, pdl=self.pdl_at(b))
+                                           gap=gap, pdl=self.pdl_at(b, op))
         parts = []                              # one output at a time
         for d, (t, bb), act in zip(op.dst, ws, acts):
             buf, off, _ = self.program.segment(d)

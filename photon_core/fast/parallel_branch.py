@@ -121,7 +121,7 @@ def lower_beside(be, ops, i: int, joined):
                 f(b, env)
             return
         gemv(be._src(src, env, b), w_plain, b_plain, be.bufs[buf][:b, off:], EPI_STORE,
-             cfg=cfg(b), deterministic=be.deterministic, pdl=be.pdl_at(b))
+             cfg=cfg(b), deterministic=be.deterministic, pdl=be.pdl_at(b, op))
         with torch.cuda.stream(fork.fork()):        # fc1 on the side stream
             gelu(b, env)
         for f in between:                            # the attention chain here

@@ -116,3 +116,36 @@ def test_fused_step_with_pdl_gives_the_same_bits():
                     "first": st.first, "kv": st.kv.data, "x": st.fused.x})
     for f in res[0]:
         assert torch.equal(res[0][f], res[1][f]), f
+
+
+def test_norm_edges_take_pdl_launches_at_every_pass(monkeypatch):
+    """fused_backend.NORM_PDL: each LayerNorm directly followed by the GEMV that reads its
+    output (every layer's, the lm head's) is a norm edge, so both take PDL launches at any
+    row count where EngineOptions.pdl gives the pass none (Moondream 2); nothing else does,
+    and the steps keep their bits (the PDL code shapes, as above)."""
+    from photon_core.fast import decode_step as ds
+    from photon_core.fast import fused_backend as fb
+
+    res = []
+    for on in (False, True):
+        monkeypatch.setattr(fb, "NORM_PDL", on)
+        m, st = _state(False)
+        f = st.fused
+        ops = [*f.program.ops, *(op for _, h in f.program.heads for op in h.ops)]
+        norms = [op for op in ops if op.kind == "norm"]
+        if on:
+            layers = m.config.text.n_layers
+            assert len(norms) == layers + 1 and len(f.norm_edges) == 2 * len(norms)
+            nxt = {a: c for a, c in zip(ops, ops[1:])}
+            assert all(n in f.norm_edges and nxt[n] in f.norm_edges
+                       and nxt[n].kind == "linear" for n in norms)
+            assert all(f.pdl_at(16, op) is (op in f.norm_edges) for op in ops)
+        else:
+            assert f.norm_edges == set() and not any(f.pdl_at(1, op) for op in ops)
+        for _ in range(2):
+            for name in ("lm", "coord", "size"):
+                ds.head(name)(st, 4)
+            ds.forward(st, 4)
+        res.append({"hidden": st.hidden, "out": st.out, "x": st.fused.x, "kv": st.kv.data})
+    for k in res[0]:
+        assert torch.equal(res[0][k], res[1][k]), k
