@@ -99,11 +99,15 @@ def auto_pdl_rows(program) -> int:
     return PDL_AUTO_ROWS if helped else 0
 
 
-# a pass's LayerNorm / RMSNorm kernel and the GEMV right after it that reads its output take
+# a pass's LayerNorm kernel and the GEMV right after it that reads its output take
 # programmatic dependent launches where EngineOptions.pdl leaves the pass without them: the
 # norm triggers its dependents as it starts, so the GEMV's programs are launched and load
-# their first weight tile while it runs (ops/pdl.py). Moondream 2's step without its 25
-# LayerNorm launches would be ~70 us faster at every batch (session 38 call 3, a bound)
+# their first weight tile while it runs (ops/pdl.py). H200, Moondream 2's fused steps at
+# position 760 (bench/ab_switch.py, session 38 call 4, three rounds): b = 1 / 2 / 4 / 8
+# 0.9236 / 1.0117 / 1.1513 / 1.3095 vs 0.9468 / 1.0378 / 1.1740 / 1.3290 ms (1.03x / 1.03x /
+# 1.02x / 1.01x; without its 25 LayerNorm launches at all the step would be ~70 us faster,
+# call 3's bound). RMSNorm edges (Gemma 4's, measured 1.00x / 0.99x at b = 1 / 8 in the same
+# call) are left as EngineOptions.pdl has them
 NORM_PDL = True
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
@@ -183,12 +187,12 @@ class FusedBackend:
             (op is not None and op in self.norm_edges)
 
     def _mark_norm_edges(self, ops) -> None:
-        """NORM_PDL: each norm kernel (LayerNorm / RMSNorm, the `layer_norm` / `rms_norm`
-        launches) directly followed by a linear reading its output: both into norm_edges."""
+        """NORM_PDL: each LayerNorm (a `layer_norm` launch) directly followed by a linear
+        reading its output: both into norm_edges."""
         if not NORM_PDL:
             return
         for a, c in zip(ops, ops[1:]):
-            if (a.kind == "norm" and a.norm in ("layer", "rms") and c.kind == "linear"
+            if (a.kind == "norm" and a.norm == "layer" and c.kind == "linear"
                     and c.src and c.src[0] == a.dst[0]):
                 self.norm_edges.update((a, c))
 
