@@ -76,7 +76,6 @@ from ..ops.logit_softcap import logit_softcap_triton
 from ..ops.masked_argmax import masked_argmax
 from ..ops.per_layer_input import per_layer_input_tail
 from ..ops.rmsnorm_residual import rmsnorm_residual_triton
-from ..ops.rmsnorm_zero_centred import rmsnorm_zero_centred
 from ..ops.rope import rope_angles
 from ..ops.row_advance import row_advance
 from . import hybrid_rows, parallel_branch, state_ops, window_state_ops
@@ -110,10 +109,6 @@ def auto_pdl_rows(program) -> int:
 # call 3's bound). RMSNorm edges (Gemma 4's, measured 1.00x / 0.99x at b = 1 / 8 in the same
 # call) are left as EngineOptions.pdl has them
 NORM_PDL = True
-# a zero-centred RMSNorm of the residual x (Qwen 3.5's) directly followed by the linear that
-# reads it, its output read by nothing after: no norm launch, the linear's GEMV takes x and
-# the norm (gemv's norm prologue). Measured in bench/ab_switch.py (FOLD_NORM=0 the baseline)
-FOLD_NORM = True
 # _lower_ops' patterns (False: the A/B baselines of bench/ab_switch.py, op by op as before)
 NORM_CHAIN = True
 EPILOGUE_FUSION = True
@@ -178,8 +173,6 @@ class FusedBackend:
         self.norm_edges: set = set()
         for ops in (p.ops, *(h.ops for _, h in p.heads)):
             self._mark_norm_edges(ops)
-        # linear op -> (norm weight, eps) of the norm folded into its GEMV (FOLD_NORM)
-        self.folded: dict = {}
         self.lowered = self._lower_ops(p.ops)
         self.heads = {name: ([self._lower(op) for op in h.ops], h) for name, h in p.heads}
         # a head's logits: as many as its last projection's outputs (ops after it, e.g. a
@@ -192,17 +185,6 @@ class FusedBackend:
         launching, whose norm edge (NORM_PDL) takes them at any b."""
         return (self.pdl and (self.pdl_rows is None or b <= self.pdl_rows)) or \
             (op is not None and op in self.norm_edges)
-
-    def _gemv_x(self, op: Op, src: str, env: dict, b: int, torch_op: bool = False):
-        """The input rows of linear `op`'s GEMV: its source segment, or where its norm was
-        folded in (FOLD_NORM) the residual x (the GEMV's norm prologue; torch_op: a torch
-        linear instead, which gets the norm's output computed in torch)."""
-        f = self.folded.get(op)
-        if f is None:
-            return self._src(src, env, b)
-        if torch_op:
-            return rmsnorm_zero_centred(self.x[:b], f[0], f[1]).to(self.dtype)
-        return self.x[:b]
 
     def _mark_norm_edges(self, ops) -> None:
         """NORM_PDL: each LayerNorm (a `layer_norm` launch) directly followed by a linear
@@ -297,13 +279,6 @@ class FusedBackend:
                     self.chained_norms += 1
                     i += 1
                 continue
-            if (FOLD_NORM and op.kind == "norm" and op.norm == "rms_zc" and op.src == ("x",)
-                    and nxt is not None and nxt.kind == "linear" and nxt.src == op.dst
-                    and self.w[nxt.weights[0] + ".weight"].shape[1] % 16 == 0
-                    and not read_before_written(ops[i + 2:], op.dst[0])):
-                self.folded[nxt] = (self.w[op.weights[0] + ".weight"].contiguous(), op.eps)
-                i += 1              # no norm launch: the linear's GEMV makes it (_gemv_x)
-                continue
             f = self._lower_gated(op, nxt, ops[i + 2:]) if EPILOGUE_FUSION else None
             if f is not None:
                 out.append(f)
@@ -352,17 +327,16 @@ class FusedBackend:
             bias = None if ws[0][1] is None else interleave_gated(ws[0][1], ws[1][1])
             self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=0, gap=0,
                                         epi=EPI_GATED, src=src, act=act)
-            return lambda b, env: gemv(self._gemv_x(op, src, env, b), w, bias,
+            return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                        self.bufs[buf][:b, off:], EPI_GATED, act=act,
-                                       pdl=self.pdl_at(b), norm=self.folded.get(op))
+                                       pdl=self.pdl_at(b))
         w, bias = ws[0][0].contiguous(), ws[0][1]
         q = nxt.src[1]
         self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=0, gap=0,
                                     epi=EPI_ACT_MUL, src=src, act=act, mul=q)
-        return lambda b, env: gemv(self._gemv_x(op, src, env, b), w, bias,
-                                   self.bufs[buf][:b, off:], EPI_ACT_MUL, act=act,
-                                   mul=self._src(q, env, b), pdl=self.pdl_at(b),
-                                   norm=self.folded.get(op))
+        return lambda b, env: gemv(self._src(src, env, b), w, bias, self.bufs[buf][:b, off:],
+                                   EPI_ACT_MUL, act=act, mul=self._src(q, env, b),
+                                   pdl=self.pdl_at(b))
 
     def _lower(self, op: Op):
         k = op.kind
@@ -469,10 +443,9 @@ class FusedBackend:
                 epi = EPI_QKV_GELU if gelu_last else EPI_STORE
                 self.fused_gemvs[op] = dict(w=w, bias=bias, buf=buf, off=off, n_split=n_split,
                                             gap=gap, epi=epi, src=src)
-                return lambda b, env: gemv(self._gemv_x(op, src, env, b), w, bias,
+                return lambda b, env: gemv(self._src(src, env, b), w, bias,
                                            self.bufs[buf][:b, off:], epi, n_split=n_split,
-                                           gap=gap, pdl=self.pdl_at(b, op),
-                                           norm=self.folded.get(op))
+                                           gap=gap, pdl=self.pdl_at(b, op))
         parts = []                              # one output at a time
         for d, (t, bb), act in zip(op.dst, ws, acts):
             buf, off, _ = self.program.segment(d)
@@ -480,11 +453,11 @@ class FusedBackend:
             if act in (None, "gelu_tanh"):
                 epi = EPI_STORE if act is None else EPI_QKV_GELU
                 parts.append(lambda b, env, t=t, bb=bb, buf=buf, off=off, epi=epi: gemv(
-                    self._gemv_x(op, src, env, b), t, bb, self.bufs[buf][:b, off:], epi,
-                    pdl=self.pdl_at(b), norm=self.folded.get(op)))
+                    self._src(src, env, b), t, bb, self.bufs[buf][:b, off:], epi,
+                    pdl=self.pdl_at(b)))
             else:                               # no kernel epilogue: the torch op
                 parts.append(lambda b, env, t=t, bb=bb, d=d, act=ACTS[act]: self._view(
-                    d, b).copy_(act(F.linear(self._gemv_x(op, src, env, b, True), t, bb))))
+                    d, b).copy_(act(F.linear(self._src(src, env, b), t, bb))))
 
         def run(b, env):
             for f in parts:

@@ -27,12 +27,6 @@ Epilogues (EPI):
   act (ACT): ACT_GELU_TANH or ACT_SILU.
 x may be the fp32 residual stream: it is rounded to the weights' dtype as it is loaded, the
 same values as torch's x.to(w.dtype) before the call.
-Norm prologue (norm=(weight, eps): Qwen 3.5's zero-centred RMSNorm folded in, the norm's
-launch gone): x is the residual itself; each program streams x * (1 + weight) (fp32,
-rounded to the weights' dtype) against W, sums x * x over K on the way and scales its sums
-by 1 / sqrt(sum / K + eps) before the epilogue - the GEMV of rmsnorm_zero_centred(x), the
-scale applied after the products instead of before the rounding (close, not bitwise).
-Every program needs the whole row: no split-K.
 
 Torch references (the eager backend's ops, and what the kernel is diff-tested against):
 `linear`, `linear_gelu`, and `gemv_reference` (the kernel's contract, epilogues included).
@@ -111,15 +105,6 @@ def _weight_tile(w_ptr, w_rows, n0, k0, offs_k, n_ok, TMA: tl.constexpr):
         return tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
 
 
-@triton.jit
-def _norm_tile(x, nw_ptr, offs_k, ss):
-    """The norm prologue on one [rows, BLOCK_K] tile of the fp32 residual: (x * (1 + w),
-    ss + the rows' sums of x * x)."""
-    xf = x.to(tl.float32)
-    nw = tl.load(nw_ptr + offs_k).to(tl.float32)
-    return xf * (1.0 + nw)[None, :], ss + tl.sum(xf * xf, axis=1)
-
-
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                  mul_ptr, stride_mb,
@@ -127,11 +112,9 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
                  IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
-                 TMA: tl.constexpr = False, RELAXED: tl.constexpr = False,
-                 nw_ptr=None, eps=0.0, NORM: tl.constexpr = False):
+                 TMA: tl.constexpr = False, RELAXED: tl.constexpr = False):
     """TMA: w_ptr is a TensorDescriptor of W with [BLOCK_N, BLOCK_K] blocks (the weight tiles
-    come by bulk tensor copies, rows past N as zeros); else a pointer. NORM: the
-    zero-centred RMSNorm prologue (weight nw_ptr [K], eps; SPLIT_K 1)."""
+    come by bulk tensor copies, rows past N as zeros); else a pointer."""
     if not LATE:
         pdl_launch_dependents(GDC)
     pid_n = tl.program_id(0)
@@ -150,15 +133,12 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     else:
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_B], dtype=tl.float32)         # (NORM: the rows' sums of squares)
     k_first = k_start
     if PDL:     # the first weight tile is loaded before waiting for the previous kernel
         offs_k = k_start + tl.arange(0, BLOCK_K)
         w = _weight_tile(w_ptr, w_rows, pid_n * BLOCK_N, k_start, offs_k, n_ok, TMA)
         pdl_wait(GDC)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
-        if NORM:
-            x, ss = _norm_tile(x, nw_ptr, offs_k, ss)
         if DOT:
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
@@ -171,8 +151,6 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         offs_k = kk + tl.arange(0, BLOCK_K)
         w = _weight_tile(w_ptr, w_rows, pid_n * BLOCK_N, kk, offs_k, n_ok, TMA)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
-        if NORM:
-            x, ss = _norm_tile(x, nw_ptr, offs_k, ss)
         if DOT:
             if IEEE:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
@@ -184,8 +162,6 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         pdl_launch_dependents(GDC)
     if not DOT:
         acc = tl.sum(acc2, axis=1)[None, :]
-    if NORM:
-        acc = acc * (1.0 / tl.sqrt(ss / K + eps))[:, None]
     mask = b_ok[:, None] & n_ok[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
@@ -343,8 +319,8 @@ def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvC
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
          epi: int = EPI_STORE, n_split: int = 0, gap: int = 0,
          cfg: GemvConfig | None = None, deterministic: bool = False,
-         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None,
-         norm: tuple | None = None) -> torch.Tensor:
+         pdl: bool = False, act: str = "gelu_tanh", mul: torch.Tensor | None = None
+         ) -> torch.Tensor:
     """x [b, K] (row stride free, unit column stride; may be fp32 with bf16 / fp16 weights:
     rounded as it is loaded), w [N, K] contiguous, y [b, *] with unit column stride (fp32
     for EPI_RESIDUAL; N / 2 columns for EPI_GATED).
@@ -352,9 +328,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     pdl: programmatic dependent launch (ops/pdl.py): the first weight tile loads while the
     previous kernel finishes.
     act: EPI_GATED / EPI_ACT_MUL's activation ("gelu_tanh" | "silu"); mul [b, N]: EPI_ACT_MUL's
-    multiplier (unit column stride).
-    norm: (weight [K], eps) - the GEMV of rmsnorm_zero_centred(x) (the norm prologue above;
-    x the fp32 residual, no split-K)."""
+    multiplier (unit column stride)."""
     b, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and w.is_contiguous() and x.stride(1) == 1 and y.stride(1) == 1
@@ -366,8 +340,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     mul = mul if mul is not None else y
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
-    if norm is not None:
-        assert cfg.split_k == 1 and norm[0].shape == (k,) and norm[0].is_contiguous()
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
@@ -380,9 +352,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
                        num_stages=cfg.num_stages,
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
                        LATE=gdc and _pdl.LATE_TRIGGER, TMA=tma is not None,
-                       RELAXED=RELAXED_ATOMICS, nw_ptr=None if norm is None else norm[0],
-                       eps=0.0 if norm is None else float(norm[1]), NORM=norm is not None,
-                       **launch_kw)
+                       RELAXED=RELAXED_ATOMICS, **launch_kw)
     return y
 
 
@@ -428,13 +398,9 @@ def interleave_gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def gemv_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                    y: torch.Tensor, epi: int = EPI_STORE, n_split: int = 0,
                    gap: int = 0, act: str = "gelu_tanh",
-                   mul: torch.Tensor | None = None, norm: tuple | None = None) -> torch.Tensor:
-    """What gemv() writes into y, in torch (the kernel's test oracle); with norm, of the
-    norm's output (rmsnorm_zero_centred, as the norm kernel before a GEMV)."""
+                   mul: torch.Tensor | None = None) -> torch.Tensor:
+    """What gemv() writes into y, in torch (the kernel's test oracle)."""
     dt = y.dtype
-    if norm is not None:
-        from .rmsnorm_zero_centred import rmsnorm_zero_centred
-        x = rmsnorm_zero_centred(x.float(), norm[0], norm[1])
     acc = F.linear(x.to(w.dtype).float(), w.float(), None if bias is None else bias.float())
     if epi in (EPI_GATED, EPI_ACT_MUL):
         t = acc.to(dt).float()

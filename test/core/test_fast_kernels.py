@@ -77,37 +77,6 @@ def test_gemv_epilogues(b, cfg):
 
 @pytest.mark.parametrize("b", [1, 3])
 @pytest.mark.parametrize("cfg", CFGS, ids=str)
-@pytest.mark.parametrize("pdl", [False, True])
-def test_gemv_norm_prologue_is_the_norm_then_the_gemv(b, cfg, pdl):
-    """norm=(weight, eps): the GEMV of rmsnorm_zero_centred(x) from the fp32 residual x, with
-    no norm launch - the norm's output then the GEMV (gemv_reference with norm, every
-    epilogue that takes no split-K; the rows' scales differ, so a prologue summing one row's
-    squares for another, or over part of K, would not be close), the PDL code shape too."""
-    from photon_core.ops.rmsnorm_zero_centred import rmsnorm_zero_centred
-    g = torch.Generator().manual_seed(9)
-    n, k = 40, 128
-    x = torch.randn(b, k, generator=g) * torch.tensor([1.0, 30.0, 0.1])[:b, None]
-    w = torch.randn(n, k, generator=g) / 8
-    bias = torch.randn(n, generator=g)
-    nw = torch.randn(k, generator=g) / 4
-    for epi in (G.EPI_STORE, G.EPI_QKV_GELU, G.EPI_GATED):
-        if not cfg.fits(b, n, k, epi) or cfg.split_k > 1:
-            continue
-        y0 = torch.randn(b, n + 5, generator=g)
-        y1, y2 = y0.clone(), y0.clone()
-        G.gemv(x, w, bias, y0, epi, n_split=24, gap=5, cfg=cfg, pdl=pdl, norm=(nw, 1e-6))
-        G.gemv_reference(x, w, bias, y1, epi, n_split=24, gap=5, norm=(nw, 1e-6))
-        G.gemv(rmsnorm_zero_centred(x, nw, 1e-6), w, bias, y2, epi, n_split=24, gap=5,
-               cfg=cfg)
-        _close(y0, y1)
-        _close(y0, y2)
-    with pytest.raises(AssertionError):         # every program needs the whole row
-        G.gemv(x, w, None, torch.zeros(b, n), G.EPI_RESIDUAL,
-               cfg=G.GemvConfig(16, 32, 2, 4, 2, True), norm=(nw, 1e-6))
-
-
-@pytest.mark.parametrize("b", [1, 3])
-@pytest.mark.parametrize("cfg", CFGS, ids=str)
 def test_gemv_weights_by_tma_give_the_pointer_loads_bits(monkeypatch, b, cfg):
     """The weight tiles through a TensorDescriptor (gemv.TMA "on"; N = 40 is not a multiple
     of the tiles: the copy's zero rows stand for the masked loads) give the same bits as the

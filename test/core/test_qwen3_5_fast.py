@@ -142,27 +142,6 @@ def test_fused_delta_net_runs_as_one_launch(model, monkeypatch):
         torch.testing.assert_close(s1[key], s0[key], atol=1e-5, rtol=1e-5)
 
 
-def test_folded_norms_drop_their_launches(model, monkeypatch):
-    """fused_backend.FOLD_NORM: each layer's two zero-centred RMSNorms run inside the GEMV
-    that reads them (gemv's norm prologue on the fp32 residual): two launches fewer per
-    layer, the decoder pass and the row states within fp32 rounding of the norm kernels'."""
-    from photon_core.fast import fused_backend as fb
-    _fused_ok("on")
-    outs = []
-    for on in (True, False):
-        monkeypatch.setattr(fb, "FOLD_NORM", on)
-        x, bufs, f = fused_pass(model, KV, monkeypatch, {})
-        outs.append((x, f, {k: v.clone() for k, v in f.kv.states.items()}))
-    (x1, f1, s1), (x0, f0, s0) = outs
-    n = model.config.text.num_hidden_layers
-    assert (len(f1.folded), len(f0.folded)) == (2 * n, 0)
-    assert len(f0.lowered) - len(f1.lowered) == 2 * n
-    assert not torch.equal(x1, x0)          # (the scale after the products: other roundings)
-    torch.testing.assert_close(x1, x0, atol=1e-5, rtol=1e-5)
-    for key in s1:
-        torch.testing.assert_close(s1[key], s0[key], atol=1e-5, rtol=1e-5)
-
-
 def test_fused_pass_with_pdl_gives_the_same_bits(model, monkeypatch):
     """EngineOptions.pdl: the GEMVs' PDL code shape (first weight tile before the wait) and
     the rows kernels' pdl arguments (the norm, fused DeltaNet, attention kernels) change no
