@@ -8,7 +8,8 @@ as baselines. The fma form (one row) is swept at b = 1 (split-K fma for the resi
 too).
 
 Usage: PYTHONPATH=. python3 bench/sweep_gemv.py [--batches 1,8] [--shapes all|decode|heads]
-           [--configs BN:BK:SPLIT:WARPS:STAGES:f|d,...]   (only these, with TABLE's and pick's)
+           [--configs BN:BK:SPLIT:WARPS:STAGES:f|d[:pP],...]   (only these, with TABLE's and
+           pick's; pP: P persistent programs per SM, GemvConfig.persist)
            [--show 6]
 (prints the best configs per shape/batch)
 """
@@ -116,16 +117,18 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--shapes", default="heads", choices=("heads", "decode", "all"))
     ap.add_argument("--configs", default="",
-                    help="BN:BK:SPLIT:WARPS:STAGES:f|d,... (f: FMA, d: tensor-core dot): "
-                         "sweep only these")
+                    help="BN:BK:SPLIT:WARPS:STAGES:f|d[:pP],... (f: FMA, d: tensor-core "
+                         "dot; pP: P persistent programs per SM): sweep only these")
     ap.add_argument("--show", type=int, default=6)
     args = ap.parse_args()
     only = None
     if args.configs:
         only = []
         for spec in args.configs.split(","):
-            *nums, form = spec.split(":")
-            only.append(C(*(int(v) for v in nums), form == "d"))
+            parts = spec.split(":")
+            persist = int(parts.pop()[1:]) if parts[-1].startswith("p") else 0
+            *nums, form = parts
+            only.append(C(*(int(v) for v in nums), form == "d", persist))
     shapes = {**(DECODE if args.shapes in ("decode", "all") else {}),
               **({k: v for k, v in SHAPES.items() if args.shapes != "decode"
                   or k == "proj|fc2 +res"})}

@@ -80,6 +80,7 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = True
+    persist: int = 0        # > 0: that many programs per SM loop over the tiles (PERSIST)
 
     def fits(self, b: int, n: int, k: int, epi: int) -> bool:
         if k % (self.block_k * self.split_k):
@@ -112,13 +113,40 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
                  IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
-                 TMA: tl.constexpr = False, RELAXED: tl.constexpr = False):
+                 TMA: tl.constexpr = False, RELAXED: tl.constexpr = False,
+                 PERSIST: tl.constexpr = False):
     """TMA: w_ptr is a TensorDescriptor of W with [BLOCK_N, BLOCK_K] blocks (the weight tiles
-    come by bulk tensor copies, rows past N as zeros); else a pointer."""
+    come by bulk tensor copies, rows past N as zeros); else a pointer.
+    PERSIST: the grid is a few programs per SM, each taking the (row tile, K split) work
+    items pid, pid + grid, ... in one flattened, pipelined loop (no ramp per tile, every SM
+    the same share); else one work item per program (grid (row tiles, K splits))."""
     if not LATE:
         pdl_launch_dependents(GDC)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    if PERSIST:
+        pdl_wait(GDC)
+        n_work = tl.cdiv(N, BLOCK_N) * SPLIT_K
+        for item in tl.range(tl.program_id(0), n_work, tl.num_programs(0), flatten=True):
+            _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split,
+                       gap, mul_ptr, stride_mb, item // SPLIT_K, item % SPLIT_K, EPI,
+                       HAS_BIAS, SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, GDC, IEEE,
+                       ACT, False, TMA, RELAXED)
+    else:
+        _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
+                   mul_ptr, stride_mb, tl.program_id(0), tl.program_id(1), EPI, HAS_BIAS,
+                   SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, PDL, GDC, IEEE, ACT, LATE, TMA,
+                   RELAXED)
+
+
+@triton.jit
+def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
+               mul_ptr, stride_mb, pid_n, pid_k,
+               EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+               BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               DOT: tl.constexpr, PDL: tl.constexpr, GDC: tl.constexpr, IEEE: tl.constexpr,
+               ACT: tl.constexpr, LATE: tl.constexpr, TMA: tl.constexpr,
+               RELAXED: tl.constexpr):
+    """Work item (pid_n, pid_k): rows pid_n * BLOCK_N.. over K split pid_k, and the
+    epilogue."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_b = tl.arange(0, BLOCK_B)
     n_ok = offs_n < N
@@ -166,7 +194,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         if EPI == 2:
-            bias = bias * (pid_k == 0).to(tl.float32)
+            bias = tl.where(pid_k == 0, bias, 0.0)
         acc += bias[None, :]
     if EPI == 2:
         ptrs = y_ptr + offs_b[:, None] * stride_yb + offs_n[None, :]
@@ -298,10 +326,24 @@ def _rule(b: int, n: int, k: int, epi: int, deterministic: bool) -> GemvConfig |
     return GemvConfig(32, 128, 1, 4, 4, True) if k % 128 == 0 else None
 
 
+# persistent programs (GemvConfig.persist) for the decode step's GEMVs, keyed as TABLE;
+# PERSIST switches them on (not in deterministic mode: its tiles are fixed above)
+PERSIST = False
+PERSIST_TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {
+    (14336, 2048, EPI_QKV_GELU, False): GemvConfig(16, 256, 1, 4, 3, True, 2),
+    (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 256, 4, 4, 3, True, 2),
+    (51200, 2048, EPI_STORE, False): GemvConfig(32, 256, 1, 4, 3, True, 2),
+    (14336, 2048, EPI_QKV_GELU, True): GemvConfig(8, 1024, 1, 4, 3, False, 2),
+    (2048, 10240, EPI_RESIDUAL, True): GemvConfig(2, 1024, 1, 4, 3, False, 2),
+}
+
+
 def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvConfig:
     table = TABLE_DETERMINISTIC if deterministic else TABLE
     cfg = table.get((n, k, epi, b == 1)) or (TABLE.get((n, k, epi, b == 1))
                                              if deterministic else None)
+    if PERSIST and not deterministic:
+        cfg = PERSIST_TABLE.get((n, k, epi, b == 1), cfg)
     if cfg is None and PICK_RULES:
         cfg = _rule(b, n, k, epi, deterministic)
     if cfg is not None and cfg.fits(b, n, k, epi) and not (deterministic and cfg.split_k > 1):
@@ -342,6 +384,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if cfg.persist:
+        grid = (min(grid[0] * grid[1], cfg.persist * _sm_count(w.device)),)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     tma = tma_weights(w, cfg)
     _gemv_kernel[grid](x, tma or w, bias if bias is not None else w, y, b, n, k,
@@ -352,8 +396,23 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
                        num_stages=cfg.num_stages,
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
                        LATE=gdc and _pdl.LATE_TRIGGER, TMA=tma is not None,
-                       RELAXED=RELAXED_ATOMICS, **launch_kw)
+                       RELAXED=RELAXED_ATOMICS, PERSIST=cfg.persist > 0, **launch_kw)
     return y
+
+
+_SM_COUNTS: dict = {}
+# streaming multiprocessors of a device for PERSIST grids; on the CPU (the interpreter) a
+# small number, so the tests run programs that loop over several work items
+INTERPRETER_SMS = 3
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNTS:
+        _SM_COUNTS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNTS[key]
 
 
 def tma_weights(w: torch.Tensor, cfg: GemvConfig):

@@ -32,7 +32,11 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
                                 reason="interpreter tests")
 
 CFGS = [G.GemvConfig(16, 32, 1, 4, 1, True), G.GemvConfig(32, 64, 2, 4, 1, True),
-        G.GemvConfig(8, 64, 1, 4, 1, False), G.GemvConfig(16, 32, 4, 4, 1, False)]
+        G.GemvConfig(8, 64, 1, 4, 1, False), G.GemvConfig(16, 32, 4, 4, 1, False),
+        # persistent programs (gemv.INTERPRETER_SMS = 3 on the CPU: 3 programs, each
+        # looping over 2 of the 3 x 2 (row tile, K split) items / 1-2 of the 5 row tiles)
+        G.GemvConfig(16, 32, 2, 4, 1, True, persist=1), G.GemvConfig(8, 64, 1, 4, 2, False,
+                                                                    persist=1)]
 
 
 def _close(a, b, tol=1e-4):
@@ -73,6 +77,28 @@ def test_gemv_epilogues(b, cfg):
             G.gemv(x, w, bias, y0, epi, n_split=24, gap=5, cfg=cfg)
             G.gemv_reference(x, w, bias, y1, epi, n_split=24, gap=5)
             _close(y0, y1)
+
+
+@pytest.mark.parametrize("b", [1, 3])
+@pytest.mark.parametrize("dot", [True, False])
+def test_gemv_persistent_programs_give_the_grid_bits(b, dot):
+    """PERSIST: the same tiles' sums, only which program runs them changes, so the output is
+    the one-program-per-tile grid's bitwise (K unsplit: no atomics)."""
+    if not dot and b != 1:
+        return
+    g = torch.Generator().manual_seed(3)
+    n, k = 72, 256
+    x = torch.randn(b, k, generator=g)
+    w = torch.randn(n, k, generator=g) / 8
+    bias = torch.randn(n, generator=g)
+    grid_cfg = G.GemvConfig(16 if dot else 8, 64, 1, 4, 2, dot)
+    for epi in (G.EPI_STORE, G.EPI_QKV_GELU, G.EPI_RESIDUAL):
+        outs = []
+        for cfg in (grid_cfg, G.GemvConfig(16 if dot else 8, 64, 1, 4, 2, dot, persist=1)):
+            y = torch.zeros(b, n + 3) if epi != G.EPI_RESIDUAL else torch.ones(b, n)
+            G.gemv(x, w, bias, y, epi, n_split=40, gap=3, cfg=cfg)
+            outs.append(y)
+        assert torch.equal(outs[0], outs[1]), epi
 
 
 @pytest.mark.parametrize("b", [1, 3])
