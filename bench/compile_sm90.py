@@ -151,13 +151,38 @@ def gemma4_encode_launches(dtype=torch.bfloat16):
     return launches
 
 
+def gemv_persist_launches(dtype=torch.bfloat16):
+    """Every gemv.PERSIST_TABLE config at its shape (persistent GEMV programs), at 1 or 8
+    rows, plain and as a PDL launch (griddepcontrol + the first item's L2 prefetch: forced
+    on here, where no CUDA device says it may be)."""
+    from photon_core.ops import gemv as G
+    from photon_core.ops import pdl
+    from photon_core.ops.launch_resources import record_launches
+
+    def e(*shape, dt=dtype):
+        return torch.empty(*shape, dtype=dt)
+    avail = pdl.gdc_available
+    pdl.gdc_available = lambda t: pdl.HAVE_GDC
+    try:
+        with torch.inference_mode(), record_launches() as launches:
+            for (n, k, epi, one), cfg in G.PERSIST_TABLE.items():
+                b = 1 if one else 8
+                y = e(b, n, dt=torch.float32) if epi == G.EPI_RESIDUAL else e(b, n)
+                for flag in (False, True):
+                    G.gemv(e(b, k), e(n, k), e(n), y, epi, n_split=n // 2, cfg=cfg, pdl=flag)
+    finally:
+        pdl.gdc_available = avail
+    return launches
+
+
 def check(what: str, dtype: torch.dtype, **kw) -> list:
     """Compile the launches of `what` ("gemma4" / "gemma4_encode" / "qwen3_5" /
-    "moondream_encode")."""
+    "moondream_encode" / "gemv_persist")."""
     from photon_core.ops.launch_resources import compile_launches
     launches = (fused_launches(dtype, **kw) if what == "gemma4" else
                 gemma4_encode_launches(dtype) if what == "gemma4_encode" else
                 moondream_encode_launches(dtype) if what == "moondream_encode" else
+                gemv_persist_launches(dtype) if what == "gemv_persist" else
                 qwen3_5_launches(dtype))
     return compile_launches(launches)
 

@@ -8,13 +8,14 @@ weights (bench_qwen3_5.build / bench_gemma4.build, as their fast-path benches bu
 a FastEngine, gemv.pick wrapped while one eager lm + forward runs at batch 1 and at batch 8.
 
 Usage (H200): PYTHONPATH=. python3 bench/sweep_gemv_family.py [--families qwen3.5-0.8b,gemma4-e2b]
-                  [--batches 1,8] [--deterministic]
+                  [--batches 1,8] [--deterministic] [--persist 2]
 Writes $OUT/sweep_gemv_family.json when OUT is set.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench.bench_decode import copy_bandwidth  # noqa: E402
-from bench.sweep_gemv import sweep_shape  # noqa: E402
+from bench.sweep_gemv import DOT, FMA, sweep_shape  # noqa: E402
 from photon_core.ops import gemv as G  # noqa: E402
 
 C = G.GemvConfig
@@ -91,6 +92,9 @@ def main():
     ap.add_argument("--families", default="qwen3.5-0.8b,gemma4-e2b")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--persist", type=int, default=0,
+                    help="also every candidate as P persistent programs per SM "
+                         "(GemvConfig.persist)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     bw = copy_bandwidth()
@@ -104,7 +108,11 @@ def main():
         shapes = sorted({s for c in seen.values() for s in c})
         for n, k, epi in shapes:
             bs = [b for b in batches if (n, k, epi) in seen.get(b, {})]
-            sweep_shape(res, f"{fam} {n}x{k}", n, k, epi, bs, bw, extra=EXTRA,
+            extra = EXTRA
+            if args.persist:
+                extra = EXTRA + [dataclasses.replace(c, persist=args.persist)
+                                 for c in EXTRA + DOT + FMA]
+            sweep_shape(res, f"{fam} {n}x{k}", n, k, epi, bs, bw, extra=extra,
                         deterministic=args.deterministic, show=4)
         summary = {}
         for b in batches:

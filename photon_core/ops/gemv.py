@@ -123,6 +123,8 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
     if not LATE:
         pdl_launch_dependents(GDC)
     if PERSIST:
+        if GDC and not TMA:     # PDL: the first item's leading weights head for L2 meanwhile
+            _l2_prefetch_item(w_ptr, N, K, tl.program_id(0), SPLIT_K, BLOCK_N, BLOCK_K)
         pdl_wait(GDC)
         n_work = tl.cdiv(N, BLOCK_N) * SPLIT_K
         for item in tl.range(tl.program_id(0), n_work, tl.num_programs(0), flatten=True):
@@ -130,11 +132,29 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
                        gap, mul_ptr, stride_mb, item // SPLIT_K, item % SPLIT_K, EPI,
                        HAS_BIAS, SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, GDC, IEEE,
                        ACT, False, TMA, RELAXED)
+        if LATE:
+            pdl_launch_dependents(GDC)
     else:
         _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                    mul_ptr, stride_mb, tl.program_id(0), tl.program_id(1), EPI, HAS_BIAS,
                    SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, PDL, GDC, IEEE, ACT, LATE, TMA,
                    RELAXED)
+
+
+@triton.jit
+def _l2_prefetch_item(w_ptr, N, K, item, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """The first two K tiles of work item `item`'s weight rows into L2 (one bulk prefetch
+    per row, cp.async.bulk.prefetch.L2, sm_90: a hint, no result): what a PERSIST program
+    can start before pdl_wait (the grid form loads its first tile into registers instead)."""
+    k_len = K // SPLIT_K
+    rows = tl.minimum((item // SPLIT_K) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+    start = w_ptr + rows.to(tl.int64) * K + (item % SPLIT_K) * k_len
+    nbytes = tl.minimum(k_len, 2 * BLOCK_K) * w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    tl.inline_asm_elementwise(
+        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+        [start.to(tl.int64, bitcast=True), (rows * 0 + nbytes).to(tl.int32)],
+        dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -652,6 +652,19 @@ def test_deterministic_gemv_pick_never_splits_k():
     assert G.pick(1, 2048, 10240, G.EPI_RESIDUAL).split_k > 1
 
 
+def test_persist_switch_picks_the_persistent_table_outside_deterministic_mode(monkeypatch):
+    """gemv.PERSIST on: pick takes PERSIST_TABLE's config where it has one (its key is
+    TABLE's: (n, k, epi, one row)), never in deterministic mode; off: TABLE's as before."""
+    key = (2048, 10240, G.EPI_RESIDUAL, False)
+    monkeypatch.setattr(G, "PERSIST", False)
+    assert G.pick(8, 2048, 10240, G.EPI_RESIDUAL) == G.TABLE[key]
+    monkeypatch.setattr(G, "PERSIST", True)
+    assert G.pick(8, 2048, 10240, G.EPI_RESIDUAL) == G.PERSIST_TABLE[key]
+    assert G.PERSIST_TABLE[key].persist > 0
+    assert G.pick(8, 2048, 10240, G.EPI_RESIDUAL, deterministic=True).persist == 0
+    assert G.pick(8, 4096, 1024, G.EPI_STORE).persist == 0         # a shape it has not
+
+
 def test_fast_engine_deterministic_flag_reaches_the_fused_gemvs(monkeypatch):
     """FastEngine(deterministic=True) with the fused step: every GEMV call of a detect run
     (decoder, prompt prefill) is made with deterministic=True, and the outputs still equal

@@ -99,6 +99,19 @@ def test_moondream_encode_kernels_fit_sm90():
     assert not bad, _report(bad)
 
 
+def test_persistent_gemv_configs_compile_for_sm90():
+    """gemv.PERSIST_TABLE's persistent GEMVs (a flattened tile loop, tl.range(flatten=True),
+    and with PDL the first item's bulk L2 prefetch in inline PTX - neither runs in the
+    interpreter) compile for sm_90 and fit, without spills, plain and as PDL launches."""
+    rows = _compile("--what", "gemv_persist", "--dtype", "bf16")
+    from photon_core.ops import gemv as G
+    assert {r["kernel"] for r in rows} == {"_gemv_kernel"}
+    assert len(rows) == 2 * len(G.PERSIST_TABLE), _report(rows)
+    assert all("PERSIST=True" in r["launch"] for r in rows), _report(rows)
+    bad = [r for r in rows if not r["fits"] or r["spill"]]
+    assert not bad, _report(bad)
+
+
 @pytest.mark.parametrize("family", ["qwen3.5", "gemma4"])
 def test_hybrid_megakernel_compiles_for_sm90_without_spills(family):
     """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's / Gemma 4 E2B's
