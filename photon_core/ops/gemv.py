@@ -8,7 +8,11 @@ same 0.022). bf16 / fp16 weights are unaffected. Each program owns BLOCK_N outpu
 rows and streams its K range (K / SPLIT_K) in [BLOCK_N, BLOCK_K] tiles; the activations are
 tiny and stay in L2. Two inner-product forms: `dot` (tl.dot on [16, BLOCK_K] x [BLOCK_K,
 BLOCK_N], tensor cores, any b <= 16) and `fma` (b == 1: elementwise multiply into a
-[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end).
+[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end). Two grid forms: one program
+per (row tile, K split), or (GemvConfig.persist = P) P programs per SM, each looping over the
+work items pid, pid + grid, ... in one flattened, software-pipelined loop (the same sums
+per tile; `PERSIST` / `PERSIST_TABLE` pick it for the decode step's shapes, off until
+measured).
 
 Epilogues (EPI):
   EPI_STORE    y = (acc + bias) in y's dtype
