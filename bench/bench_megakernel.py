@@ -52,7 +52,7 @@ LINES: list[str] = []
 # wait (pf) and of the next instruction (pfn), fewer warps
 VARIANTS1 = ",".join((
     "pipe_fma@16x512/w8/s4/pf32/pfn64", "pipe_fma@16x512/w8/s4/pf32/pfn64/greedy",
-    "pipe_fma@16x512/w8/s4/pf32/pfn64/kv2", "pipe_same/w4/s4/pf32/pfn64",
+    "pipe_same/w4/s4/pf32/pfn64",
     "fma/w8/s3/u4", "pipe@16x512/w4/s4/pf32/pfn64"))
 VARIANTS8 = ",".join((
     "pipe@16x512/w4/s4/pf32/pfn64", "pipe@16x512/w4/s4/pf32/pfn64/greedy",

@@ -79,9 +79,10 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     # the lm op's instructions on the H200's 264 programs (compiler.split_ops' cut)
     blocks = math.ceil(sh["V"] / cfg[OP_GEMV_LM].block_n)
     lm_parts = math.ceil(blocks / blocks_per_tile(blocks, 264))
-    kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv),
-                    v.pf, v.pfn, v.warps, v.sleep, v.kv2, v.pre, trace, v.split, v.rpf,
-                    v.early, v.poll1, v.apipe, v.parg, lm_parts, v.dyn)
+    kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), pf=v.pf, pfn=v.pfn,
+                    num_warps=v.warps, sleep=v.sleep, pre=v.pre, trace=trace,
+                    split_w2=v.split, rpf=v.rpf, early=v.early, poll1=v.poll1,
+                    apipe=v.apipe, parg=v.parg, lm_parts=lm_parts, dyn=v.dyn)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}

@@ -690,7 +690,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
              PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
-             SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr, npf,
+             SLEEP: tl.constexpr, ACQ: tl.constexpr, npf,
              RPF: tl.constexpr, APIPE: tl.constexpr, DYN: tl.constexpr = False):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
@@ -698,10 +698,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
     cached keys / values are loaded before waiting for q/k/v (the cache below the row's
     position does not change during a step; the position changes only in the step's
     advance, after every attention). The last of the n_sub instructions of this (row, head)
-    to finish merges the splits into out (decode_attention._merge). KV2: the second split's
-    keys / values and the rotary cos / sin (they depend on the position only) are loaded
-    before the wait too (b=1 instructions hold 2 splits: no load latency between them, one
-    round trip less after the wait; the same sums). APIPE: all the instruction's splits as
+    to finish merges the splits into out (decode_attention._merge). APIPE: all the instruction's splits as
     one software-pipelined loop whose first iteration waits (and makes q / the new k, v):
     Triton's prologue issues the first STAGES - 1 splits' k/v (cp.async into shared memory)
     before the poll, and the later ones stream while earlier splits are summed - the same
@@ -757,7 +754,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
             _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
                          acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
                          wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES,
-                         SLEEP, KV2, ACQ)
+                         SLEEP, ACQ)
     tl.debug_barrier()
     done = n_sub - 1
     if n_sub > 1:     # release our partials, acquire the others'
@@ -776,34 +773,19 @@ def _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_pt
                  B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                  HD: tl.constexpr, HALF: tl.constexpr, CHUNK: tl.constexpr,
                  NSPLIT: tl.constexpr, S_POS: tl.constexpr, STAGES: tl.constexpr,
-                 SLEEP: tl.constexpr, KV2: tl.constexpr, ACQ: tl.constexpr):
+                 SLEEP: tl.constexpr, ACQ: tl.constexpr):
     """_attn_op's splits [s0, s1) one after another (its form without APIPE): the first
-    split's keys / values (KV2: the second's too) loaded before the wait, q / the new k, v
-    after it, each split's partials into the scratch."""
+    split's keys / values loaded before the wait, q / the new k, v after it, each split's
+    partials into the scratch."""
     kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, s0, pw, d, CHUNK, S_POS)
-    if KV2:      # (masked off where the instruction has one split)
-        j2 = (s0 + 1) * CHUNK + tl.arange(0, CHUNK)
-        ok2 = (j2 < pw) & (j2 < s1 * CHUNK)
-        kt2 = tl.load(kc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
-                      mask=ok2[:, None], other=0.0, cache_modifier=".cg")
-        vt2 = tl.load(vc_ptr + cache_off + j2[:, None] * S_POS + d[None, :],
-                      mask=ok2[:, None], other=0.0, cache_modifier=".cg")
-        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
     _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
-    if not KV2:
-        src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
+    src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
     q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h, kvh,
                                         pw, s0, s1, d, src_c, src_s, c, s, scale, SU, NH,
                                         NKV, HD, CHUNK, S_POS)
     _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr,
                 row, h, NH, HD, CHUNK, NSPLIT)
-    s_loop = s0 + 1
-    if KV2:
-        if s0 + 1 < s1:
-            _attn_split(kt2, vt2, q, k_new, v_new, sc_new, s0 + 1, pw, scale, m_ptr,
-                        l_ptr, acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
-        s_loop = s0 + 2
-    for sp in tl.range(s_loop, s1, num_stages=STAGES if B > 1 else 1):
+    for sp in tl.range(s0 + 1, s1, num_stages=STAGES if B > 1 else 1):
         kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK, S_POS)
         _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
                     acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
@@ -928,7 +910,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
                PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
-               KV2: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
+               ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
                EARLY: tl.constexpr = False, APIPE: tl.constexpr = False,
@@ -999,7 +981,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, S_ROW, S_HEAD,
-                         S_POS, PF, NT, STAGES, SLEEP, KV2, ACQ, npf, RPF, APIPE, DYN)
+                         S_POS, PF, NT, STAGES, SLEEP, ACQ, npf, RPF, APIPE, DYN)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
             _l1_prefetch_record(npf, RPF)
@@ -1040,7 +1022,7 @@ UNROLL = 4
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
-               sleep: int = 0, kv2: bool = False, pre: bool = False,
+               sleep: int = 0, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
                early: bool = False, poll1: bool = False, apipe: bool = False,
                parg: bool = False, lm_parts: int = 0, dyn: bool = False) -> dict:
@@ -1072,7 +1054,6 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["PFN"] = 0 if interpreted() or not aligned else int(pfn)
     kw["NT"] = 32 * num_warps
     kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
-    kw["KV2"] = bool(kv2)       # attention: the second split's k/v loaded before the wait
     # acquire-load polls (2: by one thread, poll1), record prefetch (inline PTX)
     kw["ACQ"] = 0 if interpreted() else (2 if poll1 else 1)
     kw["PRE"] = bool(pre) and bool(pipe)
@@ -1096,7 +1077,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
 
 
 def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
-                num_warps: int = 8, align: bool = True, sleep: int = 0, kv2: bool = False,
+                num_warps: int = 8, align: bool = True, sleep: int = 0,
                 pre: bool = False, trace=None, split: bool = False,
                 skip=None, rpf: bool = False, early: bool = False,
                 poll1: bool = False, apipe: bool = False,
@@ -1114,7 +1095,7 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                    getattr(low, "pipe", False), pf, pfn, num_warps, sleep, kv2,
+                    getattr(low, "pipe", False), pf, pfn, num_warps, sleep,
                     pre, trace is not None, split, rpf, early, poll1, apipe, parg,
                     c.n_picks, c.dyn)
     if skip is not None:
@@ -1131,14 +1112,14 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
-           sleep: int = 0, kv2: bool = False, pre: bool = False, trace=None,
+           sleep: int = 0, pre: bool = False, trace=None,
            split: bool = False, skip=None, rpf: bool = False, early: bool = False,
            poll1: bool = False, apipe: bool = False, parg: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, kv2, pre, trace,
+    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, pre, trace,
                            split, skip, rpf, early, poll1, apipe, parg)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,

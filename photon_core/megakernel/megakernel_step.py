@@ -29,8 +29,7 @@ class Variant:
     before its wait (pf) and of the next instruction's weights (pfn), alignment hints,
     nanoseconds of back-off per counter poll (sleep), key splits per attention instruction
     (attn_per, 0: compiler.attn_splits_per_instr), the scheduler's placement (spread=False:
-    "greedy", the plain earliest-free rule of sessions 3-4), the attention's second key
-    split loaded before its wait (kv2), programs per SM (per_sm: 2 = two persistent programs
+    "greedy", the plain earliest-free rule of sessions 3-4), programs per SM (per_sm: 2 = two persistent programs
     share each SM, twice the weight bytes in flight per SM where registers and shared memory
     allow two; a cooperative launch fails at once where they do not), the fill schedule
     (fill: compiler.compile_program's: the GEMV beside attention dealt out by the programs'
@@ -52,7 +51,7 @@ class Variant:
     that hold keys shared out over a (row, head)'s instructions at run time (dyn:
     kernel._attn_op DYN, not with apipe; the same bits).
     Written
-    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/kv2/fill/pre/split/red/elide/rpf/early/poll1/
+    "gemv/w8/s4/u2/pf32/pfn64/sl100/a4/p2/fill/pre/split/red/elide/rpf/early/poll1/
     apipe/parg/tail/dyn/greedy/noalign"
     (any order
     after the GEMV; pf
@@ -68,7 +67,6 @@ class Variant:
     sleep: int = 0
     attn_per: int = 0
     spread: bool = True
-    kv2: bool = False
     per_sm: int = 1
     fill: bool = False
     pre: bool = False
@@ -83,7 +81,7 @@ class Variant:
     tail: bool = False
     dyn: bool = False
     # the on / off parts of a variant string, in the order str() writes them
-    FLAGS = ("kv2", "fill", "pre", "split", "red", "elide", "rpf", "early", "poll1", "apipe",
+    FLAGS = ("fill", "pre", "split", "red", "elide", "rpf", "early", "poll1", "apipe",
              "parg", "tail", "dyn")
 
     @classmethod
@@ -123,7 +121,7 @@ class Variant:
         """kernel.launch's keywords this variant sets (warps and unroll aside: MegakernelStep
         resolves those)."""
         return dict(num_stages=self.stages, pf=self.pf, pfn=self.pfn, align=self.align,
-                    sleep=self.sleep, kv2=self.kv2, pre=self.pre, split=self.split,
+                    sleep=self.sleep, pre=self.pre, split=self.split,
                     rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe,
                     parg=self.parg)
 

@@ -380,26 +380,6 @@ def test_gemv_unroll_gives_the_same_bits(dot):
             assert torch.equal(results[un][f], results[1][f]), (un, f)
 
 
-@pytest.mark.parametrize("b,attn_per", [(1, 2), (2, 3)])
-def test_attention_second_split_preloaded_gives_the_same_bits(b, attn_per):
-    """kv2 (the attention instruction's second key split loaded before its wait): the same
-    bits as without it, and the Python twin's values; 4 splits per head in instructions of
-    2 + 2 or 3 + 1 splits (the one-split instruction masks the preload off, the 3-split one
-    runs its third split in the loop)."""
-    from photon_core.megakernel.megakernel_step import MegakernelStep
-
-    m, st, fd = _setup()
-    s0 = _snapshot(st, fd)
-    mk = MegakernelStep(fd, st, b, variant=f"auto/a{attn_per}/kv2")
-    assert {i.sub[1] - i.sub[0] for i in mk.compiled.instrs if i.op_name == "attn.0"} == \
-        ({2} if attn_per == 2 else {3, 1})
-    mk.run_vm()
-    vm = _snapshot(st, fd)
-    results = _launch_both_ways(mk, st, fd, s0, "kv2")
-    for r in results.values():
-        _close_rows(r, vm, b)
-
-
 def test_split_groups_cover_the_splits_with_the_larger_groups_last():
     """compiler.split_groups: ceil(ns / per) contiguous groups covering [0, ns) either way;
     the plain form `per` splits from the first, the tail form sizes within one of each
@@ -810,9 +790,8 @@ def test_variant_strings_and_alignment_flag():
         "pipe_fma@16x512", 8, 4, 32768, 65536, True)
     assert Variant.parse(str(v)) == v
     assert not Variant.parse("fma/u4/noalign").align
-    g = Variant.parse("pipe@16x512/w4/a4/kv2/greedy/hoist/p2/fill")
-    assert (g.attn_per, g.spread, g.warps, g.kv2, g.per_sm, g.fill) == (4, False, 4, True, 2,
-                                                                         True)
+    g = Variant.parse("pipe@16x512/w4/a4/greedy/hoist/p2/fill")
+    assert (g.attn_per, g.spread, g.warps, g.per_sm, g.fill) == (4, False, 4, 2, True)
     assert Variant.parse(str(g)) == g
     with pytest.raises(ValueError):
         Variant.parse("pipe/x3")
@@ -844,6 +823,16 @@ def test_variant_strings_and_alignment_flag():
     c = compile_program(ops, mk.low.buffers, 2, mk.low.shape, mk.low.gemv_cfg, 1,
                         torch.float32)
     assert not c.aligned
+
+
+def test_removed_variant_parts_are_unknown():
+    """The parts measured no better and removed (session 39, docs/dropped_experiments.md)
+    are unknown parts now, like any other."""
+    from photon_core.megakernel.megakernel_step import Variant
+
+    for part in ("kv2",):
+        with pytest.raises(ValueError, match="unknown part"):
+            Variant.parse(f"pipe_fma@8x1024/w4/s3/pre/{part}")
 
 
 def test_kernel_skips_its_work_when_every_active_row_has_stopped():
