@@ -79,8 +79,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     # the lm op's instructions on the H200's 264 programs (compiler.split_ops' cut)
     blocks = math.ceil(sh["V"] / cfg[OP_GEMV_LM].block_n)
     lm_parts = math.ceil(blocks / blocks_per_tile(blocks, 264))
-    kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), pf=v.pf, pfn=v.pfn,
-                    num_warps=v.warps, sleep=v.sleep, pre=v.pre, trace=trace,
+    kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), sleep=v.sleep, pre=v.pre, trace=trace,
                     split_w2=v.split, rpf=v.rpf, early=v.early, poll1=v.poll1,
                     apipe=v.apipe, parg=v.parg, lm_parts=lm_parts, dyn=v.dyn)
     kw["STAGES"] = v.stages
@@ -145,7 +144,7 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
                    ints: dict | None = None, trace: bool = False):
     """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's or Gemma 4
     E2B's shapes, as a megakernel_step.Variant string builds it (GEMV tile, warps, stages,
-    L2 prefetch, pre); ints: integer arguments' values as a launch specializes them (1: a
+    pre, ...); ints: integer arguments' values as a launch specializes them (1: a
     constant - Triton 3.6's layout pass once failed on such a build, session 23)."""
     from photon_core.megakernel.compiler import blocks_per_tile
     from photon_core.megakernel.hybrid_kernel import constexprs
@@ -154,7 +153,7 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
     shape = qwen3_5_shape if family == "qwen3.5" else gemma4_shape
     sh = shape(b, cap, v.gemv)
     blocks = math.ceil(sh["V"] / sh["BN"])          # the lm head's instructions on 132 SMs
-    kw = constexprs(sh, pf=v.pf, num_warps=v.warps, stages=v.stages, pre=v.pre, red=v.red,
+    kw = constexprs(sh, stages=v.stages, pre=v.pre, red=v.red,
                     rpf=v.rpf, poll1=v.poll1, parg=v.parg,
                     lm_parts=math.ceil(blocks / blocks_per_tile(blocks, 132)))
     kw["ALIGNED"] = True
@@ -197,8 +196,7 @@ def _compile_hybrid(kw: dict, ints: dict, warps: int, stages: int, wtype: str = 
 
 
 PTX_COUNTS = (("v4", "ld.global.v4"), ("v2", "ld.global.v2"), ("b16", "ld.global.b16"),
-              ("cp.async", "cp.async.cg"), ("l2pf", "cp.async.bulk.prefetch"),
-              ("mma", "mma.sync"))
+              ("cp.async", "cp.async.cg"), ("mma", "mma.sync"))
 
 
 def describe(k) -> str:
@@ -227,8 +225,7 @@ def compile_gemv(pdl: bool):
     return time.perf_counter() - t0, k
 
 
-DEFAULT_VARIANTS = ("fma/w8/s3/u4/noalign,fma/w8/s3/u4,pipe_fma/w8/s4,pipe_fma/w8/s4/pf32/pfn64,"
-                    "pipe/w4/s4/pf32/pfn64,fused/w8/s3/u1")
+DEFAULT_VARIANTS = "fma/w8/s3/u4/noalign,fma/w8/s3/u4,pipe_fma/w8/s4,pipe/w4/s4,fused/w8/s3/u1"
 
 
 def main():

@@ -37,7 +37,7 @@ from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import OP_HGEMV
 from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_parts, _argmax_row, _argp_store,
-                     _argp_update, _cta_sync, _globaltimer, _l1_prefetch_record, _l2_prefetch,
+                     _argp_update, _cta_sync, _globaltimer, _l1_prefetch_record,
                      _prefetch_record, _waits, finish_launch, grid_options, interpreted,
                      read_record)
 
@@ -432,8 +432,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       NKV_F: tl.constexpr, BSW_S: tl.constexpr, BSW_F: tl.constexpr,
                       HDM: tl.constexpr,
                       SLEEP: tl.constexpr, ACQ: tl.constexpr,
-                      ALIGNED: tl.constexpr = False, PF: tl.constexpr = 0,
-                      NT: tl.constexpr = 256, PRE: tl.constexpr = False,
+                      ALIGNED: tl.constexpr = False, PRE: tl.constexpr = False,
                       TRACE: tl.constexpr = False, RED: tl.constexpr = False,
                       RPF: tl.constexpr = False, PARG: tl.constexpr = False,
                       NP_BLOCK: tl.constexpr = 1):
@@ -452,11 +451,6 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
         if RPF:
             if i + 2 < q1:
                 _prefetch_record(rec + 2 * _STRIDE, False)
-        if PF > 0:          # a GEMV's first PF weight bytes into L2 before its wait (the
-            if op == 6:      # weights never change in a step: their reads overlap the wait)
-                esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
-                _l2_prefetch(wb + _aligned(w_off, ALIGNED) + n0.to(tl.int64) * p1,
-                             tl.minimum((n1 - n0).to(tl.int64) * p1 * esz, PF), NT)
         if op != 6:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
             _l1_prefetch_record(npf, RPF)
@@ -538,14 +532,11 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
     finish_launch(cnt_ptr, n_cnt, n_prog)
 
 
-def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
-               stages: int = 3, pre: bool = False, red: bool = False,
+def constexprs(sh: dict, sleep: int = 0, stages: int = 3, pre: bool = False, red: bool = False,
                rpf: bool = False, poll1: bool = False, parg: bool = False,
                lm_parts: int = 0) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
-    .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU). pf:
-    bytes of a GEMV instruction's weights prefetched into L2 before its wait (CUDA with
-    aligned weights only: a bulk prefetch needs 16-byte addresses; the variant's "pfN");
+    .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU).
     stages: the GEMV loop's software-pipelining stages (the variant's "sN"); pre: a GEMV's
     waits and norm inside its loop's first step (_hgemv's PRE, the variant's "pre"); red:
     the residual epilogue as relaxed atomic adds (_hgemv_epilogue's RED, the variant's
@@ -564,7 +555,7 @@ def constexprs(sh: dict, sleep: int = 0, pf: int = 0, num_warps: int = 8,
               NS_P2=p2(sh["NSPLIT"]),
               SLEEP=0 if interpreted() else int(sleep),
               ACQ=0 if interpreted() else (2 if poll1 else 1),
-              PF=0 if interpreted() else int(pf), NT=32 * num_warps, GST=int(stages),
+              GST=int(stages),
               PRE=bool(pre), RED=bool(red), RPF=bool(rpf) and not interpreted(),
               PARG=bool(parg) and lm_parts > 0, NP_BLOCK=p2(max(1, lm_parts)))
     return kw
@@ -579,17 +570,14 @@ def gemv_aligned(c, low) -> bool:
                and i.params["k"] % 16 == 0 for i in c.instrs if i.op == OP_HGEMV)
 
 
-def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
-                aligned: bool = False, num_stages: int = 2, pre: bool = False,
+def launch_args(c, low, sleep: int = 0, aligned: bool = False, num_stages: int = 2, pre: bool = False,
                 trace=None, red: bool = False, rpf: bool = False,
                 poll1: bool = False, parg: bool = False) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
-    compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low) (the L2 prefetch
-    needs it too); trace: an int64 tensor [n_instr, 2] for the instructions' start / end ns
+    compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low); trace: an int64 tensor [n_instr, 2] for the instructions' start / end ns
     (CUDA; None: no trace). Also what bench/dump_megakernel_build.py records."""
     off = c.offsets
-    kw = constexprs(low.shape, sleep, pf if aligned else 0, num_warps, num_stages, pre, red,
-                    rpf, poll1, parg, c.n_picks)
+    kw = constexprs(low.shape, sleep, num_stages, pre, red, rpf, poll1, parg, c.n_picks)
     kw["ALIGNED"] = bool(aligned)
     kw["TRACE"] = trace is not None and not interpreted()
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
@@ -600,11 +588,11 @@ def launch_args(c, low, num_warps: int = 8, sleep: int = 0, pf: int = 0,
     return args, kw
 
 
-def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0, pf: int = 0,
+def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0,
            aligned: bool = False, pre: bool = False, trace=None, red: bool = False,
            rpf: bool = False, poll1: bool = False, parg: bool = False):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
-    args, kw = launch_args(c, low, num_warps, sleep, pf, aligned, num_stages, pre, trace,
-                           red, rpf, poll1, parg)
+    args, kw = launch_args(c, low, sleep, aligned, num_stages, pre, trace, red, rpf, poll1,
+                           parg)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

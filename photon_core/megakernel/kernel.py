@@ -161,22 +161,6 @@ def _aligned(off, ALIGNED: tl.constexpr):
 
 
 @triton.jit
-def _l2_prefetch(ptr, nbytes, NT: tl.constexpr):
-    """Bulk-prefetch the bytes [ptr, ptr + nbytes) into L2 (cp.async.bulk.prefetch.L2, sm_90):
-    NT chunks of whole 16-byte units, one per thread; a hint: no result, no ordering. The
-    weights never change during a step, so this may run before the instruction waits (its
-    HBM reads then overlap the wait), or for the next instruction of the queue."""
-    chunk = (nbytes // NT) // 16 * 16
-    if chunk > 0:
-        t = tl.arange(0, NT)
-        addr = ptr.to(tl.pointer_type(tl.int8), bitcast=True) + t.to(tl.int64) * chunk
-        tl.inline_asm_elementwise(
-            "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-            [addr.to(tl.int64, bitcast=True), (t * 0 + chunk).to(tl.int32)],
-            dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
              B: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
@@ -580,13 +564,13 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              B: tl.constexpr, D: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr,
              BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
-             PIPE: tl.constexpr, PF: tl.constexpr, NT: tl.constexpr,
+             PIPE: tl.constexpr,
              ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
              PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
              RPF: tl.constexpr, EARLY: tl.constexpr, ap=None, mask_col=-1,
              ARGP: tl.constexpr = False):
-    """One GEMV instruction: prefetch its first weights (PF > 0: its first PF bytes into L2;
-    not PIPE: the first group into registers), wait for its inputs, the fused LayerNorm of
+    """One GEMV instruction: prefetch its first weights (not PIPE: the first group into
+    registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
     _gemv_pipe; else b=1 FMA: _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
     waits inside its first step, after the pipeliner has issued the first weight tiles.
@@ -595,10 +579,6 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
     (_gemv_pipe).
     TRACE: inputs ready, LayerNorm done (_wait_ln) and the tile's last epilogue done into
     tr_ptr[1..3] (the instruction's trace row)."""
-    if PF > 0:
-        esz: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        _l2_prefetch(w_ptr + n0.to(tl.int64) * K,
-                     tl.minimum((n1 - n0).to(tl.int64) * (K * esz), PF), NT)
     if PIPE:
         p0 = 0
         p1 = 0
@@ -689,7 +669,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
-             PF: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr,
+             STAGES: tl.constexpr,
              SLEEP: tl.constexpr, ACQ: tl.constexpr, npf,
              RPF: tl.constexpr, APIPE: tl.constexpr, DYN: tl.constexpr = False):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
@@ -721,13 +701,6 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
     ti = tl.minimum(pos, N_TABLE - 1)
     d = tl.arange(0, HD)
     cache_off = row * S_ROW + kvh * S_HEAD
-    if PF > 0:      # the cached keys / values of the splits below the position into L2
-        esz: tl.constexpr = kc_ptr.dtype.element_ty.primitive_bitwidth // 8
-        kv_lo = s0 * CHUNK
-        kv_n = tl.minimum(((tl.minimum(s1 * CHUNK, pw) - kv_lo) * (S_POS * esz)).to(tl.int64),
-                          PF)
-        _l2_prefetch(kc_ptr + cache_off + kv_lo * S_POS, kv_n, NT)
-        _l2_prefetch(vc_ptr + cache_off + kv_lo * S_POS, kv_n, NT)
     if APIPE:       # every split in one pipelined loop; the wait in its first iteration
         q = tl.zeros([HD], dtype=tl.float32)
         k_new = tl.zeros([HD], dtype=kc_ptr.dtype.element_ty)
@@ -908,8 +881,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LM_BB: tl.constexpr, LM_BN: tl.constexpr, LM_BK: tl.constexpr,
                LM_DOT: tl.constexpr, LM_UN: tl.constexpr,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
-               STAGES: tl.constexpr, PIPE: tl.constexpr, PF: tl.constexpr,
-               PFN: tl.constexpr, NT: tl.constexpr, SLEEP: tl.constexpr,
+               STAGES: tl.constexpr, PIPE: tl.constexpr, SLEEP: tl.constexpr,
                ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
@@ -940,16 +912,6 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
         # (RPF: the next record into L1 once this instruction's acquires are done; the
         # last instruction of a queue prefetches its own again)
         npf = rec + tl.where(i + 1 < q1, _STRIDE, 0)
-        if PFN > 0:      # the next instruction's first PFN weight bytes into L2
-            has_next = i + 1 < q1
-            nrec = rec + _STRIDE
-            nop = tl.load(nrec + 0, mask=has_next, other=99)
-            if nop <= 2:
-                nk = tl.where(nop == 1, KW2, D).to(tl.int64)
-                nn0 = tl.load(nrec + 5)
-                esz: tl.constexpr = wb.dtype.element_ty.primitive_bitwidth // 8
-                _l2_prefetch(wb + _aligned(tl.load(nrec + 2), ALIGNED) + nn0 * nk,
-                             tl.minimum((tl.load(nrec + 6) - nn0) * nk * esz, PFN), NT)
         if op <= 3:      # GEMV / attention: 16-element aligned operands (vector loads);
             # (hinted inside the branch: a value merged from two branches loses the hint)
             a_al = _aligned(a_off, ALIGNED)
@@ -960,20 +922,20 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
-                         W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP,
+                         W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, ALIGNED, SLEEP,
                          ACQ, PRE, 0, tr, TRACE, npf, RPF, EARLY)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
+                         W2_UN, LN_BLOCK, PIPE, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
                          tr, TRACE, npf, RPF, EARLY)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused; PARG: its partial
                 #              greedy pick into its slot p2, column p0 left out)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, PF, NT, ALIGNED, SLEEP, ACQ, PRE, 0,
+                         LM_UN, LN_BLOCK, PIPE, ALIGNED, SLEEP, ACQ, PRE, 0,
                          tr, TRACE, npf, RPF, EARLY, fb + p2, p0, PARG)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
@@ -981,7 +943,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, S_ROW, S_HEAD,
-                         S_POS, PF, NT, STAGES, SLEEP, ACQ, npf, RPF, APIPE, DYN)
+                         S_POS, STAGES, SLEEP, ACQ, npf, RPF, APIPE, DYN)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
             _l1_prefetch_record(npf, RPF)
@@ -1021,16 +983,13 @@ UNROLL = 4
 
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
-               pipe: bool = False, pf: int = 0, pfn: int = 0, num_warps: int = 8,
-               sleep: int = 0, pre: bool = False,
+               pipe: bool = False, sleep: int = 0, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
                early: bool = False, poll1: bool = False, apipe: bool = False,
                parg: bool = False, lm_parts: int = 0, dyn: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
-    _gemv_pipe; pf / pfn: bytes of L2 prefetch of an instruction's own weights (and
-    attention's k/v) before its wait / of the next instruction's weights (0: none; always 0
-    under the interpreter, which has no inline PTX); pre (pipe only): a GEMV instruction waits
+    _gemv_pipe; pre (pipe only): a GEMV instruction waits
     inside its pipelined loop's first step, its first weight tiles already issued; trace
     (CUDA only: inline PTX): each instruction's start / end on the global timer."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
@@ -1049,10 +1008,6 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["ARG_BLOCK"] = min(4096, triton.next_power_of_2(sh["V"]))
     kw["ALIGNED"] = bool(aligned)
     kw["PIPE"] = bool(pipe)
-    # (bulk prefetches need 16-byte aligned addresses: only with an aligned table)
-    kw["PF"] = 0 if interpreted() or not aligned else int(pf)
-    kw["PFN"] = 0 if interpreted() or not aligned else int(pfn)
-    kw["NT"] = 32 * num_warps
     kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     # acquire-load polls (2: by one thread, poll1), record prefetch (inline PTX)
     kw["ACQ"] = 0 if interpreted() else (2 if poll1 else 1)
@@ -1076,8 +1031,7 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     return kw
 
 
-def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
-                num_warps: int = 8, align: bool = True, sleep: int = 0,
+def kernel_args(c, low, unroll: int | None = None, align: bool = True, sleep: int = 0,
                 pre: bool = False, trace=None, split: bool = False,
                 skip=None, rpf: bool = False, early: bool = False,
                 poll1: bool = False, apipe: bool = False,
@@ -1095,9 +1049,9 @@ def kernel_args(c, low, unroll: int | None = None, pf: int = 0, pfn: int = 0,
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                    getattr(low, "pipe", False), pf, pfn, num_warps, sleep,
-                    pre, trace is not None, split, rpf, early, poll1, apipe, parg,
-                    c.n_picks, c.dyn)
+                    getattr(low, "pipe", False), sleep=sleep, pre=pre,
+                    trace=trace is not None, split_w2=split, rpf=rpf, early=early,
+                    poll1=poll1, apipe=apipe, parg=parg, lm_parts=c.n_picks, dyn=c.dyn)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -1111,16 +1065,16 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
-           unroll: int | None = None, pf: int = 0, pfn: int = 0, align: bool = True,
-           sleep: int = 0, pre: bool = False, trace=None,
+           unroll: int | None = None, align: bool = True, sleep: int = 0, pre: bool = False, trace=None,
            split: bool = False, skip=None, rpf: bool = False, early: bool = False,
            poll1: bool = False, apipe: bool = False, parg: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, pf, pfn, num_warps, align, sleep, pre, trace,
-                           split, skip, rpf, early, poll1, apipe, parg)
+    args, kw = kernel_args(c, low, unroll, align=align, sleep=sleep, pre=pre, trace=trace,
+                           split=split, skip=skip, rpf=rpf, early=early, poll1=poll1,
+                           apipe=apipe, parg=parg)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

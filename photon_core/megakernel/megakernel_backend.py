@@ -5,7 +5,7 @@ Everything else (the sample pieces' heads, the prompt prefill, the encoders) is 
 backend's, so the pipelined runtime above it (CUDA graphs per bucket, ping-pong slots,
 forward-now-sample-later, zombies) drives it unchanged.
 
-    backend = megakernel_backend(fused, st, "pipe_fma@16x512/w8/s4/pf32/pfn64")
+    backend = megakernel_backend(fused, st, "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre")
     -> (MegakernelBackend, "") or (None, the reason it cannot serve: the caller keeps fused)
 
 The lm pick stays a sample piece (the megakernel's own lm / argmax tail would write the

@@ -785,9 +785,8 @@ def test_variant_strings_and_alignment_flag():
     from photon_core.megakernel.lowering import Unsupported, gemv_configs
     from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
 
-    v = Variant.parse("pipe_fma@16x512/w8/s4/pf32/pfn64")
-    assert (v.gemv, v.warps, v.stages, v.pf, v.pfn, v.align) == (
-        "pipe_fma@16x512", 8, 4, 32768, 65536, True)
+    v = Variant.parse("pipe_fma@16x512/w8/s4/u2")
+    assert (v.gemv, v.warps, v.stages, v.unroll, v.align) == ("pipe_fma@16x512", 8, 4, 2, True)
     assert Variant.parse(str(v)) == v
     assert not Variant.parse("fma/u4/noalign").align
     g = Variant.parse("pipe@16x512/w4/a4/greedy/hoist/p2/fill")
@@ -830,7 +829,7 @@ def test_removed_variant_parts_are_unknown():
     are unknown parts now, like any other."""
     from photon_core.megakernel.megakernel_step import Variant
 
-    for part in ("kv2",):
+    for part in ("kv2", "pf32", "pfn64"):
         with pytest.raises(ValueError, match="unknown part"):
             Variant.parse(f"pipe_fma@8x1024/w4/s3/pre/{part}")
 
