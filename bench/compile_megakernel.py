@@ -79,7 +79,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     # the lm op's instructions on the H200's 264 programs (compiler.split_ops' cut)
     blocks = math.ceil(sh["V"] / cfg[OP_GEMV_LM].block_n)
     lm_parts = math.ceil(blocks / blocks_per_tile(blocks, 264))
-    kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), sleep=v.sleep, pre=v.pre, trace=trace,
+    kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), pre=v.pre, trace=trace,
                     split_w2=v.split, rpf=v.rpf, early=v.early, poll1=v.poll1,
                     apipe=v.apipe, parg=v.parg, lm_parts=lm_parts, dyn=v.dyn)
     kw["STAGES"] = v.stages

@@ -28,8 +28,8 @@ def build_record(step) -> dict:
     """The launch of MegakernelStep `step` (hybrid) as its run_kernel makes it."""
     from photon_core.megakernel import hybrid_kernel as hk
     v, warps = step.variant, step.num_warps or 8
-    args, kw = hk.launch_args(step.compiled, step.low, v.sleep, step.gemv_aligned, v.stages,
-                              v.pre, red=v.red, rpf=v.rpf, poll1=v.poll1)
+    args, kw = hk.launch_args(step.compiled, step.low, step.gemv_aligned, v.stages, v.pre,
+                              red=v.red, rpf=v.rpf, poll1=v.poll1)
     named = dict(zip(hk.hybrid_megakernel.arg_names, args))
     return {"constexprs": kw,
             "ints": {n: x for n, x in named.items() if isinstance(x, int)},

@@ -106,14 +106,14 @@ def _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, R:
 
 @triton.jit
 def _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                 B: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SLEEP: tl.constexpr,
+                 B: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr,
                  ACQ: tl.constexpr, IN_PIPE: tl.constexpr, npf, RPF: tl.constexpr):
     """A GEMV instruction's waits (RPF: then the next record into L1, kernel.py's), then
     (P7 = 1) the norm of its input rows into this program's scratch wb + a_off (P4 the
     source, P5 the weight; P6: bit 0 the source is the fp32 x, bit 1 a plain RMSNorm, else
     zero-centred (1 + w)). IN_PIPE (CUDA): the CTA barrier after the norm as inline PTX (kernel._cta_sync) - Triton's pipeliner skips a loop
     that holds a gpu.barrier (kernel._wait_ln)."""
-    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
     _l1_prefetch_record(npf, RPF)
     if p7 == 1:
         zc = 1 - (p6 // 2) % 2
@@ -132,7 +132,7 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
            cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
            B: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
            IEEE: tl.constexpr, ALIGNED: tl.constexpr, FMA: tl.constexpr, GST: tl.constexpr,
-           PRE: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SLEEP: tl.constexpr,
+           PRE: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr,
            ACQ: tl.constexpr, RED: tl.constexpr, npf, RPF: tl.constexpr, part_ptr=None,
            PARG: tl.constexpr = False):
     """Rows [n0, n1) of y = x W^T as ONE loop over (BN-row block, BK column tile) steps,
@@ -184,7 +184,7 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
         if PRE:
             if s == 0:
                 _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                             B, D, D_P2, SLEEP, ACQ, True, npf, RPF)
+                             B, D, D_P2, ACQ, True, npf, RPF)
                 xk = tl.load(x_rows, mask=x_mask, other=0.0, cache_modifier=".cg")
         kn = kk + BK
         kn = tl.where(kn < K, kn, 0)          # the next step's columns (the next block's 0)
@@ -431,7 +431,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       HD_S: tl.constexpr, HD_F: tl.constexpr, NKV_S: tl.constexpr,
                       NKV_F: tl.constexpr, BSW_S: tl.constexpr, BSW_F: tl.constexpr,
                       HDM: tl.constexpr,
-                      SLEEP: tl.constexpr, ACQ: tl.constexpr,
+                      ACQ: tl.constexpr,
                       ALIGNED: tl.constexpr = False, PRE: tl.constexpr = False,
                       TRACE: tl.constexpr = False, RED: tl.constexpr = False,
                       RPF: tl.constexpr = False, PARG: tl.constexpr = False,
@@ -452,27 +452,27 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
             if i + 2 < q1:
                 _prefetch_record(rec + 2 * _STRIDE, False)
         if op != 6:
-            _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+            _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
             _l1_prefetch_record(npf, RPF)
         if op == 6:          # OP_HGEMV: its waits in _hgemv_begin
             if not PRE:     # (PRE: inside the GEMV's first step)
                 _hgemv_begin(cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                             B, D, D_P2, SLEEP, ACQ, False, npf, RPF)
+                             B, D, D_P2, ACQ, False, npf, RPF)
             w_off = _aligned(w_off, ALIGNED)     # (16-element vector loads of W)
             if p7 == 2:      # the input is the fp32 residual x (rounded as it is loaded)
                 _hgemv(fb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, ACQ,
                        RED, npf, RPF, fb + b_off, PARG)
             elif p0 == 2:
                 _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, ACQ,
                        RED, npf, RPF, fb + b_off, PARG)
             else:
                 _hgemv(wb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
-                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, SLEEP, ACQ,
+                       B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, ACQ,
                        RED, npf, RPF, fb + b_off, PARG)
         elif op == 7:        # OP_DELTA: (row n0, key head n1)
             delta_net_group(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
@@ -532,7 +532,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
     finish_launch(cnt_ptr, n_cnt, n_prog)
 
 
-def constexprs(sh: dict, sleep: int = 0, stages: int = 3, pre: bool = False, red: bool = False,
+def constexprs(sh: dict, stages: int = 3, pre: bool = False, red: bool = False,
                rpf: bool = False, poll1: bool = False, parg: bool = False,
                lm_parts: int = 0) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
@@ -553,9 +553,7 @@ def constexprs(sh: dict, sleep: int = 0, stages: int = 3, pre: bool = False, red
     kw.update(D_P2=p2(sh["D"]), ARG_BLOCK=min(4096, p2(sh["V"])), DK_P2=p2(sh["DK"]),
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
               NS_P2=p2(sh["NSPLIT"]),
-              SLEEP=0 if interpreted() else int(sleep),
-              ACQ=0 if interpreted() else (2 if poll1 else 1),
-              GST=int(stages),
+              ACQ=0 if interpreted() else (2 if poll1 else 1), GST=int(stages),
               PRE=bool(pre), RED=bool(red), RPF=bool(rpf) and not interpreted(),
               PARG=bool(parg) and lm_parts > 0, NP_BLOCK=p2(max(1, lm_parts)))
     return kw
@@ -570,14 +568,15 @@ def gemv_aligned(c, low) -> bool:
                and i.params["k"] % 16 == 0 for i in c.instrs if i.op == OP_HGEMV)
 
 
-def launch_args(c, low, sleep: int = 0, aligned: bool = False, num_stages: int = 2, pre: bool = False,
-                trace=None, red: bool = False, rpf: bool = False,
-                poll1: bool = False, parg: bool = False) -> tuple[tuple, dict]:
+def launch_args(c, low, aligned: bool = False, num_stages: int = 2, pre: bool = False,
+                trace=None, red: bool = False, rpf: bool = False, poll1: bool = False,
+                parg: bool = False) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
-    compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low); trace: an int64 tensor [n_instr, 2] for the instructions' start / end ns
-    (CUDA; None: no trace). Also what bench/dump_megakernel_build.py records."""
+    compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low); trace: an int64
+    tensor [n_instr, 2] for the instructions' start / end ns (CUDA; None: no trace). Also
+    what bench/dump_megakernel_build.py records."""
     off = c.offsets
-    kw = constexprs(low.shape, sleep, num_stages, pre, red, rpf, poll1, parg, c.n_picks)
+    kw = constexprs(low.shape, num_stages, pre, red, rpf, poll1, parg, c.n_picks)
     kw["ALIGNED"] = bool(aligned)
     kw["TRACE"] = trace is not None and not interpreted()
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
@@ -588,11 +587,10 @@ def launch_args(c, low, sleep: int = 0, aligned: bool = False, num_stages: int =
     return args, kw
 
 
-def launch(c, low, num_warps: int = 8, num_stages: int = 2, sleep: int = 0,
-           aligned: bool = False, pre: bool = False, trace=None, red: bool = False,
-           rpf: bool = False, poll1: bool = False, parg: bool = False):
+def launch(c, low, num_warps: int = 8, num_stages: int = 2, aligned: bool = False,
+           pre: bool = False, trace=None, red: bool = False, rpf: bool = False,
+           poll1: bool = False, parg: bool = False):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
-    args, kw = launch_args(c, low, sleep, aligned, num_stages, pre, trace, red, rpf, poll1,
-                           parg)
+    args, kw = launch_args(c, low, aligned, num_stages, pre, trace, red, rpf, poll1, parg)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

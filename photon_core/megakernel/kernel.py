@@ -54,19 +54,10 @@ def _globaltimer():
 
 
 @triton.jit
-def _backoff(SLEEP: tl.constexpr):
-    """nanosleep between counter polls (fewer polls of the counter's L2 line)."""
-    if SLEEP > 0:
-        tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
-                                  [tl.full([], SLEEP, tl.int32)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _wait(cnt_ptr, idx, target, SLEEP: tl.constexpr):
+def _wait(cnt_ptr, idx, target):
     if idx >= 0:
         while tl.load(cnt_ptr + idx, volatile=True) < target:
-            _backoff(SLEEP)
+            pass
         tl.atomic_add(cnt_ptr + idx, 0, sem="acquire", scope="gpu")
 
 
@@ -123,7 +114,7 @@ def _poll_one(c0, g0, c1, g1):
 
 
 @triton.jit
-def _waits(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
+def _waits(cnt_ptr, i0, t0, i1, t1, ACQ: tl.constexpr):
     """The instruction's (up to) two waits (counter, target: table fields 11..14, read at
     the instruction's start). ACQ (CUDA): both counters polled in one loop by acquire loads,
     one round trip when both are already reached (session 4 had a spin + an acquire atomic
@@ -139,10 +130,10 @@ def _waits(cnt_ptr, i0, t0, i1, t1, SLEEP: tl.constexpr, ACQ: tl.constexpr):
                 _poll_one(c0, g0, c1, g1)
             else:
                 while (_ld_acquire(c0) < g0) | (_ld_acquire(c1) < g1):
-                    _backoff(SLEEP)
+                    pass
     else:
-        _wait(cnt_ptr, i0, t0, SLEEP)
-        _wait(cnt_ptr, i1, t1, SLEEP)
+        _wait(cnt_ptr, i0, t0)
+        _wait(cnt_ptr, i1, t1)
 
 
 @triton.jit
@@ -163,7 +154,7 @@ def _aligned(off, ALIGNED: tl.constexpr):
 @triton.jit
 def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
              B: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
-             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+             ALIGNED: tl.constexpr, ACQ: tl.constexpr,
              IN_PIPE: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr):
     """A GEMV instruction's waits, then its fused LayerNorm of the bucket's rows into this
     program's scratch wb + a_off (fields 16..19: input, gamma, beta, input is fp32 (1) /
@@ -174,7 +165,7 @@ def _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19
     LayerNorm's row loop: sm_90 builds with Triton 3.6 and 3.9). TRACE: the times its
     inputs were ready and its LayerNorm done into tr_ptr[1], [2] (megakernel's trace row).
     RPF: the next instruction's record (npf) into L1 after the waits."""
-    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
     _l1_prefetch_record(npf, RPF)
     if TRACE:
         tl.store(tr_ptr + 1, _globaltimer())
@@ -201,7 +192,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
-               ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+               ALIGNED: tl.constexpr, ACQ: tl.constexpr,
                K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr,
                EARLY: tl.constexpr, ap=None, mask_col=-1, ARGP: tl.constexpr = False):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
@@ -261,17 +252,17 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
             if s == 0:
                 if K_FIRST > 0:
                     _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, -1, 0, f16, f17, f18,
-                             f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True, tr_ptr,
+                             f19, B, D, LN_BLOCK, ALIGNED, ACQ, True, tr_ptr,
                              TRACE, npf, RPF)
                 else:
                     _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17,
-                             f18, f19, B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, True, tr_ptr,
+                             f18, f19, B, D, LN_BLOCK, ALIGNED, ACQ, True, tr_ptr,
                              TRACE, npf, RPF)
                 xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
                              cache_modifier=".cg")
             if K_FIRST > 0:
                 if s + 1 == K_FIRST // BK:       # the next load reads the second input
-                    _waits(cnt_ptr, wi1, wt1, -1, 0, SLEEP, ACQ)
+                    _waits(cnt_ptr, wi1, wt1, -1, 0, ACQ)
                     _l1_prefetch_record(npf, RPF)
         if EARLY:
             if kk == 0:
@@ -565,7 +556,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr,
-             ALIGNED: tl.constexpr, SLEEP: tl.constexpr, ACQ: tl.constexpr,
+             ALIGNED: tl.constexpr, ACQ: tl.constexpr,
              PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
              RPF: tl.constexpr, EARLY: tl.constexpr, ap=None, mask_col=-1,
              ARGP: tl.constexpr = False):
@@ -590,12 +581,12 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         p0, p1, p2, p3 = _gemv_prefetch(w_ptr, n0, n1, K, BN, BK, UNROLL)
     if not (PIPE and PRE):
         _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
-                 B, D, LN_BLOCK, ALIGNED, SLEEP, ACQ, False, tr_ptr, TRACE, npf, RPF)
+                 B, D, LN_BLOCK, ALIGNED, ACQ, False, tr_ptr, TRACE, npf, RPF)
     if PIPE:
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   SLEEP, ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY, ap, mask_col, ARGP)
+                   ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY, ap, mask_col, ARGP)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -670,7 +661,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
              STAGES: tl.constexpr,
-             SLEEP: tl.constexpr, ACQ: tl.constexpr, npf,
+             ACQ: tl.constexpr, npf,
              RPF: tl.constexpr, APIPE: tl.constexpr, DYN: tl.constexpr = False):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
@@ -709,7 +700,7 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
         for sp in tl.range(s0, s1, num_stages=STAGES):
             kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK, S_POS)
             if sp == s0:
-                _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+                _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
                 src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
                 q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h,
                                                     kvh, pw, s0, s1, d, src_c, src_s, c, s,
@@ -722,12 +713,12 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
         else:
             empty = False
         if empty:   # (its program's later instructions may count on this wait: elide)
-            _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+            _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
         else:
             _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
                          acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
                          wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES,
-                         SLEEP, ACQ)
+                         ACQ)
     tl.debug_barrier()
     done = n_sub - 1
     if n_sub > 1:     # release our partials, acquire the others'
@@ -746,12 +737,12 @@ def _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_pt
                  B: tl.constexpr, SU: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                  HD: tl.constexpr, HALF: tl.constexpr, CHUNK: tl.constexpr,
                  NSPLIT: tl.constexpr, S_POS: tl.constexpr, STAGES: tl.constexpr,
-                 SLEEP: tl.constexpr, ACQ: tl.constexpr):
+                 ACQ: tl.constexpr):
     """_attn_op's splits [s0, s1) one after another (its form without APIPE): the first
     split's keys / values loaded before the wait, q / the new k, v after it, each split's
     partials into the scratch."""
     kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, s0, pw, d, CHUNK, S_POS)
-    _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+    _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
     src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
     q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h, kvh,
                                         pw, s0, s1, d, src_c, src_s, c, s, scale, SU, NH,
@@ -881,8 +872,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LM_BB: tl.constexpr, LM_BN: tl.constexpr, LM_BK: tl.constexpr,
                LM_DOT: tl.constexpr, LM_UN: tl.constexpr,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
-               STAGES: tl.constexpr, PIPE: tl.constexpr, SLEEP: tl.constexpr,
-               ACQ: tl.constexpr, PRE: tl.constexpr,
+               STAGES: tl.constexpr, PIPE: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
                EARLY: tl.constexpr = False, APIPE: tl.constexpr = False,
@@ -922,20 +912,20 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
-                         W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, ALIGNED, SLEEP,
+                         W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, ALIGNED,
                          ACQ, PRE, 0, tr, TRACE, npf, RPF, EARLY)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, ALIGNED, SLEEP, ACQ, PRE, W2_FIRST,
+                         W2_UN, LN_BLOCK, PIPE, ALIGNED, ACQ, PRE, W2_FIRST,
                          tr, TRACE, npf, RPF, EARLY)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused; PARG: its partial
                 #              greedy pick into its slot p2, column p0 left out)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, ALIGNED, SLEEP, ACQ, PRE, 0,
+                         LM_UN, LN_BLOCK, PIPE, ALIGNED, ACQ, PRE, 0,
                          tr, TRACE, npf, RPF, EARLY, fb + p2, p0, PARG)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
@@ -943,9 +933,9 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, S_ROW, S_HEAD,
-                         S_POS, STAGES, SLEEP, ACQ, npf, RPF, APIPE, DYN)
+                         S_POS, STAGES, ACQ, npf, RPF, APIPE, DYN)
         else:
-            _waits(cnt_ptr, wi0, wt0, wi1, wt1, SLEEP, ACQ)
+            _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
             _l1_prefetch_record(npf, RPF)
             if op == 4:    # OP_ADVANCE
                 _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
@@ -983,7 +973,7 @@ UNROLL = 4
 
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
-               pipe: bool = False, sleep: int = 0, pre: bool = False,
+               pipe: bool = False, pre: bool = False,
                trace: bool = False, split_w2: bool = False, rpf: bool = False,
                early: bool = False, poll1: bool = False, apipe: bool = False,
                parg: bool = False, lm_parts: int = 0, dyn: bool = False) -> dict:
@@ -1008,7 +998,6 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["ARG_BLOCK"] = min(4096, triton.next_power_of_2(sh["V"]))
     kw["ALIGNED"] = bool(aligned)
     kw["PIPE"] = bool(pipe)
-    kw["SLEEP"] = 0 if interpreted() else int(sleep)     # ns of back-off per counter poll
     # acquire-load polls (2: by one thread, poll1), record prefetch (inline PTX)
     kw["ACQ"] = 0 if interpreted() else (2 if poll1 else 1)
     kw["PRE"] = bool(pre) and bool(pipe)
@@ -1031,10 +1020,9 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     return kw
 
 
-def kernel_args(c, low, unroll: int | None = None, align: bool = True, sleep: int = 0,
-                pre: bool = False, trace=None, split: bool = False,
-                skip=None, rpf: bool = False, early: bool = False,
-                poll1: bool = False, apipe: bool = False,
+def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool = False,
+                trace=None, split: bool = False, skip=None, rpf: bool = False,
+                early: bool = False, poll1: bool = False, apipe: bool = False,
                 parg: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
@@ -1049,7 +1037,7 @@ def kernel_args(c, low, unroll: int | None = None, align: bool = True, sleep: in
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                    getattr(low, "pipe", False), sleep=sleep, pre=pre,
+                    getattr(low, "pipe", False), pre=pre,
                     trace=trace is not None, split_w2=split, rpf=rpf, early=early,
                     poll1=poll1, apipe=apipe, parg=parg, lm_parts=c.n_picks, dyn=c.dyn)
     if skip is not None:
@@ -1065,14 +1053,14 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
-           unroll: int | None = None, align: bool = True, sleep: int = 0, pre: bool = False, trace=None,
+           unroll: int | None = None, align: bool = True, pre: bool = False, trace=None,
            split: bool = False, skip=None, rpf: bool = False, early: bool = False,
            poll1: bool = False, apipe: bool = False, parg: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
-    args, kw = kernel_args(c, low, unroll, align=align, sleep=sleep, pre=pre, trace=trace,
+    args, kw = kernel_args(c, low, unroll, align=align, pre=pre, trace=trace,
                            split=split, skip=skip, rpf=rpf, early=early, poll1=poll1,
                            apipe=apipe, parg=parg)
     kw["STAGES"] = num_stages

@@ -25,8 +25,7 @@ UNROLL_ENV = int(os.environ.get("PHOTON_MK_UNROLL", "0"))
 class Variant:
     """One build of the megakernel: the GEMV shapes (lowering.GEMV_CHOICES, "pipe*@RxK", or
     "auto"), warps, software-pipelining stages, register unroll of the non-pipe GEMVs (0:
-    MegakernelStep's default), alignment hints,
-    nanoseconds of back-off per counter poll (sleep), key splits per attention instruction
+    MegakernelStep's default), alignment hints, key splits per attention instruction
     (attn_per, 0: compiler.attn_splits_per_instr), the scheduler's placement (spread=False:
     "greedy", the plain earliest-free rule of sessions 3-4), programs per SM (per_sm: 2 = two persistent programs
     share each SM, twice the weight bytes in flight per SM where registers and shared memory
@@ -50,7 +49,7 @@ class Variant:
     that hold keys shared out over a (row, head)'s instructions at run time (dyn:
     kernel._attn_op DYN, not with apipe; the same bits).
     Written
-    "gemv/w8/s4/u2/sl100/a4/p2/fill/pre/split/red/elide/rpf/early/poll1/
+    "gemv/w8/s4/u2/a4/p2/fill/pre/split/red/elide/rpf/early/poll1/
     apipe/parg/tail/dyn/greedy/noalign"
     (any order
     after the GEMV; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -60,7 +59,6 @@ class Variant:
     stages: int = 3
     unroll: int = 0
     align: bool = True
-    sleep: int = 0
     attn_per: int = 0
     spread: bool = True
     per_sm: int = 1
@@ -87,11 +85,10 @@ class Variant:
         if parts[0] != "auto":
             parse_gemv(parts[0])          # ValueError on an unknown GEMV choice
         for p in parts[1:]:
-            for key, name, scale in (("sl", "sleep", 1), ("w", "warps", 1),
-                                     ("a", "attn_per", 1), ("p", "per_sm", 1),
-                                     ("s", "stages", 1), ("u", "unroll", 1)):
+            for key, name in (("w", "warps"), ("a", "attn_per"), ("p", "per_sm"),
+                              ("s", "stages"), ("u", "unroll")):
                 if p.startswith(key) and p[len(key):].isdigit():
-                    kw[name] = int(p[len(key):]) * scale
+                    kw[name] = int(p[len(key):])
                     break
             else:
                 if p == "noalign":
@@ -116,14 +113,13 @@ class Variant:
         """kernel.launch's keywords this variant sets (warps and unroll aside: MegakernelStep
         resolves those)."""
         return dict(num_stages=self.stages, align=self.align,
-                    sleep=self.sleep, pre=self.pre, split=self.split,
+                    pre=self.pre, split=self.split,
                     rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe,
                     parg=self.parg)
 
     def __str__(self) -> str:
         s = f"{self.gemv}/w{self.warps}/s{self.stages}"
         s += f"/u{self.unroll}" if self.unroll else ""
-        s += f"/sl{self.sleep}" if self.sleep else ""
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "".join(f"/{f}" for f in self.FLAGS if getattr(self, f))
@@ -195,13 +191,11 @@ class MegakernelStep:
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
-        if self.hybrid:     # (the variant's warps, stages, sleep, pre, red, rpf, poll1, parg
-            #               apply)
+        if self.hybrid:     # (the variant's warps, stages, pre, red, rpf, poll1, parg apply)
             v = self.variant
             return hybrid_kernel.launch(self.compiled, self.low,
                                         num_warps=kw.get("num_warps") or self.num_warps or 8,
                                         num_stages=kw.get("num_stages") or v.stages,
-                                        sleep=kw.get("sleep", v.sleep),
                                         aligned=self.gemv_aligned, pre=kw.get("pre", v.pre),
                                         trace=kw.get("trace"), red=kw.get("red", v.red),
                                         rpf=kw.get("rpf", v.rpf),

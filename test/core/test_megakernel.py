@@ -829,7 +829,7 @@ def test_removed_variant_parts_are_unknown():
     are unknown parts now, like any other."""
     from photon_core.megakernel.megakernel_step import Variant
 
-    for part in ("kv2", "pf32", "pfn64"):
+    for part in ("kv2", "pf32", "pfn64", "sl100"):
         with pytest.raises(ValueError, match="unknown part"):
             Variant.parse(f"pipe_fma@8x1024/w4/s3/pre/{part}")
 
