@@ -59,7 +59,7 @@ def moondream_shape(b: int, cap: int, chunk: int = 128) -> tuple[dict, dict]:
               N1=n_qkv + t.ff_dim, V=t.vocab_size, LS=ls, NH=nh, NKV=nkv, HD=hd,
               HALF=t.rot_dim // 2, CAP=cap, N_TABLE=cap + 1, CHUNK=chunk, NSPLIT=ns,
               S_ROW=nkv * cap * hd, S_HEAD=cap * hd, S_POS=hd, NK=len(NEXT_PHASE[0]),
-              OUT_COL=0, W2_FIRST=nh * hd)
+              OUT_COL=0)
     return sh, dict(n1=sh["N1"], d=t.dim, kw2=sh["KW2"], vocab=t.vocab_size, n_split=n_qkv)
 
 
@@ -80,7 +80,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     blocks = math.ceil(sh["V"] / cfg[OP_GEMV_LM].block_n)
     lm_parts = math.ceil(blocks / blocks_per_tile(blocks, 264))
     kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), pre=v.pre, trace=trace,
-                    split_w2=v.split, rpf=v.rpf, early=v.early, poll1=v.poll1,
+                    rpf=v.rpf, early=v.early, poll1=v.poll1,
                     apipe=v.apipe, parg=v.parg, lm_parts=lm_parts, dyn=v.dyn)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check

@@ -192,9 +192,9 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                B: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr, BLOCK_B: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
-               ALIGNED: tl.constexpr, ACQ: tl.constexpr,
-               K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf, RPF: tl.constexpr,
-               EARLY: tl.constexpr, ap=None, mask_col=-1, ARGP: tl.constexpr = False):
+               ALIGNED: tl.constexpr, ACQ: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
+               RPF: tl.constexpr, EARLY: tl.constexpr, ap=None, mask_col=-1,
+               ARGP: tl.constexpr = False):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -208,10 +208,6 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     reuses step 0's buffer). Otherwise the same loop: the same products in the same order,
     the same epilogues, the same bits. The compiler never emits an empty tile
     (n_steps >= 1), so step 0 always runs.
-    K_FIRST > 0 (PRE, W2): the first K_FIRST columns of x depend on the first wait alone
-    (attention's output; the GELU part on the second, fc1): step 0 waits for the first
-    counter only, and the second is polled just before the first block's load of column
-    K_FIRST - the same products in the same order, begun while fc1's last rows finish.
     EARLY: a block's bias (and EPI 2's residual rows) loaded at its first step (after the
     instruction's waits) instead of in its epilogue, so the epilogue adds and stores with no
     L2 round trip on the loop's chain. The residual's columns [n0, n1) are written by this
@@ -250,20 +246,10 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                     mask=n_ok[:, None], other=0.0)
         if PRE:
             if s == 0:
-                if K_FIRST > 0:
-                    _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, -1, 0, f16, f17, f18,
-                             f19, B, D, LN_BLOCK, ALIGNED, ACQ, True, tr_ptr,
-                             TRACE, npf, RPF)
-                else:
-                    _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17,
-                             f18, f19, B, D, LN_BLOCK, ALIGNED, ACQ, True, tr_ptr,
-                             TRACE, npf, RPF)
+                _wait_ln(cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
+                         B, D, LN_BLOCK, ALIGNED, ACQ, True, tr_ptr, TRACE, npf, RPF)
                 xk = tl.load(x_rows + k0[None, :], mask=b_ok[:, None], other=0.0,
                              cache_modifier=".cg")
-            if K_FIRST > 0:
-                if s + 1 == K_FIRST // BK:       # the next load reads the second input
-                    _waits(cnt_ptr, wi1, wt1, -1, 0, ACQ)
-                    _l1_prefetch_record(npf, RPF)
         if EARLY:
             if kk == 0:
                 eb, er = _epilogue_operands(offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr,
@@ -557,7 +543,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
              PIPE: tl.constexpr,
              ALIGNED: tl.constexpr, ACQ: tl.constexpr,
-             PRE: tl.constexpr, K_FIRST: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
+             PRE: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
              RPF: tl.constexpr, EARLY: tl.constexpr, ap=None, mask_col=-1,
              ARGP: tl.constexpr = False):
     """One GEMV instruction: prefetch its first weights (not PIPE: the first group into
@@ -586,7 +572,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   ACQ, K_FIRST, tr_ptr, TRACE, npf, RPF, EARLY, ap, mask_col, ARGP)
+                   ACQ, tr_ptr, TRACE, npf, RPF, EARLY, ap, mask_col, ARGP)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -873,7 +859,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                LM_DOT: tl.constexpr, LM_UN: tl.constexpr,
                LN_BLOCK: tl.constexpr, ARG_BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                STAGES: tl.constexpr, PIPE: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
-               TRACE: tl.constexpr, W2_FIRST: tl.constexpr, SKIP: tl.constexpr = False,
+               TRACE: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
                EARLY: tl.constexpr = False, APIPE: tl.constexpr = False,
                PARG: tl.constexpr = False, NP_BLOCK: tl.constexpr = 1,
@@ -913,19 +899,19 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          p0.to(tl.int32), p1.to(tl.int32), D, SU, eps,
                          wi0, wt0, wi1, wt1, f16, f17, f18, f19, B, D, D, 1, W1_BB, W1_BN,
                          W1_BK, W1_DOT, STAGES, W1_UN, LN_BLOCK, PIPE, ALIGNED,
-                         ACQ, PRE, 0, tr, TRACE, npf, RPF, EARLY)
+                         ACQ, PRE, tr, TRACE, npf, RPF, EARLY)
             elif op == 1:    # OP_GEMV_W2 (bias and residual in fp32)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, fb + b_al, fb + y_al, n0, n1,
                          0, 0, SU, D, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
-                         W2_UN, LN_BLOCK, PIPE, ALIGNED, ACQ, PRE, W2_FIRST,
+                         W2_UN, LN_BLOCK, PIPE, ALIGNED, ACQ, PRE,
                          tr, TRACE, npf, RPF, EARLY)
             elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused; PARG: its partial
                 #              greedy pick into its slot p2, column p0 left out)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
-                         LM_UN, LN_BLOCK, PIPE, ALIGNED, ACQ, PRE, 0,
+                         LM_UN, LN_BLOCK, PIPE, ALIGNED, ACQ, PRE,
                          tr, TRACE, npf, RPF, EARLY, fb + p2, p0, PARG)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
@@ -974,7 +960,7 @@ UNROLL = 4
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pre: bool = False,
-               trace: bool = False, split_w2: bool = False, rpf: bool = False,
+               trace: bool = False, rpf: bool = False,
                early: bool = False, poll1: bool = False, apipe: bool = False,
                parg: bool = False, lm_parts: int = 0, dyn: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
@@ -1013,15 +999,11 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     if dyn and apipe:
         raise ValueError("dyn is not built with apipe")
     kw["DYN"] = bool(dyn)
-    # W2 waits for fc1 only before its GELU columns (pipe + pre; whole K tiles)
-    w2_first = sh.get("W2_FIRST", 0)
-    kw["W2_FIRST"] = w2_first if (kw["PRE"] and w2_first and w2_first % kw["W2_BK"] == 0
-                                  and w2_first < sh["KW2"] and split_w2) else 0
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool = False,
-                trace=None, split: bool = False, skip=None, rpf: bool = False,
+                trace=None, skip=None, rpf: bool = False,
                 early: bool = False, poll1: bool = False, apipe: bool = False,
                 parg: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
@@ -1038,7 +1020,7 @@ def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pre=pre,
-                    trace=trace is not None, split_w2=split, rpf=rpf, early=early,
+                    trace=trace is not None, rpf=rpf, early=early,
                     poll1=poll1, apipe=apipe, parg=parg, lm_parts=c.n_picks, dyn=c.dyn)
     if skip is not None:
         kw["SKIP"] = True
@@ -1054,14 +1036,14 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, align: bool = True, pre: bool = False, trace=None,
-           split: bool = False, skip=None, rpf: bool = False, early: bool = False,
+           skip=None, rpf: bool = False, early: bool = False,
            poll1: bool = False, apipe: bool = False, parg: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, align=align, pre=pre, trace=trace,
-                           split=split, skip=skip, rpf=rpf, early=early, poll1=poll1,
+                           skip=skip, rpf=rpf, early=early, poll1=poll1,
                            apipe=apipe, parg=parg)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,

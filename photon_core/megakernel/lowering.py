@@ -190,12 +190,7 @@ class ProgramLowering:
             N_TABLE=fd.cos.shape[0], CHUNK=self.scratch.chunk, NSPLIT=self.scratch.n_split,
             S_ROW=kc.stride(0), S_HEAD=kc.stride(1), S_POS=kc.stride(2),
             NK=st.phase_next.shape[1], ANSWER_ID=-1 if st.spec.answer_id is None
-            else st.spec.answer_id, OUT_COL=head.col,
-            # W2's first K columns that are the attention output alone (its input starts
-            # at attention's output, the GELU part after it: every layer): a W2 tile may
-            # sum them before fc1 is done (kernel._gemv_pipe, pre); 0: it waits for both
-            W2_FIRST=nh * hd if all(L["a_off"] == L["res_off"] for L in self.layers)
-            else 0)
+            else st.spec.answer_id, OUT_COL=head.col)
         self.gemv_cfg = gemv_configs(b, n1, d, kw2, vocab, self.layers[0]["w1"]["n_split"],
                                      gemv)
         self.ops = self._program(len(self.layers))

@@ -33,8 +33,7 @@ class Variant:
     (fill: compiler.compile_program's: the GEMV beside attention dealt out by the programs'
     free times, attention first in the queues), the pipe GEMVs' first weight tiles issued
     before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe waits inside its first
-    step; the same bits), W2 tiles that sum the attention columns before waiting for fc1
-    (split, with pre: kernel._gemv_pipe K_FIRST; the same bits), the hybrid kernel's
+    step; the same bits), the hybrid kernel's
     residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED; the
     same bits), each instruction polling only the waits its program has not made yet
     (elide: compiler.elide_waits; the same bits), the next instruction's record prefetched
@@ -49,7 +48,7 @@ class Variant:
     that hold keys shared out over a (row, head)'s instructions at run time (dyn:
     kernel._attn_op DYN, not with apipe; the same bits).
     Written
-    "gemv/w8/s4/u2/a4/p2/fill/pre/split/red/elide/rpf/early/poll1/
+    "gemv/w8/s4/u2/a4/p2/fill/pre/red/elide/rpf/early/poll1/
     apipe/parg/tail/dyn/greedy/noalign"
     (any order
     after the GEMV; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
@@ -64,7 +63,6 @@ class Variant:
     per_sm: int = 1
     fill: bool = False
     pre: bool = False
-    split: bool = False
     red: bool = False
     elide: bool = False
     rpf: bool = False
@@ -75,7 +73,7 @@ class Variant:
     tail: bool = False
     dyn: bool = False
     # the on / off parts of a variant string, in the order str() writes them
-    FLAGS = ("fill", "pre", "split", "red", "elide", "rpf", "early", "poll1", "apipe",
+    FLAGS = ("fill", "pre", "red", "elide", "rpf", "early", "poll1", "apipe",
              "parg", "tail", "dyn")
 
     @classmethod
@@ -103,8 +101,6 @@ class Variant:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
         if kw.get("pre") and (parts[0] == "auto" or not is_pipe(parts[0])):
             raise ValueError(f"megakernel variant {spec!r}: pre needs a pipe* GEMV")
-        if kw.get("split") and not kw.get("pre"):
-            raise ValueError(f"megakernel variant {spec!r}: split needs pre")
         if kw.get("dyn") and kw.get("apipe"):
             raise ValueError(f"megakernel variant {spec!r}: dyn is not built with apipe")
         return cls(**kw)
@@ -113,7 +109,7 @@ class Variant:
         """kernel.launch's keywords this variant sets (warps and unroll aside: MegakernelStep
         resolves those)."""
         return dict(num_stages=self.stages, align=self.align,
-                    pre=self.pre, split=self.split,
+                    pre=self.pre,
                     rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe,
                     parg=self.parg)
 

@@ -717,32 +717,6 @@ def test_elided_waits_give_the_same_bits(variant, b):
     _second_launch_matches_fused(mk, m, st, fd, b)
 
 
-@pytest.mark.parametrize("gemv,b", [("pipe_fma@16x32", 1), ("pipe@16x32", 2)])
-def test_w2_summing_attention_columns_before_fc1_gives_the_same_bits(gemv, b):
-    """split (kernel._gemv_pipe K_FIRST, with pre): a W2 tile waits for attention only at
-    its first step and polls fc1's counter just before it loads the first GELU column: the
-    same products in the same order, so the same bits as pre alone, launch after launch.
-    The lowering finds W2's input starting at attention's output (W2_FIRST = heads x head
-    dim); the flag reaches the kernel only with pre and whole K tiles."""
-    from photon_core.megakernel.kernel import kernel_args
-    from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
-
-    m, st, fd, s0, ref = _with_fused_reference(b)
-    mk = MegakernelStep(fd, st, b, variant=f"{gemv}/w4/s3/pre/split")
-    sh = mk.low.shape
-    assert sh["W2_FIRST"] == m.config.text.n_heads * m.config.text.head_dim > 0
-    kw = kernel_args(mk.compiled, mk.low, pre=True, split=True)[1]
-    assert kw["W2_FIRST"] == sh["W2_FIRST"] and kw["W2_FIRST"] % kw["W2_BK"] == 0
-    assert kernel_args(mk.compiled, mk.low, pre=False, split=True)[1]["W2_FIRST"] == 0
-    assert kernel_args(mk.compiled, mk.low, pre=True)[1]["W2_FIRST"] == 0
-    with pytest.raises(ValueError, match="split needs pre"):
-        Variant.parse(f"{gemv}/w4/split")
-    assert str(Variant.parse(f"{gemv}/w4/s3/pre/split")).endswith("/pre/split")
-    results = _launch_both_ways(mk, st, fd, s0, "split")
-    _close_rows(results[True], ref, b)
-    _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's split: on)
-
-
 def test_schedule_spreads_each_op_over_the_sms():
     """The scheduler gives an op's instructions to distinct SMs before any SM gets a second
     one (spread); the plain greedy rule stacked short instructions that became ready while
@@ -829,7 +803,7 @@ def test_removed_variant_parts_are_unknown():
     are unknown parts now, like any other."""
     from photon_core.megakernel.megakernel_step import Variant
 
-    for part in ("kv2", "pf32", "pfn64", "sl100"):
+    for part in ("kv2", "pf32", "pfn64", "sl100", "split"):
         with pytest.raises(ValueError, match="unknown part"):
             Variant.parse(f"pipe_fma@8x1024/w4/s3/pre/{part}")
 
