@@ -81,7 +81,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     lm_parts = math.ceil(blocks / blocks_per_tile(blocks, 264))
     kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), pre=v.pre, trace=trace,
                     rpf=v.rpf, early=v.early, poll1=v.poll1,
-                    apipe=v.apipe, parg=v.parg, lm_parts=lm_parts, dyn=v.dyn)
+                    parg=v.parg, lm_parts=lm_parts, dyn=v.dyn)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}

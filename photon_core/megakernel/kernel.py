@@ -646,22 +646,17 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
-             STAGES: tl.constexpr,
-             ACQ: tl.constexpr, npf,
-             RPF: tl.constexpr, APIPE: tl.constexpr, DYN: tl.constexpr = False):
+             STAGES: tl.constexpr, ACQ: tl.constexpr, npf, RPF: tl.constexpr,
+             DYN: tl.constexpr = False):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
     cached keys / values are loaded before waiting for q/k/v (the cache below the row's
     position does not change during a step; the position changes only in the step's
     advance, after every attention). The last of the n_sub instructions of this (row, head)
-    to finish merges the splits into out (decode_attention._merge). APIPE: all the instruction's splits as
-    one software-pipelined loop whose first iteration waits (and makes q / the new k, v):
-    Triton's prologue issues the first STAGES - 1 splits' k/v (cp.async into shared memory)
-    before the poll, and the later ones stream while earlier splits are summed - the same
-    sums in the same order (kernel._gemv_pipe's PRE, for attention). DYN (not with APIPE):
-    s0 is the instruction's place k among its (row, head)'s n_sub (compiler dyn), and the
-    splits that hold keys - [0, pw // CHUNK + 1), known before the wait - are shared out
+    to finish merges the splits into out (decode_attention._merge). DYN: s0 is the
+    instruction's place k among its (row, head)'s n_sub (compiler dyn), and the splits
+    that hold keys - [0, pw // CHUNK + 1), known before the wait - are shared out
     at run time, k * n // n_sub to (k + 1) * n // n_sub (the last holds the position's
     split); the merge reads those n splits only (the others' partials would be m = -inf,
     l = 0, acc = 0: their terms are 0 either way). Each split's partials and their merge
@@ -678,33 +673,16 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
     ti = tl.minimum(pos, N_TABLE - 1)
     d = tl.arange(0, HD)
     cache_off = row * S_ROW + kvh * S_HEAD
-    if APIPE:       # every split in one pipelined loop; the wait in its first iteration
-        q = tl.zeros([HD], dtype=tl.float32)
-        k_new = tl.zeros([HD], dtype=kc_ptr.dtype.element_ty)
-        v_new = tl.zeros([HD], dtype=qkv_ptr.dtype.element_ty)
-        sc_new = 0.0
-        for sp in tl.range(s0, s1, num_stages=STAGES):
-            kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK, S_POS)
-            if sp == s0:
-                _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
-                src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
-                q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h,
-                                                    kvh, pw, s0, s1, d, src_c, src_s, c, s,
-                                                    scale, SU, NH, NKV, HD, CHUNK, S_POS)
-            _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
-                        acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+    if DYN:     # (an instruction may hold none of the splits below the position)
+        empty = s1 <= s0
     else:
-        if DYN:     # (an instruction may hold none of the splits below the position)
-            empty = s1 <= s0
-        else:
-            empty = False
-        if empty:   # (its program's later instructions may count on this wait: elide)
-            _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
-        else:
-            _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
-                         acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
-                         wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES,
-                         ACQ)
+        empty = False
+    if empty:   # (its program's later instructions may count on this wait: elide)
+        _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
+    else:
+        _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
+                     acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
+                     wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES, ACQ)
     tl.debug_barrier()
     done = n_sub - 1
     if n_sub > 1:     # release our partials, acquire the others'
@@ -724,9 +702,8 @@ def _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_pt
                  HD: tl.constexpr, HALF: tl.constexpr, CHUNK: tl.constexpr,
                  NSPLIT: tl.constexpr, S_POS: tl.constexpr, STAGES: tl.constexpr,
                  ACQ: tl.constexpr):
-    """_attn_op's splits [s0, s1) one after another (its form without APIPE): the first
-    split's keys / values loaded before the wait, q / the new k, v after it, each split's
-    partials into the scratch."""
+    """_attn_op's splits [s0, s1) one after another: the first split's keys / values loaded
+    before the wait, q / the new k, v after it, each split's partials into the scratch."""
     kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, s0, pw, d, CHUNK, S_POS)
     _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
     src_c, src_s, c, s = _rope_cs(cos_ptr, sin_ptr, ti, HD, HALF)
@@ -861,8 +838,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                STAGES: tl.constexpr, PIPE: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
-               EARLY: tl.constexpr = False, APIPE: tl.constexpr = False,
-               PARG: tl.constexpr = False, NP_BLOCK: tl.constexpr = 1,
+               EARLY: tl.constexpr = False, PARG: tl.constexpr = False, NP_BLOCK: tl.constexpr = 1,
                DYN: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
@@ -919,7 +895,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, S_ROW, S_HEAD,
-                         S_POS, STAGES, ACQ, npf, RPF, APIPE, DYN)
+                         S_POS, STAGES, ACQ, npf, RPF, DYN)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
             _l1_prefetch_record(npf, RPF)
@@ -961,8 +937,8 @@ UNROLL = 4
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pre: bool = False,
                trace: bool = False, rpf: bool = False,
-               early: bool = False, poll1: bool = False, apipe: bool = False,
-               parg: bool = False, lm_parts: int = 0, dyn: bool = False) -> dict:
+               early: bool = False, poll1: bool = False, parg: bool = False,
+               lm_parts: int = 0, dyn: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pre (pipe only): a GEMV instruction waits
@@ -990,21 +966,18 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["TRACE"] = bool(trace) and not interpreted()
     kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
     kw["EARLY"] = bool(early) and bool(pipe)        # (_gemv_pipe's)
-    kw["APIPE"] = bool(apipe)                       # (_attn_op's)
     # the greedy pick from the lm instructions' partial picks (_gemv_pipe's: pipe only)
     # (lm_parts: the lm op's instructions, each a slot of partial picks)
     kw["PARG"] = bool(parg) and bool(pipe) and lm_parts > 0
     kw["NP_BLOCK"] = triton.next_power_of_2(max(1, lm_parts))
     # attention's splits shared out at run time (_attn_op DYN: a table compiled with dyn)
-    if dyn and apipe:
-        raise ValueError("dyn is not built with apipe")
     kw["DYN"] = bool(dyn)
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool = False,
                 trace=None, skip=None, rpf: bool = False,
-                early: bool = False, poll1: bool = False, apipe: bool = False,
+                early: bool = False, poll1: bool = False,
                 parg: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
@@ -1021,7 +994,7 @@ def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pre=pre,
                     trace=trace is not None, rpf=rpf, early=early,
-                    poll1=poll1, apipe=apipe, parg=parg, lm_parts=c.n_picks, dyn=c.dyn)
+                    poll1=poll1, parg=parg, lm_parts=c.n_picks, dyn=c.dyn)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -1037,14 +1010,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, align: bool = True, pre: bool = False, trace=None,
            skip=None, rpf: bool = False, early: bool = False,
-           poll1: bool = False, apipe: bool = False, parg: bool = False):
+           poll1: bool = False, parg: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, align=align, pre=pre, trace=trace,
-                           skip=skip, rpf=rpf, early=early, poll1=poll1,
-                           apipe=apipe, parg=parg)
+                           skip=skip, rpf=rpf, early=early, poll1=poll1, parg=parg)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

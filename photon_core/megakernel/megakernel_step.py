@@ -40,16 +40,14 @@ class Variant:
     into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
     a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
     (early: kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread
-    then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's splits as one
-    pipelined loop that waits in its first iteration (apipe: kernel._attn_op APIPE; the same
-    sums), the greedy pick from the lm instructions' partial picks (parg, pipe* GEMVs:
-    kernel._argp_update / _argmax_parts; the same token), attention's key-split groups with
+    then a CTA barrier (poll1: kernel._poll_one; the same bits), the greedy pick from the
+    lm instructions' partial picks (parg, pipe* GEMVs: kernel._argp_update / _argmax_parts; the same token), attention's key-split groups with
     the larger ones last (tail: compiler.split_groups; the same bits), attention's splits
     that hold keys shared out over a (row, head)'s instructions at run time (dyn:
-    kernel._attn_op DYN, not with apipe; the same bits).
+    kernel._attn_op DYN; the same bits).
     Written
     "gemv/w8/s4/u2/a4/p2/fill/pre/red/elide/rpf/early/poll1/
-    apipe/parg/tail/dyn/greedy/noalign"
+    parg/tail/dyn/greedy/noalign"
     (any order
     after the GEMV; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
@@ -68,13 +66,11 @@ class Variant:
     rpf: bool = False
     early: bool = False
     poll1: bool = False
-    apipe: bool = False
     parg: bool = False
     tail: bool = False
     dyn: bool = False
     # the on / off parts of a variant string, in the order str() writes them
-    FLAGS = ("fill", "pre", "red", "elide", "rpf", "early", "poll1", "apipe",
-             "parg", "tail", "dyn")
+    FLAGS = ("fill", "pre", "red", "elide", "rpf", "early", "poll1", "parg", "tail", "dyn")
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -101,8 +97,6 @@ class Variant:
                     raise ValueError(f"megakernel variant {spec!r}: unknown part {p!r}")
         if kw.get("pre") and (parts[0] == "auto" or not is_pipe(parts[0])):
             raise ValueError(f"megakernel variant {spec!r}: pre needs a pipe* GEMV")
-        if kw.get("dyn") and kw.get("apipe"):
-            raise ValueError(f"megakernel variant {spec!r}: dyn is not built with apipe")
         return cls(**kw)
 
     def launch_kw(self) -> dict:
@@ -110,8 +104,7 @@ class Variant:
         resolves those)."""
         return dict(num_stages=self.stages, align=self.align,
                     pre=self.pre,
-                    rpf=self.rpf, early=self.early, poll1=self.poll1, apipe=self.apipe,
-                    parg=self.parg)
+                    rpf=self.rpf, early=self.early, poll1=self.poll1, parg=self.parg)
 
     def __str__(self) -> str:
         s = f"{self.gemv}/w{self.warps}/s{self.stages}"
