@@ -66,8 +66,6 @@ def moondream_shape(b: int, cap: int, chunk: int = 128) -> tuple[dict, dict]:
 def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: bool = False):
     """variant: megakernel_step.Variant or its string; trace: the build with instruction
     timestamps (bench/trace_megakernel.py); returns (seconds, kernel, constexprs)."""
-    from photon_core.megakernel.compiler import blocks_per_tile
-    from photon_core.megakernel.instructions import OP_GEMV_LM
     from photon_core.megakernel.kernel import constexprs, megakernel
     from photon_core.megakernel.lowering import gemv_configs, is_pipe
     from photon_core.megakernel.megakernel_step import Variant
@@ -76,12 +74,8 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     unroll = v.unroll or (4 if b == 1 else 2)
     sh, dims = moondream_shape(b, cap)
     cfg = gemv_configs(b, **dims, gemv=gemv)
-    # the lm op's instructions on the H200's 264 programs (compiler.split_ops' cut)
-    blocks = math.ceil(sh["V"] / cfg[OP_GEMV_LM].block_n)
-    lm_parts = math.ceil(blocks / blocks_per_tile(blocks, 264))
     kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), pre=v.pre, trace=trace,
-                    rpf=v.rpf, early=v.early, poll1=v.poll1,
-                    parg=v.parg, lm_parts=lm_parts, dyn=v.dyn)
+                    rpf=v.rpf, early=v.early, poll1=v.poll1, dyn=v.dyn)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}
@@ -146,16 +140,12 @@ def compile_hybrid(b: int, cap: int, variant: str = "auto/w8/s3", family: str = 
     E2B's shapes, as a megakernel_step.Variant string builds it (GEMV tile, warps, stages,
     pre, ...); ints: integer arguments' values as a launch specializes them (1: a
     constant - Triton 3.6's layout pass once failed on such a build, session 23)."""
-    from photon_core.megakernel.compiler import blocks_per_tile
     from photon_core.megakernel.hybrid_kernel import constexprs
     from photon_core.megakernel.megakernel_step import Variant
     v = Variant.parse(variant)
     shape = qwen3_5_shape if family == "qwen3.5" else gemma4_shape
     sh = shape(b, cap, v.gemv)
-    blocks = math.ceil(sh["V"] / sh["BN"])          # the lm head's instructions on 132 SMs
-    kw = constexprs(sh, stages=v.stages, pre=v.pre, red=v.red,
-                    rpf=v.rpf, poll1=v.poll1, parg=v.parg,
-                    lm_parts=math.ceil(blocks / blocks_per_tile(blocks, 132)))
+    kw = constexprs(sh, stages=v.stages, pre=v.pre, red=v.red, rpf=v.rpf, poll1=v.poll1)
     kw["ALIGNED"] = True
     kw["TRACE"] = trace
     return _compile_hybrid(kw, ints or {}, v.warps, v.stages)

@@ -60,9 +60,10 @@ ATTN_LATENCY_US = 1.79      # (3.0 before the fit: 0.961 ms; 1.0: 0.955, 3.0 wit
 # table's wait / signal fields hold the scaled index, the per-(layer, row, head) merge
 # counters follow at len(ops) * CNT_STRIDE
 CNT_STRIDE = 32
-# the hybrid kernel's GEMV epilogue of the lm head: a store (EPI_STORE) whose values also
-# feed the instruction's partial greedy pick (hybrid_kernel._hgemv PARG)
-EPI_PICK = 8
+# the hybrid kernel's GEMV epilogue code of the lm head (the lowering marks its GEMV
+# "lm_head"): a store, as EPI_STORE (0) is - its own code since session 28's partial picks
+# (`parg`, removed in session 39), kept so that the kernel's code stays the same
+EPI_LM = 8
 
 
 def arena_of(t: torch.Tensor, model_dtype: torch.dtype) -> str:
@@ -85,7 +86,6 @@ class Compiled:
     offsets: dict[str, int]          # buffer name -> element offset in its arena
     makespan_us: float               # the scheduler's estimate
     aligned: bool                    # every offset the kernel hints a multiple of 16 elements
-    n_picks: int = 0                 # the lm head's instructions (slots of partial picks)
     dyn: bool = False                # attention's splits in the table as places (kernel DYN)
 
     def queues(self) -> list[list[Instr]]:
@@ -421,15 +421,6 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
         return v
 
     d = shape["D"]
-    # the lm head's instructions (the lowerings mark its GEMV "pick") each get a slot for
-    # their partial greedy picks (kernels' PARG), in row order
-    lm_slot = {id(i): k for k, i in enumerate(sorted(
-        (i for i in ordered if i.params.get("pick")), key=lambda i: i.tile))}
-    parts = "argp" in buffers
-    assert not parts or len(lm_slot) * b * 2 <= buffers["argp"].numel()
-
-    def slot(ins: Instr) -> int:
-        return offsets["argp"] + lm_slot[id(ins)] * b * 2
     rows = []
     for ins in ordered:
         r = [0] * N_FIELDS
@@ -448,9 +439,6 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                 r[F_P4], r[F_P5], r[F_P6] = (off(a["ln_inp"]), off(a["ln_gamma"]),
                                              off(a["ln_beta"]))
                 r[F_P7] = -1 if ins.ln_reuse else ins.params["ln_in_f32"]
-            if ins.params.get("pick") and parts:   # its slot, the column the pick leaves out
-                r[F_P0] = shape["ANSWER_ID"]
-                r[F_P2] = slot(ins)
         elif ins.op == OP_ATTN:
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))
@@ -470,8 +458,8 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_P7] = 2 if ins.params.get("fp32_in") else -1
             if "mul" in a:
                 r[F_P4], r[F_P5] = off(a["mul"]), ins.params["s_mul"]
-            if ins.params.get("pick") and parts:   # the lm head: stores and picks (EPI_PICK)
-                r[F_P0], r[F_B] = EPI_PICK, slot(ins)
+            if ins.params.get("lm_head"):      # the lm head: a store (EPI_LM)
+                r[F_P0] = EPI_LM
             if "ln_inp" in a:       # the norm first: into this program's rows of hs
                 assert a["inp"].buf == "hs"
                 r[F_A] = off(a["inp"]) + ins.sm * b * d
@@ -528,8 +516,6 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_A], r[F_Y] = off(a["logits"]), off(a["out"])
             r[F_P0], r[F_P1], r[F_P2] = (off(a["phase"]), off(a["first"]),
                                          ins.params["mask_col"])
-            if parts:        # the lm instructions' partial picks: slots 0 .. P3 - 1
-                r[F_W], r[F_P3] = offsets["argp"], len(lm_slot)
         else:
             raise ValueError(ins.op)
         (r[F_WAIT0], r[F_TGT0]), (r[F_WAIT1], r[F_TGT1]) = (
@@ -551,4 +537,4 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                     torch.tensor(queue, dtype=torch.int32, device=dev),
                     torch.zeros(len(ops) * CNT_STRIDE + n_attn * b * shape["NH"] + 1,
                                 dtype=torch.int32, device=dev),
-                    len(queues), bases, offsets, makespan, aligned, len(lm_slot), dyn)
+                    len(queues), bases, offsets, makespan, aligned, dyn)

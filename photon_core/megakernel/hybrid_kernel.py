@@ -36,10 +36,9 @@ from ..ops.gated_activation import gated_value
 from ..ops.gqa_attention import _merge_splits, _span_softmax
 from ..ops.mrope import _norm_rope_head
 from .instructions import OP_HGEMV
-from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_parts, _argmax_row, _argp_store,
-                     _argp_update, _cta_sync, _globaltimer, _l1_prefetch_record,
-                     _prefetch_record, _waits, finish_launch, grid_options, interpreted,
-                     read_record)
+from .kernel import (_STRIDE, _advance_row, _aligned, _argmax_row, _cta_sync, _globaltimer,
+                     _l1_prefetch_record, _prefetch_record, _waits, finish_launch,
+                     grid_options, interpreted, read_record)
 
 EPI_STORE, EPI_RESIDUAL, EPI_GATED_SILU, EPI_GATED_GELU = 0, 2, 3, 5
 EPI_ACT_MUL_GELU, EPI_ACT_MUL_SILU = 6, 7          # act(y) * mul[:, n]
@@ -78,7 +77,7 @@ def _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, R:
         else:
             tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
                      mask=mask)
-    elif (epi == 0) | (epi == 8):     # (8: the lm head's, compiler.EPI_PICK: a store)
+    elif (epi == 0) | (epi == 8):     # (8: the lm head's, compiler.EPI_LM: a store)
         tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
                  acc.to(y_ptr.dtype.element_ty), mask=mask)
     elif epi >= 6:      # act(y) * mul (the model dtype's rounding of y first)
@@ -133,8 +132,7 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
            B: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
            IEEE: tl.constexpr, ALIGNED: tl.constexpr, FMA: tl.constexpr, GST: tl.constexpr,
            PRE: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr,
-           ACQ: tl.constexpr, RED: tl.constexpr, npf, RPF: tl.constexpr, part_ptr=None,
-           PARG: tl.constexpr = False):
+           ACQ: tl.constexpr, RED: tl.constexpr, npf, RPF: tl.constexpr):
     """Rows [n0, n1) of y = x W^T as ONE loop over (BN-row block, BK column tile) steps,
     software-pipelined by Triton (GST stages: GST - 1 weight tiles in flight through shared
     memory, across block boundaries - no pipeline drain per block; kernel.py's _gemv_pipe's
@@ -147,10 +145,7 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
     load, and step 0's activations are loaded there: the pipeliner's prologue (the first
     GST - 1 weight tiles) is issued before the poll loop, its HBM latency overlapping the
     wait (weights never change during a step) - kernel._gemv_pipe's PRE; the same products in
-    the same order. The compiler never emits an empty instruction (n_steps >= 1).
-    PARG, epilogue 8 (the lm head, compiler.EPI_PICK): each block's stored values also feed
-    the instruction's partial greedy pick per row, stored at the end into its slot part_ptr
-    (kernel._argp_update / _argp_store, for kernel._argmax_parts)."""
+    the same order. The compiler never emits an empty instruction (n_steps >= 1)."""
     if ALIGNED:
         K = (K // 16) * 16
     kt = tl.cdiv(K, BK)
@@ -171,8 +166,6 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
     else:
         xk = tl.load(x_rows, mask=x_mask, other=0.0, cache_modifier=".cg")
     b_ok = offs_b < B
-    best = tl.full(offs_b.shape, float("-inf"), tl.float32)     # PARG: the running pick
-    best_i = tl.zeros(offs_b.shape, dtype=tl.int64)
     for s in tl.range(0, n_steps, num_stages=GST):
         blk = s // kt
         kk = (s - blk * kt) * BK
@@ -203,23 +196,13 @@ def _hgemv(x_ptr, sx, w_ptr, y_ptr, sy, n0, n1, K, epi, mul_ptr, smul,
         xk = xn
         if kk + BK >= K:                      # the block's last tile: its epilogue
             if FMA:
-                out = tl.sum(acc, axis=1)[None, :]
-                _hgemv_epilogue(out, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, 1,
-                                BN, RED)
+                _hgemv_epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, nb, n1, y_ptr, sy,
+                                epi, mul_ptr, smul, 1, BN, RED)
                 acc = tl.zeros([BN, BK], dtype=tl.float32)
             else:
-                out = acc
-                _hgemv_epilogue(out, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, BB,
+                _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, BB,
                                 BN, RED)
                 acc = tl.zeros([BB, BN], dtype=tl.float32)
-            if PARG:
-                if epi == 8:      # the values as stored
-                    best, best_i = _argp_update(
-                        out.to(y_ptr.dtype.element_ty).to(tl.float32), b_ok, offs_n,
-                        offs_n < n1, nb, -1, best, best_i)
-    if PARG:
-        if epi == 8:
-            _argp_store(part_ptr, offs_b, b_ok, best, best_i)
 
 
 @triton.jit
@@ -434,8 +417,7 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                       ACQ: tl.constexpr,
                       ALIGNED: tl.constexpr = False, PRE: tl.constexpr = False,
                       TRACE: tl.constexpr = False, RED: tl.constexpr = False,
-                      RPF: tl.constexpr = False, PARG: tl.constexpr = False,
-                      NP_BLOCK: tl.constexpr = 1):
+                      RPF: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -463,17 +445,17 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
                 _hgemv(fb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
                        B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, ACQ,
-                       RED, npf, RPF, fb + b_off, PARG)
+                       RED, npf, RPF)
             elif p0 == 2:
                 _hgemv(wb + a_off, p2, wb + w_off, fb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
                        B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, ACQ,
-                       RED, npf, RPF, fb + b_off, PARG)
+                       RED, npf, RPF)
             else:
                 _hgemv(wb + a_off, p2, wb + w_off, wb + y_off, p3, n0, n1, p1, p0, wb + p4, p5,
                        cnt_ptr, wi0, wt0, wi1, wt1, fb, wb, a_off, p4, p5, p6, p7, eps,
                        B, BB, BN, BK, IEEE, ALIGNED, FMA, GST, PRE, D, D_P2, ACQ,
-                       RED, npf, RPF, fb + b_off, PARG)
+                       RED, npf, RPF)
         elif op == 7:        # OP_DELTA: (row n0, key head n1)
             delta_net_group(wb + a_off + n0 * SU, wb + p0 + n0 * SU, wb + p1 + n0 * SU,
                             wb + p2 + n0 * SU, fb + w_off, wb + b_off + n0 * CS_B,
@@ -519,9 +501,6 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
         elif op == 4:        # OP_ADVANCE
             _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                          ib + p3, ub + b_off, n0, NK, D, D_P2)
-        elif PARG:           # OP_ARGMAX from the lm instructions' p3 partial picks
-            _argmax_parts(fb + w_off, wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, p3,
-                          B, LS, OUT_COL, NP_BLOCK)
         else:                # OP_ARGMAX
             _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS, OUT_COL,
                         ARG_BLOCK)
@@ -533,17 +512,14 @@ def hybrid_megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub, cos_off, si
 
 
 def constexprs(sh: dict, stages: int = 3, pre: bool = False, red: bool = False,
-               rpf: bool = False, poll1: bool = False, parg: bool = False,
-               lm_parts: int = 0) -> dict:
+               rpf: bool = False, poll1: bool = False) -> dict:
     """The kernel's constexprs for a lowering's shape dict (hybrid_lowering.HybridLowering
     .shape; also bench/compile_megakernel.py --hybrid, ahead of time without a GPU).
     stages: the GEMV loop's software-pipelining stages (the variant's "sN"); pre: a GEMV's
     waits and norm inside its loop's first step (_hgemv's PRE, the variant's "pre"); red:
     the residual epilogue as relaxed atomic adds (_hgemv_epilogue's RED, the variant's
     "red"); rpf: the records prefetched (RPF, the variant's "rpf"; inline PTX: CUDA only);
-    poll1: one thread polls a wait's counters, then a CTA barrier (kernel._waits ACQ 2);
-    parg: the greedy pick from the lm head's lm_parts instructions' partial picks (_hgemv
-    PARG, kernel._argmax_parts)."""
+    poll1: one thread polls a wait's counters, then a CTA barrier (kernel._waits ACQ 2)."""
     kw = {k: sh[k] for k in ("B", "D", "SU", "V", "LS", "NK", "OUT_COL", "BB", "BN", "BK",
                              "FMA", "IEEE", "HK", "HV", "DK", "DV", "KC", "CS_B", "CS_C", "CS_K",
                              "S_S", "NH", "NKV", "HD", "R", "NTAB", "CAP", "S_ROW", "S_HEAD",
@@ -554,8 +530,7 @@ def constexprs(sh: dict, stages: int = 3, pre: bool = False, red: bool = False,
               DV_P2=p2(sh["DV"]), KC_P2=p2(sh["KC"]), BD=p2(sh["HD"]),
               NS_P2=p2(sh["NSPLIT"]),
               ACQ=0 if interpreted() else (2 if poll1 else 1), GST=int(stages),
-              PRE=bool(pre), RED=bool(red), RPF=bool(rpf) and not interpreted(),
-              PARG=bool(parg) and lm_parts > 0, NP_BLOCK=p2(max(1, lm_parts)))
+              PRE=bool(pre), RED=bool(red), RPF=bool(rpf) and not interpreted())
     return kw
 
 
@@ -569,14 +544,14 @@ def gemv_aligned(c, low) -> bool:
 
 
 def launch_args(c, low, aligned: bool = False, num_stages: int = 2, pre: bool = False,
-                trace=None, red: bool = False, rpf: bool = False, poll1: bool = False,
-                parg: bool = False) -> tuple[tuple, dict]:
+                trace=None, red: bool = False, rpf: bool = False,
+                poll1: bool = False) -> tuple[tuple, dict]:
     """hybrid_megakernel's arguments and constexprs for one step of a hybrid lowering `low`
     compiled into `c` (compiler.Compiled); aligned: gemv_aligned(c, low); trace: an int64
     tensor [n_instr, 2] for the instructions' start / end ns (CUDA; None: no trace). Also
     what bench/dump_megakernel_build.py records."""
     off = c.offsets
-    kw = constexprs(low.shape, num_stages, pre, red, rpf, poll1, parg, c.n_picks)
+    kw = constexprs(low.shape, num_stages, pre, red, rpf, poll1)
     kw["ALIGNED"] = bool(aligned)
     kw["TRACE"] = trace is not None and not interpreted()
     args = (c.table, c.queue, c.counters, c.bases["w"], c.bases["f"], c.bases["i"],
@@ -589,8 +564,8 @@ def launch_args(c, low, aligned: bool = False, num_stages: int = 2, pre: bool = 
 
 def launch(c, low, num_warps: int = 8, num_stages: int = 2, aligned: bool = False,
            pre: bool = False, trace=None, red: bool = False, rpf: bool = False,
-           poll1: bool = False, parg: bool = False):
+           poll1: bool = False):
     """One step of a hybrid lowering `low` compiled into `c` (launch_args')."""
-    args, kw = launch_args(c, low, aligned, num_stages, pre, trace, red, rpf, poll1, parg)
+    args, kw = launch_args(c, low, aligned, num_stages, pre, trace, red, rpf, poll1)
     return hybrid_megakernel[(c.n_programs,)](*args, **kw, **grid_options(c),
                                               num_warps=num_warps, num_stages=num_stages)

@@ -34,7 +34,7 @@ import torch
 from ..ops import gemv as G
 from .instructions import (OP_ADVANCE, OP_ARGMAX, OP_DELTA, OP_GATTN, OP_GMERGE, OP_HGEMV,
                            OP_NORMADD, OP_WATTN, OP_WMERGE, Operand, ProgramOp)
-from .lowering import Unsupported, parse_gemv, pick_slots
+from .lowering import Unsupported, parse_gemv
 from . import hybrid_kernel as HK
 
 
@@ -115,7 +115,7 @@ class HybridLowering:
         bufs: dict[str, torch.Tensor] = {
             "x": fd.x, "hs": self.hs, "u": u, "logits": logits, "cos": cos, "sin": sin,
             "attn_scratch": self.attn_scratch, "attn_m": self.attn_m, "attn_l": self.attn_l,
-            "attn_acc": self.attn_acc, "argp": pick_slots(n_sm, b, dev),
+            "attn_acc": self.attn_acc,
             "hidden": st.hidden, "pos": st.pos, "pos_offset": st.pos_offset,
             "phase": st.phase, "kind": st.kind, "out": st.out, "phase_next": st.phase_next,
             "active": st.active.view(torch.uint8), "first": st.first.view(torch.uint8)}
@@ -382,7 +382,7 @@ class HybridLowering:
         ls = fd.bufs[g["buf"]].stride(0)
         self._gemv("lm", g, O("hs"), O(g["buf"]), HK.EPI_STORE, ("advance",), d, ls,
                    norm=(hops[0], "hidden", False))
-        self.ops[-1].params["pick"] = 1     # (its partial greedy picks: compiler.EPI_PICK)
+        self.ops[-1].params["lm_head"] = 1      # (its epilogue code: compiler.EPI_LM)
         self.ops.append(ProgramOp("argmax", OP_ARGMAX,
                                   {"logits": O(g["buf"]), "out": O("out"), "phase": O("phase"),
                                    "first": O("first")}, {"mask_col": -1}, ("lm",)))

@@ -29,8 +29,7 @@ each output is summed in the same order):
             decode_attention.py, one split after another, into the scratch
   COMBINE   one (row, head): decode_attention.py's _merge of the splits into u[:, a]
   ADVANCE   one row: row_advance.py (phase by the program's phase table)
-  ARGMAX    one row: masked_argmax.py (the answer-marker rule); PARG: from the lm
-            instructions' partial picks (_argp_update / _argp_store / _argmax_parts)
+  ARGMAX    one row: masked_argmax.py (the answer-marker rule)
 """
 from __future__ import annotations
 
@@ -40,7 +39,6 @@ import triton
 import triton.language as tl
 
 from ..ops.decode_attention import _merge, rotary_sources
-from ..ops.masked_argmax import first_max_step
 from .compiler import CNT_STRIDE
 
 _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
@@ -193,8 +191,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
                PRE: tl.constexpr, D: tl.constexpr, LN_BLOCK: tl.constexpr,
                ALIGNED: tl.constexpr, ACQ: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
-               RPF: tl.constexpr, EARLY: tl.constexpr, ap=None, mask_col=-1,
-               ARGP: tl.constexpr = False):
+               RPF: tl.constexpr, EARLY: tl.constexpr):
     """Rows [n0, n1) as ONE loop over (row block, K tile) steps, software-pipelined by Triton
     (tl.range num_stages: STAGES - 1 weight tiles in flight through shared memory by
     cp.async, across row-block boundaries: no pipeline drain per block). Each block's
@@ -213,11 +210,7 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
     L2 round trip on the loop's chain. The residual's columns [n0, n1) are written by this
     instruction alone in its layer, in its epilogue, and hold their final value once its
     first wait is met (the previous layer's W2 wrote them; acquired through attention -> qkv
-    -> that W2): the same values, the same bits.
-    ARGP (EPI 0, the lm head): each block's stored logits (rounded to the output dtype, as
-    stored) also feed a running greedy pick per row (_argp_update: the first column of the
-    instruction's largest value, column mask_col left out), stored at the end into its
-    slot ap (_argp_store) for _argmax_parts."""
+    -> that W2): the same values, the same bits."""
     KT: tl.constexpr = K // BK
     n_steps = ((n1 - n0 + BN - 1) // BN) * KT
     offs_b = tl.arange(0, BLOCK_B)
@@ -235,8 +228,6 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
                      cache_modifier=".cg")
     eb = tl.zeros([BN], dtype=tl.float32)           # EARLY: the block's bias, residual
     er = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
-    best = tl.full([BLOCK_B], float("-inf"), tl.float32)    # ARGP: the running pick
-    best_i = tl.zeros([BLOCK_B], dtype=tl.int64)
     for s in tl.range(0, n_steps, num_stages=STAGES):
         blk = s // KT
         kk = (s - blk * KT) * BK
@@ -263,62 +254,13 @@ def _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x, st
         xk = xn
         if kk == K - BK:
             if DOT:
-                out = _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
-                                n_split, gap, EPI, EARLY, eb, er)
+                _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split,
+                          gap, EPI, EARLY, eb, er)
                 acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
             else:
-                out = _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, n_ok,
-                                bias_ptr, y_ptr, stride_y, n_split, gap, EPI, EARLY, eb, er)
+                _epilogue(tl.sum(acc, axis=1)[None, :], offs_b, b_ok, offs_n, n_ok, bias_ptr,
+                          y_ptr, stride_y, n_split, gap, EPI, EARLY, eb, er)
                 acc = tl.zeros([BN, BK], dtype=tl.float32)
-            if ARGP:
-                best, best_i = _argp_update(out, b_ok, offs_n, n_ok, n0 + blk * BN,
-                                            mask_col, best, best_i)
-    if ARGP:
-        _argp_store(ap, offs_b, b_ok, best, best_i)
-
-
-@triton.jit
-def _argp_update(v, b_ok, offs_n, n_ok, nb, mask_col, best, best_i):
-    """One block's values v [BLOCK_B, BN] (columns offs_n from nb) into the running pick
-    (best, best_i) [BLOCK_B]: its first largest value in columns other than mask_col, taken
-    only where strictly larger (the blocks come in column order: ties keep the first)."""
-    keep = b_ok[:, None] & n_ok[None, :] & (offs_n[None, :] != mask_col)
-    return first_max_step(tl.where(keep, v, float("-inf")), nb, best, best_i, 1)
-
-
-@triton.jit
-def _argp_store(ap, offs_b, b_ok, best, best_i):
-    """An instruction's partial picks into its slot ap: row r's value at ap[2 r], its
-    column at ap[2 r + 1] (as fp32: exact below 2^24 columns)."""
-    tl.store(ap + offs_b * 2, best, mask=b_ok)
-    tl.store(ap + offs_b * 2 + 1, best_i.to(tl.float32), mask=b_ok)
-
-
-@triton.jit
-def _argmax_parts(part_ptr, x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, row, n_parts,
-                  B: tl.constexpr, LS: tl.constexpr, OUT_COL: tl.constexpr,
-                  NP_BLOCK: tl.constexpr):
-    """_argmax_row's pick from the lm instructions' partial picks (_argp_update; slot s of
-    row r at part_ptr[2 (s B + r)] (_argp_store), slots in column order): the first slot
-    holding the largest value, then column mask_col (which the partials leave out) unless
-    the answer-marker rule drops it - taken where larger, or equal and before the slot's
-    column: the first column of the largest value, as _argmax_row finds it."""
-    offs = tl.arange(0, NP_BLOCK)
-    ok = offs < n_parts
-    v = tl.load(part_ptr + (offs * B + row) * 2, mask=ok, other=float("-inf"),
-                cache_modifier=".cg")
-    idx = tl.load(part_ptr + (offs * B + row) * 2 + 1, mask=ok, other=0.0,
-                  cache_modifier=".cg").to(tl.int64)
-    m = tl.max(v, axis=0)
-    j = tl.argmax(v, axis=0, tie_break_left=True)
-    best_i = tl.sum(tl.where(offs == j, idx, 0), axis=0)
-    drop = (tl.load(phase_ptr + row, cache_modifier=".cg") == 0) & \
-        (tl.load(first_ptr + row, cache_modifier=".cg") == 0)
-    if mask_col >= 0:
-        vm = tl.load(x_ptr + row * LS + mask_col, cache_modifier=".cg").to(tl.float32)
-        take = (~drop) & ((vm > m) | ((vm == m) & (mask_col < best_i)))
-        best_i = tl.where(take, mask_col, best_i)
-    tl.store(out_ptr + row * 4 + OUT_COL, best_i)
 
 
 @triton.jit
@@ -429,8 +371,7 @@ def _epilogue_operands(offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y,
 def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_split, gap,
               EPI: tl.constexpr, EARLY: tl.constexpr = False, eb=None, er=None):
     """acc [BLOCK_B, BN] (fp32) + bias -> y by the epilogue (gemv.py's EPI). EARLY: the bias
-    and EPI 2's residual rows are eb / er, loaded at the block's start (_epilogue_operands).
-    Returns the stored values in fp32 (EPI 2: acc + bias, what was added)."""
+    and EPI 2's residual rows are eb / er, loaded at the block's start (_epilogue_operands)."""
     mask = b_ok[:, None] & n_ok[None, :]
     if EARLY:
         bias = eb
@@ -444,7 +385,6 @@ def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_spli
         else:
             tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
                      mask=mask)
-        ret = acc
     else:
         col = offs_n[None, :]
         val = acc
@@ -457,8 +397,6 @@ def _epilogue(acc, offs_b, b_ok, offs_n, n_ok, bias_ptr, y_ptr, stride_y, n_spli
             col = col + tl.where(hi, gap, 0)
         stored = val.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + offs_b[:, None] * stride_y + col, stored, mask=mask)
-        ret = stored.to(tl.float32)
-    return ret
 
 
 @triton.jit
@@ -544,16 +482,13 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              PIPE: tl.constexpr,
              ALIGNED: tl.constexpr, ACQ: tl.constexpr,
              PRE: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
-             RPF: tl.constexpr, EARLY: tl.constexpr, ap=None, mask_col=-1,
-             ARGP: tl.constexpr = False):
+             RPF: tl.constexpr, EARLY: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (not PIPE: the first group into
     registers), wait for its inputs, the fused LayerNorm of
     the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
     _gemv_pipe; else b=1 FMA: _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
     waits inside its first step, after the pipeliner has issued the first weight tiles.
     Fields 11..19 come as wi0..f19 (read with the others at the instruction's start).
-    ARGP (PIPE, the lm head): the instruction's partial greedy pick into its slot ap
-    (_gemv_pipe).
     TRACE: inputs ready, LayerNorm done (_wait_ln) and the tile's last epilogue done into
     tr_ptr[1..3] (the instruction's trace row)."""
     if PIPE:
@@ -572,7 +507,7 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
         _gemv_pipe(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_x,
                    stride_y, cnt_ptr, wb, fb, a_off, eps, wi0, wt0, wi1, wt1, f16, f17, f18,
                    f19, B, K, EPI, BLOCK_B, BN, BK, DOT, STAGES, PRE, D, LN_BLOCK, ALIGNED,
-                   ACQ, tr_ptr, TRACE, npf, RPF, EARLY, ap, mask_col, ARGP)
+                   ACQ, tr_ptr, TRACE, npf, RPF, EARLY)
     elif (not DOT) and B == 1:
         _gemv_stream(wb + a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, gap, stride_y,
                      p0, p1, p2, p3, K, EPI, BN, BK, UNROLL)
@@ -838,8 +773,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                STAGES: tl.constexpr, PIPE: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
-               EARLY: tl.constexpr = False, PARG: tl.constexpr = False, NP_BLOCK: tl.constexpr = 1,
-               DYN: tl.constexpr = False):
+               EARLY: tl.constexpr = False, DYN: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -882,13 +816,12 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          B, D, KW2, 2, W2_BB, W2_BN, W2_BK, W2_DOT, STAGES,
                          W2_UN, LN_BLOCK, PIPE, ALIGNED, ACQ, PRE,
                          tr, TRACE, npf, RPF, EARLY)
-            elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused; PARG: its partial
-                #              greedy pick into its slot p2, column p0 left out)
+            elif op == 2:    # OP_GEMV_LM (LayerNorm of hidden fused)
                 _gemv_op(cnt_ptr, wb, fb, a_al, wb + w_al, wb + b_al, wb + y_al, n0, n1,
                          0, 0, D, LS, eps, wi0, wt0, wi1, wt1, f16, f17, f18, f19,
                          B, D, D, 0, LM_BB, LM_BN, LM_BK, LM_DOT, STAGES,
                          LM_UN, LN_BLOCK, PIPE, ALIGNED, ACQ, PRE,
-                         tr, TRACE, npf, RPF, EARLY, fb + p2, p0, PARG)
+                         tr, TRACE, npf, RPF, EARLY)
             elif op == 3:    # OP_ATTN: tile = (row, head), splits [p1, p2) of p3 instructions
                 _attn_op(cnt_ptr, hc_base, wb + a_al, ib + p0, fb + cos_off, fb + sin_off,
                          wb + w_al, wb + b_al, fb + m_off, fb + l_off, fb + acc_off, wb + y_al,
@@ -902,9 +835,6 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
             if op == 4:    # OP_ADVANCE
                 _advance_row(fb + a_off, wb + y_off, ub + w_off, ib + p0, ib + p1, ib + p2,
                              ib + p3, ub + b_off, n0, NK, D, LN_BLOCK)
-            elif PARG:     # OP_ARGMAX from the lm instructions' p3 partial picks
-                _argmax_parts(fb + w_off, wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0,
-                              p3, B, LS, OUT_COL, NP_BLOCK)
             else:          # OP_ARGMAX
                 _argmax_row(wb + a_off, ib + y_off, ib + p0, ub + p1, p2, n0, V, LS,
                             OUT_COL, ARG_BLOCK)
@@ -936,9 +866,8 @@ UNROLL = 4
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pre: bool = False,
-               trace: bool = False, rpf: bool = False,
-               early: bool = False, poll1: bool = False, parg: bool = False,
-               lm_parts: int = 0, dyn: bool = False) -> dict:
+               trace: bool = False, rpf: bool = False, early: bool = False,
+               poll1: bool = False, dyn: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pre (pipe only): a GEMV instruction waits
@@ -966,19 +895,14 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["TRACE"] = bool(trace) and not interpreted()
     kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
     kw["EARLY"] = bool(early) and bool(pipe)        # (_gemv_pipe's)
-    # the greedy pick from the lm instructions' partial picks (_gemv_pipe's: pipe only)
-    # (lm_parts: the lm op's instructions, each a slot of partial picks)
-    kw["PARG"] = bool(parg) and bool(pipe) and lm_parts > 0
-    kw["NP_BLOCK"] = triton.next_power_of_2(max(1, lm_parts))
     # attention's splits shared out at run time (_attn_op DYN: a table compiled with dyn)
     kw["DYN"] = bool(dyn)
     return kw
 
 
 def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool = False,
-                trace=None, skip=None, rpf: bool = False,
-                early: bool = False, poll1: bool = False,
-                parg: bool = False) -> tuple[tuple, dict]:
+                trace=None, skip=None, rpf: bool = False, early: bool = False,
+                poll1: bool = False) -> tuple[tuple, dict]:
     """Positional args and constexprs of megakernel for a Compiled c and its lowering
     (align=False: no alignment hints even where the table allows them: 2-byte loads, the
     build measured in session 3; trace: an int64 tensor [n_instr, 5] for the instructions'
@@ -994,7 +918,7 @@ def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pre=pre,
                     trace=trace is not None, rpf=rpf, early=early,
-                    poll1=poll1, parg=parg, lm_parts=c.n_picks, dyn=c.dyn)
+                    poll1=poll1, dyn=c.dyn)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])
@@ -1009,14 +933,13 @@ NUM_STAGES = int(os.environ.get("PHOTON_MK_STAGES", "3"))
 
 def launch(c, low, num_warps: int | None = None, num_stages: int | None = None,
            unroll: int | None = None, align: bool = True, pre: bool = False, trace=None,
-           skip=None, rpf: bool = False, early: bool = False,
-           poll1: bool = False, parg: bool = False):
+           skip=None, rpf: bool = False, early: bool = False, poll1: bool = False):
     """One step: the whole instruction table in one launch (grid = c.n_programs); trace,
     skip: kernel_args'."""
     num_warps = num_warps or NUM_WARPS
     num_stages = num_stages or NUM_STAGES
     args, kw = kernel_args(c, low, unroll, align=align, pre=pre, trace=trace,
-                           skip=skip, rpf=rpf, early=early, poll1=poll1, parg=parg)
+                           skip=skip, rpf=rpf, early=early, poll1=poll1)
     kw["STAGES"] = num_stages
     return megakernel[(c.n_programs,)](*args, **kw, **grid_options(c), num_warps=num_warps,
                                        num_stages=num_stages)

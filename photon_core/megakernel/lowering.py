@@ -113,12 +113,6 @@ def gemv_configs(b: int, n1: int, d: int, kw2: int, vocab: int, n_split: int,
     return cfg
 
 
-def pick_slots(n_sm: int, b: int, device) -> torch.Tensor:
-    """The lm head's partial greedy picks (kernel._argp_store): a slot per lm instruction -
-    at most one per program (compiler.split_ops) - of b rows of (value, column), fp32."""
-    return torch.zeros(n_sm * b * 2, device=device, dtype=torch.float32)
-
-
 class Unsupported(ValueError):
     """The program has an op pattern the megakernel has no lowering for."""
 
@@ -156,12 +150,8 @@ class ProgramLowering:
         self.answer_col = head.col
         # per program: the LayerNorm output of the bucket's rows, the fused GEMVs' input
         self.hs = torch.zeros(n_sm * b * p.dim, device=fd.x.device, dtype=h.dtype)
-        # the lm instructions' partial greedy picks (kernel PARG): at most one instruction
-        # per program (compiler.split_ops), b rows of (value, column) each
-        self.argp = pick_slots(n_sm, b, fd.x.device)
         bufs: dict[str, torch.Tensor] = {
             "x": fd.x, "hs": self.hs, "u": u, "logits": logits,
-            "argp": self.argp,
             "cos": fd.cos, "sin": fd.sin,
             "sc_m": self.scratch.m, "sc_l": self.scratch.l, "sc_acc": self.scratch.acc,
             "post_ln_w": w[post_ln + ".weight"], "post_ln_b": w[post_ln + ".bias"],
@@ -266,7 +256,7 @@ class ProgramLowering:
                              {"inp": O("hs"), "w": O("lm_w"), "bias": O("lm_b"),
                               "out": O("logits"), "ln_inp": O("hidden"),
                               "ln_gamma": O("post_ln_w"), "ln_beta": O("post_ln_b")},
-                             {"ln_in_f32": 0, "pick": 1}, ("advance",),
+                             {"ln_in_f32": 0}, ("advance",),
                              rows=(0, self.shape["V"])))
         ops.append(ProgramOp("argmax", OP_ARGMAX,
                              {"logits": O("logits"), "out": O("out"), "phase": O("phase"),

@@ -72,18 +72,18 @@ SKIP_STOPPED = False
 # 0.929-0.934 ms for a2 in the same runs, with the fitted fill constants; a4 0.952); a
 # program's repeated waits elided and the GEMV blocks' bias / residual loaded at their first
 # step since session 27 (call 3: 0.8699-0.8733 ms vs 0.8890-0.8962 without, same process),
-# its waits polled by one thread per program (call 6: 0.8668-0.8682 vs 0.8754-0.8795 ms;
-# the hybrid kernel lost with it: Qwen 1.010-1.014 vs 0.962 ms). Not `parg` (the greedy pick
-# from the lm instructions' partial picks: the traced argmax 2.1 vs 19.2 us, but the step the
-# same within +-3 us over three calls of session 28: 0.8612-0.8646 vs 0.8634-0.8658, 0.8716 /
-# 0.8728 vs 0.8697 / 0.8658, 0.8648-0.8651 vs 0.8626-0.8674 ms). A head's key splits in
-# instructions of 2 + 3 + 3, not 3 + 3 + 2, since session 29 (`tail`, compiler.split_groups:
-# at the decode positions after Moondream 2's 730-position image prefix the trailing splits
-# hold few keys or none; the same bits): position 760, 1024-position cache 0.8731-0.8777 vs
-# 0.8781-0.8816 ms (call 7), position 785 0.8729-0.8737 vs 0.8775-0.8798 (call 3); encode +
-# detect(5) GPU busy 28.75 / 28.76 vs 28.85 / 28.88 ms (call 7). Not `dyn` (the keyed splits
-# shared out at run time): slower with the fitted fill schedule (0.8884-0.8896 vs
-# 0.8826-0.8833 ms, call 5)
+# its waits polled by one thread per program (call 6: 0.8668-0.8682 vs 0.8754-0.8795 ms; the
+# hybrid kernel lost with it: Qwen 1.010-1.014 vs 0.962 ms). Not `parg` (removed in session
+# 39; the greedy pick from the lm instructions' partial picks: the traced argmax 2.1 vs 19.2
+# us, but the step the same within +-3 us over three calls of session 28: 0.8612-0.8646 vs
+# 0.8634-0.8658, 0.8716 / 0.8728 vs 0.8697 / 0.8658, 0.8648-0.8651 vs 0.8626-0.8674 ms). A
+# head's key splits in instructions of 2 + 3 + 3, not 3 + 3 + 2, since session 29 (`tail`,
+# compiler.split_groups: at the decode positions after Moondream 2's 730-position image
+# prefix the trailing splits hold few keys or none; the same bits): position 760,
+# 1024-position cache 0.8731-0.8777 vs 0.8781-0.8816 ms (call 7), position 785 0.8729-0.8737
+# vs 0.8775-0.8798 (call 3); encode + detect(5) GPU busy 28.75 / 28.76 vs 28.85 / 28.88 ms
+# (call 7). Not `dyn` (the keyed splits shared out at run time): slower with the fitted fill
+# schedule (0.8884-0.8896 vs 0.8826-0.8833 ms, call 5)
 BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1/tail"
 # In deterministic mode the fused step sums Moondream 2's decoder GEMVs in BEST's tiles at
 # one row (ops/gemv.MEGAKERNEL_ORDER_TILES) and merges the attention's splits in split order, as

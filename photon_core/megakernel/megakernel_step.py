@@ -40,14 +40,13 @@ class Variant:
     into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
     a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
     (early: kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread
-    then a CTA barrier (poll1: kernel._poll_one; the same bits), the greedy pick from the
-    lm instructions' partial picks (parg, pipe* GEMVs: kernel._argp_update / _argmax_parts; the same token), attention's key-split groups with
+    then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's key-split groups with
     the larger ones last (tail: compiler.split_groups; the same bits), attention's splits
     that hold keys shared out over a (row, head)'s instructions at run time (dyn:
     kernel._attn_op DYN; the same bits).
     Written
     "gemv/w8/s4/u2/a4/p2/fill/pre/red/elide/rpf/early/poll1/
-    parg/tail/dyn/greedy/noalign"
+    tail/dyn/greedy/noalign"
     (any order
     after the GEMV; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
@@ -66,11 +65,10 @@ class Variant:
     rpf: bool = False
     early: bool = False
     poll1: bool = False
-    parg: bool = False
     tail: bool = False
     dyn: bool = False
     # the on / off parts of a variant string, in the order str() writes them
-    FLAGS = ("fill", "pre", "red", "elide", "rpf", "early", "poll1", "parg", "tail", "dyn")
+    FLAGS = ("fill", "pre", "red", "elide", "rpf", "early", "poll1", "tail", "dyn")
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -104,7 +102,7 @@ class Variant:
         resolves those)."""
         return dict(num_stages=self.stages, align=self.align,
                     pre=self.pre,
-                    rpf=self.rpf, early=self.early, poll1=self.poll1, parg=self.parg)
+                    rpf=self.rpf, early=self.early, poll1=self.poll1)
 
     def __str__(self) -> str:
         s = f"{self.gemv}/w{self.warps}/s{self.stages}"
@@ -180,7 +178,7 @@ class MegakernelStep:
 
     def run_kernel(self, **kw):
         """decoder + advance + lm greedy pick: the megakernel (no feed)."""
-        if self.hybrid:     # (the variant's warps, stages, pre, red, rpf, poll1, parg apply)
+        if self.hybrid:     # (the variant's warps, stages, pre, red, rpf, poll1 apply)
             v = self.variant
             return hybrid_kernel.launch(self.compiled, self.low,
                                         num_warps=kw.get("num_warps") or self.num_warps or 8,
@@ -188,8 +186,7 @@ class MegakernelStep:
                                         aligned=self.gemv_aligned, pre=kw.get("pre", v.pre),
                                         trace=kw.get("trace"), red=kw.get("red", v.red),
                                         rpf=kw.get("rpf", v.rpf),
-                                        poll1=kw.get("poll1", v.poll1),
-                                        parg=kw.get("parg", v.parg))
+                                        poll1=kw.get("poll1", v.poll1))
         kw.setdefault("unroll", self.unroll)
         kw.setdefault("num_warps", self.num_warps)
         v = self.variant

@@ -14,10 +14,6 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 pytest.importorskip("triton")
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from photon_core.megakernel.kernel import _argmax_parts, _argp_store, _argp_update  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
                                 os.environ.get("TRITON_INTERPRET") != "1",
@@ -564,102 +560,6 @@ def test_epilogue_operands_loaded_early_give_the_same_bits(gemv, b):
     _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's early: on)
 
 
-@pytest.mark.parametrize("gemv,b", [("pipe_fma@16x32/w4/s3/pre", 1), ("pipe@16x32/w4/s3", 2)])
-def test_greedy_pick_from_the_lm_partial_picks_gives_the_same_bits(gemv, b):
-    """parg (kernel._argp_update / _argmax_parts): each lm instruction keeps its rows' pick
-    as it stores the logits and the argmax instruction picks among those partials: every
-    field (the token included) the same bits as the build whose argmax walks the logits,
-    launch after launch; the table gives each lm instruction its slot and the argmax their
-    count. (One program here: one slot; test_partial_picks_pick_the_first_maximum runs
-    many, with ties and the answer marker.)"""
-    from photon_core.megakernel.instructions import F_P0, F_P2, F_P3, F_W, OP_ARGMAX, OP_GEMV_LM
-    from photon_core.megakernel.kernel import kernel_args
-    from photon_core.megakernel.megakernel_step import MegakernelStep, Variant
-
-    m, st, fd, s0, ref = _with_fused_reference(b)
-    mk = MegakernelStep(fd, st, b, variant=f"{gemv}/parg")
-    assert mk.variant.parg and Variant.parse(str(mk.variant)) == mk.variant
-    kw = kernel_args(mk.compiled, mk.low, parg=True)[1]
-    assert kw["PARG"] is True and kw["NP_BLOCK"] == 1
-    c, off = mk.compiled, mk.compiled.offsets
-    for ins, row in zip(c.instrs, c.table.tolist()):
-        if ins.op == OP_GEMV_LM:
-            assert (row[F_P0], row[F_P2]) == (mk.low.shape["ANSWER_ID"], off["argp"])
-        elif ins.op == OP_ARGMAX:
-            assert (row[F_W], row[F_P3]) == (off["argp"], 1)
-    results = _launch_both_ways(mk, st, fd, s0, "parg")
-    _close_rows(results[True], ref, b)
-    _second_launch_matches_fused(mk, m, st, fd, b)      # (the variant's parg: on)
-
-
-@triton.jit
-def _partial_picks_kernel(x_ptr, part_ptr, out_ptr, phase_ptr, first_ptr, mask_col,
-                          V: tl.constexpr, PER: tl.constexpr, BN: tl.constexpr,
-                          NPART: tl.constexpr, NP_BLOCK: tl.constexpr):
-    """The lm instructions' partial picks as the megakernel keeps them (slot s: blocks
-    [s * PER, (s + 1) * PER) of BN columns, in order), then the argmax instruction's pick."""
-    b_ok = tl.full([1], 1, tl.int1)
-    for s in range(NPART):
-        best = tl.full([1], float("-inf"), tl.float32)
-        best_i = tl.zeros([1], dtype=tl.int64)
-        for k in range(PER):
-            nb = (s * PER + k) * BN
-            offs_n = nb + tl.arange(0, BN)
-            n_ok = offs_n < V
-            v = tl.load(x_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            best, best_i = _argp_update(v[None, :], b_ok, offs_n, n_ok, nb, mask_col, best,
-                                        best_i)
-        _argp_store(part_ptr + 2 * s, tl.arange(0, 1), b_ok, best, best_i)
-    _argmax_parts(part_ptr, x_ptr, out_ptr, phase_ptr, first_ptr, mask_col, 0, NPART, 1, V, 0,
-                  NP_BLOCK)
-
-
-def test_partial_picks_pick_the_first_maximum():
-    """_argp_update's partial picks per slot and _argmax_parts' pick among them give
-    masked_argmax_reference's token: the first maximum, the answer marker left out only
-    where the rule drops it - with ties inside a block, across blocks and slots, a tie on
-    the marker's column before and after the winner, a last partial block, all -inf."""
-    from photon_core.ops.masked_argmax import masked_argmax_reference
-
-    V, BN, PER = 100, 8, 3            # 13 blocks of 8 -> 5 slots of 3 blocks (the last 1)
-    nparts = -(-V // (BN * PER))
-    g = torch.Generator().manual_seed(3)
-    cases = []
-    x = torch.randn(V, generator=g)
-    cases.append(x)
-    t = x.clone()
-    t[[17, 18, 60, 99]] = 9.0                 # ties in a block, across blocks / slots
-    cases.append(t)
-    t = x.clone()
-    t[[40, 70]] = 9.0                         # the marker (70) ties after the winner
-    cases.append(t)
-    t = x.clone()
-    t[[5, 70]] = 9.0                          # ... and before it
-    t[70] = 9.0
-    cases.append(t)
-    t = x.clone()
-    t[70] = 50.0                              # the marker alone is largest
-    cases.append(t)
-    cases.append(torch.full((V,), float("-inf")))
-    t = torch.full((V,), float("-inf"))
-    t[99] = 1.0                               # in the last, partial block
-    cases.append(t)
-    for k, x in enumerate(cases):
-        for mask_col in (70, 5, -1):
-            for phase, first in ((0, 0), (0, 1), (2, 0)):
-                ph = torch.tensor([phase])
-                fi = torch.tensor([first], dtype=torch.uint8)
-                part = torch.zeros(2 * nparts)
-                out = torch.full((4,), -7, dtype=torch.int64)
-                _partial_picks_kernel[(1,)](x, part, out, ph, fi, mask_col, V=V, PER=PER,
-                                            BN=BN, NPART=nparts,
-                                            NP_BLOCK=triton.next_power_of_2(nparts))
-                want = torch.zeros(1, 4, dtype=torch.int64)
-                masked_argmax_reference(x[None], want, 0, 1,
-                                        None if mask_col < 0 else mask_col, ph, fi.bool())
-                assert int(out[0]) == int(want[0, 0]), (k, mask_col, phase, first)
-
-
 def _check_polled_waits(c, elided: bool = True) -> int:
     """compiler.elide_waits' rule, from the table: each instruction polls (fields 11..14)
     exactly the waits of its own that no earlier instruction of its queue made (counter and
@@ -798,7 +698,7 @@ def test_removed_variant_parts_are_unknown():
     are unknown parts now, like any other."""
     from photon_core.megakernel.megakernel_step import Variant
 
-    for part in ("kv2", "pf32", "pfn64", "sl100", "split", "apipe"):
+    for part in ("kv2", "pf32", "pfn64", "sl100", "split", "apipe", "parg"):
         with pytest.raises(ValueError, match="unknown part"):
             Variant.parse(f"pipe_fma@8x1024/w4/s3/pre/{part}")
 

@@ -103,8 +103,7 @@ TASKS = [Task("detect", object="person", max_objects=3),
 
 # the hybrid kernel's GEMV forms on the GPU: tl.dot tiles, FMA with the waits inside the
 # pipelined loop (pre, session 24)
-HYBRID_VARIANTS = ["auto/w8/s2", "pipe_fma@8x1024/w8/s3/pre/red/elide/rpf",   # (HYBRID_BEST)
-                   "pipe_fma@8x1024/w8/s3/pre/red/elide/rpf/parg"]
+HYBRID_VARIANTS = ["auto/w8/s2", "pipe_fma@8x1024/w8/s3/pre/red/elide/rpf"]   # (HYBRID_BEST)
 
 
 def same(a, b):
@@ -496,8 +495,7 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     attention, two key splits per attention instruction), `elide` (a program's repeated
     waits not polled again), `rpf` (the next record prefetched into L1), `early` (a
     block's bias and residual loaded at its first step), `poll1` (one thread polls, then
-    a CTA barrier), `parg` (the greedy
-    pick from the lm instructions' partial picks: many slots here), `tail` (the larger
+    a CTA barrier), `tail` (the larger
     key-split groups last) and `dyn` (the keyed splits shared out at run time) give, launch
     after launch, the same bits as the plain build: each output row is still one instruction's, its
     products added in the same order (tiny model, bf16, 8 launches)."""
@@ -512,7 +510,7 @@ def test_gpu_pre_and_fill_give_the_same_bits(b, gemv):
     s0 = T._snapshot(st, fd)
     runs = {}
     for extra in ("", "/pre", "/a2/fill", "/a2/fill/pre", "/a2/fill/pre/elide/rpf",
-                  "/a2/fill/pre/elide/early/poll1", "/a2/fill/pre/elide/early/poll1/parg",
+                  "/a2/fill/pre/elide/early/poll1",
                   "/a3/fill/pre/elide/early/poll1/tail", "/a1/fill/pre/elide/early/poll1/dyn",
                   "/a2/fill/pre/elide/early/poll1/dyn"):
         T._restore(st, fd, s0)

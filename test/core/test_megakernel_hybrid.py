@@ -150,31 +150,6 @@ def test_gemv_tiles_match_fused(model, b, variant, tile):
     assert not torch.equal(got["x"], s0["x"])
 
 
-@pytest.mark.parametrize("b,variant", [(1, "pipe_fma@4x64/pre/red/parg"), (2, "pipe@16x32/parg")])
-def test_greedy_pick_from_the_lm_partial_picks(model, b, variant):
-    """parg: the lm head's GEMV (epilogue compiler.EPI_PICK in the table: a store) keeps its
-    rows' partial picks and the argmax picks among them (kernel._argmax_parts): the fused
-    step's token, and every field the same bits as the build whose argmax walks the logits
-    (FMA at one row, tl.dot at two)."""
-    from photon_core.megakernel.compiler import EPI_PICK
-    from photon_core.megakernel.instructions import F_B, F_P0, F_P3, F_W, OP_ARGMAX
-
-    s0, got, want, mk = _step_both(model, b, variant=variant)
-    assert mk.variant.parg
-    _compare(got, want, b)
-    c, off = mk.compiled, mk.compiled.offsets
-    picks = [(i, r) for i, r in zip(c.instrs, c.table.tolist()) if i.params.get("pick")]
-    assert [i.op_name for i, _ in picks] == ["lm"]
-    assert (picks[0][1][F_P0], picks[0][1][F_B]) == (EPI_PICK, off["argp"])
-    assert [(r[F_W], r[F_P3]) for i, r in zip(c.instrs, c.table.tolist())
-            if i.op == OP_ARGMAX] == [(off["argp"], 1)] * b
-    _restore(mk.st, mk.fd, s0)
-    mk.run_kernel(parg=False)
-    plain = _snapshot(mk.st, mk.fd)
-    for k in got:
-        assert torch.equal(got[k], plain[k]), k
-
-
 def test_gemv_tile_reads_the_variants_gemv_field():
     """hybrid_lowering.gemv_tile: "auto" = FMA 8 x 1024 at one row, tl.dot 16 x 512 above;
     pipe_fma@RxK is FMA at one row only (tl.dot over at least 16 rows above); BK no wider
