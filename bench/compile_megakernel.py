@@ -75,7 +75,7 @@ def compile_megakernel(b: int, variant, cap: int, trace: bool = False, skip: boo
     sh, dims = moondream_shape(b, cap)
     cfg = gemv_configs(b, **dims, gemv=gemv)
     kw = constexprs(sh, cfg, v.align, unroll, is_pipe(gemv), pre=v.pre, trace=trace,
-                    rpf=v.rpf, early=v.early, poll1=v.poll1, dyn=v.dyn)
+                    rpf=v.rpf, early=v.early, poll1=v.poll1)
     kw["STAGES"] = v.stages
     kw["SKIP"], kw["B_P2"] = skip, triton.next_power_of_2(b)    # the stopped-rows check
     sig = {}

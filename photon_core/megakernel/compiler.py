@@ -86,7 +86,6 @@ class Compiled:
     offsets: dict[str, int]          # buffer name -> element offset in its arena
     makespan_us: float               # the scheduler's estimate
     aligned: bool                    # every offset the kernel hints a multiple of 16 elements
-    dyn: bool = False                # attention's splits in the table as places (kernel DYN)
 
     def queues(self) -> list[list[Instr]]:
         q = self.queue.tolist()
@@ -144,7 +143,7 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
             assert j < k, f"{op.name} comes before {a}: the program must be in order"
             waits.append((j, counts[j]))
         assert len(waits) <= 2, f"{op.name}: at most 2 dependencies per instruction"
-        tiles, costs, subs, parts, n_sub = [], [], [], [], 1
+        tiles, costs, subs, n_sub = [], [], [], 1
         dealt = bool(fill and op.kind in GEMV_OPS and op.params.get("fill"))
         if op.kind in NORM_GEMV_OPS:
             cfg = gemv_cfg[op.kind]
@@ -169,8 +168,7 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
             merge = ns * (shape["HD"] + 2) * 4 / bw
             for r in range(b):
                 for h in range(shape["NH"]):
-                    for g, (s0, s1) in enumerate(groups):
-                        parts.append(g)
+                    for s0, s1 in groups:
                         tiles.append((r, h))
                         subs.append((s0, s1))
                         costs.append((s1 - s0) * kv / rate + fixed + merge
@@ -209,10 +207,9 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
                 tiles.append((r, r + 1))
                 costs.append(width * 4 / rate + fixed)
         subs = subs or [(0, 0)] * len(tiles)
-        parts = parts or [0] * len(tiles)
-        for t, c, sb, g in zip(tiles, costs, subs, parts):
+        for t, c, sb in zip(tiles, costs, subs):
             out.append(Instr(op.kind, op.name, t, op.args, op.params, tuple(waits), k, c,
-                             sub=sb, n_sub=n_sub, index=len(out), fill=dealt, part=g))
+                             sub=sb, n_sub=n_sub, index=len(out), fill=dealt))
         counts.append(len(tiles))
     return out
 
@@ -371,16 +368,13 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                     shape: dict, gemv_cfg: dict, n_sm: int,
                     model_dtype: torch.dtype, attn_per: int | None = None,
                     spread: bool = True, fill: bool = False, per_sm: int = 1,
-                    elide: bool = False, tail: bool = False, dyn: bool = False
-                    ) -> Compiled:
+                    elide: bool = False, tail: bool = False) -> Compiled:
     """fill: each GEMV op marked params["fill"] (the lowering marks the GEMV that runs
     beside attention: Moondream's fc1 rows) moves after the attention op that follows it
     and its rows are dealt out by the programs' free times (schedule / _fill): the
     programs that hold attention get fewer of them, instead of every program running its
     equal tile first and attention after it on the critical path. tail: attention's key-split
-    groups with the larger ones last (split_groups); dyn: the table gives an attention
-    instruction its place among its (row, head)'s, the kernel its splits at run time
-    (kernel._attn_op DYN)."""
+    groups with the larger ones last (split_groups)."""
     elsize = torch.tensor([], dtype=model_dtype).element_size()
     if fill:
         ops = fill_order(ops)
@@ -443,9 +437,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_A], r[F_W], r[F_B], r[F_Y] = (off(a["qkv"]), off(a["kc"]), off(a["vc"]),
                                               off(a["out"]))
             r[F_P0] = off(a["pos"])
-            # dyn: the kernel shares the splits that hold keys out at run time (kernel
-            # _attn_op DYN): the instruction's place among its (row, head)'s, not its splits
-            r[F_P1], r[F_P2] = (ins.part, ins.part + 1) if dyn else ins.sub
+            r[F_P1], r[F_P2] = ins.sub
             r[F_P3] = ins.n_sub
             r[F_P4] = ins.params["layer"]       # its (layer, row, head) merge counter
         elif ins.op == OP_HGEMV:
@@ -537,4 +529,4 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
                     torch.tensor(queue, dtype=torch.int32, device=dev),
                     torch.zeros(len(ops) * CNT_STRIDE + n_attn * b * shape["NH"] + 1,
                                 dtype=torch.int32, device=dev),
-                    len(queues), bases, offsets, makespan, aligned, dyn)
+                    len(queues), bases, offsets, makespan, aligned)

@@ -78,7 +78,6 @@ class Instr:
     cost: float
     sub: tuple[int, int] = (0, 0)
     n_sub: int = 1
-    part: int = 0            # attention: which of its (row, head)'s n_sub instructions it is
     index: int = -1          # position in the topological order
     sm: int = -1             # assigned by the scheduler
     start: float = 0.0       # the scheduler's estimated start / end (us)

@@ -581,43 +581,23 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
              HALF: tl.constexpr, CAP: tl.constexpr, N_TABLE: tl.constexpr,
              CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
              S_ROW: tl.constexpr, S_HEAD: tl.constexpr, S_POS: tl.constexpr,
-             STAGES: tl.constexpr, ACQ: tl.constexpr, npf, RPF: tl.constexpr,
-             DYN: tl.constexpr = False):
+             STAGES: tl.constexpr, ACQ: tl.constexpr, npf, RPF: tl.constexpr):
     """Key splits [s0, s1) of one (row, head): ops/decode_attention.py's attend_partial for
     each split (rotary, the new k/v written by the split that holds the row's position, the
     split's softmax partials into the scratch), one split after another; the first split's
     cached keys / values are loaded before waiting for q/k/v (the cache below the row's
     position does not change during a step; the position changes only in the step's
     advance, after every attention). The last of the n_sub instructions of this (row, head)
-    to finish merges the splits into out (decode_attention._merge). DYN: s0 is the
-    instruction's place k among its (row, head)'s n_sub (compiler dyn), and the splits
-    that hold keys - [0, pw // CHUNK + 1), known before the wait - are shared out
-    at run time, k * n // n_sub to (k + 1) * n // n_sub (the last holds the position's
-    split); the merge reads those n splits only (the others' partials would be m = -inf,
-    l = 0, acc = 0: their terms are 0 either way). Each split's partials and their merge
-    are the fixed grouping's: the same bits, with the full splits spread over every
-    instruction instead of the trailing ones idling."""
+    to finish merges the splits into out (decode_attention._merge)."""
     kvh = h // (NH // NKV)
     pos = tl.load(pos_ptr + row, cache_modifier=".cg")
     pw = tl.minimum(pos, CAP - 1)
-    if DYN:
-        n_keyed = pw // CHUNK + 1
-        k = s0
-        s0 = k * n_keyed // n_sub
-        s1 = (k + 1) * n_keyed // n_sub
     ti = tl.minimum(pos, N_TABLE - 1)
     d = tl.arange(0, HD)
     cache_off = row * S_ROW + kvh * S_HEAD
-    if DYN:     # (an instruction may hold none of the splits below the position)
-        empty = s1 <= s0
-    else:
-        empty = False
-    if empty:   # (its program's later instructions may count on this wait: elide)
-        _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
-    else:
-        _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr,
-                     acc_ptr, row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0,
-                     wi1, wt1, B, SU, NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES, ACQ)
+    _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_ptr, acc_ptr,
+                 row, h, kvh, s0, s1, pw, ti, d, cache_off, scale, wi0, wt0, wi1, wt1, B, SU,
+                 NH, NKV, HD, HALF, CHUNK, NSPLIT, S_POS, STAGES, ACQ)
     tl.debug_barrier()
     done = n_sub - 1
     if n_sub > 1:     # release our partials, acquire the others'
@@ -625,8 +605,8 @@ def _attn_op(cnt_ptr, hc_base, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_pt
         done = tl.atomic_add(cnt_ptr + hc_base + (layer * B + row) * NH + h, 1,
                              sem="acq_rel", scope="gpu")
     if done == n_sub - 1:     # (in split order: the fused deterministic step's bits)
-        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT,
-               pw // CHUNK + 1 if DYN else NSPLIT, ORDERED=True)
+        _merge(m_ptr, l_ptr, acc_ptr, out_ptr, SU, row, h, NH, HD, NSPLIT, NSPLIT,
+               ORDERED=True)
     _l1_prefetch_record(npf, RPF)     # (after the merge counter's acquire)
 
 
@@ -773,7 +753,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                STAGES: tl.constexpr, PIPE: tl.constexpr, ACQ: tl.constexpr, PRE: tl.constexpr,
                TRACE: tl.constexpr, SKIP: tl.constexpr = False,
                B_P2: tl.constexpr = 1, RPF: tl.constexpr = False,
-               EARLY: tl.constexpr = False, DYN: tl.constexpr = False):
+               EARLY: tl.constexpr = False):
     pid = tl.program_id(0)
     q0 = tl.load(queue_ptr + pid)
     q1 = tl.load(queue_ptr + pid + 1)
@@ -828,7 +808,7 @@ def megakernel(table_ptr, queue_ptr, cnt_ptr, wb, fb, ib, ub,
                          n0, n1, p1.to(tl.int32), p2.to(tl.int32), p3.to(tl.int32), scale,
                          wi0, wt0, wi1, wt1, f16, B, SU,
                          NH, NKV, HD, HALF, CAP, N_TABLE, CHUNK, NSPLIT, S_ROW, S_HEAD,
-                         S_POS, STAGES, ACQ, npf, RPF, DYN)
+                         S_POS, STAGES, ACQ, npf, RPF)
         else:
             _waits(cnt_ptr, wi0, wt0, wi1, wt1, ACQ)
             _l1_prefetch_record(npf, RPF)
@@ -867,7 +847,7 @@ UNROLL = 4
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
                pipe: bool = False, pre: bool = False,
                trace: bool = False, rpf: bool = False, early: bool = False,
-               poll1: bool = False, dyn: bool = False) -> dict:
+               poll1: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
     _gemv_pipe; pre (pipe only): a GEMV instruction waits
@@ -895,8 +875,6 @@ def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = Non
     kw["TRACE"] = bool(trace) and not interpreted()
     kw["RPF"] = bool(rpf) and not interpreted()     # (inline PTX)
     kw["EARLY"] = bool(early) and bool(pipe)        # (_gemv_pipe's)
-    # attention's splits shared out at run time (_attn_op DYN: a table compiled with dyn)
-    kw["DYN"] = bool(dyn)
     return kw
 
 
@@ -918,7 +896,7 @@ def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
                     getattr(low, "pipe", False), pre=pre,
                     trace=trace is not None, rpf=rpf, early=early,
-                    poll1=poll1, dyn=c.dyn)
+                    poll1=poll1)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])

@@ -82,8 +82,8 @@ SKIP_STOPPED = False
 # prefix the trailing splits hold few keys or none; the same bits): position 760,
 # 1024-position cache 0.8731-0.8777 vs 0.8781-0.8816 ms (call 7), position 785 0.8729-0.8737
 # vs 0.8775-0.8798 (call 3); encode + detect(5) GPU busy 28.75 / 28.76 vs 28.85 / 28.88 ms
-# (call 7). Not `dyn` (the keyed splits shared out at run time): slower with the fitted fill
-# schedule (0.8884-0.8896 vs 0.8826-0.8833 ms, call 5)
+# (call 7). Not `dyn` (removed in session 39; the keyed splits shared out at run time):
+# slower with the fitted fill schedule (0.8884-0.8896 vs 0.8826-0.8833 ms, call 5)
 BEST = "pipe_fma@8x1024/w4/s3/p2/a3/fill/pre/elide/early/poll1/tail"
 # In deterministic mode the fused step sums Moondream 2's decoder GEMVs in BEST's tiles at
 # one row (ops/gemv.MEGAKERNEL_ORDER_TILES) and merges the attention's splits in split order, as

@@ -41,12 +41,10 @@ class Variant:
     a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
     (early: kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread
     then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's key-split groups with
-    the larger ones last (tail: compiler.split_groups; the same bits), attention's splits
-    that hold keys shared out over a (row, head)'s instructions at run time (dyn:
-    kernel._attn_op DYN; the same bits).
+    the larger ones last (tail: compiler.split_groups; the same bits).
     Written
     "gemv/w8/s4/u2/a4/p2/fill/pre/red/elide/rpf/early/poll1/
-    tail/dyn/greedy/noalign"
+    tail/greedy/noalign"
     (any order
     after the GEMV; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
     how every build runs since and is accepted as a no-op)."""
@@ -66,9 +64,8 @@ class Variant:
     early: bool = False
     poll1: bool = False
     tail: bool = False
-    dyn: bool = False
     # the on / off parts of a variant string, in the order str() writes them
-    FLAGS = ("fill", "pre", "red", "elide", "rpf", "early", "poll1", "tail", "dyn")
+    FLAGS = ("fill", "pre", "red", "elide", "rpf", "early", "poll1", "tail")
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -165,7 +162,7 @@ class MegakernelStep:
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
             st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm,
-            v.elide, v.tail, v.dyn and not self.hybrid)
+            v.elide, v.tail)
         # (the hybrid kernel's alignment hint, decided once here: the launch, captured in a
         # CUDA graph, reads nothing back from the device)
         self.gemv_aligned = self.hybrid and hybrid_kernel.gemv_aligned(self.compiled, self.low)

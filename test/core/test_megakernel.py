@@ -426,49 +426,6 @@ def test_attention_groups_with_the_larger_ones_last_give_the_same_bits(b):
         assert torch.equal(got["auto/a3"][f], got["auto/a3/tail"][f]), f
 
 
-@pytest.mark.parametrize("per,pos", [(1, (5, 40)), (2, (5, 40)), (3, (63, 17))])
-def test_attention_splits_shared_out_at_run_time_give_the_same_bits(per, pos):
-    """dyn (kernel._attn_op DYN): each attention instruction takes its share of the splits
-    that hold keys at the row's position (4 splits of 16 keys; at position 5 only the first
-    holds any, so per 1 leaves three of a head's four instructions empty, at 40 three do),
-    the merge reads those splits only: the same bits as the fixed grouping, two launches in
-    a row (the positions advance), and the Python twin's values; the table holds each
-    instruction's place among its (row, head)'s."""
-    from photon_core.megakernel.instructions import F_P1, F_P2, OP_ATTN
-    from photon_core.megakernel.megakernel_step import MegakernelStep
-
-    b = 2
-    m, st, fd = _setup()
-    st.pos[:b] = torch.tensor(pos)
-    s0 = _snapshot(st, fd)
-    got = {}
-    for variant in (f"auto/a{per}", f"auto/a{per}/dyn"):
-        mk = MegakernelStep(fd, st, b, variant=variant)
-        dyn = variant.endswith("dyn")
-        for i, ins in enumerate(mk.compiled.instrs):
-            if ins.op == OP_ATTN:
-                assert (int(mk.compiled.table[i, F_P1]), int(mk.compiled.table[i, F_P2])) == \
-                    ((ins.part, ins.part + 1) if dyn else ins.sub)
-        _restore(st, fd, s0)
-        mk.run_vm()
-        vm = _snapshot(st, fd)
-        runs = []
-        _restore(st, fd, s0)
-        for _ in range(2):
-            # stale partials of splits past the position must not reach the merge
-            for t, v in ((mk.low.scratch.m, 50.0), (mk.low.scratch.l, 3.0),
-                         (mk.low.scratch.acc, 7.0)):
-                t.fill_(v)
-            mk.run_kernel()
-            assert int(mk.compiled.counters.abs().sum()) == 0
-            runs.append(_snapshot(st, fd))
-        _close_rows(runs[0], vm, b)
-        got[dyn] = runs
-    for first, second in zip(got[False], got[True]):
-        for f in FIELDS:
-            assert torch.equal(first[f], second[f]), f
-
-
 @pytest.mark.parametrize("gemv,b,stages", [("pipe@16x32", 2, 3), ("pipe_fma@16x32", 1, 4),
                                            ("pipe@16x64", 1, 2), ("pipe_same", 1, 3)])
 def test_pipelined_gemv_stream_matches_vm_and_fused_step(gemv, b, stages):
@@ -698,7 +655,7 @@ def test_removed_variant_parts_are_unknown():
     are unknown parts now, like any other."""
     from photon_core.megakernel.megakernel_step import Variant
 
-    for part in ("kv2", "pf32", "pfn64", "sl100", "split", "apipe", "parg"):
+    for part in ("kv2", "pf32", "pfn64", "sl100", "split", "apipe", "parg", "dyn"):
         with pytest.raises(ValueError, match="unknown part"):
             Variant.parse(f"pipe_fma@8x1024/w4/s3/pre/{part}")
 
