@@ -48,8 +48,8 @@ KV = 832
 POS = 785
 LINES: list[str] = []
 # the sweep (session 4): the pipelined GEMV stream (FMA / tensor cores, tile sizes, stages),
-# the b=1 FMA stream, fewer warps (its L2 prefetch and kv2 builds were removed in session 39:
-# docs/dropped_experiments.md)
+# the b=1 FMA stream, fewer warps (its L2 prefetch, kv2 and greedy-placement builds were
+# removed in session 39: docs/dropped_experiments.md)
 VARIANTS1 = ",".join(("pipe_fma@16x512/w8/s4", "pipe_same/w4/s4", "fma/w8/s3/u4",
                       "pipe@16x512/w4/s4"))
 VARIANTS8 = ",".join(("pipe@16x512/w4/s4", "pipe_same/w4/s4", "small/w8/s3/u2"))
@@ -303,7 +303,7 @@ def _megakernel_variant(c, b, vs, args, row, mks, s0, ref):
     v = Variant.parse(vs)
     name = f"mk[{vs}]"
     # one compiled table per GEMV shapes, attention split and placement
-    gk = (v.gemv + (f"/a{v.attn_per}" if v.attn_per else "") + ("" if v.spread else "/greedy")
+    gk = (v.gemv + (f"/a{v.attn_per}" if v.attn_per else "")
           + (f"/p{v.per_sm}" if v.per_sm != 1 else "") + ("/fill" if v.fill else ""))
     if gk not in mks:
         mks[gk] = MegakernelStep(c.fd, c.st, b, variant=v)

@@ -1,8 +1,9 @@
 """The megakernel's placement at Moondream 2's shapes, on any machine (no GPU, no weights):
 per variant and batch bucket, the instructions, the programs, the most instructions and the
 most attention instructions one program runs, and the estimated makespan. The H200 run of
-main e6a929d showed why it matters: with the plain greedy rule one program ran 120 of the
-3072 attention instructions at b=1 (~7 us each), and "attention only" took 0.8 ms.
+main e6a929d showed why it matters: with the plain earliest-free rule (the variants' former
+"greedy", removed in session 39) one program ran 120 of the 3072 attention instructions at
+b=1 (~7 us each), and "attention only" took 0.8 ms.
 
 Usage: PYTHONPATH=. python3 bench/schedule_megakernel.py [--variants V,V] [--b 1,8]
        [--kv 832] [--n-sm 132]   (V: megakernel_step.Variant strings; SMs x its pN programs)
@@ -43,7 +44,7 @@ def placement(b: int, variant: str, kv: int, n_sm: int) -> dict:
         ops = C.fill_order(ops)
     n_sm *= v.per_sm
     ins = C.split_ops(ops, b, sh, cfg, n_sm, 2, v.attn_per or None, v.fill, v.per_sm, v.tail)
-    makespan = C.schedule(ins, n_sm, v.spread)
+    makespan = C.schedule(ins, n_sm)
     per = collections.Counter(i.sm for i in ins)
     attn = collections.Counter(i.sm for i in ins if i.op == OP_ATTN)
     out = dict(instructions=len(ins), programs=len(per), max_per_program=max(per.values()),
@@ -54,8 +55,7 @@ def placement(b: int, variant: str, kv: int, n_sm: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="pipe_fma@16x512/w8/s4,pipe_fma@16x512/w8/s4/greedy,"
-                                          "pipe@16x512/w4/s4,pipe@16x512/w4/s4/greedy")
+    ap.add_argument("--variants", default="pipe_fma@16x512/w8/s4,pipe@16x512/w4/s4")
     ap.add_argument("--b", default="1,8")
     ap.add_argument("--kv", type=int, default=832)
     ap.add_argument("--n-sm", type=int, default=132)

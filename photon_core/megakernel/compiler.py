@@ -214,14 +214,15 @@ def split_ops(ops: list[ProgramOp], b: int, shape: dict, gemv_cfg: dict, n_sm: i
     return out
 
 
-def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
+def schedule(instrs: list[Instr], n_sm: int) -> float:
     """Greedy list scheduling in topological order; sets sm/start/end; returns the makespan.
-    spread: an instruction goes to the SM holding the fewest instructions of its own op
-    first, then the earliest free (session 4, H200: the plain greedy rule stacked up to 5 of
-    a layer's 128 attention instructions on one SM, b=1: they looked cheap next to the
-    GEMV tiles, but each costs ~7 us of latency, so one program carried 120 of the 3072
-    attention instructions and attention alone took 0.8 ms per step; a GEMV op's tiles
-    are at most n_sm anyway)."""
+    An instruction goes to the SM holding the fewest instructions of its own op first, then
+    the earliest free (session 4, H200: the plain earliest-free rule stacked up to 5 of a
+    layer's 128 attention instructions on one SM, b=1: they looked cheap next to the GEMV
+    tiles, but each costs ~7 us of latency, so one program carried 120 of the 3072 attention
+    instructions and attention alone took 0.8 ms per step; a GEMV op's tiles are at most
+    n_sm anyway; that rule, the variants' "greedy", was measured slower again in session 5
+    and removed in session 39)."""
     free = [0.0] * n_sm
     op_end: dict[int, float] = {}
     out: list[Instr] = []
@@ -237,22 +238,14 @@ def schedule(instrs: list[Instr], n_sm: int, spread: bool = True) -> float:
             continue
         out += group
         ready = max((op_end[c] for c, _ in group[0].waits), default=0.0)
-        if spread:
-            # rounds: every SM gets one of the op's instructions before any gets a second;
-            # within a round the SMs in (start time, index) order - placing on one changes
-            # no other's key, so that order is the sequence of argmins
-            for r0 in range(0, len(group), n_sm):
-                part = group[r0:r0 + n_sm]
-                ranked = sorted(range(n_sm), key=lambda s: (max(free[s], ready), s))
-                for ins, sm in zip(part, ranked):
-                    _place(ins, sm, free, ready, op_end)
-        else:                             # the earliest free SM (a heap of (start, index))
-            heap = [(max(f, ready), s) for s, f in enumerate(free)]
-            heapq.heapify(heap)
-            for ins in group:
-                _, sm = heapq.heappop(heap)
+        # rounds: every SM gets one of the op's instructions before any gets a second;
+        # within a round the SMs in (start time, index) order - placing on one changes no
+        # other's key, so that order is the sequence of argmins
+        for r0 in range(0, len(group), n_sm):
+            part = group[r0:r0 + n_sm]
+            ranked = sorted(range(n_sm), key=lambda s: (max(free[s], ready), s))
+            for ins, sm in zip(part, ranked):
                 _place(ins, sm, free, ready, op_end)
-                heapq.heappush(heap, (free[sm], sm))
     if len(out) != len(instrs):          # fill ops merged: the waits count their tiles anew
         n_of: dict[int, int] = {}
         for i in out:
@@ -367,8 +360,8 @@ def elide_waits(queues: list[list[Instr]]) -> None:
 def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: int,
                     shape: dict, gemv_cfg: dict, n_sm: int,
                     model_dtype: torch.dtype, attn_per: int | None = None,
-                    spread: bool = True, fill: bool = False, per_sm: int = 1,
-                    elide: bool = False, tail: bool = False) -> Compiled:
+                    fill: bool = False, per_sm: int = 1, elide: bool = False,
+                    tail: bool = False) -> Compiled:
     """fill: each GEMV op marked params["fill"] (the lowering marks the GEMV that runs
     beside attention: Moondream's fc1 rows) moves after the attention op that follows it
     and its rows are dealt out by the programs' free times (schedule / _fill): the
@@ -379,7 +372,7 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
     if fill:
         ops = fill_order(ops)
     instrs = split_ops(ops, b, shape, gemv_cfg, n_sm, elsize, attn_per, fill, per_sm, tail)
-    makespan = schedule(instrs, n_sm, spread)
+    makespan = schedule(instrs, n_sm)
     # compact the SMs that got work into programs 0..P-1; queue order = topological order
     used = sorted({i.sm for i in instrs})
     prog = {s: p for p, s in enumerate(used)}

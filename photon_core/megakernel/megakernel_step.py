@@ -26,35 +26,33 @@ class Variant:
     """One build of the megakernel: the GEMV shapes (lowering.GEMV_CHOICES, "pipe*@RxK", or
     "auto"), warps, software-pipelining stages, register unroll of the non-pipe GEMVs (0:
     MegakernelStep's default), alignment hints, key splits per attention instruction
-    (attn_per, 0: compiler.attn_splits_per_instr), the scheduler's placement (spread=False:
-    "greedy", the plain earliest-free rule of sessions 3-4), programs per SM (per_sm: 2 = two persistent programs
-    share each SM, twice the weight bytes in flight per SM where registers and shared memory
-    allow two; a cooperative launch fails at once where they do not), the fill schedule
-    (fill: compiler.compile_program's: the GEMV beside attention dealt out by the programs'
-    free times, attention first in the queues), the pipe GEMVs' first weight tiles issued
-    before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe waits inside its first
-    step; the same bits), the hybrid kernel's
-    residual epilogue as relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED; the
-    same bits), each instruction polling only the waits its program has not made yet
-    (elide: compiler.elide_waits; the same bits), the next instruction's record prefetched
-    into L1 once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits),
-    a pipe GEMV block's bias and residual loaded at its first step, not in its epilogue
-    (early: kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread
-    then a CTA barrier (poll1: kernel._poll_one; the same bits), attention's key-split groups with
+    (attn_per, 0: compiler.attn_splits_per_instr), programs per SM (per_sm: 2 = two
+    persistent programs share each SM, twice the weight bytes in flight per SM where
+    registers and shared memory allow two; a cooperative launch fails at once where they do
+    not), the fill schedule (fill: compiler.compile_program's: the GEMV beside attention
+    dealt out by the programs' free times, attention first in the queues), the pipe GEMVs'
+    first weight tiles issued before their wait (pre, pipe* GEMVs only: kernel._gemv_pipe
+    waits inside its first step; the same bits), the hybrid kernel's residual epilogue as
+    relaxed atomic adds (red: hybrid_kernel._hgemv_epilogue's RED; the same bits), each
+    instruction polling only the waits its program has not made yet (elide:
+    compiler.elide_waits; the same bits), the next instruction's record prefetched into L1
+    once the current one's inputs are acquired (rpf: kernel.py RPF; the same bits), a pipe
+    GEMV block's bias and residual loaded at its first step, not in its epilogue (early:
+    kernel._gemv_pipe EARLY; the same bits), a wait's counters polled by one thread then a
+    CTA barrier (poll1: kernel._poll_one; the same bits), attention's key-split groups with
     the larger ones last (tail: compiler.split_groups; the same bits).
-    Written
-    "gemv/w8/s4/u2/a4/p2/fill/pre/red/elide/rpf/early/poll1/
-    tail/greedy/noalign"
-    (any order
-    after the GEMV; "hoist", session 5's A/B flag for the fields read at an instruction's start, is
-    how every build runs since and is accepted as a no-op)."""
+    Written "gemv/w8/s4/u2/a4/p2/fill/pre/red/elide/rpf/early/poll1/tail/noalign" (any
+    order after the GEMV; "hoist", session 5's A/B flag for the fields read at an
+    instruction's start, is how every build runs since and is accepted as a no-op). The
+    parts measured slower or no better were removed in session 39 and are unknown parts
+    now (kv2, pfN / pfnN, slN, split, apipe, parg, dyn, greedy:
+    docs/dropped_experiments.md)."""
     gemv: str = "auto"
     warps: int = 8
     stages: int = 3
     unroll: int = 0
     align: bool = True
     attn_per: int = 0
-    spread: bool = True
     per_sm: int = 1
     fill: bool = False
     pre: bool = False
@@ -82,8 +80,6 @@ class Variant:
             else:
                 if p == "noalign":
                     kw["align"] = False
-                elif p == "greedy":
-                    kw["spread"] = False
                 elif p in cls.FLAGS:
                     kw[p] = True
                 elif p == "hoist":
@@ -107,7 +103,6 @@ class Variant:
         s += f"/a{self.attn_per}" if self.attn_per else ""
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "".join(f"/{f}" for f in self.FLAGS if getattr(self, f))
-        s += "" if self.spread else "/greedy"
         return s + ("" if self.align else "/noalign")
 
 
@@ -161,8 +156,8 @@ class MegakernelStep:
             if self.hybrid else ProgramLowering(fd, st, b, n_sm, gemv, head)
         self.compiled: Compiled = compile_program(
             self.low.ops, self.low.buffers, b, self.low.shape, self.low.gemv_cfg, n_sm,
-            st.hidden.dtype, attn_per or v.attn_per or None, v.spread, v.fill, v.per_sm,
-            v.elide, v.tail)
+            st.hidden.dtype, attn_per or v.attn_per or None, v.fill, v.per_sm, v.elide,
+            v.tail)
         # (the hybrid kernel's alignment hint, decided once here: the launch, captured in a
         # CUDA graph, reads nothing back from the device)
         self.gemv_aligned = self.hybrid and hybrid_kernel.gemv_aligned(self.compiled, self.low)
