@@ -162,8 +162,12 @@ def compile_recorded(path: str):
     (bench/dump_megakernel_build.py's JSON): its constexprs, and its integer arguments
     specialized as a launch specializes them (1 -> a constant, multiples of 16 -> aligned)."""
     import json
+    from photon_core.megakernel.hybrid_kernel import hybrid_megakernel
     rec = json.loads(Path(path).read_text())
-    return _compile_hybrid(rec["constexprs"], rec["ints"], rec["num_warps"],
+    # (a recording from before session 39 also holds the removed variant parts' constexprs -
+    # PF, NT, SLEEP, PARG, NP_BLOCK - which no build in use set: not the kernel's any more)
+    kw = {k: x for k, x in rec["constexprs"].items() if k in hybrid_megakernel.arg_names}
+    return _compile_hybrid(kw, rec["ints"], rec["num_warps"],
                            rec["num_stages"], "*" + {"bfloat16": "bf16", "float16": "fp16",
                                                      "float32": "fp32"}[rec["weights_dtype"]])
 

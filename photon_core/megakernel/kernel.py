@@ -479,14 +479,13 @@ def _gemv_op(cnt_ptr, wb, fb, a_off, w_ptr, bias_ptr, y_ptr, n0, n1, n_split, ga
              B: tl.constexpr, D: tl.constexpr, K: tl.constexpr, EPI: tl.constexpr,
              BLOCK_B: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
              STAGES: tl.constexpr, UNROLL: tl.constexpr, LN_BLOCK: tl.constexpr,
-             PIPE: tl.constexpr,
-             ALIGNED: tl.constexpr, ACQ: tl.constexpr,
+             PIPE: tl.constexpr, ALIGNED: tl.constexpr, ACQ: tl.constexpr,
              PRE: tl.constexpr, tr_ptr, TRACE: tl.constexpr, npf,
              RPF: tl.constexpr, EARLY: tl.constexpr):
     """One GEMV instruction: prefetch its first weights (not PIPE: the first group into
-    registers), wait for its inputs, the fused LayerNorm of
-    the bucket's rows into this program's scratch (_wait_ln), then the tile (PIPE:
-    _gemv_pipe; else b=1 FMA: _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
+    registers), wait for its inputs, the fused LayerNorm of the bucket's rows into this
+    program's scratch (_wait_ln), then the tile (PIPE: _gemv_pipe; else b=1 FMA:
+    _gemv_stream, else _gemv_tile). PIPE and PRE: _gemv_pipe
     waits inside its first step, after the pipeliner has issued the first weight tiles.
     Fields 11..19 come as wi0..f19 (read with the others at the instruction's start).
     TRACE: inputs ready, LayerNorm done (_wait_ln) and the tile's last epilogue done into
@@ -845,14 +844,13 @@ UNROLL = 4
 
 
 def constexprs(sh: dict, gemv_cfg: dict, aligned: bool, unroll: int | None = None,
-               pipe: bool = False, pre: bool = False,
-               trace: bool = False, rpf: bool = False, early: bool = False,
-               poll1: bool = False) -> dict:
+               pipe: bool = False, pre: bool = False, trace: bool = False, rpf: bool = False,
+               early: bool = False, poll1: bool = False) -> dict:
     """The megakernel's constexprs for a lowering's shapes and GEMV configs (also used to
     compile it ahead of time without a GPU: bench/compile_megakernel.py). pipe: GEMVs as
-    _gemv_pipe; pre (pipe only): a GEMV instruction waits
-    inside its pipelined loop's first step, its first weight tiles already issued; trace
-    (CUDA only: inline PTX): each instruction's start / end on the global timer."""
+    _gemv_pipe; pre (pipe only): a GEMV instruction waits inside its pipelined loop's first
+    step, its first weight tiles already issued; trace (CUDA only: inline PTX): each
+    instruction's start / end on the global timer."""
     from .instructions import OP_GEMV_LM, OP_GEMV_W1, OP_GEMV_W2
 
     unroll = UNROLL if unroll is None else unroll
@@ -894,9 +892,8 @@ def kernel_args(c, low, unroll: int | None = None, align: bool = True, pre: bool
             c.n_programs, c.counters.numel(), len(c.ops) * CNT_STRIDE, 1e-5,
             low.shape["HD"] ** -0.5, c.table if trace is None else trace, stop, act)
     kw = constexprs(low.shape, low.gemv_cfg, c.aligned and align, unroll,
-                    getattr(low, "pipe", False), pre=pre,
-                    trace=trace is not None, rpf=rpf, early=early,
-                    poll1=poll1)
+                    getattr(low, "pipe", False), pre=pre, trace=trace is not None, rpf=rpf,
+                    early=early, poll1=poll1)
     if skip is not None:
         kw["SKIP"] = True
         kw["B_P2"] = triton.next_power_of_2(low.shape["B"])

@@ -583,12 +583,12 @@ def test_schedule_spreads_each_op_over_the_sms():
         ins += [Instr(OP_ATTN, "attn", (0, h), {}, {}, ((0, 4),), 2, 2.0) for h in range(4)]
         return ins
 
-    spread = program()
-    schedule(spread, 4)
-    assert sorted(i.sm for i in spread if i.op == OP_ATTN) == [0, 1, 2, 3]
-    for ins in spread:        # the same dependencies: nothing starts before what it waits for
+    placed = program()
+    schedule(placed, 4)
+    assert sorted(i.sm for i in placed if i.op == OP_ATTN) == [0, 1, 2, 3]
+    for ins in placed:        # the same dependencies: nothing starts before what it waits for
         for w, _ in ins.waits:
-            assert ins.start >= max(j.end for j in spread if j.signal == w)
+            assert ins.start >= max(j.end for j in placed if j.signal == w)
     # the tiny model: every op's instructions over the 5 SMs, at most one more on any SM
     from photon_core.megakernel.megakernel_step import MegakernelStep
     m, st, fd = _setup()
