@@ -93,9 +93,8 @@ class Variant:
     def launch_kw(self) -> dict:
         """kernel.launch's keywords this variant sets (warps and unroll aside: MegakernelStep
         resolves those)."""
-        return dict(num_stages=self.stages, align=self.align,
-                    pre=self.pre,
-                    rpf=self.rpf, early=self.early, poll1=self.poll1)
+        return dict(num_stages=self.stages, align=self.align, pre=self.pre, rpf=self.rpf,
+                    early=self.early, poll1=self.poll1)
 
     def __str__(self) -> str:
         s = f"{self.gemv}/w{self.warps}/s{self.stages}"
