@@ -60,10 +60,6 @@ ATTN_LATENCY_US = 1.79      # (3.0 before the fit: 0.961 ms; 1.0: 0.955, 3.0 wit
 # table's wait / signal fields hold the scaled index, the per-(layer, row, head) merge
 # counters follow at len(ops) * CNT_STRIDE
 CNT_STRIDE = 32
-# the hybrid kernel's GEMV epilogue code of the lm head (the lowering marks its GEMV
-# "lm_head"): a store, as EPI_STORE (0) is - its own code since session 28's partial picks
-# (`parg`, removed in session 39), kept so that the kernel's code stays the same
-EPI_LM = 8
 
 
 def arena_of(t: torch.Tensor, model_dtype: torch.dtype) -> str:
@@ -443,8 +439,6 @@ def compile_program(ops: list[ProgramOp], buffers: dict[str, torch.Tensor], b: i
             r[F_P7] = 2 if ins.params.get("fp32_in") else -1
             if "mul" in a:
                 r[F_P4], r[F_P5] = off(a["mul"]), ins.params["s_mul"]
-            if ins.params.get("lm_head"):      # the lm head: a store (EPI_LM)
-                r[F_P0] = EPI_LM
             if "ln_inp" in a:       # the norm first: into this program's rows of hs
                 assert a["inp"].buf == "hs"
                 r[F_A] = off(a["inp"]) + ins.sm * b * d

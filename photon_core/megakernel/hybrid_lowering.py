@@ -382,7 +382,6 @@ class HybridLowering:
         ls = fd.bufs[g["buf"]].stride(0)
         self._gemv("lm", g, O("hs"), O(g["buf"]), HK.EPI_STORE, ("advance",), d, ls,
                    norm=(hops[0], "hidden", False))
-        self.ops[-1].params["lm_head"] = 1      # (its epilogue code: compiler.EPI_LM)
         self.ops.append(ProgramOp("argmax", OP_ARGMAX,
                                   {"logits": O(g["buf"]), "out": O("out"), "phase": O("phase"),
                                    "first": O("first")}, {"mask_col": -1}, ("lm",)))

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ._triton import tl, triton
 
-from . import GEMV_MAX_ROWS
+from . import GEMV_MAX_ROWS, sm_count
 from .gated_activation import (ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_activation,
                                gated_value)
 from . import pdl as _pdl
@@ -409,7 +409,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     block_b = 16 if cfg.dot else 1
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     if cfg.persist:
-        grid = (min(grid[0] * grid[1], cfg.persist * _sm_count(w.device)),)
+        grid = (min(grid[0] * grid[1], cfg.persist * sm_count(w.device, INTERPRETER_SMS)),)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     tma = tma_weights(w, cfg)
     _gemv_kernel[grid](x, tma or w, bias if bias is not None else w, y, b, n, k,
@@ -424,19 +424,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     return y
 
 
-_SM_COUNTS: dict = {}
-# streaming multiprocessors of a device for PERSIST grids; on the CPU (the interpreter) a
-# small number, so the tests run programs that loop over several work items
+# "SMs" of a PERSIST grid on the CPU (the interpreter): few, so the tests run programs that
+# loop over several work items
 INTERPRETER_SMS = 3
-
-
-def _sm_count(device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNTS:
-        _SM_COUNTS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNTS[key]
 
 
 def tma_weights(w: torch.Tensor, cfg: GemvConfig):
