@@ -151,38 +151,52 @@ def gemma4_encode_launches(dtype=torch.bfloat16):
     return launches
 
 
-def gemv_persist_launches(dtype=torch.bfloat16):
-    """Every gemv.PERSIST_TABLE config at its shape (persistent GEMV programs), at 1 or 8
-    rows, plain and as a PDL launch (griddepcontrol + the first item's L2 prefetch: forced
-    on here, where no CUDA device says it may be)."""
+# rows shared out (GemvConfig.share) at Moondream 2's decode shapes: the forms
+# docs/benchmarks.md (session 40) sweeps on the H200, keyed as gemv.TABLE
+SHARE_CANDIDATES = {
+    (14336, 2048, 1, False): [(64, 128, 1, 4, 3, True, 0, 2), (32, 256, 1, 4, 3, True, 0, 4),
+                              (64, 256, 1, 8, 3, True, 0, 2), (128, 128, 1, 8, 3, True, 0, 1)],
+    (14336, 2048, 1, True): [(64, 128, 1, 4, 3, False, 0, 2), (32, 256, 1, 4, 3, False, 0, 4)],
+    (51200, 2048, 0, False): [(256, 64, 1, 8, 3, True, 0, 2)],
+}
+
+
+def gemv_balanced_launches(dtype=torch.bfloat16):
+    """Every gemv.BALANCED_TABLE config (persistent programs) and SHARE_CANDIDATES config
+    at its shape, at 1 or 8 rows, plain and as a PDL launch (griddepcontrol, and for a
+    persistent grid the first item's L2 prefetch: forced on here, where no CUDA device says
+    it may be)."""
     from photon_core.ops import gemv as G
     from photon_core.ops import pdl
     from photon_core.ops.launch_resources import record_launches
 
     def e(*shape, dt=dtype):
         return torch.empty(*shape, dtype=dt)
-    avail = pdl.gdc_available
+    configs = [(key, cfg) for key, cfg in G.BALANCED_TABLE.items()]
+    configs += [(key, G.GemvConfig(*c)) for key, cs in SHARE_CANDIDATES.items() for c in cs]
+    avail, sms = pdl.gdc_available, G.INTERPRETER_SMS
     pdl.gdc_available = lambda t: pdl.HAVE_GDC
+    G.INTERPRETER_SMS = 132             # (the H200's: the shares of these CPU tensors' rows)
     try:
         with torch.inference_mode(), record_launches() as launches:
-            for (n, k, epi, one), cfg in G.PERSIST_TABLE.items():
+            for (n, k, epi, one), cfg in configs:
                 b = 1 if one else 8
                 y = e(b, n, dt=torch.float32) if epi == G.EPI_RESIDUAL else e(b, n)
                 for flag in (False, True):
                     G.gemv(e(b, k), e(n, k), e(n), y, epi, n_split=n // 2, cfg=cfg, pdl=flag)
     finally:
-        pdl.gdc_available = avail
+        pdl.gdc_available, G.INTERPRETER_SMS = avail, sms
     return launches
 
 
 def check(what: str, dtype: torch.dtype, **kw) -> list:
     """Compile the launches of `what` ("gemma4" / "gemma4_encode" / "qwen3_5" /
-    "moondream_encode" / "gemv_persist")."""
+    "moondream_encode" / "gemv_balanced")."""
     from photon_core.ops.launch_resources import compile_launches
     launches = (fused_launches(dtype, **kw) if what == "gemma4" else
                 gemma4_encode_launches(dtype) if what == "gemma4_encode" else
                 moondream_encode_launches(dtype) if what == "moondream_encode" else
-                gemv_persist_launches(dtype) if what == "gemv_persist" else
+                gemv_balanced_launches(dtype) if what == "gemv_balanced" else
                 qwen3_5_launches(dtype))
     return compile_launches(launches)
 

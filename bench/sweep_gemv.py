@@ -8,8 +8,9 @@ as baselines. The fma form (one row) is swept at b = 1 (split-K fma for the resi
 too).
 
 Usage: PYTHONPATH=. python3 bench/sweep_gemv.py [--batches 1,8] [--shapes all|decode|heads]
-           [--configs BN:BK:SPLIT:WARPS:STAGES:f|d[:pP],...]   (only these, with TABLE's and
-           pick's; pP: P persistent programs per SM, GemvConfig.persist)
+           [--configs BN:BK:SPLIT:WARPS:STAGES:f|d[:pP|:sS],...]   (only these, with TABLE's
+           and pick's; pP: P persistent programs per SM, GemvConfig.persist; sS: the rows
+           shared out over S programs per SM, GemvConfig.share)
            [--show 6]
 (prints the best configs per shape/batch)
 """
@@ -117,8 +118,9 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--shapes", default="heads", choices=("heads", "decode", "all"))
     ap.add_argument("--configs", default="",
-                    help="BN:BK:SPLIT:WARPS:STAGES:f|d[:pP],... (f: FMA, d: tensor-core "
-                         "dot; pP: P persistent programs per SM): sweep only these")
+                    help="BN:BK:SPLIT:WARPS:STAGES:f|d[:pP|:sS],... (f: FMA, d: "
+                         "tensor-core dot; pP: P persistent programs per SM; sS: the rows "
+                         "shared out over S programs per SM): sweep only these")
     ap.add_argument("--show", type=int, default=6)
     args = ap.parse_args()
     only = None
@@ -126,9 +128,12 @@ def main():
         only = []
         for spec in args.configs.split(","):
             parts = spec.split(":")
-            persist = int(parts.pop()[1:]) if parts[-1].startswith("p") else 0
+            grid = {"p": 0, "s": 0}                  # persist / share: P programs per SM
+            while parts[-1][0] in grid:
+                tag = parts.pop()
+                grid[tag[0]] = int(tag[1:])
             *nums, form = parts
-            only.append(C(*(int(v) for v in nums), form == "d", persist))
+            only.append(C(*(int(v) for v in nums), form == "d", grid["p"], grid["s"]))
     shapes = {**(DECODE if args.shapes in ("decode", "all") else {}),
               **({k: v for k, v in SHAPES.items() if args.shapes != "decode"
                   or k == "proj|fc2 +res"})}

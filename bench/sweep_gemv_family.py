@@ -8,7 +8,7 @@ weights (bench_qwen3_5.build / bench_gemma4.build, as their fast-path benches bu
 a FastEngine, gemv.pick wrapped while one eager lm + forward runs at batch 1 and at batch 8.
 
 Usage (H200): PYTHONPATH=. python3 bench/sweep_gemv_family.py [--families qwen3.5-0.8b,gemma4-e2b]
-                  [--batches 1,8] [--deterministic] [--persist 2]
+                  [--batches 1,8] [--deterministic] [--persist 2] [--share 2]
 Writes $OUT/sweep_gemv_family.json when OUT is set.
 """
 from __future__ import annotations
@@ -95,6 +95,9 @@ def main():
     ap.add_argument("--persist", type=int, default=0,
                     help="also every candidate as P persistent programs per SM "
                          "(GemvConfig.persist)")
+    ap.add_argument("--share", type=int, default=0,
+                    help="also every candidate with its rows shared out over S programs per "
+                         "SM (GemvConfig.share)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     bw = copy_bandwidth()
@@ -108,10 +111,12 @@ def main():
         shapes = sorted({s for c in seen.values() for s in c})
         for n, k, epi in shapes:
             bs = [b for b in batches if (n, k, epi) in seen.get(b, {})]
-            extra = EXTRA
-            if args.persist:
-                extra = EXTRA + [dataclasses.replace(c, persist=args.persist)
-                                 for c in EXTRA + DOT + FMA]
+            extra = list(EXTRA)
+            for field in ("persist", "share"):
+                if getattr(args, field):
+                    extra += [dataclasses.replace(c, **{field: getattr(args, field)})
+                              for c in EXTRA + DOT + FMA
+                              if field == "persist" or c.block_n >= 32]   # (room to share)
             sweep_shape(res, f"{fam} {n}x{k}", n, k, epi, bs, bw, extra=extra,
                         deterministic=args.deterministic, show=4)
         summary = {}

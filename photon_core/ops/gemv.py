@@ -8,11 +8,15 @@ same 0.022). bf16 / fp16 weights are unaffected. Each program owns BLOCK_N outpu
 rows and streams its K range (K / SPLIT_K) in [BLOCK_N, BLOCK_K] tiles; the activations are
 tiny and stay in L2. Two inner-product forms: `dot` (tl.dot on [16, BLOCK_K] x [BLOCK_K,
 BLOCK_N], tensor cores, any b <= 16) and `fma` (b == 1: elementwise multiply into a
-[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end). Two grid forms: one program
-per (row tile, K split), or (GemvConfig.persist = P) P programs per SM, each looping over the
-work items pid, pid + grid, ... in one flattened, software-pipelined loop (the same sums
-per tile; `PERSIST` / `PERSIST_TABLE` pick it for the decode step's shapes, off until
-measured).
+[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end). Three grid forms: one
+program per (row tile, K split); (GemvConfig.persist = P) P programs per SM, each looping
+over the work items pid, pid + grid, ... in one flattened, software-pipelined loop (the
+same sums per tile); or (GemvConfig.share = S) S programs per SM (per K split), each one tile
+of an equal share of the rows, ceil(N / (S x SMs)) <= BLOCK_N, the rest of its tile masked
+([qkv | fc1]'s 14336 rows in 64-row tiles are 224 programs on 132 SMs, 2:1 uneven; shared
+out, 256 programs of 56 rows; the same sums per row as the grid form's; a sweep candidate,
+in no table yet). `BALANCED` / `BALANCED_TABLE` pick either form for the decode step's
+shapes (off until measured).
 
 Epilogues (EPI):
   EPI_STORE    y = (acc + bias) in y's dtype
@@ -85,6 +89,16 @@ class GemvConfig:
     num_stages: int = 3
     dot: bool = True
     persist: int = 0        # > 0: that many programs per SM loop over the tiles (PERSIST)
+    share: int = 0          # > 0: that many programs per SM, each an equal share of the rows
+
+    def rows(self, n: int, sms: int) -> int:
+        """Weight rows per program: block_n, or with `share` the rows of N split evenly over
+        share x sms programs per K split (even: EPI_GATED's row pairs stay together), at
+        most block_n (more programs where the tile cannot hold a share)."""
+        if not self.share:
+            return self.block_n
+        r = -(-n * self.split_k // (self.share * sms))
+        return max(2, min(self.block_n, r + r % 2))
 
     def fits(self, b: int, n: int, k: int, epi: int) -> bool:
         if k % (self.block_k * self.split_k):
@@ -96,6 +110,8 @@ class GemvConfig:
         if self.dot and (self.block_n < 16 or self.block_k < 16):
             return False
         if epi == EPI_GATED and (self.block_n % 2 or n % 2):
+            return False
+        if self.share and self.persist:
             return False
         return True
 
@@ -112,18 +128,20 @@ def _weight_tile(w_ptr, w_rows, n0, k0, offs_k, n_ok, TMA: tl.constexpr):
 
 @triton.jit(do_not_specialize=["B"])     # one binary for every batch size
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
-                 mul_ptr, stride_mb,
+                 mul_ptr, stride_mb, rows,
                  EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
                  IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
                  TMA: tl.constexpr = False, RELAXED: tl.constexpr = False,
-                 PERSIST: tl.constexpr = False):
+                 PERSIST: tl.constexpr = False, SHARE: tl.constexpr = False):
     """TMA: w_ptr is a TensorDescriptor of W with [BLOCK_N, BLOCK_K] blocks (the weight tiles
     come by bulk tensor copies, rows past N as zeros); else a pointer.
     PERSIST: the grid is a few programs per SM, each taking the (row tile, K split) work
     items pid, pid + grid, ... in one flattened, pipelined loop (no ramp per tile, every SM
-    the same share); else one work item per program (grid (row tiles, K splits))."""
+    the same share); else one work item per program (grid (row tiles, K splits)).
+    SHARE: program pid_n takes `rows` (<= BLOCK_N) rows from pid_n * rows, its tile's rows
+    past them masked (GemvConfig.share: every program an equal share of N)."""
     if not LATE:
         pdl_launch_dependents(GDC)
     if PERSIST:
@@ -133,16 +151,16 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n
         n_work = tl.cdiv(N, BLOCK_N) * SPLIT_K
         for item in tl.range(tl.program_id(0), n_work, tl.num_programs(0), flatten=True):
             _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split,
-                       gap, mul_ptr, stride_mb, item // SPLIT_K, item % SPLIT_K, EPI,
+                       gap, mul_ptr, stride_mb, item // SPLIT_K, item % SPLIT_K, rows, EPI,
                        HAS_BIAS, SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, GDC, IEEE,
-                       ACT, False, TMA, RELAXED)
+                       ACT, False, TMA, RELAXED, False)
         if LATE:
             pdl_launch_dependents(GDC)
     else:
         _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
-                   mul_ptr, stride_mb, tl.program_id(0), tl.program_id(1), EPI, HAS_BIAS,
-                   SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, PDL, GDC, IEEE, ACT, LATE, TMA,
-                   RELAXED)
+                   mul_ptr, stride_mb, tl.program_id(0), tl.program_id(1), rows, EPI,
+                   HAS_BIAS, SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, PDL, GDC, IEEE, ACT,
+                   LATE, TMA, RELAXED, SHARE)
 
 
 @triton.jit
@@ -163,17 +181,23 @@ def _l2_prefetch_item(w_ptr, N, K, item, SPLIT_K: tl.constexpr, BLOCK_N: tl.cons
 
 @triton.jit
 def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
-               mul_ptr, stride_mb, pid_n, pid_k,
+               mul_ptr, stride_mb, pid_n, pid_k, rows,
                EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                DOT: tl.constexpr, PDL: tl.constexpr, GDC: tl.constexpr, IEEE: tl.constexpr,
                ACT: tl.constexpr, LATE: tl.constexpr, TMA: tl.constexpr,
-               RELAXED: tl.constexpr):
-    """Work item (pid_n, pid_k): rows pid_n * BLOCK_N.. over K split pid_k, and the
-    epilogue."""
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+               RELAXED: tl.constexpr, SHARE: tl.constexpr):
+    """Work item (pid_n, pid_k): rows pid_n * BLOCK_N.. (SHARE: the `rows` rows from
+    pid_n * rows) over K split pid_k, and the epilogue."""
+    if SHARE:
+        n0 = pid_n * rows
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = (tl.arange(0, BLOCK_N) < rows) & (offs_n < N)
+    else:
+        n0 = pid_n * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
     offs_b = tl.arange(0, BLOCK_B)
-    n_ok = offs_n < N
     b_ok = offs_b < B
     k_len = K // SPLIT_K
     k_start = pid_k * k_len
@@ -188,7 +212,7 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_s
     k_first = k_start
     if PDL:     # the first weight tile is loaded before waiting for the previous kernel
         offs_k = k_start + tl.arange(0, BLOCK_K)
-        w = _weight_tile(w_ptr, w_rows, pid_n * BLOCK_N, k_start, offs_k, n_ok, TMA)
+        w = _weight_tile(w_ptr, w_rows, n0, k_start, offs_k, n_ok, TMA)
         pdl_wait(GDC)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
@@ -201,7 +225,7 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_s
         k_first = k_start + BLOCK_K
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
-        w = _weight_tile(w_ptr, w_rows, pid_n * BLOCK_N, kk, offs_k, n_ok, TMA)
+        w = _weight_tile(w_ptr, w_rows, n0, kk, offs_k, n_ok, TMA)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
         if DOT:
             if IEEE:
@@ -232,8 +256,13 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_s
     elif EPI == 3:         # (gate, up) row pairs -> act(gate) * up at column n // 2
         t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
         g, u = tl.split(tl.reshape(t, [BLOCK_B, BLOCK_N // 2, 2]))
-        col = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        ok = b_ok[:, None] & (col < N // 2)[None, :]
+        if SHARE:       # (rows is even)
+            col = pid_n * (rows // 2) + tl.arange(0, BLOCK_N // 2)
+            ok = b_ok[:, None] & ((col < N // 2) & (tl.arange(0, BLOCK_N // 2) < rows // 2)
+                                  )[None, :]
+        else:
+            col = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            ok = b_ok[:, None] & (col < N // 2)[None, :]
         tl.store(y_ptr + offs_b[:, None] * stride_yb + col[None, :],
                  gated_value(g, u, ACT == 0).to(y_ptr.dtype.element_ty), mask=ok)
     elif EPI == 4:         # act(y) * mul
@@ -350,10 +379,12 @@ def _rule(b: int, n: int, k: int, epi: int, deterministic: bool) -> GemvConfig |
     return GemvConfig(32, 128, 1, 4, 4, True) if k % 128 == 0 else None
 
 
-# persistent programs (GemvConfig.persist) for the decode step's GEMVs, keyed as TABLE;
-# PERSIST switches them on (not in deterministic mode: its tiles are fixed above)
-PERSIST = False
-PERSIST_TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {
+# the decode step's GEMVs in a grid form that gives every SM an equal share of the work
+# (persistent programs, GemvConfig.persist, or the rows shared out, GemvConfig.share), keyed
+# as TABLE; BALANCED switches them on (not in deterministic mode: its tiles are fixed
+# above). First guesses (persistent), for bench/sweep_gemv.py to replace on the H200
+BALANCED = False
+BALANCED_TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {
     (14336, 2048, EPI_QKV_GELU, False): GemvConfig(16, 256, 1, 4, 3, True, 2),
     (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 256, 4, 4, 3, True, 2),
     (51200, 2048, EPI_STORE, False): GemvConfig(32, 256, 1, 4, 3, True, 2),
@@ -366,8 +397,8 @@ def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvC
     table = TABLE_DETERMINISTIC if deterministic else TABLE
     cfg = table.get((n, k, epi, b == 1)) or (TABLE.get((n, k, epi, b == 1))
                                              if deterministic else None)
-    if PERSIST and not deterministic:
-        cfg = PERSIST_TABLE.get((n, k, epi, b == 1), cfg)
+    if BALANCED and not deterministic:
+        cfg = BALANCED_TABLE.get((n, k, epi, b == 1), cfg)
     if cfg is None and PICK_RULES:
         cfg = _rule(b, n, k, epi, deterministic)
     if cfg is not None and cfg.fits(b, n, k, epi) and not (deterministic and cfg.split_k > 1):
@@ -407,20 +438,23 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    rows = cfg.rows(n, sm_count(w.device, INTERPRETER_SMS)) if cfg.share else cfg.block_n
+    grid = (triton.cdiv(n, rows), cfg.split_k)
     if cfg.persist:
         grid = (min(grid[0] * grid[1], cfg.persist * sm_count(w.device, INTERPRETER_SMS)),)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     tma = tma_weights(w, cfg)
     _gemv_kernel[grid](x, tma or w, bias if bias is not None else w, y, b, n, k,
-                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), EPI=epi,
+                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), rows,
+                       EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages,
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
                        LATE=gdc and _pdl.LATE_TRIGGER, TMA=tma is not None,
-                       RELAXED=RELAXED_ATOMICS, PERSIST=cfg.persist > 0, **launch_kw)
+                       RELAXED=RELAXED_ATOMICS, PERSIST=cfg.persist > 0,
+                       SHARE=rows != cfg.block_n, **launch_kw)
     return y
 
 
@@ -437,7 +471,7 @@ def tma_weights(w: torch.Tensor, cfg: GemvConfig):
     "on" for any tile wherever Triton has host descriptors (the interpreter too: the tests),
     "off" never; and only where the copy engine takes the tile (each block side <= 256
     elements, 16-byte aligned base and rows)."""
-    if TMA == "off" or TensorDescriptor is None:
+    if TMA == "off" or TensorDescriptor is None or cfg.share:
         return None
     if TMA == "auto" and not (cfg.split_k > 1 and cfg.dot and w.is_cuda
                               and cfg.block_n * cfg.block_k * w.element_size() >= 16384

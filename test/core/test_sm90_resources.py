@@ -99,15 +99,19 @@ def test_moondream_encode_kernels_fit_sm90():
     assert not bad, _report(bad)
 
 
-def test_persistent_gemv_configs_compile_for_sm90():
-    """gemv.PERSIST_TABLE's persistent GEMVs (a flattened tile loop, tl.range(flatten=True),
+def test_balanced_gemv_configs_compile_for_sm90():
+    """gemv.BALANCED_TABLE's persistent GEMVs (a flattened tile loop, tl.range(flatten=True),
     and with PDL the first item's bulk L2 prefetch in inline PTX - neither runs in the
-    interpreter) compile for sm_90 and fit, without spills, plain and as PDL launches."""
-    rows = _compile("--what", "gemv_persist", "--dtype", "bf16")
+    interpreter) and the shared-rows candidates the next H200 sweep takes compile for
+    sm_90 and fit, without spills, plain and as PDL launches."""
+    rows = _compile("--what", "gemv_balanced", "--dtype", "bf16")
+    from bench.compile_sm90 import SHARE_CANDIDATES
     from photon_core.ops import gemv as G
     assert {r["kernel"] for r in rows} == {"_gemv_kernel"}
-    assert len(rows) == 2 * len(G.PERSIST_TABLE), _report(rows)
-    assert all("PERSIST=True" in r["launch"] for r in rows), _report(rows)
+    n_share = sum(len(c) for c in SHARE_CANDIDATES.values())
+    assert len(rows) == 2 * (len(G.BALANCED_TABLE) + n_share), _report(rows)
+    assert sum("PERSIST=True" in r["launch"] for r in rows) == 2 * len(G.BALANCED_TABLE)
+    assert sum("SHARE=True" in r["launch"] for r in rows) == 2 * n_share, _report(rows)
     bad = [r for r in rows if not r["fits"] or r["spill"]]
     assert not bad, _report(bad)
 
