@@ -154,8 +154,9 @@ def gemma4_encode_launches(dtype=torch.bfloat16):
 # rows shared out (GemvConfig.share) at Moondream 2's decode shapes: the forms
 # docs/benchmarks.md (session 40) sweeps on the H200, keyed as gemv.TABLE
 SHARE_CANDIDATES = {
-    (14336, 2048, 1, False): [(64, 128, 1, 4, 3, True, 0, 2), (32, 256, 1, 4, 3, True, 0, 4),
-                              (64, 256, 1, 8, 3, True, 0, 2), (128, 128, 1, 8, 3, True, 0, 1)],
+    (14336, 2048, 1, False): [(64, 128, 1, 4, 3, True, 0, 2), (64, 128, 1, 4, 4, True, 0, 2),
+                              (32, 256, 1, 4, 3, True, 0, 4), (64, 256, 1, 8, 3, True, 0, 2),
+                              (128, 128, 1, 8, 3, True, 0, 1)],
     (14336, 2048, 1, True): [(64, 128, 1, 4, 3, False, 0, 2), (32, 256, 1, 4, 3, False, 0, 4)],
     (51200, 2048, 0, False): [(256, 64, 1, 8, 3, True, 0, 2)],
 }
