@@ -1,12 +1,15 @@
 """Compile every Triton launch of Gemma 4's step program in the runtime's fused backend
 for sm_90 on any machine (no GPU: Triton's bundled ptxas), at E2B shapes: decode steps at
-batch 1 / 4 / 16, the lm head (GEMV, softcap, argmax) and a 16-token prefill. The launches
+batch 1 / 4 / 16, the lm head (GEMV, softcap, argmax) and a 16-token prefill; with --what,
+Qwen 3.5's kernels, Moondream 2's fused step, the encoders' kernels or the balanced GEMV
+forms instead. The launches
 are recorded, not run (ops/launch_resources.py), so weights are uninitialized memory of the
 real shapes. Prints registers, spills and shared memory per distinct launch and fails (exit
 1) when one asks for more shared memory than the H200 has (232,448 bytes per block).
 
-Usage: PYTHONPATH=. python3 bench/compile_sm90.py [--dtype bf16] [--layers 35]
-       [--kv-shared 20] [--vocab 262144] [--b 1,4,16]
+Usage: PYTHONPATH=. python3 bench/compile_sm90.py [--what gemma4,qwen3_5 | moondream |
+       moondream_encode | gemma4_encode | gemv_balanced] [--dtype bf16] [--layers 35]
+       [--kv-shared 20] [--vocab 262144] [--b 1,4,16] [--sass] [--json]
 """
 from __future__ import annotations
 
@@ -109,6 +112,48 @@ def qwen3_5_launches(dtype=torch.bfloat16):
     return launches
 
 
+def moondream_launches(dtype=torch.bfloat16, batches=(1, 2, 8), capacity=1024, prefill=16):
+    """Every launch of Moondream 2's fused step at its real shapes (recorded, not run): the
+    lm / region heads and the decoder step at each batch, in the default mode and in
+    deterministic mode, plus a 16-token prompt prefill; also the PDL launches the fused
+    backend makes on a Hopper GPU (griddepcontrol forced on here, where no CUDA device
+    says it may be)."""
+    from types import SimpleNamespace
+
+    from photon_core.engine import EngineOptions
+    from photon_core.fast import decode_step as ds
+    from photon_core.models.moondream2.config import MoondreamConfig
+    from photon_core.models.moondream2.program import step_spec
+    from photon_core.models.moondream2.weights import expected_shapes
+    from photon_core.ops import pdl
+    from photon_core.ops.launch_resources import record_launches
+
+    cfg = MoondreamConfig()
+    weights = {k: torch.empty(s, dtype=dtype) for k, s in expected_shapes(cfg).items()
+               if not k.startswith("vision.")}
+    spec = step_spec(SimpleNamespace(config=cfg, weights=SimpleNamespace(device="cpu",
+                                                                          dtype=dtype)))
+    rows = max(batches)
+    avail = pdl.gdc_available
+    try:
+        with torch.inference_mode(), record_launches() as launches:
+            for det in (False, True):
+                for gdc in (False, True):
+                    pdl.gdc_available = (lambda t: pdl.HAVE_GDC) if gdc else avail
+                    st = ds.StepState.of_spec(spec, weights, rows, capacity,
+                                              EngineOptions(fused="on", deterministic=det))
+                    st.pos.fill_(capacity - 264)
+                    for b in batches:
+                        st.active[:b] = True
+                        ds.lm_greedy(st, b)
+                        ds.forward(st, b)
+                    if prefill:
+                        st.prefill_tokens(0, 0, torch.arange(prefill), backend=st.fused)
+    finally:
+        pdl.gdc_available = avail
+    return launches
+
+
 def moondream_encode_launches(dtype=torch.bfloat16):
     """The Triton launches of Moondream 2's fast encode at real shapes (recorded, not run):
     the image-prefix prefill's rope_kv_write (730 tokens, 1 and 4 frames, 32 + 32 heads of
@@ -192,11 +237,12 @@ def gemv_balanced_launches(dtype=torch.bfloat16):
 
 def check(what: str, dtype: torch.dtype, **kw) -> list:
     """Compile the launches of `what` ("gemma4" / "gemma4_encode" / "qwen3_5" /
-    "moondream_encode" / "gemv_balanced")."""
+    "moondream" / "moondream_encode" / "gemv_balanced")."""
     from photon_core.ops.launch_resources import compile_launches
     launches = (fused_launches(dtype, **kw) if what == "gemma4" else
                 gemma4_encode_launches(dtype) if what == "gemma4_encode" else
                 moondream_encode_launches(dtype) if what == "moondream_encode" else
+                moondream_launches(dtype) if what == "moondream" else
                 gemv_balanced_launches(dtype) if what == "gemv_balanced" else
                 qwen3_5_launches(dtype))
     return compile_launches(launches)
@@ -211,6 +257,10 @@ def main():
     ap.add_argument("--vocab", type=int, default=262144)
     ap.add_argument("--b", default="1,4,16")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sass", action="store_true",
+                    help="also each launch's machine-code fingerprint (launch_resources."
+                         "sass_fingerprint: a refactor that claims the same code compares "
+                         "these before and after)")
     a = ap.parse_args()
     import json
 
@@ -231,11 +281,12 @@ def main():
                 rows.append(dict(what=what, dtype=dt, kernel=r.launch.name,
                                  launch=r.launch.describe(), shared=r.shared,
                                  registers=r.registers, spill=r.spill, error=r.error,
-                                 fits=r.fits, tf32=r.tf32))
+                                 fits=r.fits, tf32=r.tf32, sass=r.sass_sha))
                 if not a.json:
                     status = "ok" if r.fits else "DOES NOT FIT"
                     print(f"{status:12s} shared {r.shared:7d} regs {r.registers:3d} spill "
-                          f"{r.spill:5d}{' tf32' if r.tf32 else ''}  {r.launch.describe()}"
+                          f"{r.spill:5d}{' tf32' if r.tf32 else ''}"
+                          f"{' sass ' + r.sass_sha if a.sass else ''}  {r.launch.describe()}"
                           + (f"  {r.error}" if r.error else ""), flush=True)
     if a.json:
         print(json.dumps(rows))

@@ -38,7 +38,7 @@ import os
 import triton
 import triton.language as tl
 
-from ..ops.decode_attention import _merge, rotary_sources
+from ..ops.decode_attention import _merge, rotary_sources, scores, split_partials
 from .compiler import CNT_STRIDE
 
 _STRIDE = tl.constexpr(20)     # instructions.N_FIELDS
@@ -541,30 +541,6 @@ def _ln_rows(x_ptr, g_ptr, b_ptr, y_ptr, eps, B: tl.constexpr, D: tl.constexpr,
 
 
 @triton.jit
-def _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr, acc_ptr, row, h,
-                NH: tl.constexpr, HD: tl.constexpr, CHUNK: tl.constexpr,
-                NSPLIT: tl.constexpr):
-    """decode_attention.py attend_partial's softmax partials of one split."""
-    d = tl.arange(0, HD)
-    j = sp * CHUNK + tl.arange(0, CHUNK)
-    sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
-    cur = j == pw
-    sc = tl.where(cur, sc_new, sc)
-    valid = j <= pw
-    sc = tl.where(valid, sc, float("-inf"))
-    m = tl.max(sc, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    p = tl.where(valid, tl.exp(sc - m_safe), 0.0)
-    lsum = tl.sum(p, axis=0)
-    p_cur = tl.sum(tl.where(cur, p, 0.0), axis=0)
-    acc = tl.sum(p[:, None] * vt.to(tl.float32), axis=0) + p_cur * v_new.to(tl.float32)
-    idx = (row * NH + h) * NSPLIT + sp
-    tl.store(m_ptr + idx, m)
-    tl.store(l_ptr + idx, lsum)
-    tl.store(acc_ptr + idx * HD + d, acc)
-
-
-@triton.jit
 def _rope_cs(cos_ptr, sin_ptr, ti, HD: tl.constexpr, HALF: tl.constexpr):
     """decode_attention's rotary sources and factors at table row ti: output d takes
     x[src_c] * c + x[src_s] * s."""
@@ -624,12 +600,12 @@ def _attn_splits(cnt_ptr, qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, m_ptr, l_pt
     q, k_new, v_new, sc_new = _attn_new(qkv_ptr, kc_ptr, vc_ptr, cache_off, row, h, kvh,
                                         pw, s0, s1, d, src_c, src_s, c, s, scale, SU, NH,
                                         NKV, HD, CHUNK, S_POS)
-    _attn_split(kt, vt, q, k_new, v_new, sc_new, s0, pw, scale, m_ptr, l_ptr, acc_ptr,
-                row, h, NH, HD, CHUNK, NSPLIT)
+    split_partials(scores(kt, q, scale), vt, v_new, sc_new, s0, pw, m_ptr, l_ptr, acc_ptr,
+                   row, h, NH, HD, CHUNK, NSPLIT)
     for sp in tl.range(s0 + 1, s1, num_stages=STAGES if B > 1 else 1):
         kt, vt = _attn_kv(kc_ptr, vc_ptr, cache_off, sp, pw, d, CHUNK, S_POS)
-        _attn_split(kt, vt, q, k_new, v_new, sc_new, sp, pw, scale, m_ptr, l_ptr,
-                    acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
+        split_partials(scores(kt, q, scale), vt, v_new, sc_new, sp, pw, m_ptr, l_ptr,
+                       acc_ptr, row, h, NH, HD, CHUNK, NSPLIT)
 
 
 @triton.jit

@@ -216,8 +216,29 @@ def _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_pt
     if (pw >= start) & (pw < start + CHUNK) & (h % (NH // NKV) == 0) & (not PREFILL):
         tl.store(kc_ptr + cache_off + pw * s_pos + d, k_new)
         tl.store(vc_ptr + cache_off + pw * s_pos + d, v_new.to(vc_ptr.dtype.element_ty))
-    sc = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
+    sc = scores(kt, q, scale)
     sc_new = tl.sum(k_new.to(tl.float32) * q, axis=0) * scale
+    split_partials(sc, vt, v_new, sc_new, sp, pw, m_ptr, l_ptr, acc_ptr, row, h, NH, HD,
+                   CHUNK, NSPLIT)
+
+
+@triton.jit
+def scores(kt, q, scale):
+    """The scaled scores of q (fp32) against a split's cached keys kt [CHUNK, HD]."""
+    return tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
+
+
+@triton.jit
+def split_partials(sc, vt, v_new, sc_new, sp, pw, m_ptr, l_ptr, acc_ptr, row, h,
+                   NH: tl.constexpr, HD: tl.constexpr, CHUNK: tl.constexpr,
+                   NSPLIT: tl.constexpr):
+    """One split's softmax partials into the scratch at ((row, h), sp): the max m of its
+    scores over keys j <= pw, the sum l of exp(score - m) and the exp-weighted sum of
+    values. sc: `scores` of the split's cached keys, vt: its cached values (0 from pw on);
+    the new key's score sc_new and value v_new stand at key pw. The decode kernel's and the
+    megakernel's attention (megakernel/kernel.py) both, so their partials agree bitwise."""
+    d = tl.arange(0, HD)
+    j = sp * CHUNK + tl.arange(0, CHUNK)
     cur = j == pw
     sc = tl.where(cur, sc_new, sc)
     valid = j <= pw

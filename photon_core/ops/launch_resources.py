@@ -15,6 +15,7 @@ ints divisible by 16, ints equal to 1 as constants) closely enough for resource 
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import subprocess
@@ -67,6 +68,7 @@ class Resources:
     shared: int = 0                   # bytes of shared memory per block
     error: str | None = None
     tf32: bool = False                # the PTX has TF32 tensor-core math (fp32 dot, not ieee)
+    sass_sha: str = ""                # sass_fingerprint of the compiled kernel
     raw: str = field(default="", repr=False)
 
     @property
@@ -169,6 +171,25 @@ def _field(line: str, name: str) -> int:
     return 0
 
 
+def sass_fingerprint(cubin: bytes) -> str:
+    """A short hash of a compiled kernel's machine code (cuobjdump -sass: each instruction
+    with its encoding, no line information): builds of code that moved between functions
+    or files get the same fingerprint only where ptxas made the same instructions (the
+    PTX alone is not enough: its line-information labels split blocks, and ptxas has
+    scheduled the same PTX instructions into different registers with them moved)."""
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        out = subprocess.run([str(tool), "-sass", f.name], capture_output=True,
+                             text=True).stdout
+    finally:
+        os.unlink(f.name)
+    code = [ln.split("*/", 1)[-1].strip() for ln in out.splitlines() if "/*" in ln]
+    return hashlib.sha1("\n".join(code).encode()).hexdigest()[:12]
+
+
 def compile_launch(la: Launch, arch: int = 90) -> Resources:
     """Compile one launch for sm_<arch>; shared memory from Triton's metadata (what the
     launch asks for), registers / spills from cuobjdump."""
@@ -184,7 +205,7 @@ def compile_launch(la: Launch, arch: int = 90) -> Resources:
     return Resources(la, registers=_field(line, "REG"),
                      spill=_field(line, "STACK") + _field(line, "LOCAL"),
                      shared=int(k.metadata.shared), tf32=".tf32" in k.asm["ptx"],
-                     raw=line.strip())
+                     sass_sha=sass_fingerprint(k.asm["cubin"]), raw=line.strip())
 
 
 def compile_launches(launches: list[Launch], arch: int = 90) -> list[Resources]:

@@ -2,7 +2,8 @@
 bundled ptxas (bench/compile_sm90.py, ops/launch_resources.py; nothing runs), every launch of
 Gemma 4's fused step executor at E2B shapes (bf16 and fp32) and of the Qwen 3.5 kernels at
 test_real_sizes_on_gpu's sizes (fp32/fp16/bf16; with the fast encode's conv prefill and delta-rule prep) and of
-Gemma 4's fast vision tower compiles and asks for at most 232,448 bytes of shared
+Gemma 4's fast vision tower, and Moondream 2's fused step, compiles and asks for at most
+232,448 bytes of shared
 memory per block (the H200 refused 280,576 and 296,960 before the fixes). The Gemma
 executor's launches also compile without register spills, and in fp32 without TF32 math
 (tl.dot's GPU default, which the interpreter does not emulate: it moved the fp32 tiny model's
@@ -97,6 +98,29 @@ def test_moondream_encode_kernels_fit_sm90():
     assert {"_rope_kv_write_kernel", "_add_layernorm_kernel"} <= {r["kernel"] for r in rows}
     bad = [r for r in rows if not r["fits"] or r["spill"]]
     assert not bad, _report(bad)
+
+
+def test_moondream_fused_step_fits_sm90_and_fingerprints_its_code():
+    """Every launch of Moondream 2's fused step at its real shapes (decode at 1 / 2 / 8 rows,
+    default and deterministic mode, PDL edges, a 16-token prompt prefill) compiles for sm_90
+    without spills and fits; each has a machine-code fingerprint, the same for the launches
+    whose constexprs differ only in what the kernel does not compile differently (the
+    attention's ORDERED flag: the split kernel has no merge of its own), and different for
+    different kernels."""
+    rows = _compile("--what", "moondream", "--dtype", "bf16", "--sass")
+    names = {r["kernel"] for r in rows}
+    assert {"_gemv_kernel", "_attend_partial_kernel", "_combine_kernel", "_layernorm_kernel",
+            "_argmax_kernel", "_prefill_attend_kernel"} <= names, names
+    bad = [r for r in rows if not r["fits"] or r["spill"]]
+    assert not bad, _report(bad)
+    attend = {}
+    for r in rows:
+        if r["kernel"] == "_attend_partial_kernel":
+            attend.setdefault(r["launch"].replace("ORDERED=True", "ORDERED=False"),
+                              set()).add(r["sass"])
+    assert attend and all(len(v) == 1 for v in attend.values()), attend
+    assert len({next(iter(v)) for v in attend.values()}) == len(attend)    # 64 / 128 keys
+    assert len({r["sass"] for r in rows}) > len(names)
 
 
 def test_balanced_gemv_configs_compile_for_sm90():
