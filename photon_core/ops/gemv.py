@@ -180,6 +180,22 @@ def _l2_prefetch_item(w_ptr, N, K, item, SPLIT_K: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
+def _products(acc, x, w, DOT: tl.constexpr, IEEE: tl.constexpr):
+    """acc plus one K tile's products of x [BLOCK_B, BLOCK_K] and the weight tile w
+    [BLOCK_N, BLOCK_K]: DOT, a tensor-core dot into [BLOCK_B, BLOCK_N] (IEEE: exact fp32);
+    else the FMA form's elementwise products of x's one row into [BLOCK_N, BLOCK_K], summed
+    over K after the last tile."""
+    if DOT:
+        if IEEE:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+    else:
+        acc += w.to(tl.float32) * x.to(w.dtype).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
                mul_ptr, stride_mb, pid_n, pid_k, rows,
                EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -208,36 +224,24 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_s
     if DOT:
         acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     else:
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     k_first = k_start
     if PDL:     # the first weight tile is loaded before waiting for the previous kernel
         offs_k = k_start + tl.arange(0, BLOCK_K)
         w = _weight_tile(w_ptr, w_rows, n0, k_start, offs_k, n_ok, TMA)
         pdl_wait(GDC)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
-        if DOT:
-            if IEEE:
-                acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(x.to(w.dtype), tl.trans(w))
-        else:
-            acc2 += w.to(tl.float32) * x.to(w.dtype).to(tl.float32)
+        acc = _products(acc, x, w, DOT, IEEE)
         k_first = k_start + BLOCK_K
     for kk in range(k_first, k_start + k_len, BLOCK_K):
         offs_k = kk + tl.arange(0, BLOCK_K)
         w = _weight_tile(w_ptr, w_rows, n0, kk, offs_k, n_ok, TMA)
         x = tl.load(x_rows + offs_k[None, :], mask=b_ok[:, None], other=0.0)
-        if DOT:
-            if IEEE:
-                acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(x.to(w.dtype), tl.trans(w))
-        else:
-            acc2 += w.to(tl.float32) * x.to(w.dtype).to(tl.float32)
+        acc = _products(acc, x, w, DOT, IEEE)
     if LATE:        # (pdl.LATE_TRIGGER) the next kernel launches during the epilogue
         pdl_launch_dependents(GDC)
     if not DOT:
-        acc = tl.sum(acc2, axis=1)[None, :]
+        acc = tl.sum(acc, axis=1)[None, :]
     mask = b_ok[:, None] & n_ok[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
