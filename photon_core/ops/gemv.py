@@ -11,12 +11,12 @@ BLOCK_N], tensor cores, any b <= 16) and `fma` (b == 1: elementwise multiply int
 [BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end). Three grid forms: one
 program per (row tile, K split); (GemvConfig.persist = P) P programs per SM, each looping
 over the work items pid, pid + grid, ... in one flattened, software-pipelined loop (the
-same sums per tile); or (GemvConfig.share = S) S programs per SM (per K split), each one tile
-of an equal share of the rows, ceil(N / (S x SMs)) <= BLOCK_N, the rest of its tile masked
-([qkv | fc1]'s 14336 rows in 64-row tiles are 224 programs on 132 SMs, 2:1 uneven; shared
-out, 256 programs of 56 rows; the same sums per row as the grid form's; a sweep candidate,
-in no table yet). `BALANCED` / `BALANCED_TABLE` pick either form for the decode step's
-shapes (off until measured).
+same sums per tile); or (GemvConfig.share = S) S programs per SM (the K splits' together),
+each one tile of an equal share of the rows, ceil(N x SPLIT_K / (S x SMs)) <= BLOCK_N, the
+rest of its tile masked ([qkv | fc1]'s 14336 rows in 64-row tiles are 224 programs on 132
+SMs, 2:1 uneven; shared out, 256 programs of 56 rows; the same sums per row as the grid
+form's; a sweep candidate, in no table yet). `BALANCED` / `BALANCED_TABLE` pick either form
+for the decode step's shapes (off until measured).
 
 Epilogues (EPI):
   EPI_STORE    y = (acc + bias) in y's dtype
@@ -92,9 +92,9 @@ class GemvConfig:
     share: int = 0          # > 0: that many programs per SM, each an equal share of the rows
 
     def rows(self, n: int, sms: int) -> int:
-        """Weight rows per program: block_n, or with `share` the rows of N split evenly over
-        share x sms programs per K split (even: EPI_GATED's row pairs stay together), at
-        most block_n (more programs where the tile cannot hold a share)."""
+        """Weight rows per program: block_n, or with `share` N's rows split evenly so that
+        the K splits' programs together are share x sms (even: EPI_GATED's row pairs stay
+        together), at most block_n (more programs where the tile cannot hold a share)."""
         if not self.share:
             return self.block_n
         r = -(-n * self.split_k // (self.share * sms))
