@@ -35,8 +35,6 @@ def e2b_text_config(layers=35, kv_shared=20, vocab=262144, kv_heads=1) -> dict:
 def fused_launches(dtype=torch.bfloat16, layers=35, kv_shared=20, vocab=262144,
                    batches=(1, 4, 16), capacity=1024, prefill=16):
     """Every launch the fused executor makes at these shapes (recorded, not run)."""
-    from photon_core.engine import EngineOptions
-    from photon_core.fast import decode_step as ds
     from photon_core.models.gemma4.config import parse_config
     from photon_core.models.gemma4.program import step_program
     from photon_core.models.gemma4.weights import expected_shapes
@@ -48,17 +46,26 @@ def fused_launches(dtype=torch.bfloat16, layers=35, kv_shared=20, vocab=262144,
     weights = {k: torch.empty(s, dtype=dtype) for k, s in expected_shapes(cfg).items()
                if k.startswith("language_model.")}
     spec = StepSpec(step_program(cfg.text, cfg.tied), phase_next=((0,),))
-    rows = max(batches)
     with torch.inference_mode(), record_launches() as launches:
-        st = ds.StepState.of_spec(spec, weights, rows, capacity, EngineOptions(fused="on"))
-        st.pos.fill_(capacity // 2)
-        for b in batches:
-            st.active[:b] = True
-            ds.lm_greedy(st, b)
-            ds.forward(st, b)
-        if prefill:
-            st.prefill_tokens(0, 0, torch.arange(prefill), backend=st.fused)
+        step_launches(spec, weights, batches, capacity, capacity // 2, prefill)
     return launches
+
+
+def step_launches(spec, weights, batches, capacity: int, pos: int, prefill: int,
+                  **options) -> None:
+    """A fused StepState's launches (inside record_launches): the lm head and a forward at
+    each batch size with every row at `pos`, then a `prefill`-token prompt prefill."""
+    from photon_core.engine import EngineOptions
+    from photon_core.fast import decode_step as ds
+    st = ds.StepState.of_spec(spec, weights, max(batches), capacity,
+                              EngineOptions(fused="on", **options))
+    st.pos.fill_(pos)
+    for b in batches:
+        st.active[:b] = True
+        ds.lm_greedy(st, b)
+        ds.forward(st, b)
+    if prefill:
+        st.prefill_tokens(0, 0, torch.arange(prefill), backend=st.fused)
 
 
 def qwen3_5_launches(dtype=torch.bfloat16):
@@ -120,8 +127,6 @@ def moondream_launches(dtype=torch.bfloat16, batches=(1, 2, 8), capacity=1024, p
     says it may be)."""
     from types import SimpleNamespace
 
-    from photon_core.engine import EngineOptions
-    from photon_core.fast import decode_step as ds
     from photon_core.models.moondream2.config import MoondreamConfig
     from photon_core.models.moondream2.program import step_spec
     from photon_core.models.moondream2.weights import expected_shapes
@@ -133,22 +138,14 @@ def moondream_launches(dtype=torch.bfloat16, batches=(1, 2, 8), capacity=1024, p
                if not k.startswith("vision.")}
     spec = step_spec(SimpleNamespace(config=cfg, weights=SimpleNamespace(device="cpu",
                                                                           dtype=dtype)))
-    rows = max(batches)
     avail = pdl.gdc_available
     try:
         with torch.inference_mode(), record_launches() as launches:
             for det in (False, True):
                 for gdc in (False, True):
                     pdl.gdc_available = (lambda t: pdl.HAVE_GDC) if gdc else avail
-                    st = ds.StepState.of_spec(spec, weights, rows, capacity,
-                                              EngineOptions(fused="on", deterministic=det))
-                    st.pos.fill_(capacity - 264)
-                    for b in batches:
-                        st.active[:b] = True
-                        ds.lm_greedy(st, b)
-                        ds.forward(st, b)
-                    if prefill:
-                        st.prefill_tokens(0, 0, torch.arange(prefill), backend=st.fused)
+                    step_launches(spec, weights, batches, capacity, capacity - 264, prefill,
+                                  deterministic=det)
     finally:
         pdl.gdc_available = avail
     return launches

@@ -150,17 +150,22 @@ def distinct(launches: list[Launch]) -> list[Launch]:
     return out
 
 
-def resource_line(cubin: bytes) -> str:
-    """cuobjdump's resource line of a compiled kernel (REG, STACK / LOCAL = spills, SHARED)."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """Triton's bundled cuobjdump with `flag` on a compiled kernel: its output."""
     import triton
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
-                             text=True).stdout
+        return subprocess.run([str(tool), flag, f.name], capture_output=True,
+                              text=True).stdout
     finally:
         os.unlink(f.name)
+
+
+def resource_line(cubin: bytes) -> str:
+    """cuobjdump's resource line of a compiled kernel (REG, STACK / LOCAL = spills, SHARED)."""
+    out = _cuobjdump(cubin, "--dump-resource-usage")
     return next((ln for ln in out.splitlines() if "REG" in ln), out[-200:])
 
 
@@ -177,15 +182,7 @@ def sass_fingerprint(cubin: bytes) -> str:
     or files get the same fingerprint only where ptxas made the same instructions (the
     PTX alone is not enough: its line-information labels split blocks, and ptxas has
     scheduled the same PTX instructions into different registers with them moved)."""
-    import triton
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    try:
-        out = subprocess.run([str(tool), "-sass", f.name], capture_output=True,
-                             text=True).stdout
-    finally:
-        os.unlink(f.name)
+    out = _cuobjdump(cubin, "-sass")
     code = [ln.split("*/", 1)[-1].strip() for ln in out.splitlines() if "/*" in ln]
     return hashlib.sha1("\n".join(code).encode()).hexdigest()[:12]
 
