@@ -442,10 +442,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
-    rows = cfg.rows(n, sm_count(w.device, INTERPRETER_SMS)) if cfg.share else cfg.block_n
+    sms = sm_count(w.device, INTERPRETER_SMS)
+    rows = cfg.rows(n, sms)
     grid = (triton.cdiv(n, rows), cfg.split_k)
     if cfg.persist:
-        grid = (min(grid[0] * grid[1], cfg.persist * sm_count(w.device, INTERPRETER_SMS)),)
+        grid = (min(grid[0] * grid[1], cfg.persist * sms),)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     tma = tma_weights(w, cfg)
     _gemv_kernel[grid](x, tma or w, bias if bias is not None else w, y, b, n, k,
