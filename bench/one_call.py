@@ -6,6 +6,8 @@ wall ms, and the output's digest, finish reason and steps (equal digests: equal 
 
 Usage (GPU): PYTHONPATH=. python3 bench/one_call.py [--tasks detect5,point5] [--rounds 5]
              [--calls 10] [--ignore-eos 1] [--encoded]
+             [--set MODULE:NAME=VALUE]  (a switch set before the engine is built and its
+                                         graphs captured; for switches read at capture)
              [--ab MODULE:NAME=VALUE]   (one tree: the switch at VALUE and at its own value,
                                          alternating round by round in this process)
 --encoded: the task started from the frame encoded once before (its prompt prefill and
@@ -26,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.ab_switch import parse_toggle  # noqa: E402
 from bench.e2e_timeline import TASKS, ab_one_call  # noqa: E402
 from bench.probe_gc import build, sync  # noqa: E402
 
@@ -40,7 +43,12 @@ def main():
     ap.add_argument("--encoded", action="store_true",
                     help="start from the frame encoded once (prefill + decode only)")
     ap.add_argument("--ab", default="", metavar="MODULE:NAME=VALUE")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE:NAME=VALUE")
     args = ap.parse_args()
+    for spec in args.set:
+        mod, attr, value = parse_toggle(spec)
+        setattr(mod, attr, value)
+        print(json.dumps({"set": f"{attr}={value}"}), flush=True)
     fe, frame, dev = build(args.tiny)
     print(json.dumps({"decode_graphs": len(fe.runner.graphs),
                       "capture_ms": round(fe.runner.capture_ms, 1)}), flush=True)
