@@ -9,6 +9,8 @@ a FastEngine, gemv.pick wrapped while one eager lm + forward runs at batch 1 and
 
 Usage (H200): PYTHONPATH=. python3 bench/sweep_gemv_family.py [--families qwen3.5-0.8b,gemma4-e2b]
                   [--batches 1,8] [--deterministic] [--persist 2] [--share 2]
+                  [--around-pick]   (only gemv.pick's config per shape and batch, as it is and
+                                     as 1 / 2 persistent and 1 / 2 / 4 shared programs per SM)
 Writes $OUT/sweep_gemv_family.json when OUT is set.
 """
 from __future__ import annotations
@@ -98,6 +100,8 @@ def main():
     ap.add_argument("--share", type=int, default=0,
                     help="also every candidate with its rows shared out over S programs per "
                          "SM (GemvConfig.share)")
+    ap.add_argument("--around-pick", action="store_true",
+                    help="only the picked config, plain and in the balanced forms")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     bw = copy_bandwidth()
@@ -117,6 +121,14 @@ def main():
                     extra += [dataclasses.replace(c, **{field: getattr(args, field)})
                               for c in EXTRA + DOT + FMA
                               if field == "persist" or c.block_n >= 32]   # (room to share)
+            if args.around_pick:
+                for b in bs:
+                    p = G.pick(b, n, k, epi, args.deterministic)
+                    sweep_shape(res, f"{fam} {n}x{k}", n, k, epi, [b], bw,
+                                deterministic=args.deterministic, show=6,
+                                only=[p] + [dataclasses.replace(p, persist=q) for q in (1, 2)]
+                                + [dataclasses.replace(p, share=q) for q in (1, 2, 4)])
+                continue
             sweep_shape(res, f"{fam} {n}x{k}", n, k, epi, bs, bw, extra=extra,
                         deterministic=args.deterministic, show=4)
         summary = {}
