@@ -205,14 +205,14 @@ def compile_gemv(pdl: bool):
     from photon_core.ops.gemv import _gemv_kernel
     sig = {n: "constexpr" for n in ("EPI", "HAS_BIAS", "SPLIT_K", "BLOCK_B", "BLOCK_N",
                                     "BLOCK_K", "DOT", "PDL", "GDC", "IEEE", "ACT", "LATE",
-                                    "TMA", "RELAXED", "PERSIST", "SHARE")}
+                                    "TMA", "RELAXED")}
     sig.update({"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "y_ptr": "*bf16",
                 "mul_ptr": "*bf16"})
-    for n in ("B", "N", "K", "stride_xb", "stride_yb", "n_split", "gap", "stride_mb", "rows"):
+    for n in ("B", "N", "K", "stride_xb", "stride_yb", "n_split", "gap", "stride_mb"):
         sig[n] = "i32"
     const = dict(EPI=1, HAS_BIAS=True, SPLIT_K=1, BLOCK_B=16, BLOCK_N=64, BLOCK_K=128,
                  DOT=True, PDL=pdl, GDC=pdl, IEEE=False, ACT=0, LATE=pdl, TMA=False,
-                 RELAXED=True, PERSIST=False, SHARE=False)
+                 RELAXED=True)
     t0 = time.perf_counter()
     k = triton.compile(ASTSource(_gemv_kernel, sig, const,
                                  attrs=_aligned_ptrs(_gemv_kernel, sig, ("K",))),

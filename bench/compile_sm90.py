@@ -1,14 +1,13 @@
 """Compile every Triton launch of Gemma 4's step program in the runtime's fused backend
 for sm_90 on any machine (no GPU: Triton's bundled ptxas), at E2B shapes: decode steps at
 batch 1 / 4 / 16, the lm head (GEMV, softcap, argmax) and a 16-token prefill; with --what,
-Qwen 3.5's kernels, Moondream 2's fused step, the encoders' kernels or the balanced GEMV
-forms instead. The launches
+Qwen 3.5's kernels, Moondream 2's fused step or the encoders' kernels instead. The launches
 are recorded, not run (ops/launch_resources.py), so weights are uninitialized memory of the
 real shapes. Prints registers, spills and shared memory per distinct launch and fails (exit
 1) when one asks for more shared memory than the H200 has (232,448 bytes per block).
 
 Usage: PYTHONPATH=. python3 bench/compile_sm90.py [--what gemma4,qwen3_5 | moondream |
-       moondream_encode | gemma4_encode | gemv_balanced] [--dtype bf16] [--layers 35]
+       moondream_encode | gemma4_encode] [--dtype bf16] [--layers 35]
        [--kv-shared 20] [--vocab 262144] [--b 1,4,16] [--sass] [--json]
 """
 from __future__ import annotations
@@ -193,54 +192,14 @@ def gemma4_encode_launches(dtype=torch.bfloat16):
     return launches
 
 
-# rows shared out (GemvConfig.share) at Moondream 2's decode shapes: the forms
-# docs/benchmarks.md (session 40) sweeps on the H200, keyed as gemv.TABLE
-SHARE_CANDIDATES = {
-    (14336, 2048, 1, False): [(64, 128, 1, 4, 3, True, 0, 2), (64, 128, 1, 4, 4, True, 0, 2),
-                              (32, 256, 1, 4, 3, True, 0, 4), (64, 256, 1, 8, 3, True, 0, 2),
-                              (128, 128, 1, 8, 3, True, 0, 1)],
-    (14336, 2048, 1, True): [(64, 128, 1, 4, 3, False, 0, 2), (32, 256, 1, 4, 3, False, 0, 4)],
-    (51200, 2048, 0, False): [(256, 64, 1, 8, 3, True, 0, 2)],
-}
-
-
-def gemv_balanced_launches(dtype=torch.bfloat16):
-    """Every gemv.BALANCED_TABLE config (persistent programs) and SHARE_CANDIDATES config
-    at its shape, at 1 or 8 rows, plain and as a PDL launch (griddepcontrol, and for a
-    persistent grid the first item's L2 prefetch: forced on here, where no CUDA device says
-    it may be)."""
-    from photon_core.ops import gemv as G
-    from photon_core.ops import pdl
-    from photon_core.ops.launch_resources import record_launches
-
-    def e(*shape, dt=dtype):
-        return torch.empty(*shape, dtype=dt)
-    configs = [(key, cfg) for key, cfg in G.BALANCED_TABLE.items()]
-    configs += [(key, G.GemvConfig(*c)) for key, cs in SHARE_CANDIDATES.items() for c in cs]
-    avail, sms = pdl.gdc_available, G.INTERPRETER_SMS
-    pdl.gdc_available = lambda t: pdl.HAVE_GDC
-    G.INTERPRETER_SMS = 132             # (the H200's: the shares of these CPU tensors' rows)
-    try:
-        with torch.inference_mode(), record_launches() as launches:
-            for (n, k, epi, one), cfg in configs:
-                b = 1 if one else 8
-                y = e(b, n, dt=torch.float32) if epi == G.EPI_RESIDUAL else e(b, n)
-                for flag in (False, True):
-                    G.gemv(e(b, k), e(n, k), e(n), y, epi, n_split=n // 2, cfg=cfg, pdl=flag)
-    finally:
-        pdl.gdc_available, G.INTERPRETER_SMS = avail, sms
-    return launches
-
-
 def check(what: str, dtype: torch.dtype, **kw) -> list:
     """Compile the launches of `what` ("gemma4" / "gemma4_encode" / "qwen3_5" /
-    "moondream" / "moondream_encode" / "gemv_balanced")."""
+    "moondream" / "moondream_encode")."""
     from photon_core.ops.launch_resources import compile_launches
     launches = (fused_launches(dtype, **kw) if what == "gemma4" else
                 gemma4_encode_launches(dtype) if what == "gemma4_encode" else
                 moondream_encode_launches(dtype) if what == "moondream_encode" else
                 moondream_launches(dtype) if what == "moondream" else
-                gemv_balanced_launches(dtype) if what == "gemv_balanced" else
                 qwen3_5_launches(dtype))
     return compile_launches(launches)
 

@@ -8,9 +8,7 @@ as baselines. The fma form (one row) is swept at b = 1 (split-K fma for the resi
 too).
 
 Usage: PYTHONPATH=. python3 bench/sweep_gemv.py [--batches 1,8] [--shapes all|decode|heads]
-           [--configs BN:BK:SPLIT:WARPS:STAGES:f|d[:pP|:sS],...]   (only these, with TABLE's
-           and pick's; pP: P persistent programs per SM, GemvConfig.persist; sS: the rows
-           shared out over S programs per SM, GemvConfig.share)
+           [--configs BN:BK:SPLIT:WARPS:STAGES:f|d,...]   (only these, with TABLE's and pick's)
            [--show 6]
 (prints the best configs per shape/batch)
 """
@@ -118,22 +116,16 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--shapes", default="heads", choices=("heads", "decode", "all"))
     ap.add_argument("--configs", default="",
-                    help="BN:BK:SPLIT:WARPS:STAGES:f|d[:pP|:sS],... (f: FMA, d: "
-                         "tensor-core dot; pP: P persistent programs per SM; sS: the rows "
-                         "shared out over S programs per SM): sweep only these")
+                    help="BN:BK:SPLIT:WARPS:STAGES:f|d,... (f: FMA, d: tensor-core dot): "
+                         "sweep only these")
     ap.add_argument("--show", type=int, default=6)
     args = ap.parse_args()
     only = None
     if args.configs:
         only = []
         for spec in args.configs.split(","):
-            parts = spec.split(":")
-            grid = {"p": 0, "s": 0}                  # persist / share: P programs per SM
-            while parts[-1][0] in grid:
-                tag = parts.pop()
-                grid[tag[0]] = int(tag[1:])
-            *nums, form = parts
-            only.append(C(*(int(v) for v in nums), form == "d", grid["p"], grid["s"]))
+            *nums, form = spec.split(":")
+            only.append(C(*(int(v) for v in nums), form == "d"))
     shapes = {**(DECODE if args.shapes in ("decode", "all") else {}),
               **({k: v for k, v in SHAPES.items() if args.shapes != "decode"
                   or k == "proj|fc2 +res"})}

@@ -8,16 +8,13 @@ weights (bench_qwen3_5.build / bench_gemma4.build, as their fast-path benches bu
 a FastEngine, gemv.pick wrapped while one eager lm + forward runs at batch 1 and at batch 8.
 
 Usage (H200): PYTHONPATH=. python3 bench/sweep_gemv_family.py [--families qwen3.5-0.8b,gemma4-e2b]
-                  [--batches 1,8] [--deterministic] [--persist 2] [--share 2]
-                  [--around-pick]   (only gemv.pick's config per shape and batch, as it is and
-                                     as 1 / 2 persistent and 1 / 2 / 4 shared programs per SM)
+                  [--batches 1,8] [--deterministic]
 Writes $OUT/sweep_gemv_family.json when OUT is set.
 """
 from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import os
 import sys
@@ -30,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench.bench_decode import copy_bandwidth  # noqa: E402
-from bench.sweep_gemv import DOT, FMA, sweep_shape  # noqa: E402
+from bench.sweep_gemv import sweep_shape  # noqa: E402
 from photon_core.ops import gemv as G  # noqa: E402
 
 C = G.GemvConfig
@@ -94,14 +91,6 @@ def main():
     ap.add_argument("--families", default="qwen3.5-0.8b,gemma4-e2b")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--deterministic", action="store_true")
-    ap.add_argument("--persist", type=int, default=0,
-                    help="also every candidate as P persistent programs per SM "
-                         "(GemvConfig.persist)")
-    ap.add_argument("--share", type=int, default=0,
-                    help="also every candidate with its rows shared out over S programs per "
-                         "SM (GemvConfig.share)")
-    ap.add_argument("--around-pick", action="store_true",
-                    help="only the picked config, plain and in the balanced forms")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     bw = copy_bandwidth()
@@ -115,21 +104,7 @@ def main():
         shapes = sorted({s for c in seen.values() for s in c})
         for n, k, epi in shapes:
             bs = [b for b in batches if (n, k, epi) in seen.get(b, {})]
-            extra = list(EXTRA)
-            for field in ("persist", "share"):
-                if getattr(args, field):
-                    extra += [dataclasses.replace(c, **{field: getattr(args, field)})
-                              for c in EXTRA + DOT + FMA
-                              if field == "persist" or c.block_n >= 32]   # (room to share)
-            if args.around_pick:
-                for b in bs:
-                    p = G.pick(b, n, k, epi, args.deterministic)
-                    sweep_shape(res, f"{fam} {n}x{k}", n, k, epi, [b], bw,
-                                deterministic=args.deterministic, show=6,
-                                only=[p] + [dataclasses.replace(p, persist=q) for q in (1, 2)]
-                                + [dataclasses.replace(p, share=q) for q in (1, 2, 4)])
-                continue
-            sweep_shape(res, f"{fam} {n}x{k}", n, k, epi, bs, bw, extra=extra,
+            sweep_shape(res, f"{fam} {n}x{k}", n, k, epi, bs, bw, extra=EXTRA,
                         deterministic=args.deterministic, show=4)
         summary = {}
         for b in batches:

@@ -36,7 +36,7 @@ _SM_COUNTS: dict = {}
 
 def sm_count(device, cpu: int = 1) -> int:
     """Streaming multiprocessors of a CUDA device (read once per device): the size of
-    persistent grids (the megakernel, gemv's PERSIST); `cpu` elsewhere."""
+    persistent grids (the megakernel); `cpu` elsewhere."""
     import torch
     device = torch.device(device)
     if device.type != "cuda":

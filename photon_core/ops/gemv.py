@@ -8,15 +8,10 @@ same 0.022). bf16 / fp16 weights are unaffected. Each program owns BLOCK_N outpu
 rows and streams its K range (K / SPLIT_K) in [BLOCK_N, BLOCK_K] tiles; the activations are
 tiny and stay in L2. Two inner-product forms: `dot` (tl.dot on [16, BLOCK_K] x [BLOCK_K,
 BLOCK_N], tensor cores, any b <= 16) and `fma` (b == 1: elementwise multiply into a
-[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end). Three grid forms: one
-program per (row tile, K split); (GemvConfig.persist = P) P programs per SM, each looping
-over the work items pid, pid + grid, ... in one flattened, software-pipelined loop (the
-same sums per tile); or (GemvConfig.share = S) S programs per SM (the K splits' together),
-each one tile of an equal share of the rows, ceil(N x SPLIT_K / (S x SMs)) <= BLOCK_N, the
-rest of its tile masked ([qkv | fc1]'s 14336 rows in 64-row tiles are 224 programs on 132
-SMs, 2:1 uneven; shared out, 256 programs of 56 rows; the same sums per row as the grid
-form's; a sweep candidate, in no table yet). `BALANCED` / `BALANCED_TABLE` pick either form
-for the decode step's shapes (off until measured).
+[BLOCK_N, BLOCK_K] fp32 accumulator, one reduction at the end). One program per (row
+tile, K split). (Grids that give every SM an equal share - persistent programs looping over
+the tiles, or the rows shared out evenly - measured no faster on the H200: session 41,
+docs/dropped_experiments.md.)
 
 Epilogues (EPI):
   EPI_STORE    y = (acc + bias) in y's dtype
@@ -48,7 +43,7 @@ import torch.nn.functional as F
 
 from ._triton import tl, triton
 
-from . import GEMV_MAX_ROWS, sm_count
+from . import GEMV_MAX_ROWS
 from .gated_activation import (ACT_GELU_TANH, ACT_SILU, ACTIVATIONS, gated_activation,
                                gated_value)
 from . import pdl as _pdl
@@ -88,17 +83,6 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = True
-    persist: int = 0        # > 0: that many programs per SM loop over the tiles (PERSIST)
-    share: int = 0          # > 0: that many programs per SM, each an equal share of the rows
-
-    def rows(self, n: int, sms: int) -> int:
-        """Weight rows per program: block_n, or with `share` N's rows split evenly so that
-        the K splits' programs together are share x sms (even: EPI_GATED's row pairs stay
-        together), at most block_n (more programs where the tile cannot hold a share)."""
-        if not self.share:
-            return self.block_n
-        r = -(-n * self.split_k // (self.share * sms))
-        return max(2, min(self.block_n, r + r % 2))
 
     def fits(self, b: int, n: int, k: int, epi: int) -> bool:
         if k % (self.block_k * self.split_k):
@@ -111,8 +95,6 @@ class GemvConfig:
             return False
         if epi == EPI_GATED and (self.block_n % 2 or n % 2):
             return False
-        if self.share and self.persist:
-            return False
         return True
 
 
@@ -124,59 +106,6 @@ def _weight_tile(w_ptr, w_rows, n0, k0, offs_k, n_ok, TMA: tl.constexpr):
         return w_ptr.load([n0, k0])
     else:
         return tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-
-
-@triton.jit(do_not_specialize=["B"])     # one binary for every batch size
-def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
-                 mul_ptr, stride_mb, rows,
-                 EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
-                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
-                 TMA: tl.constexpr = False, RELAXED: tl.constexpr = False,
-                 PERSIST: tl.constexpr = False, SHARE: tl.constexpr = False):
-    """TMA: w_ptr is a TensorDescriptor of W with [BLOCK_N, BLOCK_K] blocks (the weight tiles
-    come by bulk tensor copies, rows past N as zeros); else a pointer.
-    PERSIST: the grid is a few programs per SM, each taking the (row tile, K split) work
-    items pid, pid + grid, ... in one flattened, pipelined loop (no ramp per tile, every SM
-    the same share); else one work item per program (grid (row tiles, K splits)).
-    SHARE: program pid_n takes `rows` (<= BLOCK_N) rows from pid_n * rows, its tile's rows
-    past them masked (GemvConfig.share: every program an equal share of N)."""
-    if not LATE:
-        pdl_launch_dependents(GDC)
-    if PERSIST:
-        if GDC and not TMA:     # PDL: the first item's leading weights head for L2 meanwhile
-            _l2_prefetch_item(w_ptr, N, K, tl.program_id(0), SPLIT_K, BLOCK_N, BLOCK_K)
-        pdl_wait(GDC)
-        n_work = tl.cdiv(N, BLOCK_N) * SPLIT_K
-        for item in tl.range(tl.program_id(0), n_work, tl.num_programs(0), flatten=True):
-            _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split,
-                       gap, mul_ptr, stride_mb, item // SPLIT_K, item % SPLIT_K, rows, EPI,
-                       HAS_BIAS, SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, GDC, IEEE,
-                       ACT, False, TMA, RELAXED, False)
-        if LATE:
-            pdl_launch_dependents(GDC)
-    else:
-        _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
-                   mul_ptr, stride_mb, tl.program_id(0), tl.program_id(1), rows, EPI,
-                   HAS_BIAS, SPLIT_K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, PDL, GDC, IEEE, ACT,
-                   LATE, TMA, RELAXED, SHARE)
-
-
-@triton.jit
-def _l2_prefetch_item(w_ptr, N, K, item, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-    """The first two K tiles of work item `item`'s weight rows into L2 (one bulk prefetch
-    per row, cp.async.bulk.prefetch.L2, sm_90: a hint, no result): what a PERSIST program
-    can start before pdl_wait (the grid form loads its first tile into registers instead)."""
-    k_len = K // SPLIT_K
-    rows = tl.minimum((item // SPLIT_K) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-    start = w_ptr + rows.to(tl.int64) * K + (item % SPLIT_K) * k_len
-    nbytes = tl.minimum(k_len, 2 * BLOCK_K) * w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-        [start.to(tl.int64, bitcast=True), (rows * 0 + nbytes).to(tl.int32)],
-        dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -195,24 +124,24 @@ def _products(acc, x, w, DOT: tl.constexpr, IEEE: tl.constexpr):
     return acc
 
 
-@triton.jit
-def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
-               mul_ptr, stride_mb, pid_n, pid_k, rows,
-               EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-               BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               DOT: tl.constexpr, PDL: tl.constexpr, GDC: tl.constexpr, IEEE: tl.constexpr,
-               ACT: tl.constexpr, LATE: tl.constexpr, TMA: tl.constexpr,
-               RELAXED: tl.constexpr, SHARE: tl.constexpr):
-    """Work item (pid_n, pid_k): rows pid_n * BLOCK_N.. (SHARE: the `rows` rows from
-    pid_n * rows) over K split pid_k, and the epilogue."""
-    if SHARE:
-        n0 = pid_n * rows
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = (tl.arange(0, BLOCK_N) < rows) & (offs_n < N)
-    else:
-        n0 = pid_n * BLOCK_N
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
+@triton.jit(do_not_specialize=["B"])     # one binary for every batch size
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_split, gap,
+                 mul_ptr, stride_mb,
+                 EPI: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT: tl.constexpr, PDL: tl.constexpr = False, GDC: tl.constexpr = False,
+                 IEEE: tl.constexpr = False, ACT: tl.constexpr = 0, LATE: tl.constexpr = False,
+                 TMA: tl.constexpr = False, RELAXED: tl.constexpr = False):
+    """Rows pid_n * BLOCK_N.. over K split pid_k, and the epilogue.
+    TMA: w_ptr is a TensorDescriptor of W with [BLOCK_N, BLOCK_K] blocks (the weight tiles
+    come by bulk tensor copies, rows past N as zeros); else a pointer."""
+    if not LATE:
+        pdl_launch_dependents(GDC)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < B
     k_len = K // SPLIT_K
@@ -260,13 +189,8 @@ def _gemv_tile(x_ptr, w_ptr, bias_ptr, y_ptr, B, N, K, stride_xb, stride_yb, n_s
     elif EPI == 3:         # (gate, up) row pairs -> act(gate) * up at column n // 2
         t = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
         g, u = tl.split(tl.reshape(t, [BLOCK_B, BLOCK_N // 2, 2]))
-        if SHARE:       # (rows is even)
-            col = pid_n * (rows // 2) + tl.arange(0, BLOCK_N // 2)
-            ok = b_ok[:, None] & ((col < N // 2) & (tl.arange(0, BLOCK_N // 2) < rows // 2)
-                                  )[None, :]
-        else:
-            col = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            ok = b_ok[:, None] & (col < N // 2)[None, :]
+        col = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        ok = b_ok[:, None] & (col < N // 2)[None, :]
         tl.store(y_ptr + offs_b[:, None] * stride_yb + col[None, :],
                  gated_value(g, u, ACT == 0).to(y_ptr.dtype.element_ty), mask=ok)
     elif EPI == 4:         # act(y) * mul
@@ -383,26 +307,10 @@ def _rule(b: int, n: int, k: int, epi: int, deterministic: bool) -> GemvConfig |
     return GemvConfig(32, 128, 1, 4, 4, True) if k % 128 == 0 else None
 
 
-# the decode step's GEMVs in a grid form that gives every SM an equal share of the work
-# (persistent programs, GemvConfig.persist, or the rows shared out, GemvConfig.share), keyed
-# as TABLE; BALANCED switches them on (not in deterministic mode: its tiles are fixed
-# above). First guesses (persistent), for bench/sweep_gemv.py to replace on the H200
-BALANCED = False
-BALANCED_TABLE: dict[tuple[int, int, int, bool], GemvConfig] = {
-    (14336, 2048, EPI_QKV_GELU, False): GemvConfig(16, 256, 1, 4, 3, True, 2),
-    (2048, 10240, EPI_RESIDUAL, False): GemvConfig(16, 256, 4, 4, 3, True, 2),
-    (51200, 2048, EPI_STORE, False): GemvConfig(32, 256, 1, 4, 3, True, 2),
-    (14336, 2048, EPI_QKV_GELU, True): GemvConfig(8, 1024, 1, 4, 3, False, 2),
-    (2048, 10240, EPI_RESIDUAL, True): GemvConfig(2, 1024, 1, 4, 3, False, 2),
-}
-
-
 def pick(b: int, n: int, k: int, epi: int, deterministic: bool = False) -> GemvConfig:
     table = TABLE_DETERMINISTIC if deterministic else TABLE
     cfg = table.get((n, k, epi, b == 1)) or (TABLE.get((n, k, epi, b == 1))
                                              if deterministic else None)
-    if BALANCED and not deterministic:
-        cfg = BALANCED_TABLE.get((n, k, epi, b == 1), cfg)
     if cfg is None and PICK_RULES:
         cfg = _rule(b, n, k, epi, deterministic)
     if cfg is not None and cfg.fits(b, n, k, epi) and not (deterministic and cfg.split_k > 1):
@@ -442,30 +350,19 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     cfg = cfg or pick(b, n, k, epi, deterministic)
     assert cfg.fits(b, n, k, epi), (cfg, b, n, k, epi)
     block_b = 16 if cfg.dot else 1
-    sms = sm_count(w.device, INTERPRETER_SMS)
-    rows = cfg.rows(n, sms)
-    grid = (triton.cdiv(n, rows), cfg.split_k)
-    if cfg.persist:
-        grid = (min(grid[0] * grid[1], cfg.persist * sms),)
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     shape, gdc, launch_kw = pdl_launch(pdl, w)
     tma = tma_weights(w, cfg)
     _gemv_kernel[grid](x, tma or w, bias if bias is not None else w, y, b, n, k,
-                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), rows,
-                       EPI=epi,
+                       x.stride(0), y.stride(0), n_split, gap, mul, mul.stride(0), EPI=epi,
                        HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK_B=block_b,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot, PDL=shape,
                        GDC=gdc, IEEE=w.dtype == torch.float32, num_warps=cfg.num_warps,
                        num_stages=cfg.num_stages,
                        ACT=ACT_SILU if act == "silu" else ACT_GELU_TANH,
                        LATE=gdc and _pdl.LATE_TRIGGER, TMA=tma is not None,
-                       RELAXED=RELAXED_ATOMICS, PERSIST=cfg.persist > 0,
-                       SHARE=rows != cfg.block_n, **launch_kw)
+                       RELAXED=RELAXED_ATOMICS, **launch_kw)
     return y
-
-
-# "SMs" of a PERSIST grid on the CPU (the interpreter): few, so the tests run programs that
-# loop over several work items
-INTERPRETER_SMS = 3
 
 
 def tma_weights(w: torch.Tensor, cfg: GemvConfig):
@@ -476,7 +373,7 @@ def tma_weights(w: torch.Tensor, cfg: GemvConfig):
     "on" for any tile wherever Triton has host descriptors (the interpreter too: the tests),
     "off" never; and only where the copy engine takes the tile (each block side <= 256
     elements, 16-byte aligned base and rows)."""
-    if TMA == "off" or TensorDescriptor is None or cfg.share:
+    if TMA == "off" or TensorDescriptor is None:
         return None
     if TMA == "auto" and not (cfg.split_k > 1 and cfg.dot and w.is_cuda
                               and cfg.block_n * cfg.block_k * w.element_size() >= 16384

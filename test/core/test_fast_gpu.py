@@ -164,35 +164,6 @@ def test_gated_epilogue_is_the_two_launches_bit_for_bit(act, n, k, b):
 
 @pytest.mark.parametrize("n,k,epi", [(14336, 2048, 1), (2048, 10240, 2), (51200, 2048, 0),
                                      (6144, 2048, 3)])
-@pytest.mark.parametrize("b", [1, 8])
-def test_persistent_and_shared_gemv_programs_are_the_grid_bits(n, k, epi, b):
-    """ops/gemv's persistent programs (GemvConfig.persist) and rows shared out over the SMs
-    (GemvConfig.share) on the GPU in bf16 at the decode shapes, K unsplit: the same bits as
-    one program per tile of the same size (programs run at once here, so a share writing
-    past its rows would race)."""
-    from dataclasses import replace
-
-    from photon_core.ops import gemv as G
-    g = torch.Generator(device="cuda").manual_seed(n + b + 1)
-    x = torch.randn(b, k, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(n, k, device="cuda", generator=g) / 30).bfloat16()
-    bias = torch.randn(n, device="cuda", generator=g)
-    bias = bias if epi == G.EPI_RESIDUAL else bias.bfloat16()
-    grid = G.GemvConfig(64, 128, 1, 4, 3, b > 1)          # (b = 1: the FMA form)
-    forms = [grid, replace(grid, share=2), replace(grid, block_n=16, persist=2),
-             replace(grid, block_n=16)]
-    ys = []
-    for cfg in forms:
-        assert cfg.fits(b, n, k, epi)
-        y = torch.zeros(b, n // 2 if epi == G.EPI_GATED else n, device="cuda",
-                        dtype=torch.float32 if epi == G.EPI_RESIDUAL else torch.bfloat16)
-        ys.append(G.gemv(x, w, bias, y, epi, n_split=6144 if epi == 1 else 0, cfg=cfg))
-    assert torch.equal(ys[0], ys[1])            # shared rows: the same 64-row tile's sums
-    assert torch.equal(ys[2], ys[3])            # persistent: the same 16-row tile's sums
-
-
-@pytest.mark.parametrize("n,k,epi", [(14336, 2048, 1), (2048, 10240, 2), (51200, 2048, 0),
-                                     (6144, 2048, 3)])
 @pytest.mark.parametrize("b", [1, 2, 8])
 def test_gemv_weights_by_tma_are_the_pointer_loads_bits(n, k, epi, b):
     """ops/gemv's weight tiles by bulk tensor copies (TMA "on") on the GPU in bf16 at the

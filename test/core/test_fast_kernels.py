@@ -32,16 +32,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available() and
                                 reason="interpreter tests")
 
 CFGS = [G.GemvConfig(16, 32, 1, 4, 1, True), G.GemvConfig(32, 64, 2, 4, 1, True),
-        G.GemvConfig(8, 64, 1, 4, 1, False), G.GemvConfig(16, 32, 4, 4, 1, False),
-        # persistent programs (gemv.INTERPRETER_SMS = 3 on the CPU: 3 programs, each
-        # looping over 2 of the 3 x 2 (row tile, K split) items / 1-2 of the 5 row tiles)
-        G.GemvConfig(16, 32, 2, 4, 1, True, persist=1), G.GemvConfig(8, 64, 1, 4, 2, False,
-                                                                    persist=1),
-        # rows shared out (3 "SMs": N = 40 as 3 programs of 14 rows, 12 in the last; split
-        # in 2, 28 rows: 2 x 2 programs)
-        G.GemvConfig(16, 32, 1, 4, 1, True, share=1), G.GemvConfig(32, 64, 2, 4, 1, True,
-                                                                   share=1),
-        G.GemvConfig(16, 64, 1, 4, 2, False, share=1)]
+        G.GemvConfig(8, 64, 1, 4, 1, False), G.GemvConfig(16, 32, 4, 4, 1, False)]
 
 
 def _close(a, b, tol=1e-4):
@@ -85,46 +76,6 @@ def test_gemv_epilogues(b, cfg):
 
 
 @pytest.mark.parametrize("b", [1, 3])
-@pytest.mark.parametrize("dot", [True, False])
-@pytest.mark.parametrize("form", ["persist", "share"])
-def test_gemv_persistent_and_shared_programs_give_the_grid_bits(b, dot, form):
-    """PERSIST: the same tiles' sums, only which program runs them changes; share: a row's
-    sum is the same whatever its place in the tile. So the output is the one-program-per-tile
-    grid's bitwise (K unsplit: no atomics)."""
-    if not dot and b != 1:
-        return
-    g = torch.Generator().manual_seed(3)
-    n, k = 72, 256
-    x = torch.randn(b, k, generator=g)
-    w = torch.randn(n, k, generator=g) / 8
-    bias = torch.randn(n, generator=g)
-    bn = 32 if form == "share" else 16 if dot else 8
-    grid_cfg = G.GemvConfig(bn, 64, 1, 4, 2, dot)
-    other = G.GemvConfig(bn, 64, 1, 4, 2, dot, **{form: 1})
-    if form == "share":                  # 3 "SMs": 3 programs of 24 rows, not 3 tiles of 32
-        assert other.rows(n, G.INTERPRETER_SMS) == 24
-    for epi in (G.EPI_STORE, G.EPI_QKV_GELU, G.EPI_RESIDUAL):
-        outs = []
-        for cfg in (grid_cfg, other):
-            y = torch.zeros(b, n + 3) if epi != G.EPI_RESIDUAL else torch.ones(b, n)
-            G.gemv(x, w, bias, y, epi, n_split=40, gap=3, cfg=cfg)
-            outs.append(y)
-        assert torch.equal(outs[0], outs[1]), epi
-
-
-def test_shared_rows_per_program():
-    """GemvConfig.rows: N over share x SMs programs per K split, even, at most the tile."""
-    c = G.GemvConfig(64, 128, 1, 4, 3, True, share=2)
-    assert c.rows(14336, 132) == 56                     # 54.3 -> 55 -> even
-    assert -(-14336 // c.rows(14336, 132)) == 256       # programs <= 2 x 132
-    assert G.GemvConfig(32, 256, 4, 4, 3, True, share=2).rows(2048, 132) == 32
-    assert G.GemvConfig(16, 256, 1, 4, 3, True, share=2).rows(14336, 132) == 16   # tile-bound
-    assert G.GemvConfig(64, 128).rows(100, 132) == 64                            # no share
-    assert not G.GemvConfig(64, 128, share=1, persist=1).fits(1, 64, 128, G.EPI_STORE)
-    assert G.tma_weights(torch.zeros(64, 128), G.GemvConfig(64, 128, share=1)) is None
-
-
-@pytest.mark.parametrize("b", [1, 3])
 @pytest.mark.parametrize("cfg", CFGS, ids=str)
 def test_gemv_weights_by_tma_give_the_pointer_loads_bits(monkeypatch, b, cfg):
     """The weight tiles through a TensorDescriptor (gemv.TMA "on"; N = 40 is not a multiple
@@ -141,9 +92,6 @@ def test_gemv_weights_by_tma_give_the_pointer_loads_bits(monkeypatch, b, cfg):
     monkeypatch.setattr(G, "TMA", "auto")
     assert G.tma_weights(w, cfg) is None
     monkeypatch.setattr(G, "TMA", "on")
-    if cfg.share:               # a share's rows start anywhere: pointer loads only
-        assert G.tma_weights(w, cfg) is None
-        return
     assert G.tma_weights(w, cfg) is not None
     assert G.tma_weights(torch.zeros(8, 1024), G.GemvConfig(2, 1024, 1, 4, 3, False)) is None
     for epi in (G.EPI_STORE, G.EPI_QKV_GELU, G.EPI_RESIDUAL):
@@ -676,22 +624,6 @@ def test_deterministic_gemv_pick_never_splits_k():
         for n, k, epi in shapes:
             assert G.pick(b, n, k, epi, deterministic=True).split_k == 1
     assert G.pick(1, 2048, 10240, G.EPI_RESIDUAL).split_k > 1
-
-
-def test_balanced_switch_picks_the_balanced_table_outside_deterministic_mode(monkeypatch):
-    """gemv.BALANCED on: pick takes BALANCED_TABLE's config where it has one (its key is
-    TABLE's: (n, k, epi, one row)), never in deterministic mode; off: TABLE's as before."""
-    key = (2048, 10240, G.EPI_RESIDUAL, False)
-    monkeypatch.setattr(G, "BALANCED", False)
-    assert G.pick(8, 2048, 10240, G.EPI_RESIDUAL) == G.TABLE[key]
-    monkeypatch.setattr(G, "BALANCED", True)
-    assert G.pick(8, 2048, 10240, G.EPI_RESIDUAL) == G.BALANCED_TABLE[key]
-    assert G.BALANCED_TABLE[key] != G.TABLE[key]
-    assert G.pick(8, 2048, 10240, G.EPI_RESIDUAL, deterministic=True) == \
-        G.TABLE_DETERMINISTIC[key]
-    other = G.pick(8, 4096, 1024, G.EPI_STORE)                      # a shape it has not
-    monkeypatch.setattr(G, "BALANCED", False)
-    assert G.pick(8, 4096, 1024, G.EPI_STORE) == other
 
 
 def test_fast_engine_deterministic_flag_reaches_the_fused_gemvs(monkeypatch):

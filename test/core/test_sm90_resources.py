@@ -123,24 +123,6 @@ def test_moondream_fused_step_fits_sm90_and_fingerprints_its_code():
     assert len({r["sass"] for r in rows}) > len(names)
 
 
-def test_balanced_gemv_configs_compile_for_sm90():
-    """gemv.BALANCED_TABLE's persistent GEMVs (a flattened tile loop, tl.range(flatten=True),
-    and with PDL the first item's bulk L2 prefetch in inline PTX - neither runs in the
-    interpreter) and the shared-rows candidates the next H200 sweep takes compile for
-    sm_90 and fit, without spills, plain and as PDL launches."""
-    rows = _compile("--what", "gemv_balanced", "--dtype", "bf16")
-    # (bench/compile_sm90.py is not imported here: it drops TRITON_INTERPRET from the
-    # process's environment, which the interpreter tests after this one read)
-    from photon_core.ops import gemv as G
-    assert {r["kernel"] for r in rows} == {"_gemv_kernel"}
-    persist = [r for r in rows if "PERSIST=True" in r["launch"]]
-    assert len(persist) == 2 * len(G.BALANCED_TABLE), _report(rows)
-    share = [r for r in rows if r not in persist]     # no candidate fell back to the grid
-    assert len(share) >= 2 and all("SHARE=True" in r["launch"] for r in share), _report(rows)
-    bad = [r for r in rows if not r["fits"] or r["spill"]]
-    assert not bad, _report(bad)
-
-
 @pytest.mark.parametrize("family", ["qwen3.5", "gemma4"])
 def test_hybrid_megakernel_compiles_for_sm90_without_spills(family):
     """The hybrid megakernel (megakernel/hybrid_kernel.py) at Qwen 3.5 0.8B's / Gemma 4 E2B's
