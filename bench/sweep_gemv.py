@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -72,8 +71,11 @@ def sweep_shape(out: dict, name: str, n: int, k: int, epi: int, batches, bw: flo
     bias = torch.randn(n, device=dev, dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
     for b in batches:
         x = torch.randn(b, k, device=dev, dtype=dt)
-        ref = F.linear(x.float(), ws[0].float(), bias.float())
-        want = F.gelu(ref, approximate="tanh") if epi == G.EPI_QKV_GELU else ref
+        mul = torch.randn(b, n, device=dev, dtype=dt) if epi == G.EPI_ACT_MUL else None
+        width = n // 2 if epi == G.EPI_GATED else n       # (gated: act(gate) * up per pair)
+        ydt = torch.float32 if epi == G.EPI_RESIDUAL else dt
+        want = G.gemv_reference(x, ws[0], bias, torch.zeros(b, width, device=dev, dtype=ydt),
+                                epi, mul=mul).float()
         pool = only if only is not None else (FMA if b == 1 else []) + DOT + list(extra)
         cands = [c for c in pool
                  if c.fits(b, n, k, epi) and not (deterministic and c.split_k > 1)]
@@ -84,14 +86,13 @@ def sweep_shape(out: dict, name: str, n: int, k: int, epi: int, batches, bw: flo
                 cands.append(c)
         rows = []
         for cfg in dict.fromkeys(cands):
-            y = torch.zeros(b, n, device=dev,
-                            dtype=torch.float32 if epi == G.EPI_RESIDUAL else dt)
+            y = torch.zeros(b, width, device=dev, dtype=ydt)
             try:
-                G.gemv(x, ws[0], bias, y, epi, cfg=cfg)
+                G.gemv(x, ws[0], bias, y, epi, cfg=cfg, mul=mul)
                 torch.cuda.synchronize()
                 err = ((y.float() - want).abs().max() / want.abs().max()).item()
-                us = graph_ms(lambda: [G.gemv(x, w, bias, y, epi, cfg=cfg) for w in ws]
-                              ) / copies * 1e3
+                us = graph_ms(lambda: [G.gemv(x, w, bias, y, epi, cfg=cfg, mul=mul)
+                                       for w in ws]) / copies * 1e3
                 rows.append((us, str(cfg), err))
             except Exception as e:  # noqa: BLE001
                 rows.append((float("inf"), str(cfg), repr(e)[:100]))
