@@ -2,7 +2,8 @@
 without split-K (deterministic=True) and the region heads (detect/point), real Moondream 2
 shapes, bf16, batch 1 and 8 (--batches), and with --shapes decode the decode step's three
 GEMVs too. Weight copies rotate so L2 never holds them; CUDA-graph timing
-(bench_kernels.graph_ms); every config's output diffed against fp32 torch. The split-K
+(bench_kernels.graph_ms); every config's output diffed against gemv.gemv_reference (fp32
+sums, the epilogue's rounding). The split-K
 residual config in gemv.TABLE, and gemv.pick's config for the batch, are timed in the same run
 as baselines. The fma form (one row) is swept at b = 1 (split-K fma for the residual GEMV
 too).
