@@ -62,12 +62,6 @@ PREFILL_TOKENS, PREFILL_WARPS = 16, 4
 # collection freeing a dead CUDA graph inside a capture (fast/cuda_graph_runner.PAUSE_GC),
 # not this kernel
 SKIP_EMPTY_SPLITS = True
-# decode: each split's cached keys / values loaded before its row's position is known (no
-# load masked by the position: the values from the position on zeroed after the load, the
-# keys' scores masked as before; no empty split skipped - that branch waits for the
-# position too): the same bits, without the position load -> k/v load latency chain per
-# program, at the cost of reading the splits past the position. A probe (off).
-KV_BEFORE_POS = False
 
 
 @triton.jit
@@ -155,14 +149,12 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
                            HALF: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
                            COMBINE: tl.constexpr, ORDERED: tl.constexpr = False,
                            PREFILL: tl.constexpr = False, GDC: tl.constexpr = False,
-                           SKIP_EMPTY: tl.constexpr = False, EAGER: tl.constexpr = False):
+                           SKIP_EMPTY: tl.constexpr = False):
     """PREFILL: program row = a prompt token of the ONE cache row kv_row_ptr[0], whose k/v
     _prefill_kv_write_kernel wrote before (no store here: tokens read each other's keys).
     SKIP_EMPTY (not with PREFILL): a split that holds no key of its row (past the row's
     position) computes no partials; the combine (or with COMBINE the last split to finish,
-    an empty one counting too) merges the splits before it only (the same bits).
-    EAGER (KV_BEFORE_POS; not with PREFILL or SKIP_EMPTY): the split's cached keys / values
-    loaded whatever the row's position, the values from it on zeroed."""
+    an empty one counting too) merges the splits before it only (the same bits)."""
     pdl_launch_dependents(GDC)
     pdl_wait(GDC)
     row = tl.program_id(0)
@@ -173,7 +165,7 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
     if (sp * CHUNK <= pw) | (not SKIP_EMPTY):     # (a constant true without SKIP_EMPTY)
         _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_ptr, vc_ptr,
                       s_row, s_head, s_pos, m_ptr, l_ptr, acc_ptr, scale, kv_row_ptr, row, h,
-                      sp, NH, NKV, HD, HALF, CHUNK, NSPLIT, PREFILL, capacity, EAGER)
+                      sp, NH, NKV, HD, HALF, CHUNK, NSPLIT, PREFILL)
     if COMBINE:     # (an empty split counts too: the last to finish merges the valid ones)
         done = tl.atomic_add(cnt_ptr + row * NH + h, 1, sem="acq_rel")
         if done == NSPLIT - 1:           # the last split of this (row, head) merges
@@ -189,8 +181,7 @@ def _attend_partial_kernel(qkv_ptr, stride_qkv, pos_ptr, cos_ptr, sin_ptr, n_tab
 def _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_ptr, vc_ptr,
                   s_row, s_head, s_pos, m_ptr, l_ptr, acc_ptr, scale, kv_row_ptr, row, h, sp,
                   NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
-                  CHUNK: tl.constexpr, NSPLIT: tl.constexpr, PREFILL: tl.constexpr,
-                  capacity, EAGER: tl.constexpr):
+                  CHUNK: tl.constexpr, NSPLIT: tl.constexpr, PREFILL: tl.constexpr):
     """Split sp of (row, h): its partials (max, sum, weighted v) over keys sp * CHUNK ..,
     and the new k / v written by the split that holds pw."""
     kvh = h // (NH // NKV)
@@ -205,16 +196,10 @@ def _attend_split(qkv_ptr, stride_qkv, pos, pw, cos_ptr, sin_ptr, n_table, kc_pt
         cache_off = row * s_row + kvh * s_head
     j = start + tl.arange(0, CHUNK)
     in_cache = j < pw
-    if EAGER:       # (the keys past pw get no score; values: zeroed below)
-        kv_ok = j < capacity
-    else:
-        kv_ok = in_cache
-    kt = tl.load(kc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=kv_ok[:, None],
+    kt = tl.load(kc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=in_cache[:, None],
                  other=0.0)
-    vt = tl.load(vc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=kv_ok[:, None],
+    vt = tl.load(vc_ptr + cache_off + j[:, None] * s_pos + d[None, :], mask=in_cache[:, None],
                  other=0.0)
-    if EAGER:
-        vt = tl.where(in_cache[:, None], vt, 0.0)
     # rotated channels are written interleaved (rope.apply_rope's order; rotary_sources)
     src_c, src_s, c, s = rotary_sources(d, cos_ptr, sin_ptr, ti, HALF)
     base = qkv_ptr + row * stride_qkv
@@ -438,8 +423,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                 NSPLIT=n_split, TP=tp, IP="ieee" if kc.dtype == torch.float32 else "tf32",
                 GDC=gdc, num_warps=PREFILL_WARPS, **launch_kw)
             fuse = False
-    eager = KV_BEFORE_POS and kv_row is None
-    skip = SKIP_EMPTY_SPLITS and kv_row is None and not eager
+    skip = SKIP_EMPTY_SPLITS and kv_row is None
     if kv_row is None or not PREFILL_TOKENS:
         _attend_partial_kernel[(b, n_heads, n_split)](
             qkv, qkv.stride(0), pos, cos, sin, cos.shape[0], kc, vc, kc.stride(0),
@@ -448,7 +432,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
             pos if kv_row is None else kv_row,
             NH=n_heads, NKV=n_kv_heads, HD=head_dim, HALF=half, CHUNK=chunk,
             NSPLIT=n_split, COMBINE=fuse, ORDERED=ordered, PREFILL=kv_row is not None,
-            GDC=gdc, num_warps=warps, SKIP_EMPTY=skip, EAGER=eager, **launch_kw)
+            GDC=gdc, num_warps=warps, SKIP_EMPTY=skip, **launch_kw)
     if not fuse:
         _combine_kernel[(b, n_heads)](scratch.m, scratch.l, scratch.acc, out, out.stride(0),
                                       # (positions read only with the skip; else any

@@ -360,39 +360,6 @@ def test_several_rows_take_the_rows_chunk(monkeypatch, prefill):
     assert torch.equal(caches[1][0], caches[0][0]) and torch.equal(caches[1][1], caches[0][1])
 
 
-@pytest.mark.parametrize("b", [1, 6])
-def test_kv_loaded_before_the_position_gives_the_same_bits(monkeypatch, b):
-    """KV_BEFORE_POS (a probe): each split's cached keys / values loaded whatever the row's
-    position, the values from it on zeroed, no split skipped. The same outputs and written
-    k/v bits as the masked loads, although the cache past each row's position holds NaN and
-    inf (a slot never written, or the stale slot pw the new key replaces) - at positions 0,
-    inside, at the last slot, past the capacity (clamped) and at -1 (no key: NaN both ways);
-    the capacity not a multiple of the chunk."""
-    import photon_core.ops.decode_attention as DA
-    g = torch.Generator().manual_seed(29)
-    nh, nkv, hd, cap, rot = 4, 2, 32, 100, 16
-    monkeypatch.setattr(DA, "ROWS_CHUNK", 16)            # 7 splits of the capacity
-    pos = torch.tensor([0, 17, 64, 99, 130, -1])[:b] if b > 1 else torch.tensor([40])
-    data = torch.randn(2, b, nkv, cap, hd, generator=g)
-    for r, p in enumerate(pos.tolist()):
-        pw = min(p, cap - 1)
-        data[:, r, :, max(pw, 0):, 0::2] = float("nan")
-        data[:, r, :, max(pw, 0):, 1::2] = float("inf")
-    qkv = torch.randn(b, (nh + 2 * nkv) * hd, generator=g)
-    cos, sin = (t.contiguous() for t in rope_angles(torch.arange(cap + 1), rot))
-    res = []
-    for eager in (False, True):
-        monkeypatch.setattr(DA, "KV_BEFORE_POS", eager)
-        scratch = AttentionScratch(b, nh, hd, cap, 16, "cpu")
-        kc, vc = data[0].clone(), data[1].clone()
-        out = torch.zeros(b, nh * hd)
-        decode_attention(qkv, pos, cos, sin, kc, vc, out, scratch, nh, nkv, hd)
-        res.append((out, kc, vc))
-    assert not res[0][0][:5].isnan().any()
-    for a, c in zip(*res):
-        torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
-
-
 def test_splits_past_the_rows_position_skip_with_the_same_bits(monkeypatch):
     """SKIP_EMPTY_SPLITS: a split that holds no key of its row computes nothing and the
     combine merges the splits before it. Outputs and written k/v are the same bits as with
