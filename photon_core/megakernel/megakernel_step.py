@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops import sm_count
 from ..ops.row_advance import row_advance
 from . import hybrid_kernel
 from .compiler import Compiled, compile_program
@@ -104,6 +103,13 @@ class Variant:
         s += f"/p{self.per_sm}" if self.per_sm != 1 else ""
         s += "".join(f"/{f}" for f in self.FLAGS if getattr(self, f))
         return s + ("" if self.align else "/noalign")
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere): the persistent grid's size."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
 
 
 def reference_step(fd, st, b: int, feed: bool = True) -> None:

@@ -31,20 +31,4 @@ def triton_on(t) -> bool:
     return HAVE_TRITON and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-_SM_COUNTS: dict = {}
-
-
-def sm_count(device, cpu: int = 1) -> int:
-    """Streaming multiprocessors of a CUDA device (read once per device): the size of
-    persistent grids (the megakernel); `cpu` elsewhere."""
-    import torch
-    device = torch.device(device)
-    if device.type != "cuda":
-        return cpu
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNTS:
-        _SM_COUNTS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNTS[key]
-
-
-__all__ = ["GEMV_MAX_ROWS", "HAVE_TRITON", "sm_count", "triton_on"]
+__all__ = ["GEMV_MAX_ROWS", "HAVE_TRITON", "triton_on"]
