@@ -268,7 +268,10 @@ def test_fused_prefill_fp16_close(model):
 @pytest.mark.parametrize("n,t,heads,hd,config", [(2, 37, 3, 72, (32, 16, 4, 1)),
                                                  (1, 150, 2, 72, (64, 32, 4, 2)),
                                                  (1, 29, 2, 16, (16, 16, 4, 1)),
-                                                 (3, 20, 1, 32, None)])
+                                                 (3, 20, 1, 32, None),
+                                                 (2, 37, 3, 72, (32, 16, 4, 1, 1)),
+                                                 (2, 64, 2, 72, (32, 32, 4, 1, 1)),
+                                                 (1, 29, 2, 16, (16, 16, 4, 1, 1))])
 def test_vision_attention_matches_sdpa(dtype, n, t, heads, hd, config):
     """ops/vision_attention.py (split 64 + 16 head, online softmax over key blocks, keys past
     T masked) against SDPA over the views, under the interpreter."""
@@ -283,6 +286,23 @@ def test_vision_attention_matches_sdpa(dtype, n, t, heads, hd, config):
     assert err <= tol * ref.abs().max().item(), err
     with pytest.raises(ValueError):
         vision_attention(qkv[..., :-1], heads)
+
+
+@pytest.mark.parametrize("config", [(32, 16, 4, 1), (32, 16, 4, 1, 1)])
+def test_vision_attention_crops_do_not_leak(config):
+    """A crop's output is its own: inf / NaN in the next crop's rows (which the TMA form's
+    last key block and query rows read past T) and in the columns past each head's 72
+    (which its 16-wide boxes read) change nothing in the other crop's output."""
+    from photon_core.ops.vision_attention import vision_attention, vision_attention_reference
+    n, t, heads, hd = 2, 37, 3, 72
+    qkv = torch.randn(n, t, 3 * heads * hd, generator=torch.Generator().manual_seed(4))
+    bad = qkv.clone()
+    bad[1, :5] = float("inf")
+    bad[1, 5:9] = float("nan")
+    o = vision_attention(bad, heads, config)
+    ref = vision_attention_reference(qkv.float(), heads)
+    assert torch.isfinite(o[0]).all()
+    assert (o[0] - ref[0]).abs().max().item() <= 2e-5 * ref[0].abs().max().item()
 
 
 def test_vision_encoder_triton_attention_close(model):

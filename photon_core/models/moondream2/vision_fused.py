@@ -38,16 +38,29 @@ ATTENTION_FORMS = ("sdpa", "triton")
 # call 6: encode_image 15.31 / 15.40 vs 15.41 / 15.59 ms as one graph, the same bits; the
 # gap before the encode's first kernel in run(frame, detect) 238 -> 110-162 us)
 CUT_AFTER_BLOCK: int | None = 0
+# the runtime encode's attention (encoder's attention=None): "sdpa", or "triton[:CONFIG]"
+# with CONFIG as BLOCK_MxBLOCK_NxWARPSxSTAGES[xTMA[xFAST_EXP]] (ops/vision_attention.py; a
+# switch for bench/ab_encode.py's A/B)
+ATTENTION = "sdpa"
+
+
+def _attention_choice(attention: str | None, config: tuple | None):
+    """(form, config) of encoder's arguments, ATTENTION's where attention is None."""
+    if attention is not None:
+        return attention, config
+    form, _, cfg = ATTENTION.partition(":")
+    return form, (tuple(int(v) for v in cfg.split("x")) if cfg else None)
 
 
 def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
-            fuse_norms: bool | None = None, attention: str = "sdpa",
+            fuse_norms: bool | None = None, attention: str | None = None,
             attention_config: tuple | None = None, cut=None) -> torch.Tensor:
     """fuse_norms: each residual add and the LayerNorm after it in one Triton kernel
     (ops/add_layernorm.py); None = on CUDA when triton imports. attention: "sdpa" |
     "triton" (ops/vision_attention.py; attention_config: its (BLOCK_M, BLOCK_N, warps,
-    stages)). cut: called after block CUT_AFTER_BLOCK (a graph capture's cut point,
+    stages[, tma[, fast_exp]])); None: the module's ATTENTION. cut: called after block CUT_AFTER_BLOCK (a graph capture's cut point,
     cuda_graph_runner.capture_graph_parts)."""
+    attention, attention_config = _attention_choice(attention, attention_config)
     if attention not in ATTENTION_FORMS:
         raise ValueError(f"attention must be one of {ATTENTION_FORMS}, not {attention!r}")
     if fuse_norms is None:
