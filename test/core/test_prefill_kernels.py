@@ -305,6 +305,30 @@ def test_vision_attention_crops_do_not_leak(config):
     assert (o[0] - ref[0]).abs().max().item() <= 2e-5 * ref[0].abs().max().item()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,t,nh,nkv,hd,config", [(2, 37, 4, 4, 64, (32, 16, 4, 1)),
+                                                  (1, 50, 4, 2, 64, (16, 32, 4, 1)),
+                                                  (2, 29, 2, 2, 72, (16, 16, 4, 1))])
+def test_prefix_attention_matches_sdpa(dtype, n, t, nh, nkv, hd, config):
+    """ops/vision_attention.prefix_attention (token-major q, head-major k / v: the image
+    prefix prefill's layout; grouped heads; a partial last key block whose rows are the next
+    head's) against SDPA, under the interpreter."""
+    import torch.nn.functional as F
+
+    from photon_core.ops.vision_attention import prefix_attention
+    g = torch.Generator().manual_seed(t)
+    q = torch.randn(n, t, nh, hd, generator=g).to(dtype)
+    k, v = (torch.randn(n, nkv, t, hd, generator=g).to(dtype) for _ in range(2))
+    o = prefix_attention(q, k, v, config)
+    ref = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float(), v.float(),
+                                         enable_gqa=nh != nkv).transpose(1, 2)
+    ref = ref.reshape(n, t, nh * hd)
+    tol = 2e-5 if dtype == torch.float32 else 4e-3
+    assert (o.float() - ref).abs().max().item() <= tol * ref.abs().max().item()
+    with pytest.raises(ValueError):
+        prefix_attention(q, k.transpose(2, 3), v, config)
+
+
 def test_vision_encoder_triton_attention_close(model):
     """vision_fused.encoder(attention="triton") (interpreter, fp32) against vision.encoder."""
     import numpy as np
