@@ -247,11 +247,15 @@ def test_fused_prefill_without_hidden_writes_the_same_kv(model, monkeypatch):
     assert ops[-2].dst == ("qkv",) and ops[-1].dst == ()
 
 
-def test_fused_prefill_fp16_close(model):
-    """fp16 (the interpreter's reduced precision): close to the reference prefill."""
+@pytest.mark.parametrize("attention", ["sdpa", "triton:16x16x4x1"])
+def test_fused_prefill_fp16_close(model, monkeypatch, attention):
+    """fp16 (the interpreter's reduced precision): close to the reference prefill; with
+    SDPA and with the TMA attention kernel (prefix_prefill.FUSED_ATTENTION)."""
     from photon_core.models.moondream2 import batched_encode
+    from photon_core.models.moondream2 import prefix_prefill as pp
     from photon_core.models.moondream2.layers import Weights
     from photon_core.models.moondream2.prefix_prefill import prefill_prefix
+    monkeypatch.setattr(pp, "FUSED_ATTENTION", attention)
     t = model.config.text
     w16 = Weights({k: v.half() for k, v in model.weights.items()})
     x = torch.randn(1, model.prefix_len, t.dim, generator=torch.Generator().manual_seed(6))
