@@ -133,8 +133,9 @@ def _key_block(q_a, q_b, acc_a, acc_b, m_i, l_i, k_da, k_db, v_da, v_db, row, k_
         s = tl.where(n_ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2e)
     alpha = tl.exp2(m_i - m_new)
-    p = _exp2(s * scale_log2e - m_new[:, None], FAST_EXP).to(q_a.dtype)
-    l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)
+    p = _exp2(s * scale_log2e - m_new[:, None], FAST_EXP)
+    l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)        # (fp32 p: no conversion)
+    p = p.to(q_a.dtype)
     v_a = v_da.load([row, v_col])
     if MASK:
         v_a = tl.where(n_ok[:, None], v_a, 0.0)
