@@ -7,6 +7,7 @@ rest: gaps between kernels) from the same run.
 Usage: PYTHONPATH=. python3 bench/encode_graph_top.py [--top 25] [--crops overlap|global]
            [--sdpa default|flash|efficient|cudnn]   (the SDPA backend the graph is captured
            with: torch.nn.attention.sdpa_kernel; default = torch's pick)
+           [--set photon_core.models.moondream2.vision_fused:ATTENTION=triton:64x64x4x3x1]
 Writes $OUT/encode_graph_top.json when OUT is set.
 """
 from __future__ import annotations
@@ -36,7 +37,11 @@ def main():
     ap.add_argument("--crops", default="overlap", choices=("overlap", "global"))
     ap.add_argument("--sdpa", default="default", choices=("default", "flash", "efficient",
                                                            "cudnn"))
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE:NAME=VALUE",
+                    help="a module switch set before the graph's capture (ab_switch's form)")
     args = ap.parse_args()
+    from bench.ab_switch import apply_switches
+    apply_switches(args.set)
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -51,6 +56,7 @@ def main():
                  if len(k) == 1 and k[0].crops == args.crops)
     ref = m.encode_image(frame).kv if args.crops == "overlap" else None
     out = {"gpu": torch.cuda.get_device_name(), "crops": args.crops, "sdpa": args.sdpa,
+           "set": args.set,
            "kv_max_rel_diff_vs_reference": None if ref is None else _rel(enc.kv, ref),
            "graph_replay_ms": round(cuda_ms(entry.graph.replay, 20), 3)}
     out.update(profile_kinds(entry.graph.replay, top=args.top, reps=5, key_chars=110))
