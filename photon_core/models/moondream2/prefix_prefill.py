@@ -46,7 +46,6 @@ from ...ops.add_layernorm import add_layernorm
 from ...ops.eager import norm_reference, run_ops
 from ...ops.linear_gelu import linear_gelu
 from ...ops.rope_kv_write import rope_kv_write
-from ...ops.vision_attention import prefix_attention
 from .config import TextConfig
 from .layers import Weights
 from .program import decoder_ops
@@ -55,10 +54,6 @@ from .rope import apply_rope, rope_angles
 from .text import attention_mask
 
 ATTENTION_FORMS = ("span", "prefix")
-# the fused form's attention kernel: "sdpa", or "triton[:CONFIG]" (ops/vision_attention
-# .prefix_attention; CONFIG as BLOCK_MxBLOCK_NxWARPSxSTAGES[x_xFAST_EXP]: a switch for
-# bench/ab_encode.py's A/B)
-FUSED_ATTENTION = "sdpa"
 
 
 def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
@@ -179,12 +174,6 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
         q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[i, 0], kv[i, 1])
         if not out:
             return None
-        if FUSED_ATTENTION != "sdpa":
-            form, _, c = FUSED_ATTENTION.partition(":")
-            if form != "triton":
-                raise ValueError(f"FUSED_ATTENTION {FUSED_ATTENTION!r}: sdpa | triton[:CONFIG]")
-            return prefix_attention(q, kv[i, 0], kv[i, 1],
-                                    tuple(int(v) for v in c.split("x")) if c else None)
         a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
                                            enable_gqa=nh != nkv)
         return a.transpose(1, 2).reshape(n, length, dim)
