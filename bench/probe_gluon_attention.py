@@ -304,6 +304,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default="64x64x2,64x128x2,64x64x3,64x32x3")
     ap.add_argument("--crops", type=int, default=9)
+    ap.add_argument("--encode-ab", action="store_true",
+                    help="then the encode graph with SDPA vs the fastest config that is "
+                         "right (rel. diff < 0.01) and faster than SDPA, ABBA x 2")
     args = ap.parse_args()
     heads, t, hd, layers = 16, 729, 72, 27
     g = torch.Generator("cuda").manual_seed(9)
@@ -335,6 +338,51 @@ def main():
         if "illegal" in r.get("error", ""):
             break
     write_json("probe_gluon_attention.json", out)
+    ok = {c: r for c, r in out["rows"].items() if c != "sdpa" and "ms_per_encode" in r
+          and r["rel_diff_vs_fp32"] < 0.01 and r["vs_sdpa"] > 1.0}
+    if args.encode_ab and ok:
+        best = min(ok, key=lambda c: ok[c]["ms_per_encode"])
+        out["encode_ab"] = encode_ab(best)
+        write_json("probe_gluon_attention.json", out)
+
+
+def encode_ab(config: str) -> dict:
+    """The runtime's 9-crop encode graph with SDPA vs this config's kernel (vision_fused's
+    attention="triton" path with its vision_attention replaced), ABBA: replay ms, k/v error
+    vs the fp32 encode."""
+    import numpy as np
+
+    from bench.ab_encode import errors, graph_entry, moondream_model, state_of
+    from bench.bench_timing import call_times
+    from photon_core.fast import FastEngine
+    from photon_core.models.moondream2 import vision_fused
+    bm, bn, st, *pp = (int(x) for x in config.split("x"))
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    m32 = moondream_model(torch.float32)
+    exact = state_of("moondream2", m32.encode_image(frame))
+    del m32
+    torch.cuda.empty_cache()
+    model = moondream_model(torch.bfloat16)
+    orig = vision_fused.vision_attention
+    res = {"config": config, "sdpa": [], "gluon": []}
+    for label in ("sdpa", "gluon", "gluon", "sdpa"):
+        vision_fused.ATTENTION = "sdpa" if label == "sdpa" else "triton"
+        vision_fused.vision_attention = (orig if label == "sdpa" else
+                                         lambda qkv, heads, _cfg=None: gluon_attention(
+                                             qkv, heads, bm, bn, st, bool(pp and pp[0])))
+        try:
+            fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
+                            encoder="fast")
+            stt = state_of("moondream2", fe.encode_image(frame))
+            t = {"replay_ms": round(min(call_times(graph_entry(fe, "moondream2").graph.replay,
+                                                   "cuda", 10, warmup=0)), 3),
+                 "error_vs_fp32": errors(stt, exact)}
+        finally:
+            vision_fused.ATTENTION, vision_fused.vision_attention = "sdpa", orig
+        res[label].append(t)
+        print(f"encode {label}: {t}", flush=True)
+        fe.close()
+    return res
 
 
 if __name__ == "__main__":
