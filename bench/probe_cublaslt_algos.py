@@ -247,44 +247,21 @@ def routed(lt, handle, ws, picks):
 
 
 def encode_ab(lt, handle, ws, picks, rounds: int) -> dict:
-    """The runtime's 9-crop encode graph (FastEngine, encoder "fast") captured with torch's
-    GEMMs and with the picked algorithms (routed), ABBA rounds: replay / encode_image ms and
-    the k/v error vs the fp32 encode."""
-    import numpy as np
-
-    from bench.ab_encode import errors, graph_entry, moondream_model, state_of
-    from bench.bench_timing import call_times
-    from bench.probe_family_encode import encoder_times
-    from photon_core.fast import FastEngine
-    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    m32 = moondream_model(torch.float32)
-    exact = state_of("moondream2", m32.encode_image(frame))
-    del m32
-    torch.cuda.empty_cache()
-    model = moondream_model(torch.bfloat16)
+    """The runtime's 9-crop encode graph with torch's GEMMs and with the picked algorithms
+    routed in (ab_encode.moondream_encode_rounds)."""
+    from bench.ab_encode import moondream_encode_rounds
     lin, act, linear, addmm_activation = routed(lt, handle, ws, picks)
-    res = {"picked": [list(k) for k in picks], "torch": [], "lt": []}
-    order = []
-    for r in range(rounds):
-        order += ["torch", "lt"] if r % 2 == 0 else ["lt", "torch"]
-    for label in order:
-        F.linear, torch._addmm_activation = ((linear, addmm_activation) if label == "lt"
-                                             else (lin, act))
-        try:
-            fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
-                            encoder="fast")
-            st = state_of("moondream2", fe.encode_image(frame))
-            t = encoder_times(fe, frame, 10, 0, label)
-            t["replay_ms"] = round(min(call_times(graph_entry(fe, "moondream2").graph.replay,
-                                                  "cuda", 10, warmup=0)), 3)
-            t["error_vs_fp32"] = errors(st, exact)
-        finally:
-            F.linear, torch._addmm_activation = lin, act
-        res[label].append(t)
-        print(f"encode {label}: {t}", flush=True)
-        fe.close()
-    return res
 
+    def switch(label):
+        if label == "lt":
+            F.linear, torch._addmm_activation = linear, addmm_activation
+
+        def restore():
+            F.linear, torch._addmm_activation = lin, act
+        return restore
+    res = moondream_encode_rounds(["torch", "lt"], switch, rounds)
+    res["picked"] = [list(k) for k in picks]
+    return res
 
 if __name__ == "__main__":
     main()
