@@ -7,7 +7,7 @@ rest: gaps between kernels) from the same run.
 Usage: PYTHONPATH=. python3 bench/encode_graph_top.py [--top 25] [--crops overlap|global]
            [--sdpa default|flash|efficient|cudnn]   (the SDPA backend the graph is captured
            with: torch.nn.attention.sdpa_kernel; default = torch's pick)
-           [--set photon_core.models.moondream2.vision_fused:ATTENTION=triton:64x64x4x3x1]
+           [--set photon_core.models.moondream2.vision_fused:ATTENTION=triton:128x64x4x3]
 Writes $OUT/encode_graph_top.json when OUT is set.
 """
 from __future__ import annotations
