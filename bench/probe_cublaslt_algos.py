@@ -80,6 +80,8 @@ def declare(lt) -> None:
     sigs = {"cublasLtCreate": [pvp],
             "cublasLtMatmulDescCreate": [pvp, i, i],
             "cublasLtMatmulDescSetAttribute": [vp, i, vp, sz],
+            "cublasLtMatmulDescDestroy": [vp],
+            "cublasLtMatrixLayoutDestroy": [vp],
             "cublasLtMatrixLayoutCreate": [pvp, i, c.c_uint64, c.c_uint64, c.c_int64],
             "cublasLtMatmulPreferenceCreate": [pvp],
             "cublasLtMatmulPreferenceDestroy": [vp],
@@ -126,6 +128,12 @@ class LtGemm:
     def _ok(status):
         if status != 0:
             raise RuntimeError(f"cublasLt status {status}")
+
+    def close(self) -> None:
+        """Destroy the descriptors (cuBLASLt read them when each call was made)."""
+        for lay in (self.a_l, self.b_l, self.d_l):
+            self.lt.cublasLtMatrixLayoutDestroy(lay)
+        self.lt.cublasLtMatmulDescDestroy(self.desc)
 
     def heuristics(self, count: int) -> list:
         c = ctypes
@@ -214,6 +222,7 @@ def main():
         out["shapes"][name] = row
         if best is not None and best["vs_torch"] > 1.02:
             picks[(m, k, n, gelu)] = found[best["rank"]]
+        lg.close()
         del x, w, b, ref, y, lg
     write_json("probe_cublaslt_algos.json", out)
     if args.encode_ab:
@@ -232,7 +241,9 @@ def routed(lt, handle, ws, picks):
                 or not x2.is_contiguous() or not w.is_contiguous() or b.dim() != 1):
             return None
         y = torch.empty(x2.shape[0], w.shape[0], device=x2.device, dtype=x2.dtype)
-        LtGemm(lt, handle, x2, w, b, y, gelu, ws).run(r)
+        g = LtGemm(lt, handle, x2, w, b, y, gelu, ws)
+        g.run(r)
+        g.close()
         return y
 
     def linear(x, w, b=None):

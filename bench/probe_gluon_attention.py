@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -212,15 +213,17 @@ def gluon_attention(qkv: torch.Tensor, heads: int, bm: int = 64, bn: int = 64,
         return TensorDescriptor.from_tensor(
             q2, [rows, cols], gl.NVMMASharedLayout.get_default_for([rows, cols], dt))
     o = torch.empty(n, t, heads * hd, device=qkv.device, dtype=qkv.dtype)
-    _attn_kernel[(triton_cdiv(t, bm), n * heads)](
+    _attn_kernel[(triton.cdiv(t, bm), n * heads)](
         desc(bm, 64), desc(bm, 16), desc(bn, 64), desc(bn, 16), o, o.stride(0), o.stride(1),
         t, hd ** -0.5 * math.log2(math.e), H=heads, HD=hd, BM=bm, BN=bn, STAGES=stages,
         PIPE=pipe, num_warps=bm // 16)
     return o
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def parse_config(config: str) -> tuple:
+    """"BMxBNxSTAGES[xPIPE]" -> gluon_attention's (bm, bn, stages, pipe)."""
+    bm, bn, st, *pp = (int(x) for x in config.split("x"))
+    return bm, bn, st, bool(pp and pp[0])
 
 
 def main():
@@ -251,11 +254,8 @@ def main():
     out["rows"]["sdpa"] = row(lambda: vision_attention_reference(qkv, heads))
     print("sdpa", out["rows"]["sdpa"], flush=True)
     for c in args.configs.split(","):
-        bm, bn, st, *pp = (int(x) for x in c.split("x"))
-        pipe = bool(pp and pp[0])
         try:
-            r = row(lambda bm=bm, bn=bn, st=st, pipe=pipe: gluon_attention(qkv, heads, bm, bn,
-                                                                           st, pipe))
+            r = row(lambda c=c: gluon_attention(qkv, heads, *parse_config(c)))
             r["vs_sdpa"] = round(out["rows"]["sdpa"]["ms_per_encode"] / r["ms_per_encode"], 3)
         except Exception as e:  # noqa: BLE001
             r = {"error": repr(e)[:400]}
@@ -278,19 +278,19 @@ def encode_ab(config: str) -> dict:
     moondream_encode_rounds)."""
     from bench.ab_encode import moondream_encode_rounds
     from photon_core.models.moondream2 import vision_fused
-    bm, bn, st, *pp = (int(x) for x in config.split("x"))
     orig = vision_fused.vision_attention
 
     def switch(label):
         if label == "gluon":
             vision_fused.ATTENTION = "triton"
             vision_fused.vision_attention = lambda qkv, heads, _cfg=None: gluon_attention(
-                qkv, heads, bm, bn, st, bool(pp and pp[0]))
+                qkv, heads, *parse_config(config))
 
         def restore():
             vision_fused.ATTENTION, vision_fused.vision_attention = "sdpa", orig
         return restore
     return {"config": config, **moondream_encode_rounds(["sdpa", "gluon"], switch)}
+
 
 if __name__ == "__main__":
     main()
