@@ -121,15 +121,15 @@ def qwen3_5_launches(dtype=torch.bfloat16):
 def moondream_launches(dtype=torch.bfloat16, batches=(1, 2, 8), capacity=1024, prefill=16):
     """Every launch of Moondream 2's fused step at its real shapes (recorded, not run): the
     lm / region heads and the decoder step at each batch, in the default mode and in
-    deterministic mode, plus a 16-token prompt prefill; also the PDL launches the fused
-    backend makes on a Hopper GPU (griddepcontrol forced on here, where no CUDA device
-    says it may be)."""
+    deterministic mode, plus a 16-token prompt prefill; also the launches the fused backend
+    makes on a Hopper GPU (griddepcontrol and the GEMVs' TMA weight tiles forced on here,
+    where no CUDA device says they may be)."""
     from types import SimpleNamespace
 
     from photon_core.models.moondream2.config import MoondreamConfig
     from photon_core.models.moondream2.program import step_spec
     from photon_core.models.moondream2.weights import expected_shapes
-    from photon_core.ops import pdl
+    from photon_core.ops import gemv, pdl
     from photon_core.ops.launch_resources import record_launches
 
     cfg = MoondreamConfig()
@@ -137,16 +137,17 @@ def moondream_launches(dtype=torch.bfloat16, batches=(1, 2, 8), capacity=1024, p
                if not k.startswith("vision.")}
     spec = step_spec(SimpleNamespace(config=cfg, weights=SimpleNamespace(device="cpu",
                                                                           dtype=dtype)))
-    avail = pdl.gdc_available
+    avail, tma = pdl.gdc_available, gemv.tma_capable
     try:
         with torch.inference_mode(), record_launches() as launches:
             for det in (False, True):
-                for gdc in (False, True):
-                    pdl.gdc_available = (lambda t: pdl.HAVE_GDC) if gdc else avail
+                for hopper in (False, True):
+                    pdl.gdc_available = (lambda t: pdl.HAVE_GDC) if hopper else avail
+                    gemv.tma_capable = (lambda w: True) if hopper else tma
                     step_launches(spec, weights, batches, capacity, capacity - 264, prefill,
                                   deterministic=det)
     finally:
-        pdl.gdc_available = avail
+        pdl.gdc_available, gemv.tma_capable = avail, tma
     return launches
 
 

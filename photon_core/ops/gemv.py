@@ -365,6 +365,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.T
     return y
 
 
+def tma_capable(w: torch.Tensor) -> bool:
+    """w lies on a Hopper-or-newer GPU (TMA "auto"'s hardware test; bench/compile_sm90.py
+    replaces it to record the launches an H200 would make from CPU tensors)."""
+    return w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
+
+
 def tma_weights(w: torch.Tensor, cfg: GemvConfig):
     """A TensorDescriptor of w in cfg's [block_n, block_k] tiles where the GEMV loads its
     weights by bulk tensor copies (TMA), else None: TMA "auto" for split-K tensor-core tiles
@@ -375,10 +381,10 @@ def tma_weights(w: torch.Tensor, cfg: GemvConfig):
     elements, 16-byte aligned base and rows)."""
     if TMA == "off" or TensorDescriptor is None:
         return None
-    if TMA == "auto" and not (cfg.split_k > 1 and cfg.dot and w.is_cuda
+    if TMA == "auto" and not (cfg.split_k > 1 and cfg.dot
                               and cfg.block_n * cfg.block_k * w.element_size() >= 16384
                               and w.dtype in (torch.bfloat16, torch.float16)
-                              and torch.cuda.get_device_capability(w.device)[0] >= 9):
+                              and tma_capable(w)):
         return None
     size = w.element_size()
     if (cfg.block_n > 256 or cfg.block_k > 256 or cfg.block_k * size < 16

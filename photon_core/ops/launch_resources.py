@@ -91,6 +91,9 @@ def _type_of(v, specialize: bool):
         return t, None, specialize and v % 16 == 0
     if isinstance(v, float):
         return "fp32", None, False
+    if type(v).__name__ == "TensorDescriptor":     # a host descriptor (TMA): Triton's own
+        from triton.runtime.jit import mangle_type  # "tensordesc<bf16[64, 128]>"
+        return mangle_type(v), None, False
     raise TypeError(f"cannot record an argument of type {type(v).__name__}")
 
 

@@ -102,7 +102,8 @@ def test_moondream_encode_kernels_fit_sm90():
 
 def test_moondream_fused_step_fits_sm90_and_fingerprints_its_code():
     """Every launch of Moondream 2's fused step at its real shapes (decode at 1 / 2 / 8 rows,
-    default and deterministic mode, PDL edges, a 16-token prompt prefill) compiles for sm_90
+    default and deterministic mode, PDL edges, TMA weight tiles, a 16-token prompt prefill)
+    compiles for sm_90
     without spills and fits; each has a machine-code fingerprint, the same for the launches
     whose constexprs differ only in what the kernel does not compile differently (the
     attention's ORDERED flag: the split kernel has no merge of its own), and different for
@@ -111,6 +112,9 @@ def test_moondream_fused_step_fits_sm90_and_fingerprints_its_code():
     names = {r["kernel"] for r in rows}
     assert {"_gemv_kernel", "_attend_partial_kernel", "_combine_kernel", "_layernorm_kernel",
             "_argmax_kernel", "_prefill_attend_kernel"} <= names, names
+    # the residual GEMV's weight tiles by TMA (a host TensorDescriptor argument), as on a
+    # Hopper GPU at 2+ rows
+    assert any(r["kernel"] == "_gemv_kernel" and "TMA=True" in r["launch"] for r in rows)
     bad = [r for r in rows if not r["fits"] or r["spill"]]
     assert not bad, _report(bad)
     attend = {}
