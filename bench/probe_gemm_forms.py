@@ -69,6 +69,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from bench_timing import graph_ms  # noqa: E402
 
+from photon_core.megakernel.megakernel_step import sm_count  # noqa: E402
+
 try:
     import triton
     import triton.language as tl
@@ -202,12 +204,6 @@ def triton_gemm(x, w, b, cfg, gelu_from=None, out=None):
     return y
 
 
-def _num_sms(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
 def make_tma(x, w, b, cfg, gelu_from=None):
     """A TMA launch bound to these buffers (descriptors built once, outside the graph):
     returns fn() -> y."""
@@ -219,7 +215,7 @@ def make_tma(x, w, b, cfg, gelu_from=None):
     xd = TensorDescriptor.from_tensor(x, [bm, bk])
     wd = TensorDescriptor.from_tensor(w, [bn, bk])
     yd = TensorDescriptor.from_tensor(y, [bm, bn])
-    progs = min(_num_sms(x.device), triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    progs = min(sm_count(x.device), triton.cdiv(M, bm) * triton.cdiv(N, bn))
 
     def fn():
         gemm_bias_tma_kernel[(progs,)](xd, wd, b if b is not None else x, yd, M, N, K,

@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from photon_core.megakernel.kernel import _gemv_pipe  # noqa: E402
+from photon_core.megakernel.megakernel_step import sm_count  # noqa: E402
 from photon_core.ops._triton import tl, triton  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def _body(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, K: tl.constexpr, BN: tl.constex
     LayerNorm (field 19 = -1), no trace / record prefetch / early epilogue operands."""
     _gemv_pipe(x_ptr, w_ptr, bias_ptr, y_ptr, n0, n1, 0, 0, 0, 0, y_ptr, x_ptr, y_ptr, 0,
                0.0, -1, 0, -1, 0, 0, 0, 0, -1, 1, K, 0, 16 if DOT else 1, BN, BK, DOT,
-               STAGES, False, K, 16, False, 0, False, 0, y_ptr, False, w_ptr, False, False)
+               STAGES, False, K, 16, False, 0, y_ptr, False, w_ptr, False, False)
 
 
 @triton.jit
@@ -173,7 +174,7 @@ def main():
     smoke = args.smoke
     dev = "cpu" if smoke else "cuda"
     dt = torch.float32 if smoke else torch.bfloat16
-    n_sm = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
+    n_sm = 2 if smoke else sm_count("cuda")
     k = 1024 if smoke else args.k
     quantum = n_sm * 2 * 64          # rows divisible by every (programs x instruction rows)
     rows = 4 * quantum if smoke else \
