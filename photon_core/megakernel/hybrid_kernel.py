@@ -77,8 +77,7 @@ def _hgemv_epilogue(acc, offs_b, b_ok, nb, n1, y_ptr, sy, epi, mul_ptr, smul, R:
         else:
             tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg") + acc,
                      mask=mask)
-    elif (epi == 0) | (epi == 8):     # (no table writes 8 since session 39's removal of
-        # `parg`; the test stays so the kernel compiles to the code measured on the H200)
+    elif epi == 0:
         tl.store(y_ptr + offs_b[:, None] * sy + offs_n[None, :],
                  acc.to(y_ptr.dtype.element_ty), mask=mask)
     elif epi >= 6:      # act(y) * mul (the model dtype's rounding of y first)
