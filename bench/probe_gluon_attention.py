@@ -18,6 +18,9 @@ MMA comes from several programs per SM, not from a ping-pong inside one.
 
 Usage (H200): PYTHONPATH=. python3 bench/probe_gluon_attention.py [--configs 64x64x2,64x128x2x1]
     (BMxBNxSTAGES[xPIPE]; BM 64: one warpgroup, 128: two; PIPE 1: the FA-3 pipeline)
+A config whose output is wrong (rel. diff >= 0.01) is diagnosed at once (`diagnose`: one
+crop, one key block, columns 64-71 zeroed; the error by columns / heads / row blocks /
+crops), so one device call says where it goes wrong.
 Writes $OUT/probe_gluon_attention.json when OUT is set.
 """
 from __future__ import annotations
@@ -226,6 +229,46 @@ def parse_config(config: str) -> tuple:
     return bm, bn, st, bool(pp and pp[0])
 
 
+def diagnose(config: str, heads: int = 16, hd: int = 72, t: int = 729, attn=None,
+             device: str = "cuda") -> dict:
+    """Where a wrong config goes wrong (one device call should say more than "wrong"): the
+    max error over |ref| max of the kernel on inputs that take one piece away each -
+    one crop (no crop offsets), one key block of BN keys (no online softmax / pipeline
+    phases), head columns 64-71 zero in q, k and v (the 16-column boxes carry nothing) -
+    and, on the 9-crop input, the error split by output columns (0-63 / 64-71), by heads,
+    by query-row block, by crop."""
+    from photon_core.ops.vision_attention import vision_attention_reference
+    bm, bn, _, _ = parse_config(config)
+    attn = attn or gluon_attention
+    g = torch.Generator(device).manual_seed(11)
+
+    def err(qkv):
+        ref = vision_attention_reference(qkv.float(), heads)
+        got = attn(qkv, heads, *parse_config(config)).float()
+        return got, ref, ref.abs().max().item()
+
+    def rel(qkv):
+        got, ref, sc = err(qkv)
+        return round((got - ref).abs().max().item() / sc, 5)
+
+    def rnd(n, tt):
+        return torch.randn(n, tt, 3 * heads * hd, device=device, dtype=torch.bfloat16,
+                           generator=g) * 2
+    out = {"one_crop": rel(rnd(1, t)), "one_block": rel(rnd(1, bn)),
+           "one_query_block_one_key_block": rel(rnd(1, min(bm, bn)))}
+    z = rnd(9, t).view(9, t, 3, heads, hd)
+    z[..., 64:] = 0
+    out["cols_64_71_zero"] = rel(z.view(9, t, 3 * heads * hd))
+    got, ref, sc = err(rnd(9, t))
+    d = ((got - ref).abs() / sc).view(9, t, heads, hd)
+    out["by_columns"] = {"0-63": round(d[..., :64].max().item(), 5),
+                         "64-71": round(d[..., 64:].max().item(), 5)}
+    out["by_head"] = [round(x, 4) for x in d.amax(dim=(0, 1, 3)).tolist()]
+    out["by_query_block"] = [round(c.max().item(), 4) for c in d.amax(dim=(0, 2, 3)).split(bm)]
+    out["by_crop"] = [round(x, 4) for x in d.amax(dim=(1, 2, 3)).tolist()]
+    return out
+
+
 def main():
     from bench.bench_timing import graph_ms
     from bench.out_dir import write_json
@@ -259,9 +302,14 @@ def main():
             r["vs_sdpa"] = round(out["rows"]["sdpa"]["ms_per_encode"] / r["ms_per_encode"], 3)
         except Exception as e:  # noqa: BLE001
             r = {"error": repr(e)[:400]}
+        if r.get("rel_diff_vs_fp32", 0) >= 0.01:
+            try:
+                r["diagnose"] = diagnose(c)
+            except Exception as e:  # noqa: BLE001
+                r["diagnose"] = {"error": repr(e)[:400]}
         out["rows"][c] = r
         print(c, r, flush=True)
-        if "illegal" in r.get("error", ""):
+        if "illegal" in repr(r):
             break
     write_json("probe_gluon_attention.json", out)
     ok = {c: r for c, r in out["rows"].items() if c != "sdpa" and "ms_per_encode" in r
