@@ -716,19 +716,3 @@ def test_the_schedule_bench_places_the_best_build_at_real_shapes():
     assert got["programs"] == 264 and got["attn"] == 24 * 32 * 3
     assert got["max_attn_per_program"] <= 24 and 0 < got["est_makespan_us"] < 2000
 
-
-def test_the_streaming_probe_still_drives_the_megakernel_gemv():
-    """bench/stream_probe.py calls the megakernel's `_gemv_pipe` with its whole argument
-    list: its --smoke run (interpreter, fp32, 2 programs) computes every case right (it had
-    rotted once unnoticed: the signature lost two arguments in session 39)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    p = subprocess.run([sys.executable, str(root / "bench" / "stream_probe.py"), "--smoke"],
-                       capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"})
-    assert p.returncode == 0, p.stderr[-2000:]
-    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| ") and "case" not in ln]
-    assert len(rows) >= 8 and all(ln.rstrip().endswith("| True |") for ln in rows), p.stdout
