@@ -23,6 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# the Gluon vision attention's configs (BM, BN, STAGES, PIPE) compiled here: those
+# bench/probe_gluon_attention.py times first
+# (64 x 128 with PIPE spills 24 bytes: left out)
+GLUON_CONFIGS = ((64, 64, 2, 0), (64, 64, 3, 0), (64, 128, 2, 0), (128, 64, 2, 0),
+                 (64, 64, 2, 1), (64, 64, 3, 1), (128, 64, 3, 1), (64, 32, 4, 1))
 
 
 def e2b_text_config(layers=35, kv_shared=20, vocab=262144, kv_heads=1) -> dict:
@@ -154,11 +159,14 @@ def moondream_launches(dtype=torch.bfloat16, batches=(1, 2, 8), capacity=1024, p
 def moondream_encode_launches(dtype=torch.bfloat16):
     """The Triton launches of Moondream 2's fast encode at real shapes (recorded, not run):
     the image-prefix prefill's rope_kv_write (730 tokens, 1 and 4 frames, 32 + 32 heads of
-    64) and add + bias + LayerNorm (dim 2048), the vision tower's add + LayerNorm (1152)."""
+    64) and add + bias + LayerNorm (dim 2048), the vision tower's add + LayerNorm (1152),
+    and in 16-bit dtypes the vision attention's Triton configs and, where Triton has
+    Gluon, the Gluon kernel's (GLUON_CONFIGS; its Hopper test forced true here)."""
     from photon_core.ops.add_layernorm import add_layernorm
     from photon_core.ops.launch_resources import record_launches
     from photon_core.ops.rope import rope_angles
     from photon_core.ops.rope_kv_write import rope_kv_write
+    from photon_core.ops import vision_attention_gluon as G
     from photon_core.ops.vision_attention import TIMED_CONFIGS, vision_attention
 
     def e(*shape, dt=dtype):
@@ -173,6 +181,14 @@ def moondream_encode_launches(dtype=torch.bfloat16):
         if dtype != torch.float32:      # the vision attention runs in the model's 16-bit dtype
             for cfg in TIMED_CONFIGS:
                 vision_attention(e(9, 729, 3 * 1152), 16, cfg)
+            if G.HAVE_GLUON:
+                avail = G.gluon_available
+                G.gluon_available = lambda t: True
+                try:
+                    for cfg in GLUON_CONFIGS:
+                        G.vision_attention_gluon(e(9, 729, 3 * 1152), 16, cfg)
+                finally:
+                    G.gluon_available = avail
     return launches
 
 

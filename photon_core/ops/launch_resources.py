@@ -191,13 +191,16 @@ def sass_fingerprint(cubin: bytes) -> str:
 
 
 def compile_launch(la: Launch, arch: int = 90) -> Resources:
-    """Compile one launch for sm_<arch>; shared memory from Triton's metadata (what the
-    launch asks for), registers / spills from cuobjdump."""
+    """Compile one launch for sm_<arch> (a Triton or a Gluon kernel); shared memory from
+    Triton's metadata (what the launch asks for), registers / spills from cuobjdump."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    source = ASTSource
+    if type(la.kernel).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource as source
     try:
-        k = triton.compile(ASTSource(la.kernel, la.signature, la.constexprs, attrs=la.attrs),
+        k = triton.compile(source(la.kernel, la.signature, la.constexprs, attrs=la.attrs),
                            target=GPUTarget("cuda", arch, 32), options=dict(la.options))
     except Exception as e:  # noqa: BLE001 - reported, e.g. OutOfResources at compile time
         return Resources(la, error=f"{type(e).__name__}: {str(e)[:400]}")

@@ -317,3 +317,30 @@ def test_vision_encoder_triton_attention_close(model):
     assert (got - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
     with pytest.raises(ValueError):
         vision_fused.encoder(w, v, x, attention="flash")
+
+
+def test_vision_encoder_gluon_attention_needs_hopper(model):
+    """attention="gluon" (ops/vision_attention_gluon.py) where no Hopper GPU is: a clear
+    error naming the forms that run here, not a crash inside Triton."""
+    import numpy as np
+
+    from photon_core.models.moondream2 import vision_fused
+    img = np.random.default_rng(3).integers(0, 256, (90, 200, 3), dtype=np.uint8)
+    _, x, _ = model.image_crops(img)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="Hopper.*'sdpa'"):
+        vision_fused.encoder(model.weights, model.config.vision, x, attention="gluon")
+
+
+def test_gluon_vision_attention_shape_check():
+    """ops/vision_attention_gluon.check_shape: what the Gluon kernel takes (head 64 < hd <=
+    80, bf16 / fp16, rows of a multiple of 16 bytes for TMA), else a ValueError."""
+    from photon_core.ops.vision_attention_gluon import check_shape
+    e = torch.empty
+    assert check_shape(e(9, 729, 3 * 16 * 72, dtype=torch.bfloat16), 16) == (9, 729, 72)
+    assert check_shape(e(1, 5, 3 * 2 * 80, dtype=torch.float16), 2) == (1, 5, 80)
+    for bad, heads in ((e(1, 5, 3 * 2 * 64, dtype=torch.bfloat16), 2),     # head 64
+                       (e(1, 5, 3 * 2 * 72), 2),                           # fp32
+                       (e(1, 5, 3 * 1 * 65, dtype=torch.bfloat16), 1),     # 390-byte rows
+                       (e(1, 5, 100, dtype=torch.bfloat16), 16)):          # not 3 H hd
+        with pytest.raises(ValueError):
+            check_shape(bad, heads)

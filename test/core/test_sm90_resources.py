@@ -92,10 +92,15 @@ def test_gemma4_encode_kernels_compile_for_sm90():
 
 
 def test_moondream_encode_kernels_fit_sm90():
-    """The fast encode's Triton kernels (rope_kv_write, add + LayerNorm) at real shapes:
-    they fit, without spills."""
+    """The fast encode's Triton kernels (rope_kv_write, add + LayerNorm, the vision
+    attention's Triton configs and, where Triton has Gluon, the Gluon kernel's) at real
+    shapes: they fit, without spills."""
+    from photon_core.ops.vision_attention_gluon import HAVE_GLUON
     rows = _compile("--what", "moondream_encode", "--dtype", "bf16,fp32")
-    assert {"_rope_kv_write_kernel", "_add_layernorm_kernel"} <= {r["kernel"] for r in rows}
+    names = {r["kernel"] for r in rows}
+    assert {"_rope_kv_write_kernel", "_add_layernorm_kernel",
+            "_vision_attention_kernel"} <= names
+    assert ("_vision_attention_gluon_kernel" in names) == HAVE_GLUON
     bad = [r for r in rows if not r["fits"] or r["spill"]]
     assert not bad, _report(bad)
 

@@ -1,0 +1,290 @@
+"""The vision tower's attention (head 72) as a Gluon kernel for Hopper: TMA, mbarriers and
+asynchronous wgmma written out, where Triton's own pipeliner reached 2.6-2.7 ms per 9-crop
+encode in every form built (ops/vision_attention.py; sessions 4, 10, 42) against cuDNN's
+2.34 ms, and the H200's units bound it near ~0.7 ms (docs/benchmarks.md, session 42).
+
+    o = vision_attention_gluon(qkv, n_heads, (64, 64, 2, 1))   # qkv [n, T, 3 H 72] bf16/fp16
+
+An opt-in form of vision_fused.encoder (ATTENTION = "gluon[:BMxBNxSTAGESxPIPE]"), CUDA with
+compute capability 9.x and a Triton with Gluon only (`gluon_available`); not measured on the
+GPU yet: bench/probe_gluon_attention.py times it against SDPA and diagnoses wrong output.
+The reference is ops/vision_attention.vision_attention_reference (SDPA over the views).
+Gluon kernels do not run under TRITON_INTERPRET: its tests are GPU tests
+(test/core/test_vision_attention_gluon_gpu.py); the CPU compiles it for sm_90
+(test_sm90_resources.py).
+
+The kernel: one program per (BM query rows, crop x head); BM = 64 per warpgroup (num_warps
+= BM / 16). Q by TMA once; K / V blocks of BN keys by TMA into STAGES shared-memory slots
+(the next blocks' copies in flight while one is computed), each head as a 64-column and a
+16-column box of the 2-D qkv (columns 72-79 are the next head's, or past the row: zeros by
+TMA): S = Q K^T as two wgmmas with q's columns past 72 zeroed in registers, an online
+softmax in the accumulator's layout (exp2, fp32 statistics), P in the input dtype from
+registers into two PV wgmmas (64 and 16 output columns; columns past 72 are not stored).
+A crop's last key block holds rows of the next crop (or TMA's zeros past the tensor): their
+scores are -inf and their V rows are zeroed in shared memory before use, so nothing of
+another crop (inf / NaN included) reaches a crop's output. PIPE: FlashAttention-3's
+in-warpgroup pipeline (block j's S issued with block j-1's PV, block j's softmax while the
+PV runs); else S, softmax, PV in turn, the overlap coming from other programs on the SM.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .vision_attention import _check
+
+try:                                               # Triton >= 3.5 with Gluon's Hopper API
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # a TMA copy into shared memory: `async_load` from Triton 3.7 on (3.6, the H200's,
+    # has only the older name, which 3.9 refuses)
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    # the CTA's barrier: `thread_barrier` in 3.6, `barrier` in 3.9
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    HAVE_GLUON = True
+except Exception:  # pragma: no cover - depends on the Triton version
+    HAVE_GLUON = False
+
+# (BM, BN, STAGES, PIPE): the default config (unmeasured: the probe's first pick)
+CONFIG = (64, 64, 2, 1)
+HA, HB = 64, 16          # a head's columns as a 64-wide and a 16-wide part (72 <= 80)
+
+
+def gluon_available(t: torch.Tensor) -> bool:
+    """The kernel can run on t: a Hopper GPU (sm_90) and a Triton with Gluon."""
+    return (HAVE_GLUON and t.is_cuda
+            and torch.cuda.get_device_capability(t.device)[0] == 9)
+
+
+def parse_config(config: str) -> tuple:
+    """"BMxBNxSTAGES[xPIPE]" -> (bm, bn, stages, pipe)."""
+    bm, bn, st, *pp = (int(x) for x in config.split("x"))
+    return bm, bn, st, bool(pp and pp[0])
+
+
+if HAVE_GLUON:
+    _HA, _HB = gl.constexpr(HA), gl.constexpr(HB)     # (a kernel reads constexpr globals)
+
+    @gluon.jit
+    def _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, st, row, k_col, v_col):
+        bar = bars.index(st)
+        mbarrier.expect(bar, 2 * ka_desc.block_type.nbytes + 2 * kb_desc.block_type.nbytes)
+        _tma_load(ka_desc, [row, k_col], bar, k_a.index(st))
+        _tma_load(kb_desc, [row, k_col + _HA], bar, k_b.index(st))
+        _tma_load(ka_desc, [row, v_col], bar, v_a.index(st))
+        _tma_load(kb_desc, [row, v_col + _HA], bar, v_b.index(st))
+
+    @gluon.jit
+    def _zero_rows_from(buf, n_ok, ROWS: gl.constexpr, COLS: gl.constexpr,
+                        num_warps: gl.constexpr):
+        """Rows n_ok.. of a shared-memory tile set to 0 (a generic-proxy write: the caller
+        fences before an async read)."""
+        lay: gl.constexpr = gl.BlockedLayout([1, COLS // 8], [4, 8], [num_warps, 1], [1, 0])
+        r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, lay))
+        v = buf.load(lay)
+        buf.store(gl.where((r < n_ok)[:, None], v, gl.zeros_like(v)))
+
+    @gluon.jit
+    def _landed(bars, v_a, v_b, st, j, T, BN: gl.constexpr, STAGES: gl.constexpr,
+                num_warps: gl.constexpr):
+        """Wait for key block j's copies (slot st); the block past the crop's end gets its V
+        rows from T on zeroed (they hold the next crop's values or TMA's zeros)."""
+        mbarrier.wait(bars.index(st), (j // STAGES) & 1)
+        if (j + 1) * BN > T:
+            _zero_rows_from(v_a.index(st), T - j * BN, BN, _HA, num_warps)
+            _zero_rows_from(v_b.index(st), T - j * BN, BN, _HB, num_warps)
+            fence_async_shared()        # (each thread's stores, then all of them, before
+            _cta_barrier()              # the wgmmas read the tile)
+
+    @gluon.jit
+    def _scores(q_a, q_b, k_a, k_b, st, s0):
+        sc = warpgroup_mma(q_a, k_a.index(st).permute((1, 0)), s0, use_acc=False,
+                           is_async=True)
+        return warpgroup_mma(q_b, k_b.index(st).permute((1, 0)), sc, is_async=True)
+
+    @gluon.jit
+    def _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN: gl.constexpr):
+        if (j + 1) * BN > T:
+            sc = gl.where((j * BN + kn < T)[None, :], sc, gl.full_like(sc, float("-inf")))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1) * scale_log2e)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(sc * scale_log2e - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _pv(p, v_a, v_b, st, o_a, o_b, pa_l: gl.constexpr, pb_l: gl.constexpr):
+        p16 = p.to(v_a.dtype)
+        o_a = warpgroup_mma(gl.convert_layout(p16, pa_l), v_a.index(st), o_a, is_async=True)
+        o_b = warpgroup_mma(gl.convert_layout(p16, pb_l), v_b.index(st), o_b, is_async=True)
+        return o_a, o_b
+
+    @gluon.jit
+    def _rescale(o_a, o_b, alpha, oa_l: gl.constexpr, ob_l: gl.constexpr):
+        o_a = o_a * gl.convert_layout(alpha, gl.SliceLayout(1, oa_l))[:, None]
+        o_b = o_b * gl.convert_layout(alpha, gl.SliceLayout(1, ob_l))[:, None]
+        return o_a, o_b
+
+    @gluon.jit
+    def _vision_attention_gluon_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
+                                       T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
+                                       BM: gl.constexpr, BN: gl.constexpr,
+                                       STAGES: gl.constexpr, PIPE: gl.constexpr):
+        dt: gl.constexpr = qa_desc.dtype
+        num_warps: gl.constexpr = gl.num_warps()
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        row0 = b * T
+        q_col = h * HD
+        k_col = H * HD + q_col
+        v_col = 2 * H * HD + q_col
+        m0 = pid_m * BM
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                      warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BN, 16])
+        oa_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                       warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, _HA, 16])
+        ob_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                       warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, _HB, 16])
+        qs_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
+        pa_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=oa_l, k_width=2)
+        pb_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_l, k_width=2)
+        q_a_s = gl.allocate_shared_memory(dt, [BM, _HA], qa_desc.layout)
+        q_b_s = gl.allocate_shared_memory(dt, [BM, _HB], qb_desc.layout)
+        k_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
+        k_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
+        v_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
+        v_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        qbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(qbar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        mbarrier.expect(qbar, qa_desc.block_type.nbytes + qb_desc.block_type.nbytes)
+        _tma_load(qa_desc, [row0 + m0, q_col], qbar, q_a_s)
+        _tma_load(qb_desc, [row0 + m0, q_col + _HA], qbar, q_b_s)
+        n_blocks = gl.cdiv(T, BN)
+        for i in gl.static_range(STAGES):
+            if i < n_blocks:
+                _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, i, row0 + i * BN,
+                          k_col, v_col)
+        mbarrier.wait(qbar, 0)
+        q_a = q_a_s.load(qs_l)
+        q_b = q_b_s.load(qs_l)
+        cb = gl.arange(0, _HB, layout=gl.SliceLayout(0, qs_l))
+        q_b = gl.where((cb < HD - _HA)[None, :], q_b, gl.zeros_like(q_b))
+        m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(1, s_l))
+        o_a = gl.zeros([BM, _HA], gl.float32, layout=oa_l)
+        o_b = gl.zeros([BM, _HB], gl.float32, layout=ob_l)
+        s0 = gl.zeros([BM, BN], gl.float32, layout=s_l)
+        kn = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+
+        if PIPE:
+            _landed(bars, v_a, v_b, 0, 0, T, BN, STAGES, num_warps)
+            sc = warpgroup_mma_wait(num_outstanding=0,
+                                    deps=(_scores(q_a, q_b, k_a, k_b, 0, s0),))
+            p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, 0, T, kn, scale_log2e, BN)
+            for j in range(1, n_blocks):
+                st = j % STAGES
+                prev = (j - 1) % STAGES
+                _landed(bars, v_a, v_b, st, j, T, BN, STAGES, num_warps)
+                sc = _scores(q_a, q_b, k_a, k_b, st, s0)
+                o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l)
+                sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
+                p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
+                o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+                if j - 1 + STAGES < n_blocks:
+                    _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, prev,
+                              row0 + (j - 1 + STAGES) * BN, k_col, v_col)
+                o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
+            o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l)
+            o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+        else:
+            for j in range(n_blocks):
+                st = j % STAGES
+                _landed(bars, v_a, v_b, st, j, T, BN, STAGES, num_warps)
+                sc = warpgroup_mma_wait(num_outstanding=0,
+                                        deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
+                p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
+                o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
+                o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
+                o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+                if j + STAGES < n_blocks:
+                    _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, st,
+                              row0 + (j + STAGES) * BN, k_col, v_col)
+        mbarrier.invalidate(qbar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+        _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD, BM, oa_l, ob_l, dt)
+
+    @gluon.jit
+    def _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD: gl.constexpr,
+               BM: gl.constexpr, oa_l: gl.constexpr, ob_l: gl.constexpr, dt: gl.constexpr):
+        inv_a = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, oa_l))
+        inv_b = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, ob_l))
+        ra = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, oa_l))
+        ca = gl.arange(0, _HA, layout=gl.SliceLayout(0, oa_l))
+        base = o_ptr + b.to(gl.int64) * so_b + q_col
+        gl.store(base + ra[:, None] * so_t + ca[None, :], (o_a * inv_a[:, None]).to(dt),
+                 mask=(ra < T)[:, None])
+        rb = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, ob_l))
+        cbo = gl.arange(0, _HB, layout=gl.SliceLayout(0, ob_l))
+        gl.store(base + _HA + rb[:, None] * so_t + cbo[None, :],
+                 (o_b * inv_b[:, None]).to(dt), mask=(rb < T)[:, None] & (cbo < HD - _HA)[None, :])
+
+
+def check_shape(qkv: torch.Tensor, n_heads: int) -> tuple[int, int, int]:
+    """(n, T, hd) of a qkv the kernel takes, else ValueError: 64 < hd <= 80, bf16 / fp16,
+    rows a multiple of 16 bytes (TMA's global strides)."""
+    n, t, hd = _check(qkv, n_heads)
+    if not HA < hd <= HA + HB or qkv.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the Gluon vision attention takes 64 < head_dim <= 80 in bf16 / "
+                         f"fp16, not {hd} in {qkv.dtype}")
+    if (qkv.shape[-1] * qkv.element_size()) % 16:
+        raise ValueError(f"the Gluon vision attention's TMA copies need rows of a multiple "
+                         f"of 16 bytes, not {qkv.shape[-1]} x {qkv.element_size()}")
+    return n, t, hd
+
+
+def descriptors(qkv: torch.Tensor, bm: int, bn: int) -> tuple:
+    """The kernel's four TMA descriptors over qkv as 2-D [n T, 3 H hd] (q: BM rows, k / v:
+    BN rows; 64- and 16-column boxes)."""
+    n, t, width = qkv.shape
+    q2 = qkv.view(n * t, width)
+    dt = gl.bfloat16 if qkv.dtype == torch.bfloat16 else gl.float16
+
+    def desc(rows, cols):
+        return TensorDescriptor.from_tensor(
+            q2, [rows, cols], gl.NVMMASharedLayout.get_default_for([rows, cols], dt))
+    return desc(bm, HA), desc(bm, HB), desc(bn, HA), desc(bn, HB)
+
+
+def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None = None
+                           ) -> torch.Tensor:
+    """qkv [n, T, 3 H hd] (64 < hd <= 80, bf16 / fp16, contiguous, a Hopper GPU) -> o [n, T,
+    H hd] contiguous. config: (BM, BN, STAGES, PIPE), default CONFIG."""
+    if not gluon_available(qkv):
+        raise RuntimeError("the Gluon vision attention needs a Hopper GPU (sm_90) and a "
+                           "Triton with Gluon; use attention 'sdpa' or 'triton'")
+    n, t, hd = check_shape(qkv, n_heads)
+    qkv = qkv.contiguous()
+    bm, bn, stages, pipe = config or CONFIG
+    o = torch.empty(n, t, n_heads * hd, device=qkv.device, dtype=qkv.dtype)
+    _vision_attention_gluon_kernel[(math.ceil(t / bm), n * n_heads)](
+        *descriptors(qkv, bm, bn), o, o.stride(0), o.stride(1), t,
+        hd ** -0.5 * math.log2(math.e), H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages,
+        PIPE=bool(pipe), num_warps=bm // 16)
+    return o
+
+
+__all__ = ["CONFIG", "HAVE_GLUON", "check_shape", "gluon_available", "parse_config",
+           "vision_attention_gluon"]
