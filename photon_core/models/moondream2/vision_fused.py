@@ -64,8 +64,8 @@ def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
     (ops/add_layernorm.py); None = on CUDA when triton imports. attention: "sdpa" |
     "triton" (ops/vision_attention.py; attention_config: its (BLOCK_M, BLOCK_N, warps,
     stages)) | "gluon" (ops/vision_attention_gluon.py, a Hopper GPU; attention_config: its
-    (BM, BN, STAGES, PIPE)); None: the module's ATTENTION. cut: called after block CUT_AFTER_BLOCK (a
-    graph capture's cut point, cuda_graph_runner.capture_graph_parts)."""
+    (BM, BN, STAGES, PIPE)); None: the module's ATTENTION. cut: called after block
+    CUT_AFTER_BLOCK (a graph capture's cut point, cuda_graph_runner.capture_graph_parts)."""
     attention, attention_config = _attention_choice(attention, attention_config)
     if attention not in ATTENTION_FORMS:
         raise ValueError(f"attention must be one of {ATTENTION_FORMS}, not {attention!r}")
