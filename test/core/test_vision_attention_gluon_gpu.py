@@ -1,9 +1,9 @@
 """The Gluon vision attention (ops/vision_attention_gluon.py) on a Hopper GPU (skipped
 elsewhere: Gluon kernels do not run under the interpreter; test_sm90_resources.py compiles
 them on the CPU): against SDPA over the views (fp32 reference) at Moondream 2's 9-crop shape
-and at small odd ones, every config bench/compile_sm90.py compiles; a crop's output is its
-own (inf / NaN in the next crop change nothing); the vision encoder with it stays close to
-the SDPA encoder."""
+and at small odd ones, the 8 configs bench/probe_gluon_attention.py times first; a crop's
+output is its own (inf / NaN in the next crop change nothing); the vision encoder with it
+stays close to the SDPA encoder."""
 from __future__ import annotations
 
 import pytest
