@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -141,17 +142,14 @@ def moondream_launches(dtype=torch.bfloat16, batches=(1, 2, 8), capacity=1024, p
                if not k.startswith("vision.")}
     spec = step_spec(SimpleNamespace(config=cfg, weights=SimpleNamespace(device="cpu",
                                                                           dtype=dtype)))
-    avail, tma = pdl.gdc_available, gemv.tma_capable
-    try:
-        with torch.inference_mode(), record_launches() as launches:
-            for det in (False, True):
-                for hopper in (False, True):
-                    pdl.gdc_available = (lambda t: pdl.HAVE_GDC) if hopper else avail
-                    gemv.tma_capable = (lambda w: True) if hopper else tma
-                    step_launches(spec, weights, batches, capacity, capacity - 264, prefill,
-                                  deterministic=det)
-    finally:
-        pdl.gdc_available, gemv.tma_capable = avail, tma
+    with torch.inference_mode(), record_launches() as launches:
+        for det in (False, True):
+            step_launches(spec, weights, batches, capacity, capacity - 264, prefill,
+                          deterministic=det)
+            with patch.object(pdl, "gdc_available", lambda t: pdl.HAVE_GDC), \
+                    patch.object(gemv, "tma_capable", lambda w: True):
+                step_launches(spec, weights, batches, capacity, capacity - 264, prefill,
+                              deterministic=det)
     return launches
 
 
@@ -181,13 +179,9 @@ def moondream_encode_launches(dtype=torch.bfloat16):
             for cfg in TIMED_CONFIGS:
                 vision_attention(e(9, 729, 3 * 1152), 16, cfg)
             if G.HAVE_GLUON:
-                avail = G.gluon_available
-                G.gluon_available = lambda t: True
-                try:
+                with patch.object(G, "gluon_available", lambda t: True):
                     for cfg in GLUON_CONFIGS:
                         G.vision_attention_gluon(e(9, 729, 3 * 1152), 16, cfg)
-                finally:
-                    G.gluon_available = avail
     return launches
 
 

@@ -274,5 +274,6 @@ def encode_ab(lt, handle, ws, picks, rounds: int) -> dict:
     res["picked"] = [list(k) for k in picks]
     return res
 
+
 if __name__ == "__main__":
     main()

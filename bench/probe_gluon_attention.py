@@ -23,12 +23,6 @@ from photon_core.ops.vision_attention_gluon import (parse_config,  # noqa: E402
                                                     vision_attention_gluon)
 
 
-def gluon_attention(qkv: torch.Tensor, heads: int, bm: int = 64, bn: int = 64,
-                    stages: int = 2, pipe: bool = False) -> torch.Tensor:
-    """qkv [n, T, 3 H 72] bf16 (CUDA) -> o [n, T, H 72]: the op's kernel at this config."""
-    return vision_attention_gluon(qkv, heads, (bm, bn, stages, pipe))
-
-
 def diagnose(config: str, heads: int = 16, hd: int = 72, t: int = 729, attn=None,
              device: str = "cuda") -> dict:
     """Where a wrong config goes wrong (one device call should say more than "wrong"): the
@@ -36,15 +30,16 @@ def diagnose(config: str, heads: int = 16, hd: int = 72, t: int = 729, attn=None
     one crop (no crop offsets), one key block of BN keys (no online softmax / pipeline
     phases), head columns 64-71 zero in q, k and v (the 16-column boxes carry nothing) -
     and, on the 9-crop input, the error split by output columns (0-63 / 64-71), by heads,
-    by query-row block, by crop."""
+    by query-row block, by crop. attn(qkv, heads, config tuple): default the op's kernel."""
     from photon_core.ops.vision_attention import vision_attention_reference
-    bm, bn, _, _ = parse_config(config)
-    attn = attn or gluon_attention
+    cfg = parse_config(config)
+    bm, bn = cfg[:2]
+    attn = attn or vision_attention_gluon
     g = torch.Generator(device).manual_seed(11)
 
     def err(qkv):
         ref = vision_attention_reference(qkv.float(), heads)
-        got = attn(qkv, heads, *parse_config(config)).float()
+        got = attn(qkv, heads, cfg).float()
         return got, ref, ref.abs().max().item()
 
     def rel(qkv):
@@ -98,7 +93,7 @@ def main():
     print("sdpa", out["rows"]["sdpa"], flush=True)
     for c in args.configs.split(","):
         try:
-            r = row(lambda c=c: gluon_attention(qkv, heads, *parse_config(c)))
+            r = row(lambda c=c: vision_attention_gluon(qkv, heads, parse_config(c)))
             r["vs_sdpa"] = round(out["rows"]["sdpa"]["ms_per_encode"] / r["ms_per_encode"], 3)
         except Exception as e:  # noqa: BLE001
             r = {"error": repr(e)[:400]}

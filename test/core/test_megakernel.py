@@ -715,4 +715,3 @@ def test_the_schedule_bench_places_the_best_build_at_real_shapes():
     got = ast.literal_eval(line.split(": ", 1)[1])
     assert got["programs"] == 264 and got["attn"] == 24 * 32 * 3
     assert got["max_attn_per_program"] <= 24 and 0 < got["est_makespan_us"] < 2000
-
