@@ -244,14 +244,17 @@ if HAVE_GLUON:
 
 def check_shape(qkv: torch.Tensor, n_heads: int) -> tuple[int, int, int]:
     """(n, T, hd) of a qkv the kernel takes, else ValueError: 64 < hd <= 80, bf16 / fp16,
-    rows a multiple of 16 bytes (TMA's global strides)."""
+    hd a multiple of 8 (so 72 or 80): a TMA copy's innermost coordinate must lie on 16
+    bytes (the head's column h hd; head 68 stopped the H100 with "illegal instruction",
+    session 44), which also makes rows a multiple of 16 bytes (TMA's global strides)."""
     n, t, hd = _check(qkv, n_heads)
     if not HA < hd <= HA + HB or qkv.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"the Gluon vision attention takes 64 < head_dim <= 80 in bf16 / "
                          f"fp16, not {hd} in {qkv.dtype}")
-    if (qkv.shape[-1] * qkv.element_size()) % 16:
-        raise ValueError(f"the Gluon vision attention's TMA copies need rows of a multiple "
-                         f"of 16 bytes, not {qkv.shape[-1]} x {qkv.element_size()}")
+    if (hd * qkv.element_size()) % 16:
+        raise ValueError(f"the Gluon vision attention's TMA copies start at each head's "
+                         f"columns, which must lie on 16 bytes: head_dim {hd} x "
+                         f"{qkv.element_size()} bytes is not a multiple of 16")
     return n, t, hd
 
 

@@ -333,14 +333,16 @@ def test_vision_encoder_gluon_attention_needs_hopper(model):
 
 def test_gluon_vision_attention_shape_check():
     """ops/vision_attention_gluon.check_shape: what the Gluon kernel takes (head 64 < hd <=
-    80, bf16 / fp16, rows of a multiple of 16 bytes for TMA), else a ValueError."""
+    80, bf16 / fp16, each head's columns on 16 bytes for TMA), else a ValueError."""
     from photon_core.ops.vision_attention_gluon import check_shape
     e = torch.empty
     assert check_shape(e(9, 729, 3 * 16 * 72, dtype=torch.bfloat16), 16) == (9, 729, 72)
     assert check_shape(e(1, 5, 3 * 2 * 80, dtype=torch.float16), 2) == (1, 5, 80)
     for bad, heads in ((e(1, 5, 3 * 2 * 64, dtype=torch.bfloat16), 2),     # head 64
                        (e(1, 5, 3 * 2 * 72), 2),                           # fp32
-                       (e(1, 5, 3 * 1 * 65, dtype=torch.bfloat16), 1),     # 390-byte rows
+                       (e(1, 5, 3 * 1 * 65, dtype=torch.bfloat16), 1),     # head 65 (odd)
+                       (e(1, 5, 3 * 4 * 68, dtype=torch.bfloat16), 4),     # head at 136 B
+                       (e(1, 5, 3 * 2 * 76, dtype=torch.float16), 2),      # head at 152 B
                        (e(1, 5, 100, dtype=torch.bfloat16), 16)):          # not 3 H hd
         with pytest.raises(ValueError):
             check_shape(bad, heads)
