@@ -24,10 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# the Gluon vision attention's configs (BM, BN, STAGES, PIPE) compiled here: one per kind
-# the probe times (BM 64 / 128, BN 32 / 64, 2-4 stages, PIPE off / on; session 43 compiled
-# 8 - 124-179 registers, 51-92 KB, no spills - but 64 x 128 with PIPE spills 24 bytes)
-GLUON_CONFIGS = ((64, 64, 2, 0), (64, 64, 2, 1), (128, 64, 3, 1), (64, 32, 4, 1))
+# the Gluon vision attention's configs (BM, BN, STAGES, PIPE[, WS]) compiled here: one per
+# kind the probe times (BM 64 / 128, BN 32 / 64, 2-4 stages, PIPE off / on, the
+# warp-specialized form; session 43 compiled 8 - 124-179 registers, 51-92 KB, no spills -
+# but 64 x 128 with PIPE spills 24 bytes; session 44 the warp-specialized ones: spills at
+# 128 rows x 2 programs per SM and at 256 rows, none at 128 x 1 or 64 x 2-3)
+GLUON_CONFIGS = ((64, 64, 2, 0), (64, 64, 2, 1), (128, 64, 3, 1), (64, 32, 4, 1),
+                 (128, 64, 2, 1, 1))
 
 
 def e2b_text_config(layers=35, kv_shared=20, vocab=262144, kv_heads=1) -> dict:

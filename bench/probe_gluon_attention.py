@@ -3,7 +3,8 @@ TMA, asynchronous wgmma) against SDPA (cuDNN) on the H200, config by config, the
 9-crop encode graph with the fastest right config against SDPA.
 
 Usage (H200): PYTHONPATH=. python3 bench/probe_gluon_attention.py [--configs 64x64x2,64x128x2x1]
-    (BMxBNxSTAGES[xPIPE]; BM 64: one warpgroup, 128: two; PIPE 1: the FA-3 pipeline)
+    (BMxBNxSTAGES[xPIPE[xWS]]; BM 64: one warpgroup, 128: two; PIPE 1: the FA-3 pipeline;
+    WS n: the warp-specialized form, a loader warp, n programs per SM)
 A config whose output is wrong (rel. diff >= 0.01) is diagnosed at once (`diagnose`: one
 crop, one key block, columns 64-71 zeroed; the error by columns / heads / row blocks /
 crops), so one device call says where it goes wrong.
@@ -120,11 +121,11 @@ def encode_ab(config: str) -> dict:
     (vision_fused.ATTENTION = "gluon:<config>"; ab_encode.moondream_encode_rounds)."""
     from bench.ab_encode import moondream_encode_rounds
     from photon_core.models.moondream2 import vision_fused
-    bm, bn, st, pipe = parse_config(config)
+    parse_config(config)                    # (a bad config fails here, not in the A/B)
 
     def switch(label):
         if label == "gluon":
-            vision_fused.ATTENTION = f"gluon:{bm}x{bn}x{st}x{int(pipe)}"
+            vision_fused.ATTENTION = f"gluon:{config}"
 
         def restore():
             vision_fused.ATTENTION = "sdpa"

@@ -25,6 +25,10 @@ scores are -inf and their V rows are zeroed in shared memory before use, so noth
 another crop (inf / NaN included) reaches a crop's output. PIPE: FlashAttention-3's
 in-warpgroup pipeline (block j's S issued with block j-1's PV, block j's softmax while the
 PV runs); else S, softmax, PV in turn, the overlap coming from other programs on the SM.
+WS (a fifth config value n > 0): the same compute loops in the default partition of Gluon's
+warp_specialize, the K / V copies in a loader warp of its own (24 registers) that refills a
+slot once the compute warps release it (`ready` / `empty` mbarriers: no CTA-wide barrier
+around each refill), sized for n programs per SM (`ws_maxnreg`).
 """
 from __future__ import annotations
 
@@ -61,9 +65,17 @@ def gluon_available(t: torch.Tensor) -> bool:
 
 
 def parse_config(config: str) -> tuple:
-    """"BMxBNxSTAGES[xPIPE]" -> (bm, bn, stages, pipe)."""
-    bm, bn, st, *pp = (int(x) for x in config.split("x"))
-    return bm, bn, st, bool(pp and pp[0])
+    """"BMxBNxSTAGES[xPIPE[xWS]]" -> (bm, bn, stages, pipe, ws)."""
+    bm, bn, st, *rest = (int(x) for x in config.split("x"))
+    pipe, ws = (list(rest) + [0, 0])[:2]
+    return bm, bn, st, bool(pipe), ws
+
+
+def ws_maxnreg(bm: int, ctas: int) -> int:
+    """The register limit of the warp-specialized form for `ctas` programs per SM: its
+    BM / 16 compute warps and the loader's warpgroup (4 warps, of which 1 works) share the
+    SM's 64 Ki registers (Gluon hands the loader 24 and the compute warps the rest)."""
+    return min(256, 65536 // (32 * (bm // 16 + 4) * ctas) // 8 * 8)
 
 
 if HAVE_GLUON:
@@ -227,6 +239,124 @@ if HAVE_GLUON:
         _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD, BM, oa_l, ob_l, dt)
 
     @gluon.jit
+    def _ws_loader(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, empty, row0, k_col, v_col,
+                   n_blocks, BN: gl.constexpr, STAGES: gl.constexpr):
+        """The warp-specialized form's loader (one warp): key block j's K / V into slot j %
+        STAGES once the compute warps have released it (`empty`), signalling `ready`."""
+        for j in range(n_blocks):
+            st = j % STAGES
+            mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
+            _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, st, row0 + j * BN,
+                      k_col, v_col)
+
+    @gluon.jit
+    def _ws_compute(q_a_s, q_b_s, qbar, k_a, k_b, v_a, v_b, ready, empty, o_ptr, so_b, so_t,
+                    T, scale_log2e, b, q_col, m0, n_blocks, HD: gl.constexpr,
+                    BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                    PIPE: gl.constexpr):
+        """The warp-specialized form's compute warps: the serial or the pipelined loop of the
+        one-partition kernel, each key block's slot released to the loader (`empty`) once
+        its wgmmas have read it."""
+        num_warps: gl.constexpr = gl.num_warps()
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                      warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BN, 16])
+        oa_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                       warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, _HA, 16])
+        ob_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
+                                                       warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, _HB, 16])
+        qs_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
+        pa_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=oa_l, k_width=2)
+        pb_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_l, k_width=2)
+        mbarrier.wait(qbar, 0)
+        q_a = q_a_s.load(qs_l)
+        q_b = q_b_s.load(qs_l)
+        cb = gl.arange(0, _HB, layout=gl.SliceLayout(0, qs_l))
+        q_b = gl.where((cb < HD - _HA)[None, :], q_b, gl.zeros_like(q_b))
+        m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(1, s_l))
+        o_a = gl.zeros([BM, _HA], gl.float32, layout=oa_l)
+        o_b = gl.zeros([BM, _HB], gl.float32, layout=ob_l)
+        s0 = gl.zeros([BM, BN], gl.float32, layout=s_l)
+        kn = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+        if PIPE:
+            _landed(ready, v_a, v_b, 0, 0, T, BN, STAGES, num_warps)
+            sc = warpgroup_mma_wait(num_outstanding=0,
+                                    deps=(_scores(q_a, q_b, k_a, k_b, 0, s0),))
+            p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, 0, T, kn, scale_log2e, BN)
+            for j in range(1, n_blocks):
+                st = j % STAGES
+                prev = (j - 1) % STAGES
+                _landed(ready, v_a, v_b, st, j, T, BN, STAGES, num_warps)
+                sc = _scores(q_a, q_b, k_a, k_b, st, s0)
+                o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l)
+                sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
+                p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
+                o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+                mbarrier.arrive(empty.index(prev), count=1)
+                o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
+            o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l)
+            o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+        else:
+            for j in range(n_blocks):
+                st = j % STAGES
+                _landed(ready, v_a, v_b, st, j, T, BN, STAGES, num_warps)
+                sc = warpgroup_mma_wait(num_outstanding=0,
+                                        deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
+                p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
+                o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
+                o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
+                o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+                mbarrier.arrive(empty.index(st), count=1)
+        _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD, BM, oa_l, ob_l,
+               q_a_s.dtype)
+
+    @gluon.jit
+    def _vision_attention_ws_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
+                                    T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
+                                    BM: gl.constexpr, BN: gl.constexpr,
+                                    STAGES: gl.constexpr, PIPE: gl.constexpr):
+        """The kernel with its K / V copies in a loader warp of their own (Gluon's
+        warp_specialize): slots handed over by `ready` / `empty` mbarriers, no CTA-wide
+        barrier around each re-issue."""
+        dt: gl.constexpr = qa_desc.dtype
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        row0 = b * T
+        q_col = h * HD
+        k_col = H * HD + q_col
+        v_col = 2 * H * HD + q_col
+        m0 = pid_m * BM
+        q_a_s = gl.allocate_shared_memory(dt, [BM, _HA], qa_desc.layout)
+        q_b_s = gl.allocate_shared_memory(dt, [BM, _HB], qb_desc.layout)
+        k_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
+        k_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
+        v_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
+        v_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        qbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(qbar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        mbarrier.expect(qbar, qa_desc.block_type.nbytes + qb_desc.block_type.nbytes)
+        _tma_load(qa_desc, [row0 + m0, q_col], qbar, q_a_s)
+        _tma_load(qb_desc, [row0 + m0, q_col + _HA], qbar, q_b_s)
+        n_blocks = gl.cdiv(T, BN)
+        gl.warp_specialize([
+            (_ws_compute, (q_a_s, q_b_s, qbar, k_a, k_b, v_a, v_b, ready, empty, o_ptr, so_b,
+                           so_t, T, scale_log2e, b, q_col, m0, n_blocks, HD, BM, BN, STAGES,
+                           PIPE)),
+            (_ws_loader, (ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, empty, row0, k_col,
+                          v_col, n_blocks, BN, STAGES)),
+        ], [1], [24])
+
+    @gluon.jit
     def _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD: gl.constexpr,
                BM: gl.constexpr, oa_l: gl.constexpr, ob_l: gl.constexpr, dt: gl.constexpr):
         inv_a = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, oa_l))
@@ -274,20 +404,26 @@ def descriptors(qkv: torch.Tensor, bm: int, bn: int) -> tuple:
 def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None = None
                            ) -> torch.Tensor:
     """qkv [n, T, 3 H hd] (64 < hd <= 80, bf16 / fp16, contiguous, a Hopper GPU) -> o [n, T,
-    H hd] contiguous. config: (BM, BN, STAGES, PIPE), default CONFIG."""
+    H hd] contiguous. config: (BM, BN, STAGES, PIPE[, WS]), default CONFIG; WS = n > 0: the
+    warp-specialized form (a loader warp) at n programs per SM (`ws_maxnreg`)."""
     if not gluon_available(qkv):
         raise RuntimeError("the Gluon vision attention needs a Hopper GPU (sm_90) and a "
                            "Triton with Gluon; use attention 'sdpa' or 'triton'")
     n, t, hd = check_shape(qkv, n_heads)
     qkv = qkv.contiguous()
-    bm, bn, stages, pipe = config or CONFIG
+    bm, bn, stages, pipe, ws = (tuple(config or CONFIG) + (0,))[:5]
     o = torch.empty(n, t, n_heads * hd, device=qkv.device, dtype=qkv.dtype)
-    _vision_attention_gluon_kernel[(math.ceil(t / bm), n * n_heads)](
-        *descriptors(qkv, bm, bn), o, o.stride(0), o.stride(1), t,
-        hd ** -0.5 * math.log2(math.e), H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages,
-        PIPE=bool(pipe), num_warps=bm // 16)
+    args = (*descriptors(qkv, bm, bn), o, o.stride(0), o.stride(1), t,
+            hd ** -0.5 * math.log2(math.e))
+    meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages, PIPE=bool(pipe),
+                num_warps=bm // 16)
+    grid = (math.ceil(t / bm), n * n_heads)
+    if ws:
+        _vision_attention_ws_kernel[grid](*args, **meta, maxnreg=ws_maxnreg(bm, ws))
+    else:
+        _vision_attention_gluon_kernel[grid](*args, **meta)
     return o
 
 
 __all__ = ["CONFIG", "HAVE_GLUON", "check_shape", "gluon_available", "parse_config",
-           "vision_attention_gluon"]
+           "vision_attention_gluon", "ws_maxnreg"]

@@ -1,9 +1,9 @@
 """The Gluon vision attention (ops/vision_attention_gluon.py) on a Hopper GPU (skipped
 elsewhere: Gluon kernels do not run under the interpreter; test_sm90_resources.py compiles
 them on the CPU): against SDPA over the views (fp32 reference) at Moondream 2's 9-crop shape
-and at small odd ones, the 8 configs bench/probe_gluon_attention.py times first; a crop's
-output is its own (inf / NaN in the next crop change nothing); the vision encoder with it
-stays close to the SDPA encoder."""
+and at small odd ones, the configs bench/probe_gluon_attention.py timed first and the
+warp-specialized form; a crop's output is its own (inf / NaN in the next crop change
+nothing); the vision encoder with it stays close to the SDPA encoder."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +16,9 @@ pytestmark = pytest.mark.skipif(
     reason="needs a Hopper GPU and a Triton with Gluon")
 
 CONFIGS = [(64, 64, 2, 0), (64, 64, 3, 0), (64, 128, 2, 0), (128, 64, 2, 0),
-           (64, 64, 2, 1), (64, 64, 3, 1), (128, 64, 3, 1), (64, 32, 4, 1)]
+           (64, 64, 2, 1), (64, 64, 3, 1), (128, 64, 3, 1), (64, 32, 4, 1),
+           # the warp-specialized form (a loader warp; 1 / 2 programs per SM)
+           (128, 64, 2, 0, 1), (128, 64, 3, 1, 1), (64, 64, 2, 0, 2)]
 
 
 def _qkv(n, t, heads, hd, dtype, seed):
@@ -39,7 +41,8 @@ def test_gluon_vision_attention_matches_sdpa(config, n, t, heads, hd, dtype):
     assert err <= (1e-2 if dtype == torch.bfloat16 else 4e-3), err
 
 
-@pytest.mark.parametrize("config", [(64, 64, 2, 0), (64, 64, 2, 1), (64, 32, 4, 1)])
+@pytest.mark.parametrize("config", [(64, 64, 2, 0), (64, 64, 2, 1), (64, 32, 4, 1),
+                                    (128, 64, 2, 1, 1)])
 def test_gluon_vision_attention_crops_do_not_leak(config):
     from photon_core.ops.vision_attention import vision_attention_reference
     n, t, heads, hd = 2, 37, 3, 72
