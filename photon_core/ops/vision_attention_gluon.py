@@ -64,11 +64,23 @@ def gluon_available(t: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(t.device)[0] == 9)
 
 
+def full_config(config: tuple | None) -> tuple:
+    """(BM, BN, STAGES[, PIPE[, WS]]) or None (CONFIG) -> (bm, bn, stages, pipe, ws):
+    PIPE 0 / 1; WS 0 (one partition), n > 0 (a loader warp, n programs per SM) or "wg"
+    (a partition per warpgroup, BM 128 / 256)."""
+    bm, bn, st, pipe, ws = (tuple(config or CONFIG) + (0, 0))[:5]
+    if ws == "wg" and (bm not in (128, 256) or pipe):
+        raise ValueError(f"the per-warpgroup form takes BM 128 or 256 without PIPE, not "
+                         f"{config}")
+    if ws != "wg" and not (isinstance(ws, int) and ws >= 0):
+        raise ValueError(f"WS is 0, a number of programs per SM or 'wg', not {ws!r}")
+    return int(bm), int(bn), int(st), bool(pipe), ws
+
+
 def parse_config(config: str) -> tuple:
-    """"BMxBNxSTAGES[xPIPE[xWS]]" -> (bm, bn, stages, pipe, ws)."""
-    bm, bn, st, *rest = (int(x) for x in config.split("x"))
-    pipe, ws = (list(rest) + [0, 0])[:2]
-    return bm, bn, st, bool(pipe), ws
+    """"BMxBNxSTAGES[xPIPE[xWS]]" (WS a number or "wg") -> full_config's tuple."""
+    parts = config.split("x")
+    return full_config(tuple(p if p == "wg" else int(p) for p in parts))
 
 
 def ws_maxnreg(bm: int, ctas: int) -> int:
@@ -357,6 +369,137 @@ if HAVE_GLUON:
         ], [1], [24])
 
     @gluon.jit
+    def _wg_part(qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
+                 ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col,
+                 v_col, m0, n_blocks, WGI: gl.constexpr, HD: gl.constexpr,
+                 BN: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup's 64 query rows (m0 + 64 WGI..) in the per-warpgroup form: its own
+        partition, so warpgroups sharing the K / V slots run unsynchronized. Warpgroup 0
+        (the default partition) also refills the slots - slot of block j - 1 once every
+        warpgroup has released it (`empty`, one arrival per warpgroup) - and zeroes the
+        last block's V rows past T (the others wait for `zbar`)."""
+        LEAD: gl.constexpr = WGI == 0
+        dt: gl.constexpr = qa_desc.dtype
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 16])
+        oa_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, _HA, 16])
+        ob_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, _HB, 16])
+        qs_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
+        pa_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=oa_l, k_width=2)
+        pb_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_l, k_width=2)
+        m_w = m0 + WGI * 64
+        qbar = qbars.index(WGI)
+        mbarrier.expect(qbar, qa_desc.block_type.nbytes + qb_desc.block_type.nbytes)
+        _tma_load(qa_desc, [row0 + m_w, q_col], qbar, q_a_s.index(WGI))
+        _tma_load(qb_desc, [row0 + m_w, q_col + _HA], qbar, q_b_s.index(WGI))
+        if LEAD:
+            for i in gl.static_range(STAGES):
+                if i < n_blocks:
+                    _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, i, row0 + i * BN,
+                              k_col, v_col)
+        mbarrier.wait(qbar, 0)
+        q_a = q_a_s.index(WGI).load(qs_l)
+        q_b = q_b_s.index(WGI).load(qs_l)
+        cb = gl.arange(0, _HB, layout=gl.SliceLayout(0, qs_l))
+        q_b = gl.where((cb < HD - _HA)[None, :], q_b, gl.zeros_like(q_b))
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_l))
+        o_a = gl.zeros([64, _HA], gl.float32, layout=oa_l)
+        o_b = gl.zeros([64, _HB], gl.float32, layout=ob_l)
+        s0 = gl.zeros([64, BN], gl.float32, layout=s_l)
+        kn = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+        for j in range(n_blocks):
+            st = j % STAGES
+            if LEAD:
+                if j > 0:
+                    if j - 1 + STAGES < n_blocks:
+                        prev = (j - 1) % STAGES
+                        mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
+                        _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, prev,
+                                  row0 + (j - 1 + STAGES) * BN, k_col, v_col)
+            mbarrier.wait(ready.index(st), (j // STAGES) & 1)
+            if (j + 1) * BN > T:
+                if LEAD:
+                    _zero_rows_from(v_a.index(st), T - j * BN, BN, _HA, 4)
+                    _zero_rows_from(v_b.index(st), T - j * BN, BN, _HB, 4)
+                    fence_async_shared()
+                    _cta_barrier()
+                    mbarrier.arrive(zbar, count=1)
+                else:
+                    mbarrier.wait(zbar, 0)
+            sc = warpgroup_mma_wait(num_outstanding=0,
+                                    deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
+            p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
+            o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
+            o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
+            o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+            mbarrier.arrive(empty.index(st), count=1)
+        _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m_w, HD, 64, oa_l, ob_l, dt)
+
+    @gluon.jit
+    def _vision_attention_wg_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
+                                    T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
+                                    BM: gl.constexpr, BN: gl.constexpr,
+                                    STAGES: gl.constexpr, PIPE: gl.constexpr):
+        """The per-warpgroup form: BM / 64 warpgroups (2 or 4), each its own partition of
+        Gluon's warp_specialize (4 warps each), sharing STAGES K / V slots (qa / qb: 64-row
+        boxes, each warpgroup's own rows). PIPE is not used."""
+        dt: gl.constexpr = qa_desc.dtype
+        NWG: gl.constexpr = BM // 64
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        row0 = b * T
+        q_col = h * HD
+        k_col = H * HD + q_col
+        v_col = 2 * H * HD + q_col
+        m0 = pid_m * BM
+        q_a_s = gl.allocate_shared_memory(dt, [NWG, 64, _HA], qa_desc.layout)
+        q_b_s = gl.allocate_shared_memory(dt, [NWG, 64, _HB], qb_desc.layout)
+        k_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
+        k_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
+        v_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
+        v_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        qbars = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
+        zbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(zbar, count=1)
+        for i in gl.static_range(NWG):
+            mbarrier.init(qbars.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=NWG)
+        n_blocks = gl.cdiv(T, BN)
+        if NWG == 2:
+            gl.warp_specialize([
+                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
+                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
+                            b, row0, q_col, k_col, v_col, m0, n_blocks, 0, HD, BN, STAGES)),
+                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
+                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
+                            b, row0, q_col, k_col, v_col, m0, n_blocks, 1, HD, BN, STAGES)),
+            ], [4], [128])
+        else:
+            gl.warp_specialize([
+                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
+                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
+                            b, row0, q_col, k_col, v_col, m0, n_blocks, 0, HD, BN, STAGES)),
+                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
+                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
+                            b, row0, q_col, k_col, v_col, m0, n_blocks, 1, HD, BN, STAGES)),
+                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
+                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
+                            b, row0, q_col, k_col, v_col, m0, n_blocks, 2, HD, BN, STAGES)),
+                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
+                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
+                            b, row0, q_col, k_col, v_col, m0, n_blocks, 3, HD, BN, STAGES)),
+            ], [4, 4, 4], [128, 128, 128])
+
+    @gluon.jit
     def _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD: gl.constexpr,
                BM: gl.constexpr, oa_l: gl.constexpr, ob_l: gl.constexpr, dt: gl.constexpr):
         inv_a = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, oa_l))
@@ -411,19 +554,21 @@ def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None
                            "Triton with Gluon; use attention 'sdpa' or 'triton'")
     n, t, hd = check_shape(qkv, n_heads)
     qkv = qkv.contiguous()
-    bm, bn, stages, pipe, ws = (tuple(config or CONFIG) + (0,))[:5]
+    bm, bn, stages, pipe, ws = full_config(config)
     o = torch.empty(n, t, n_heads * hd, device=qkv.device, dtype=qkv.dtype)
-    args = (*descriptors(qkv, bm, bn), o, o.stride(0), o.stride(1), t,
-            hd ** -0.5 * math.log2(math.e))
+    qa, qb, ka, kb = descriptors(qkv, 64 if ws == "wg" else bm, bn)
+    args = (qa, qb, ka, kb, o, o.stride(0), o.stride(1), t, hd ** -0.5 * math.log2(math.e))
     meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages, PIPE=bool(pipe),
                 num_warps=bm // 16)
     grid = (math.ceil(t / bm), n * n_heads)
-    if ws:
+    if ws == "wg":
+        _vision_attention_wg_kernel[grid](*args, **{**meta, "num_warps": 4}, maxnreg=128)
+    elif ws:
         _vision_attention_ws_kernel[grid](*args, **meta, maxnreg=ws_maxnreg(bm, ws))
     else:
         _vision_attention_gluon_kernel[grid](*args, **meta)
     return o
 
 
-__all__ = ["CONFIG", "HAVE_GLUON", "check_shape", "gluon_available", "parse_config",
-           "vision_attention_gluon", "ws_maxnreg"]
+__all__ = ["CONFIG", "HAVE_GLUON", "check_shape", "full_config", "gluon_available",
+           "parse_config", "vision_attention_gluon", "ws_maxnreg"]

@@ -331,6 +331,21 @@ def test_vision_encoder_gluon_attention_needs_hopper(model):
         vision_fused.encoder(model.weights, model.config.vision, x, attention="gluon")
 
 
+def test_gluon_vision_attention_configs():
+    """ops/vision_attention_gluon.parse_config / full_config: "BMxBNxSTAGES[xPIPE[xWS]]"
+    with defaults for the missing values, WS a number or "wg" (BM 128 / 256, no PIPE);
+    anything else a ValueError."""
+    from photon_core.ops.vision_attention_gluon import CONFIG, full_config, parse_config
+    assert parse_config("128x64x2") == (128, 64, 2, False, 0)
+    assert parse_config("64x32x4x1") == (64, 32, 4, True, 0)
+    assert parse_config("128x64x3x1x1") == (128, 64, 3, True, 1)
+    assert parse_config("256x64x2x0xwg") == (256, 64, 2, False, "wg")
+    assert full_config(None) == full_config(CONFIG)
+    for bad in ("64x64x2x0xwg", "128x64x2x1xwg", "128x64x2x0x-1", "128x64x2x0xws"):
+        with pytest.raises(ValueError):
+            parse_config(bad)
+
+
 def test_gluon_vision_attention_shape_check():
     """ops/vision_attention_gluon.check_shape: what the Gluon kernel takes (head 64 < hd <=
     80, bf16 / fp16, each head's columns on 16 bytes for TMA), else a ValueError."""

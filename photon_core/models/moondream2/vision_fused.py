@@ -28,7 +28,7 @@ from ...ops._triton import HAVE_TRITON
 from ...ops.add_layernorm import add_layernorm
 from ...ops.linear_gelu import linear_gelu
 from ...ops.vision_attention import vision_attention
-from ...ops.vision_attention_gluon import vision_attention_gluon
+from ...ops.vision_attention_gluon import parse_config, vision_attention_gluon
 from .config import VisionConfig
 from .layers import Weights
 from .vision import patchify
@@ -43,9 +43,9 @@ ATTENTION_FORMS = ("sdpa", "triton", "gluon")
 CUT_AFTER_BLOCK: int | None = 0
 # the runtime encode's attention (encoder's attention=None): "sdpa", "triton[:CONFIG]"
 # with CONFIG as BLOCK_MxBLOCK_NxWARPSxSTAGES (ops/vision_attention.py), or
-# "gluon[:BMxBNxSTAGESxPIPE]" (ops/vision_attention_gluon.py, Hopper). A switch for
+# "gluon[:BMxBNxSTAGES[xPIPE[xWS]]]" (ops/vision_attention_gluon.py, Hopper). A switch for
 # bench/ab_encode.py's A/B; SDPA stays (session 42: triton 2.67 ms per 27 calls vs cuDNN
-# 2.34; gluon not measured yet)
+# 2.34; session 44 on an H100: gluon 128x64x2 0.97-1.00x cuDNN, its other forms slower)
 ATTENTION = "sdpa"
 
 
@@ -54,7 +54,11 @@ def _attention_choice(attention: str | None, config: tuple | None):
     if attention is not None:
         return attention, config
     form, _, cfg = ATTENTION.partition(":")
-    return form, (tuple(int(v) for v in cfg.split("x")) if cfg else None)
+    if not cfg:
+        return form, None
+    if form == "gluon":
+        return form, parse_config(cfg)
+    return form, tuple(int(v) for v in cfg.split("x"))
 
 
 def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
