@@ -25,14 +25,13 @@ import torch  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the Gluon vision attention's configs (BM, BN, STAGES, PIPE[, WS]) compiled here: one per
-# kind the probe times (BM 64 / 128, BN 32 / 64, 2-4 stages, PIPE off / on, the
-# warp-specialized form; session 43 compiled 8 - 124-179 registers, 51-92 KB, no spills -
-# but 64 x 128 with PIPE spills 24 bytes; session 44 the warp-specialized ones: spills at
-# 128 rows x 2 programs per SM and at 256 rows, none at 128 x 1 or 64 x 2-3; a partition
-# per warpgroup: 128 registers, no spills at BN 32 / 64 with Triton 3.6 (the H200's), 176
-# bytes at BN 128; Triton 3.9 spills 24 bytes at BN 64, so CI compiles BN 32)
+# kind the probe times (BM 64 / 128, BN 32 / 64, 2-4 stages, PIPE off / on, a partition per
+# warpgroup; session 43 compiled 8 - 124-179 registers, 51-92 KB, no spills - but 64 x 128
+# with PIPE spills 24 bytes; session 44 the per-warpgroup form: 128 registers, no spills at
+# BN 32 / 64 with Triton 3.6 (the H200's), 176 bytes at BN 128; Triton 3.9 spills 24 bytes
+# at BN 64, so CI compiles BN 32)
 GLUON_CONFIGS = ((64, 64, 2, 0), (64, 64, 2, 1), (128, 64, 3, 1), (64, 32, 4, 1),
-                 (128, 64, 2, 1, 1), (128, 32, 4, 0, "wg"))
+                 (128, 32, 4, 0, "wg"))
 
 
 def e2b_text_config(layers=35, kv_shared=20, vocab=262144, kv_heads=1) -> dict:

@@ -4,7 +4,7 @@ TMA, asynchronous wgmma) against SDPA (cuDNN) on the H200, config by config, the
 
 Usage (H200): PYTHONPATH=. python3 bench/probe_gluon_attention.py [--configs 64x64x2,64x128x2x1]
     (BMxBNxSTAGES[xPIPE[xWS]]; BM 64: one warpgroup, 128: two; PIPE 1: the FA-3 pipeline;
-    WS n: the warp-specialized form, a loader warp, n programs per SM)
+    WS "wg": a partition per warpgroup, e.g. 128x64x2x0xwg, the op's default)
 A config whose output is wrong (rel. diff >= 0.01) is diagnosed at once (`diagnose`: one
 crop, one key block, columns 64-71 zeroed; the error by columns / heads / row blocks /
 crops), so one device call says where it goes wrong.
@@ -122,13 +122,13 @@ def encode_ab(config: str) -> dict:
     from bench.ab_encode import moondream_encode_rounds
     from photon_core.models.moondream2 import vision_fused
     parse_config(config)                    # (a bad config fails here, not in the A/B)
+    before = vision_fused.ATTENTION
 
     def switch(label):
-        if label == "gluon":
-            vision_fused.ATTENTION = f"gluon:{config}"
+        vision_fused.ATTENTION = f"gluon:{config}" if label == "gluon" else "sdpa"
 
         def restore():
-            vision_fused.ATTENTION = "sdpa"
+            vision_fused.ATTENTION = before
         return restore
     return {"config": config, **moondream_encode_rounds(["sdpa", "gluon"], switch)}
 

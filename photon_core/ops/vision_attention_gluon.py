@@ -3,11 +3,12 @@ asynchronous wgmma written out, where Triton's own pipeliner reached 2.6-2.7 ms 
 encode in every form built (ops/vision_attention.py; sessions 4, 10, 42) against cuDNN's
 2.34 ms, and the H200's units bound it near ~0.7 ms (docs/benchmarks.md, session 42).
 
-    o = vision_attention_gluon(qkv, n_heads, (64, 64, 2, 1))   # qkv [n, T, 3 H 72] bf16/fp16
+    o = vision_attention_gluon(qkv, n_heads)        # qkv [n, T, 3 H 72] bf16/fp16; CONFIG
 
-An opt-in form of vision_fused.encoder (ATTENTION = "gluon[:BMxBNxSTAGESxPIPE]"), CUDA with
-compute capability 9.x and a Triton with Gluon only (`gluon_available`); not measured on the
-GPU yet: bench/probe_gluon_attention.py times it against SDPA and diagnoses wrong output.
+vision_fused.encoder's attention where it runs (ATTENTION = "auto": `takes`, CUDA with
+compute capability 9.x and a Triton with Gluon, else SDPA); "gluon[:BMxBNxSTAGES[xPIPE
+[xWS]]]" forces it. bench/probe_gluon_attention.py times configs against SDPA and diagnoses wrong
+output (session 44 on an H100: the per-warpgroup form 1.09x cuDNN, the rest 0.66-1.00x).
 The reference is ops/vision_attention.vision_attention_reference (SDPA over the views).
 Gluon kernels do not run under TRITON_INTERPRET: its tests are GPU tests
 (test/core/test_vision_attention_gluon_gpu.py); the CPU compiles it for sm_90
@@ -25,10 +26,12 @@ scores are -inf and their V rows are zeroed in shared memory before use, so noth
 another crop (inf / NaN included) reaches a crop's output. PIPE: FlashAttention-3's
 in-warpgroup pipeline (block j's S issued with block j-1's PV, block j's softmax while the
 PV runs); else S, softmax, PV in turn, the overlap coming from other programs on the SM.
-WS (a fifth config value n > 0): the same compute loops in the default partition of Gluon's
-warp_specialize, the K / V copies in a loader warp of its own (24 registers) that refills a
-slot once the compute warps release it (`ready` / `empty` mbarriers: no CTA-wide barrier
-around each refill), sized for n programs per SM (`ws_maxnreg`).
+WS "wg" (the default): each warpgroup its own partition of Gluon's warp_specialize (the
+serial loop over its 64 rows), the 2 or 4 warpgroups of a program sharing the K / V slots:
+each releases a slot by its own mbarrier arrival (`empty`), warpgroup 0 refills a slot once
+all have (and zeroes the last block's V rows, the others waiting on `zbar`), so no CTA-wide
+barrier keeps the warpgroups in step - in the one-partition kernel they compute S and run
+the softmax at the same time, and a CTA of 4 lost to 2 CTAs of 2 (3.03 vs 2.39 ms).
 """
 from __future__ import annotations
 
@@ -53,8 +56,10 @@ try:                                               # Triton >= 3.5 with Gluon's 
 except Exception:  # pragma: no cover - depends on the Triton version
     HAVE_GLUON = False
 
-# (BM, BN, STAGES, PIPE): the default config (unmeasured: the probe's first pick)
-CONFIG = (64, 64, 2, 1)
+# (BM, BN, STAGES, PIPE, WS): the default config, the fastest measured (session 44 on an
+# H100, 27 calls at the 9-crop shape: 2.170 ms vs cuDNN 2.372, 1.09x; the one-partition
+# 128x64x2 0.97-1.00x, every other form slower; docs/benchmarks.md)
+CONFIG = (128, 64, 2, 0, "wg")
 HA, HB = 64, 16          # a head's columns as a 64-wide and a 16-wide part (72 <= 80)
 
 
@@ -66,28 +71,21 @@ def gluon_available(t: torch.Tensor) -> bool:
 
 def full_config(config: tuple | None) -> tuple:
     """(BM, BN, STAGES[, PIPE[, WS]]) or None (CONFIG) -> (bm, bn, stages, pipe, ws):
-    PIPE 0 / 1; WS 0 (one partition), n > 0 (a loader warp, n programs per SM) or "wg"
-    (a partition per warpgroup, BM 128 / 256)."""
+    PIPE 0 / 1; WS 0 (one partition) or "wg" (a partition per warpgroup, BM 128 / 256,
+    no PIPE)."""
     bm, bn, st, pipe, ws = (tuple(config or CONFIG) + (0, 0))[:5]
     if ws == "wg" and (bm not in (128, 256) or pipe):
         raise ValueError(f"the per-warpgroup form takes BM 128 or 256 without PIPE, not "
                          f"{config}")
-    if ws != "wg" and not (isinstance(ws, int) and ws >= 0):
-        raise ValueError(f"WS is 0, a number of programs per SM or 'wg', not {ws!r}")
+    if ws not in (0, "wg"):
+        raise ValueError(f"WS is 0 or 'wg', not {ws!r}")
     return int(bm), int(bn), int(st), bool(pipe), ws
 
 
 def parse_config(config: str) -> tuple:
-    """"BMxBNxSTAGES[xPIPE[xWS]]" (WS a number or "wg") -> full_config's tuple."""
+    """"BMxBNxSTAGES[xPIPE[xWS]]" (WS 0 or "wg") -> full_config's tuple."""
     parts = config.split("x")
     return full_config(tuple(p if p == "wg" else int(p) for p in parts))
-
-
-def ws_maxnreg(bm: int, ctas: int) -> int:
-    """The register limit of the warp-specialized form for `ctas` programs per SM: its
-    BM / 16 compute warps and the loader's warpgroup (4 warps, of which 1 works) share the
-    SM's 64 Ki registers (Gluon hands the loader 24 and the compute warps the rest)."""
-    return min(256, 65536 // (32 * (bm // 16 + 4) * ctas) // 8 * 8)
 
 
 if HAVE_GLUON:
@@ -251,124 +249,6 @@ if HAVE_GLUON:
         _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD, BM, oa_l, ob_l, dt)
 
     @gluon.jit
-    def _ws_loader(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, empty, row0, k_col, v_col,
-                   n_blocks, BN: gl.constexpr, STAGES: gl.constexpr):
-        """The warp-specialized form's loader (one warp): key block j's K / V into slot j %
-        STAGES once the compute warps have released it (`empty`), signalling `ready`."""
-        for j in range(n_blocks):
-            st = j % STAGES
-            mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
-            _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, st, row0 + j * BN,
-                      k_col, v_col)
-
-    @gluon.jit
-    def _ws_compute(q_a_s, q_b_s, qbar, k_a, k_b, v_a, v_b, ready, empty, o_ptr, so_b, so_t,
-                    T, scale_log2e, b, q_col, m0, n_blocks, HD: gl.constexpr,
-                    BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                    PIPE: gl.constexpr):
-        """The warp-specialized form's compute warps: the serial or the pipelined loop of the
-        one-partition kernel, each key block's slot released to the loader (`empty`) once
-        its wgmmas have read it."""
-        num_warps: gl.constexpr = gl.num_warps()
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                      warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, BN, 16])
-        oa_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                       warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, _HA, 16])
-        ob_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                       warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, _HB, 16])
-        qs_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
-        pa_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=oa_l, k_width=2)
-        pb_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_l, k_width=2)
-        mbarrier.wait(qbar, 0)
-        q_a = q_a_s.load(qs_l)
-        q_b = q_b_s.load(qs_l)
-        cb = gl.arange(0, _HB, layout=gl.SliceLayout(0, qs_l))
-        q_b = gl.where((cb < HD - _HA)[None, :], q_b, gl.zeros_like(q_b))
-        m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
-        l_i = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(1, s_l))
-        o_a = gl.zeros([BM, _HA], gl.float32, layout=oa_l)
-        o_b = gl.zeros([BM, _HB], gl.float32, layout=ob_l)
-        s0 = gl.zeros([BM, BN], gl.float32, layout=s_l)
-        kn = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
-        if PIPE:
-            _landed(ready, v_a, v_b, 0, 0, T, BN, STAGES, num_warps)
-            sc = warpgroup_mma_wait(num_outstanding=0,
-                                    deps=(_scores(q_a, q_b, k_a, k_b, 0, s0),))
-            p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, 0, T, kn, scale_log2e, BN)
-            for j in range(1, n_blocks):
-                st = j % STAGES
-                prev = (j - 1) % STAGES
-                _landed(ready, v_a, v_b, st, j, T, BN, STAGES, num_warps)
-                sc = _scores(q_a, q_b, k_a, k_b, st, s0)
-                o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l)
-                sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
-                p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
-                o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-                mbarrier.arrive(empty.index(prev), count=1)
-                o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-            o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l)
-            o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-        else:
-            for j in range(n_blocks):
-                st = j % STAGES
-                _landed(ready, v_a, v_b, st, j, T, BN, STAGES, num_warps)
-                sc = warpgroup_mma_wait(num_outstanding=0,
-                                        deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
-                p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
-                o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-                o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
-                o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-                mbarrier.arrive(empty.index(st), count=1)
-        _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD, BM, oa_l, ob_l,
-               q_a_s.dtype)
-
-    @gluon.jit
-    def _vision_attention_ws_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
-                                    T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
-                                    BM: gl.constexpr, BN: gl.constexpr,
-                                    STAGES: gl.constexpr, PIPE: gl.constexpr):
-        """The kernel with its K / V copies in a loader warp of their own (Gluon's
-        warp_specialize): slots handed over by `ready` / `empty` mbarriers, no CTA-wide
-        barrier around each re-issue."""
-        dt: gl.constexpr = qa_desc.dtype
-        pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // H
-        h = bh % H
-        row0 = b * T
-        q_col = h * HD
-        k_col = H * HD + q_col
-        v_col = 2 * H * HD + q_col
-        m0 = pid_m * BM
-        q_a_s = gl.allocate_shared_memory(dt, [BM, _HA], qa_desc.layout)
-        q_b_s = gl.allocate_shared_memory(dt, [BM, _HB], qb_desc.layout)
-        k_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
-        k_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
-        v_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
-        v_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        qbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(qbar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        mbarrier.expect(qbar, qa_desc.block_type.nbytes + qb_desc.block_type.nbytes)
-        _tma_load(qa_desc, [row0 + m0, q_col], qbar, q_a_s)
-        _tma_load(qb_desc, [row0 + m0, q_col + _HA], qbar, q_b_s)
-        n_blocks = gl.cdiv(T, BN)
-        gl.warp_specialize([
-            (_ws_compute, (q_a_s, q_b_s, qbar, k_a, k_b, v_a, v_b, ready, empty, o_ptr, so_b,
-                           so_t, T, scale_log2e, b, q_col, m0, n_blocks, HD, BM, BN, STAGES,
-                           PIPE)),
-            (_ws_loader, (ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, empty, row0, k_col,
-                          v_col, n_blocks, BN, STAGES)),
-        ], [1], [24])
-
-    @gluon.jit
     def _wg_part(qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
                  ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col,
                  v_col, m0, n_blocks, WGI: gl.constexpr, HD: gl.constexpr,
@@ -515,6 +395,18 @@ if HAVE_GLUON:
                  (o_b * inv_b[:, None]).to(dt), mask=(rb < T)[:, None] & (cbo < HD - _HA)[None, :])
 
 
+def takes(qkv: torch.Tensor, n_heads: int) -> bool:
+    """The kernel runs on qkv: a Hopper GPU with Gluon (`gluon_available`) and a shape /
+    dtype `check_shape` accepts."""
+    if not gluon_available(qkv):
+        return False
+    try:
+        check_shape(qkv, n_heads)
+    except ValueError:
+        return False
+    return True
+
+
 def check_shape(qkv: torch.Tensor, n_heads: int) -> tuple[int, int, int]:
     """(n, T, hd) of a qkv the kernel takes, else ValueError: 64 < hd <= 80, bf16 / fp16,
     hd a multiple of 8 (so 72 or 80): a TMA copy's innermost coordinate must lie on 16
@@ -547,8 +439,8 @@ def descriptors(qkv: torch.Tensor, bm: int, bn: int) -> tuple:
 def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None = None
                            ) -> torch.Tensor:
     """qkv [n, T, 3 H hd] (64 < hd <= 80, bf16 / fp16, contiguous, a Hopper GPU) -> o [n, T,
-    H hd] contiguous. config: (BM, BN, STAGES, PIPE[, WS]), default CONFIG; WS = n > 0: the
-    warp-specialized form (a loader warp) at n programs per SM (`ws_maxnreg`)."""
+    H hd] contiguous. config: (BM, BN, STAGES[, PIPE[, WS]]), default CONFIG
+    (`full_config`)."""
     if not gluon_available(qkv):
         raise RuntimeError("the Gluon vision attention needs a Hopper GPU (sm_90) and a "
                            "Triton with Gluon; use attention 'sdpa' or 'triton'")
@@ -561,14 +453,12 @@ def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None
     meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages, PIPE=bool(pipe),
                 num_warps=bm // 16)
     grid = (math.ceil(t / bm), n * n_heads)
-    if ws == "wg":
+    if ws == "wg":      # 4 warps per partition; 128 registers: 2 CTAs per SM at BM 128
         _vision_attention_wg_kernel[grid](*args, **{**meta, "num_warps": 4}, maxnreg=128)
-    elif ws:
-        _vision_attention_ws_kernel[grid](*args, **meta, maxnreg=ws_maxnreg(bm, ws))
     else:
         _vision_attention_gluon_kernel[grid](*args, **meta)
     return o
 
 
 __all__ = ["CONFIG", "HAVE_GLUON", "check_shape", "full_config", "gluon_available",
-           "parse_config", "vision_attention_gluon", "ws_maxnreg"]
+           "parse_config", "takes", "vision_attention_gluon"]

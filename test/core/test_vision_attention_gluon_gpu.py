@@ -2,7 +2,7 @@
 elsewhere: Gluon kernels do not run under the interpreter; test_sm90_resources.py compiles
 them on the CPU): against SDPA over the views (fp32 reference) at Moondream 2's 9-crop shape
 and at small odd ones, the configs bench/probe_gluon_attention.py timed first and the
-warp-specialized form; a crop's output is its own (inf / NaN in the next crop change
+per-warpgroup form (the default); a crop's output is its own (inf / NaN in the next crop change
 nothing); the vision encoder with it stays close to the SDPA encoder."""
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ pytestmark = pytest.mark.skipif(
 
 CONFIGS = [(64, 64, 2, 0), (64, 64, 3, 0), (64, 128, 2, 0), (128, 64, 2, 0),
            (64, 64, 2, 1), (64, 64, 3, 1), (128, 64, 3, 1), (64, 32, 4, 1),
-           # the warp-specialized form (a loader warp; 1 / 2 programs per SM)
-           (128, 64, 2, 0, 1), (128, 64, 3, 1, 1), (64, 64, 2, 0, 2),
            # a partition per warpgroup (2 / 4 warpgroups sharing the K / V slots)
            (128, 64, 2, 0, "wg"), (256, 64, 3, 0, "wg"), (128, 32, 4, 0, "wg")]
 
@@ -44,7 +42,7 @@ def test_gluon_vision_attention_matches_sdpa(config, n, t, heads, hd, dtype):
 
 
 @pytest.mark.parametrize("config", [(64, 64, 2, 0), (64, 64, 2, 1), (64, 32, 4, 1),
-                                    (128, 64, 2, 1, 1), (128, 64, 2, 0, "wg"),
+                                    (128, 64, 2, 0, "wg"),
                                     (256, 64, 2, 0, "wg")])
 def test_gluon_vision_attention_crops_do_not_leak(config):
     from photon_core.ops.vision_attention import vision_attention_reference
@@ -61,7 +59,8 @@ def test_gluon_vision_attention_crops_do_not_leak(config):
 
 def test_vision_encoder_with_gluon_attention_is_close_to_sdpa():
     """Moondream 2's vision tower at real shapes (random bf16 weights, a 640x480 frame's
-    crops): attention="gluon" against "sdpa", both through vision_fused.encoder."""
+    crops): attention="gluon" against "sdpa", both through vision_fused.encoder; "auto" is
+    "gluon" here."""
     import numpy as np
 
     from photon_core.models.moondream2 import vision_fused
@@ -74,6 +73,8 @@ def test_vision_encoder_with_gluon_attention_is_close_to_sdpa():
     with torch.inference_mode():
         ref = vision_fused.encoder(w, v, x, attention="sdpa").float()
         got = vision_fused.encoder(w, v, x, attention="gluon").float()
+        auto = vision_fused.encoder(w, v, x, attention="auto").float()
+    assert torch.equal(auto, got)           # "auto" (the default) takes the Gluon kernel here
     assert got.shape == ref.shape
     err = (got - ref).abs().max().item() / ref.abs().max().item()
     assert err <= 5e-2, err

@@ -15,8 +15,10 @@ the fastest of cuDNN / flash / efficient / math measured, docs/benchmarks.md), a
 attention="triton" (opt-in, measured by bench/probe_encode.py before it can be a default):
 ops/vision_attention.py, a Triton flash kernel that reads q / k / v straight from the qkv
 GEMM output and computes head 72 as 64 + 16 columns instead of cuDNN's 128-wide tiles.
-attention="gluon" (opt-in, Hopper only; not yet measured on the GPU): the same split head as
-a Gluon kernel with TMA and asynchronous wgmma (ops/vision_attention_gluon.py).
+attention="gluon" (Hopper only): the same split head as a Gluon kernel with TMA and
+asynchronous wgmma, each warpgroup its own partition (ops/vision_attention_gluon.py); the
+default "auto" takes it where it runs (session 44, H100: 27 calls 2.170 vs cuDNN 2.372 ms;
+the 9-crop encode graph 15.51 / 15.56 vs 15.66 / 15.70 ms), else SDPA.
 On the CPU (fp32) every op is the reference's: bit-identical to vision.encoder.
 """
 from __future__ import annotations
@@ -28,25 +30,26 @@ from ...ops._triton import HAVE_TRITON
 from ...ops.add_layernorm import add_layernorm
 from ...ops.linear_gelu import linear_gelu
 from ...ops.vision_attention import vision_attention
-from ...ops.vision_attention_gluon import parse_config, vision_attention_gluon
+from ...ops.vision_attention_gluon import parse_config, takes, vision_attention_gluon
 from .config import VisionConfig
 from .layers import Weights
 from .vision import patchify
 
 
-ATTENTION_FORMS = ("sdpa", "triton", "gluon")
+ATTENTION_FORMS = ("auto", "sdpa", "triton", "gluon")
 # a captured encode is cut into two graphs after this block (the `cut` hook; None: one
 # graph): the host's launch of the second (most of the encode's ~540 nodes) overlaps the
 # GPU's work on the first instead of delaying the encode's first kernel (H200, session 21
 # call 6: encode_image 15.31 / 15.40 vs 15.41 / 15.59 ms as one graph, the same bits; the
 # gap before the encode's first kernel in run(frame, detect) 238 -> 110-162 us)
 CUT_AFTER_BLOCK: int | None = 0
-# the runtime encode's attention (encoder's attention=None): "sdpa", "triton[:CONFIG]"
-# with CONFIG as BLOCK_MxBLOCK_NxWARPSxSTAGES (ops/vision_attention.py), or
-# "gluon[:BMxBNxSTAGES[xPIPE[xWS]]]" (ops/vision_attention_gluon.py, Hopper). A switch for
-# bench/ab_encode.py's A/B; SDPA stays (session 42: triton 2.67 ms per 27 calls vs cuDNN
-# 2.34; session 44 on an H100: gluon 128x64x2 0.97-1.00x cuDNN, its other forms slower)
-ATTENTION = "sdpa"
+# the runtime encode's attention (encoder's attention=None): "auto" (gluon where its kernel
+# runs - a Hopper GPU, Triton with Gluon, bf16 / fp16 -, else sdpa), "sdpa",
+# "triton[:CONFIG]" with CONFIG as BLOCK_MxBLOCK_NxWARPSxSTAGES (ops/vision_attention.py), or
+# "gluon[:BMxBNxSTAGES[xPIPE[xWS]]]" (ops/vision_attention_gluon.py). A switch for the A/B
+# benches (session 42: triton 2.67 ms per 27 calls vs cuDNN 2.34; session 44 on an H100:
+# gluon's default config 2.170 vs cuDNN 2.372 ms, the encode graph 1.009x)
+ATTENTION = "auto"
 
 
 def _attention_choice(attention: str | None, config: tuple | None):
@@ -65,10 +68,11 @@ def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
             fuse_norms: bool | None = None, attention: str | None = None,
             attention_config: tuple | None = None, cut=None) -> torch.Tensor:
     """fuse_norms: each residual add and the LayerNorm after it in one Triton kernel
-    (ops/add_layernorm.py); None = on CUDA when triton imports. attention: "sdpa" |
-    "triton" (ops/vision_attention.py; attention_config: its (BLOCK_M, BLOCK_N, warps,
-    stages)) | "gluon" (ops/vision_attention_gluon.py, a Hopper GPU; attention_config: its
-    (BM, BN, STAGES, PIPE)); None: the module's ATTENTION. cut: called after block
+    (ops/add_layernorm.py); None = on CUDA when triton imports. attention: "auto" (gluon
+    where ops/vision_attention_gluon.takes the first qkv, else sdpa) | "sdpa" | "triton"
+    (ops/vision_attention.py; attention_config: its (BLOCK_M, BLOCK_N, warps, stages)) |
+    "gluon" (ops/vision_attention_gluon.py, a Hopper GPU; attention_config: its (BM, BN,
+    STAGES, PIPE, WS)); None: the module's ATTENTION. cut: called after block
     CUT_AFTER_BLOCK (a graph capture's cut point, cuda_graph_runner.capture_graph_parts)."""
     attention, attention_config = _attention_choice(attention, attention_config)
     if attention not in ATTENTION_FORMS:
@@ -90,6 +94,8 @@ def encoder(w: Weights, cfg: VisionConfig, crops: torch.Tensor,
     for i in range(cfg.enc_n_layers):
         p = f"vision.blocks.{i}"
         qkv = w.linear(h, p + ".attn.qkv")
+        if attention == "auto":
+            attention = "gluon" if takes(qkv, heads) else "sdpa"
         if attention == "triton":
             a = vision_attention(qkv, heads, attention_config)
         elif attention == "gluon":
