@@ -91,6 +91,45 @@ def parse_config(config: str) -> tuple:
 if HAVE_GLUON:
     _HA, _HB = gl.constexpr(HA), gl.constexpr(HB)     # (a kernel reads constexpr globals)
 
+    @gluon.constexpr_function
+    def _acc_layout(warps, n):
+        """wgmma's accumulator layout for [rows, n] over `warps` warps (64 rows a
+        warpgroup)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                         instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def _a_layout(parent):
+        """A wgmma's A operand from registers, for the accumulator layout `parent`."""
+        return gl.DotOperandLayout(operand_index=0, parent=parent, k_width=2)
+
+    @gluon.jit
+    def _tile(T, H: gl.constexpr, HD: gl.constexpr, BM: gl.constexpr):
+        """This program's crop b, its first qkv row, the head's q / k / v columns and its
+        first query row."""
+        bh = gl.program_id(1)
+        b = bh // H
+        q_col = (bh % H) * HD
+        return b, b * T, q_col, H * HD + q_col, 2 * H * HD + q_col, gl.program_id(0) * BM
+
+    @gluon.jit
+    def _start(q_a_s, q_b_s, HD: gl.constexpr, ROWS: gl.constexpr, BN: gl.constexpr,
+               s_l: gl.constexpr, oa_l: gl.constexpr, ob_l: gl.constexpr):
+        """Q from shared memory into registers (its columns past HD zeroed) and the online
+        softmax's starting state: (q_a, q_b, m_i, l_i, o_a, o_b, s0, kn)."""
+        qs_l: gl.constexpr = _a_layout(s_l)
+        q_a = q_a_s.load(qs_l)
+        q_b = q_b_s.load(qs_l)
+        cb = gl.arange(0, _HB, layout=gl.SliceLayout(0, qs_l))
+        q_b = gl.where((cb < HD - _HA)[None, :], q_b, gl.zeros_like(q_b))
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_l))
+        o_a = gl.zeros([ROWS, _HA], gl.float32, layout=oa_l)
+        o_b = gl.zeros([ROWS, _HB], gl.float32, layout=ob_l)
+        s0 = gl.zeros([ROWS, BN], gl.float32, layout=s_l)
+        kn = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+        return q_a, q_b, m_i, l_i, o_a, o_b, s0, kn
+
     @gluon.jit
     def _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, st, row, k_col, v_col):
         bar = bars.index(st)
@@ -158,27 +197,12 @@ if HAVE_GLUON:
                                        STAGES: gl.constexpr, PIPE: gl.constexpr):
         dt: gl.constexpr = qa_desc.dtype
         num_warps: gl.constexpr = gl.num_warps()
-        pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // H
-        h = bh % H
-        row0 = b * T
-        q_col = h * HD
-        k_col = H * HD + q_col
-        v_col = 2 * H * HD + q_col
-        m0 = pid_m * BM
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                      warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, BN, 16])
-        oa_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                       warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, _HA, 16])
-        ob_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],
-                                                       warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, _HB, 16])
-        qs_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
-        pa_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=oa_l, k_width=2)
-        pb_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_l, k_width=2)
+        b, row0, q_col, k_col, v_col, m0 = _tile(T, H, HD, BM)
+        s_l: gl.constexpr = _acc_layout(num_warps, BN)
+        oa_l: gl.constexpr = _acc_layout(num_warps, _HA)
+        ob_l: gl.constexpr = _acc_layout(num_warps, _HB)
+        pa_l: gl.constexpr = _a_layout(oa_l)
+        pb_l: gl.constexpr = _a_layout(ob_l)
         q_a_s = gl.allocate_shared_memory(dt, [BM, _HA], qa_desc.layout)
         q_b_s = gl.allocate_shared_memory(dt, [BM, _HB], qb_desc.layout)
         k_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
@@ -199,16 +223,8 @@ if HAVE_GLUON:
                 _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, i, row0 + i * BN,
                           k_col, v_col)
         mbarrier.wait(qbar, 0)
-        q_a = q_a_s.load(qs_l)
-        q_b = q_b_s.load(qs_l)
-        cb = gl.arange(0, _HB, layout=gl.SliceLayout(0, qs_l))
-        q_b = gl.where((cb < HD - _HA)[None, :], q_b, gl.zeros_like(q_b))
-        m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
-        l_i = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(1, s_l))
-        o_a = gl.zeros([BM, _HA], gl.float32, layout=oa_l)
-        o_b = gl.zeros([BM, _HB], gl.float32, layout=ob_l)
-        s0 = gl.zeros([BM, BN], gl.float32, layout=s_l)
-        kn = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+        q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(q_a_s, q_b_s, HD, BM, BN, s_l, oa_l,
+                                                      ob_l)
 
         if PIPE:
             _landed(bars, v_a, v_b, 0, 0, T, BN, STAGES, num_warps)
@@ -260,15 +276,11 @@ if HAVE_GLUON:
         last block's V rows past T (the others wait for `zbar`)."""
         LEAD: gl.constexpr = WGI == 0
         dt: gl.constexpr = qa_desc.dtype
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BN, 16])
-        oa_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, _HA, 16])
-        ob_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, _HB, 16])
-        qs_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
-        pa_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=oa_l, k_width=2)
-        pb_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ob_l, k_width=2)
+        s_l: gl.constexpr = _acc_layout(4, BN)
+        oa_l: gl.constexpr = _acc_layout(4, _HA)
+        ob_l: gl.constexpr = _acc_layout(4, _HB)
+        pa_l: gl.constexpr = _a_layout(oa_l)
+        pb_l: gl.constexpr = _a_layout(ob_l)
         m_w = m0 + WGI * 64
         qbar = qbars.index(WGI)
         mbarrier.expect(qbar, qa_desc.block_type.nbytes + qb_desc.block_type.nbytes)
@@ -280,16 +292,8 @@ if HAVE_GLUON:
                     _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, i, row0 + i * BN,
                               k_col, v_col)
         mbarrier.wait(qbar, 0)
-        q_a = q_a_s.index(WGI).load(qs_l)
-        q_b = q_b_s.index(WGI).load(qs_l)
-        cb = gl.arange(0, _HB, layout=gl.SliceLayout(0, qs_l))
-        q_b = gl.where((cb < HD - _HA)[None, :], q_b, gl.zeros_like(q_b))
-        m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
-        l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_l))
-        o_a = gl.zeros([64, _HA], gl.float32, layout=oa_l)
-        o_b = gl.zeros([64, _HB], gl.float32, layout=ob_l)
-        s0 = gl.zeros([64, BN], gl.float32, layout=s_l)
-        kn = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+        q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(q_a_s.index(WGI), q_b_s.index(WGI), HD,
+                                                      64, BN, s_l, oa_l, ob_l)
         for j in range(n_blocks):
             st = j % STAGES
             if LEAD:
@@ -328,15 +332,7 @@ if HAVE_GLUON:
         boxes, each warpgroup's own rows). PIPE is not used."""
         dt: gl.constexpr = qa_desc.dtype
         NWG: gl.constexpr = BM // 64
-        pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // H
-        h = bh % H
-        row0 = b * T
-        q_col = h * HD
-        k_col = H * HD + q_col
-        v_col = 2 * H * HD + q_col
-        m0 = pid_m * BM
+        b, row0, q_col, k_col, v_col, m0 = _tile(T, H, HD, BM)
         q_a_s = gl.allocate_shared_memory(dt, [NWG, 64, _HA], qa_desc.layout)
         q_b_s = gl.allocate_shared_memory(dt, [NWG, 64, _HB], qb_desc.layout)
         k_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
