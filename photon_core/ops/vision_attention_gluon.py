@@ -265,15 +265,16 @@ if HAVE_GLUON:
         _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD, BM, oa_l, ob_l, dt)
 
     @gluon.jit
-    def _wg_part(qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
-                 ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col,
-                 v_col, m0, n_blocks, WGI: gl.constexpr, HD: gl.constexpr,
-                 BN: gl.constexpr, STAGES: gl.constexpr):
+    def _wg_part(shared, WGI: gl.constexpr, HD: gl.constexpr, BN: gl.constexpr,
+                 STAGES: gl.constexpr):
         """One warpgroup's 64 query rows (m0 + 64 WGI..) in the per-warpgroup form: its own
         partition, so warpgroups sharing the K / V slots run unsynchronized. Warpgroup 0
         (the default partition) also refills the slots - slot of block j - 1 once every
         warpgroup has released it (`empty`, one arrival per warpgroup) - and zeroes the
         last block's V rows past T (the others wait for `zbar`)."""
+        (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b, ready,
+         empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col, v_col, m0,
+         n_blocks) = shared
         LEAD: gl.constexpr = WGI == 0
         dt: gl.constexpr = qa_desc.dtype
         s_l: gl.constexpr = _acc_layout(4, BN)
@@ -350,30 +351,18 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=NWG)
         n_blocks = gl.cdiv(T, BN)
+        shared = (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
+                  ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col,
+                  v_col, m0, n_blocks)
         if NWG == 2:
-            gl.warp_specialize([
-                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
-                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
-                            b, row0, q_col, k_col, v_col, m0, n_blocks, 0, HD, BN, STAGES)),
-                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
-                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
-                            b, row0, q_col, k_col, v_col, m0, n_blocks, 1, HD, BN, STAGES)),
-            ], [4], [128])
+            gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
+                                (_wg_part, (shared, 1, HD, BN, STAGES))], [4], [128])
         else:
-            gl.warp_specialize([
-                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
-                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
-                            b, row0, q_col, k_col, v_col, m0, n_blocks, 0, HD, BN, STAGES)),
-                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
-                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
-                            b, row0, q_col, k_col, v_col, m0, n_blocks, 1, HD, BN, STAGES)),
-                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
-                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
-                            b, row0, q_col, k_col, v_col, m0, n_blocks, 2, HD, BN, STAGES)),
-                (_wg_part, (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b,
-                            v_a, v_b, ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e,
-                            b, row0, q_col, k_col, v_col, m0, n_blocks, 3, HD, BN, STAGES)),
-            ], [4, 4, 4], [128, 128, 128])
+            gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
+                                (_wg_part, (shared, 1, HD, BN, STAGES)),
+                                (_wg_part, (shared, 2, HD, BN, STAGES)),
+                                (_wg_part, (shared, 3, HD, BN, STAGES))],
+                               [4, 4, 4], [128, 128, 128])
 
     @gluon.jit
     def _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD: gl.constexpr,
