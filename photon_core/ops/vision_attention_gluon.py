@@ -191,6 +191,19 @@ if HAVE_GLUON:
         return o_a, o_b
 
     @gluon.jit
+    def _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i, l_i, o_a, o_b, j, T, kn,
+                     scale_log2e, BN: gl.constexpr, oa_l: gl.constexpr, ob_l: gl.constexpr,
+                     pa_l: gl.constexpr, pb_l: gl.constexpr):
+        """Key block j (slot st) in turn: S, the online softmax, O rescaled, P V; every
+        wgmma waited for (the slot is free on return)."""
+        sc = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
+        p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
+        o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
+        o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
+        o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+        return m_i, l_i, o_a, o_b
+
+    @gluon.jit
     def _vision_attention_gluon_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
                                        T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
                                        BM: gl.constexpr, BN: gl.constexpr,
@@ -250,12 +263,9 @@ if HAVE_GLUON:
             for j in range(n_blocks):
                 st = j % STAGES
                 _landed(bars, v_a, v_b, st, j, T, BN, STAGES, num_warps)
-                sc = warpgroup_mma_wait(num_outstanding=0,
-                                        deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
-                p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
-                o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-                o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
-                o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+                m_i, l_i, o_a, o_b = _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i,
+                                                  l_i, o_a, o_b, j, T, kn, scale_log2e, BN,
+                                                  oa_l, ob_l, pa_l, pb_l)
                 if j + STAGES < n_blocks:
                     _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, st,
                               row0 + (j + STAGES) * BN, k_col, v_col)
@@ -314,12 +324,9 @@ if HAVE_GLUON:
                     mbarrier.arrive(zbar, count=1)
                 else:
                     mbarrier.wait(zbar, 0)
-            sc = warpgroup_mma_wait(num_outstanding=0,
-                                    deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
-            p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
-            o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-            o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
-            o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
+            m_i, l_i, o_a, o_b = _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i, l_i,
+                                              o_a, o_b, j, T, kn, scale_log2e, BN, oa_l, ob_l,
+                                              pa_l, pb_l)
             mbarrier.arrive(empty.index(st), count=1)
         _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m_w, HD, 64, oa_l, ob_l, dt)
 
