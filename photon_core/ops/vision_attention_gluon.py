@@ -150,16 +150,22 @@ if HAVE_GLUON:
         buf.store(gl.where((r < n_ok)[:, None], v, gl.zeros_like(v)))
 
     @gluon.jit
+    def _zero_v_tail(v_a, v_b, st, n_ok, BN: gl.constexpr, num_warps: gl.constexpr):
+        """Slot st's V rows n_ok.. zeroed (the block past the crop's end: they hold the next
+        crop's values or TMA's zeros), visible to the wgmmas of this partition's warps."""
+        _zero_rows_from(v_a.index(st), n_ok, BN, _HA, num_warps)
+        _zero_rows_from(v_b.index(st), n_ok, BN, _HB, num_warps)
+        fence_async_shared()        # (each thread's stores, then all of them, before
+        _cta_barrier()              # the wgmmas read the tile)
+
+    @gluon.jit
     def _landed(bars, v_a, v_b, st, j, T, BN: gl.constexpr, STAGES: gl.constexpr,
                 num_warps: gl.constexpr):
         """Wait for key block j's copies (slot st); the block past the crop's end gets its V
-        rows from T on zeroed (they hold the next crop's values or TMA's zeros)."""
+        rows from T on zeroed."""
         mbarrier.wait(bars.index(st), (j // STAGES) & 1)
         if (j + 1) * BN > T:
-            _zero_rows_from(v_a.index(st), T - j * BN, BN, _HA, num_warps)
-            _zero_rows_from(v_b.index(st), T - j * BN, BN, _HB, num_warps)
-            fence_async_shared()        # (each thread's stores, then all of them, before
-            _cta_barrier()              # the wgmmas read the tile)
+            _zero_v_tail(v_a, v_b, st, T - j * BN, BN, num_warps)
 
     @gluon.jit
     def _scores(q_a, q_b, k_a, k_b, st, s0):
@@ -317,10 +323,7 @@ if HAVE_GLUON:
             mbarrier.wait(ready.index(st), (j // STAGES) & 1)
             if (j + 1) * BN > T:
                 if LEAD:
-                    _zero_rows_from(v_a.index(st), T - j * BN, BN, _HA, 4)
-                    _zero_rows_from(v_b.index(st), T - j * BN, BN, _HB, 4)
-                    fence_async_shared()
-                    _cta_barrier()
+                    _zero_v_tail(v_a, v_b, st, T - j * BN, BN, 4)
                     mbarrier.arrive(zbar, count=1)
                 else:
                     mbarrier.wait(zbar, 0)
