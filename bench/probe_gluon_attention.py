@@ -75,6 +75,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default="64x64x2,64x128x2,64x64x3,64x32x3")
     ap.add_argument("--crops", type=int, default=9)
+    ap.add_argument("--hd", type=int, default=72,
+                    help="head dim (72: Moondream 2's; 64 drops the 16-column part's work)")
+    ap.add_argument("--sweep-crops", default="",
+                    help="then the first config (and SDPA) at these crop counts, e.g. 2,4,6,11 "
+                         "(programs per wave: the tail's cost)")
     ap.add_argument("--encode-ab", action="store_true",
                     help="then the encode graph with SDPA vs the fastest config that is "
                          "right (rel. diff < 0.01) and faster than SDPA, ABBA x 2")
@@ -82,7 +87,7 @@ def main():
                     help="configs of the image-prefix prefill's attention to time")
     ap.add_argument("--prefix-frames", default="1,4")
     args = ap.parse_args()
-    heads, t, hd, layers = 16, 729, 72, 27
+    heads, t, hd, layers = 16, 729, args.hd, 27
     g = torch.Generator("cuda").manual_seed(9)
     qkv = torch.randn(args.crops, t, 3 * heads * hd, device="cuda", dtype=torch.bfloat16,
                       generator=g) * 2
@@ -114,6 +119,10 @@ def main():
         if "illegal" in repr(r):
             break
     write_json("probe_gluon_attention.json", out)
+    if args.sweep_crops:
+        out["sweep_crops"] = sweep_crops(args.configs.split(",")[0],
+                                         [int(c) for c in args.sweep_crops.split(",")], hd)
+        write_json("probe_gluon_attention.json", out)
     if args.prefix:
         out["prefix"] = {f: prefix_rows(args.prefix.split(","), int(f))
                          for f in args.prefix_frames.split(",")}
@@ -124,6 +133,26 @@ def main():
         best = min(ok, key=lambda c: ok[c]["ms_per_encode"])
         out["encode_ab"] = encode_ab(best)
         write_json("probe_gluon_attention.json", out)
+
+
+def sweep_crops(config: str, crops: list[int], hd: int = 72, heads: int = 16, t: int = 729,
+                layers: int = 27) -> dict:
+    """ms per 27 calls of SDPA and of the config at each crop count (the grid's programs
+    grow by heads x cdiv(t, BM) per crop: where the last wave's share of the time shows)."""
+    from bench.bench_timing import graph_ms
+    from photon_core.ops.vision_attention import vision_attention_reference
+    cfg = parse_config(config)
+    rows = {}
+    for n in crops:
+        qkv = torch.randn(n, t, 3 * heads * hd, device="cuda", dtype=torch.bfloat16)
+        r = {"sdpa_ms": round(graph_ms(lambda: vision_attention_reference(qkv, heads),
+                                       calls=layers) * layers, 4),
+             "gluon_ms": round(graph_ms(lambda: vision_attention_gluon(qkv, heads, cfg),
+                                        calls=layers) * layers, 4)}
+        r["gluon_ms_per_crop"] = round(r["gluon_ms"] / n, 4)
+        rows[n] = r
+        print(f"crops {n} {config}", r, flush=True)
+    return rows
 
 
 def prefix_rows(configs: list[str], frames: int, heads: int = 32, t: int = 730, hd: int = 64,
