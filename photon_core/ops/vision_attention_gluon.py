@@ -36,11 +36,6 @@ each releases a slot by its own mbarrier arrival (`empty`), warpgroup 0 refills 
 all have (and zeroes the last block's V rows, the others waiting on `zbar`), so no CTA-wide
 barrier keeps the warpgroups in step - in the one-partition kernel they compute S and run
 the softmax at the same time, and a CTA of 4 lost to 2 CTAs of 2 (3.03 vs 2.39 ms).
-"wg" with PIPE 1 (`_wg_pipe_part`, opt-in until measured): each warpgroup pipelined as
-FlashAttention-3's consumer (S_j issued with PV_{j-1}, block j's softmax while PV_{j-1} runs;
-Q read from shared memory; 3+ slots), PIPE 2 adding its ping-pong (the warpgroups issue
-their wgmmas in turn); REGS (config's 6th value) sets the registers per thread (168 at BM
-128: one program per SM, no spills with Triton 3.6).
 """
 from __future__ import annotations
 
@@ -79,30 +74,20 @@ def gluon_available(t: torch.Tensor) -> bool:
 
 
 def full_config(config: tuple | None) -> tuple:
-    """(BM, BN, STAGES[, PIPE[, WS[, REGS]]]) or None (CONFIG) -> (bm, bn, stages, pipe, ws,
-    regs): WS 0 (one partition; PIPE 0 / 1; regs 0: Triton's choice) or "wg" (a partition
-    per warpgroup, BM 128 / 256; PIPE 0: serial, 1: FlashAttention-3's in-warpgroup
-    pipeline, 2: that and the warpgroups' wgmmas in turn, the ping-pong; REGS the
-    registers per thread, default 128: 2 programs per SM at BM 128)."""
-    bm, bn, st, pipe, ws, regs = (tuple(config or CONFIG) + (0, 0, 0))[:6]
-    if ws == "wg":
-        regs = int(regs) or 128
-        if regs % 8 or not 24 <= regs <= 256:
-            raise ValueError(f"REGS is a multiple of 8 in 24..256, not {regs}")
-    elif regs:
-        raise ValueError(f"REGS is a per-warpgroup form's, not {config}")
+    """(BM, BN, STAGES[, PIPE[, WS]]) or None (CONFIG) -> (bm, bn, stages, pipe, ws):
+    PIPE 0 / 1; WS 0 (one partition) or "wg" (a partition per warpgroup, BM 128 / 256,
+    no PIPE)."""
+    bm, bn, st, pipe, ws = (tuple(config or CONFIG) + (0, 0))[:5]
+    if ws == "wg" and (bm not in (128, 256) or pipe):
+        raise ValueError(f"the per-warpgroup form takes BM 128 or 256 without PIPE, not "
+                         f"{config}")
     if ws not in (0, "wg"):
         raise ValueError(f"WS is 0 or 'wg', not {ws!r}")
-    if ws == "wg" and (bm not in (128, 256) or int(pipe) not in (0, 1, 2)):
-        raise ValueError(f"the per-warpgroup form takes BM 128 or 256 and PIPE 0, 1 or 2, "
-                         f"not {config}")
-    if ws == 0 and int(pipe) not in (0, 1):
-        raise ValueError(f"PIPE 2 (the ping-pong) is a per-warpgroup form, not {config}")
-    return int(bm), int(bn), int(st), int(pipe) if ws == "wg" else bool(pipe), ws, int(regs)
+    return int(bm), int(bn), int(st), bool(pipe), ws
 
 
 def parse_config(config: str) -> tuple:
-    """"BMxBNxSTAGES[xPIPE[xWS[xREGS]]]" (WS 0 or "wg") -> full_config's tuple."""
+    """"BMxBNxSTAGES[xPIPE[xWS]]" (WS 0 or "wg") -> full_config's tuple."""
     parts = config.split("x")
     return full_config(tuple(p if p == "wg" else int(p) for p in parts))
 
@@ -200,8 +185,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _scores(q_a, q_b, k_a, k_b, st, s0, USE_B: gl.constexpr = True):
-        """S = Q K^T of slot st, issued (q_a / q_b: registers or shared memory); USE_B false:
-        without the 16-column part (a head of 64)."""
+        """S = Q K^T of slot st, issued; USE_B false: without the 16-column part (a head of
+        64)."""
         sc = warpgroup_mma(q_a, k_a.index(st).permute((1, 0)), s0, use_acc=False,
                            is_async=True)
         if USE_B:
@@ -237,13 +222,15 @@ if HAVE_GLUON:
     @gluon.jit
     def _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i, l_i, o_a, o_b, j, T, kn,
                      scale_log2e, BN: gl.constexpr, oa_l: gl.constexpr, ob_l: gl.constexpr,
-                     pa_l: gl.constexpr, pb_l: gl.constexpr):
+                     pa_l: gl.constexpr, pb_l: gl.constexpr, USE_B: gl.constexpr):
         """Key block j (slot st) in turn: S, the online softmax, O rescaled, P V; every
-        wgmma waited for (the slot is free on return)."""
-        sc = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
+        wgmma waited for (the slot is free on return). USE_B false (a head of 64): no
+        16-column part."""
+        sc = warpgroup_mma_wait(num_outstanding=0,
+                                deps=(_scores(q_a, q_b, k_a, k_b, st, s0, USE_B),))
         p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
         o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-        o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
+        o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l, USE_B)
         o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
         return m_i, l_i, o_a, o_b
 
@@ -285,25 +272,29 @@ if HAVE_GLUON:
         q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(q_a_s, q_b_s, HD, BM, BN, s_l, oa_l,
                                                       ob_l)
 
+        USE_B: gl.constexpr = HD > _HA
         if PIPE:
             _landed(bars, v_a, v_b, 0, 0, T, BN, STAGES, num_warps)
             sc = warpgroup_mma_wait(num_outstanding=0,
-                                    deps=(_scores(q_a, q_b, k_a, k_b, 0, s0),))
+                                    deps=(_scores(q_a, q_b, k_a, k_b, 0, s0, USE_B),))
             p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, 0, T, kn, scale_log2e, BN)
             for j in range(1, n_blocks):
                 st = j % STAGES
                 prev = (j - 1) % STAGES
                 _landed(bars, v_a, v_b, st, j, T, BN, STAGES, num_warps)
-                sc = _scores(q_a, q_b, k_a, k_b, st, s0)
-                o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l)
-                sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
+                sc = _scores(q_a, q_b, k_a, k_b, st, s0, USE_B)
+                o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l, USE_B)
+                if USE_B:                   # S_j's wgmmas done, PV_{j-1}'s in flight
+                    sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
+                else:
+                    sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc,))
                 p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
                 o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
                 if j - 1 + STAGES < n_blocks:
                     _issue_kv(kv_descs, k_a, k_b, v_a, v_b, bars, prev,
                               kv_row + (j - 1 + STAGES) * BN, k_col, v_col)
                 o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-            o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l)
+            o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l, USE_B)
             o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
         else:
             for j in range(n_blocks):
@@ -311,7 +302,7 @@ if HAVE_GLUON:
                 _landed(bars, v_a, v_b, st, j, T, BN, STAGES, num_warps)
                 m_i, l_i, o_a, o_b = _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i,
                                                   l_i, o_a, o_b, j, T, kn, scale_log2e, BN,
-                                                  oa_l, ob_l, pa_l, pb_l)
+                                                  oa_l, ob_l, pa_l, pb_l, USE_B)
                 if j + STAGES < n_blocks:
                     _issue_kv(kv_descs, k_a, k_b, v_a, v_b, bars, st,
                               kv_row + (j + STAGES) * BN, k_col, v_col)
@@ -332,6 +323,7 @@ if HAVE_GLUON:
          zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, kv_row, k_col, v_col, m0,
          n_blocks) = shared
         LEAD: gl.constexpr = WGI == 0
+        USE_B: gl.constexpr = HD > _HA
         dt: gl.constexpr = qa_desc.dtype
         s_l: gl.constexpr = _acc_layout(4, BN)
         oa_l: gl.constexpr = _acc_layout(4, _HA)
@@ -369,119 +361,8 @@ if HAVE_GLUON:
                     mbarrier.wait(zbar, 0)
             m_i, l_i, o_a, o_b = _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i, l_i,
                                               o_a, o_b, j, T, kn, scale_log2e, BN, oa_l, ob_l,
-                                              pa_l, pb_l)
+                                              pa_l, pb_l, USE_B)
             mbarrier.arrive(empty.index(st), count=1)
-        _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m_w, HD, 64, oa_l, ob_l, dt)
-
-    @gluon.jit
-    def _zero_cols_from(buf, n_ok, ROWS: gl.constexpr, COLS: gl.constexpr):
-        """Columns n_ok.. of a [ROWS, COLS] shared-memory tile of one warpgroup set to 0,
-        visible to its wgmmas."""
-        lay: gl.constexpr = gl.BlockedLayout([1, COLS // 8], [4, 8], [4, 1], [1, 0])
-        c = gl.arange(0, COLS, layout=gl.SliceLayout(0, lay))
-        v = buf.load(lay)
-        buf.store(gl.where((c < n_ok)[None, :], v, gl.zeros_like(v)))
-        fence_async_shared()
-        _cta_barrier()
-
-    @gluon.jit
-    def _wg_pipe_part(shared, WGI: gl.constexpr, NWG: gl.constexpr, HD: gl.constexpr,
-                      BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr):
-        """One warpgroup's 64 query rows in the pipelined per-warpgroup form (WS "wp" /
-        "wpp"): Q read by the wgmmas from shared memory (its columns past HD zeroed there),
-        and per key block j one issue of S_j = Q K_j^T and then PV_{j-1} (FlashAttention-3's
-        in-warpgroup overlap: block j's softmax runs while PV_{j-1} is on the tensor cores;
-        O is rescaled by block j - 1's alpha before PV_{j-1} is issued). A slot is released
-        when its PV is done, so warpgroup 0 refills the slot of block j - 2 at block j
-        (STAGES >= 3 keeps one block of copies in flight). PP (FlashAttention-3's ping-pong):
-        the warpgroups of a program issue their wgmmas in turn (`turn`, one mbarrier per
-        warpgroup: warpgroup i waits for its turn, issues, hands the turn to i + 1), so one
-        warpgroup's softmax runs while the other's GEMMs do."""
-        (qa_desc, qb_desc, kv_descs, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b, ready, empty,
-         zbar, turn, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, kv_row, k_col, v_col,
-         m0, n_blocks) = shared
-        LEAD: gl.constexpr = WGI == 0
-        USE_B: gl.constexpr = HD > _HA
-        dt: gl.constexpr = qa_desc.dtype
-        s_l: gl.constexpr = _acc_layout(4, BN)
-        oa_l: gl.constexpr = _acc_layout(4, _HA)
-        ob_l: gl.constexpr = _acc_layout(4, _HB)
-        pa_l: gl.constexpr = _a_layout(oa_l)
-        pb_l: gl.constexpr = _a_layout(ob_l)
-        m_w = m0 + WGI * 64
-        qbar = qbars.index(WGI)
-        my_turn = turn.index(WGI)
-        next_turn = turn.index((WGI + 1) % NWG)
-        q_a = q_a_s.index(WGI)
-        q_b = q_b_s.index(WGI)
-        mbarrier.expect(qbar, qa_desc.block_type.nbytes + qb_desc.block_type.nbytes)
-        _tma_load(qa_desc, [row0 + m_w, q_col], qbar, q_a)
-        _tma_load(qb_desc, [row0 + m_w, q_col + _HA], qbar, q_b)
-        if LEAD:
-            for i in gl.static_range(STAGES):
-                if i < n_blocks:
-                    _issue_kv(kv_descs, k_a, k_b, v_a, v_b, ready, i, kv_row + i * BN,
-                              k_col, v_col)
-        mbarrier.wait(qbar, 0)
-        if USE_B:
-            if HD - _HA < _HB:
-                _zero_cols_from(q_b, HD - _HA, 64, _HB)
-        m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
-        l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_l))
-        o_a = gl.zeros([64, _HA], gl.float32, layout=oa_l)
-        o_b = gl.zeros([64, _HB], gl.float32, layout=ob_l)
-        s0 = gl.zeros([64, BN], gl.float32, layout=s_l)
-        kn = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
-        # block 0: S alone
-        mbarrier.wait(ready.index(0), 0)
-        if BN > T:
-            if LEAD:
-                _zero_v_tail(v_a, v_b, 0, T, BN, 4)
-                mbarrier.arrive(zbar, count=1)
-            else:
-                mbarrier.wait(zbar, 0)
-        if PP:
-            mbarrier.wait(my_turn, 0)
-        sc = _scores(q_a, q_b, k_a, k_b, 0, s0, USE_B)
-        if PP:
-            mbarrier.arrive(next_turn, count=1)
-        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
-        p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, 0, T, kn, scale_log2e, BN)
-        for j in range(1, n_blocks):
-            st = j % STAGES
-            prev = (j - 1) % STAGES
-            if LEAD:
-                if j >= 2:
-                    if j - 2 + STAGES < n_blocks:
-                        old = (j - 2) % STAGES
-                        mbarrier.wait(empty.index(old), ((j - 2) // STAGES) & 1)
-                        _issue_kv(kv_descs, k_a, k_b, v_a, v_b, ready, old,
-                                  kv_row + (j - 2 + STAGES) * BN, k_col, v_col)
-            mbarrier.wait(ready.index(st), (j // STAGES) & 1)
-            if (j + 1) * BN > T:
-                if LEAD:
-                    _zero_v_tail(v_a, v_b, st, T - j * BN, BN, 4)
-                    mbarrier.arrive(zbar, count=1)
-                else:
-                    mbarrier.wait(zbar, 0)
-            o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-            if PP:
-                mbarrier.wait(my_turn, j & 1)
-            sc = _scores(q_a, q_b, k_a, k_b, st, s0, USE_B)
-            o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l, USE_B)
-            if PP:
-                mbarrier.arrive(next_turn, count=1)
-            sc = warpgroup_mma_wait(num_outstanding=2 if USE_B else 1, deps=(sc,))
-            p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
-            o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-            mbarrier.arrive(empty.index(prev), count=1)
-        o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-        if PP:
-            mbarrier.wait(my_turn, n_blocks & 1)
-        o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l, USE_B)
-        if PP:
-            mbarrier.arrive(next_turn, count=1)
-        o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
         _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m_w, HD, 64, oa_l, ob_l, dt)
 
     @gluon.jit
@@ -489,11 +370,10 @@ if HAVE_GLUON:
                                     o_ptr, so_b, so_t, T, scale_log2e, H: gl.constexpr,
                                     HD: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                                     STAGES: gl.constexpr, PIPE: gl.constexpr,
-                                    KV_HM: gl.constexpr, REGS: gl.constexpr = 128):
+                                    KV_HM: gl.constexpr):
         """The per-warpgroup form: BM / 64 warpgroups (2 or 4), each its own partition of
         Gluon's warp_specialize (4 warps each), sharing STAGES K / V slots (qa / qb: 64-row
-        boxes, each warpgroup's own rows). PIPE 0: each a serial loop (`_wg_part`); 1: the
-        pipelined loop (`_wg_pipe_part`); 2: that with the warpgroups' wgmmas in turn."""
+        boxes, each warpgroup's own rows). PIPE is not used."""
         dt: gl.constexpr = qa_desc.dtype
         NWG: gl.constexpr = BM // 64
         b, row0, q_col, kv_row, k_col, v_col, m0 = _tile(T, H, HD, BM, KV_HM)
@@ -515,38 +395,18 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=NWG)
         n_blocks = gl.cdiv(T, BN)
         kv_descs = (ka_desc, kb_desc, va_desc, vb_desc)
-        if PIPE:
-            turn = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(NWG):
-                mbarrier.init(turn.index(i), count=1)
-            mbarrier.arrive(turn.index(0), count=1)         # warpgroup 0 issues first
-            shared = (qa_desc, qb_desc, kv_descs, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
-                      ready, empty, zbar, turn, o_ptr, so_b, so_t, T, scale_log2e, b, row0,
-                      q_col, kv_row, k_col, v_col, m0, n_blocks)
-            PP: gl.constexpr = PIPE == 2
-            if NWG == 2:
-                gl.warp_specialize([(_wg_pipe_part, (shared, 0, NWG, HD, BN, STAGES, PP)),
-                                    (_wg_pipe_part, (shared, 1, NWG, HD, BN, STAGES, PP))],
-                                   [4], [REGS])
-            else:
-                gl.warp_specialize([(_wg_pipe_part, (shared, 0, NWG, HD, BN, STAGES, PP)),
-                                    (_wg_pipe_part, (shared, 1, NWG, HD, BN, STAGES, PP)),
-                                    (_wg_pipe_part, (shared, 2, NWG, HD, BN, STAGES, PP)),
-                                    (_wg_pipe_part, (shared, 3, NWG, HD, BN, STAGES, PP))],
-                                   [4, 4, 4], [REGS, REGS, REGS])
+        shared = (qa_desc, qb_desc, kv_descs, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
+                  ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col,
+                  kv_row, k_col, v_col, m0, n_blocks)
+        if NWG == 2:
+            gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
+                                (_wg_part, (shared, 1, HD, BN, STAGES))], [4], [128])
         else:
-            shared = (qa_desc, qb_desc, kv_descs, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
-                      ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col,
-                      kv_row, k_col, v_col, m0, n_blocks)
-            if NWG == 2:
-                gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
-                                    (_wg_part, (shared, 1, HD, BN, STAGES))], [4], [128])
-            else:
-                gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
-                                    (_wg_part, (shared, 1, HD, BN, STAGES)),
-                                    (_wg_part, (shared, 2, HD, BN, STAGES)),
-                                    (_wg_part, (shared, 3, HD, BN, STAGES))],
-                                   [4, 4, 4], [128, 128, 128])
+            gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
+                                (_wg_part, (shared, 1, HD, BN, STAGES)),
+                                (_wg_part, (shared, 2, HD, BN, STAGES)),
+                                (_wg_part, (shared, 3, HD, BN, STAGES))],
+                               [4, 4, 4], [128, 128, 128])
 
     @gluon.jit
     def _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m0, HD: gl.constexpr,
@@ -649,14 +509,13 @@ def descriptors(qkv: torch.Tensor, bm: int, bn: int) -> tuple:
 
 def _launch(descs: tuple, o: torch.Tensor, t: int, n_heads: int, hd: int, n: int,
             config: tuple | None, kv_hm: bool) -> torch.Tensor:
-    bm, bn, stages, pipe, ws, regs = full_config(config)
+    bm, bn, stages, pipe, ws = full_config(config)
     args = (*descs, o, o.stride(0), o.stride(1), t, hd ** -0.5 * math.log2(math.e))
-    meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages, PIPE=int(pipe), KV_HM=kv_hm,
+    meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages, PIPE=bool(pipe), KV_HM=kv_hm,
                 num_warps=bm // 16)
     grid = (math.ceil(t / bm), n * n_heads)
     if ws == "wg":      # 4 warps per partition; 128 registers: 2 CTAs per SM at BM 128
-        _vision_attention_wg_kernel[grid](*args, **{**meta, "num_warps": 4}, REGS=regs,
-                                          maxnreg=regs)
+        _vision_attention_wg_kernel[grid](*args, **{**meta, "num_warps": 4}, maxnreg=128)
     else:
         _vision_attention_gluon_kernel[grid](*args, **meta)
     return o
@@ -676,7 +535,7 @@ def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None
     _needs_gluon(qkv)
     n, t, hd = check_shape(qkv, n_heads)
     qkv = qkv.contiguous()
-    bm, bn, _, _, ws, _ = full_config(config)
+    bm, bn, _, _, ws = full_config(config)
     o = torch.empty(n, t, n_heads * hd, device=qkv.device, dtype=qkv.dtype)
     return _launch(descriptors(qkv, 64 if ws == "wg" else bm, bn), o, t, n_heads, hd, n,
                    config, False)
@@ -692,7 +551,7 @@ def prefix_attention_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the columns past k / v's rows with zeros, q's are zeroed in registers)."""
     _needs_gluon(q)
     n, t, h, hd = check_prefix_shape(q, k, v)
-    bm, bn, _, _, ws, _ = full_config(config)
+    bm, bn, _, _, ws = full_config(config)
     o = torch.empty(n, t, h * hd, device=q.device, dtype=q.dtype)
     descs = (_descs(q.view(n * t, h * hd), 64 if ws == "wg" else bm)
              + _descs(k.view(n * h * t, hd), bn) + _descs(v.view(n * h * t, hd), bn))

@@ -19,11 +19,8 @@ pytestmark = pytest.mark.skipif(
 
 CONFIGS = [(64, 64, 2, 0), (64, 64, 3, 0), (64, 128, 2, 0), (128, 64, 2, 0),
            (64, 64, 2, 1), (64, 64, 3, 1), (128, 64, 3, 1), (64, 32, 4, 1),
-           # a partition per warpgroup (2 / 4 warpgroups sharing the K / V slots): serial,
-           # pipelined (PIPE 1), pipelined + ping-pong (PIPE 2), at 128 / 168 registers
-           (128, 64, 2, 0, "wg"), (256, 64, 3, 0, "wg"), (128, 32, 4, 0, "wg"),
-           (128, 64, 3, 1, "wg"), (128, 64, 2, 2, "wg"), (128, 64, 3, 2, "wg", 168),
-           (256, 64, 3, 2, "wg")]
+           # a partition per warpgroup (2 / 4 warpgroups sharing the K / V slots)
+           (128, 64, 2, 0, "wg"), (256, 64, 3, 0, "wg"), (128, 32, 4, 0, "wg")]
 
 
 def _qkv(n, t, heads, hd, dtype, seed):
@@ -35,7 +32,8 @@ def _qkv(n, t, heads, hd, dtype, seed):
 @pytest.mark.parametrize("n,t,heads,hd,dtype", [(9, 729, 16, 72, torch.bfloat16),
                                                 (2, 37, 3, 72, torch.bfloat16),
                                                 (1, 150, 2, 80, torch.float16),
-                                                (3, 64, 4, 72, torch.float16)])
+                                                (3, 64, 4, 72, torch.float16),
+                                                (2, 37, 3, 64, torch.bfloat16)])
 def test_gluon_vision_attention_matches_sdpa(config, n, t, heads, hd, dtype):
     from photon_core.ops.vision_attention import vision_attention_reference
     qkv = _qkv(n, t, heads, hd, dtype, t)
@@ -48,8 +46,7 @@ def test_gluon_vision_attention_matches_sdpa(config, n, t, heads, hd, dtype):
 
 @pytest.mark.parametrize("config", [(64, 64, 2, 0), (64, 64, 2, 1), (64, 32, 4, 1),
                                     (128, 64, 2, 0, "wg"),
-                                    (256, 64, 2, 0, "wg"), (128, 64, 3, 1, "wg"),
-                                    (256, 64, 3, 2, "wg")])
+                                    (256, 64, 2, 0, "wg")])
 def test_gluon_vision_attention_crops_do_not_leak(config):
     from photon_core.ops.vision_attention import vision_attention_reference
     n, t, heads, hd = 2, 37, 3, 72
@@ -101,8 +98,7 @@ def _prefix_reference(q, k, v):
 
 
 @pytest.mark.parametrize("config", [None, (128, 64, 2, 0), (256, 64, 3, 0, "wg"),
-                                    (64, 64, 3, 1), (128, 64, 3, 1, "wg"),
-                                    (128, 64, 3, 2, "wg", 168)])
+                                    (64, 64, 3, 1)])
 @pytest.mark.parametrize("n,t,heads,hd,dtype", [(1, 730, 32, 64, torch.bfloat16),
                                                 (2, 37, 3, 64, torch.float16),
                                                 (3, 150, 2, 72, torch.bfloat16)])
@@ -115,7 +111,7 @@ def test_gluon_prefix_attention_matches_sdpa(config, n, t, heads, hd, dtype):
     assert err <= (1e-2 if dtype == torch.bfloat16 else 4e-3), err
 
 
-@pytest.mark.parametrize("config", [None, (128, 64, 2, 0), (128, 64, 3, 2, "wg")])
+@pytest.mark.parametrize("config", [None, (128, 64, 2, 0), (64, 64, 3, 1)])
 def test_gluon_prefix_attention_heads_do_not_leak(config):
     """K / V rows past a head's T are the next head's (or the next frame's): inf / NaN there
     change nothing in the head's output."""
