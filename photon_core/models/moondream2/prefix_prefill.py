@@ -28,11 +28,10 @@ the leading dimension):
       then x + t + b_fc2 and the NEXT layer's LayerNorm in one Triton kernel
       (ops/add_layernorm.py with t_bias; was: 2 adds + a LayerNorm);
     * fc1 + tanh-GELU as one GEMM (ops/linear_gelu.py, as before);
-    * the attention (ATTENTION_KERNEL "auto") by the Gluon kernel of the vision tower
-      (ops/vision_attention_gluon.prefix_attention_gluon: the rotated q token-major, k / v
-      read from the cache entries just written, one launch) where it runs - a Hopper GPU
-      with Gluon, bf16 / fp16, as many k / v heads as q heads -, else SDPA (cuDNN on the
-      H200: two fills and the attention per layer).
+    * the attention by SDPA (cuDNN on Hopper), or with ATTENTION_KERNEL "auto" by the
+      Gluon kernel of the vision tower (ops/vision_attention_gluon.prefix_attention_gluon:
+      the rotated q token-major, k / v read from the cache entries just written, one launch)
+      where it runs - a Hopper GPU with Gluon, bf16 / fp16, as many k / v heads as q heads.
     Close to fast=True, kernels=False (other roundings: the sum x + t + b is rounded once,
     the GEMMs' sum once), not bitwise. kernels=True runs on the CPU too under
     TRITON_INTERPRET=1 (the tests), with linear_gelu's reference there.
@@ -60,10 +59,12 @@ from .rope import apply_rope, rope_angles
 from .text import attention_mask
 
 ATTENTION_FORMS = ("span", "prefix")
-# the fused form's attention kernel: "auto" (the Gluon kernel where
-# vision_attention_gluon.takes_prefix, else SDPA), "sdpa" or "gluon" (a switch for the A/B
-# benches: bench/ab_encode.py --toggle ...prefix_prefill:ATTENTION_KERNEL=sdpa)
-ATTENTION_KERNEL = "auto"
+# the fused form's attention kernel: "sdpa", "auto" (the Gluon kernel where
+# vision_attention_gluon.takes_prefix, else SDPA) or "gluon" (a switch for the A/B benches:
+# bench/ab_encode.py --toggle ...prefix_prefill:ATTENTION_KERNEL=auto). SDPA until the Gluon
+# form measures faster (session 45 on an H100: 24 calls at head 64 no faster than cuDNN's
+# 0.521 ms, the encode replay the same)
+ATTENTION_KERNEL = "sdpa"
 
 
 def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
