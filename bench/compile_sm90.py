@@ -162,8 +162,7 @@ def moondream_encode_launches(dtype=torch.bfloat16):
     the image-prefix prefill's rope_kv_write (730 tokens, 1 and 4 frames, 32 + 32 heads of
     64) and add + bias + LayerNorm (dim 2048), the vision tower's add + LayerNorm (1152),
     and in 16-bit dtypes the vision attention's Triton configs and, where Triton has
-    Gluon, the Gluon kernel's (GLUON_CONFIGS; its Hopper test forced true here) and its
-    prefix-prefill form (default config, head 64)."""
+    Gluon, the Gluon kernel's (GLUON_CONFIGS; its Hopper test forced true here)."""
     from photon_core.ops.add_layernorm import add_layernorm
     from photon_core.ops.launch_resources import record_launches
     from photon_core.ops.rope import rope_angles
@@ -187,8 +186,6 @@ def moondream_encode_launches(dtype=torch.bfloat16):
                 with patch.object(G, "gluon_available", lambda t: True):
                     for cfg in GLUON_CONFIGS:
                         G.vision_attention_gluon(e(9, 729, 3 * 1152), 16, cfg)
-                    kv = e(2, 2, 1, 32, 730, 64)    # the image-prefix prefill's (head 64)
-                    G.prefix_attention_gluon(e(1, 730, 32, 64), kv[1, 0], kv[1, 1])
     return launches
 
 

@@ -8,8 +8,8 @@ Usage (H200): PYTHONPATH=. python3 bench/probe_gluon_attention.py [--configs 64x
 A config whose output is wrong (rel. diff >= 0.01) is diagnosed at once (`diagnose`: one
 crop, one key block, columns 64-71 zeroed; the error by columns / heads / row blocks /
 crops), so one device call says where it goes wrong.
---prefix 128x64x2x0xwg,...: also the image-prefix prefill's attention (24 calls at [frames,
-730, 32 heads, 64], token-major q, head-major k / v: prefix_attention_gluon) against SDPA.
+--sweep-crops 2,4,6,11 then times the first config and SDPA at those crop counts (the
+grid's last partial wave: session 45); --hd 80 another head size.
 Writes $OUT/probe_gluon_attention.json when OUT is set.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from photon_core.ops.vision_attention_gluon import (parse_config,  # noqa: E402
-                                                    prefix_attention_gluon,
                                                     vision_attention_gluon)
 
 
@@ -75,17 +74,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default="64x64x2,64x128x2,64x64x3,64x32x3")
     ap.add_argument("--crops", type=int, default=9)
-    ap.add_argument("--hd", type=int, default=72,
-                    help="head dim (72: Moondream 2's; 64 drops the 16-column part's work)")
+    ap.add_argument("--hd", type=int, default=72, help="head dim (72: Moondream 2's; or 80)")
     ap.add_argument("--sweep-crops", default="",
                     help="then the first config (and SDPA) at these crop counts, e.g. 2,4,6,11 "
                          "(programs per wave: the tail's cost)")
     ap.add_argument("--encode-ab", action="store_true",
                     help="then the encode graph with SDPA vs the fastest config that is "
                          "right (rel. diff < 0.01) and faster than SDPA, ABBA x 2")
-    ap.add_argument("--prefix", default="",
-                    help="configs of the image-prefix prefill's attention to time")
-    ap.add_argument("--prefix-frames", default="1,4")
     args = ap.parse_args()
     heads, t, hd, layers = 16, 729, args.hd, 27
     g = torch.Generator("cuda").manual_seed(9)
@@ -111,7 +106,7 @@ def main():
             r = {"error": repr(e)[:400]}
         if r.get("rel_diff_vs_fp32", 0) >= 0.01:
             try:
-                r["diagnose"] = diagnose(c)
+                r["diagnose"] = diagnose(c, hd=hd)
             except Exception as e:  # noqa: BLE001
                 r["diagnose"] = {"error": repr(e)[:400]}
         out["rows"][c] = r
@@ -122,10 +117,6 @@ def main():
     if args.sweep_crops:
         out["sweep_crops"] = sweep_crops(args.configs.split(",")[0],
                                          [int(c) for c in args.sweep_crops.split(",")], hd)
-        write_json("probe_gluon_attention.json", out)
-    if args.prefix:
-        out["prefix"] = {f: prefix_rows(args.prefix.split(","), int(f))
-                         for f in args.prefix_frames.split(",")}
         write_json("probe_gluon_attention.json", out)
     ok = {c: r for c, r in out["rows"].items() if c != "sdpa" and "ms_per_encode" in r
           and r["rel_diff_vs_fp32"] < 0.01 and r["vs_sdpa"] > 1.0}
@@ -152,44 +143,6 @@ def sweep_crops(config: str, crops: list[int], hd: int = 72, heads: int = 16, t:
         r["gluon_ms_per_crop"] = round(r["gluon_ms"] / n, 4)
         rows[n] = r
         print(f"crops {n} {config}", r, flush=True)
-    return rows
-
-
-def prefix_rows(configs: list[str], frames: int, heads: int = 32, t: int = 730, hd: int = 64,
-                layers: int = 24) -> dict:
-    """The image-prefix prefill's attention, `layers` calls in a CUDA graph: SDPA (the
-    prefill's call: q token-major transposed, k / v head-major) vs prefix_attention_gluon
-    per config; max rel. diff vs the fp32 SDPA."""
-    import torch.nn.functional as F
-
-    from bench.bench_timing import graph_ms
-    g = torch.Generator("cuda").manual_seed(12)
-    q = torch.randn(frames, t, heads, hd, device="cuda", generator=g).bfloat16()
-    kv = torch.randn(2, frames, heads, t, hd, device="cuda", generator=g).bfloat16()
-    k, v = kv[0], kv[1]
-
-    def sdpa(q, k, v):
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k, v)
-        return a.transpose(1, 2).reshape(frames, t, heads * hd)
-    ref = sdpa(q.float(), k.float(), v.float())
-    scale = ref.abs().max().item()
-    flop = 4 * frames * heads * t * t * hd * layers
-    rows = {}
-
-    def row(fn):
-        r = {"rel_diff_vs_fp32": round((fn().float() - ref).abs().max().item() / scale, 5)}
-        ms = graph_ms(fn, calls=layers) * layers
-        return {**r, "ms_per_prefill": round(ms, 4), "tflops": round(flop / ms / 1e9, 1)}
-    rows["sdpa"] = row(lambda: sdpa(q, k, v))
-    print(f"prefix x{frames} sdpa", rows["sdpa"], flush=True)
-    for c in configs:
-        try:
-            r = row(lambda c=c: prefix_attention_gluon(q, k, v, parse_config(c)))
-            r["vs_sdpa"] = round(rows["sdpa"]["ms_per_prefill"] / r["ms_per_prefill"], 3)
-        except Exception as e:  # noqa: BLE001
-            r = {"error": repr(e)[:400]}
-        rows[c] = r
-        print(f"prefix x{frames} {c}", r, flush=True)
     return rows
 
 

@@ -4,16 +4,12 @@ encode in every form built (ops/vision_attention.py; sessions 4, 10, 42) against
 2.34 ms, and the H200's units bound it near ~0.7 ms (docs/benchmarks.md, session 42).
 
     o = vision_attention_gluon(qkv, n_heads)        # qkv [n, T, 3 H 72] bf16/fp16; CONFIG
-    o = prefix_attention_gluon(q, k, v)             # q [n, T, H, hd]; k, v [n, H, T, hd]
 
 vision_fused.encoder's attention where it runs (ATTENTION = "auto": `takes`, CUDA with
 compute capability 9.x and a Triton with Gluon, else SDPA); "gluon[:BMxBNxSTAGES[xPIPE
 [xWS]]]" forces it. bench/probe_gluon_attention.py times configs against SDPA and diagnoses wrong
 output (session 44 on an H100: the per-warpgroup form 1.09x cuDNN, the rest 0.66-1.00x).
 The reference is ops/vision_attention.vision_attention_reference (SDPA over the views).
-The same kernel serves Moondream 2's image-prefix prefill (prefix_prefill.ATTENTION_KERNEL,
-head 64: its 16-column part computes on zeros), with K / V rows from head-major tensors of
-their own (the cache entries) instead of the packed qkv's columns (`KV_HM`).
 Gluon kernels do not run under TRITON_INTERPRET: its tests are GPU tests
 (test/core/test_vision_attention_gluon_gpu.py); the CPU compiles it for sm_90
 (test_sm90_resources.py).
@@ -108,22 +104,13 @@ if HAVE_GLUON:
         return gl.DotOperandLayout(operand_index=0, parent=parent, k_width=2)
 
     @gluon.jit
-    def _tile(T, H: gl.constexpr, HD: gl.constexpr, BM: gl.constexpr, KV_HM: gl.constexpr):
-        """This program's crop b, its q row and column, its K / V rows and columns (the
-        block of keys 0; KV_HM: k / v as [n H T, hd] head-major tensors of their own, else
-        columns of the packed qkv) and its first query row."""
+    def _tile(T, H: gl.constexpr, HD: gl.constexpr, BM: gl.constexpr):
+        """This program's crop b, its first qkv row, the head's q / k / v columns and its
+        first query row."""
         bh = gl.program_id(1)
         b = bh // H
         q_col = (bh % H) * HD
-        if KV_HM:
-            kv_row = bh * T
-            k_col = 0
-            v_col = 0
-        else:
-            kv_row = b * T
-            k_col = H * HD + q_col
-            v_col = 2 * H * HD + q_col
-        return b, b * T, q_col, kv_row, k_col, v_col, gl.program_id(0) * BM
+        return b, b * T, q_col, H * HD + q_col, 2 * H * HD + q_col, gl.program_id(0) * BM
 
     @gluon.jit
     def _start(q_a_s, q_b_s, HD: gl.constexpr, ROWS: gl.constexpr, BN: gl.constexpr,
@@ -144,16 +131,13 @@ if HAVE_GLUON:
         return q_a, q_b, m_i, l_i, o_a, o_b, s0, kn
 
     @gluon.jit
-    def _issue_kv(kv_descs, k_a, k_b, v_a, v_b, bars, st, row, k_col, v_col):
-        """Slot st's K / V copies of the key block at `row` (kv_descs: K's 64- / 16-column
-        descriptors, then V's)."""
-        ka_desc, kb_desc, va_desc, vb_desc = kv_descs
+    def _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, st, row, k_col, v_col):
         bar = bars.index(st)
         mbarrier.expect(bar, 2 * ka_desc.block_type.nbytes + 2 * kb_desc.block_type.nbytes)
         _tma_load(ka_desc, [row, k_col], bar, k_a.index(st))
         _tma_load(kb_desc, [row, k_col + _HA], bar, k_b.index(st))
-        _tma_load(va_desc, [row, v_col], bar, v_a.index(st))
-        _tma_load(vb_desc, [row, v_col + _HA], bar, v_b.index(st))
+        _tma_load(ka_desc, [row, v_col], bar, v_a.index(st))
+        _tma_load(kb_desc, [row, v_col + _HA], bar, v_b.index(st))
 
     @gluon.jit
     def _zero_rows_from(buf, n_ok, ROWS: gl.constexpr, COLS: gl.constexpr,
@@ -184,14 +168,10 @@ if HAVE_GLUON:
             _zero_v_tail(v_a, v_b, st, T - j * BN, BN, num_warps)
 
     @gluon.jit
-    def _scores(q_a, q_b, k_a, k_b, st, s0, USE_B: gl.constexpr = True):
-        """S = Q K^T of slot st, issued; USE_B false: without the 16-column part (a head of
-        64)."""
+    def _scores(q_a, q_b, k_a, k_b, st, s0):
         sc = warpgroup_mma(q_a, k_a.index(st).permute((1, 0)), s0, use_acc=False,
                            is_async=True)
-        if USE_B:
-            sc = warpgroup_mma(q_b, k_b.index(st).permute((1, 0)), sc, is_async=True)
-        return sc
+        return warpgroup_mma(q_b, k_b.index(st).permute((1, 0)), sc, is_async=True)
 
     @gluon.jit
     def _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN: gl.constexpr):
@@ -204,13 +184,10 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _pv(p, v_a, v_b, st, o_a, o_b, pa_l: gl.constexpr, pb_l: gl.constexpr,
-            USE_B: gl.constexpr = True):
+    def _pv(p, v_a, v_b, st, o_a, o_b, pa_l: gl.constexpr, pb_l: gl.constexpr):
         p16 = p.to(v_a.dtype)
         o_a = warpgroup_mma(gl.convert_layout(p16, pa_l), v_a.index(st), o_a, is_async=True)
-        if USE_B:
-            o_b = warpgroup_mma(gl.convert_layout(p16, pb_l), v_b.index(st), o_b,
-                                is_async=True)
+        o_b = warpgroup_mma(gl.convert_layout(p16, pb_l), v_b.index(st), o_b, is_async=True)
         return o_a, o_b
 
     @gluon.jit
@@ -222,28 +199,24 @@ if HAVE_GLUON:
     @gluon.jit
     def _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i, l_i, o_a, o_b, j, T, kn,
                      scale_log2e, BN: gl.constexpr, oa_l: gl.constexpr, ob_l: gl.constexpr,
-                     pa_l: gl.constexpr, pb_l: gl.constexpr, USE_B: gl.constexpr):
+                     pa_l: gl.constexpr, pb_l: gl.constexpr):
         """Key block j (slot st) in turn: S, the online softmax, O rescaled, P V; every
-        wgmma waited for (the slot is free on return). USE_B false (a head of 64): no
-        16-column part."""
-        sc = warpgroup_mma_wait(num_outstanding=0,
-                                deps=(_scores(q_a, q_b, k_a, k_b, st, s0, USE_B),))
+        wgmma waited for (the slot is free on return)."""
+        sc = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
         p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
         o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-        o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l, USE_B)
+        o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
         o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
         return m_i, l_i, o_a, o_b
 
     @gluon.jit
-    def _vision_attention_gluon_kernel(qa_desc, qb_desc, ka_desc, kb_desc, va_desc, vb_desc,
-                                       o_ptr, so_b, so_t, T, scale_log2e, H: gl.constexpr,
-                                       HD: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                                       STAGES: gl.constexpr, PIPE: gl.constexpr,
-                                       KV_HM: gl.constexpr):
+    def _vision_attention_gluon_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
+                                       T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
+                                       BM: gl.constexpr, BN: gl.constexpr,
+                                       STAGES: gl.constexpr, PIPE: gl.constexpr):
         dt: gl.constexpr = qa_desc.dtype
         num_warps: gl.constexpr = gl.num_warps()
-        b, row0, q_col, kv_row, k_col, v_col, m0 = _tile(T, H, HD, BM, KV_HM)
-        kv_descs = (ka_desc, kb_desc, va_desc, vb_desc)
+        b, row0, q_col, k_col, v_col, m0 = _tile(T, H, HD, BM)
         s_l: gl.constexpr = _acc_layout(num_warps, BN)
         oa_l: gl.constexpr = _acc_layout(num_warps, _HA)
         ob_l: gl.constexpr = _acc_layout(num_warps, _HB)
@@ -253,8 +226,8 @@ if HAVE_GLUON:
         q_b_s = gl.allocate_shared_memory(dt, [BM, _HB], qb_desc.layout)
         k_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
         k_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
-        v_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], va_desc.layout)
-        v_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], vb_desc.layout)
+        v_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
+        v_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         qbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(qbar, count=1)
@@ -266,35 +239,31 @@ if HAVE_GLUON:
         n_blocks = gl.cdiv(T, BN)
         for i in gl.static_range(STAGES):
             if i < n_blocks:
-                _issue_kv(kv_descs, k_a, k_b, v_a, v_b, bars, i, kv_row + i * BN, k_col,
-                          v_col)
+                _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, i, row0 + i * BN,
+                          k_col, v_col)
         mbarrier.wait(qbar, 0)
         q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(q_a_s, q_b_s, HD, BM, BN, s_l, oa_l,
                                                       ob_l)
 
-        USE_B: gl.constexpr = HD > _HA
         if PIPE:
             _landed(bars, v_a, v_b, 0, 0, T, BN, STAGES, num_warps)
             sc = warpgroup_mma_wait(num_outstanding=0,
-                                    deps=(_scores(q_a, q_b, k_a, k_b, 0, s0, USE_B),))
+                                    deps=(_scores(q_a, q_b, k_a, k_b, 0, s0),))
             p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, 0, T, kn, scale_log2e, BN)
             for j in range(1, n_blocks):
                 st = j % STAGES
                 prev = (j - 1) % STAGES
                 _landed(bars, v_a, v_b, st, j, T, BN, STAGES, num_warps)
-                sc = _scores(q_a, q_b, k_a, k_b, st, s0, USE_B)
-                o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l, USE_B)
-                if USE_B:                   # S_j's wgmmas done, PV_{j-1}'s in flight
-                    sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
-                else:
-                    sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc,))
+                sc = _scores(q_a, q_b, k_a, k_b, st, s0)
+                o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l)
+                sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
                 p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
                 o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
                 if j - 1 + STAGES < n_blocks:
-                    _issue_kv(kv_descs, k_a, k_b, v_a, v_b, bars, prev,
-                              kv_row + (j - 1 + STAGES) * BN, k_col, v_col)
+                    _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, prev,
+                              row0 + (j - 1 + STAGES) * BN, k_col, v_col)
                 o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-            o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l, USE_B)
+            o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l)
             o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
         else:
             for j in range(n_blocks):
@@ -302,10 +271,10 @@ if HAVE_GLUON:
                 _landed(bars, v_a, v_b, st, j, T, BN, STAGES, num_warps)
                 m_i, l_i, o_a, o_b = _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i,
                                                   l_i, o_a, o_b, j, T, kn, scale_log2e, BN,
-                                                  oa_l, ob_l, pa_l, pb_l, USE_B)
+                                                  oa_l, ob_l, pa_l, pb_l)
                 if j + STAGES < n_blocks:
-                    _issue_kv(kv_descs, k_a, k_b, v_a, v_b, bars, st,
-                              kv_row + (j + STAGES) * BN, k_col, v_col)
+                    _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, st,
+                              row0 + (j + STAGES) * BN, k_col, v_col)
         mbarrier.invalidate(qbar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
@@ -319,11 +288,10 @@ if HAVE_GLUON:
         (the default partition) also refills the slots - slot of block j - 1 once every
         warpgroup has released it (`empty`, one arrival per warpgroup) - and zeroes the
         last block's V rows past T (the others wait for `zbar`)."""
-        (qa_desc, qb_desc, kv_descs, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b, ready, empty,
-         zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, kv_row, k_col, v_col, m0,
+        (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b, ready,
+         empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col, v_col, m0,
          n_blocks) = shared
         LEAD: gl.constexpr = WGI == 0
-        USE_B: gl.constexpr = HD > _HA
         dt: gl.constexpr = qa_desc.dtype
         s_l: gl.constexpr = _acc_layout(4, BN)
         oa_l: gl.constexpr = _acc_layout(4, _HA)
@@ -338,7 +306,7 @@ if HAVE_GLUON:
         if LEAD:
             for i in gl.static_range(STAGES):
                 if i < n_blocks:
-                    _issue_kv(kv_descs, k_a, k_b, v_a, v_b, ready, i, kv_row + i * BN,
+                    _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, i, row0 + i * BN,
                               k_col, v_col)
         mbarrier.wait(qbar, 0)
         q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(q_a_s.index(WGI), q_b_s.index(WGI), HD,
@@ -350,8 +318,8 @@ if HAVE_GLUON:
                     if j - 1 + STAGES < n_blocks:
                         prev = (j - 1) % STAGES
                         mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
-                        _issue_kv(kv_descs, k_a, k_b, v_a, v_b, ready, prev,
-                                  kv_row + (j - 1 + STAGES) * BN, k_col, v_col)
+                        _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, prev,
+                                  row0 + (j - 1 + STAGES) * BN, k_col, v_col)
             mbarrier.wait(ready.index(st), (j // STAGES) & 1)
             if (j + 1) * BN > T:
                 if LEAD:
@@ -361,28 +329,27 @@ if HAVE_GLUON:
                     mbarrier.wait(zbar, 0)
             m_i, l_i, o_a, o_b = _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i, l_i,
                                               o_a, o_b, j, T, kn, scale_log2e, BN, oa_l, ob_l,
-                                              pa_l, pb_l, USE_B)
+                                              pa_l, pb_l)
             mbarrier.arrive(empty.index(st), count=1)
         _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m_w, HD, 64, oa_l, ob_l, dt)
 
     @gluon.jit
-    def _vision_attention_wg_kernel(qa_desc, qb_desc, ka_desc, kb_desc, va_desc, vb_desc,
-                                    o_ptr, so_b, so_t, T, scale_log2e, H: gl.constexpr,
-                                    HD: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                                    STAGES: gl.constexpr, PIPE: gl.constexpr,
-                                    KV_HM: gl.constexpr):
+    def _vision_attention_wg_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
+                                    T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
+                                    BM: gl.constexpr, BN: gl.constexpr,
+                                    STAGES: gl.constexpr, PIPE: gl.constexpr):
         """The per-warpgroup form: BM / 64 warpgroups (2 or 4), each its own partition of
         Gluon's warp_specialize (4 warps each), sharing STAGES K / V slots (qa / qb: 64-row
         boxes, each warpgroup's own rows). PIPE is not used."""
         dt: gl.constexpr = qa_desc.dtype
         NWG: gl.constexpr = BM // 64
-        b, row0, q_col, kv_row, k_col, v_col, m0 = _tile(T, H, HD, BM, KV_HM)
+        b, row0, q_col, k_col, v_col, m0 = _tile(T, H, HD, BM)
         q_a_s = gl.allocate_shared_memory(dt, [NWG, 64, _HA], qa_desc.layout)
         q_b_s = gl.allocate_shared_memory(dt, [NWG, 64, _HB], qb_desc.layout)
         k_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
         k_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
-        v_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], va_desc.layout)
-        v_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], vb_desc.layout)
+        v_a = gl.allocate_shared_memory(dt, [STAGES, BN, _HA], ka_desc.layout)
+        v_b = gl.allocate_shared_memory(dt, [STAGES, BN, _HB], kb_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         qbars = gl.allocate_shared_memory(gl.int64, [NWG, 1], mbarrier.MBarrierLayout())
@@ -394,10 +361,9 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=NWG)
         n_blocks = gl.cdiv(T, BN)
-        kv_descs = (ka_desc, kb_desc, va_desc, vb_desc)
-        shared = (qa_desc, qb_desc, kv_descs, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
-                  ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col,
-                  kv_row, k_col, v_col, m0, n_blocks)
+        shared = (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b,
+                  ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col,
+                  v_col, m0, n_blocks)
         if NWG == 2:
             gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
                                 (_wg_part, (shared, 1, HD, BN, STAGES))], [4], [128])
@@ -436,82 +402,50 @@ def takes(qkv: torch.Tensor, n_heads: int) -> bool:
     return True
 
 
-def _check_head(hd: int, dtype: torch.dtype, what: str) -> None:
-    if not HA <= hd <= HA + HB or dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"the Gluon {what} attention takes 64 <= head_dim <= 80 in bf16 / "
-                         f"fp16, not {hd} in {dtype}")
-    if (hd * torch.empty((), dtype=dtype).element_size()) % 16:
-        raise ValueError(f"the Gluon {what} attention's TMA copies start at each head's "
-                         f"columns, which must lie on 16 bytes: head_dim {hd} in {dtype} is "
-                         f"not a multiple of 16 bytes")
-
-
 def check_shape(qkv: torch.Tensor, n_heads: int) -> tuple[int, int, int]:
-    """(n, T, hd) of a qkv the kernel takes, else ValueError: 64 <= hd <= 80, bf16 / fp16,
-    hd a multiple of 8 (so 64, 72 or 80): a TMA copy's innermost coordinate must lie on 16
+    """(n, T, hd) of a qkv the kernel takes, else ValueError: 64 < hd <= 80, bf16 / fp16,
+    hd a multiple of 8 (so 72 or 80): a TMA copy's innermost coordinate must lie on 16
     bytes (the head's column h hd; head 68 stopped the H100 with "illegal instruction",
     session 44), which also makes rows a multiple of 16 bytes (TMA's global strides)."""
     n, t, hd = _check(qkv, n_heads)
-    _check_head(hd, qkv.dtype, "vision")
+    if not HA < hd <= HA + HB or qkv.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the Gluon vision attention takes 64 < head_dim <= 80 in bf16 / "
+                         f"fp16, not {hd} in {qkv.dtype}")
+    if (hd * qkv.element_size()) % 16:
+        raise ValueError(f"the Gluon vision attention's TMA copies start at each head's "
+                         f"columns, which must lie on 16 bytes: head_dim {hd} x "
+                         f"{qkv.element_size()} bytes is not a multiple of 16")
     return n, t, hd
 
 
-def check_prefix_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                       ) -> tuple[int, int, int, int]:
-    """(n, T, H, hd) of a head-major attention the kernel takes, else ValueError: q [n, T, H,
-    hd] contiguous (token-major), k / v [n, H, T, hd] contiguous (head-major: a prefix
-    prefill's cache entries kv[i, 0] / kv[i, 1]), the same dtype, as many k / v heads as q
-    heads, hd as check_shape's."""
-    if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} are not 4-D")
-    n, t, h, hd = q.shape
-    for name, x in (("k", k), ("v", v)):
-        if tuple(x.shape) != (n, h, t, hd) or not x.is_contiguous() or x.dtype != q.dtype:
-            raise ValueError(f"{name} {tuple(x.shape)} {x.dtype} is not a contiguous "
-                             f"[{n}, {h}, {t}, {hd}] {q.dtype} (head-major, q's heads)")
-    if not q.is_contiguous():
-        raise ValueError("q must be contiguous [n, T, H, hd] (token-major)")
-    _check_head(hd, q.dtype, "prefix")
-    return n, t, h, hd
-
-
-def takes_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """prefix_attention_gluon runs on (q, k, v): a Hopper GPU with Gluon and shapes
-    `check_prefix_shape` accepts."""
-    if not gluon_available(q):
-        return False
-    try:
-        check_prefix_shape(q, k, v)
-    except ValueError:
-        return False
-    return True
-
-
-def _gl_dtype(t: torch.Tensor):
-    return gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-
-
-def _descs(t2: torch.Tensor, rows: int) -> tuple:
-    """A 2-D tensor's 64- and 16-column TMA descriptors, boxes of `rows` rows."""
-    dt = _gl_dtype(t2)
-    return tuple(TensorDescriptor.from_tensor(
-        t2, [rows, c], gl.NVMMASharedLayout.get_default_for([rows, c], dt)) for c in (HA, HB))
-
-
 def descriptors(qkv: torch.Tensor, bm: int, bn: int) -> tuple:
-    """The kernel's six TMA descriptors over qkv as 2-D [n T, 3 H hd]: q (BM rows), k, v
-    (BN rows; v's are k's), each a 64- and a 16-column box."""
+    """The kernel's four TMA descriptors over qkv as 2-D [n T, 3 H hd] (q: BM rows, k / v:
+    BN rows; 64- and 16-column boxes)."""
     n, t, width = qkv.shape
     q2 = qkv.view(n * t, width)
-    kv = _descs(q2, bn)
-    return _descs(q2, bm) + kv + kv
+    dt = gl.bfloat16 if qkv.dtype == torch.bfloat16 else gl.float16
+
+    def desc(rows, cols):
+        return TensorDescriptor.from_tensor(
+            q2, [rows, cols], gl.NVMMASharedLayout.get_default_for([rows, cols], dt))
+    return desc(bm, HA), desc(bm, HB), desc(bn, HA), desc(bn, HB)
 
 
-def _launch(descs: tuple, o: torch.Tensor, t: int, n_heads: int, hd: int, n: int,
-            config: tuple | None, kv_hm: bool) -> torch.Tensor:
+def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None = None
+                           ) -> torch.Tensor:
+    """qkv [n, T, 3 H hd] (64 < hd <= 80, bf16 / fp16, contiguous, a Hopper GPU) -> o [n, T,
+    H hd] contiguous. config: (BM, BN, STAGES[, PIPE[, WS]]), default CONFIG
+    (`full_config`)."""
+    if not gluon_available(qkv):
+        raise RuntimeError("the Gluon vision attention needs a Hopper GPU (sm_90) and a "
+                           "Triton with Gluon; use attention 'sdpa' or 'triton'")
+    n, t, hd = check_shape(qkv, n_heads)
+    qkv = qkv.contiguous()
     bm, bn, stages, pipe, ws = full_config(config)
-    args = (*descs, o, o.stride(0), o.stride(1), t, hd ** -0.5 * math.log2(math.e))
-    meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages, PIPE=bool(pipe), KV_HM=kv_hm,
+    o = torch.empty(n, t, n_heads * hd, device=qkv.device, dtype=qkv.dtype)
+    qa, qb, ka, kb = descriptors(qkv, 64 if ws == "wg" else bm, bn)
+    args = (qa, qb, ka, kb, o, o.stride(0), o.stride(1), t, hd ** -0.5 * math.log2(math.e))
+    meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages, PIPE=bool(pipe),
                 num_warps=bm // 16)
     grid = (math.ceil(t / bm), n * n_heads)
     if ws == "wg":      # 4 warps per partition; 128 registers: 2 CTAs per SM at BM 128
@@ -521,43 +455,5 @@ def _launch(descs: tuple, o: torch.Tensor, t: int, n_heads: int, hd: int, n: int
     return o
 
 
-def _needs_gluon(t: torch.Tensor) -> None:
-    if not gluon_available(t):
-        raise RuntimeError("the Gluon attention needs a Hopper GPU (sm_90) and a Triton with "
-                           "Gluon; use SDPA (attention 'sdpa' or 'triton')")
-
-
-def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None = None
-                           ) -> torch.Tensor:
-    """qkv [n, T, 3 H hd] (64 <= hd <= 80, bf16 / fp16, contiguous, a Hopper GPU) -> o [n,
-    T, H hd] contiguous. config: (BM, BN, STAGES[, PIPE[, WS]]), default CONFIG
-    (`full_config`)."""
-    _needs_gluon(qkv)
-    n, t, hd = check_shape(qkv, n_heads)
-    qkv = qkv.contiguous()
-    bm, bn, _, _, ws = full_config(config)
-    o = torch.empty(n, t, n_heads * hd, device=qkv.device, dtype=qkv.dtype)
-    return _launch(descriptors(qkv, 64 if ws == "wg" else bm, bn), o, t, n_heads, hd, n,
-                   config, False)
-
-
-def prefix_attention_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           config: tuple | None = None) -> torch.Tensor:
-    """Full (unmasked) attention of a token-major q [n, T, H, hd] over head-major k / v [n,
-    H, T, hd] (the image-prefix prefill's rotated q and its cache entries; shapes as
-    `check_prefix_shape`) -> o [n, T, H hd] contiguous: SDPA(q.transpose(1, 2), k, v)
-    .transpose(1, 2) as one launch of the same kernel, K / V rows read from their own
-    [n H T, hd] tensors (a head of 64 computes its 16-column part on zeros: TMA fills
-    the columns past k / v's rows with zeros, q's are zeroed in registers)."""
-    _needs_gluon(q)
-    n, t, h, hd = check_prefix_shape(q, k, v)
-    bm, bn, _, _, ws = full_config(config)
-    o = torch.empty(n, t, h * hd, device=q.device, dtype=q.dtype)
-    descs = (_descs(q.view(n * t, h * hd), 64 if ws == "wg" else bm)
-             + _descs(k.view(n * h * t, hd), bn) + _descs(v.view(n * h * t, hd), bn))
-    return _launch(descs, o, t, h, hd, n, config, True)
-
-
-__all__ = ["CONFIG", "HAVE_GLUON", "check_prefix_shape", "check_shape", "full_config",
-           "gluon_available", "parse_config", "prefix_attention_gluon", "takes",
-           "takes_prefix", "vision_attention_gluon"]
+__all__ = ["CONFIG", "HAVE_GLUON", "check_shape", "full_config", "gluon_available",
+           "parse_config", "takes", "vision_attention_gluon"]

@@ -27,11 +27,7 @@ the leading dimension):
       bias, the fc2 GEMM accumulated onto it by cuBLAS (addmm_, beta = 1: no extra pass),
       then x + t + b_fc2 and the NEXT layer's LayerNorm in one Triton kernel
       (ops/add_layernorm.py with t_bias; was: 2 adds + a LayerNorm);
-    * fc1 + tanh-GELU as one GEMM (ops/linear_gelu.py, as before);
-    * the attention by SDPA (cuDNN on Hopper), or with ATTENTION_KERNEL "auto" by the
-      Gluon kernel of the vision tower (ops/vision_attention_gluon.prefix_attention_gluon:
-      the rotated q token-major, k / v read from the cache entries just written, one launch)
-      where it runs - a Hopper GPU with Gluon, bf16 / fp16, as many k / v heads as q heads.
+    * fc1 + tanh-GELU as one GEMM (ops/linear_gelu.py, as before).
     Close to fast=True, kernels=False (other roundings: the sum x + t + b is rounded once,
     the GEMMs' sum once), not bitwise. kernels=True runs on the CPU too under
     TRITON_INTERPRET=1 (the tests), with linear_gelu's reference there.
@@ -50,7 +46,6 @@ from ...ops.add_layernorm import add_layernorm
 from ...ops.eager import norm_reference, run_ops
 from ...ops.linear_gelu import linear_gelu
 from ...ops.rope_kv_write import rope_kv_write
-from ...ops.vision_attention_gluon import prefix_attention_gluon, takes_prefix
 from .config import TextConfig
 from .layers import Weights
 from .program import decoder_ops
@@ -59,12 +54,6 @@ from .rope import apply_rope, rope_angles
 from .text import attention_mask
 
 ATTENTION_FORMS = ("span", "prefix")
-# the fused form's attention kernel: "sdpa", "auto" (the Gluon kernel where
-# vision_attention_gluon.takes_prefix, else SDPA) or "gluon" (a switch for the A/B benches:
-# bench/ab_encode.py --toggle ...prefix_prefill:ATTENTION_KERNEL=auto). SDPA until the Gluon
-# form measures faster (session 45 on an H100: 24 calls at head 64 no faster than cuDNN's
-# 0.521 ms, the encode replay the same)
-ATTENTION_KERNEL = "sdpa"
 
 
 def prefill_prefix(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tensor,
@@ -180,19 +169,11 @@ def _prefill_fused(w: Weights, cfg: TextConfig, x: torch.Tensor, kv: torch.Tenso
     cos, sin = rope_angles(torch.arange(length, device=x.device), cfg.rot_dim)
     env = {"x": x}
     pending = {}                     # norm dst -> its output, computed by the fused add + LN
-    if ATTENTION_KERNEL not in ("auto", "sdpa", "gluon"):
-        raise ValueError(f"ATTENTION_KERNEL must be auto, sdpa or gluon, not "
-                         f"{ATTENTION_KERNEL!r}")
-    kernel = [ATTENTION_KERNEL]
 
     def attend(i: int, qkv: torch.Tensor, out: bool = True) -> torch.Tensor | None:
         q = rope_kv_write(qkv, cos, sin, nh, nkv, kv[i, 0], kv[i, 1])
         if not out:
             return None
-        if kernel[0] == "auto":                       # decided once, at the first layer
-            kernel[0] = "gluon" if takes_prefix(q, kv[i, 0], kv[i, 1]) else "sdpa"
-        if kernel[0] == "gluon":
-            return prefix_attention_gluon(q, kv[i, 0], kv[i, 1])
         a = F.scaled_dot_product_attention(q.transpose(1, 2), kv[i, 0], kv[i, 1],
                                            enable_gqa=nh != nkv)
         return a.transpose(1, 2).reshape(n, length, dim)
