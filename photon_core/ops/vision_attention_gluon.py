@@ -36,11 +36,12 @@ the softmax at the same time, and a CTA of 4 lost to 2 CTAs of 2 (3.03 vs 2.39 m
 two halves of BN / 2 keys pipelined inside the warpgroup within the same 128 registers
 (`_half_step`: both halves' S issued together, the first half's softmax while the second's
 S runs, the second's while the first's PV runs - Triton 3.6 places the wait for that PV
-before the second half's exponentials, so only its max / reductions overlap). Session 45
-(H100) measured a profile-free estimate of the serial loop: ~290 instructions per warp per
-key block, 4 warps per SM sub-partition -> ~1200 issue cycles per round against ~1300
-tensor-core and ~1100 MUFU cycles, yet ~3300 measured: each warpgroup's dependent chain
-(S, softmax, PV) sets the time, not a unit - hence work in flight per warpgroup. FA-3's
+before the second half's exponentials, so only its max / reductions overlap). Why: an
+estimate from the serial loop's SASS and session 45's H100 timings (no profiler) - ~290
+instructions per warp per key block, 4 warps per SM sub-partition: ~1200 issue cycles per
+round (every warpgroup one block) against ~1300 tensor-core and ~1100 MUFU cycles, yet
+~3300 measured (at 1.755 GHz) - each warpgroup's dependent chain (S, softmax, PV) sets the
+time, not a unit, so more work in flight per warpgroup is the lever. FlashAttention-3's
 full in-warpgroup pipeline and ping-pong needed more registers and lost (dropped
 experiments).
 """
