@@ -327,13 +327,13 @@ if HAVE_GLUON:
         partition, so warpgroups sharing the K / V slots run unsynchronized. Warpgroup 0
         (the default partition) also refills the slots - slot of block j - 1 once every
         warpgroup has released it (`empty`, one arrival per warpgroup) - and zeroes the
-        last block's V rows past T (the others wait for `zbar`)."""
+        last block's V rows past T (the others wait for `zbar`). HALF: each key block by
+        `_half_step`, else by `_serial_step`."""
         (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b, ready,
          empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col, v_col, m0,
          n_blocks) = shared
         LEAD: gl.constexpr = WGI == 0
         dt: gl.constexpr = qa_desc.dtype
-        s_l: gl.constexpr = _acc_layout(4, BN)
         oa_l: gl.constexpr = _acc_layout(4, _HA)
         ob_l: gl.constexpr = _acc_layout(4, _HB)
         pa_l: gl.constexpr = _a_layout(oa_l)
@@ -349,13 +349,9 @@ if HAVE_GLUON:
                     _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, i, row0 + i * BN,
                               k_col, v_col)
         mbarrier.wait(qbar, 0)
-        if HALF:                    # the scores of half blocks: [64, BN / 2]
-            q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(
-                q_a_s.index(WGI), q_b_s.index(WGI), HD, 64, BN // 2, _acc_layout(4, BN // 2),
-                oa_l, ob_l)
-        else:
-            q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(
-                q_a_s.index(WGI), q_b_s.index(WGI), HD, 64, BN, s_l, oa_l, ob_l)
+        SW: gl.constexpr = BN // 2 if HALF else BN      # the width of one step's scores
+        q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(q_a_s.index(WGI), q_b_s.index(WGI), HD,
+                                                      64, SW, _acc_layout(4, SW), oa_l, ob_l)
         for j in range(n_blocks):
             st = j % STAGES
             if LEAD:
