@@ -32,18 +32,13 @@ each releases a slot by its own mbarrier arrival (`empty`), warpgroup 0 refills 
 all have (and zeroes the last block's V rows, the others waiting on `zbar`), so no CTA-wide
 barrier keeps the warpgroups in step - in the one-partition kernel they compute S and run
 the softmax at the same time, and a CTA of 4 lost to 2 CTAs of 2 (3.03 vs 2.39 ms).
-"wg" with PIPE (opt-in, not yet measured: session 45 had no device left): each key block as
-two halves of BN / 2 keys pipelined inside the warpgroup within the same 128 registers
-(`_half_step`: both halves' S issued together, the first half's softmax while the second's
-S runs, the second's while the first's PV runs - Triton 3.6 places the wait for that PV
-before the second half's exponentials, so only its max / reductions overlap). Why: an
-estimate from the serial loop's SASS and session 45's H100 timings (no profiler) - ~290
-instructions per warp per key block, 4 warps per SM sub-partition: ~1200 issue cycles per
-round (every warpgroup one block) against ~1300 tensor-core and ~1100 MUFU cycles, yet
-~3300 measured (at 1.755 GHz) - each warpgroup's dependent chain (S, softmax, PV) sets the
-time, not a unit, so more work in flight per warpgroup is the lever. FlashAttention-3's
-full in-warpgroup pipeline and ping-pong needed more registers and lost (dropped
-experiments).
+Why the serial loop: an estimate from its SASS and session 45's H100 timings (no profiler) -
+~290 instructions per warp per key block, 4 warps per SM sub-partition: ~1200 issue cycles per
+round (every warpgroup one block) against ~1300 tensor-core and ~1100 MUFU cycles, yet ~3300
+measured (at 1.755 GHz) - each warpgroup's dependent chain (S, softmax, PV) sets the time,
+not a unit; yet every way built to put more of it in flight per warpgroup lost
+(docs/dropped_experiments.md: FlashAttention-3's in-warpgroup pipeline and ping-pong, more
+registers; each key block as two pipelined 32-key halves, session 46: 0.91x).
 """
 from __future__ import annotations
 
@@ -83,11 +78,11 @@ def gluon_available(t: torch.Tensor) -> bool:
 
 def full_config(config: tuple | None) -> tuple:
     """(BM, BN, STAGES[, PIPE[, WS]]) or None (CONFIG) -> (bm, bn, stages, pipe, ws):
-    PIPE 0 / 1; WS 0 (one partition) or "wg" (a partition per warpgroup, BM 128 / 256;
-    PIPE 1 there: each key block as two pipelined halves, BN >= 32)."""
+    PIPE 0 / 1; WS 0 (one partition) or "wg" (a partition per warpgroup, BM 128 / 256,
+    PIPE 0)."""
     bm, bn, st, pipe, ws = (tuple(config or CONFIG) + (0, 0))[:5]
-    if ws == "wg" and (bm not in (128, 256) or (pipe and bn < 32)):
-        raise ValueError(f"the per-warpgroup form takes BM 128 or 256 (PIPE with BN >= 32), "
+    if ws == "wg" and (bm not in (128, 256) or pipe):
+        raise ValueError(f"the per-warpgroup form takes BM 128 or 256 and PIPE 0, "
                          f"not {config}")
     if ws not in (0, "wg"):
         raise ValueError(f"WS is 0 or 'wg', not {ws!r}")
@@ -224,31 +219,6 @@ if HAVE_GLUON:
         return m_i, l_i, o_a, o_b
 
     @gluon.jit
-    def _half_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0h, m_i, l_i, o_a, o_b, j, T, knh,
-                   scale_log2e, BN: gl.constexpr, oa_l: gl.constexpr, ob_l: gl.constexpr,
-                   pa_l: gl.constexpr, pb_l: gl.constexpr):
-        """Key block j (slot st) as two halves of BN / 2 keys, pipelined inside the
-        warpgroup with no more registers than a block's scores: both halves' S issued at
-        once, the first half's softmax while the second's S runs, the second's softmax
-        while the first's PV runs (each half its own online-softmax step: O rescaled
-        twice); every wgmma waited for on return."""
-        H2: gl.constexpr = BN // 2
-        ka, kb, va, vb = k_a.index(st), k_b.index(st), v_a.index(st), v_b.index(st)
-        s1 = _scores(q_a, q_b, ka.slice(0, H2), kb.slice(0, H2), s0h)
-        s2 = _scores(q_a, q_b, ka.slice(H2, H2), kb.slice(H2, H2), s0h)
-        s1 = warpgroup_mma_wait(num_outstanding=2, deps=(s1,))
-        p, alpha, m_i, l_i = _softmax(s1, m_i, l_i, 2 * j, T, knh, scale_log2e, H2)
-        o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-        o_a, o_b = _pv(p, va.slice(0, H2), vb.slice(0, H2), o_a, o_b, pa_l, pb_l)
-        s2 = warpgroup_mma_wait(num_outstanding=2, deps=(s2,))   # the first PV in flight
-        p, alpha, m_i, l_i = _softmax(s2, m_i, l_i, 2 * j + 1, T, knh, scale_log2e, H2)
-        o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-        o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-        o_a, o_b = _pv(p, va.slice(H2, H2), vb.slice(H2, H2), o_a, o_b, pa_l, pb_l)
-        o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
-        return m_i, l_i, o_a, o_b
-
-    @gluon.jit
     def _vision_attention_gluon_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
                                        T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
                                        BM: gl.constexpr, BN: gl.constexpr,
@@ -322,13 +292,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _wg_part(shared, WGI: gl.constexpr, HD: gl.constexpr, BN: gl.constexpr,
-                 STAGES: gl.constexpr, HALF: gl.constexpr):
+                 STAGES: gl.constexpr):
         """One warpgroup's 64 query rows (m0 + 64 WGI..) in the per-warpgroup form: its own
         partition, so warpgroups sharing the K / V slots run unsynchronized. Warpgroup 0
         (the default partition) also refills the slots - slot of block j - 1 once every
         warpgroup has released it (`empty`, one arrival per warpgroup) - and zeroes the
-        last block's V rows past T (the others wait for `zbar`). HALF: each key block by
-        `_half_step`, else by `_serial_step`."""
+        last block's V rows past T (the others wait for `zbar`); each key block by
+        `_serial_step`."""
         (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b, ready,
          empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col, v_col, m0,
          n_blocks) = shared
@@ -349,9 +319,8 @@ if HAVE_GLUON:
                     _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, ready, i, row0 + i * BN,
                               k_col, v_col)
         mbarrier.wait(qbar, 0)
-        SW: gl.constexpr = BN // 2 if HALF else BN      # the width of one step's scores
         q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(q_a_s.index(WGI), q_b_s.index(WGI), HD,
-                                                      64, SW, _acc_layout(4, SW), oa_l, ob_l)
+                                                      64, BN, _acc_layout(4, BN), oa_l, ob_l)
         for j in range(n_blocks):
             st = j % STAGES
             if LEAD:
@@ -368,14 +337,9 @@ if HAVE_GLUON:
                     mbarrier.arrive(zbar, count=1)
                 else:
                     mbarrier.wait(zbar, 0)
-            if HALF:
-                m_i, l_i, o_a, o_b = _half_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i,
-                                                l_i, o_a, o_b, j, T, kn, scale_log2e, BN,
-                                                oa_l, ob_l, pa_l, pb_l)
-            else:
-                m_i, l_i, o_a, o_b = _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i,
-                                                  l_i, o_a, o_b, j, T, kn, scale_log2e, BN,
-                                                  oa_l, ob_l, pa_l, pb_l)
+            m_i, l_i, o_a, o_b = _serial_step(q_a, q_b, k_a, k_b, v_a, v_b, st, s0, m_i, l_i,
+                                              o_a, o_b, j, T, kn, scale_log2e, BN, oa_l, ob_l,
+                                              pa_l, pb_l)
             mbarrier.arrive(empty.index(st), count=1)
         _store(o_ptr, so_b, so_t, T, o_a, o_b, l_i, b, q_col, m_w, HD, 64, oa_l, ob_l, dt)
 
@@ -386,8 +350,7 @@ if HAVE_GLUON:
                                     STAGES: gl.constexpr, PIPE: gl.constexpr):
         """The per-warpgroup form: BM / 64 warpgroups (2 or 4), each its own partition of
         Gluon's warp_specialize (4 warps each), sharing STAGES K / V slots (qa / qb: 64-row
-        boxes, each warpgroup's own rows). PIPE: each key block as two pipelined halves
-        (`_half_step`), else in turn (`_serial_step`)."""
+        boxes, each warpgroup's own rows); PIPE unused (0)."""
         dt: gl.constexpr = qa_desc.dtype
         NWG: gl.constexpr = BM // 64
         b, row0, q_col, k_col, v_col, m0 = _tile(T, H, HD, BM)
@@ -412,13 +375,13 @@ if HAVE_GLUON:
                   ready, empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col,
                   v_col, m0, n_blocks)
         if NWG == 2:
-            gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES, PIPE)),
-                                (_wg_part, (shared, 1, HD, BN, STAGES, PIPE))], [4], [128])
+            gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
+                                (_wg_part, (shared, 1, HD, BN, STAGES))], [4], [128])
         else:
-            gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES, PIPE)),
-                                (_wg_part, (shared, 1, HD, BN, STAGES, PIPE)),
-                                (_wg_part, (shared, 2, HD, BN, STAGES, PIPE)),
-                                (_wg_part, (shared, 3, HD, BN, STAGES, PIPE))],
+            gl.warp_specialize([(_wg_part, (shared, 0, HD, BN, STAGES)),
+                                (_wg_part, (shared, 1, HD, BN, STAGES)),
+                                (_wg_part, (shared, 2, HD, BN, STAGES)),
+                                (_wg_part, (shared, 3, HD, BN, STAGES))],
                                [4, 4, 4], [128, 128, 128])
 
     @gluon.jit
