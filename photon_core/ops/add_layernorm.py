@@ -8,10 +8,6 @@ vision tower of a 640x480 encode, ~15 MB each). s is bitwise the reference's (an
 rounded once); h's statistics are summed in another order: close, not always bitwise.
 With t_bias (a bias vector of the D columns, the image prefill's fc2 bias): s = x + t +
 t_bias in fp32, rounded once.
-ROWS > 1 (a module switch, 1 by default until measured faster): ROWS rows per program as one
-[ROWS, BLOCK] tile (`_add_layernorm_rows_kernel`: fewer, longer programs for the vision
-tower's 6561-row calls; s the same bits, h's statistics summed per row as the one-row form
-may not).
 """
 from __future__ import annotations
 
@@ -39,38 +35,6 @@ def _add_layernorm_kernel(x_ptr, t_ptr, w_ptr, b_ptr, s_ptr, h_ptr, D, eps, tb_p
     tl.store(h_ptr + row * D + offs, h.to(h_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
-def _add_layernorm_rows_kernel(x_ptr, t_ptr, w_ptr, b_ptr, s_ptr, h_ptr, R, D, eps, tb_ptr,
-                               BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                               HAS_TB: tl.constexpr = False):
-    """ROWS rows per program: the one-row kernel's math on a [ROWS, BLOCK] tile."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    col_ok = offs < D
-    ok = (rows < R)[:, None] & col_ok[None, :]
-    at = rows[:, None] * D + offs[None, :]
-    st = (tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
-          + tl.load(t_ptr + at, mask=ok, other=0.0).to(tl.float32))
-    if HAS_TB:
-        st = st + tl.load(tb_ptr + offs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    s = st.to(s_ptr.dtype.element_ty)
-    tl.store(s_ptr + at, s, mask=ok)
-    sf = tl.where(ok, s.to(tl.float32), 0.0)
-    mean = tl.sum(sf, axis=1) / D
-    xc = tl.where(ok, sf - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / D + eps)
-    w = tl.load(w_ptr + offs, mask=col_ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=col_ok, other=0.0).to(tl.float32)
-    h = xc * rstd[:, None] * w[None, :] + b[None, :]
-    tl.store(h_ptr + at, h.to(h_ptr.dtype.element_ty), mask=ok)
-
-
-# rows per program (1: `_add_layernorm_kernel`; 2 / 4 / 8: `_add_layernorm_rows_kernel`) and
-# its warps (0: 4, or 8 past 2048 columns); switches for bench/probe_add_layernorm.py
-ROWS = 1
-WARPS = 0
-
-
 def add_layernorm_reference(x: torch.Tensor, t: torch.Tensor, weight: torch.Tensor,
                             bias: torch.Tensor, eps: float = 1e-5,
                             t_bias: torch.Tensor | None = None):
@@ -95,15 +59,10 @@ def add_layernorm(x: torch.Tensor, t: torch.Tensor, weight: torch.Tensor, bias: 
     rows = x.numel() // d
     if rows:
         block = triton.next_power_of_2(d)
-        warps = WARPS or (4 if block <= 2048 else 8)
-        tb = x if t_bias is None else t_bias
-        if ROWS > 1:
-            _add_layernorm_rows_kernel[(triton.cdiv(rows, ROWS),)](
-                x, t, weight, bias, s, h, rows, d, eps, tb, BLOCK=block, ROWS=ROWS,
-                HAS_TB=t_bias is not None, num_warps=warps)
-        else:
-            _add_layernorm_kernel[(rows,)](x, t, weight, bias, s, h, d, eps, tb, BLOCK=block,
-                                           HAS_TB=t_bias is not None, num_warps=warps)
+        _add_layernorm_kernel[(rows,)](x, t, weight, bias, s, h, d, eps,
+                                       x if t_bias is None else t_bias, BLOCK=block,
+                                       HAS_TB=t_bias is not None,
+                                       num_warps=4 if block <= 2048 else 8)
     return s, h
 
 
