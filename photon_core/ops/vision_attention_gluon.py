@@ -176,7 +176,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _scores(q_a, q_b, ka, kb, s0):
-        """S = Q K^T issued over the K tiles ka / kb (a slot's, or rows of one)."""
+        """S = Q K^T issued over the K tiles ka / kb (a slot's)."""
         sc = warpgroup_mma(q_a, ka.permute((1, 0)), s0, use_acc=False, is_async=True)
         return warpgroup_mma(q_b, kb.permute((1, 0)), sc, is_async=True)
 
@@ -192,7 +192,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pv(p, va, vb, o_a, o_b, pa_l: gl.constexpr, pb_l: gl.constexpr):
-        """O += P V issued over the V tiles va / vb (a slot's, or rows of one)."""
+        """O += P V issued over the V tiles va / vb (a slot's)."""
         p16 = p.to(va.dtype)
         o_a = warpgroup_mma(gl.convert_layout(p16, pa_l), va, o_a, is_async=True)
         o_b = warpgroup_mma(gl.convert_layout(p16, pb_l), vb, o_b, is_async=True)
