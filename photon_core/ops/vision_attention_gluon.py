@@ -79,11 +79,11 @@ def gluon_available(t: torch.Tensor) -> bool:
 def full_config(config: tuple | None) -> tuple:
     """(BM, BN, STAGES[, PIPE[, WS]]) or None (CONFIG) -> (bm, bn, stages, pipe, ws):
     PIPE 0 / 1; WS 0 (one partition) or "wg" (a partition per warpgroup, BM 128 / 256,
-    PIPE 0)."""
+    no PIPE)."""
     bm, bn, st, pipe, ws = (tuple(config or CONFIG) + (0, 0))[:5]
     if ws == "wg" and (bm not in (128, 256) or pipe):
-        raise ValueError(f"the per-warpgroup form takes BM 128 or 256 and PIPE 0, "
-                         f"not {config}")
+        raise ValueError(f"the per-warpgroup form takes BM 128 or 256 without PIPE, not "
+                         f"{config}")
     if ws not in (0, "wg"):
         raise ValueError(f"WS is 0 or 'wg', not {ws!r}")
     return int(bm), int(bn), int(st), bool(pipe), ws
@@ -175,10 +175,10 @@ if HAVE_GLUON:
             _zero_v_tail(v_a, v_b, st, T - j * BN, BN, num_warps)
 
     @gluon.jit
-    def _scores(q_a, q_b, ka, kb, s0):
-        """S = Q K^T issued over the K tiles ka / kb (a slot's)."""
-        sc = warpgroup_mma(q_a, ka.permute((1, 0)), s0, use_acc=False, is_async=True)
-        return warpgroup_mma(q_b, kb.permute((1, 0)), sc, is_async=True)
+    def _scores(q_a, q_b, k_a, k_b, st, s0):
+        sc = warpgroup_mma(q_a, k_a.index(st).permute((1, 0)), s0, use_acc=False,
+                           is_async=True)
+        return warpgroup_mma(q_b, k_b.index(st).permute((1, 0)), sc, is_async=True)
 
     @gluon.jit
     def _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN: gl.constexpr):
@@ -191,11 +191,10 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _pv(p, va, vb, o_a, o_b, pa_l: gl.constexpr, pb_l: gl.constexpr):
-        """O += P V issued over the V tiles va / vb (a slot's)."""
-        p16 = p.to(va.dtype)
-        o_a = warpgroup_mma(gl.convert_layout(p16, pa_l), va, o_a, is_async=True)
-        o_b = warpgroup_mma(gl.convert_layout(p16, pb_l), vb, o_b, is_async=True)
+    def _pv(p, v_a, v_b, st, o_a, o_b, pa_l: gl.constexpr, pb_l: gl.constexpr):
+        p16 = p.to(v_a.dtype)
+        o_a = warpgroup_mma(gl.convert_layout(p16, pa_l), v_a.index(st), o_a, is_async=True)
+        o_b = warpgroup_mma(gl.convert_layout(p16, pb_l), v_b.index(st), o_b, is_async=True)
         return o_a, o_b
 
     @gluon.jit
@@ -210,11 +209,10 @@ if HAVE_GLUON:
                      pa_l: gl.constexpr, pb_l: gl.constexpr):
         """Key block j (slot st) in turn: S, the online softmax, O rescaled, P V; every
         wgmma waited for (the slot is free on return)."""
-        sc = warpgroup_mma_wait(num_outstanding=0,
-                                deps=(_scores(q_a, q_b, k_a.index(st), k_b.index(st), s0),))
+        sc = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q_a, q_b, k_a, k_b, st, s0),))
         p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
         o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-        o_a, o_b = _pv(p, v_a.index(st), v_b.index(st), o_a, o_b, pa_l, pb_l)
+        o_a, o_b = _pv(p, v_a, v_b, st, o_a, o_b, pa_l, pb_l)
         o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
         return m_i, l_i, o_a, o_b
 
@@ -257,14 +255,14 @@ if HAVE_GLUON:
         if PIPE:
             _landed(bars, v_a, v_b, 0, 0, T, BN, STAGES, num_warps)
             sc = warpgroup_mma_wait(num_outstanding=0,
-                                    deps=(_scores(q_a, q_b, k_a.index(0), k_b.index(0), s0),))
+                                    deps=(_scores(q_a, q_b, k_a, k_b, 0, s0),))
             p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, 0, T, kn, scale_log2e, BN)
             for j in range(1, n_blocks):
                 st = j % STAGES
                 prev = (j - 1) % STAGES
                 _landed(bars, v_a, v_b, st, j, T, BN, STAGES, num_warps)
-                sc = _scores(q_a, q_b, k_a.index(st), k_b.index(st), s0)
-                o_a, o_b = _pv(p, v_a.index(prev), v_b.index(prev), o_a, o_b, pa_l, pb_l)
+                sc = _scores(q_a, q_b, k_a, k_b, st, s0)
+                o_a, o_b = _pv(p, v_a, v_b, prev, o_a, o_b, pa_l, pb_l)
                 sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
                 p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, T, kn, scale_log2e, BN)
                 o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
@@ -272,8 +270,7 @@ if HAVE_GLUON:
                     _issue_kv(ka_desc, kb_desc, k_a, k_b, v_a, v_b, bars, prev,
                               row0 + (j - 1 + STAGES) * BN, k_col, v_col)
                 o_a, o_b = _rescale(o_a, o_b, alpha, oa_l, ob_l)
-            last = (n_blocks - 1) % STAGES
-            o_a, o_b = _pv(p, v_a.index(last), v_b.index(last), o_a, o_b, pa_l, pb_l)
+            o_a, o_b = _pv(p, v_a, v_b, (n_blocks - 1) % STAGES, o_a, o_b, pa_l, pb_l)
             o_a, o_b = warpgroup_mma_wait(num_outstanding=0, deps=(o_a, o_b))
         else:
             for j in range(n_blocks):
@@ -297,13 +294,13 @@ if HAVE_GLUON:
         partition, so warpgroups sharing the K / V slots run unsynchronized. Warpgroup 0
         (the default partition) also refills the slots - slot of block j - 1 once every
         warpgroup has released it (`empty`, one arrival per warpgroup) - and zeroes the
-        last block's V rows past T (the others wait for `zbar`); each key block by
-        `_serial_step`."""
+        last block's V rows past T (the others wait for `zbar`)."""
         (qa_desc, qb_desc, ka_desc, kb_desc, q_a_s, q_b_s, qbars, k_a, k_b, v_a, v_b, ready,
          empty, zbar, o_ptr, so_b, so_t, T, scale_log2e, b, row0, q_col, k_col, v_col, m0,
          n_blocks) = shared
         LEAD: gl.constexpr = WGI == 0
         dt: gl.constexpr = qa_desc.dtype
+        s_l: gl.constexpr = _acc_layout(4, BN)
         oa_l: gl.constexpr = _acc_layout(4, _HA)
         ob_l: gl.constexpr = _acc_layout(4, _HB)
         pa_l: gl.constexpr = _a_layout(oa_l)
@@ -320,7 +317,7 @@ if HAVE_GLUON:
                               k_col, v_col)
         mbarrier.wait(qbar, 0)
         q_a, q_b, m_i, l_i, o_a, o_b, s0, kn = _start(q_a_s.index(WGI), q_b_s.index(WGI), HD,
-                                                      64, BN, _acc_layout(4, BN), oa_l, ob_l)
+                                                      64, BN, s_l, oa_l, ob_l)
         for j in range(n_blocks):
             st = j % STAGES
             if LEAD:
@@ -350,7 +347,7 @@ if HAVE_GLUON:
                                     STAGES: gl.constexpr, PIPE: gl.constexpr):
         """The per-warpgroup form: BM / 64 warpgroups (2 or 4), each its own partition of
         Gluon's warp_specialize (4 warps each), sharing STAGES K / V slots (qa / qb: 64-row
-        boxes, each warpgroup's own rows); PIPE unused (0)."""
+        boxes, each warpgroup's own rows). PIPE is not used."""
         dt: gl.constexpr = qa_desc.dtype
         NWG: gl.constexpr = BM // 64
         b, row0, q_col, k_col, v_col, m0 = _tile(T, H, HD, BM)

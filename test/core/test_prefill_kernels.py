@@ -352,8 +352,8 @@ def test_vision_encoder_auto_attention_is_sdpa_without_hopper(model):
 
 def test_gluon_vision_attention_configs():
     """ops/vision_attention_gluon.parse_config / full_config: "BMxBNxSTAGES[xPIPE[xWS]]"
-    with defaults for the missing values, WS 0 or "wg" (BM 128 / 256, PIPE 0); anything
-    else a ValueError."""
+    with defaults for the missing values, WS 0 or "wg" (BM 128 / 256, no PIPE);
+    anything else a ValueError."""
     from photon_core.ops.vision_attention_gluon import CONFIG, full_config, parse_config
     assert parse_config("128x64x2") == (128, 64, 2, False, 0)
     assert parse_config("64x32x4x1") == (64, 32, 4, True, 0)
