@@ -1,4 +1,4 @@
-"""Decode step on the H200, Moondream 2 shapes, random bf16 weights, deterministic mode, all in
+"""Decode step on the GPU (written for the H200), Moondream 2 shapes, random bf16 weights, deterministic mode, all in
 one run against same-run baselines: the bandwidth floor, the fused backend's CUDA graph, the
 same with programmatic dependent launch (EngineOptions.pdl), and the megakernel
 (photon_core/megakernel) at batch 1 and 8; its compile time (cold / cached); greedy agreement
@@ -394,8 +394,9 @@ def child_fused(args):
     c = Ctx(args.smoke, 8)
     c.use_attn_chunk(args.attn_chunk)
     bw, wbytes = _bandwidth_and_bytes(c, args)
-    res = {"copy_TBps": bw / 1e12, "decoder_GB": wbytes / 1e9}
-    say(f"copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
+    gpu = c.torch.cuda.get_device_name() if c.torch.cuda.is_available() else "cpu"
+    res = {"gpu": gpu, "copy_TBps": bw / 1e12, "decoder_GB": wbytes / 1e9}
+    say(f"{gpu}: copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
     for b in _batches(args):
         row = res.setdefault(f"b{b}", {})
         try:
@@ -590,7 +591,8 @@ def main():
         bench[bb] = dict(fused.get(bb, {}), **mk.get(bb, {}))
     bench["mk_child"] = {k: v for k, v in mk.items() if not k.startswith("b")}
     out["bench"] = bench
-    say("\n# bench_megakernel (H200, deterministic mode, step = forward + lm pick)")
+    say(f"\n# bench_megakernel ({bench.get('gpu', 'GPU not known')}, deterministic mode, "
+        "step = forward + lm pick)")
     for line in table(out, args):
         say(line)
     if os.environ.get("OUT"):
