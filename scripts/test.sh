@@ -26,8 +26,14 @@ fi
 # PHOTON_TEST_WORKERS workers (pytest-xdist, whole files per worker: module fixtures are built
 # once); then the other ROS tests one at a time, since their nodes, cameras and DDS share the
 # machine's cores and some of them time things. (CI's 2 cores: ~24 -> ~14 min.)
+# Each worker's torch / numpy threads get the cores divided by the workers (1 on CI's 2 cores):
+# on this machine (2 cores) the engine tests took 622 s with 1 thread per worker, 744 s with
+# torch / numpy at their default 2 threads per worker (session 47).
 rc=0
 BUILD_ROUTES=test/ros/test_build_routes.py
-"${PYTEST[@]}" -n "${PHOTON_TEST_WORKERS:-2}" --dist loadfile test/core "$BUILD_ROUTES" || rc=$?
+WORKERS=${PHOTON_TEST_WORKERS:-2}
+THREADS=$(( $(nproc) / WORKERS )); [ "$THREADS" -ge 1 ] || THREADS=1
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-$THREADS} \
+  "${PYTEST[@]}" -n "$WORKERS" --dist loadfile test/core "$BUILD_ROUTES" || rc=$?
 "${PYTEST[@]}" test/ros --ignore="$BUILD_ROUTES" || rc=$?
 exit $rc
