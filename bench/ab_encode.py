@@ -94,18 +94,22 @@ def errors(state: dict, exact: dict) -> dict:
     return {k: round(v, 5) for k, v in out.items()}
 
 
-def moondream_encode_rounds(labels, switch, rounds: int = 2) -> dict:
-    """The runtime's 9-crop 640x480 encode graph (FastEngine, encoder "fast") built and
-    captured once per label, the two labels in ABBA order over `rounds`; switch(label) sets
-    that label's form and returns a function that restores the default. Per engine: graph
-    replay ms (min of 10, CUDA events) and the k/v error vs the fp32 encode."""
-    from photon_core.fast import FastEngine
-    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    m32 = moondream_model(torch.float32)
-    exact = state_of("moondream2", m32.encode_image(frame))
+def exact_and_model(family: str, frame):
+    """The fp32 encode's state of `frame` (the exact side of every error) and the bf16 model
+    of the same seeded weights."""
+    m32 = build(family, torch.float32)
+    exact = state_of(family, m32.encode_image(frame))
     del m32
     torch.cuda.empty_cache()
-    model = moondream_model(torch.bfloat16)
+    return exact, build(family, torch.bfloat16)
+
+
+def engine_rounds(model, labels, switch, rounds: int, measure) -> dict:
+    """One FastEngine (encoder "fast", megakernel off) per label and round, the labels in ABBA
+    order (a later engine of a process replays slower, session 15): switch(label) sets that
+    label's form and returns a function that restores the default; measure(fe, label) is the
+    engine's record, built under the label's form. {label: [record per round]}."""
+    from photon_core.fast import FastEngine
     res = {label: [] for label in labels}
     for r in range(rounds):
         for label in (labels if r % 2 == 0 else labels[::-1]):
@@ -113,16 +117,28 @@ def moondream_encode_rounds(labels, switch, rounds: int = 2) -> dict:
             try:
                 fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
                                 encoder="fast")
-                st = state_of("moondream2", fe.encode_image(frame))
-                t = {"replay_ms": round(min(call_times(graph_entry(fe, "moondream2").graph
-                                                       .replay, "cuda", 10, warmup=0)), 3),
-                     "error_vs_fp32": errors(st, exact)}
+                res[label].append(measure(fe, label))
             finally:
                 restore()
-            res[label].append(t)
-            print(f"encode {label}: {t}", flush=True)
             fe.close()
     return res
+
+
+def moondream_encode_rounds(labels, switch, rounds: int = 2) -> dict:
+    """The runtime's 9-crop 640x480 encode graph built and captured once per label and round
+    (engine_rounds). Per engine: graph replay ms (min of 10, CUDA events) and the k/v error
+    vs the fp32 encode."""
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    exact, model = exact_and_model("moondream2", frame)
+
+    def measure(fe, label):
+        st = state_of("moondream2", fe.encode_image(frame))
+        t = {"replay_ms": round(min(call_times(graph_entry(fe, "moondream2").graph.replay,
+                                               "cuda", 10, warmup=0)), 3),
+             "error_vs_fp32": errors(st, exact)}
+        print(f"encode {label}: {t}", flush=True)
+        return t
+    return engine_rounds(model, labels, switch, rounds, measure)
 
 
 def main():
@@ -143,11 +159,7 @@ def main():
         raise SystemExit("wired here: the Qwen 3.5 family and moondream2")
     from photon_core.fast import FastEngine
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    m32 = build(fam, torch.float32)
-    exact = state_of(fam, m32.encode_image(frame))
-    del m32
-    torch.cuda.empty_cache()
-    model = build(fam, torch.bfloat16)
+    exact, model = exact_and_model(fam, frame)
     ref_fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
                         encoder="reference")
     toggles = [parse_toggle(t) for t in
@@ -157,39 +169,34 @@ def main():
                                                exact)}
     ref_fe.close()
     apply_switches(args.set)
-    now = [getattr(mod, attr) for mod, attr, _ in toggles]
-    order = []
-    for r in range(args.rounds):       # ABBA...: a later engine of a process replays slower
-        pair = [("baseline", [v for _, _, v in toggles]), ("now", now)]
-        order += pair if r % 2 == 0 else pair[::-1]
-    for label, values in order:
-        for (mod, attr, _), v in zip(toggles, values):
+    values = {"baseline": [v for _, _, v in toggles],
+              "now": [getattr(mod, attr) for mod, attr, _ in toggles]}
+
+    def switch(label):
+        for (mod, attr, _), v in zip(toggles, values[label]):
             setattr(mod, attr, v)
-        try:
-            fe = FastEngine(model, max_batch=1, kv_capacity=2048, megakernel="off",
-                            encoder="fast")
-            enc = fe.encode_image(frame)                 # captures the layout's graph
-            st = state_of(fam, enc)
-            err, sha = errors(st, exact), digest(st)
-            times = encoder_times(fe, frame, args.iters, 0, label)
-            graph = graph_entry(fe, fam).graph
-            if fam == "moondream2":      # (its encoder entries are the reference encode's)
-                times["replay_ms"] = round(min(call_times(graph.replay, "cuda", args.iters,
-                                                            warmup=0)), 2)
-            rows = kernel_times(graph.replay)
-        finally:
-            for (mod, attr, _), v in zip(toggles, now):
-                setattr(mod, attr, v)
+        return lambda: switch("now")
+
+    def measure(fe, label):
+        enc = fe.encode_image(frame)                 # captures the layout's graph
+        st = state_of(fam, enc)
+        err, sha = errors(st, exact), digest(st)
+        times = encoder_times(fe, frame, args.iters, 0, label)
+        graph = graph_entry(fe, fam).graph
+        if fam == "moondream2":      # (its encoder entries are the reference encode's)
+            times["replay_ms"] = round(min(call_times(graph.replay, "cuda", args.iters,
+                                                        warmup=0)), 2)
+        rows = kernel_times(graph.replay)
         res = {**times, "kernel_ms": round(sum(r[1] for r in rows), 3),
                "launches": sum(r[2] for r in rows), "error_vs_fp32": err, "state_sha": sha,
                "top": [(n[:80], round(ms, 3), c) for n, ms, c in rows[:args.top]]}
-        out.setdefault(label, []).append(res)
-        print(f"{label} ({values}): replay {res['replay_ms']} ms, encode_image "
+        print(f"{label} ({values[label]}): replay {res['replay_ms']} ms, encode_image "
               f"{res['encode_ms']} ms, kernels {res['kernel_ms']} ms in {res['launches']} "
               f"launches; error vs fp32 {err}; state sha {sha}", flush=True)
         for n, ms, c in res["top"]:
             print(f"    {ms:8.3f} ms {c:5d} x  {n}")
-        fe.close()
+        return res
+    out.update(engine_rounds(model, ["baseline", "now"], switch, args.rounds, measure))
     for label in ("baseline", "now"):
         print(f"{label}: replay ms by round {[r['replay_ms'] for r in out[label]]}, "
               f"min {min(r['replay_ms'] for r in out[label])}")
