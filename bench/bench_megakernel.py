@@ -1,9 +1,10 @@
-"""Decode step on the GPU (written for the H200), Moondream 2 shapes, random bf16 weights, deterministic mode, all in
-one run against same-run baselines: the bandwidth floor, the fused backend's CUDA graph, the
-same with programmatic dependent launch (EngineOptions.pdl), and the megakernel
-(photon_core/megakernel) at batch 1 and 8; its compile time (cold / cached); greedy agreement
-over 64 steps. Every GPU phase runs in a child process under a timeout (a watchdog: a
-deadlocked persistent kernel cannot hang the run); the parent prints one table at the end.
+"""Decode step on the GPU it runs on (written for the H200), Moondream 2 shapes, random bf16
+weights, deterministic mode, all in one run against same-run baselines: the bandwidth floor,
+the fused backend's CUDA graph, the same with programmatic dependent launch
+(EngineOptions.pdl), and the megakernel (photon_core/megakernel) at batch 1 and 8; its
+compile time (cold / cached); greedy agreement over 64 steps. Every GPU phase runs in a child
+process under a timeout (a watchdog: a deadlocked persistent kernel cannot hang the run); the
+parent prints one table at the end.
 
 Phases (child processes):
   compile   cold: a fresh TRITON_CACHE_DIR, build + first launch of the megakernel (b=1,
@@ -396,7 +397,8 @@ def child_fused(args):
     bw, wbytes = _bandwidth_and_bytes(c, args)
     gpu = c.torch.cuda.get_device_name() if c.torch.cuda.is_available() else "cpu"
     res = {"gpu": gpu, "copy_TBps": bw / 1e12, "decoder_GB": wbytes / 1e9}
-    say(f"{gpu}: copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head {wbytes / 1e9:.2f} GB")
+    say(f"{gpu}: copy bandwidth {bw / 1e12:.2f} TB/s; decoder weights + lm head "
+        f"{wbytes / 1e9:.2f} GB")
     for b in _batches(args):
         row = res.setdefault(f"b{b}", {})
         try:

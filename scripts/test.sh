@@ -32,7 +32,7 @@ fi
 rc=0
 BUILD_ROUTES=test/ros/test_build_routes.py
 WORKERS=${PHOTON_TEST_WORKERS:-2}
-THREADS=$(( $(nproc) / WORKERS )); [ "$THREADS" -ge 1 ] || THREADS=1
+THREADS=$(( $(nproc) / (WORKERS > 1 ? WORKERS : 1) )); [ "$THREADS" -ge 1 ] || THREADS=1
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$THREADS} \
   "${PYTEST[@]}" -n "$WORKERS" --dist loadfile test/core "$BUILD_ROUTES" || rc=$?
 "${PYTEST[@]}" test/ros --ignore="$BUILD_ROUTES" || rc=$?
