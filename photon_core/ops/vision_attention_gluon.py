@@ -344,10 +344,10 @@ if HAVE_GLUON:
     def _vision_attention_wg_kernel(qa_desc, qb_desc, ka_desc, kb_desc, o_ptr, so_b, so_t,
                                     T, scale_log2e, H: gl.constexpr, HD: gl.constexpr,
                                     BM: gl.constexpr, BN: gl.constexpr,
-                                    STAGES: gl.constexpr, PIPE: gl.constexpr):
+                                    STAGES: gl.constexpr):
         """The per-warpgroup form: BM / 64 warpgroups (2 or 4), each its own partition of
         Gluon's warp_specialize (4 warps each), sharing STAGES K / V slots (qa / qb: 64-row
-        boxes, each warpgroup's own rows). PIPE is not used."""
+        boxes, each warpgroup's own rows)."""
         dt: gl.constexpr = qa_desc.dtype
         NWG: gl.constexpr = BM // 64
         b, row0, q_col, k_col, v_col, m0 = _tile(T, H, HD, BM)
@@ -452,13 +452,13 @@ def vision_attention_gluon(qkv: torch.Tensor, n_heads: int, config: tuple | None
     o = torch.empty(n, t, n_heads * hd, device=qkv.device, dtype=qkv.dtype)
     qa, qb, ka, kb = descriptors(qkv, 64 if ws == "wg" else bm, bn)
     args = (qa, qb, ka, kb, o, o.stride(0), o.stride(1), t, hd ** -0.5 * math.log2(math.e))
-    meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages, PIPE=bool(pipe),
-                num_warps=bm // 16)
+    meta = dict(H=n_heads, HD=hd, BM=bm, BN=bn, STAGES=stages)
     grid = (math.ceil(t / bm), n * n_heads)
     if ws == "wg":      # 4 warps per partition; 128 registers: 2 CTAs per SM at BM 128
-        _vision_attention_wg_kernel[grid](*args, **{**meta, "num_warps": 4}, maxnreg=128)
+        _vision_attention_wg_kernel[grid](*args, **meta, num_warps=4, maxnreg=128)
     else:
-        _vision_attention_gluon_kernel[grid](*args, **meta)
+        _vision_attention_gluon_kernel[grid](*args, **meta, PIPE=bool(pipe),
+                                             num_warps=bm // 16)
     return o
 
 
